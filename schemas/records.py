@@ -1,0 +1,399 @@
+"""Record contracts shared by every stage of the pipeline.
+
+Every record is a msgspec struct carrying ``schema`` (its name) and ``v`` (its
+version).  On the wire a record is a JSON object or a MessagePack map with the
+same fields; the first byte tells which (``{`` is JSON).  Records that carry
+binary payloads (``FeatureBatch``, ``StepReport``) are written as MessagePack,
+the others as JSON so that people can read them with any Kafka tool.
+
+``decode`` never raises anything but :class:`RecordError`, whose ``reason`` is
+one of :data:`DEAD_LETTER_REASONS`; stream processors route such records to
+the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from typing import Annotated, Literal
+
+import msgspec
+
+# --------------------------------------------------------------------------- errors
+
+DEAD_LETTER_REASONS = (
+    "malformed",  # not JSON/MessagePack, or wrong field types
+    "unknown_schema",  # the ``schema`` field names no record we know
+    "unsupported_version",  # a version of a known record this build cannot read
+    "wrong_record",  # a valid record on a topic that does not carry it
+    "invalid",  # decodes, but a value breaks the contract (negative time, NaN, ...)
+    "bad_function_table",  # the Arrow payload of a FeatureBatch is unreadable or invalid
+    "from_the_future",  # a step or timestamp implausibly far ahead of what was seen
+)
+
+
+class RecordError(ValueError):
+    """A record that cannot be accepted; ``reason`` is a dead-letter reason code."""
+
+    def __init__(self, reason: str, detail: str):
+        assert reason in DEAD_LETTER_REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# --------------------------------------------------------------------------- helpers
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Rank = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+FUNCTION_KINDS = ("compute", "memcpy", "collective", "p2p", "python", "dataloader", "optimizer", "other")
+SCOPES = ("worker", "group", "job")
+
+#: cause categories of a finding (brief 5), with what each means
+CAUSES: dict[str, str] = {
+    # hardware
+    "gpu_throttle_thermal": "GPU clock reduced by thermal slowdown",
+    "gpu_throttle_power": "GPU clock reduced by the power cap or power brake",
+    "gpu_throttle": "GPU clock reduced, reason not reported",
+    "gpu_slow": "GPU slower than its peers at the same clock",
+    "nvlink": "NVLink degraded",
+    "pcie": "PCIe link degraded (host/device copies slow)",
+    "nic": "NIC, bond or link degraded",
+    "switch": "switch port congested or degraded (several hosts behind one switch)",
+    "host_cpu_contention": "other processes on the host take the CPU the worker needs",
+    "host_memory": "host memory pressure",
+    "storage": "slow remote or local storage",
+    # software
+    "dataloader": "data loader too slow (workers, pin_memory, decoding)",
+    "input_imbalance": "some workers get more input (sequence length, routing)",
+    "pipeline_imbalance": "a pipeline stage has more work than the others",
+    "rank_specific_code": "user code that runs on some ranks only (logging, evaluation)",
+    "framework_config": "framework or communication-library configuration",
+    "python_overhead": "Python garbage collection or launch overhead",
+    "regression": "every worker slower in a function than in the job's earlier healthy windows",
+    "unknown": "deviation found, cause not determined; see the evidence",
+}
+
+
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise RecordError("invalid", f"{name} must be a finite number, got {value!r}")
+
+
+class _Record(msgspec.Struct, kw_only=True, tag_field="schema", forbid_unknown_fields=False):
+    """Base of all records.  ``v`` is the version of the record's own schema."""
+
+    v: int = 1
+
+    def validate(self) -> None:  # overridden where there is more to check
+        pass
+
+
+# --------------------------------------------------------------------------- worker metadata
+
+
+class WorkerMeta(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """Who a worker is and where it runs.  ``labels`` carry the peer-group keys."""
+
+    rank: Rank
+    host: Name
+    device: str = ""  # e.g. "host03/gpu5", or an NVML UUID
+    local_rank: NonNegInt = 0
+    nic: str = ""  # NIC or bond the worker's inter-node traffic leaves through
+    switch: str = ""  # leaf switch behind that NIC
+    labels: dict[str, str] = {}  # dp / pp / tp ranks, role, model chunk, ...
+
+
+# --------------------------------------------------------------------------- records
+
+
+class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
+    """The always-on signal: one worker finished one step. Key: ``job``."""
+
+    job: Name
+    worker: Rank
+    step: NonNegInt
+    step_time_s: float
+    host: Name
+    sent_at: float  # unix seconds on the worker's own clock
+    tenant: str = ""
+
+    def validate(self) -> None:
+        _finite("step_time_s", self.step_time_s)
+        _finite("sent_at", self.sent_at)
+        if self.step_time_s <= 0:
+            raise RecordError("invalid", f"step_time_s must be > 0, got {self.step_time_s}")
+
+
+class Sampling(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """How agents profile during a window."""
+
+    hardware_hz: Annotated[float, msgspec.Meta(gt=0, le=10_000)] = 100.0
+    record_shapes: bool = False
+    with_stack: bool = False
+
+
+class ProfileTrigger(_Record, tag="ProfileTrigger", kw_only=True):
+    """Start a step-aligned profiling window on every worker of a job. Key: ``job``."""
+
+    job: Name
+    window: Name
+    start_step: NonNegInt
+    steps: Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+    expected_workers: Annotated[int, msgspec.Meta(ge=1)]
+    sampling: Sampling = Sampling()
+    policy: str = "default"  # policy id
+    policy_hash: str = ""
+    reason: str = ""
+    created_at: float = 0.0
+    tenant: str = ""
+
+
+class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
+    """One worker's summary of one step of a window.  Key: ``job:step``.
+
+    ``functions`` is an Arrow IPC stream holding the function table
+    (:mod:`lockstep.schemas.functions`), compressed with ``functions_codec``.
+    """
+
+    job: Name
+    window: Name
+    step: NonNegInt
+    window_start: NonNegInt
+    window_steps: Annotated[int, msgspec.Meta(ge=1)]
+    expected_workers: Annotated[int, msgspec.Meta(ge=1)]
+    worker: WorkerMeta
+    step_time_us: float
+    functions: bytes
+    functions_codec: Literal["zstd", "none"] = "zstd"
+    hardware: Literal["nvml", "host", "none"] = "none"  # what the sampler could see
+    policy: str = "default"
+    sent_at: float = 0.0
+    tenant: str = ""
+
+    def validate(self) -> None:
+        _finite("step_time_us", self.step_time_us)
+        if self.step_time_us <= 0:
+            raise RecordError("invalid", f"step_time_us must be > 0, got {self.step_time_us}")
+        if not self.window_start <= self.step < self.window_start + self.window_steps:
+            raise RecordError(
+                "invalid",
+                f"step {self.step} lies outside window {self.window} "
+                f"[{self.window_start}, {self.window_start + self.window_steps})",
+            )
+
+
+class Evidence(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """What deviated, by how much, against which peers.  ``None``: not measured."""
+
+    feature: str
+    value: float | None
+    peer_value: float | None
+    deviation: float | None  # robust z-score for work_us; relative change (value/peer - 1) otherwise
+
+
+class Impact(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    step_time_share: float  # share of the step that fixing the finding would save (0..1)
+    gpu_hours_per_day: float
+
+
+class Finding(_Record, tag="Finding", kw_only=True):
+    """A diagnosed anomaly.  Key: ``job``.  Also the ``--json`` shape of every command."""
+
+    id: str
+    job: Name
+    window: Name
+    steps: list[int]  # steps of the window in which the deviation was seen
+    scope: Literal["worker", "group", "job"]
+    workers: list[int]
+    hosts: list[str]
+    devices: list[str]
+    group: dict[str, str] | None = None
+    function: str
+    function_kind: str
+    cause: str
+    confidence: Fraction
+    evidence: list[Evidence]
+    impact: Impact
+    policy: str
+    created_at: float
+    tenant: str = ""
+    summary: str = ""
+    window_steps: int = 0  # how many steps the window had (persistence = len(steps)/window_steps)
+
+    def validate(self) -> None:
+        if self.scope not in SCOPES:
+            raise RecordError("invalid", f"scope must be one of {SCOPES}")
+
+
+class StepReport(_Record, tag="StepReport", kw_only=True):
+    """Internal: the step stage's reduction of one step for the window stage. Key: ``job``.
+
+    ``outliers`` and ``groups`` are Arrow IPC streams (zstd), see
+    :mod:`lockstep.streams.diagnosis.step`.
+    """
+
+    job: Name
+    window: Name
+    step: NonNegInt
+    window_start: NonNegInt
+    window_steps: Annotated[int, msgspec.Meta(ge=1)]
+    expected_workers: Annotated[int, msgspec.Meta(ge=1)]
+    workers_seen: NonNegInt
+    bytes_in: NonNegInt  # feature bytes received for this step
+    step_time_us: float  # synchronised step time: the slowest worker's
+    step_time_median_us: float
+    work_max_us: float  # most work (step minus waits) of any worker; NaN if unknown
+    healthy_work_max_us: float  # most work of any worker with no deviating function
+    outliers: bytes
+    groups: bytes
+    policy: str = "default"
+    tenant: str = ""
+    closed: Literal["complete", "timeout"] = "complete"
+
+
+class WindowTimeout(_Record, tag="WindowTimeout", kw_only=True):
+    """Internal: ask the window stage to close a window that waited too long. Key: ``job``."""
+
+    job: Name
+    window: Name
+
+
+class WindowReport(_Record, tag="WindowReport", kw_only=True):
+    """The observability budget of one closed profiling window. Key: ``job``."""
+
+    job: Name
+    window: Name
+    start_step: NonNegInt
+    steps: int
+    steps_seen: int
+    expected_workers: int
+    workers_seen: int  # most workers seen in any step of the window
+    coverage: Fraction  # share of expected workers that delivered features (mean over steps)
+    bytes_per_worker: float
+    findings: int
+    actionable: bool  # at least one finding with a cause other than ``unknown``
+    reached_device: bool  # at least one finding names a device
+    closed: Literal["complete", "timeout"]
+    closed_at: float
+    policy: str = "default"
+    tenant: str = ""
+
+
+class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
+    """A record a stage could not accept, with the reason. Key: the original key."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    detail: str
+    stage: str
+    payload: bytes  # the original value, cut to 64 KiB
+    at: float
+
+
+RECORD_TYPES: dict[str, type[_Record]] = {
+    t.__struct_config__.tag: t  # type: ignore[attr-defined]
+    for t in (
+        StepHeartbeat,
+        ProfileTrigger,
+        FeatureBatch,
+        Finding,
+        StepReport,
+        WindowTimeout,
+        WindowReport,
+        DeadLetter,
+    )
+}
+#: versions of each record this build reads
+SUPPORTED_VERSIONS: dict[str, frozenset[int]] = {name: frozenset({1}) for name in RECORD_TYPES}
+BINARY_RECORDS = frozenset({"FeatureBatch", "StepReport"})
+
+Record = (
+    StepHeartbeat | ProfileTrigger | FeatureBatch | Finding | StepReport | WindowTimeout | WindowReport | DeadLetter
+)
+
+
+# --------------------------------------------------------------------------- codec
+
+
+class _Header(msgspec.Struct, forbid_unknown_fields=False):
+    schema: str
+    v: int = 1
+
+
+_json_enc = msgspec.json.Encoder()
+_mp_enc = msgspec.msgpack.Encoder()
+_json_header = msgspec.json.Decoder(_Header)
+_mp_header = msgspec.msgpack.Decoder(_Header)
+_json_dec = {name: msgspec.json.Decoder(t) for name, t in RECORD_TYPES.items()}
+_mp_dec = {name: msgspec.msgpack.Decoder(t) for name, t in RECORD_TYPES.items()}
+
+
+def encode(record: _Record) -> bytes:
+    """Serialise a record: MessagePack for records with binary payloads, JSON otherwise."""
+    if record.__struct_config__.tag in BINARY_RECORDS:  # type: ignore[attr-defined]
+        return _mp_enc.encode(record)
+    return _json_enc.encode(record)
+
+
+def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...] | None = None) -> Record:
+    """Parse and validate one record.  Raises :class:`RecordError` only."""
+    if not data:
+        raise RecordError("malformed", "empty value")
+    is_json = data[:1] in (b"{", b" ", b"\n", b"\t", b"\r")
+    try:
+        header = (_json_header if is_json else _mp_header).decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RecordError("malformed", f"not a Lockstep record ({exc})") from None
+    if header.schema not in RECORD_TYPES:
+        raise RecordError("unknown_schema", f"unknown record schema {header.schema[:64]!r}")
+    if header.v not in SUPPORTED_VERSIONS[header.schema]:
+        supported = sorted(SUPPORTED_VERSIONS[header.schema])
+        raise RecordError(
+            "unsupported_version",
+            f"{header.schema} version {header.v} is not supported (this build reads {supported}); "
+            "upgrade the consumer or downgrade the producer",
+        )
+    try:
+        record = (_json_dec if is_json else _mp_dec)[header.schema].decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RecordError("malformed", f"{header.schema}: {exc}") from None
+    if expect is not None and not isinstance(record, expect):
+        names = [t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,))]
+        raise RecordError("wrong_record", f"expected {' or '.join(names)}, got {header.schema}")
+    record.validate()
+    return record  # type: ignore[return-value]
+
+
+def dead_letter(
+    *, topic: str, partition: int, offset: int, error: RecordError, stage: str, payload: bytes | None
+) -> DeadLetter:
+    return DeadLetter(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        reason=error.reason,
+        detail=error.detail[:2000],
+        stage=stage,
+        payload=(payload or b"")[:65536],
+        at=time.time(),
+    )
+
+
+def finding_id(job: str, window: str, scope: str, workers: list[int], function: str, cause: str, group: dict | None) -> str:
+    """Deterministic: the same diagnosis of the same window always gets the same id."""
+    parts = [job, window, scope, ",".join(map(str, sorted(workers))), function, cause]
+    if group:
+        parts.append(",".join(f"{k}={group[k]}" for k in sorted(group)))
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
+
+
+def to_builtins(record: msgspec.Struct) -> dict:
+    """The record as plain JSON-able values (the ``--json`` shape)."""
+    return msgspec.to_builtins(record)

@@ -1,0 +1,14 @@
+"""The diagnosis: a pure, vectorised library (numpy / pyarrow; no Kafka, no files).
+
+The stream processor, the offline ``lockstep diagnose`` command and the
+benchmarks all call it:
+
+    frame = StepFrame.from_tables(...)          # every worker's function table for one step
+    result = analyze_step(frame, policy.diagnosis)   # peer comparison within the step
+    diagnosis = diagnose_window(info, [results...], policy, now=...)  # persistence, causes, impact
+"""
+
+from .frame import StepFrame, peer_group_key  # noqa: F401
+from .report import step_report, step_result  # noqa: F401
+from .step import StepResult, analyze_step  # noqa: F401
+from .window import WindowDiagnosis, WindowInfo, diagnose_window  # noqa: F401

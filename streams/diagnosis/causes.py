@@ -1,0 +1,137 @@
+"""Cause attribution from the function's own resource (brief 5, "Cause categories").
+
+A suspect is one or more workers that persistently spent more *work* in one
+function than their peers.  Which hardware the function depends on decides
+which characteristics are evidence: the SM clock for kernels, PCIe throughput
+for copies, NIC throughput for inter-node collectives, the host's CPU for
+Python and data loading.  Without hardware samples the cause comes from timing
+alone and ``certainty`` is lower.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ...schemas.records import Evidence
+from ..policy import DiagnosisPolicy
+
+# NVML clock-event (throttle) reason bits
+THERMAL_BITS = 0x20 | 0x40  # SW / HW thermal slowdown
+POWER_BITS = 0x04 | 0x80  # SW power cap / HW power brake
+HW_SLOWDOWN = 0x08
+
+
+@dataclass
+class Suspect:
+    function: str
+    kind: str
+    resource: str
+    workers: list[int]
+    hosts: list[str]
+    devices: list[str]
+    nics: list[str]
+    switches: list[str]
+    peers: int
+    z: float
+    work_us: float
+    peer_work_us: float
+    excess_us: float
+    has_hardware: bool
+    clock_events: int
+    peer_clock_events: int
+    values: dict[str, float] = field(default_factory=dict)  # evidence column -> median over steps
+    peer_values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Attribution:
+    cause: str
+    devices: list[str]
+    evidence: list[Evidence]
+    certainty: float  # how well the evidence supports the cause, 0..1
+
+
+def _rel(v: float, p: float) -> float:
+    if not (math.isfinite(v) and math.isfinite(p)) or p == 0:
+        return math.nan
+    return (v - p) / abs(p)
+
+
+def _ev(s: Suspect, name: str) -> Evidence:
+    v, p = s.values.get(name, math.nan), s.peer_values.get(name, math.nan)
+    return Evidence(feature=name, value=_round(v), peer_value=_round(p), deviation=_round(_rel(v, p)))
+
+
+def _round(x: float) -> float | None:
+    return float(round(x, 4)) if math.isfinite(x) else None
+
+
+def _unique(xs: list[str]) -> list[str]:
+    return sorted({x for x in xs if x})
+
+
+def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
+    ev = [Evidence(feature="work_us", value=_round(s.work_us), peer_value=_round(s.peer_work_us), deviation=_round(s.z))]
+    dev_gpu = _unique(s.devices)
+    dev_host = _unique(s.hosts)
+    r = s.resource
+
+    def drop(name: str, limit: float) -> bool:
+        d = _rel(s.values.get(name, math.nan), s.peer_values.get(name, math.nan))
+        return math.isfinite(d) and d < -limit
+
+    def rise(name: str, limit: float) -> bool:
+        v, p = s.values.get(name, math.nan), s.peer_values.get(name, math.nan)
+        return math.isfinite(v) and math.isfinite(p) and v - p > limit
+
+    if r == "gpu":
+        clock = s.values.get("sm_clock_mhz", math.nan)
+        if drop("sm_clock_mhz", policy.clock_drop):
+            bits = s.clock_events & ~s.peer_clock_events
+            if bits & THERMAL_BITS:
+                cause = "gpu_throttle_thermal"
+                extra = [_ev(s, "gpu_temp_c")]
+            elif bits & POWER_BITS:
+                cause = "gpu_throttle_power"
+                extra = [_ev(s, "gpu_power_w")]
+            else:
+                cause = "gpu_throttle"
+                extra = []
+            ev += [_ev(s, "sm_clock_mhz"), *extra]
+            ev.append(Evidence(feature="clock_events", value=float(s.clock_events), peer_value=float(s.peer_clock_events), deviation=float(bits)))
+            return Attribution(cause, dev_gpu, ev, 1.0 if bits else 0.85)
+        more_input = rise("calls", 0.5) or (_rel(s.values.get("bytes", math.nan), s.peer_values.get("bytes", math.nan)) > 0.1)
+        if more_input:
+            return Attribution("input_imbalance", dev_gpu, ev + [_ev(s, "calls"), _ev(s, "bytes")], 0.8)
+        if math.isfinite(clock):
+            return Attribution("gpu_slow", dev_gpu, ev + [_ev(s, "sm_clock_mhz"), _ev(s, "sm_active")], 0.85)
+        return Attribution("gpu_slow", dev_gpu, ev, 0.6)
+    if r == "pcie":
+        if drop("pcie_gbps", policy.throughput_drop):
+            return Attribution("pcie", [d + "/pcie" for d in dev_gpu], ev + [_ev(s, "pcie_gbps")], 1.0)
+        if rise("cpu_other", policy.cpu_other_rise):
+            return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_other")], 0.8)
+        return Attribution("pcie", [d + "/pcie" for d in dev_gpu], ev, 0.6)
+    if r == "nvlink":
+        certain = drop("nvlink_gbps", policy.throughput_drop)
+        return Attribution("nvlink", [d + "/nvlink" for d in dev_gpu], ev + [_ev(s, "nvlink_gbps")], 1.0 if certain else 0.6)
+    if r == "nic":
+        nics = _unique(s.nics) or dev_host
+        certain = drop("nic_gbps", policy.throughput_drop)
+        hosts = _unique(s.hosts)
+        switches = _unique(s.switches)
+        if len(hosts) > 1 and len(switches) == 1:
+            return Attribution("switch", switches, ev + [_ev(s, "nic_gbps")], 0.9 if certain else 0.6)
+        return Attribution("nic", nics, ev + [_ev(s, "nic_gbps")], 1.0 if certain else 0.6)
+    if r in ("cpu", "storage"):
+        if rise("cpu_other", policy.cpu_other_rise):
+            return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_other"), _ev(s, "cpu_self")], 1.0)
+        if s.values.get("mem_used_frac", 0.0) > 0.95 and rise("mem_used_frac", 0.05):
+            return Attribution("host_memory", dev_host, ev + [_ev(s, "mem_used_frac")], 0.9)
+        if r == "storage" or (s.kind == "dataloader" and drop("disk_read_mbps", policy.throughput_drop)):
+            return Attribution("storage", dev_host, ev + [_ev(s, "disk_read_mbps")], 0.85)
+        if s.kind == "dataloader":
+            return Attribution("dataloader", dev_host, ev + [_ev(s, "cpu_self")], 0.8 if s.has_hardware else 0.6)
+        return Attribution("rank_specific_code", dev_host, ev + [_ev(s, "calls")], 0.75 if s.has_hardware else 0.6)
+    return Attribution("unknown", dev_gpu or dev_host, ev, 0.4)

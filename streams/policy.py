@@ -1,0 +1,137 @@
+"""The versioned, reproducible policy: when to profile and how to judge.
+
+A policy is a YAML file; every trigger and every finding records its id and
+hash, so a finding can always be traced to the exact thresholds that produced
+it.  Unknown keys and out-of-range values are rejected at load time with one
+line that names the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class PolicyError(ValueError):
+    """The policy file is unreadable or a value is out of range."""
+
+
+@dataclass(frozen=True)
+class DetectorPolicy:
+    """Slowdown detection on heartbeats (brief 2.4)."""
+
+    baseline_steps: int = 20  # steps that form the robust baseline (their median)
+    recent_steps: int = 5  # the mean of the last N synchronised step times ...
+    slowdown_threshold: float = 0.15  # ... more than this fraction above the baseline fires
+    hang_factor: float = 10.0  # no progress for this many usual step times is a hang
+    window_steps: int = 8  # steps per profiling window
+    cooldown_steps: int = 200  # no new window for this many steps after one
+    control_latency_s: float = 0.5  # assumed control-topic latency until measured
+    min_margin_steps: int = 2  # start at least this many steps ahead
+    max_windows_per_job: int = 1  # concurrent open windows per job
+    max_windows_fleet: int = 50  # concurrent open windows in the fleet
+    hardware_hz: float = 100.0  # hardware sampling rate during windows
+
+
+@dataclass(frozen=True)
+class DiagnosisPolicy:
+    """Peer comparison and attribution (brief 2.5)."""
+
+    peer_group_keys: tuple[str, ...] = ("pp", "role")  # worker labels that define peer groups
+    z_threshold: float = 4.0  # robust z (MAD units) above which a function's work deviates
+    min_excess_share: float = 0.01  # ... and the excess is at least this share of the step
+    rel_floor: float = 0.02  # MAD floor as a share of the median (no spread -> no division by 0)
+    min_peers: int = 3  # smaller peer groups are not compared
+    persistence: float = 0.5  # deviation must hold in this share of the window's steps
+    min_persistent_steps: int = 2
+    clock_drop: float = 0.05  # SM clock this much below peers is throttling
+    throughput_drop: float = 0.2  # link throughput this much below peers is a degraded link
+    cpu_other_rise: float = 0.2  # other processes taking this much more of the host CPU
+    python_share_max: float = 0.01  # a Python function above this share of the step on every worker
+    comm_share_max: float = 0.30  # communication above this share of the step on every worker
+
+
+@dataclass(frozen=True)
+class Policy:
+    id: str = "default"
+    version: int = 1
+    detector: DetectorPolicy = field(default_factory=DetectorPolicy)
+    diagnosis: DiagnosisPolicy = field(default_factory=DiagnosisPolicy)
+
+    @property
+    def hash(self) -> str:
+        canon = json.dumps(asdict(self), sort_keys=True, default=list)
+        return hashlib.sha256(canon.encode()).hexdigest()[:12]
+
+    @property
+    def ref(self) -> str:
+        """What triggers and findings record: ``id@hash``."""
+        return f"{self.id}@{self.hash}"
+
+
+def _section(cls: type, data: Any, where: str) -> Any:
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise PolicyError(f"{where}: expected a mapping")
+    known = {f.name: f for f in fields(cls)}
+    out = {}
+    for key, value in data.items():
+        if key not in known:
+            raise PolicyError(f"{where}.{key}: unknown key; known: {', '.join(known)}")
+        default = getattr(cls(), key)
+        try:
+            if isinstance(default, tuple):
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError("expected a list of strings")
+                value = tuple(value)
+            elif isinstance(default, bool):
+                value = bool(value)
+            elif isinstance(default, int):
+                if isinstance(value, bool) or int(value) != value:
+                    raise ValueError("expected an integer")
+                value = int(value)
+                if value < 0:
+                    raise ValueError("must be >= 0")
+            elif isinstance(default, float):
+                value = float(value)
+                if not value >= 0:
+                    raise ValueError("must be >= 0")
+        except (TypeError, ValueError) as exc:
+            raise PolicyError(f"{where}.{key}: {value!r} is not valid: {exc}") from None
+        out[key] = value
+    return cls(**out)
+
+
+def load_policy(path: Path | str | None) -> Policy:
+    if path is None:
+        return Policy()
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise PolicyError(f"policy {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"policy {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise PolicyError(f"policy {path}: expected a mapping at the top level")
+    unknown = set(data) - {"id", "version", "detector", "diagnosis"}
+    if unknown:
+        raise PolicyError(f"policy {path}: unknown key(s) {sorted(unknown)}; known: id, version, detector, diagnosis")
+    policy = Policy(
+        id=str(data.get("id", path.stem)),
+        version=int(data.get("version", 1)),
+        detector=_section(DetectorPolicy, data.get("detector"), f"policy {path}: detector"),
+        diagnosis=_section(DiagnosisPolicy, data.get("diagnosis"), f"policy {path}: diagnosis"),
+    )
+    d = policy.diagnosis
+    if not 0 < d.persistence <= 1:
+        raise PolicyError(f"policy {path}: diagnosis.persistence must be in (0, 1]")
+    if policy.detector.window_steps < 1:
+        raise PolicyError(f"policy {path}: detector.window_steps must be >= 1")
+    return policy
