@@ -81,6 +81,11 @@ class Settings:
         default=6000,
         metadata={"help": "consumer-group session timeout (short: groups form in about half of it)", "parse": _pos_int},
     )
+    fetch_wait_ms: int = field(
+        default=100,
+        metadata={"help": "most time a consumer fetch waits for data; keep it short: the embedded broker does not "
+                          "answer a waiting fetch early when data arrives", "parse": _pos_int},
+    )
     db: Path = field(default=Path("lockstep.duckdb"), metadata={"help": "DuckDB findings file", "parse": Path})
     step_timeout_s: float = field(
         default=10.0, metadata={"help": "close a step this long after its first record even if workers are missing", "parse": _pos_float}

@@ -12,6 +12,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from .config import ConfigError, Settings
 
 log = logging.getLogger(__name__)
+#: librdkafka's own log lines go through Python logging (not straight to stderr)
+librdkafka_log = logging.getLogger("lockstep.librdkafka")
 
 
 class TopicError(RuntimeError):
@@ -45,7 +47,7 @@ def features_key(job: str, step: int) -> bytes:
 def common_config(settings: Settings) -> dict[str, str]:
     if not settings.bootstrap_servers:
         raise ConfigError("bootstrap_servers: no Kafka to connect to (start the embedded broker or pass --bootstrap-servers)")
-    return {"bootstrap.servers": settings.bootstrap_servers, **settings.kafka}
+    return {"bootstrap.servers": settings.bootstrap_servers, "logger": librdkafka_log, **settings.kafka}
 
 
 def producer_config(settings: Settings, **overrides: object) -> dict:
@@ -70,6 +72,7 @@ def consumer_config(settings: Settings, group: str | None, **overrides: object) 
         "session.timeout.ms": settings.session_timeout_ms,
         "heartbeat.interval.ms": max(500, settings.session_timeout_ms // 6),
         "enable.partition.eof": False,
+        "fetch.wait.max.ms": settings.fetch_wait_ms,
     }
     if group:
         cfg["group.id"] = group

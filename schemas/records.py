@@ -152,6 +152,11 @@ class ProfileTrigger(_Record, tag="ProfileTrigger", kw_only=True):
     created_at: float = 0.0
     tenant: str = ""
 
+    @property
+    def policy_ref(self) -> str:
+        """``id@hash``: what feature batches and findings record."""
+        return f"{self.policy}@{self.policy_hash}" if self.policy_hash else self.policy
+
 
 class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
     """One worker's summary of one step of a window.  Key: ``job:step``.

@@ -31,7 +31,7 @@ class DetectorPolicy:
     hang_factor: float = 10.0  # no progress for this many usual step times is a hang
     window_steps: int = 8  # steps per profiling window
     cooldown_steps: int = 200  # no new window for this many steps after one
-    control_latency_s: float = 0.5  # assumed control-topic latency until measured
+    control_latency_s: float = 1.0  # control-topic latency allowed for, on top of the measured heartbeat lag
     min_margin_steps: int = 2  # start at least this many steps ahead
     max_windows_per_job: int = 1  # concurrent open windows per job
     max_windows_fleet: int = 50  # concurrent open windows in the fleet

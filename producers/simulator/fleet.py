@@ -130,7 +130,7 @@ class FleetSimulator:
                 step_time_us=float(sim.step_time_us[i]),
                 functions=ft.pack(self.function_table(sim, i)),
                 hardware="nvml",
-                policy=trigger.policy,
+                policy=trigger.policy_ref,
                 sent_at=now,
                 tenant=self.scenario.tenant,
             )

@@ -1,0 +1,5 @@
+"""One module per subcommand; each has ``register(subparsers)``.  Order is the help order."""
+
+from . import broker, demo, findings, processor, query, schemas, simulate, sink, topics
+
+COMMANDS = [demo, processor, sink, broker, topics, simulate, findings, query, schemas]

@@ -1,0 +1,49 @@
+"""``lockstep sink``: the DuckDB findings sink, with its read-only query endpoint."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+from .. import config
+
+log = logging.getLogger("lockstep.sink")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sink", help="run the DuckDB sink (findings and windows; serves read-only SQL while it runs)")
+    config.add_arguments(p)
+    p.add_argument("--http-port", type=int, default=0, help="port of /healthz, /metrics and /query on 127.0.0.1 (default: any free port)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..cli import setup_logging
+    from ..kafka import consumer_config, ensure_topics, producer_config
+    from ..producers.publisher import Publisher
+    from ..runtime import kafka
+    from ..sinks.sink import QueryServer, Sink
+    from ..sinks.store import FindingsStore
+
+    settings = config.load(args)
+    setup_logging(settings.log_level)
+    with kafka(settings) as s:
+        topics = ensure_topics(s)
+        store = FindingsStore(s.db)
+        publisher = Publisher(producer_config(s))
+        sink = Sink(store, consumer_config(s, s.sink_group), [topics.findings, topics.windows], topics.deadletter, publisher)
+        server = QueryServer(sink, s.db, port=args.http_port).start()
+        log.info("sink writing %s; read-only SQL at %s/query", s.db, server.url)
+
+        def stop(signum, frame):  # noqa: ARG001
+            sink.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        try:
+            sink.run()
+        finally:
+            server.stop()
+            publisher.close()
+            store.close()
+    return 0

@@ -1,0 +1,158 @@
+"""The demo: the whole pipeline on the embedded broker, one injected fault, findings in DuckDB.
+
+Separate processes: the broker (Tansu), the stream processor (faust) and the
+DuckDB sink.  The simulated fleet runs in this process and talks to them only
+through Kafka, as real agents would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from .broker import free_port
+from .config import Settings
+from .kafka import Topics, consumer_config, ensure_topics, producer_config
+from .producers.publisher import Publisher
+from .producers.simulator.faults import Fault
+from .producers.simulator.fleet import FleetSimulator, Scenario
+from .producers.simulator.live import ControlFollower, run_live
+from .producers.simulator.topology import Topology
+from .runtime import Child, RuntimeFailure, kafka, settings_flags
+from .sinks.sink import query, wait_for
+from .streams.app import changelog_topics
+
+log = logging.getLogger("lockstep.demo")
+
+
+@dataclass
+class TopicStat:
+    topic: str
+    records: int
+    bytes: int
+
+
+@dataclass
+class DemoResult:
+    scenario: Scenario
+    findings: list[dict]
+    windows: list[dict]
+    topics: list[TopicStat]
+    seconds: float
+    db: Path
+    log_dir: Path
+
+
+def default_scenario(workers: int = 64, fault: str = "gpu_throttle_thermal", culprit: int = 13, seed: int = 7) -> Scenario:
+    return Scenario(
+        job="demo-job",
+        seed=seed,
+        topology=Topology(workers=workers, gpus_per_host=8),
+        faults=(Fault(type=fault, workers=(culprit,), severity=0.3, start_step=40),),
+    )
+
+
+def topic_stats(settings: Settings, topics: list[str]) -> list[TopicStat]:
+    """Count every record and byte in each topic by reading it end to end."""
+    c = Consumer(consumer_config(settings, None))
+    records = {t: 0 for t in topics}
+    sizes = {t: 0 for t in topics}
+    try:
+        assign, high = [], {}
+        for topic in topics:
+            for p in c.list_topics(topic, timeout=10).topics[topic].partitions:
+                low, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                if hi > low:
+                    assign.append(TopicPartition(topic, p, low))
+                    high[(topic, p)] = hi
+        c.assign(assign)
+        # Tansu reports the last batch's base offset + 1 as the high watermark, a lower bound
+        # of the real end: read past it until every partition stays quiet
+        pos = {k: 0 for k in high}
+        quiet = 0
+        while quiet < 2:
+            msgs = c.consume(5000, timeout=0.3)
+            for msg in msgs:
+                if not msg.error():
+                    records[msg.topic()] += 1
+                    sizes[msg.topic()] += len(msg.value() or b"")
+                    pos[(msg.topic(), msg.partition())] = msg.offset() + 1
+            caught_up = all(pos[k] >= h for k, h in high.items())
+            quiet = quiet + 1 if (not msgs and caught_up) else 0
+    finally:
+        c.close()
+    return [TopicStat(t, records[t], sizes[t]) for t in topics]
+
+
+def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0, steps_per_s: float = 10.0, keep_logs: Path | None = None) -> DemoResult:
+    t0 = time.monotonic()
+    log_dir = keep_logs or Path(tempfile.mkdtemp(prefix="lockstep-demo-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    db = Path(settings.db)
+    for stale in (db, Path(f"{db}.wal"), Path(f"{db}.sink.json")):
+        if stale.exists():
+            log.info("removing the previous demo's %s", stale)
+            stale.unlink()
+    with contextlib.ExitStack() as stack:
+        s = stack.enter_context(kafka(settings))
+        topics = ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
+        web_port, http_port = free_port(), free_port()
+        flags = settings_flags(s)
+        processor = Child("processor", ["processor", *flags, "--web-port", str(web_port)], log_dir, f"http://127.0.0.1:{web_port}/healthz")
+        stack.callback(processor.stop)
+        sink = Child("sink", ["sink", *flags, "--http-port", str(http_port)], log_dir, f"http://127.0.0.1:{http_port}/healthz")
+        stack.callback(sink.stop)
+        log.info("started the stream processor (pid %d) and the DuckDB sink (pid %d); logs in %s", processor.proc.pid, sink.proc.pid, log_dir)
+        sink.wait_healthy(30)
+        processor.wait_healthy(45)
+        log.info("pipeline ready after %.1fs", time.monotonic() - t0)
+
+        fleet = FleetSimulator(scenario)
+        publisher = Publisher(producer_config(s))
+        control = ControlFollower(consumer_config(s, None), topics.control, scenario.job)
+        stack.callback(control.close)
+        f = scenario.faults[0] if scenario.faults else None
+        log.info(
+            "simulating %s: %d workers on %d hosts; %s",
+            scenario.job, scenario.topology.workers, scenario.topology.hosts,
+            f"fault {f.type} on worker(s) {list(f.workers)} from step {f.start_step}" if f else "no fault",
+        )  # fmt: skip
+
+        def progress(step, res):
+            if step % 25 == 0:
+                log.info("fleet at step %d (%d trigger(s) received)", step, len(res.triggers))
+            if time.monotonic() - t0 > timeout_s:
+                raise RuntimeFailure(f"no profiling window within {timeout_s:.0f}s; see {log_dir}")
+            processor.healthy()
+
+        live = run_live(fleet, publisher, control, topics, steps_per_s=steps_per_s, max_steps=int(timeout_s * steps_per_s), progress=progress)
+        if not live.windows_done:
+            raise RuntimeFailure(f"the detector never triggered a profiling window; see {processor.log_path}")
+        trig = live.triggers[0]
+        log.info("window %s delivered (steps %d..%d); waiting for the diagnosis", trig.window, trig.start_step, trig.start_step + trig.steps - 1)
+
+        def window_stored() -> bool:
+            _, rows = query(db, "SELECT count(*) FROM windows WHERE job = ? AND window_id = ?", [scenario.job, trig.window])
+            return rows[0][0] > 0
+
+        if not wait_for(window_stored, max(5.0, timeout_s - (time.monotonic() - t0))):
+            raise RuntimeFailure(f"window {trig.window} did not reach {db} in time; see {log_dir}")
+        _, rows = query(db, "SELECT record FROM findings WHERE job = ? ORDER BY step_time_share DESC", [scenario.job])
+        findings = [r[0] for r in rows]
+        cols, wrows = query(db, "SELECT * FROM windows WHERE job = ?", [scenario.job])
+        windows = [dict(zip(cols, r)) for r in wrows]
+        t1 = time.monotonic()
+        sink.stop()
+        processor.stop()
+        log.info("processes stopped in %.1fs", time.monotonic() - t1)
+        t1 = time.monotonic()
+        stats = topic_stats(s, topics.all())
+        log.info("topics counted in %.1fs", time.monotonic() - t1)
+    return DemoResult(scenario, findings, windows, stats, time.monotonic() - t0, db, log_dir)

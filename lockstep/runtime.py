@@ -1,0 +1,119 @@
+"""Runtime wiring shared by the commands: the broker to use, child processes, readiness."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from .broker import EmbeddedBroker
+from .config import Settings
+
+log = logging.getLogger("lockstep")
+
+
+class RuntimeFailure(RuntimeError):
+    """A child process died or did not become ready."""
+
+
+@contextlib.contextmanager
+def kafka(settings: Settings):
+    """Yield settings with bootstrap servers: the given Kafka, or an embedded broker for the block."""
+    if settings.bootstrap_servers:
+        yield settings
+        return
+    broker = EmbeddedBroker().start()
+    log.info("no --bootstrap-servers: started the embedded broker at %s", broker.bootstrap_servers)
+    try:
+        yield dataclasses.replace(settings, bootstrap_servers=broker.bootstrap_servers)
+    finally:
+        broker.stop()
+
+
+def settings_flags(settings: Settings) -> list[str]:
+    """Flags that hand these settings to a child ``lockstep`` process."""
+    flags = [
+        "--bootstrap-servers", str(settings.bootstrap_servers),
+        "--topic-prefix", settings.topic_prefix,
+        "--partitions", str(settings.partitions),
+        "--session-timeout-ms", str(settings.session_timeout_ms),
+        "--fetch-wait-ms", str(settings.fetch_wait_ms),
+        "--db", str(settings.db),
+        "--step-timeout-s", str(settings.step_timeout_s),
+        "--window-timeout-s", str(settings.window_timeout_s),
+        "--processor-id", settings.processor_id,
+        "--sink-group", settings.sink_group,
+        "--log-level", settings.log_level,
+    ]  # fmt: skip
+    for k, v in settings.kafka.items():
+        flags += ["--kafka-config", f"{k}={v}"]
+    for k, v in settings.faust.items():
+        flags += ["--faust-config", f"{k}={v}"]
+    if settings.policy:
+        flags += ["--policy", str(settings.policy)]
+    return flags
+
+
+class Child:
+    """A ``lockstep`` subcommand in its own process, with its log in a file."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, health_url: str | None = None):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self.health_url = health_url
+        self._log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", *args], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        if not self.alive():
+            raise RuntimeFailure(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}")
+        if not self.health_url:
+            return True
+        try:
+            with urllib.request.urlopen(self.health_url, timeout=1) as r:
+                return r.status == 200 and json.loads(r.read()).get("status") == "ok"
+        except (OSError, ValueError):
+            return False
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.healthy():
+                return
+            time.sleep(0.2)
+        raise RuntimeFailure(f"{self.name} not ready after {timeout_s:.0f}s; see {self.log_path}:\n{self.tail()}")
+
+    def tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()

@@ -1,0 +1,209 @@
+"""The DuckDB sink: consumes findings and window reports with confluent-kafka.
+
+Exactly-once into DuckDB on an at-least-once stream: the sink does not trust
+Kafka's committed offsets; it stores the next offset of every partition in the
+same DuckDB transaction as the rows and seeks there on every assignment.
+
+Readers while the sink runs: DuckDB lets no second process open a file that a
+writer holds, so the sink serves read-only SQL itself on a loopback HTTP port
+and writes that address beside the database (``<db>.sink.json``).
+``lockstep query`` and ``lockstep findings`` open the file read-only when it is
+free and ask the sink otherwise (:func:`query`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
+
+from ..metrics import Metrics
+from ..schemas.records import Finding, RecordError, WindowReport, dead_letter, decode, encode
+from .store import Batch, FindingsStore, StoreError, StoreLocked, jsonable, open_read_only, run_query
+
+log = logging.getLogger("lockstep.sink")
+
+
+def sidecar(db: Path | str) -> Path:
+    return Path(f"{db}.sink.json")
+
+
+class Sink:
+    def __init__(self, store: FindingsStore, consumer_config: dict, topics: list[str], deadletter_topic: str,
+                 publisher, metrics: Metrics | None = None, batch_size: int = 500):  # fmt: skip
+        self.store = store
+        self.topics = topics
+        self.deadletter_topic = deadletter_topic
+        self.publisher = publisher
+        self.metrics = metrics or Metrics()
+        self.batch_size = batch_size
+        self.consumer = Consumer(consumer_config)
+        self._stop = threading.Event()
+        self.assigned = False
+
+    def _on_assign(self, consumer: Consumer, partitions) -> None:
+        stored = self.store.offsets()
+        for p in partitions:
+            p.offset = stored.get((p.topic, p.partition), OFFSET_BEGINNING)
+        consumer.assign(partitions)
+        self.assigned = True
+        log.info("assigned %s", [(p.topic, p.partition, p.offset) for p in partitions])
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self.consumer.subscribe(self.topics, on_assign=self._on_assign)
+        try:
+            while not self._stop.is_set():
+                msgs = self.consumer.consume(self.batch_size, timeout=0.5)
+                if msgs:
+                    self.write(msgs)
+        finally:
+            self.consumer.close()
+
+    def write(self, msgs) -> Batch:
+        findings: list[Finding] = []
+        windows: list[WindowReport] = []
+        offsets: dict[tuple[str, int], int] = {}
+        dead = 0
+        m = self.metrics
+        for msg in msgs:
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error: %s", msg.error().str())
+                continue
+            m.inc("records_in_total", topic=msg.topic(), help="records consumed, by topic")
+            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            try:
+                rec = decode(msg.value(), (Finding, WindowReport))
+            except RecordError as err:
+                dl = dead_letter(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err, stage="sink", payload=msg.value())
+                self.publisher.send_raw(self.deadletter_topic, msg.key(), encode(dl))
+                m.inc("dead_letters_total", reason=err.reason, stage="sink", help="records sent to the dead-letter topic, by reason")
+                dead += 1
+                continue
+            (findings if isinstance(rec, Finding) else windows).append(rec)
+        if dead:
+            self.publisher.flush()  # dead letters are durable before the offsets move past them
+        batch = Batch(findings=findings, windows=windows, offsets=offsets)
+        self.store.write(batch)
+        m.inc("findings_written_total", len(findings), help="finding rows upserted")
+        m.inc("windows_written_total", len(windows), help="window rows upserted")
+        return batch
+
+
+# ------------------------------------------------------------------ query endpoint
+
+
+class QueryServer:
+    """Loopback HTTP: GET /healthz, GET /metrics, POST /query {"sql": ...} -> {"columns", "rows"}."""
+
+    def __init__(self, sink: Sink, db: Path, port: int = 0, host: str = "127.0.0.1"):
+        store = sink.store
+        metrics = sink.metrics
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, fmt, *args):  # route to logging, not stderr
+                log.debug(fmt, *args)
+
+            def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                if self.path == "/healthz":
+                    ok = sink.assigned
+                    self._send(200 if ok else 503, json.dumps({"status": "ok" if ok else "starting"}).encode())
+                elif self.path == "/metrics":
+                    self._send(200, metrics.render().encode(), "text/plain; version=0.0.4")
+                else:
+                    self._send(404, b'{"error": "not found"}')
+
+            def do_POST(self):  # noqa: N802
+                if self.path != "/query":
+                    self._send(404, b'{"error": "not found"}')
+                    return
+                try:
+                    n = int(self.headers.get("Content-Length", "0"))
+                    req = json.loads(self.rfile.read(n) or b"{}")
+                    cur = store.con.cursor()
+                    try:
+                        cols, rows = run_query(cur, str(req.get("sql", "")), req.get("params"))
+                    finally:
+                        cur.close()
+                    body = json.dumps({"columns": cols, "rows": [[jsonable(v) for v in r] for r in rows]}, default=str)
+                    self._send(200, body.encode())
+                except StoreError as exc:
+                    self._send(400, json.dumps({"error": str(exc)}).encode())
+                except (ValueError, TypeError) as exc:
+                    self._send(400, json.dumps({"error": f"bad request: {exc}"}).encode())
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        self.sidecar = sidecar(db)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="sink-http", daemon=True)
+
+    def start(self) -> QueryServer:
+        self._thread.start()
+        self.sidecar.write_text(json.dumps({"url": self.url, "pid": os.getpid()}))
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        try:
+            self.sidecar.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def query(db: Path | str, sql: str, params: list | None = None, timeout_s: float = 30.0) -> tuple[list[str], list[list]]:
+    """Run read-only SQL on the findings file: directly when free, through the running sink otherwise."""
+    try:
+        con = open_read_only(db)
+    except StoreLocked:
+        pass
+    else:
+        try:
+            cols, rows = run_query(con, sql, params)
+            return cols, [[jsonable(v) for v in r] for r in rows]
+        finally:
+            con.close()
+    side = sidecar(db)
+    try:
+        url = json.loads(side.read_text())["url"]
+    except (OSError, ValueError, KeyError):
+        raise StoreLocked(f"{db} is held by another process and no running sink announced itself in {side}") from None
+    req = urllib.request.Request(url + "/query", data=json.dumps({"sql": sql, "params": params}).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            msg = json.loads(exc.read()).get("error", str(exc))
+        except ValueError:
+            msg = str(exc)
+        raise StoreError(msg) from None
+    except (urllib.error.URLError, TimeoutError) as exc:
+        raise StoreLocked(f"{db} is held by a sink that does not answer at {url} ({exc})") from None
+    return body["columns"], body["rows"]
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

@@ -1,0 +1,313 @@
+"""The stream processor: faust agents around the pure state machines and diagnosis.
+
+Three agents, one faust app (one consumer group), at-least-once, concurrency 1:
+
+- ``detect``   lockstep.heartbeats  -> SlowdownDetector      -> lockstep.control
+- ``steps``    lockstep.features    -> StepAssembler + analyze_step -> lockstep.stepreports
+- ``windows``  lockstep.stepreports -> WindowAssembler + diagnose_window -> lockstep.findings, lockstep.windows
+
+Recovery (see ARCHITECTURE.md): input records of open steps and windows are
+not acknowledged until what they contributed to has been published, and acks
+go out in offset order (InOrderAcks), so the committed offset never passes an
+open step or window; after a crash the processor replays from it.  A faust
+table (changelog-backed) remembers closed windows so that a replay that
+contains only part of an already closed window is dropped instead of being
+diagnosed again.  Finding ids are deterministic and the sink upserts, so a
+replay of a whole window changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import faust
+
+from ..kafka import Topics, faust_broker_kwargs
+from ..metrics import Metrics
+from ..schemas import functions as ft
+from ..schemas.records import (
+    FeatureBatch,
+    RecordError,
+    StepHeartbeat,
+    StepReport,
+    WindowTimeout,
+    dead_letter,
+    decode,
+    encode,
+)
+from .detector import SlowdownDetector
+from .diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
+from .policy import Policy
+from .windows import ClosedStep, ClosedWindow, InOrderAcks, StepAssembler, WindowAssembler
+
+log = logging.getLogger("lockstep.processor")
+
+TABLES = ("closed_windows", "detector")
+
+
+def changelog_topics(app_id: str) -> list[str]:
+    return [f"{app_id}-{t}-changelog" for t in TABLES]
+
+
+@dataclass
+class ProcessorState:
+    policy: Policy
+    step_timeout_s: float
+    window_timeout_s: float
+    metrics: Metrics = field(default_factory=Metrics)
+    detector: SlowdownDetector = None  # type: ignore[assignment]
+    steps: StepAssembler = None  # type: ignore[assignment]
+    windows: WindowAssembler = None  # type: ignore[assignment]
+    step_acks: InOrderAcks = field(default_factory=InOrderAcks)
+    window_acks: InOrderAcks = field(default_factory=InOrderAcks)
+    step_stream: object = None
+    window_stream: object = None
+    assigned: bool = False
+
+    def __post_init__(self) -> None:
+        self.detector = SlowdownDetector(self.policy)
+        self.steps = StepAssembler(self.step_timeout_s)
+        self.windows = WindowAssembler(self.window_timeout_s)
+
+
+def limit_fetch_wait(ms: int) -> None:
+    """faust creates its aiokafka consumer with a fixed 1500 ms fetch wait; cap it.
+
+    The embedded broker (Tansu) does not answer a waiting fetch when data
+    arrives, so every hop through the pipeline would cost up to the full wait.
+    Against Kafka a shorter wait only costs a few more (empty) fetches.
+    """
+    from faust.transport.drivers import aiokafka as driver
+
+    original = getattr(driver.AIOKafkaConsumerThread._create_worker_consumer, "__wrapped__", driver.AIOKafkaConsumerThread._create_worker_consumer)
+
+    def create(self, transport):
+        consumer = original(self, transport)
+        consumer._fetch_max_wait_ms = ms  # read by aiokafka 0.14 when the consumer starts its fetcher
+        return consumer
+
+    create.__wrapped__ = original  # type: ignore[attr-defined]
+    driver.AIOKafkaConsumerThread._create_worker_consumer = create
+
+
+def build_app(settings, policy: Policy, *, web_port: int = 6066, roles: tuple[str, ...] = ("detect", "steps", "windows")) -> tuple[faust.App, ProcessorState]:
+    topics = Topics.named(settings.topic_prefix)
+    limit_fetch_wait(settings.fetch_wait_ms)
+    app = faust.App(
+        settings.processor_id,
+        **faust_broker_kwargs(settings),
+        store="memory://",
+        processing_guarantee="at_least_once",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=False,  # topics are created by `lockstep topics` with the same partition count
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.session_timeout_ms / 1000.0,
+        broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
+        broker_commit_interval=1.0,
+        web_enabled=True,
+        web_port=web_port,
+        web_bind="127.0.0.1",
+        web_host="127.0.0.1",
+        **{k: _coerce(v) for k, v in settings.faust.items()},
+    )
+    st = ProcessorState(policy=policy, step_timeout_s=settings.step_timeout_s, window_timeout_s=settings.window_timeout_s)
+    m = st.metrics
+
+    def t(name: str) -> faust.TopicT:
+        return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw", partitions=settings.partitions)
+
+    heartbeats, control, features = t(topics.heartbeats), t(topics.control), t(topics.features)
+    stepreports, findings, windows, deadletter = t(topics.stepreports), t(topics.findings), t(topics.windows), t(topics.deadletter)
+    closed_windows = app.Table("closed_windows", key_type=str, value_type=float, partitions=settings.partitions)
+    detector_table = app.Table("detector", key_type=str, value_type=str, partitions=settings.partitions)
+
+    async def send(topic: faust.TopicT, key: str, record) -> None:
+        value = encode(record)
+        await topic.send(key=key.encode(), value=value)
+        m.inc("records_out_total", topic=topic.get_topic_name(), help="records published, by topic")
+        m.inc("bytes_out_total", len(value), topic=topic.get_topic_name())
+
+    async def dead(event, err: RecordError, stage: str) -> None:
+        msg = event.message
+        dl = dead_letter(topic=msg.topic, partition=msg.partition, offset=msg.offset, error=err, stage=stage, payload=event.value)
+        log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, err)
+        await deadletter.send(key=msg.key, value=encode(dl))
+        m.inc("dead_letters_total", reason=err.reason, stage=stage, help="records sent to the dead-letter topic, by reason")
+
+    def seen(event) -> None:
+        m.inc("records_in_total", topic=event.message.topic, help="records consumed, by topic")
+        m.inc("bytes_in_total", len(event.value or b""), topic=event.message.topic)
+
+    # ------------------------------------------------------------------ detector
+    async def detect(stream):
+        async for event in stream.events():
+            seen(event)
+            try:
+                hb = decode(event.value, StepHeartbeat)
+            except RecordError as err:
+                await dead(event, err, "detect")
+                continue
+            if hb.job not in st.detector.jobs and hb.job in detector_table:
+                last_start, last_end = map(int, detector_table[hb.job].split(","))
+                st.detector.restore(hb.job, last_start, last_end)
+            for trig in st.detector.observe(hb, time.time()):
+                detector_table[trig.job] = f"{trig.start_step},{trig.start_step + trig.steps}"
+                log.info("trigger %s/%s at step %d for %d steps: %s", trig.job, trig.window, trig.start_step, trig.steps, trig.reason)
+                m.inc("triggers_total", help="profiling windows triggered")
+                await send(control, trig.job, trig)
+
+    # ------------------------------------------------------------------ steps
+    async def release_steps(handles) -> None:
+        for ev in st.step_acks.release(handles):
+            await st.step_stream.ack(ev)  # type: ignore[attr-defined]
+
+    async def finish_step(closed: ClosedStep) -> None:
+        p = closed.pending
+        t0 = time.perf_counter()
+        ranks = sorted(p.batches)
+        recs = [p.batches[r][0] for r in ranks]
+        frame = StepFrame.from_tables(
+            p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
+            [p.batches[r][1] for r in ranks], st.policy.diagnosis.peer_group_keys, [b.hardware for b in recs],
+        )  # fmt: skip
+        result = analyze_step(frame, st.policy.diagnosis)
+        report = step_report(
+            result, window_start=p.window_start, window_steps=p.window_steps, expected_workers=p.expected_workers,
+            bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
+        )  # fmt: skip
+        await send(stepreports, p.job, report)
+        m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
+        m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
+        await release_steps(p.handles)
+
+    async def steps(stream):
+        st.step_stream = s = stream.noack()
+        async for event in s.events():
+            seen(event)
+            msg = event.message
+            h = st.step_acks.hold(msg.tp, msg.offset, event)
+            try:
+                batch = decode(event.value, FeatureBatch)
+                table = ft.unpack(batch.functions, batch.functions_codec)
+            except RecordError as err:
+                await dead(event, err, "steps")
+                await release_steps([h])
+                continue
+            closed, late = st.steps.add(batch, table, len(event.value), h, time.time())
+            if late:
+                m.inc("late_records_total", stage="steps", help="records for steps or windows already closed")
+                await release_steps([h])
+            elif closed:
+                await finish_step(closed)
+            m.set("open_steps", st.steps.open_steps)
+
+    async def expire_steps() -> None:
+        for closed in st.steps.expire(time.time()):
+            await finish_step(closed)
+
+    # ------------------------------------------------------------------ windows
+    async def release_windows(handles) -> None:
+        for ev in st.window_acks.release(handles):
+            await st.window_stream.ack(ev)  # type: ignore[attr-defined]
+
+    async def finish_window(closed: ClosedWindow) -> None:
+        w = closed.pending
+        now = time.time()
+        info = WindowInfo(job=w.job, window=w.window, start_step=w.window_start, steps=w.window_steps,
+                          expected_workers=w.expected_workers, tenant=w.tenant, policy=w.policy)  # fmt: skip
+        diagnosis = diagnose_window(info, list(w.results.values()), st.policy, now=now, closed=closed.reason, bytes_in=w.bytes_in)
+        for f in diagnosis.findings:
+            await send(findings, f.job, f)
+            m.inc("findings_total", cause=f.cause, help="findings published, by cause")
+        await send(windows, w.job, diagnosis.report)
+        closed_windows[f"{w.job}:{w.window}"] = now
+        m.inc("windows_closed_total", reason=closed.reason, help="windows closed, by reason")
+        m.set("window_close_latency_seconds", now - w.opened_at, help="first step report to window closed, last window")
+        log.info("window %s/%s closed (%s): %d finding(s), coverage %.2f", w.job, w.window, closed.reason, len(diagnosis.findings), diagnosis.report.coverage)
+        await release_windows(w.handles)
+
+    async def windows_agent(stream):
+        st.window_stream = s = stream.noack()
+        async for event in s.events():
+            seen(event)
+            msg = event.message
+            h = st.window_acks.hold(msg.tp, msg.offset, event)
+            try:
+                rec = decode(event.value, (StepReport, WindowTimeout))
+                if f"{rec.job}:{rec.window}" in closed_windows:
+                    m.inc("late_records_total", stage="windows")
+                    await release_windows([h])
+                    continue
+                if isinstance(rec, WindowTimeout):
+                    key = (rec.job, rec.window)
+                    if not st.windows.hold(key, h):
+                        await release_windows([h])
+                        continue
+                    closed = st.windows.close(key, "timeout")
+                else:
+                    closed = st.windows.add(rec, step_result(rec), h, time.time())
+            except RecordError as err:
+                await dead(event, err, "windows")
+                await release_windows([h])
+                continue
+            if closed:
+                await finish_window(closed)
+            m.set("open_windows", st.windows.open_windows, help="windows waiting for step reports")
+
+    async def request_timeouts() -> None:
+        for job, window in st.windows.due(time.time()):
+            await send(stepreports, job, WindowTimeout(job=job, window=window))
+
+    if "detect" in roles:
+        app.agent(heartbeats, name="detect", concurrency=1)(detect)
+    if "steps" in roles:
+        app.agent(features, name="steps", concurrency=1)(steps)
+        app.timer(0.5, name="expire_steps")(expire_steps)
+    if "windows" in roles:
+        app.agent(stepreports, name="windows", concurrency=1)(windows_agent)
+        app.timer(0.5, name="request_timeouts")(request_timeouts)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app_, revoked, **kwargs) -> None:  # noqa: ARG001
+        st.steps.drop(set(revoked))
+        st.step_acks.drop(set(revoked))
+        st.windows.drop(set(revoked))
+        st.window_acks.drop(set(revoked))
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app_, assigned, **kwargs) -> None:  # noqa: ARG001
+        st.assigned = True
+
+    @app.page("/healthz")
+    async def healthz(web, request):  # noqa: ARG001
+        body = {"status": "ok" if st.assigned else "starting", "open_steps": st.steps.open_steps, "open_windows": st.windows.open_windows}
+        return web.json(body, status=200 if st.assigned else 503)
+
+    @app.page("/metrics")
+    async def metrics(web, request):  # noqa: ARG001
+        return web.text(st.metrics.render(), content_type="text/plain")
+
+    return app, st
+
+
+def _coerce(v: str):
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(v.lower(), v)
+
+
+def run_worker(app: faust.App, loglevel: str = "INFO") -> None:
+    """Run the faust worker in this process until SIGTERM/SIGINT."""
+    from faust.worker import Worker
+
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    worker = Worker(app, loglevel=loglevel.lower() if loglevel != "WARNING" else "warn", quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()
