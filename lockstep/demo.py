@@ -15,11 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-
 from .broker import free_port
 from .config import Settings
-from .kafka import Topics, consumer_config, ensure_topics, producer_config
+from .kafka import consumer_config, ensure_topics, producer_config, read_all
 from .producers.publisher import Publisher
 from .producers.simulator.faults import Fault
 from .producers.simulator.fleet import FleetSimulator, Scenario
@@ -61,34 +59,8 @@ def default_scenario(workers: int = 64, fault: str = "gpu_throttle_thermal", cul
 
 def topic_stats(settings: Settings, topics: list[str]) -> list[TopicStat]:
     """Count every record and byte in each topic by reading it end to end."""
-    c = Consumer(consumer_config(settings, None))
-    records = {t: 0 for t in topics}
-    sizes = {t: 0 for t in topics}
-    try:
-        assign, high = [], {}
-        for topic in topics:
-            for p in c.list_topics(topic, timeout=10).topics[topic].partitions:
-                low, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-                if hi > low:
-                    assign.append(TopicPartition(topic, p, low))
-                    high[(topic, p)] = hi
-        c.assign(assign)
-        # Tansu reports the last batch's base offset + 1 as the high watermark, a lower bound
-        # of the real end: read past it until every partition stays quiet
-        pos = {k: 0 for k in high}
-        quiet = 0
-        while quiet < 2:
-            msgs = c.consume(5000, timeout=0.3)
-            for msg in msgs:
-                if not msg.error():
-                    records[msg.topic()] += 1
-                    sizes[msg.topic()] += len(msg.value() or b"")
-                    pos[(msg.topic(), msg.partition())] = msg.offset() + 1
-            caught_up = all(pos[k] >= h for k, h in high.items())
-            quiet = quiet + 1 if (not msgs and caught_up) else 0
-    finally:
-        c.close()
-    return [TopicStat(t, records[t], sizes[t]) for t in topics]
+    records = read_all(settings, topics)
+    return [TopicStat(t, len(records[t]), sum(len(v or b"") for _, v in records[t])) for t in topics]
 
 
 def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0, steps_per_s: float = 10.0, keep_logs: Path | None = None) -> DemoResult:
@@ -103,11 +75,11 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka(settings))
         topics = ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
-        web_port, http_port = free_port(), free_port()
+        processor_port, sink_port = free_port(), free_port()
         flags = settings_flags(s)
-        processor = Child("processor", ["processor", *flags, "--web-port", str(web_port)], log_dir, f"http://127.0.0.1:{web_port}/healthz")
+        processor = Child("processor", ["processor", *flags, "--http-port", str(processor_port)], log_dir, f"http://127.0.0.1:{processor_port}/healthz")
         stack.callback(processor.stop)
-        sink = Child("sink", ["sink", *flags, "--http-port", str(http_port)], log_dir, f"http://127.0.0.1:{http_port}/healthz")
+        sink = Child("sink", ["sink", *flags, "--http-port", str(sink_port)], log_dir, f"http://127.0.0.1:{sink_port}/healthz")
         stack.callback(sink.stop)
         log.info("started the stream processor (pid %d) and the DuckDB sink (pid %d); logs in %s", processor.proc.pid, sink.proc.pid, log_dir)
         sink.wait_healthy(30)

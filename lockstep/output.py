@@ -12,8 +12,14 @@ def print_json(value: Any) -> None:
     sys.stdout.write("\n")
 
 
+def _num(v: float) -> str:
+    if v != v:  # NaN
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 10_000 else f"{v:.4g}"
+
+
 def _cell(v: Any, width: int) -> str:
-    s = "" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+    s = "" if v is None else (_num(v) if isinstance(v, float) else str(v))
     s = s.replace("\n", " ")
     return s if len(s) <= width else s[: width - 1] + "…"
 

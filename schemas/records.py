@@ -23,11 +23,11 @@ import msgspec
 # --------------------------------------------------------------------------- errors
 
 DEAD_LETTER_REASONS = (
-    "malformed",  # not JSON/MessagePack, or wrong field types
+    "malformed",  # not JSON/MessagePack, or no record header
     "unknown_schema",  # the ``schema`` field names no record we know
     "unsupported_version",  # a version of a known record this build cannot read
     "wrong_record",  # a valid record on a topic that does not carry it
-    "invalid",  # decodes, but a value breaks the contract (negative time, NaN, ...)
+    "invalid",  # a known record whose fields break the contract (missing, wrong type, negative time, NaN, ...)
     "bad_function_table",  # the Arrow payload of a FeatureBatch is unreadable or invalid
     "from_the_future",  # a step or timestamp implausibly far ahead of what was seen
 )
@@ -367,7 +367,9 @@ def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...]
         )
     try:
         record = (_json_dec if is_json else _mp_dec)[header.schema].decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except msgspec.ValidationError as exc:  # missing field, wrong type, value out of range
+        raise RecordError("invalid", f"{header.schema}: {exc}") from None
+    except msgspec.DecodeError as exc:
         raise RecordError("malformed", f"{header.schema}: {exc}") from None
     if expect is not None and not isinstance(record, expect):
         names = [t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,))]

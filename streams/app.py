@@ -93,7 +93,7 @@ def limit_fetch_wait(ms: int) -> None:
     driver.AIOKafkaConsumerThread._create_worker_consumer = create
 
 
-def build_app(settings, policy: Policy, *, web_port: int = 6066, roles: tuple[str, ...] = ("detect", "steps", "windows")) -> tuple[faust.App, ProcessorState]:
+def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str = "127.0.0.1", roles: tuple[str, ...] = ("detect", "steps", "windows")) -> tuple[faust.App, ProcessorState]:
     topics = Topics.named(settings.topic_prefix)
     limit_fetch_wait(settings.fetch_wait_ms)
     app = faust.App(
@@ -110,9 +110,9 @@ def build_app(settings, policy: Policy, *, web_port: int = 6066, roles: tuple[st
         broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
         broker_commit_interval=1.0,
         web_enabled=True,
-        web_port=web_port,
-        web_bind="127.0.0.1",
-        web_host="127.0.0.1",
+        web_port=http_port,
+        web_bind=http_host,
+        web_host=http_host,
         **{k: _coerce(v) for k, v in settings.faust.items()},
     )
     st = ProcessorState(policy=policy, step_timeout_s=settings.step_timeout_s, window_timeout_s=settings.window_timeout_s)

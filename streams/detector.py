@@ -2,7 +2,7 @@
 
 Pure: fed heartbeats and the current time, it returns the triggers to publish.
 Per job it tracks the synchronised step time (the slowest worker of each
-step), compares the mean of the most recent steps with a robust baseline (a
+step), compares the median of the most recent steps with a robust baseline (a
 low percentile of the earlier steps: the recent best), and fires one
 step-aligned window whose start lies far enough ahead for every worker to hear
 of it in time: the margin comes from the observed wall-clock step interval and
@@ -142,10 +142,10 @@ class SlowdownDetector:
             return []
         earlier = np.asarray(h[: -dp.recent_steps][-4 * dp.baseline_steps :])
         baseline = float(np.percentile(earlier, 25))
-        recent = float(np.mean(h[-dp.recent_steps :]))
+        recent = float(np.median(h[-dp.recent_steps :]))  # a median: one hiccup is not a slowdown
         if not recent > baseline * (1.0 + dp.slowdown_threshold):
             return []
-        return [self._trigger(st, now, f"slowdown: last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms (+{(recent / baseline - 1) * 100:.0f}%)")]
+        return [self._trigger(st, now, f"slowdown: median of last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms (+{(recent / baseline - 1) * 100:.0f}%)")]
 
     def manual(self, job: str, now: float | None = None, reason: str = "manual") -> ProfileTrigger | None:
         st = self.jobs.get(job)

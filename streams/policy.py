@@ -26,7 +26,7 @@ class DetectorPolicy:
     """Slowdown detection on heartbeats (brief 2.4)."""
 
     baseline_steps: int = 20  # steps that form the robust baseline (their median)
-    recent_steps: int = 5  # the mean of the last N synchronised step times ...
+    recent_steps: int = 5  # the median of the last N synchronised step times ...
     slowdown_threshold: float = 0.15  # ... more than this fraction above the baseline fires
     hang_factor: float = 10.0  # no progress for this many usual step times is a hang
     window_steps: int = 8  # steps per profiling window

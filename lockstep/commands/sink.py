@@ -13,7 +13,8 @@ log = logging.getLogger("lockstep.sink")
 def register(sub) -> None:
     p = sub.add_parser("sink", help="run the DuckDB sink (findings and windows; serves read-only SQL while it runs)")
     config.add_arguments(p)
-    p.add_argument("--http-port", type=int, default=0, help="port of /healthz, /metrics and /query on 127.0.0.1 (default: any free port)")
+    p.add_argument("--http-port", type=int, default=0, help="port of /healthz, /metrics and /query (default: any free port)")
+    p.add_argument("--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)")
     p.set_defaults(func=run)
 
 
@@ -32,7 +33,7 @@ def run(args) -> int:
         store = FindingsStore(s.db)
         publisher = Publisher(producer_config(s))
         sink = Sink(store, consumer_config(s, s.sink_group), [topics.findings, topics.windows], topics.deadletter, publisher)
-        server = QueryServer(sink, s.db, port=args.http_port).start()
+        server = QueryServer(sink, s.db, port=args.http_port, host=args.http_host).start()
         log.info("sink writing %s; read-only SQL at %s/query", s.db, server.url)
 
         def stop(signum, frame):  # noqa: ARG001

@@ -1,0 +1,38 @@
+"""The pipeline as separate processes against a real broker: the finding lands in DuckDB."""
+
+import duckdb
+import pytest
+
+from lockstep.demo import default_scenario, run_demo
+from lockstep.kafka import Topics, features_key, read_all
+from lockstep.schemas.records import FeatureBatch, ProfileTrigger, StepReport, decode
+
+pytestmark = pytest.mark.integration
+
+
+def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
+    scenario = default_scenario(workers=32, fault="gpu_throttle_thermal", culprit=13)
+    res = run_demo(settings, scenario, timeout_s=120, steps_per_s=20, keep_logs=tmp_path / "logs")
+
+    con = duckdb.connect(str(settings.db), read_only=True)
+    rows = con.execute("SELECT workers, function, function_kind, cause, devices, confidence, len(steps) FROM findings").fetchall()
+    assert len(rows) == 1, rows
+    workers, function, kind, cause, devices, confidence, n_steps = rows[0]
+    assert workers == [13]
+    assert kind == "compute" and function in ("fwd.gemm", "bwd.gemm", "fwd.attention", "bwd.attention")
+    assert cause == "gpu_throttle_thermal"
+    assert devices == ["node0001/gpu5"]
+    assert confidence > 0.7 and n_steps == 8
+    (coverage, closed, expected), = con.execute("SELECT coverage, closed, expected_workers FROM windows").fetchall()
+    assert (coverage, closed, expected) == (1.0, "complete", 32)
+
+    # the records of a step really travelled through Kafka, keyed job:step
+    topics = Topics.named(settings.topic_prefix)
+    recs = read_all(settings, [topics.control, topics.features, topics.stepreports])
+    (trigger,) = [decode(v, ProfileTrigger) for _, v in recs[topics.control]]
+    batches = [(k, decode(v, FeatureBatch)) for k, v in recs[topics.features]]
+    assert len(batches) == 32 * trigger.steps
+    assert all(k == features_key(b.job, b.step) for k, b in batches)
+    reports = [decode(v, StepReport) for _, v in recs[topics.stepreports]]
+    assert sorted(r.step for r in reports) == list(range(trigger.start_step, trigger.start_step + trigger.steps))
+    assert {t.topic: t.records for t in res.topics}[topics.findings] == 1
