@@ -121,10 +121,17 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     host: Name
     sent_at: float  # unix seconds on the worker's own clock
     tenant: str = ""
+    # added in v1, optional: agents echo the last trigger they received, so that the
+    # detector measures the control topic's latency instead of assuming it
+    trigger_window: str = ""  # the window of that trigger
+    trigger_latency_s: float | None = None  # its receipt (worker clock) minus its created_at (processor clock)
+    final: bool = False  # the worker's last heartbeat: it is shutting down (not a hang)
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
         _finite("sent_at", self.sent_at)
+        if self.trigger_latency_s is not None:
+            _finite("trigger_latency_s", self.trigger_latency_s)
         if self.step_time_s <= 0:
             raise RecordError("invalid", f"step_time_s must be > 0, got {self.step_time_s}")
 
@@ -149,13 +156,54 @@ class ProfileTrigger(_Record, tag="ProfileTrigger", kw_only=True):
     policy: str = "default"  # policy id
     policy_hash: str = ""
     reason: str = ""
-    created_at: float = 0.0
+    created_at: float = 0.0  # unix seconds on the processor's clock
     tenant: str = ""
+    kind: Literal["slowdown", "hang", "manual"] = "slowdown"  # what opened the window
+    request: str = ""  # the TriggerRequest this window answers (manual windows)
 
     @property
     def policy_ref(self) -> str:
         """``id@hash``: what feature batches and findings record."""
         return f"{self.policy}@{self.policy_hash}" if self.policy_hash else self.policy
+
+
+class TriggerRequest(_Record, tag="TriggerRequest", kw_only=True):
+    """An operator asks for a window (``lockstep trigger``). Key: ``job``, on the heartbeats topic.
+
+    It travels on the heartbeats topic so that it reaches the detector that owns
+    the job's state (its partition); the answer is a ``ProfileTrigger`` or a
+    ``TriggerRefused`` on the control topic carrying the same ``request``.
+    """
+
+    job: Name
+    request: Name  # unique id of this request
+    steps: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None  # None: the policy's window_steps
+    reason: str = ""
+    requested_by: str = ""  # user@host
+    requested_at: float = 0.0
+
+
+#: why the detector refused a window
+RefusalCode = Literal["excluded", "unknown_job", "ended", "too_long", "job_limit", "cooldown", "fleet_limit"]
+
+
+class TriggerRefused(_Record, tag="TriggerRefused", kw_only=True):
+    """The detector's answer to a ``TriggerRequest`` it refused. Key: ``job``, on the control topic."""
+
+    job: Name
+    request: Name
+    code: RefusalCode
+    reason: str  # one line, for people
+    policy: str = "default"
+    policy_hash: str = ""
+    at: float = 0.0
+
+
+class DetectorTick(_Record, tag="DetectorTick", kw_only=True):
+    """Internal: the detector's timer asks it to check a silent job for a hang. Key: ``job``, on the heartbeats topic."""
+
+    job: Name
+    at: float = 0.0
 
 
 class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
@@ -313,6 +361,9 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         WindowTimeout,
         WindowReport,
         DeadLetter,
+        TriggerRequest,
+        TriggerRefused,
+        DetectorTick,
     )
 }
 #: versions of each record this build reads
@@ -321,6 +372,7 @@ BINARY_RECORDS = frozenset({"FeatureBatch", "StepReport"})
 
 Record = (
     StepHeartbeat | ProfileTrigger | FeatureBatch | Finding | StepReport | WindowTimeout | WindowReport | DeadLetter
+    | TriggerRequest | TriggerRefused | DetectorTick
 )
 
 
