@@ -326,7 +326,7 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     steps_seen: int
     expected_workers: int
     workers_seen: int  # most workers seen in any step of the window
-    coverage: Fraction  # share of expected workers that delivered features (mean over steps)
+    coverage: Fraction  # share of expected workers that delivered features, over all the window's steps (a missing step counts 0)
     bytes_per_worker: float
     findings: int
     actionable: bool  # at least one finding with a cause other than ``unknown``
