@@ -121,16 +121,17 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     host: Name
     sent_at: float  # unix seconds on the worker's own clock
     tenant: str = ""
-    # added in v1, optional: agents echo the last trigger they received, so that the
-    # detector measures the control topic's latency instead of assuming it
-    trigger_window: str = ""  # the window of that trigger
-    trigger_latency_s: float | None = None  # its receipt (worker clock) minus its created_at (processor clock)
-    final: bool = False  # the worker's last heartbeat: it is shutting down (not a hang)
+    # optional (absent from the wire unless set, so the always-on signal stays small):
+    # agents echo the last trigger they received, once, so that the detector measures the
+    # control topic's latency instead of assuming it
+    trigger_window: str | msgspec.UnsetType = msgspec.UNSET  # the window of that trigger
+    trigger_latency_s: float | None | msgspec.UnsetType = msgspec.UNSET  # its receipt (worker clock) - its created_at (processor clock)
+    final: bool | msgspec.UnsetType = msgspec.UNSET  # true on the worker's last heartbeat: it shuts down (not a hang)
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
         _finite("sent_at", self.sent_at)
-        if self.trigger_latency_s is not None:
+        if isinstance(self.trigger_latency_s, float):
             _finite("trigger_latency_s", self.trigger_latency_s)
         if self.step_time_s <= 0:
             raise RecordError("invalid", f"step_time_s must be > 0, got {self.step_time_s}")

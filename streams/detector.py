@@ -128,7 +128,7 @@ class SlowdownDetector:
             st = self.jobs[hb.job] = JobState(hb.job, tenant=st.tenant, selected=st.selected, last_progress_at=now)
         st.last_seen_at = now
         st.newest_sent_at = max(st.newest_sent_at, hb.sent_at)
-        if hb.trigger_window and hb.trigger_latency_s is not None:
+        if hb.trigger_window and isinstance(hb.trigger_latency_s, float):  # an agent's echo of a trigger
             self._echo(st, hb.trigger_window, hb.trigger_latency_s)
         st.last_step_of[hb.worker] = max(hb.step, st.last_step_of.get(hb.worker, -1))
         if hb.final:

@@ -189,3 +189,12 @@ def test_duplicate_heartbeats_count_once():
     for _ in range(3):
         det.observe(hb("j", 0, 5, 0.2, 1001.0), now=1001.0)
     assert 5 in det.jobs["j"].steps  # one worker of eight, however often: not complete
+
+
+def test_the_optional_heartbeat_fields_cost_nothing_when_unset():
+    from lockstep.schemas.records import decode, encode
+
+    plain = encode(hb("j", 0, 1, 0.2, 1000.0))
+    assert b"trigger" not in plain and b"final" not in plain  # the always-on signal stays as small as before
+    echo = decode(encode(hb("j", 0, 1, 0.2, 1000.0, trigger_window="w9", trigger_latency_s=0.0, final=True)))
+    assert (echo.trigger_window, echo.trigger_latency_s, echo.final) == ("w9", 0.0, True)
