@@ -158,19 +158,20 @@ def rig(kafka_bootstrap, tmp_path_factory):
     policy_path = tmp / "policy.yaml"
     policy_path.write_text(POLICY.format(threshold=0.3))
     settings = Settings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"d{tag}", processor_id=f"proc-{tag}", sink_group=f"sink-{tag}",
-                        partitions=3, db=tmp / "findings.duckdb", step_timeout_s=1.5, window_timeout_s=3.0, policy=policy_path)  # fmt: skip
+                        partitions=3, db=tmp / "findings.duckdb", step_timeout_s=1.0, window_timeout_s=2.0, policy=policy_path)  # fmt: skip
     ensure_topics(settings, extra={n: settings.partitions for n in changelog_topics(settings.processor_id)})
     port = free_port()
     proc = Child("processor", ["processor", *settings_flags(settings), "--http-port", str(port)], tmp, f"http://127.0.0.1:{port}/healthz")
-    driver = Driver(settings)
+    driver, control = Driver(settings), ControlLog(settings)
     try:
         proc.wait_healthy(60)
         driver.start()
-        yield Rig(settings, policy_path, proc, port, driver, ControlLog(settings))
+        yield Rig(settings, policy_path, proc, port, driver, control)
     finally:
         driver.halt.set()
         if driver.is_alive():
             driver.join(10)
+        control.consumer.close()
         proc.kill()  # a graceful faust shutdown takes seconds and is not what this module tests
 
 
@@ -199,38 +200,40 @@ def test_a_hang_triggers_once(rig):
     (t,) = rig.control.wait("hung", timeout_s=20)
     assert t.kind == "hang" and t.start_step == last + 2
     assert f"1 worker(s) behind step {last}: 2" in t.reason
-    time.sleep(1.5)
+    time.sleep(1.0)
     assert len(rig.control.triggers("hung")) == 1
 
 
 def test_a_manual_trigger_respects_the_limits(rig):
-    job = rig.driver.add("manual")
+    job, other = rig.driver.add("manual"), rig.driver.add("manual-cli")
     rig.wait_step(job, 20)
-    ok = rig.cli("manual", "--steps", "40", "--reason", "operator check", "--json")
+    t = request_window(rig.settings, "manual", steps=64, reason="", timeout_s=20)
+    assert isinstance(t, ProfileTrigger) and t.kind == "manual"
+    again = request_window(rig.settings, "manual", steps=None, reason="", timeout_s=20)
+    assert again.code == "job_limit" and t.window in again.reason  # the window is still open
+    rig.wait_step(job, t.start_step + t.steps + 2)
+    again = request_window(rig.settings, "manual", steps=None, reason="", timeout_s=20)
+    assert again.code == "cooldown" and f"window {t.window} ended" in again.reason
+    assert request_window(rig.settings, "manual", steps=65, reason="", timeout_s=20).code == "too_long"
+    assert [x.window for x in rig.control.triggers("manual")] == [t.window]
+
+    ok = rig.cli("manual-cli", "--steps", "4", "--reason", "operator check", "--json")
     assert ok.returncode == 0, ok.stderr
-    t = json.loads(ok.stdout)
-    assert (t["schema"], t["kind"], t["steps"], t["expected_workers"]) == ("ProfileTrigger", "manual", 40, 4)
-    assert "operator check" in t["reason"] and t["start_step"] > 20
-
-    again = request_window(rig.settings, "manual", steps=None, reason="", timeout_s=20)
-    assert again.code == "job_limit" and t["window"] in again.reason  # the window is still open
-    rig.wait_step(job, t["start_step"] + t["steps"] + 2)
-    again = request_window(rig.settings, "manual", steps=None, reason="", timeout_s=20)
-    assert again.code == "cooldown" and f"window {t['window']} ended" in again.reason
-    job.stop = "final"
-    assert [x.window for x in rig.control.triggers("manual")] == [t["window"]]
-
+    cli = json.loads(ok.stdout)
+    assert (cli["schema"], cli["kind"], cli["steps"], cli["expected_workers"]) == ("ProfileTrigger", "manual", 4, 4)
+    assert "operator check" in cli["reason"] and cli["start_step"] > 20
     ghost = rig.cli("ghost")
     assert ghost.returncode == 1 and ghost.stdout == ""
     assert ghost.stderr.count("\n") == 1 and ghost.stderr.startswith("lockstep trigger: error: refused (unknown_job): no heartbeats of job 'ghost'")
+    job.stop = other.stop = "final"
 
 
 def test_no_processor_answering_is_an_error(rig):
     lonely = dataclasses.replace(rig.settings, topic_prefix=rig.settings.topic_prefix + "x")
     ensure_topics(lonely)
     t0 = time.monotonic()
-    with pytest.raises(TriggerError, match="no stream processor answered within 2s"):
-        request_window(lonely, "manual", steps=None, reason="", timeout_s=2)
+    with pytest.raises(TriggerError, match="no stream processor answered within 1s"):
+        request_window(lonely, "manual", steps=None, reason="", timeout_s=1)
     assert time.monotonic() - t0 < 15
 
 
