@@ -40,6 +40,8 @@ FORGET_AFTER_S = 3600.0
 RESTART_STEPS = 16
 #: echoed control latencies kept per job (one value per window: the slowest worker's)
 LATENCY_WINDOWS = 8
+#: an echo above this is a broken clock or a stale replay, not the control topic's latency
+LATENCY_MAX_S = 60.0
 
 
 @dataclass
@@ -155,8 +157,10 @@ class SlowdownDetector:
         return self._judge(st, now)
 
     def _echo(self, st: JobState, window: str, latency_s: float) -> None:
+        if latency_s > LATENCY_MAX_S:
+            return
         lat = st.trigger_latency_s
-        lat[window] = max(lat.get(window, 0.0), latency_s)
+        lat[window] = max(lat.get(window, 0.0), latency_s)  # below 0: clock skew; counts as 0
         while len(lat) > LATENCY_WINDOWS:
             del lat[next(iter(lat))]
 

@@ -69,6 +69,7 @@ def test_echoed_trigger_receipts_replace_the_assumed_control_latency():
     assert det.control_latency_s(det.jobs["j"]) == 1.0  # nothing measured yet: the policy's value
     for w, lat in enumerate([0.10, 0.25, 0.15]):  # each worker echoes when it received window w9
         det.observe(hb("j", w, 20, 0.1, 1002.0, trigger_window="w9", trigger_latency_s=lat), now=1002.0)
+    det.observe(hb("j", 3, 20, 0.1, 1002.0, trigger_window="w9", trigger_latency_s=3600.0), now=1002.0)  # a broken clock
     assert det.control_latency_s(det.jobs["j"]) == 0.25  # the slowest worker's receipt
     assert det.control_latency_s(det.jobs["k"]) == 0.25  # a job without echoes: what this processor measured
     # (0 lag + 0.25 s) x 2 = 0.5 s = 5 steps of 0.1 s, plus one
