@@ -20,6 +20,8 @@ replay of a whole window changes nothing.
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import logging
 import time
 from dataclasses import dataclass, field
@@ -128,6 +130,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         broker_session_timeout=settings.session_timeout_ms / 1000.0,
         broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
         broker_commit_interval=1.0,
+        datadir=os.path.join(tempfile.gettempdir(), "lockstep-faust", settings.processor_id),  # not the cwd
         web_enabled=True,
         web_port=http_port,
         web_bind=http_host,
