@@ -50,7 +50,7 @@ def test_migrations_are_versioned_and_idempotent(tmp_path):
     path = tmp_path / "f.duckdb"
     FindingsStore(path).close()
     store = FindingsStore(path)
-    assert store.con.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
+    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,)]
 
 
 def test_query_refuses_writes(tmp_path):
