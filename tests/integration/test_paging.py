@@ -6,7 +6,6 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -314,25 +313,3 @@ def test_background_threads_deliver(tmp_path, receiver):
     finally:
         pager.stop()
     assert len(receiver.requests) == 3
-
-
-def test_routes_file_is_validated_at_start_up(tmp_path):
-    good = {"routes": [{"name": "pd", "type": "pagerduty", "routing_key_env": "PD_KEY"}]}
-    assert routes.parse(good, {"PD_KEY": "x"}).routes[0].url == routes.PAGERDUTY_EVENTS_URL
-    cases = [
-        (good, {}, "environment variable PD_KEY"),
-        ({"routes": [{"name": "x", "type": "email"}]}, {}, "type"),
-        ({"routes": [{"name": "x", "type": "slack", "url": "https://h", "colour": "red"}]}, {}, "colour"),
-        ({"routes": [{"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["meteor"]}}]}, {}, "meteor"),
-        ({"routes": [{"name": "x", "type": "webhook", "url": "https://h", "secret_env": "S"}]}, {"S": "whsec_c2hvcnQ="}, "24 to 64 bytes"),
-        ({"routes": [{"name": "x", "type": "webhook", "url": "ftp://h", "secret_env": "S"}]}, {"S": SECRET}, r"http\(s\) url"),
-        ({"routes": [{"name": "x", "type": "slack", "url": "https://h"}] * 2}, {}, "unique"),
-        ({"routes": [], "retry": {"max_attempts": 0}}, {}, "max_attempts"),
-    ]
-    for data, env, needle in cases:
-        with pytest.raises(routes.RoutesError, match=needle):
-            routes.parse(data, env)
-    path = tmp_path / "routes.yaml"
-    path.write_text("routes: [{name: pd, type: pagerduty, routing_key_env: LOCKSTEP_TEST_PD}]\n")
-    with pytest.raises(routes.RoutesError, match="LOCKSTEP_TEST_PD"):
-        routes.load(path, env={k: v for k, v in os.environ.items() if k != "LOCKSTEP_TEST_PD"})
