@@ -313,3 +313,80 @@ def test_background_threads_deliver(tmp_path, receiver):
     finally:
         pager.stop()
     assert len(receiver.requests) == 3
+
+
+@pytest.mark.integration
+def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, receiver, monkeypatch):
+    """The real ``lockstep sink`` process on Kafka: trigger, SIGKILL, replayed findings, restart, resolve."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from lockstep.broker import free_port
+    from lockstep.kafka import ensure_topics, producer_config
+    from lockstep.producers.publisher import Publisher
+    from lockstep.runtime import Child, settings_flags
+    from lockstep.schemas.records import ProfileTrigger
+    from lockstep.sinks.sink import query, wait_for
+
+    monkeypatch.setenv("LOCKSTEP_TEST_PD_KEY", "pd-routing-key")
+    monkeypatch.setenv("LOCKSTEP_TEST_HOOK_SECRET", SECRET)
+    routes_file = tmp_path / "routes.yaml"
+    routes_file.write_text(
+        f"retry: {{max_attempts: 5, initial_backoff_s: 0.05, max_backoff_s: 0.5, timeout_s: 2}}\n"
+        f"routes:\n"
+        f"  - {{name: pd, type: pagerduty, url: '{receiver.url}/pd', routing_key_env: LOCKSTEP_TEST_PD_KEY}}\n"
+        f"  - {{name: hook, type: webhook, url: '{receiver.url}/hook', secret_env: LOCKSTEP_TEST_HOOK_SECRET, match: {{tenants: [acme]}}}}\n"
+    )
+    settings = dataclasses.replace(settings, session_timeout_ms=3000)  # the restart waits for the killed member to time out
+    topics = ensure_topics(settings)
+    flags = [*settings_flags(settings), "--routes", str(routes_file)]
+
+    def start_sink(name):
+        port = free_port()
+        sink = Child(name, ["sink", *flags, "--http-port", str(port)], tmp_path, f"http://127.0.0.1:{port}/healthz")
+        sink.wait_healthy(60)
+        return sink
+
+    pub = Publisher(producer_config(settings))
+    w1 = finding("w1", steps=(100, 101, 102))
+    sink = start_sink("sink1")
+    try:
+        receiver.script = {"/pd": [503]}  # the first attempt fails: the page must still arrive, once
+        pub.send(topics.control, "j", ProfileTrigger(job="j", window="w1", start_step=100, steps=4, expected_workers=8, tenant="acme"))
+        pub.send(topics.findings, "j", w1)
+        pub.send(topics.windows, "j", window("w1", 100, findings=1))
+        pub.flush()
+        assert wait_for(lambda: len(receiver.to("/pd")) >= 2 and len(receiver.to("/hook")) >= 1, 30), receiver.requests
+        # readers while the sink holds the file: the trigger is stored, and a tenant sees only its own rows
+        assert query(settings.db, "SELECT window_id, tenant FROM triggers")[1] == [["w1", "acme"]]
+        out = subprocess.run([sys.executable, "-m", "lockstep", "findings", "--db", str(settings.db), "--tenant", "globex", "--json"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+        sink.kill()  # SIGKILL
+    finally:
+        sink.kill()
+
+    # while it is down the processor replays w1 and the problem persists into w2
+    pub.send(topics.findings, "j", w1)
+    pub.send(topics.windows, "j", window("w1", 100, findings=1))
+    pub.send(topics.findings, "j", finding("w2", steps=(200, 201), function="bwd.gemm"))
+    pub.send(topics.windows, "j", window("w2", 200, findings=1))
+    pub.flush()
+    sink = start_sink("sink2")
+    try:
+        pub.send(topics.windows, "j", window("w3", 300))  # a clean window: the problem cleared
+        pub.flush()
+        assert wait_for(lambda: len(receiver.to("/pd")) >= 3 and len(receiver.to("/hook")) >= 2, 30), receiver.requests
+        time.sleep(1.0)  # anything extra would arrive now
+    finally:
+        sink.stop()
+        pub.close()
+    actions = [json.loads(r["body"])["event_action"] for r in receiver.to("/pd")]
+    assert actions == ["trigger", "trigger", "resolve"]  # a 503, its retry, the resolve
+    assert [json.loads(r["body"])["type"] for r in receiver.to("/hook")] == ["incident.triggered", "incident.resolved"]
+    for r in receiver.to("/hook"):
+        verify_standard_webhook(SECRET, r["headers"], r["body"], now=time.time())
+    cols, rows = query(settings.db, "SELECT route, action, status, attempts FROM webhook_deliveries ORDER BY event_seq, route")
+    assert rows == [["hook", "trigger", "delivered", 1], ["pd", "trigger", "delivered", 2],
+                    ["hook", "resolve", "delivered", 1], ["pd", "resolve", "delivered", 1]]  # fmt: skip
