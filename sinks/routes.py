@@ -214,6 +214,8 @@ def load(path: Path | str, env: dict[str, str] | None = None) -> Paging:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise RoutesError(f"routes file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise RoutesError(f"routes file {path}: not a text file") from None
     except yaml.YAMLError as exc:
         raise RoutesError(f"routes file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     return parse(data, env, f"routes file {path}")
