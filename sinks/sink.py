@@ -72,25 +72,26 @@ class Sink:
 
     def run(self) -> None:
         self.consumer.subscribe(self.topics, on_assign=self._on_assign)
-        next_expire = 0.0
+        next_tick = 0.0
         try:
-            if self.pager:
-                self.pager.fan_out()  # events a crash left unplanned
             while not self._stop.is_set():
                 msgs = self.consumer.consume(self.batch_size, timeout=0.5)
                 if msgs:
                     self.write(msgs)
-                if time.monotonic() >= next_expire:
-                    self._after(self.store.expire())
-                    next_expire = time.monotonic() + self.expire_every_s
+                if time.monotonic() >= next_tick:  # also plans what a crash or a failed fan-out left
+                    self._after(self.store.expire(), always=True)
+                    next_tick = time.monotonic() + self.expire_every_s
         finally:
             self.consumer.close()
 
-    def _after(self, events) -> None:
+    def _after(self, events, always: bool = False) -> None:
         for ev in events:
             self.metrics.inc("incident_events_total", action=ev.action, help="incident changes, by action (trigger, update, resolve)")
-        if events and self.pager:
-            self.pager.fan_out()
+        if self.pager and (events or always):
+            try:
+                self.pager.fan_out()
+            except Exception:  # the events stay in DuckDB: the next tick plans them
+                log.exception("planning pages failed; retrying within %.0fs", self.expire_every_s)
 
     def write(self, msgs) -> Batch:
         findings: list[Finding] = []
@@ -167,7 +168,7 @@ class QueryServer:
                 if self.path != "/query":
                     self._send(404, b'{"error": "not found"}')
                     return
-                if not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
+                if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), f"Bearer {token}".encode()):
                     self._send(401, json.dumps({"error": f"/query needs the bearer token from {sidecar(db)}"}).encode())
                     return
                 try:

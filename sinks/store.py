@@ -399,14 +399,9 @@ class FindingsStore:
             if triggers:
                 upsert(con, "triggers", triggers_table(triggers), ("job", "window_id"))
             if batch.offsets:
-                rows = pa.table(  # noqa: F841 - scanned by DuckDB below
-                    {
-                        "topic": [t for t, _ in batch.offsets],
-                        "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
-                        "next_offset": list(batch.offsets.values()),
-                    }
-                )
-                con.execute('INSERT INTO sink_offsets SELECT * FROM rows ON CONFLICT (topic, "partition") DO UPDATE SET next_offset = excluded.next_offset')
+                offsets = {"topic": [t for t, _ in batch.offsets], "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
+                           "next_offset": list(batch.offsets.values())}  # fmt: skip
+                upsert(con, "sink_offsets", pa.table(offsets), ("topic", "partition"))
             events += self._on_windows(incidents)
             self._save(incidents, events)
             con.execute("COMMIT")
@@ -546,16 +541,10 @@ def tenant_sandbox(src: duckdb.DuckDBPyConnection, tenant: str) -> duckdb.DuckDB
     database, so no SQL run in it (``query()``, ``duckdb_tables()``, subqueries) can reach them.
     """
     box = duckdb.connect(":memory:")
-    tables = src.execute(
-        """
-        SELECT t.table_name, t.sql FROM duckdb_tables() t
-        WHERE t.database_name = current_database() AND t.schema_name = 'main' AND EXISTS (
-            SELECT 1 FROM duckdb_columns() c
-            WHERE c.database_name = t.database_name AND c.schema_name = t.schema_name
-              AND c.table_name = t.table_name AND c.column_name = 'tenant')
-        """
-    ).fetchall()
-    for name, ddl in tables:
+    here = "table_catalog = current_database() AND table_schema = 'main'"
+    tenanted = {r[0] for r in src.execute(f"SELECT table_name FROM information_schema.columns WHERE {here} AND column_name = 'tenant'").fetchall()}
+    tables = src.execute("SELECT table_name, sql FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main'").fetchall()
+    for name, ddl in (t for t in tables if t[0] in tenanted):
         box.execute(ddl)
         rows = src.sql(f'SELECT * FROM "{name}" WHERE tenant = $1', params=[tenant]).to_arrow_table()  # noqa: F841
         box.execute(f'INSERT INTO "{name}" SELECT * FROM rows')

@@ -21,6 +21,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..cli import setup_logging
     from ..kafka import consumer_config, ensure_topics, producer_config
+    from ..metrics import Metrics
     from ..producers.publisher import Publisher
     from ..runtime import kafka
     from ..sinks import routes
@@ -36,10 +37,10 @@ def run(args) -> int:
         topics = ensure_topics(s)
         store = FindingsStore(s.db, IncidentPolicy(resolve_min_coverage=s.resolve_min_coverage, stale_after_s=s.resolve_after_s))
         publisher = Publisher(producer_config(s))
+        metrics = Metrics()
+        pager = Pager(store, paging, metrics).start() if paging else None
         sink = Sink(store, consumer_config(s, s.sink_group), [topics.findings, topics.windows, topics.control], topics.deadletter,
-                    publisher, control_topic=topics.control)  # fmt: skip
-        pager = Pager(store, paging, sink.metrics).start() if paging else None
-        sink.pager = pager
+                    publisher, metrics, control_topic=topics.control, pager=pager)  # fmt: skip
         server = QueryServer(sink, s.db, port=args.http_port, host=args.http_host).start()
         log.info("sink writing %s; read-only SQL at %s/query; paging %s", s.db, server.url,
                  f"{len(paging.routes)} route(s) from {s.routes}" if paging else "off (no --routes)")  # fmt: skip
