@@ -30,7 +30,6 @@ DEVICE_CAUSES = frozenset(
      "host_cpu_contention", "host_memory", "storage"}
 )  # fmt: skip
 
-ACTIONS = ("trigger", "update", "resolve")
 
 
 @dataclass(frozen=True)

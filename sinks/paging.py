@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from ..schemas.records import CAUSES
 from .routes import Retry, Route
 
-#: Standard Webhooks: how old a signed message may be when the receiver checks it
-SIGNATURE_TOLERANCE_S = 300
 
 
 @dataclass(frozen=True)

@@ -282,8 +282,6 @@ def check_tenant_restriction(path, ask):
 
 
 def test_tenant_restriction_on_the_file(tmp_path):
-    import pyarrow as pa
-
     from lockstep.sinks.store import tenant_sandbox
 
     path = tmp_path / "f.duckdb"
