@@ -19,11 +19,12 @@ def known_errors() -> tuple[type[BaseException], ...]:
     from .producers.publisher import DeliveryError
     from .producers.simulator.fleet import ScenarioError
     from .schemas.records import RecordError
+    from .sinks.routes import RoutesError
     from .sinks.store import StoreError
     from .streams.policy import PolicyError
     from .runtime import RuntimeFailure
 
-    return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, StoreError, RecordError, DeliveryError, RuntimeFailure, TriggerError)
+    return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, StoreError, RoutesError, RecordError, DeliveryError, RuntimeFailure, TriggerError)
 
 
 def build_parser() -> argparse.ArgumentParser:

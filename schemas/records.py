@@ -336,6 +336,8 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     closed_at: float
     policy: str = "default"
     tenant: str = ""
+    #: training progress lost while profiling, as a share of the window's step time; None until measured
+    profiling_overhead: float | None = None
 
 
 class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
