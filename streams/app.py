@@ -117,6 +117,8 @@ def limit_fetch_wait(ms: int) -> None:
 def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str = "127.0.0.1", roles: tuple[str, ...] = ("detect", "steps", "windows")) -> tuple[faust.App, ProcessorState]:
     topics = Topics.named(settings.topic_prefix)
     limit_fetch_wait(settings.fetch_wait_ms)
+    datadir = os.path.join(tempfile.gettempdir(), "lockstep-faust", settings.processor_id)  # not the cwd
+    os.makedirs(os.path.dirname(datadir), exist_ok=True)  # faust creates only the last level
     app = faust.App(
         settings.processor_id,
         **faust_broker_kwargs(settings),
@@ -130,7 +132,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         broker_session_timeout=settings.session_timeout_ms / 1000.0,
         broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
         broker_commit_interval=1.0,
-        datadir=os.path.join(tempfile.gettempdir(), "lockstep-faust", settings.processor_id),  # not the cwd
+        datadir=datadir,
         web_enabled=True,
         web_port=http_port,
         web_bind=http_host,
