@@ -114,25 +114,16 @@ class _Renderer:
         )
 
 
-def diagnose(fleet: FleetSimulator, policy: Policy, window: Window | None = None) -> tuple[list[Finding], float, list[SimulatedStep]]:
-    """Run one window of a scenario through the diagnosis: (findings, coverage, the simulated steps)."""
+def diagnose(fleet: FleetSimulator, policy: Policy, window: Window | None = None) -> tuple[list[Finding], float]:
+    """Run one window of a scenario through the diagnosis: (findings, coverage)."""
     sc = fleet.scenario
     window = window or sc.window
     render = _Renderer(fleet, policy.diagnosis.peer_group_keys)
-    sims = [fleet.step(s) for s in window.range]
-    results = [analyze_step(render.frame(sim, window.name), policy.diagnosis) for sim in sims]
+    results = [analyze_step(render.frame(fleet.step(s), window.name), policy.diagnosis) for s in window.range]
     info = WindowInfo(sc.job, window.name, window.start_step, window.steps, sc.topology.workers, tenant=sc.tenant, policy=policy.ref)
     # simulated time, never the wall clock: the same scenario gives the same findings
     d = diagnose_window(info, results, policy, now=float(window.start_step))
-    return d.findings, d.report.coverage, sims
-
-
-def true_impact(fleet: FleetSimulator, sims: list[SimulatedStep], index: int) -> float:
-    """The step-time share that removing fault ``index`` saves, by re-simulating the window without it."""
-    faults = tuple(f for i, f in enumerate(fleet.scenario.faults) if i != index)
-    with_fault = np.array([s.sync_step_us for s in sims])
-    without = np.array([fleet.step(s.step, faults, readings=False).sync_step_us for s in sims])
-    return float(np.mean((with_fault - without) / with_fault))
+    return d.findings, d.report.coverage
 
 
 def _device_match(expected: list[str], named: list[str]) -> bool:
@@ -169,11 +160,11 @@ def _rank(o: FaultOutcome) -> tuple:
 def run_scenario(scenario: Scenario, policy: Policy) -> ScenarioResult:
     t0 = time.perf_counter()
     fleet = FleetSimulator(scenario)
-    findings, coverage, sims = diagnose(fleet, policy)
+    findings, coverage = diagnose(fleet, policy)
     outcomes = []
     expected = [(i, t) for i, t in enumerate(scenario.truths()) if t.cause is not None]
     for i, truth in expected:
-        truth.impact = true_impact(fleet, sims, i)
+        truth.impact = fleet.saving(i, scenario.window.range)
         judged = [judge(truth, f) for f in findings]
         outcomes.append(max(judged, key=_rank) if judged else FaultOutcome(truth=truth))
     true_findings = [any(judge(t, f).localised for _, t in expected) for f in findings]
