@@ -20,7 +20,8 @@ Definitions (per injected fault that should produce a finding):
   ``accuracy`` is the share of scenarios that stayed silent.
 * **impact error**: |estimated step-time share - true share|, the true share
   measured by re-simulating the window without the fault.
-* **calibration**: findings binned by confidence, with the share that were right.
+* **calibration**: findings binned by confidence, with the share that were right (culprit,
+  function and cause of an injected fault).
 
 This module sits beside ``lockstep/demo.py``: it wires a producer (the
 simulator) to the diagnosis, which neither package may import from the other.

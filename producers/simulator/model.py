@@ -506,10 +506,10 @@ def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvl
     hw["pcie_gbps"][:, h2d] = pcie_gbps * n(0.02)[:, h2d]
     res = st["resource"]
     comm = COMM[None, :] & (total > 0)
+    comm[:, IDX["nccl:all_reduce[mp]"]] = False  # a few bytes: latency, no measurable throughput
     # a link's rate while it moves bytes: its own capacity, not the ring's
     hw["nic_gbps"] = np.where(comm & (res == "nic"), nic[:, None] * n(0.02), np.nan)
     intra = comm & ((res == "nvlink") | ((KIND[None, :] == "collective") & (st["dp_per_host"] > 1)))
     intra[:, IDX["nccl:send_recv[pp]"]] = False
-    intra[:, IDX["nccl:all_reduce[mp]"]] &= topo.tp > 1
     hw["nvlink_gbps"] = np.where(intra, nvlink[:, None] * n(0.02), np.nan)
     return hw

@@ -14,13 +14,14 @@ are exactly what this module generates.  Regenerate with::
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from .faults import CATALOGUE, FAULT_TYPES, Fault
-from .fleet import Scenario, Window
+from .fleet import FleetSimulator, Scenario, Window
 from .model import Workload
 from .topology import Topology
 
@@ -29,6 +30,7 @@ CATEGORIES = FAULT_TYPES + ("two_faults", "healthy")
 SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 WINDOW = Window(start_step=60, steps=8)
 BASELINE = Window(start_step=20, steps=8)
+MIN_IMPACT = 0.01  # every single fault costs the job at least this share of the step
 
 #: severity ranges: large enough to cost the job, small enough to be realistic
 SEVERITY = {
@@ -46,7 +48,7 @@ SEVERITY = {
     "input_imbalance": (0.15, 0.4),
     "pipeline_imbalance": (0.2, 0.5),
     "rank_specific_code": (0.05, 0.2),
-    "regression": (0.2, 0.5),
+    "regression": (0.2, 0.5),  # doubled for a collective (a communication-library setting)
     "clock_skew": (0.01, 5.0),
     "missing_worker": (1.0, 1.0),
 }
@@ -103,8 +105,9 @@ def _fault(rng: np.random.Generator, kind: str, topo: Topology, avoid_hosts: set
         return Fault(type=kind, switches=(topo.switch_name(int(rng.integers(topo.switches))),), severity=severity, start_step=start)
     if target == "stage":
         return Fault(type=kind, stage=int(rng.integers(topo.pp)), severity=severity, start_step=start)
-    functions = [f for f in REGRESSED if f != "nccl:all_reduce[dp]" or topo.dp > 1]
-    return Fault(type=kind, function=str(rng.choice(functions)), severity=severity, start_step=max(start, BASELINE.start_step + BASELINE.steps))
+    function = str(rng.choice([f for f in REGRESSED if f != "nccl:all_reduce[dp]" or topo.dp > 1]))
+    severity = severity * (2 if function.startswith("nccl:") else 1)
+    return Fault(type=kind, function=function, severity=severity, start_step=max(start, BASELINE.start_step + BASELINE.steps))
 
 
 def _sizes(category: str) -> list[int]:
@@ -134,11 +137,24 @@ def standard_suite() -> list[Scenario]:
                 faults = (_fault(rng, category, topo, set(), start),)
             hz = float(rng.choice([100.0, 100.0, 100.0, 20.0, 1000.0]))
             name = f"{category}-{i:02d}-{workers}w"
-            scenarios.append(
-                Scenario(job=name, seed=int(rng.integers(1 << 31)), topology=topo, workload=workload, faults=faults,
-                         window=WINDOW, baseline=BASELINE, hardware_hz=hz, name=name)  # fmt: skip
-            )
+            sc = Scenario(job=name, seed=int(rng.integers(1 << 31)), topology=topo, workload=workload, faults=faults,
+                          window=WINDOW, baseline=BASELINE, hardware_hz=hz, name=name)  # fmt: skip
+            scenarios.append(_costly(sc) if len(faults) == 1 and faults[0].kind.cause else sc)
     return scenarios
+
+
+def _costly(sc: Scenario) -> Scenario:
+    """Raise the severity until removing the fault saves at least MIN_IMPACT of the step.
+
+    Below that, the job's natural spread (the slowest of many workers sets the pace) hides
+    the fault: a scenario should test finding a fault that costs something.
+    """
+    f = sc.faults[0]
+    steps = [WINDOW.start_step + 3, WINDOW.start_step + 5]  # after every start step the suite uses
+    while FleetSimulator(sc).saving(0, steps) < MIN_IMPACT and f.severity < 6.0:
+        f = replace(f, severity=round(f.severity * 1.5, 3))
+        sc = replace(sc, faults=(f,))
+    return sc
 
 
 def render(scenario: Scenario) -> str:
