@@ -344,7 +344,7 @@ def simulate_step(
     f_node = f_max + e_max + (tp_xfer + a2a_xfer) / (2 * M)
     b_node = b_max + e_max + (tp_xfer + a2a_xfer) / (2 * M)
 
-    pp_xfer = np.zeros(W)  # one send/recv of one micro-batch's activations to the next stage
+    hop = np.zeros((0, D))  # one send/recv of one micro-batch's activations, stage p -> p + 1
     if P > 1:
         link = np.minimum(nic.reshape(shape)[:-1], nic.reshape(shape)[1:])  # stage p -> p + 1, same (dp, tp)
         hop = ACT_BYTES / M / (link.min(axis=2, keepdims=True) * 1e3)  # (P-1, D, 1)
@@ -381,8 +381,6 @@ def simulate_step(
     # accounting per worker: what is not compute in the pipeline phase is waiting or moving bytes
     tp_wait = (start - ready) + M * ((f_max - f_w) + (b_max - b_w))
     a2a_wait = 2 * M * (e_max - e_w)
-    if wl.moe:
-        total[:, g("moe.expert_gemm")] = dur[:, g("moe.expert_gemm")]
     if T > 1:
         total[:, g("nccl:all_reduce[tp]")] = tp_xfer + tp_wait
         wait[:, g("nccl:all_reduce[tp]")] = tp_wait
@@ -392,7 +390,7 @@ def simulate_step(
     if P > 1:
         p2p = pipe_end_w - S_w - compute_w
         n_hops = np.where((stage == 0) | (stage == P - 1), 2 * M, 4 * M)
-        hop_w = np.concatenate([hop, hop[-1:]]).reshape(-1) if P > 1 else np.zeros(P * D)
+        hop_w = np.concatenate([hop, hop[-1:]]).reshape(-1)  # the hop each stage sends on (the last: its input)
         xfer = np.minimum(p2p, n_hops / 2 * np.repeat(hop_w, T))
         total[:, g("nccl:send_recv[pp]")] = p2p
         wait[:, g("nccl:send_recv[pp]")] = p2p - xfer
