@@ -63,7 +63,8 @@ def diagnose_window(
         findings += _worker_findings(info, results, policy, need, now, policy_ref)
         findings += _job_findings(info, results, policy, need, now, policy_ref)
     findings.sort(key=lambda f: (-f.impact.step_time_share, f.id))
-    coverage = float(np.mean([min(r.workers_seen, info.expected_workers) / info.expected_workers for r in results])) if results else 0.0
+    # worker-steps delivered of those expected: a step nobody delivered counts as 0
+    coverage = sum(min(r.workers_seen, info.expected_workers) for r in results) / (info.expected_workers * max(info.steps, steps_seen))
     seen = max((r.workers_seen for r in results), default=0)
     report = WindowReport(
         job=info.job,
