@@ -276,9 +276,9 @@ def summarise(results: list[ScenarioResult]) -> dict:
     pairs = [(f.confidence, id(f) in right) for r in results for f in r.findings]
     calibration = []
     for lo, hi in zip(CALIBRATION_BINS, CALIBRATION_BINS[1:]):
-        inside = [ok for c, ok in pairs if lo <= c < hi or (hi == 1.0 and c == 1.0)]
-        confs = [c for c, _ in pairs if lo <= c < hi or (hi == 1.0 and c == 1.0)]
-        calibration.append({"confidence": [lo, hi], "findings": len(inside), "mean_confidence": _mean(confs), "right": _share(sum(inside), len(inside))})
+        inside = [(c, ok) for c, ok in pairs if lo <= c < hi or c == hi == 1.0]
+        calibration.append({"confidence": [lo, hi], "findings": len(inside), "mean_confidence": _mean([c for c, _ in inside]),
+                            "right": _share(sum(ok for _, ok in inside), len(inside))})  # fmt: skip
     o["calibration_error"] = round(sum(b["findings"] / len(pairs) * abs(b["mean_confidence"] - b["right"]) for b in calibration if b["findings"]), 4) if pairs else None
     return {"overall": o, "by_fault": {k: by[k].figures() for k in sorted(by)}, "calibration": calibration}
 
