@@ -73,7 +73,7 @@ same peer group, i.e. the same pipeline stage and role, in the same step):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -160,7 +160,6 @@ class Fault:
     function: str = ""
     severity: float = 0.3
     start_step: int = 0
-    _kind: FaultKind = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.type not in CATALOGUE:
@@ -168,7 +167,6 @@ class Fault:
         if not 0 < self.severity < 10:
             raise FaultError(f"fault {self.type}: severity must be in (0, 10)")
         kind = CATALOGUE[self.type]
-        object.__setattr__(self, "_kind", kind)
         if self.type == "rank_specific_code" and not self.function:
             object.__setattr__(self, "function", "python.log_metrics")
         given = {"workers": bool(self.workers), "hosts": bool(self.hosts), "nics": bool(self.nics),
@@ -180,7 +178,7 @@ class Fault:
 
     @property
     def kind(self) -> FaultKind:
-        return self._kind
+        return CATALOGUE[self.type]
 
     def targets(self, topo: Topology) -> np.ndarray:
         """Boolean mask of the workers the fault hits."""
@@ -212,7 +210,7 @@ class Fault:
         m = self.targets(topo)
         workers = [int(w) for w in np.flatnonzero(m)]
         hosts = sorted({topo.host_name(int(h)) for h in topo.arrays["host"][m]})
-        if self.type in ("nic",):
+        if self.type == "nic":
             devices = list(self.nics)
         elif self.type == "switch":
             devices = list(self.switches)
