@@ -95,9 +95,7 @@ def write_records(scenario: Scenario, folder: Path) -> Written:
                 "sent_at": pa.array(np.round(clock + sim.clock_offset_s[row_worker], 6)),
                 "tenant": pa.array([scenario.tenant] * n, type=pa.string()),
             }
-            for name, col in head.items():
-                table = table.append_column(name, col) if name not in table.column_names else table
-            features.append(table.select(list(head) + [c for c in table.column_names if c not in head]))
+            features.append(pa.table({**head, **{c: table[c] for c in table.column_names}}))
     hb = pa.concat_tables(heartbeats)
     ft_table = pa.concat_tables(features)
     pq.write_table(hb, folder / "heartbeats.parquet", compression="zstd")
