@@ -15,6 +15,7 @@ EXIT_USAGE = 2
 
 
 def known_errors() -> tuple[type[BaseException], ...]:
+    from .commands.diagnose import DiagnoseError
     from .producers.publisher import DeliveryError
     from .producers.simulator.fleet import ScenarioError
     from .schemas.records import RecordError
@@ -22,7 +23,7 @@ def known_errors() -> tuple[type[BaseException], ...]:
     from .streams.policy import PolicyError
     from .runtime import RuntimeFailure
 
-    return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, StoreError, RecordError, DeliveryError, RuntimeFailure)
+    return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, StoreError, RecordError, DeliveryError, RuntimeFailure, DiagnoseError)
 
 
 def build_parser() -> argparse.ArgumentParser:
