@@ -217,7 +217,7 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
         ][:8]
         flagged_steps = sorted({int(x) for x in step[np.isin(pair, members)]})
         persistence = float(np.mean(n_steps[members])) / len(ctx.results)
-        share = _what_if(ctx.results, out, worker, fn, step, np.asarray(workers), functions)
+        share = _what_if(ctx.results, out, worker, fn, step, np.asarray(workers), functions, shared=s.signal == "hardware")
         conf, notes = _confidence(s, att.certainty, persistence, ctx.coverage, ctx.dp)
         findings.append(
             Finding(
@@ -261,8 +261,12 @@ def _merge_by_switch(clusters: dict[tuple, list[int]], col: dict[str, np.ndarray
     return clusters
 
 
-def _what_if(results, out, worker, fn, step, members, functions) -> float:
-    """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps)."""
+def _what_if(results, out, worker, fn, step, members, functions, shared: bool = False) -> float:
+    """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps).
+
+    ``shared``: the time is shared by every worker (a ring at the speed of its
+    slowest link), so the excess itself leaves every worker's step.
+    """
     saved = []
     excess = _np(out, "excess_us")
     wwork = _np(out, "worker_work_us")
@@ -272,6 +276,9 @@ def _what_if(results, out, worker, fn, step, members, functions) -> float:
         fixed = in_step & fixed_rows
         if not fixed.any() or not math.isfinite(r.work_max_us) or r.step_time_us <= 0:
             saved.append(0.0)
+            continue
+        if shared:
+            saved.append(float(np.max(excess[fixed])) / r.step_time_us)
             continue
         # remaining work of every flagged worker after the fix; healthy workers are unchanged
         ws, inv = np.unique(worker[in_step], return_inverse=True)
@@ -296,7 +303,7 @@ def _confidence(s: Suspect, certainty: float, persistence: float, coverage: floa
         peers = 1.0
     else:
         peers = 0.85 if s.peers >= 4 else 0.7
-        notes.append(f"only {s.peers} peers")
+        notes.append(f"only {s.peers - 1} peers")
     spread = 1.4826 * s.peer_mad_us / s.peer_work_us if s.peer_work_us > 0 and math.isfinite(s.peer_mad_us) else 0.0
     noise = 1.0
     if spread > dp.noisy_rel_mad:
@@ -319,7 +326,7 @@ def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_s
     else:
         how = f"took {s.work_us:,.0f} us, not run by"
     caveat = f"; {', '.join(notes)}" if notes else ""
-    return f"{who}{where}: {s.function}{also} {how} {s.peers} peers in {n_steps}/{n} steps; cause {cause}{caveat}"
+    return f"{who}{where}: {s.function}{also} {how} its {s.peers - 1} peers in {n_steps}/{n} steps; cause {cause}{caveat}"
 
 
 def _impact(share: float, workers: int) -> Impact:
