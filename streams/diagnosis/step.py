@@ -34,7 +34,7 @@ import pyarrow as pa
 from ...schemas import functions as ft
 from ..policy import DiagnosisPolicy
 from .frame import StepFrame
-from .stats import Layout, group_nanmean, group_or, majority_bits
+from .stats import Layout, group_or, majority_bits
 
 WAITING_KINDS = ("collective", "p2p")
 #: link resources whose throughput is checked for collectives (time is shared by the whole ring)
@@ -85,9 +85,8 @@ GROUP_SCHEMA = pa.schema(
         ("present", pa.int32()),  # ... that ran the function
         ("work_us", pa.float64()),  # median over the group's workers (0 for those that did not run it)
         ("work_mad_us", pa.float64()),
-        ("critical_us", pa.float64()),  # median
         ("wait_us", pa.float64()),  # median
-        ("share", pa.float64()),  # median critical-path share beta = critical / step time
+        ("share", pa.float64()),  # critical-path share beta: (median work + median wait) / median step time
         ("step_time_us", pa.float64()),  # median step time of the group's workers
         ("clock_events", pa.uint64()),  # OR over the cell
     ]
@@ -190,7 +189,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     row_of = np.full((n_w, n_f), -1, dtype=np.intp)
     row_of[rw, fc] = np.arange(fc.size)
     outliers = _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present)
-    groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, crit, wait, valid, present, fc, rw)
+    groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw)
     return StepResult(
         job=frame.job,
         window=frame.window,
@@ -237,13 +236,13 @@ def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_p
     }
     # peers' medians of the evidence columns, for the flagged functions only, from a sample of each group
     fcols, finv = np.unique(f, return_inverse=True)
-    n_w = frame.n_workers
-    rw, fc = np.nonzero(present[:, fcols])
+    sampled = lay.pos < EVIDENCE_SAMPLE
+    rw, fc = np.nonzero(present[:, fcols] & sampled[:, None])
     rows = row_of[rw, fcols[fc]]
+    dense = np.full((frame.n_workers, fcols.size), np.nan)
     for c in EVIDENCE_COLUMNS:
-        v = np.asarray(t.column(c).to_numpy(zero_copy_only=False), dtype=np.float64)
-        cols[c] = v[idx]
-        dense = np.full((n_w, fcols.size), np.nan)
+        v = t.column(c).to_numpy(zero_copy_only=False)
+        cols[c] = v[idx].astype(np.float64)
         dense[rw, fc] = v[rows]
         cols[f"peer_{c}"] = lay.median(dense, sample=EVIDENCE_SAMPLE)[g, finv]
     ce = t.column("clock_events").to_numpy(zero_copy_only=False).astype(np.uint64)
@@ -256,13 +255,13 @@ def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_p
     return pa.Table.from_pydict(cols, schema=OUTLIER_SCHEMA)
 
 
-def _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, crit, wait, valid, present, fc, rw) -> pa.Table:
+def _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw) -> pa.Table:
     gi, fi = np.nonzero(n_present > 0)
     n_f = fnames.size
     st = frame.step_time_us
-    crit_med = lay.median(np.where(valid, crit, np.nan))
-    wait_med = lay.median(np.where(valid, wait, np.nan))
-    share_med = lay.median(np.where(valid, crit / st[:, None], np.nan))
+    waiting = np.isin(kind_f, WAITING_KINDS)
+    wait_med = np.zeros_like(med)
+    wait_med[:, waiting] = lay.median(np.where(valid[:, waiting], wait[:, waiting], np.nan))
     st_med = lay.median(st[:, None])[:, 0]
     cell_row = lay.groups[rw] * n_f + fc
     n_cells = lay.n_groups * n_f
@@ -276,15 +275,34 @@ def _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, crit
         "present": n_present[gi, fi].astype(np.int32),
         "work_us": med[gi, fi],
         "work_mad_us": mad[gi, fi],
-        "critical_us": crit_med[gi, fi],
         "wait_us": wait_med[gi, fi],
-        "share": share_med[gi, fi],
+        "share": (med[gi, fi] + wait_med[gi, fi]) / st_med[gi],
         "step_time_us": st_med[gi],
         "clock_events": group_or(t.column("clock_events").to_numpy(zero_copy_only=False), cell_row, n_cells)[gi * n_f + fi],
     }
-    for c in ft.HARDWARE:
-        cols[c] = group_nanmean(t.column(c).to_numpy(zero_copy_only=False), cell_row, n_cells)[gi * n_f + fi]
+    cols.update(_cell_means(t, cell_row, n_cells, gi * n_f + fi))
     return pa.Table.from_pydict(cols, schema=GROUP_SCHEMA)
+
+
+def _cell_means(t: pa.Table, cell: np.ndarray, n_cells: int, pick: np.ndarray) -> dict[str, np.ndarray]:
+    """Means of the hardware columns per cell, ignoring NaN: one sort, one reduceat for all columns."""
+    out = {c: np.full(pick.size, np.nan) for c in ft.HARDWARE}
+    arrays = {c: t.column(c).to_numpy(zero_copy_only=False) for c in ft.HARDWARE}
+    used = [c for c, v in arrays.items() if not np.isnan(v).all()]
+    if not used:
+        return out
+    order = np.argsort(cell, kind="stable")
+    m = np.stack([arrays[c][order] for c in used], axis=1).astype(np.float64)
+    ok = ~np.isnan(m)
+    counts = np.bincount(cell, minlength=n_cells)
+    starts = (np.cumsum(counts) - counts)[pick]
+    sums = np.add.reduceat(np.where(ok, m, 0.0), starts, axis=0)
+    n = np.add.reduceat(ok, starts, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(n > 0, sums / np.maximum(n, 1), np.nan)
+    for j, c in enumerate(used):
+        out[c] = means[:, j]
+    return out
 
 
 def _empty_result(frame: StepFrame) -> StepResult:
