@@ -264,32 +264,35 @@ def _merge_by_switch(clusters: dict[tuple, list[int]], col: dict[str, np.ndarray
 def _what_if(results, out, worker, fn, step, members, functions, shared: bool = False) -> float:
     """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps).
 
-    ``shared``: the time is shared by every worker (a ring at the speed of its
-    slowest link), so the excess itself leaves every worker's step.
+    The finding on its own: the members' work before and after the fix, against
+    the slowest healthy worker, so that a smaller fault hidden behind a bigger
+    one still shows what it costs once the bigger one is fixed.  ``shared``: the
+    time is shared by every worker (a ring at the speed of its slowest link), so
+    the excess itself leaves every worker's step.
     """
     saved = []
     excess = _np(out, "excess_us")
     wwork = _np(out, "worker_work_us")
-    fixed_rows = np.isin(worker, members) & np.isin(fn, functions)
+    mine_rows = np.isin(worker, members)
+    fixed_rows = mine_rows & np.isin(fn, functions)
     for r in results:
         in_step = step == r.step
         fixed = in_step & fixed_rows
-        if not fixed.any() or not math.isfinite(r.work_max_us) or r.step_time_us <= 0:
+        if not fixed.any() or r.step_time_us <= 0:
             saved.append(0.0)
             continue
         if shared:
             saved.append(float(np.max(excess[fixed])) / r.step_time_us)
             continue
-        # remaining work of every flagged worker after the fix; healthy workers are unchanged
-        ws, inv = np.unique(worker[in_step], return_inverse=True)
+        mine = in_step & mine_rows
+        ws, inv = np.unique(worker[mine], return_inverse=True)
         work_w = np.zeros(ws.size)
-        np.maximum.at(work_w, inv, wwork[in_step])
+        np.maximum.at(work_w, inv, wwork[mine])
         cut = np.zeros(ws.size)
-        np.add.at(cut, inv, np.where(fixed[in_step], excess[in_step], 0.0))
-        new_max = np.max(work_w - cut)
-        if math.isfinite(r.healthy_work_max_us):
-            new_max = max(new_max, r.healthy_work_max_us)
-        saved.append(max(0.0, r.work_max_us - new_max) / r.step_time_us)
+        np.add.at(cut, inv, np.where(fixed[mine], excess[mine], 0.0))
+        floor = r.healthy_work_max_us if math.isfinite(r.healthy_work_max_us) else 0.0
+        before, after = max(work_w.max(), floor), max((work_w - cut).max(), floor)
+        saved.append(max(0.0, before - after) / r.step_time_us)
     return float(np.median(saved)) if saved else 0.0
 
 
