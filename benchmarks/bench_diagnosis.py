@@ -39,21 +39,21 @@ from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diag
 from lockstep.streams.policy import Policy  # noqa: E402
 
 KINDS = ["compute"] * 11 + ["memcpy", "memcpy", "collective", "collective", "p2p", "python", "dataloader", "optimizer", "other"]
-CULPRIT = 4321
 
 
 def synthetic_step(workers: int, functions: int, step: int, rng: np.random.Generator) -> tuple[np.ndarray, list[pa.Table]]:
     """One step: (step times, one function table per worker)."""
     kinds = (KINDS * (functions // len(KINDS) + 1))[:functions]
     names = [f"{k}.{i:02d}" for i, k in enumerate(kinds)]
-    base = np.linspace(20_000.0, 500.0, functions)
+    base = np.where(np.isin(kinds, ["python", "dataloader", "other"]), 400.0, np.linspace(20_000.0, 2_000.0, functions))
     crit = base * rng.lognormal(0.0, 0.01, (workers, functions))
     gpu = np.array([ft.default_resource(k) == "gpu" for k in kinds])
+    culprit = workers * 43 // 100
     clock = np.full((workers, functions), 1980.0) * rng.normal(1, 0.002, (workers, functions))
-    crit[CULPRIT, gpu] *= 1.3
-    clock[CULPRIT] /= 1.3
+    crit[culprit, gpu] *= 1.3
+    clock[culprit] /= 1.3
     events = np.zeros((workers, functions), dtype=np.uint64)
-    events[CULPRIT, gpu] = 0x20
+    events[culprit, gpu] = 0x20
     n = workers * functions
     table = ft.make_table(
         {
@@ -70,7 +70,7 @@ def synthetic_step(workers: int, functions: int, step: int, rng: np.random.Gener
             "clock_events": events.ravel(),
         }
     )
-    tables = [table.slice(w * functions, functions) for w in range(workers)]  # one table per worker, as decoded
+    tables = [table.slice(w * functions, functions) for w in range(workers)]  # one table per worker
     return crit.sum(axis=1), tables
 
 

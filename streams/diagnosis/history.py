@@ -7,7 +7,8 @@ stage keeps one :class:`JobHistory` per job (in the stream processor: a faust
 table written inside stream iteration), passes it to
 :func:`~lockstep.streams.diagnosis.diagnose_window` and stores the history it
 returns.  A window folds into the baseline only when it was healthy (no
-finding) and nearly complete.
+worker or group finding, no regression; a job-wide expected-range finding
+describes the job itself) and nearly complete.
 
 Stored as JSON with a version, like every record: the changelog outlives
 processor versions.

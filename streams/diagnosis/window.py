@@ -87,7 +87,9 @@ def diagnose_window(
         explained = {f.function for f in findings}
         findings += [f for f in _job_findings(ctx, groups, history) if f.function not in explained]
     findings.sort(key=lambda f: (-f.impact.step_time_share, f.id))
-    if steps_seen >= 2 and not findings and coverage >= MIN_COVERAGE:
+    # a window is the job's normal unless something deviated or regressed (expected ranges describe the job itself)
+    healthy = not any(f.scope != "job" or f.cause == "regression" for f in findings)
+    if steps_seen >= 2 and healthy and coverage >= MIN_COVERAGE:
         history = fold(history, info.job, info.window, window_medians(groups), dp.history_weight, now)
     seen = max((r.workers_seen for r in results), default=0)
     report = WindowReport(

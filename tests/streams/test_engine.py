@@ -355,6 +355,12 @@ def test_job_wide_regression_against_earlier_healthy_windows():
     assert d.history is twice.history  # a window with findings does not move the baseline
 
 
+def test_a_window_over_an_expected_range_still_teaches_the_baseline():
+    d = run(fault=slower(["python.loop"], range(32), 20.0))
+    assert [f.cause for f in d.findings] == ["python_overhead"] and d.history.windows == 1
+    assert run(fault=slower(["bwd.gemm"], [3], 1.3), history=d.history).history is d.history
+
+
 def test_regression_of_one_group_only():
     lab = lambda w: {"pp": str(w % 2)}  # noqa: E731
     h = run(labels=lab).history
