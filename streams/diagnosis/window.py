@@ -160,43 +160,43 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
     np.bitwise_and.at(pce_and, pair, _np(out, "peer_clock_events").astype(np.uint64))
     col = {c: _np(out, c)[first] for c in ("worker", "host", "device", "nic", "switch", "function", "kind", "resource", "signal", "has_hardware")}
 
-    # cluster persistent pairs by the shared element behind the function
-    clusters: dict[tuple, list[int]] = {}
-    for p in np.flatnonzero(persistent):
-        res = col["resource"][p]
-        if res == "nic":
-            elem = col["nic"][p] or col["host"][p]
-        elif res in ("cpu", "storage"):
-            elem = col["host"][p]
-        else:
-            elem = f"worker:{col['worker'][p]}"
-        clusters.setdefault((col["function"][p], res, elem), []).append(p)
-    clusters = _merge_by_switch(clusters, col)
-
+    # cluster persistent pairs by the shared element behind the function: a NIC (several hosts behind
+    # one switch: the switch) for communication, the host for CPU-bound work, else the worker itself
+    p = np.flatnonzero(persistent)
+    fn_p, res, host = col["function"][p].astype(str), col["resource"][p].astype(str), col["host"][p].astype(str)
+    nic = col["nic"][p].astype(str)
+    elem = np.where(res == "nic", np.where(nic != "", nic, host),
+                    np.where(np.isin(res, ("cpu", "storage")), host, np.char.add("worker:", col["worker"][p].astype(str))))  # fmt: skip
+    elem = _switch_elements(fn_p, res, elem, col["switch"][p].astype(str), host)
+    _, cl, _ = _keys(fn_p, res, elem)
+    n_cl = int(cl.max()) + 1
+    cmed = {c: group_median(num[c][p], cl, n_cl) for c in numeric}
+    order = np.argsort(cl, kind="stable")
+    bounds = np.searchsorted(cl[order], np.arange(n_cl + 1))
     attributed = []
-    for (function, resource, _elem), members in clusters.items():
-        m = np.asarray(members)
+    for k in range(n_cl):  # one Suspect per cluster (few): workers sharing an element are one
+        m = p[order[bounds[k] : bounds[k + 1]]]
         s = Suspect(
-            function=function,
+            function=str(col["function"][m[0]]),
             kind=str(col["kind"][m[0]]),
-            resource=resource,
+            resource=str(col["resource"][m[0]]),
             workers=sorted(int(w) for w in col["worker"][m]),
             hosts=[str(x) for x in col["host"][m]],
             devices=[str(x) for x in col["device"][m]],
             nics=[str(x) for x in col["nic"][m]],
             switches=[str(x) for x in col["switch"][m]],
-            peers=int(np.nanmin(num["peers"][m])),
-            present=int(round(float(np.median(num["present"][m])))),
-            z=float(np.median(num["z"][m])),
-            work_us=float(np.median(num["work_us"][m])),
-            peer_work_us=float(np.median(num["peer_work_us"][m])),
-            peer_mad_us=float(np.median(num["peer_mad_us"][m])),
-            excess_us=float(np.median(num["excess_us"][m])),
+            peers=int(round(cmed["peers"][k])),
+            present=int(round(cmed["present"][k])),
+            z=float(cmed["z"][k]),
+            work_us=float(cmed["work_us"][k]),
+            peer_work_us=float(cmed["peer_work_us"][k]),
+            peer_mad_us=float(cmed["peer_mad_us"][k]),
+            excess_us=float(cmed["excess_us"][k]),
             has_hardware=bool(np.all(col["has_hardware"][m])),
             clock_events=int(np.bitwise_or.reduce(ce_or[m])),
             peer_clock_events=int(np.bitwise_and.reduce(pce_and[m])),
-            values={c: float(np.median(num[c][m])) for c in EVIDENCE_COLUMNS},
-            peer_values={c: float(np.median(num[f"peer_{c}"][m])) for c in EVIDENCE_COLUMNS},
+            values={c: float(cmed[c][k]) for c in EVIDENCE_COLUMNS},
+            peer_values={c: float(cmed[f"peer_{c}"][k]) for c in EVIDENCE_COLUMNS},
             signal="hardware" if np.all(col["signal"][m] == "hardware") else "work",
         )
         attributed.append((s, classify(s, ctx.dp), m))
@@ -248,19 +248,22 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
     return findings
 
 
-def _merge_by_switch(clusters: dict[tuple, list[int]], col: dict[str, np.ndarray]) -> dict[tuple, list[int]]:
-    """NIC clusters of one function on several hosts behind one switch become one switch cluster."""
-    by_fn: dict[tuple, list[tuple]] = {}
-    for key, members in clusters.items():
-        if key[1] == "nic":
-            sw = col["switch"][members[0]]
-            if sw:
-                by_fn.setdefault((key[0], sw), []).append(key)
-    for (function, sw), keys in by_fn.items():
-        hosts = {col["host"][p] for k in keys for p in clusters[k]}
-        if len(keys) > 1 and len(hosts) > 1:
-            clusters[(function, "nic", f"switch:{sw}")] = [p for k in keys for p in clusters.pop(k)]
-    return clusters
+def _switch_elements(fn: np.ndarray, res: np.ndarray, elem: np.ndarray, switch: np.ndarray, host: np.ndarray) -> np.ndarray:
+    """NICs of several hosts behind one switch, deviating in one function: the switch is the element."""
+    idx = np.flatnonzero((res == "nic") & (switch != ""))
+    if idx.size == 0:
+        return elem
+    _, g, _ = _keys(fn[idx], switch[idx])
+    n = int(g.max()) + 1
+
+    def distinct(values: np.ndarray) -> np.ndarray:
+        _, _, first = _keys(g, values)
+        return np.bincount(g[first], minlength=n)
+
+    merge = (distinct(elem[idx]) > 1) & (distinct(host[idx]) > 1)
+    out = elem.astype(object)  # the switch's name may be longer than any element's
+    out[idx] = np.where(merge[g], np.char.add("switch:", switch[idx]), elem[idx])
+    return out
 
 
 def _what_if(results, out, worker, fn, step, members, functions, shared: bool = False) -> float:
