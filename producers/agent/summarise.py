@@ -84,8 +84,9 @@ def summarise(
     n = ev["start"].size
     if n == 0:
         return []
-    pairs, ws = np.unique(np.stack([ev["worker"], ev["step"]], axis=1), axis=0, return_inverse=True)
-    ws = ws.ravel()
+    span = int(ev["step"].max()) + 1
+    keys, ws = np.unique(ev["worker"] * span + ev["step"], return_inverse=True)
+    pairs = np.stack([keys // span, keys % span], axis=1)  # (worker, step) of each worker-step, sorted
     n_ws = pairs.shape[0]
     end = ev["start"] + ev["dur"]
     lo = np.full(n_ws, np.inf)
@@ -233,7 +234,7 @@ def _critical(ev: dict[str, np.ndarray], ws: np.ndarray, lo: np.ndarray, hi: np.
     a = np.clip(ev["start"] - lo[ws], 0.0, span[ws]) + offset[ws]
     b = np.clip(ev["start"] + ev["dur"] - lo[ws], 0.0, span[ws]) + offset[ws]
     # rank: class first, then start, then position; the highest rank covering an instant wins
-    order = np.lexsort((np.arange(n), ev["start"], _priority(ev["kind"], ev["resource"])))
+    order = np.argsort(_priority(ev["kind"], ev["resource"]) * (offset[-1] + span[-1] + 1.0) + a, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     edges = np.unique(np.concatenate([a, b]))
@@ -320,7 +321,7 @@ def _hardware(ev, ws, ci, n_c, res_c, samples: pa.Table | None, ws_worker: np.nd
     t_rel = sm["t"] - t0[wi_sm]
     stretch = float(max(e_rel.max(initial=0.0), t_rel.max(initial=0.0))) * 2.0 + 1.0
     # each sample counted once per function: events of a function in time order, ranges clipped to what came before
-    order = np.lexsort((s_rel, ci))
+    order = np.argsort(ci * stretch + s_rel, kind="stable")
     counted = np.zeros(n_c)
     for metric, resources in METRIC_RESOURCES.items():
         pick = sm["metric"] == metric
@@ -329,9 +330,9 @@ def _hardware(ev, ws, ci, n_c, res_c, samples: pa.Table | None, ws_worker: np.nd
         applies = np.ones(n_c, dtype=bool) if resources is None else np.isin(res_c, resources)
         ev_ok = applies[ci]
         w, t, v = wi_sm[pick], t_rel[pick], sm["value"][pick]
-        so = np.lexsort((t, w))
-        w, t, v = w[so], t[so], v[so]
         key = w * stretch + t
+        so = np.argsort(key, kind="stable")
+        w, t, v, key = w[so], t[so], v[so], key[so]
         period = _periods(w, t, workers.size)
         q_lo = wi_ev * stretch + s_rel
         q_hi = wi_ev * stretch + e_rel + period[wi_ev]
