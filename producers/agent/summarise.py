@@ -35,7 +35,6 @@ from ...schemas.records import FUNCTION_KINDS
 
 #: critical-path classes, higher wins
 GPU, COPY, COMM, CPU = 3, 2, 1, 0
-_ALL = None
 #: sample metric -> resources whose functions it describes (None: every function)
 METRIC_RESOURCES: dict[str, tuple[str, ...] | None] = {
     "sm_clock_mhz": ("gpu",),
@@ -46,9 +45,9 @@ METRIC_RESOURCES: dict[str, tuple[str, ...] | None] = {
     "pcie_gbps": ("pcie",),
     "nvlink_gbps": ("nvlink",),
     "nic_gbps": ("nic",),
-    "cpu_self": _ALL,
-    "cpu_other": _ALL,
-    "mem_used_frac": _ALL,
+    "cpu_self": None,
+    "cpu_other": None,
+    "mem_used_frac": None,
     "disk_read_mbps": ("cpu", "storage"),
 }
 CLOCK_EVENT_BITS = 16
