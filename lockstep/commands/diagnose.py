@@ -17,7 +17,6 @@ processor runs, so the same findings.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-log = logging.getLogger("lockstep.diagnose")
+from .. import config
 
 TRACE_SUFFIXES = (".json", ".gz")
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
@@ -44,7 +43,7 @@ def register(sub) -> None:
                    help="label column of the op-event tables that defines peer groups (repeatable); "
                         "default: the policy's peer_group_keys that exist as columns")  # fmt: skip
     p.add_argument("--samples", type=Path, default=None, help="hardware-sample table (.parquet, .csv): worker, t_us, metric, value")
-    p.add_argument("--policy", type=Path, default=None, help="policy file (YAML); default: the built-in policy")
+    config.add_arguments(p, ["policy"])
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.set_defaults(func=run)
@@ -65,7 +64,7 @@ def run(args) -> int:
     from ..schemas.records import to_builtins
     from ..streams.policy import load_policy
 
-    policy = load_policy(args.policy)
+    policy = load_policy(config.load(args).policy)
     inputs = load_inputs(args.files, args.peer_group or None, args.samples, policy.diagnosis.peer_group_keys)
     keys = tuple(args.peer_group) or tuple(k for k in policy.diagnosis.peer_group_keys if any(k in w.labels for w in inputs.workers.values()))
     policy = dataclasses.replace(policy, diagnosis=dataclasses.replace(policy.diagnosis, peer_group_keys=keys))

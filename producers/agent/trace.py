@@ -180,25 +180,22 @@ def _events(ev: list[_Event], worker: int, bounds: dict[int, tuple[float, float]
     idx = np.flatnonzero(keep)
 
     # name each distinct (category, name, process group) once; traces repeat the same kernels thousands of times
-    pg = np.array([_pg(ev[i]) if comm[i] else "" for i in idx], dtype=object)
-    keys, first, inv = np.unique(np.char.add(np.char.add(cat[idx].astype(str), "\x1f" + np.char.add(name[idx].astype(str), "\x1f")), pg.astype(str)) if idx.size else np.array([], dtype=str), return_index=True, return_inverse=True)
-    named = [_classify(cat[idx[j]], name[idx[j]], pg[j] or pg_suffix) for j in first]
-    fn = np.array([x[0] for x in named], dtype=object)[inv] if named else np.array([], dtype=object)
-    kind = np.array([x[1] for x in named], dtype=object)[inv] if named else np.array([], dtype=object)
-    res = np.array([x[2] for x in named], dtype=object)[inv] if named else np.array([], dtype=object)
+    named: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    keys = [(cat[i], name[i], (_pg(ev[i]) if comm[i] else "") or pg_suffix) for i in idx]
+    fn, kind, res = (list(x) for x in zip(*[named.get(k) or named.setdefault(k, _classify(*k)) for k in keys])) if keys else ([], [], [])
     nbytes = np.array([_bytes(ev[i]) if cat[i] == "gpu_memcpy" else np.nan for i in idx], dtype=np.float64)
     device = np.array([f"{host}/gpu{ev[i].pid}" if gpu[i] else None for i in idx], dtype=object)
     return pa.Table.from_pydict(
         {
             "worker": np.full(idx.size, worker, dtype=np.int64),
             "step": steps[k[idx]],
-            "function": fn.tolist(),
-            "kind": kind.tolist(),
+            "function": fn,
+            "kind": kind,
             "start_us": ts[idx],
             "duration_us": np.maximum(dur[idx], 0.0),
             "host": [host or None] * idx.size,
             "device": device.tolist(),
-            "resource": res.tolist(),
+            "resource": res,
             "bytes": nbytes,
             "stream": stream[idx].tolist(),
         },

@@ -59,9 +59,6 @@ class JobHistory(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
             raise HistoryError("job history columns differ in length")
         return h
 
-    def index(self) -> dict[tuple[str, str], int]:
-        return {(g, f): i for i, (g, f) in enumerate(zip(self.group, self.function))}
-
 
 def window_medians(groups: pa.Table) -> pa.Table:
     """Per (group, function) of a window's concatenated group tables: median work and step time over steps."""

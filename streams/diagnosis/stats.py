@@ -38,15 +38,6 @@ def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.nd
     return out
 
 
-def group_nanmean(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
-    values = np.asarray(values, dtype=np.float64)
-    ok = ~np.isnan(values)
-    s = np.bincount(groups[ok], weights=values[ok], minlength=n_groups)
-    n = np.bincount(groups[ok], minlength=n_groups)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, s / np.maximum(n, 1), np.nan)
-
-
 def group_or(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
     out = np.zeros(n_groups, dtype=np.uint64)
     np.bitwise_or.at(out, groups, np.asarray(values, dtype=np.uint64))

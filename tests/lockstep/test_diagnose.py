@@ -59,6 +59,15 @@ def test_csv_table_names_worker_function_and_device(tmp_path, capsys):
     assert code == 0 and "bwd" in out and "16 workers x 6 steps (0..5)" in out
 
 
+def test_the_policy_file_sets_the_thresholds(tmp_path, capsys):
+    path = tmp_path / "events.csv"
+    pcsv.write_csv(op_events(slow=5), path)
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("id: strict\ndiagnosis: {min_excess_share: 0.5}\n")
+    code, out, err = run(capsys, path, "--json", "--policy", strict)
+    assert code == 0 and json.loads(out) == [], err
+
+
 def test_clock_skew_between_hosts_changes_nothing(tmp_path, capsys):
     a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
     pq.write_table(op_events(slow=5, skew=True), a)
