@@ -20,12 +20,17 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import config
+
+if TYPE_CHECKING:
+    from ..producers.agent.summarise import StepSummary
+    from ..schemas.records import WorkerMeta
 
 TRACE_SUFFIXES = (".json", ".gz")
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
@@ -53,9 +58,9 @@ def register(sub) -> None:
 class Inputs:
     """Every worker's step summaries and metadata, read from the files."""
 
-    workers: dict = field(default_factory=dict)  # rank -> WorkerMeta
-    hardware: dict = field(default_factory=dict)  # rank -> "host" | "none"
-    summaries: list = field(default_factory=list)  # StepSummary
+    workers: dict[int, WorkerMeta] = field(default_factory=dict)
+    hardware: dict[int, str] = field(default_factory=dict)  # "host" where hardware samples came with it, else "none"
+    summaries: list[StepSummary] = field(default_factory=list)
     files: int = 0
 
 
@@ -139,7 +144,8 @@ def load_inputs(files: list[Path], peer_cols: list[str] | None, samples_path: Pa
                 table = _read_table(path)
                 add(path, _table_workers(path, table, peer_cols, policy_keys), summarise(table, samples))
         except (TraceError, SummaryError) as exc:
-            raise DiagnoseError(f"{path}: {exc}") from None
+            where = samples_path if str(exc).startswith("sample") else path
+            raise DiagnoseError(f"{where}: {exc}") from None
     if not inputs.summaries:
         raise DiagnoseError(f"{files[0]}{' ...' if len(files) > 1 else ''}: no events inside any step")
     return inputs

@@ -111,7 +111,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     garbage.write_text("{ not json")
     mixed = tmp_path / "mixed.csv"
     pcsv.write_csv(op_events().set_column(8, "shard", pa.array([str(i % 3) for i in range(op_events().num_rows)])), mixed)
+    badsamples = tmp_path / "samples.csv"
+    pcsv.write_csv(pa.table({"worker": [0], "t_us": [1.0], "value": [2.0]}), badsamples)
     cases = [
+        ((good, "--samples", badsamples), "samples.csv: sample table lacks column(s) metric"),
         ((nokind,), "nokind.csv: op-event table lacks column(s) kind"),
         ((garbage,), "rank0.json: not a Chrome-trace JSON object"),
         ((tmp_path / "missing.csv",), "missing.csv: cannot read it"),
