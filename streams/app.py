@@ -14,7 +14,8 @@ open step or window; after a crash the processor replays from it.  A faust
 table (changelog-backed) remembers closed windows so that a replay that
 contains only part of an already closed window is dropped instead of being
 diagnosed again.  Finding ids are deterministic and the sink upserts, so a
-replay of a whole window changes nothing.
+replay of a whole window changes nothing.  A third table keeps each job's
+baseline of healthy windows (``JobHistory``) for the job-wide regression check.
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ from ..schemas.records import (
     encode,
 )
 from .detector import SlowdownDetector
-from .diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
+from .diagnosis import HistoryError, JobHistory, StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
 from .policy import Policy, PolicyFile
 from .windows import ClosedStep, ClosedWindow, InOrderAcks, StepAssembler, WindowAssembler
 
 log = logging.getLogger("lockstep.processor")
 
-TABLES = ("closed_windows", "detector")
+TABLES = ("closed_windows", "detector", "job_history")
 
 
 def changelog_topics(app_id: str) -> list[str]:
@@ -150,6 +151,8 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     stepreports, findings, windows, deadletter = t(topics.stepreports), t(topics.findings), t(topics.windows), t(topics.deadletter)
     closed_windows = app.Table("closed_windows", key_type=str, value_type=float, partitions=settings.partitions)
     detector_table = app.Table("detector", key_type=str, value_type=str, partitions=settings.partitions)
+    # per job: the baseline of its earlier healthy windows (JobHistory JSON), for job-wide regressions
+    job_history = app.Table("job_history", key_type=str, value_type=str, partitions=settings.partitions)
 
     async def send(topic: faust.TopicT, key: str, record) -> None:
         value = encode(record)
@@ -279,7 +282,15 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         policy = st.policy_for(w.policy)
         info = WindowInfo(job=w.job, window=w.window, start_step=w.window_start, steps=w.window_steps,
                           expected_workers=w.expected_workers, tenant=w.tenant, policy=policy.ref)  # fmt: skip
-        diagnosis = diagnose_window(info, list(w.results.values()), policy, now=now, closed=closed.reason, bytes_in=w.bytes_in)
+        history = None
+        if w.job in job_history:
+            try:
+                history = JobHistory.decode(job_history[w.job])
+            except HistoryError as err:
+                log.warning("job %s: dropping its stored history: %s", w.job, err)
+        diagnosis = diagnose_window(info, list(w.results.values()), policy, now=now, closed=closed.reason, bytes_in=w.bytes_in, history=history)
+        if diagnosis.history is not None and diagnosis.history is not history:
+            job_history[w.job] = diagnosis.history.encode()
         for f in diagnosis.findings:
             await send(findings, f.job, f)
             m.inc("findings_total", cause=f.cause, help="findings published, by cause")

@@ -78,6 +78,16 @@ class DiagnosisPolicy:
     cpu_other_rise: float = 0.2  # other processes taking this much more of the host CPU
     python_share_max: float = 0.01  # a Python function above this share of the step on every worker
     comm_share_max: float = 0.30  # communication above this share of the step on every worker
+    # --- added with issue 4 (diagnosis engine)
+    hardware_min_share: float = 0.02  # a collective's link throughput drop alone is a finding if it holds this share of the step
+    group_excess_share: float = 0.05  # a peer group with this share of the step more work than the other groups' median
+    regression_rise: float = 0.10  # work this much above the job's earlier healthy windows ...
+    history_weight: float = 0.5  # weight of the newest healthy window in the job's baseline (moving average)
+    input_rise: float = 0.10  # calls or bytes this much above peers: the worker got more input
+    mem_high: float = 0.90  # host memory in use above this share is pressure
+    noisy_rel_mad: float = 0.10  # peers spread (1.4826 x MAD) above this share of their median: a noisy group
+    small_group: int = 8  # fewer peers than this lowers the confidence
+    rank_specific_present: float = 0.5  # a function run by at most this share of its peer group is rank-specific code
 
 
 @dataclass(frozen=True)
