@@ -29,7 +29,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..metrics import Metrics
 from ..schemas.records import Finding, ProfileTrigger, RecordError, WindowReport, dead_letter, decode, encode
@@ -100,6 +100,8 @@ class Sink:
         offsets: dict[tuple[str, int], int] = {}
         dead = 0
         m = self.metrics
+        now = time.time()
+        lag_s: dict[str, float] = {}
         for msg in msgs:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
@@ -107,6 +109,9 @@ class Sink:
                 continue
             m.inc("records_in_total", topic=msg.topic(), help="records consumed, by topic")
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            kind, ts_ms = msg.timestamp()
+            if kind != TIMESTAMP_NOT_AVAILABLE:
+                lag_s[msg.topic()] = max(0.0, now - ts_ms / 1000.0)
             try:
                 rec = decode(msg.value(), (Finding, WindowReport, ProfileTrigger))
             except RecordError as err:
@@ -115,14 +120,28 @@ class Sink:
                 dl = dead_letter(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err, stage="sink", payload=msg.value())
                 self.publisher.send_raw(self.deadletter_topic, msg.key(), encode(dl))
                 m.inc("dead_letters_total", reason=err.reason, stage="sink", help="records sent to the dead-letter topic, by reason")
+                m.inc("records_out_total", topic=self.deadletter_topic, help="records published, by topic")
                 dead += 1
                 continue
             {Finding: findings, WindowReport: windows, ProfileTrigger: triggers}[type(rec)].append(rec)
         if dead:
             self.publisher.flush()  # dead letters are durable before the offsets move past them
         batch = Batch(findings=findings, windows=windows, offsets=offsets, triggers=triggers)
+        t0 = time.perf_counter()
         events = self.store.write(batch)
-        m.inc("findings_written_total", len(findings), help="finding rows upserted")
+        m.observe("write_seconds", time.perf_counter() - t0, help="one DuckDB transaction (rows, incidents and offsets)")
+        for topic, age in lag_s.items():
+            m.set("consumer_lag_seconds", age, topic=topic, help="age of the last record consumed, by topic (now - its Kafka timestamp)")
+        for (topic, partition), pos in offsets.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+            except KafkaException:
+                continue
+            if high >= 0:
+                m.set("consumer_lag_records", max(0, high - pos), topic=topic, partition=str(partition),
+                      help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
+        for f in findings:
+            m.inc("findings_written_total", cause=f.cause, help="finding rows upserted, by cause")
         m.inc("windows_written_total", len(windows), help="window rows upserted")
         m.inc("triggers_written_total", len(triggers), help="profiling trigger rows upserted")
         self._after(events)

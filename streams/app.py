@@ -75,6 +75,7 @@ class ProcessorState:
     assigned: bool = False
     policies: dict[str, Policy] = field(default_factory=dict)  # every policy loaded, by ref
     job_partition: dict[str, object] = field(default_factory=dict)  # job -> heartbeats partition (TP) seen
+    positions: dict[object, int] = field(default_factory=dict)  # TP -> next offset to consume (for the lag)
 
     def __post_init__(self) -> None:
         self.detector = SlowdownDetector(self.policy)
@@ -168,8 +169,13 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         m.inc("dead_letters_total", reason=err.reason, stage=stage, help="records sent to the dead-letter topic, by reason")
 
     def seen(event) -> None:
-        m.inc("records_in_total", topic=event.message.topic, help="records consumed, by topic")
-        m.inc("bytes_in_total", len(event.value or b""), topic=event.message.topic)
+        msg = event.message
+        m.inc("records_in_total", topic=msg.topic, help="records consumed, by topic")
+        m.inc("bytes_in_total", len(event.value or b""), topic=msg.topic)
+        st.positions[msg.tp] = msg.offset + 1
+        if msg.timestamp:  # the producer's CreateTime: right on any broker, unlike the watermarks
+            m.set("consumer_lag_seconds", max(0.0, time.time() - msg.timestamp), topic=msg.topic,
+                  help="age of the last record consumed, by topic (now - its Kafka timestamp)")  # fmt: skip
 
     # ------------------------------------------------------------------ detector
     async def decided(decision) -> None:
@@ -217,6 +223,15 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         m.set("detector_jobs", len(st.detector.jobs), help="jobs the detector follows")
         m.set("detector_open_windows", st.detector.open_windows(now), help="windows open or scheduled by this processor")
 
+    async def report_lag() -> None:
+        """Records behind per partition from the high watermarks the fetches carry (a lower bound where the
+        broker under-reports the watermark, as Tansu does; ``consumer_lag_seconds`` is right everywhere)."""
+        for tp, pos in list(st.positions.items()):
+            high = app.consumer.highwater(tp) if app.consumer else None
+            if high is not None:
+                m.set("consumer_lag_records", max(0, high - pos), topic=tp.topic, partition=str(tp.partition),
+                      help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
+
     async def reload_policy() -> None:
         new = policy_file.check()
         if new is not None:
@@ -244,6 +259,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         await send(stepreports, p.job, report)
         m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
         m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
+        m.observe("step_close_latency_seconds", time.time() - p.opened_at, help="first feature batch of a step to its step report")
         await release_steps(p.handles)
 
     async def steps(stream):
@@ -297,7 +313,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         await send(windows, w.job, diagnosis.report)
         closed_windows[f"{w.job}:{w.window}"] = now
         m.inc("windows_closed_total", reason=closed.reason, help="windows closed, by reason")
-        m.set("window_close_latency_seconds", now - w.opened_at, help="first step report to window closed, last window")
+        m.observe("window_close_latency_seconds", time.time() - w.opened_at, help="first step report of a window to its findings published")
         log.info("window %s/%s closed (%s): %d finding(s), coverage %.2f", w.job, w.window, closed.reason, len(diagnosis.findings), diagnosis.report.coverage)
         await release_windows(w.handles)
 
@@ -334,6 +350,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             await send(stepreports, job, WindowTimeout(job=job, window=window))
 
     app.timer(1.0, name="reload_policy")(reload_policy)
+    app.timer(1.0, name="report_lag")(report_lag)
     if "detect" in roles:
         app.agent(heartbeats, name="detect", concurrency=1)(detect)
         app.timer(0.5, name="hang_ticks")(hang_ticks)
@@ -354,6 +371,8 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         st.step_acks.drop(set(revoked))
         st.windows.drop(set(revoked))
         st.window_acks.drop(set(revoked))
+        for tp in revoked:
+            st.positions.pop(tp, None)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app_, assigned, **kwargs) -> None:  # noqa: ARG001
