@@ -93,10 +93,33 @@ class Sink:
             except Exception:  # the events stay in DuckDB: the next tick plans them
                 log.exception("planning pages failed; retrying within %.0fs", self.expire_every_s)
 
+    def _dead(self, msg, err: RecordError) -> None:
+        dl = dead_letter(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err, stage="sink", payload=msg.value())
+        self.publisher.send_raw(self.deadletter_topic, msg.key(), encode(dl))
+        self.metrics.inc("dead_letters_total", reason=err.reason, stage="sink", help="records sent to the dead-letter topic, by reason")
+        self.metrics.inc("records_out_total", topic=self.deadletter_topic, help="records published, by topic")
+
+    def _isolate(self, accepted, offsets, exc: Exception) -> list:
+        """The store refused a batch: write its records one by one (upserts: a crash in between replays them
+        harmlessly), dead-letter those it refuses, then move the offsets."""
+        log.warning("the store refused a batch of %d record(s) (%s: %s); writing them one by one", len(accepted), type(exc).__name__, exc)
+        events = []
+        for msg, rec in accepted:
+            one = Batch(findings=[rec] if isinstance(rec, Finding) else [], windows=[rec] if isinstance(rec, WindowReport) else [],
+                        offsets={}, triggers=[rec] if isinstance(rec, ProfileTrigger) else [])  # fmt: skip
+            try:
+                events += self.store.write(one)
+            except Exception as err:
+                log.exception("the store refused %s[%d]@%d; it goes to the dead-letter topic", msg.topic(), msg.partition(), msg.offset())
+                self._dead(msg, RecordError("processing_failed", f"the findings store refused it ({type(err).__name__}: {err})"))
+        self.publisher.flush()
+        return events + self.store.write(Batch(findings=[], windows=[], offsets=offsets))
+
     def write(self, msgs) -> Batch:
         findings: list[Finding] = []
         windows: list[WindowReport] = []
         triggers: list[ProfileTrigger] = []
+        accepted = []  # (message, record)
         offsets: dict[tuple[str, int], int] = {}
         dead = 0
         m = self.metrics
@@ -117,18 +140,19 @@ class Sink:
             except RecordError as err:
                 if err.reason == "wrong_record" and msg.topic() == self.control_topic:
                     continue  # another control record (not a trigger): not the sink's business
-                dl = dead_letter(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err, stage="sink", payload=msg.value())
-                self.publisher.send_raw(self.deadletter_topic, msg.key(), encode(dl))
-                m.inc("dead_letters_total", reason=err.reason, stage="sink", help="records sent to the dead-letter topic, by reason")
-                m.inc("records_out_total", topic=self.deadletter_topic, help="records published, by topic")
+                self._dead(msg, err)
                 dead += 1
                 continue
             {Finding: findings, WindowReport: windows, ProfileTrigger: triggers}[type(rec)].append(rec)
+            accepted.append((msg, rec))
         if dead:
             self.publisher.flush()  # dead letters are durable before the offsets move past them
         batch = Batch(findings=findings, windows=windows, offsets=offsets, triggers=triggers)
         t0 = time.perf_counter()
-        events = self.store.write(batch)
+        try:
+            events = self.store.write(batch)
+        except Exception as exc:  # a record the store cannot keep must not stop the sink (it would stop again on restart)
+            events = self._isolate(accepted, offsets, exc)
         m.observe("write_seconds", time.perf_counter() - t0, help="one DuckDB transaction (rows, incidents and offsets)")
         for topic, age in lag_s.items():
             m.set("consumer_lag_seconds", age, topic=topic, help="age of the last record consumed, by topic (now - its Kafka timestamp)")

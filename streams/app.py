@@ -76,6 +76,7 @@ class ProcessorState:
     policies: dict[str, Policy] = field(default_factory=dict)  # every policy loaded, by ref
     job_partition: dict[str, object] = field(default_factory=dict)  # job -> heartbeats partition (TP) seen
     positions: dict[object, int] = field(default_factory=dict)  # TP -> next offset to consume (for the lag)
+    crashed: dict[str, str] = field(default_factory=dict)  # agent -> why it died (fails /healthz)
 
     def __post_init__(self) -> None:
         self.detector = SlowdownDetector(self.policy)
@@ -156,7 +157,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     job_history = app.Table("job_history", key_type=str, value_type=str, partitions=settings.partitions)
 
     async def send(topic: faust.TopicT, key: str, record) -> None:
-        value = encode(record)
+        value = record if isinstance(record, bytes) else encode(record)
         await topic.send(key=key.encode(), value=value)
         m.inc("records_out_total", topic=topic.get_topic_name(), help="records published, by topic")
         m.inc("bytes_out_total", len(value), topic=topic.get_topic_name())
@@ -167,6 +168,14 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, err)
         await deadletter.send(key=msg.key, value=encode(dl))
         m.inc("dead_letters_total", reason=err.reason, stage=stage, help="records sent to the dead-letter topic, by reason")
+
+    async def failed(events, exc: Exception, stage: str) -> None:
+        """A bug, not bad input (that is caught on the way in): the stage goes on, and the records it could
+        not process go to the dead-letter topic, to be replayed once the bug is fixed."""
+        log.exception("%s: processing failed; %d input record(s) go to the dead-letter topic", stage, len(events))
+        err = RecordError("processing_failed", f"{type(exc).__name__}: {exc}")
+        for event in events:
+            await dead(event, err, stage)
 
     def seen(event) -> None:
         msg = event.message
@@ -193,20 +202,23 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             seen(event)
             try:
                 rec = decode(event.value, (StepHeartbeat, DetectorTick, TriggerRequest))
+                st.job_partition[rec.job] = event.message.tp
+                if rec.job not in st.detector.jobs and rec.job in detector_table:
+                    last_start, last_end = map(int, detector_table[rec.job].split(","))
+                    st.detector.restore(rec.job, last_start, last_end)
+                now = time.time()
+                if isinstance(rec, StepHeartbeat):
+                    decisions = st.detector.observe(rec, now)  # raises RecordError('from_the_future')
+                elif isinstance(rec, DetectorTick):
+                    decisions = st.detector.tick(rec.job, now)
+                else:
+                    decisions = [st.detector.request(rec, now)]
             except RecordError as err:
                 await dead(event, err, "detect")
                 continue
-            st.job_partition[rec.job] = event.message.tp
-            if rec.job not in st.detector.jobs and rec.job in detector_table:
-                last_start, last_end = map(int, detector_table[rec.job].split(","))
-                st.detector.restore(rec.job, last_start, last_end)
-            now = time.time()
-            if isinstance(rec, StepHeartbeat):
-                decisions = st.detector.observe(rec, now)
-            elif isinstance(rec, DetectorTick):
-                decisions = st.detector.tick(rec.job, now)
-            else:
-                decisions = [st.detector.request(rec, now)]
+            except Exception as exc:
+                await failed([event], exc, "detect")
+                continue
             for decision in decisions:
                 await decided(decision)
 
@@ -245,17 +257,22 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     async def finish_step(closed: ClosedStep) -> None:
         p = closed.pending
         t0 = time.perf_counter()
-        ranks = sorted(p.batches)
-        recs = [p.batches[r][0] for r in ranks]
-        frame = StepFrame.from_tables(
-            p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
-            [p.batches[r][1] for r in ranks], st.policy_for(p.policy).diagnosis.peer_group_keys, [b.hardware for b in recs],
-        )  # fmt: skip
-        result = analyze_step(frame, st.policy_for(p.policy).diagnosis)
-        report = step_report(
-            result, window_start=p.window_start, window_steps=p.window_steps, expected_workers=p.expected_workers,
-            bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
-        )  # fmt: skip
+        try:
+            ranks = sorted(p.batches)
+            recs = [p.batches[r][0] for r in ranks]
+            frame = StepFrame.from_tables(
+                p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
+                [p.batches[r][1] for r in ranks], st.policy_for(p.policy).diagnosis.peer_group_keys, [b.hardware for b in recs],
+            )  # fmt: skip
+            result = analyze_step(frame, st.policy_for(p.policy).diagnosis)
+            report = encode(step_report(
+                result, window_start=p.window_start, window_steps=p.window_steps, expected_workers=p.expected_workers,
+                bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
+            ))  # fmt: skip
+        except Exception as exc:
+            await failed([h.event for h in p.handles], exc, "steps")
+            await release_steps(p.handles)
+            return
         await send(stepreports, p.job, report)
         m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
         m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
@@ -304,13 +321,21 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
                 history = JobHistory.decode(job_history[w.job])
             except HistoryError as err:
                 log.warning("job %s: dropping its stored history: %s", w.job, err)
-        diagnosis = diagnose_window(info, list(w.results.values()), policy, now=now, closed=closed.reason, bytes_in=w.bytes_in, history=history)
-        if diagnosis.history is not None and diagnosis.history is not history:
-            job_history[w.job] = diagnosis.history.encode()
-        for f in diagnosis.findings:
-            await send(findings, f.job, f)
-            m.inc("findings_total", cause=f.cause, help="findings published, by cause")
-        await send(windows, w.job, diagnosis.report)
+        try:
+            diagnosis = diagnose_window(info, list(w.results.values()), policy, now=now, closed=closed.reason, bytes_in=w.bytes_in, history=history)
+            new_history = diagnosis.history.encode() if diagnosis.history is not None and diagnosis.history is not history else None
+            out = [(f.cause, encode(f)) for f in diagnosis.findings]
+            report = encode(diagnosis.report)
+        except Exception as exc:
+            await failed([h.event for h in w.handles], exc, "windows")
+            await release_windows(w.handles)
+            return
+        if new_history is not None:
+            job_history[w.job] = new_history
+        for cause, value in out:
+            await send(findings, w.job, value)
+            m.inc("findings_total", cause=cause, help="findings published, by cause")
+        await send(windows, w.job, report)
         closed_windows[f"{w.job}:{w.window}"] = now
         m.inc("windows_closed_total", reason=closed.reason, help="windows closed, by reason")
         m.observe("window_close_latency_seconds", time.time() - w.opened_at, help="first step report of a window to its findings published")
@@ -349,16 +374,31 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         for job, window in st.windows.due(time.time()):
             await send(stepreports, job, WindowTimeout(job=job, window=window))
 
+    def supervised(name: str, fun):
+        """An agent that dies (I/O errors, bugs outside the guarded diagnosis) fails /healthz, so that the
+        process is restarted and replays from the committed offsets instead of idling while it looks healthy."""
+
+        async def run(stream):
+            try:
+                await fun(stream)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                st.crashed[name] = f"{type(exc).__name__}: {exc}"
+                raise
+
+        return run
+
     app.timer(1.0, name="reload_policy")(reload_policy)
     app.timer(1.0, name="report_lag")(report_lag)
     if "detect" in roles:
-        app.agent(heartbeats, name="detect", concurrency=1)(detect)
+        app.agent(heartbeats, name="detect", concurrency=1)(supervised("detect", detect))
         app.timer(0.5, name="hang_ticks")(hang_ticks)
     if "steps" in roles:
-        app.agent(features, name="steps", concurrency=1)(steps)
+        app.agent(features, name="steps", concurrency=1)(supervised("steps", steps))
         app.timer(0.5, name="expire_steps")(expire_steps)
     if "windows" in roles:
-        app.agent(stepreports, name="windows", concurrency=1)(windows_agent)
+        app.agent(stepreports, name="windows", concurrency=1)(supervised("windows", windows_agent))
         app.timer(0.5, name="request_timeouts")(request_timeouts)
 
     @app.on_partitions_revoked.connect
@@ -380,8 +420,9 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
 
     @app.page("/healthz")
     async def healthz(web, request):  # noqa: ARG001
-        body = {"status": "ok" if st.assigned else "starting", "open_steps": st.steps.open_steps, "open_windows": st.windows.open_windows}
-        return web.json(body, status=200 if st.assigned else 503)
+        status = "failed" if st.crashed else "ok" if st.assigned else "starting"
+        body = {"status": status, "open_steps": st.steps.open_steps, "open_windows": st.windows.open_windows, "crashed": st.crashed}
+        return web.json(body, status=200 if status == "ok" else 503)
 
     @app.page("/metrics")
     async def metrics(web, request):  # noqa: ARG001
