@@ -134,13 +134,14 @@ class Pipeline:
 
         self.settings = settings
         self.log_dir = log_dir
-        self.ports = {"processor": free_port(), "sink": free_port()}
+        self._free_port = free_port
+        self.ports: dict[str, int] = {}
         self.children: dict[str, Child] = {}
 
-    def start(self, name: str, timeout_s: float = 60.0) -> Child:
-        """Start ``processor`` or ``sink`` and wait until its /healthz answers ok."""
-        port = self.ports[name]
-        child = Child(name, [name, *settings_flags(self.settings), "--http-port", str(port)], self.log_dir, f"http://127.0.0.1:{port}/healthz")
+    def start(self, name: str, timeout_s: float = 60.0, command: str | None = None) -> Child:
+        """Start ``processor`` or ``sink`` (``command``, default ``name``) and wait until its /healthz answers ok."""
+        port = self.ports.setdefault(name, self._free_port())
+        child = Child(name, [command or name, *settings_flags(self.settings), "--http-port", str(port)], self.log_dir, f"http://127.0.0.1:{port}/healthz")
         self.children[name] = child
         child.wait_healthy(timeout_s)
         return child

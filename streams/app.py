@@ -135,6 +135,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         broker_session_timeout=settings.session_timeout_ms / 1000.0,
         broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
         broker_commit_interval=1.0,
+        # records of open steps and windows stay unacknowledged until those close, which needs more records:
+        # waiting for every record to be acknowledged before a rebalance or a shutdown (faust's default)
+        # never ends while a window is open.  The new owner replays them from the committed offset instead.
+        stream_wait_empty=False,
         datadir=datadir,
         web_enabled=True,
         web_port=http_port,

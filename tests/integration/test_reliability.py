@@ -289,3 +289,38 @@ def test_sink_killed_three_times_mid_stream_loses_and_duplicates_nothing(setting
     assert [o[1] for o in offsets] == [len(stream) - JOBS * WINDOWS, JOBS * WINDOWS]  # every record read once, to the end
     print(f"\nRELIABILITY sink-kill: {len(stream)} records ({len(stream) - JOBS * WINDOWS - len(expected)} duplicates), "
           f"SIGKILL at {kills} findings stored; {got}; incident updates {updates}")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- scale-out
+
+
+def test_a_second_processor_joining_while_a_window_is_open_takes_over_without_loss(settings, pipeline, receiver):
+    """Scaling out mid-window: the group rebalances while records of an open window are held unacknowledged;
+    the window still closes once, wherever its partitions went."""
+    topics = ensure_topics(settings)
+    scenario = Scenario(job="scale-job", topology=Topology(workers=16, gpus_per_host=8), faults=(Fault(type="gpu_throttle_thermal", workers=(5,), severity=0.3),))
+    fleet = FleetSimulator(scenario)
+    w = Window(60, 8)
+    expected = {f.id for f in diagnose(fleet, load_policy(None), w)[0]}
+    pub = Publisher(producer_config(settings))
+
+    def publish(step: int) -> None:
+        for b in fleet.feature_batches(fleet.step(step), fleet.trigger(w)):
+            pub.send(topics.features, features_key(scenario.job, step), b)
+        pub.flush()
+
+    pipeline.start("sink")
+    pipeline.start("processor")
+    for step in w.range[:4]:
+        publish(step)
+    m = lambda: pipeline.metrics("processor")  # noqa: E731
+    until(lambda: value(m(), "lockstep_records_in_total", topic=topics.stepreports) == 4, 60, "four step reports")
+    t0 = time.monotonic()
+    pipeline.start("processor-2", timeout_s=90, command="processor")  # healthy = it got partitions: the rebalance finished
+    rebalance_s = time.monotonic() - t0
+    for step in w.range[4:]:
+        publish(step)
+    until(lambda: sql(settings, "SELECT count(*) FROM windows")[0][0], 90, "the window in DuckDB")
+    time.sleep(2.0)
+    got = check_stored_once(settings, receiver, expected, windows=1)
+    print(f"\nRELIABILITY scale-out: second processor ready {rebalance_s:.1f}s after it started; {got}")
