@@ -19,6 +19,7 @@ from __future__ import annotations
 import cramjam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .records import FUNCTION_KINDS, RecordError
 
@@ -70,6 +71,8 @@ HARDWARE = (
 
 _KIND_SET = frozenset(FUNCTION_KINDS)
 _RESOURCE_SET = frozenset(RESOURCES)
+_KINDS = pa.array(FUNCTION_KINDS)
+_RESOURCES_ARRAY = pa.array(RESOURCES)
 
 
 def default_resource(kind: str) -> str:
@@ -139,6 +142,55 @@ def unpack(data: bytes, codec: str = "zstd") -> pa.Table:
     """Read and validate a function table, conforming it to :data:`SCHEMA`."""
     table = unpack_ipc(data, codec)
     return conform(table)
+
+
+def read(data: bytes, codec: str = "zstd") -> pa.Table:
+    """Read a function table whose values are checked later, a whole step at once (:func:`check_tables`).
+
+    A table already in :data:`SCHEMA` (what agents send) is returned as read; any other is conformed
+    and checked here (:func:`unpack`).  Raises RecordError('bad_function_table')."""
+    table = unpack_ipc(data, codec)
+    if table.num_rows and table.schema.equals(SCHEMA, check_metadata=False):
+        return table
+    return conform(table)
+
+
+def check_tables(tables: list[pa.Table]) -> list[RecordError | None]:
+    """The values check of :func:`conform` for many tables in :data:`SCHEMA` at once (one step of a job:
+    thousands of small tables): one vectorised pass over their concatenation, then the exact reason for
+    the few that fail.  Returns, per table, None or the RecordError its record goes to the dead letters with."""
+    if not tables:
+        return []
+    try:
+        t = pa.concat_tables(tables, promote_options="none")
+    except pa.ArrowInvalid:  # not all in SCHEMA (only ft.read's tables are): one at a time
+        return [_refusal(x) for x in tables]
+    n = np.fromiter((x.num_rows for x in tables), dtype=np.int64, count=len(tables))
+    owner = np.repeat(np.arange(len(tables)), n)
+    ok = pc.fill_null(pc.and_(pc.is_in(t.column("kind"), _KINDS), pc.is_in(t.column("resource"), _RESOURCES_ARRAY)), False).to_numpy(zero_copy_only=False)
+    ok &= t.column("function").is_valid().to_numpy(zero_copy_only=False)
+    times = _floats(t, _TIMES)
+    ok &= ((times >= 0) & (times < np.inf)).all(axis=0)
+    opt = _floats(t, _OPTIONAL)
+    ok &= (np.isnan(opt) | ((opt >= 0) & (opt < np.inf))).all(axis=0)
+    ok &= t.column("calls").to_numpy(zero_copy_only=False) >= 0
+    bad = np.bincount(owner, weights=~ok, minlength=len(tables)) > 0
+    codes = pc.fill_null(pc.dictionary_encode(t.column("function")).combine_chunks().indices, -1).to_numpy(zero_copy_only=False) + 1
+    span = int(codes.max(initial=0)) + 1
+    pairs, counts = np.unique(owner * span + codes, return_counts=True)
+    bad[pairs[counts > 1] // span] = True  # a function named twice in one table
+    out: list[RecordError | None] = [None] * len(tables)
+    for i in np.flatnonzero(bad):
+        out[i] = _refusal(tables[i])
+    return out
+
+
+def _refusal(table: pa.Table) -> RecordError | None:
+    try:
+        _check_values(table)
+    except RecordError as err:
+        return err
+    return None
 
 
 def conform(table: pa.Table) -> pa.Table:

@@ -261,26 +261,35 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     async def finish_step(closed: ClosedStep) -> None:
         p = closed.pending
         t0 = time.perf_counter()
+        entries = [p.batches[r] for r in sorted(p.batches)] + p.replaced
+        report = None
         try:
-            ranks = sorted(p.batches)
-            recs = [p.batches[r][0] for r in ranks]
-            frame = StepFrame.from_tables(
-                p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
-                [p.batches[r][1] for r in ranks], st.policy_for(p.policy).diagnosis.peer_group_keys, [b.hardware for b in recs],
-            )  # fmt: skip
-            result = analyze_step(frame, st.policy_for(p.policy).diagnosis)
-            report = encode(step_report(
-                result, window_start=p.window_start, window_steps=p.window_steps, expected_workers=p.expected_workers,
-                bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
-            ))  # fmt: skip
+            # the function tables' values, for the whole step at once (ft.read left them unchecked)
+            errors = ft.check_tables([table for _, table, _ in entries])
+            good = [e for e, err in zip(entries[: len(p.batches)], errors) if err is None]
+            if good:
+                recs = [b for b, _, _ in good]
+                frame = StepFrame.from_tables(
+                    p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
+                    [table for _, table, _ in good], st.policy_for(p.policy).diagnosis.peer_group_keys, [b.hardware for b in recs],
+                )  # fmt: skip
+                result = analyze_step(frame, st.policy_for(p.policy).diagnosis)
+                report = encode(step_report(
+                    result, window_start=p.window_start, window_steps=p.window_steps, expected_workers=p.expected_workers,
+                    bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
+                ))  # fmt: skip
         except Exception as exc:
             await failed([h.event for h in p.handles], exc, "steps")
             await release_steps(p.handles)
             return
-        await send(stepreports, p.job, report)
-        m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
-        m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
-        m.observe("step_close_latency_seconds", time.time() - p.opened_at, help="first feature batch of a step to its step report")
+        for (_, _, handle), err in zip(entries, errors):
+            if err is not None:
+                await dead(handle.event, err, "steps")
+        if report is not None:
+            await send(stepreports, p.job, report)
+            m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
+            m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
+            m.observe("step_close_latency_seconds", time.time() - p.opened_at, help="first feature batch of a step to its step report")
         await release_steps(p.handles)
 
     async def steps(stream):
@@ -291,7 +300,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             h = st.step_acks.hold(msg.tp, msg.offset, event)
             try:
                 batch = decode(event.value, FeatureBatch)
-                table = ft.unpack(batch.functions, batch.functions_codec)
+                table = ft.read(batch.functions, batch.functions_codec)  # values: checked per step (finish_step)
             except RecordError as err:
                 await dead(event, err, "steps")
                 await release_steps([h])

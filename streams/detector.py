@@ -173,8 +173,8 @@ class SlowdownDetector:
             raise RecordError("from_the_future", f"sent_at is {(hb.sent_at - now) / 3600:.0f} h ahead of the processor's clock "
                               f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of host {hb.host!r} is broken")  # fmt: skip
         st = self.jobs.get(hb.job)
-        if st is None or st.max_step < 0:
-            return  # nothing shown yet: any step can be the job's
+        if st is None or st.max_step < 0 or hb.step <= st.max_step + FUTURE_STEPS:
+            return  # nothing shown yet (any step can be the job's), or near enough
         interval = self.step_interval_s(st)
         pace = FUTURE_PACE * (now - st.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
         allowed = FUTURE_STEPS + pace

@@ -117,3 +117,26 @@ def test_numpy_scalars_left_in_a_record_encode_as_their_values():
     """The diagnosis is numpy: a np.str_ or np.int64 that reaches a record must not stop the stage that encodes it."""
     f = msgspec.structs.replace(FINDING, function=np.str_("fwd.gemm"), function_kind=np.str_("compute"), workers=[np.int64(3)])
     assert decode(encode(f)) == FINDING
+
+
+@settings(max_examples=60, deadline=None)
+@given(spoilt=st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["total_us", "critical_us", "wait_us", "bytes", "calls", "kind", "resource", "function"]),
+                                 st.integers(0, 2), st.sampled_from([-1.0, math.inf, math.nan, None, "quantum", "a"])), max_size=4))  # fmt: skip
+def test_the_whole_step_check_finds_exactly_the_tables_the_single_check_refuses(spoilt):
+    """ft.check_tables (one pass over a step's tables) agrees with ft.conform (one table) on every table."""
+    tables = [TABLE] * 8
+    for i, column, row, v in spoilt:
+        col = tables[i].column(column).to_pylist()
+        col[row] = v
+        try:
+            arr = pa.array(col, type=TABLE.schema.field(column).type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            continue
+        tables[i] = pa.Table.from_arrays(tables[i].set_column(TABLE.column_names.index(column), column, arr).columns, schema=ft.SCHEMA)
+    got = ft.check_tables(tables)
+    for table, err in zip(tables, got):
+        try:
+            ft.conform(table)
+            assert err is None
+        except RecordError as want:
+            assert err is not None and (err.reason, err.detail) == (want.reason, want.detail)

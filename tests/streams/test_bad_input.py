@@ -90,15 +90,17 @@ def steps_stage(payloads: list[bytes]) -> list[bytes]:
     for i, raw in enumerate(payloads):
         try:
             b = decode(raw, FeatureBatch)
-            table = ft.unpack(b.functions, b.functions_codec)
+            table = ft.read(b.functions, b.functions_codec)
         except RecordError:
             continue
         closed, _ = asm.add(b, table, len(raw), acks.hold(0, i, None), 0.0)
         for c in [closed] if closed else []:
             p = c.pending
-            recs = [p.batches[r][0] for r in sorted(p.batches)]
+            entries = [p.batches[r] for r in sorted(p.batches)]
+            good = [e for e, err in zip(entries, ft.check_tables([t for _, t, _ in entries])) if err is None]
+            recs = [r for r, _, _ in good]
             frame = StepFrame.from_tables(p.job, p.window, p.step, [r.worker for r in recs], [r.step_time_us for r in recs],
-                                          [p.batches[r][1] for r in sorted(p.batches)], POLICY.diagnosis.peer_group_keys, [r.hardware for r in recs])  # fmt: skip
+                                          [t for _, t, _ in good], POLICY.diagnosis.peer_group_keys, [r.hardware for r in recs])  # fmt: skip
             out.append(encode(step_report(analyze_step(frame, POLICY.diagnosis), window_start=p.window_start, window_steps=p.window_steps,
                                           expected_workers=p.expected_workers, bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=c.reason)))  # fmt: skip
     return out
