@@ -133,7 +133,8 @@ def timestamps(settings: Settings, topic: str) -> list[tuple[bytes, float]]:
 
 
 def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120.0, steps_per_s: float = 1.0,
-             log_dir: Path | None = None, drain_timeout_s: float = 120.0) -> LoadResult:  # fmt: skip
+             log_dir: Path | None = None, drain_timeout_s: float = 120.0, windows: bool = True) -> LoadResult:  # fmt: skip
+    """``windows=False``: heartbeats only (the always-on signal's cost)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="lockstep-load-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     policy = log_dir / "load-policy.yaml"
@@ -166,7 +167,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
             last = res.triggers[-1] if res.triggers else None
             active = last is not None and step < last.start_step + last.steps
             asked = state["asked_at"] and (not last or last.created_at < state["asked_at"])
-            if not active and (not asked or now - state["asked_at"] > 10.0):
+            if windows and not active and (not asked or now - state["asked_at"] > 10.0):
                 publisher.send(topics.heartbeats, sc.job, TriggerRequest(job=sc.job, request=uuid.uuid4().hex[:12], reason="load run", requested_at=now))
                 state["asked_at"] = now
             pipeline.children["processor"].healthy()
@@ -193,13 +194,17 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
                             stop_after_windows=10**9, progress=progress)  # fmt: skip
             seconds = time.time() - t0
             t_end = time.time()
-            windows = list(live.windows_done)
+            done = list(live.windows_done)
 
             def stored() -> list[str]:
                 return [r[0] for r in query(s.db, "SELECT DISTINCT window_id FROM findings WHERE job = ?", [sc.job])[1]]
 
-            if not wait_for(lambda: set(windows) <= set(stored()), drain_timeout_s, interval_s=0.5):
-                log.warning("windows not stored after %.0fs: %s", drain_timeout_s, sorted(set(windows) - set(stored())))
+            def drained() -> bool:  # every window's findings stored, and every heartbeat consumed
+                m = pipeline.metrics("processor")
+                return set(done) <= set(stored()) and value(m, "lockstep_records_in_total", topic=topics.heartbeats) >= publisher.stats.records[topics.heartbeats]
+
+            if not wait_for(drained, drain_timeout_s, interval_s=0.5):
+                log.warning("not drained after %.0fs; windows not stored: %s", drain_timeout_s, sorted(set(done) - set(stored())))
             drain_s = time.time() - t_end
             time.sleep(1.5)  # a last sample after the drain
         finally:
@@ -224,7 +229,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
             if isinstance(rep, StepReport) and rep.job == sc.job and rep.step in sent_at:
                 step_latency.append(ts - sent_at[rep.step])
         return LoadResult(
-            workers=workers, steps_per_s=steps_per_s, seconds=seconds, steps=live.steps, windows=windows, stored=sorted(culprits),
+            workers=workers, steps_per_s=steps_per_s, seconds=seconds, steps=live.steps, windows=done, stored=sorted(culprits),
             culprits=culprits, published=dict(publisher.stats.records), samples=samples, step_latency_s=step_latency,
             window_latency_s=window_latency, drain_s=drain_s, cpu_s=cpu, dead_letters=dead, log_dir=log_dir,
         )  # fmt: skip
