@@ -126,8 +126,11 @@ def _parse(name: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{name} (from {source}): {value!r} is not valid: {exc}") from None
 
 
-def load(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> AgentConfig:
-    """Merge defaults < agent file < environment < ``overrides``, fill Kafka from ``lockstep.config``, validate."""
+def load(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None, *, source: str = "attach({name}=...)") -> AgentConfig:
+    """Merge defaults < agent file < environment < ``overrides``, fill Kafka from ``lockstep.config``, validate.
+
+    ``source`` says, in error messages, where the overrides came from.
+    """
     env = dict(os.environ if env is None else env)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = set(overrides) - set(FIELDS)
@@ -162,7 +165,7 @@ def load(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = N
         if raw not in (None, ""):
             put(name, raw, env_name(name))
     for name, raw in overrides.items():
-        put(name, raw, f"attach({name}=...)")
+        put(name, raw, source.format(name=name, flag=name.replace("_", "-")))
     if not values.get("job"):
         values["job"] = next((env[k] for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") if env.get(k) not in (None, "", "none")), "")
     # the Kafka connection: the pipeline's settings, unless given to the agent itself
@@ -185,7 +188,7 @@ def to_env(cfg: AgentConfig) -> dict[str, str]:
         if isinstance(value, dict):
             text = ",".join(f"{k}={v}" for k, v in value.items())
         elif isinstance(value, Redaction):
-            text = value.spec()
+            text = value.spec(with_salt=True)
         else:
             text = str(value)
         out[env_name(name)] = text

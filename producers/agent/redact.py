@@ -63,9 +63,10 @@ class Redaction:
             kw[key] = value
         return cls(**kw)
 
-    def spec(self) -> str:
-        """The redaction as text, without the salt (what records say was applied)."""
-        return f"paths={self.paths},stacks={self.stacks},names={self.names}"
+    def spec(self, with_salt: bool = False) -> str:
+        """The redaction as text; without the salt unless asked (records say what was applied, not the secret)."""
+        text = f"paths={self.paths},stacks={self.stacks},names={self.names}"
+        return f"{text},salt={self.salt}" if with_salt and self.salt else text
 
     @property
     def is_identity(self) -> bool:

@@ -61,7 +61,8 @@ def slice_trace(trace: dict, bounds: Bounds, steps: list[int] | None, max_bytes:
     header = {k: v for k, v in trace.items() if k not in ("traceEvents", "traceName")}
 
     def pack(k: int) -> bytes:
-        keep = np.sort(by_length[:k])  # back in time order
+        top = by_length[:k]
+        keep = top[np.argsort(ts[top], kind="stable")]  # back in time order
         doc = {**header, "traceEvents": meta + [body[i] for i in keep]}
         return compress(json.dumps(doc, separators=(",", ":")).encode())
 
