@@ -29,6 +29,7 @@ NAME_MODES = ("keep", "hash")
 # group 1 is the file name (RE2, which pyarrow uses, has no look-ahead)
 _DIRS = r"(?:[A-Za-z]:)?(?:[\w.~@+-]*[/\\])+([\w.~@+-]+\.(?:py|pyx|cpp|cc|cu|h|hpp|c)\b)"
 _DIRS_RE = re.compile(_DIRS)
+_STEP_RE = re.compile(r"ProfilerStep#\d+$")  # step markers are the profiler's, never the customer's
 #: argument keys of Chrome-trace events that hold call stacks or links between Python frames
 STACK_ARGS = ("Call stack", "stack", "Python parent id", "Python id", "Python module id")
 
@@ -113,7 +114,7 @@ class Redaction:
         for ev in trace.get("traceEvents", []):
             ev = dict(ev)
             name = ev.get("name")
-            if isinstance(name, str) and ev.get("ph") != "M":
+            if isinstance(name, str) and ev.get("ph") != "M" and not _STEP_RE.match(name):
                 if name not in cache:
                     cache[name] = self.name(name)
                 ev["name"] = cache[name]
