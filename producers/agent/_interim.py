@@ -110,7 +110,7 @@ def _self_times(start: np.ndarray, dur: np.ndarray, stream: list[str]) -> np.nda
     return np.clip(out, 0, None)
 
 
-def summarise(events: pa.Table, samples: pa.Table | None = None, step_bounds: dict | None = None) -> list[StepSummary]:
+def summarise(events: pa.Table, samples: pa.Table | None = None, step_bounds: dict | None = None, *, min_share: float = 0.0) -> list[StepSummary]:
     out = []
     if events.num_rows == 0:
         return out
@@ -128,6 +128,7 @@ def summarise(events: pa.Table, samples: pa.Table | None = None, step_bounds: di
         calls = np.bincount(inv)
         lo, hi = (step_bounds or {}).get(step, (float(start.min()), float((start + dur).max())))
         keep = np.argsort(-crit)[:64]
+        keep = keep[(crit[keep] >= min_share * (hi - lo)) | (total[keep] >= min_share * (hi - lo))]
         cols: dict[str, object] = {
             "function": uniq[keep].tolist(),
             "kind": [kinds[n] for n in uniq[keep]],

@@ -266,7 +266,7 @@ class Agent:
 
         try:
             outcome = process_window(prof, trigger, self.meta, samples, boundaries, hardware, self.config.redact, self._store,
-                                     own_threads=self._own_threads, tenant=self.config.tenant)  # fmt: skip
+                                     own_threads=self._own_threads, min_share=self.config.min_share, tenant=self.config.tenant)  # fmt: skip
         except Exception as exc:  # noqa: BLE001
             log.exception("could not summarise window %s", trigger.window)
             self._fail(record, f"{type(exc).__name__}: {exc}")

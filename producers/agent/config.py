@@ -79,6 +79,7 @@ class AgentConfig:
     spool_max_bytes: int = field(default=64 << 20, metadata={"help": "bound of the spool; beyond, the oldest records are dropped and counted", "parse": lockstep_config._pos_int})
     # profiling windows
     hardware_hz_max: float = field(default=100.0, metadata={"help": "upper bound on the hardware sampling rate a trigger may ask for", "parse": lockstep_config._pos_float})
+    min_share: float = field(default=0.001, metadata={"help": "leave out of feature batches functions below this share of the step (critical path and total)", "parse": float})
     raw_dir: Path | None = field(default=None, metadata={"help": "where the last window's raw trace is kept (default: SPOOL_DIR/raw)", "parse": _opt_path})
     raw_max_bytes: int = field(default=256 << 20, metadata={"help": "bound of the kept raw trace (zstd); a larger one keeps its longest events", "parse": lockstep_config._pos_int})
     raw_upload_max_bytes: int = field(default=900_000, metadata={"help": "bound of one raw-trace answer (Kafka's default record limit is 1 MiB)", "parse": lockstep_config._pos_int})
@@ -95,6 +96,8 @@ class AgentConfig:
         ).validate()
 
     def validate(self) -> AgentConfig:
+        if not 0 <= self.min_share < 1:
+            raise ConfigError(f"min_share: {self.min_share} must be in [0, 1)")
         if not self.job or len(self.job) > 256:
             raise ConfigError(f"job: {self.job!r} must be 1..256 characters (set LOCKSTEP_AGENT_JOB or attach(job=...))")
         if not self.bootstrap_servers:

@@ -136,9 +136,10 @@ class NvmlDevice:
 
 
 def rate(t_s: np.ndarray, counter: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Per-interval rates of a cumulative counter, stamped at the interval midpoints.
+    """Per-interval rates of a cumulative counter, each stamped at the end of its interval.
 
-    A counter that goes backwards (reset, wrap) gives NaN for that interval.
+    A sample at ``t`` describes the sampling period before it (the summariser's
+    convention).  A counter that goes backwards (reset, wrap) gives NaN for that interval.
     """
     t_s = np.asarray(t_s, dtype=np.float64)
     counter = np.asarray(counter, dtype=np.float64)
@@ -148,7 +149,7 @@ def rate(t_s: np.ndarray, counter: np.ndarray, scale: float = 1.0) -> tuple[np.n
     dc = np.diff(counter)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where((dt > 0) & (dc >= 0), dc * scale / dt, np.nan)
-    return (t_s[1:] + t_s[:-1]) / 2, r
+    return t_s[1:], r
 
 
 def fast_metrics(t_s: np.ndarray, r: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -169,5 +170,4 @@ def fast_metrics(t_s: np.ndarray, r: dict[str, np.ndarray]) -> dict[str, tuple[n
 def pcie_metrics(t_s: np.ndarray, tx_kbs: np.ndarray, rx_kbs: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """NVML PCIe throughput (TX then RX, 20 ms each, KB/s, ending at each stamp) -> pcie_gbps (GB/s, TX + RX)."""
     v = (np.asarray(tx_kbs, dtype=np.float64) + np.asarray(rx_kbs, dtype=np.float64)) * 1000 / 1e9
-    t = np.asarray(t_s, dtype=np.float64) - 0.020  # the middle of the two measurements
-    return {"pcie_gbps": (t, v)} if v.size and np.isfinite(v).any() else {}
+    return {"pcie_gbps": (np.asarray(t_s, dtype=np.float64), v)} if v.size and np.isfinite(v).any() else {}

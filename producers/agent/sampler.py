@@ -1,5 +1,7 @@
 """The hardware sampler: runs only during a profiling window, on its own threads.
 
+A sample stamped ``t`` describes the sampling period before it (rates over the
+interval since the previous sample; gauges as read at ``t``), as the summariser expects.
 Each sample reads raw counters only (a few small /proc files, ``time.process_time``,
 NVML queries) and appends them to lists; rates and units are computed once, after
 the window, by the pure, vectorised :func:`host_metrics` and the NVML conversions.
@@ -151,7 +153,7 @@ def host_metrics(t_s: np.ndarray, raw: np.ndarray, sampler_cpu_s: np.ndarray, n_
     raw = np.asarray(raw, dtype=np.float64).reshape(-1, 6)
     if t_s.size < 2:
         return {}
-    mid = (t_s[1:] + t_s[:-1]) / 2
+    end = t_s[1:]  # a rate describes the interval before its stamp
     dt = np.diff(t_s)
     d = np.diff(raw, axis=0)
     d_self = d[:, 5] - np.diff(np.asarray(sampler_cpu_s, dtype=np.float64))
@@ -164,11 +166,11 @@ def host_metrics(t_s: np.ndarray, raw: np.ndarray, sampler_cpu_s: np.ndarray, n_
         disk = np.where(ok & (d[:, 3] >= 0), d[:, 3] / dt / 1e6, np.nan)
         nic = np.where(ok & (d[:, 4] >= 0), d[:, 4] / dt / 1e9, np.nan)
     out = {
-        "cpu_self": (mid, cpu_self),
-        "cpu_other": (mid, cpu_other),
+        "cpu_self": (end, cpu_self),
+        "cpu_other": (end, cpu_other),
         "mem_used_frac": (t_s, raw[:, 2]),
-        "disk_read_mbps": (mid, disk),
-        "nic_gbps": (mid, nic),
+        "disk_read_mbps": (end, disk),
+        "nic_gbps": (end, nic),
     }
     return {k: (t, v) for k, (t, v) in out.items() if np.isfinite(v).any()}
 

@@ -101,6 +101,7 @@ def process_window(
     store: RawStore,
     *,
     own_threads: frozenset[int] = frozenset(),
+    min_share: float = 0.0,
     tenant: str = "",
 ) -> WindowOutcome:
     from .profiler import export_trace
@@ -115,7 +116,7 @@ def process_window(
         trace = without_threads(msgspec.json.decode(raw), own_threads)
         te = read_chrome_trace(trace, worker=meta.rank)
         samples = to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries_unix_us))
-        summaries = summarise(te.events, samples if samples.num_rows else None, te.step_bounds)
+        summaries = summarise(te.events, samples if samples.num_rows else None, te.step_bounds, min_share=min_share)
         batches = feature_batches(summaries, trigger, meta, hardware, redaction, tenant=tenant)
         store.keep(trigger.window, trace, raw, te.step_bounds)
     finally:

@@ -55,7 +55,7 @@ def test_host_counters_become_rates_per_interval():
     np.testing.assert_allclose(m["cpu_other"][1], [(0.2 - 0.1) / 0.4, (0.2 - 0.05) / 0.4])
     np.testing.assert_allclose(m["disk_read_mbps"][1], [10.0, 20.0])
     np.testing.assert_allclose(m["nic_gbps"][1], [10.0, 0.0])
-    np.testing.assert_allclose(m["cpu_self"][0], [0.05, 0.15])  # rates are stamped mid-interval
+    np.testing.assert_allclose(m["cpu_self"][0], [0.1, 0.2])  # a rate is stamped at the end of its interval
     np.testing.assert_allclose(m["mem_used_frac"][1], [0.5, 0.5, 0.6])
 
 
@@ -78,7 +78,7 @@ def test_nvml_readings_convert_to_table_units():
     no_nvlink = nvml.fast_metrics(t, {**r, "nvlink_tx_kib": np.full(3, np.nan), "nvlink_rx_kib": np.full(3, np.nan)})
     assert "nvlink_gbps" not in no_nvlink
     p = nvml.pcie_metrics(np.array([1.0]), np.array([2e6]), np.array([1e6]))
-    assert p["pcie_gbps"][1][0] == pytest.approx(3.0) and p["pcie_gbps"][0][0] == pytest.approx(0.98)
+    assert p["pcie_gbps"][1][0] == pytest.approx(3.0) and p["pcie_gbps"][0][0] == 1.0
 
 
 def test_a_counter_that_goes_backwards_gives_no_rate():
