@@ -47,7 +47,7 @@ def start_ranks(settings, tmp_path: Path) -> list[subprocess.Popen]:
             "LOCKSTEP_AGENT_SPOOL_DIR": str(tmp_path / f"spool{rank}"), "LOCKSTEP_AGENT_REDACT": "none",
         }  # fmt: skip
         log = open(tmp_path / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "torch_job.py")], env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "agent_torch_job.py")], env=env, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
 
