@@ -288,7 +288,8 @@ class Agent:
     def _answer(self, req: RawRequest) -> None:
         from .window import answer_raw_request
 
-        answer = answer_raw_request(req, self.meta, self._store, self.config.redact, self.config.raw_upload_max_bytes, tenant=self.config.tenant)
+        answer = answer_raw_request(req, self.meta, self._store, self.config.redact, self.config.raw_upload_max_bytes,
+                                    own_threads=self._own_threads, tenant=self.config.tenant)  # fmt: skip
         self._outbox.put(self.topics.raw, self._job_key, answer)
         self._outbox.wake()
         self._raw_answers += 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cramjam
+import msgspec
 import numpy as np
 
 log = logging.getLogger("lockstep.agent")
@@ -64,7 +65,7 @@ def slice_trace(trace: dict, bounds: Bounds, steps: list[int] | None, max_bytes:
         top = by_length[:k]
         keep = top[np.argsort(ts[top], kind="stable")]  # back in time order
         doc = {**header, "traceEvents": meta + [body[i] for i in keep]}
-        return compress(json.dumps(doc, separators=(",", ":")).encode())
+        return compress(msgspec.json.encode(doc))
 
     data = pack(len(by_length))
     if len(data) <= max_bytes:
@@ -79,7 +80,7 @@ def slice_trace(trace: dict, bounds: Bounds, steps: list[int] | None, max_bytes:
         else:
             hi = mid
     if len(best) > max_bytes:
-        best = compress(json.dumps({**header, "traceEvents": []}).encode())
+        best = compress(msgspec.json.encode({**header, "traceEvents": []}))
         lo = 0
     return Slice(best, wanted, lo, len(by_length), True)
 
@@ -95,12 +96,12 @@ class RawStore:
         self.dir = Path(directory)
         self.max_bytes = max_bytes
 
-    def keep(self, window: str, trace: dict, raw: bytes, bounds: Bounds) -> Path:
-        """Keep this window's trace (``raw`` as exported, ``trace`` parsed), replacing the previous window's."""
+    def keep(self, window: str, raw: bytes, bounds: Bounds) -> Path:
+        """Keep this window's trace (``raw``: the JSON as exported), replacing the previous window's."""
         self.dir.mkdir(parents=True, exist_ok=True)
         data = compress(raw)
         if len(data) > self.max_bytes:
-            sl = slice_trace(trace, bounds, None, self.max_bytes)
+            sl = slice_trace(msgspec.json.decode(raw), bounds, None, self.max_bytes)
             log.warning("raw trace of window %s is %d bytes compressed, over the %d-byte bound: keeping its %d longest of %d events",
                         window, len(data), self.max_bytes, sl.events, sl.events_total)  # fmt: skip
             data = sl.data
@@ -125,6 +126,6 @@ class RawStore:
             trace_path = self.dir / f"{_safe(meta['window'])}.trace.json.zst"
             if not trace_path.exists():
                 continue
-            trace = json.loads(decompress(trace_path.read_bytes()))
+            trace = msgspec.json.decode(decompress(trace_path.read_bytes()))
             return meta["window"], trace, {int(k): (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}
         return None

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,10 +47,26 @@ def clock_offset_us(step_bounds: dict[int, tuple[float, float]], boundaries_unix
 
 
 def without_threads(trace: dict, tids: frozenset[int]) -> dict:
-    """The trace without the events of the agent's own threads (the Python tracer records every thread)."""
+    """A Chrome trace without the events of the agent's own threads (the Python tracer records every thread)."""
     if not tids:
         return trace
     return {**trace, "traceEvents": [e for e in trace.get("traceEvents", []) if e.get("tid") not in tids]}
+
+
+def _thread_id(stream: str) -> int | None:
+    last = stream.rsplit("/", 1)[-1]
+    return int(last) if last.isdigit() else None
+
+
+def without_thread_events(events: pa.Table, tids: frozenset[int]) -> pa.Table:
+    """Op events without those of the agent's own threads; an event's ``stream`` ends in its thread id (``pid/tid``)."""
+    if not tids or events.num_rows == 0:
+        return events
+    enc = pc.dictionary_encode(pc.fill_null(events.column("stream"), "")).combine_chunks()
+    own = np.array([_thread_id(s) in tids for s in enc.dictionary.to_pylist()], dtype=bool)  # once per distinct thread
+    if not own.any():
+        return events
+    return events.filter(pa.array(~own[enc.indices.to_numpy(zero_copy_only=False)]))
 
 
 def to_trace_clock(samples: pa.Table, offset_us: float) -> pa.Table:
@@ -113,18 +128,20 @@ def process_window(
     finally:
         del prof
     try:
-        trace = without_threads(msgspec.json.decode(raw), own_threads)
-        te = read_chrome_trace(trace, worker=meta.rank)
+        te = read_chrome_trace(path, worker=meta.rank)  # from the file: the reader's typed decoding is the fastest
+        events = without_thread_events(te.events, own_threads)
         samples = to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries_unix_us))
-        summaries = summarise(te.events, samples if samples.num_rows else None, te.step_bounds, min_share=min_share)
+        summaries = summarise(events, samples if samples.num_rows else None, te.step_bounds, min_share=min_share)
         batches = feature_batches(summaries, trigger, meta, hardware, redaction, tenant=tenant)
-        store.keep(trigger.window, trace, raw, te.step_bounds)
+        store.keep(trigger.window, raw, te.step_bounds)
     finally:
         Path(path).unlink(missing_ok=True)
-    return WindowOutcome(batches, len(raw), te.events.num_rows, time.perf_counter() - t0)
+    return WindowOutcome(batches, len(raw), events.num_rows, time.perf_counter() - t0)
 
 
-def answer_raw_request(req: RawRequest, meta: WorkerMeta, store: RawStore, redaction: Redaction, max_bytes: int, *, tenant: str = "") -> RawTrace:
+def answer_raw_request(
+    req: RawRequest, meta: WorkerMeta, store: RawStore, redaction: Redaction, max_bytes: int, *, own_threads: frozenset[int] = frozenset(), tenant: str = ""
+) -> RawTrace:
     """This worker's answer to a raw request: a bounded, redacted, compressed slice, or the reason there is none."""
     common = dict(job=req.job, request=req.request, worker=meta.rank, host=meta.host, redaction=redaction.spec(), tenant=tenant or req.tenant)
     kept = store.load(req.window)
@@ -136,6 +153,6 @@ def answer_raw_request(req: RawRequest, meta: WorkerMeta, store: RawStore, redac
     if req.steps and len(missing) == len(set(req.steps)):
         return RawTrace(window=window, error=f"steps {missing} are not in window {window} (steps {min(bounds)}..{max(bounds)})",
                         sent_at=time.time(), **common)  # fmt: skip
-    sl = slice_trace(redaction.trace(trace), bounds, list(req.steps), min(req.max_bytes, max_bytes))
+    sl = slice_trace(redaction.trace(without_threads(trace, own_threads)), bounds, list(req.steps), min(req.max_bytes, max_bytes))
     return RawTrace(window=window, steps=sl.steps, events=sl.events, events_total=sl.events_total, truncated=sl.truncated,
                     trace=sl.data, sent_at=time.time(), **common)  # fmt: skip

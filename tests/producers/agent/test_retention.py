@@ -50,14 +50,14 @@ def test_the_store_keeps_only_the_last_window_and_bounds_it(tmp_path):
     trace, bounds = make_trace()
     raw = json.dumps(trace).encode()
     store = RawStore(tmp_path / "raw", max_bytes=1 << 20)
-    store.keep("w1", trace, raw, bounds)
-    store.keep("w2", trace, raw, bounds)
+    store.keep("w1", raw, bounds)
+    store.keep("w2", raw, bounds)
     assert store.load("w1") is None
     window, kept, kept_bounds = store.load()
     assert window == "w2" and kept == trace and kept_bounds == bounds
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["w2.meta.json", "w2.trace.json.zst"]
     small = RawStore(tmp_path / "small", max_bytes=8000)
-    path = small.keep("w3", trace, raw, bounds)
+    path = small.keep("w3", raw, bounds)
     assert path.stat().st_size <= 8000
     _, cut, _ = small.load("w3")
     assert 0 < len(cut["traceEvents"]) < len(trace["traceEvents"])

@@ -4,7 +4,8 @@ import numpy as np
 import pyarrow as pa
 
 from lockstep.producers.agent.redact import Redaction
-from lockstep.producers.agent.window import clock_offset_us, feature_batches, to_trace_clock, without_threads
+from lockstep.producers.agent.window import clock_offset_us, feature_batches, to_trace_clock, without_thread_events, without_threads
+from lockstep.schemas.events import OP_EVENT_SCHEMA
 from lockstep.schemas import functions as ft
 from lockstep.schemas.events import SAMPLE_SCHEMA
 from lockstep.schemas.records import ProfileTrigger, Sampling, WorkerMeta
@@ -46,3 +47,8 @@ def test_one_batch_per_step_of_the_window_redacted():
 def test_the_agents_own_threads_leave_the_trace():
     trace = {"traceEvents": [{"tid": 1, "name": "train"}, {"tid": 2, "name": "lockstep sampler"}, {"tid": 3, "name": "x"}]}
     assert [e["tid"] for e in without_threads(trace, frozenset({2}))["traceEvents"]] == [1, 3]
+    n = 4
+    events = pa.table({"worker": [0] * n, "step": [1] * n, "function": ["a", "b", "c", "d"], "kind": ["python"] * n,
+                       "start_us": [0.0] * n, "duration_us": [1.0] * n, "stream": ["7/1", "7/2", None, "7/12"]}).cast(
+        pa.schema([OP_EVENT_SCHEMA.field(c) for c in ("worker", "step", "function", "kind", "start_us", "duration_us", "stream")]))  # fmt: skip
+    assert without_thread_events(events, frozenset({2})).column("function").to_pylist() == ["a", "c", "d"]
