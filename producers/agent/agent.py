@@ -83,7 +83,11 @@ class Agent:
         spool = Spool(config.resolved_spool_dir(self.meta.rank), config.spool_max_bytes)
         self._store = RawStore(config.resolved_raw_dir(self.meta.rank), config.raw_max_bytes)
         self._control = ControlFollower(
-            consumer_config(settings, None, **{"group.id": f"lockstep-agent-{config.job}"}), self.topics.control, config.job
+            # no group: the agent reads from the end and commits nothing; a longer fetch wait costs fewer wake-ups
+            # (triggers name a step a few seconds ahead, so a quarter second more latency does not matter)
+            consumer_config(settings, None, **{"group.id": f"lockstep-agent-{config.job}", "fetch.wait.max.ms": 250}),
+            self.topics.control,
+            config.job,
         )
         self._outbox = Outbox(
             producer_config(
@@ -95,6 +99,9 @@ class Agent:
                     "message.timeout.ms": int(config.delivery_timeout_s * 1000),
                     "queue.buffering.max.kbytes": 64 << 10,
                     "linger.ms": 20,
+                    # lz4, not zstd: a batch of a few heartbeats costs zstd several times more CPU, on the training host;
+                    # feature batches carry their own zstd-compressed tables
+                    "compression.type": "lz4",
                 },
             ),
             spool,
@@ -241,13 +248,16 @@ class Agent:
 
     # ------------------------------------------------------------------ the io thread
 
-    def _io_tick(self) -> None:
+    def _io_tick(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for control records and route them; False if it could not wait (not connected)."""
         self._io_snapshot = (self._outbox.dropped, len(self._outbox.spool))
-        for rec in self._control.poll():
+        records = self._control.poll(timeout_s)
+        for rec in records or ():
             if isinstance(rec, ProfileTrigger):
                 self._inbox.append(rec)
             elif isinstance(rec, RawRequest) and self.meta.rank in rec.workers:
                 self._work.put(lambda r=rec: self._answer(r))
+        return records is not None
 
     # ------------------------------------------------------------------ the window thread
 

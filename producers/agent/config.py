@@ -73,7 +73,7 @@ class AgentConfig:
     start_step: int = field(default=0, metadata={"help": "number of the first step (e.g. the step a resumed job starts at)", "parse": _nonneg_int})
     # publishing
     queue_max: int = field(default=10_000, metadata={"help": "records held in memory for the publishing thread; beyond, the oldest is dropped", "parse": lockstep_config._pos_int})
-    flush_interval_s: float = field(default=0.2, metadata={"help": "how often the publishing thread sends what accumulated (heartbeats go in batches)", "parse": lockstep_config._pos_float})
+    flush_interval_s: float = field(default=0.5, metadata={"help": "how often the publishing thread sends what accumulated (heartbeats go in batches)", "parse": lockstep_config._pos_float})
     delivery_timeout_s: float = field(default=10.0, metadata={"help": "a record Kafka has not acknowledged by then goes to the spool", "parse": lockstep_config._pos_float})
     spool_dir: Path | None = field(default=None, metadata={"help": "on-disk spool for when Kafka is unreachable (default: TMPDIR/lockstep-agent/JOB/rankN)", "parse": _opt_path})
     spool_max_bytes: int = field(default=64 << 20, metadata={"help": "bound of the spool; beyond, the oldest records are dropped and counted", "parse": lockstep_config._pos_int})

@@ -53,19 +53,19 @@ class ControlFollower:
         self._consumer = consumer
         log.info("following %s for job %s", self.topic, self.job)
 
-    def poll(self) -> list[ControlRecord]:
-        """Records for this job that arrived since the last call (never waits)."""
+    def poll(self, timeout_s: float = 0.0) -> list[ControlRecord] | None:
+        """Records for this job, waiting up to ``timeout_s`` for the first; None (at once) while not connected."""
         if self._consumer is None:
             if time.monotonic() < self._next_try:
-                return []
+                return None
             try:
                 self._connect()
             except KafkaException as exc:
                 self._next_try = time.monotonic() + self._retry_s
                 log.debug("control topic not reachable yet: %s", exc)
-                return []
+                return None
         out: list[ControlRecord] = []
-        for msg in self._consumer.consume(100, timeout=0):  # type: ignore[union-attr]
+        for msg in self._consumer.consume(100, timeout=timeout_s):  # type: ignore[union-attr]
             if msg.error():
                 continue
             try:
