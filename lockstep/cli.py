@@ -15,14 +15,20 @@ EXIT_USAGE = 2
 
 
 def known_errors() -> tuple[type[BaseException], ...]:
+    from .commands.diagnose import DiagnoseError
+    from .commands.trigger import TriggerError
     from .producers.publisher import DeliveryError
+    from .producers.simulator.faults import FaultError
     from .producers.simulator.fleet import ScenarioError
+    from .producers.simulator.topology import TopologyError
     from .schemas.records import RecordError
+    from .sinks.routes import RoutesError
     from .sinks.store import StoreError
     from .streams.policy import PolicyError
     from .runtime import RuntimeFailure
 
-    return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, StoreError, RecordError, DeliveryError, RuntimeFailure)
+    return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, FaultError, TopologyError, StoreError, RoutesError, RecordError,
+            DeliveryError, RuntimeFailure, TriggerError, DiagnoseError)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -87,6 +87,15 @@ class Settings:
                           "answer a waiting fetch early when data arrives", "parse": _pos_int},
     )
     db: Path = field(default=Path("lockstep.duckdb"), metadata={"help": "DuckDB findings file", "parse": Path})
+    routes: Path | None = field(
+        default=None, metadata={"help": "paging routes file (YAML: PagerDuty, Slack, webhooks); no paging without it", "parse": Path}
+    )
+    resolve_min_coverage: float = field(
+        default=0.9, metadata={"help": "a later window resolves an incident only if it saw at least this share of workers", "parse": float}
+    )
+    resolve_after_s: float = field(
+        default=43200.0, metadata={"help": "resolve an incident that no window has seen for this long", "parse": _pos_float}
+    )
     step_timeout_s: float = field(
         default=10.0, metadata={"help": "close a step this long after its first record even if workers are missing", "parse": _pos_float}
     )
@@ -107,6 +116,10 @@ class Settings:
             raise ConfigError("kafka: set bootstrap servers with --bootstrap-servers, not bootstrap.servers")
         if self.policy is not None and not self.policy.is_file():
             raise ConfigError(f"policy: file {self.policy} does not exist")
+        if self.routes is not None and not self.routes.is_file():
+            raise ConfigError(f"routes: file {self.routes} does not exist")
+        if not 0.0 <= self.resolve_min_coverage <= 1.0:
+            raise ConfigError(f"resolve_min_coverage: {self.resolve_min_coverage} must lie in [0, 1]")
         return self
 
 

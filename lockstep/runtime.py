@@ -59,6 +59,9 @@ def settings_flags(settings: Settings) -> list[str]:
         flags += ["--faust-config", f"{k}={v}"]
     if settings.policy:
         flags += ["--policy", str(settings.policy)]
+    if settings.routes:
+        flags += ["--routes", str(settings.routes)]
+    flags += ["--resolve-min-coverage", str(settings.resolve_min_coverage), "--resolve-after-s", str(settings.resolve_after_s)]
     return flags
 
 

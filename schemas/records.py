@@ -130,12 +130,19 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     host: Name
     sent_at: float  # unix seconds on the worker's own clock
     tenant: str = ""
-    # added in v1 (optional, older readers ignore it): set on the first heartbeat after a counter changed
-    agent: AgentCounters | None = None
+    # optional (absent from the wire unless set, so the always-on signal stays small):
+    # agents echo the last trigger they received, once, so that the detector measures the
+    # control topic's latency instead of assuming it
+    trigger_window: str | msgspec.UnsetType = msgspec.UNSET  # the window of that trigger
+    trigger_latency_s: float | None | msgspec.UnsetType = msgspec.UNSET  # its receipt (worker clock) - its created_at (processor clock)
+    final: bool | msgspec.UnsetType = msgspec.UNSET  # true on the worker's last heartbeat: it shuts down (not a hang)
+    agent: AgentCounters | msgspec.UnsetType = msgspec.UNSET  # the agent's counters, on the first heartbeat after one changed
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
         _finite("sent_at", self.sent_at)
+        if isinstance(self.trigger_latency_s, float):
+            _finite("trigger_latency_s", self.trigger_latency_s)
         if self.step_time_s <= 0:
             raise RecordError("invalid", f"step_time_s must be > 0, got {self.step_time_s}")
 
@@ -160,13 +167,54 @@ class ProfileTrigger(_Record, tag="ProfileTrigger", kw_only=True):
     policy: str = "default"  # policy id
     policy_hash: str = ""
     reason: str = ""
-    created_at: float = 0.0
+    created_at: float = 0.0  # unix seconds on the processor's clock
     tenant: str = ""
+    kind: Literal["slowdown", "hang", "manual"] = "slowdown"  # what opened the window
+    request: str = ""  # the TriggerRequest this window answers (manual windows)
 
     @property
     def policy_ref(self) -> str:
         """``id@hash``: what feature batches and findings record."""
         return f"{self.policy}@{self.policy_hash}" if self.policy_hash else self.policy
+
+
+class TriggerRequest(_Record, tag="TriggerRequest", kw_only=True):
+    """An operator asks for a window (``lockstep trigger``). Key: ``job``, on the heartbeats topic.
+
+    It travels on the heartbeats topic so that it reaches the detector that owns
+    the job's state (its partition); the answer is a ``ProfileTrigger`` or a
+    ``TriggerRefused`` on the control topic carrying the same ``request``.
+    """
+
+    job: Name
+    request: Name  # unique id of this request
+    steps: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None  # None: the policy's window_steps
+    reason: str = ""
+    requested_by: str = ""  # user@host
+    requested_at: float = 0.0
+
+
+#: why the detector refused a window
+RefusalCode = Literal["excluded", "unknown_job", "ended", "too_long", "job_limit", "cooldown", "fleet_limit"]
+
+
+class TriggerRefused(_Record, tag="TriggerRefused", kw_only=True):
+    """The detector's answer to a ``TriggerRequest`` it refused. Key: ``job``, on the control topic."""
+
+    job: Name
+    request: Name
+    code: RefusalCode
+    reason: str  # one line, for people
+    policy: str = "default"
+    policy_hash: str = ""
+    at: float = 0.0
+
+
+class DetectorTick(_Record, tag="DetectorTick", kw_only=True):
+    """Internal: the detector's timer asks it to check a silent job for a hang. Key: ``job``, on the heartbeats topic."""
+
+    job: Name
+    at: float = 0.0
 
 
 class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
@@ -331,7 +379,7 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     steps_seen: int
     expected_workers: int
     workers_seen: int  # most workers seen in any step of the window
-    coverage: Fraction  # share of expected workers that delivered features (mean over steps)
+    coverage: Fraction  # share of expected workers that delivered features, over all the window's steps (a missing step counts 0)
     bytes_per_worker: float
     findings: int
     actionable: bool  # at least one finding with a cause other than ``unknown``
@@ -340,6 +388,8 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     closed_at: float
     policy: str = "default"
     tenant: str = ""
+    #: training progress lost while profiling, as a share of the window's step time; None until measured
+    profiling_overhead: float | None = None
 
 
 class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
@@ -366,6 +416,9 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         WindowTimeout,
         WindowReport,
         DeadLetter,
+        TriggerRequest,
+        TriggerRefused,
+        DetectorTick,
         RawRequest,
         RawTrace,
     )
@@ -376,7 +429,7 @@ BINARY_RECORDS = frozenset({"FeatureBatch", "StepReport", "RawTrace"})
 
 Record = (
     StepHeartbeat | ProfileTrigger | FeatureBatch | Finding | StepReport | WindowTimeout | WindowReport | DeadLetter
-    | RawRequest | RawTrace
+    | TriggerRequest | TriggerRefused | DetectorTick | RawRequest | RawTrace
 )
 
 

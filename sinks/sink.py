@@ -1,21 +1,27 @@
-"""The DuckDB sink: consumes findings and window reports with confluent-kafka.
+"""The DuckDB sink: consumes findings, window reports and profiling triggers with confluent-kafka.
 
 Exactly-once into DuckDB on an at-least-once stream: the sink does not trust
 Kafka's committed offsets; it stores the next offset of every partition in the
-same DuckDB transaction as the rows and seeks there on every assignment.
+same DuckDB transaction as the rows and seeks there on every assignment.  After
+each transaction the pager (when routes are configured) plans the pages of the
+incident events that transaction appended.
 
 Readers while the sink runs: DuckDB lets no second process open a file that a
 writer holds, so the sink serves read-only SQL itself on a loopback HTTP port
-and writes that address beside the database (``<db>.sink.json``).
-``lockstep query`` and ``lockstep findings`` open the file read-only when it is
-free and ask the sink otherwise (:func:`query`).
+and writes that address, with a bearer token, beside the database
+(``<db>.sink.json``, readable by the file's owner only).  ``lockstep query`` and
+``lockstep findings`` open the file read-only when it is free and ask the sink
+otherwise (:func:`query`).  With a tenant, both run the SQL in a sandbox that
+holds that tenant's rows only (:func:`~.store.tenant_sandbox`).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 import urllib.error
@@ -26,7 +32,7 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
 
 from ..metrics import Metrics
-from ..schemas.records import Finding, RecordError, WindowReport, dead_letter, decode, encode
+from ..schemas.records import Finding, ProfileTrigger, RecordError, WindowReport, dead_letter, decode, encode
 from .store import Batch, FindingsStore, StoreError, StoreLocked, jsonable, open_read_only, run_query
 
 log = logging.getLogger("lockstep.sink")
@@ -38,13 +44,17 @@ def sidecar(db: Path | str) -> Path:
 
 class Sink:
     def __init__(self, store: FindingsStore, consumer_config: dict, topics: list[str], deadletter_topic: str,
-                 publisher, metrics: Metrics | None = None, batch_size: int = 500):  # fmt: skip
+                 publisher, metrics: Metrics | None = None, batch_size: int = 500, control_topic: str | None = None,
+                 pager=None, expire_every_s: float = 30.0):  # fmt: skip
         self.store = store
         self.topics = topics
         self.deadletter_topic = deadletter_topic
+        self.control_topic = control_topic  # carries other control records too: those are skipped, not dead letters
         self.publisher = publisher
         self.metrics = metrics or Metrics()
         self.batch_size = batch_size
+        self.pager = pager
+        self.expire_every_s = expire_every_s
         self.consumer = Consumer(consumer_config)
         self._stop = threading.Event()
         self.assigned = False
@@ -62,17 +72,31 @@ class Sink:
 
     def run(self) -> None:
         self.consumer.subscribe(self.topics, on_assign=self._on_assign)
+        next_tick = 0.0
         try:
             while not self._stop.is_set():
                 msgs = self.consumer.consume(self.batch_size, timeout=0.5)
                 if msgs:
                     self.write(msgs)
+                if time.monotonic() >= next_tick:  # also plans what a crash or a failed fan-out left
+                    self._after(self.store.expire(), always=True)
+                    next_tick = time.monotonic() + self.expire_every_s
         finally:
             self.consumer.close()
+
+    def _after(self, events, always: bool = False) -> None:
+        for ev in events:
+            self.metrics.inc("incident_events_total", action=ev.action, help="incident changes, by action (trigger, update, resolve)")
+        if self.pager and (events or always):
+            try:
+                self.pager.fan_out()
+            except Exception:  # the events stay in DuckDB: the next tick plans them
+                log.exception("planning pages failed; retrying within %.0fs", self.expire_every_s)
 
     def write(self, msgs) -> Batch:
         findings: list[Finding] = []
         windows: list[WindowReport] = []
+        triggers: list[ProfileTrigger] = []
         offsets: dict[tuple[str, int], int] = {}
         dead = 0
         m = self.metrics
@@ -84,20 +108,24 @@ class Sink:
             m.inc("records_in_total", topic=msg.topic(), help="records consumed, by topic")
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
             try:
-                rec = decode(msg.value(), (Finding, WindowReport))
+                rec = decode(msg.value(), (Finding, WindowReport, ProfileTrigger))
             except RecordError as err:
+                if err.reason == "wrong_record" and msg.topic() == self.control_topic:
+                    continue  # another control record (not a trigger): not the sink's business
                 dl = dead_letter(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err, stage="sink", payload=msg.value())
                 self.publisher.send_raw(self.deadletter_topic, msg.key(), encode(dl))
                 m.inc("dead_letters_total", reason=err.reason, stage="sink", help="records sent to the dead-letter topic, by reason")
                 dead += 1
                 continue
-            (findings if isinstance(rec, Finding) else windows).append(rec)
+            {Finding: findings, WindowReport: windows, ProfileTrigger: triggers}[type(rec)].append(rec)
         if dead:
             self.publisher.flush()  # dead letters are durable before the offsets move past them
-        batch = Batch(findings=findings, windows=windows, offsets=offsets)
-        self.store.write(batch)
+        batch = Batch(findings=findings, windows=windows, offsets=offsets, triggers=triggers)
+        events = self.store.write(batch)
         m.inc("findings_written_total", len(findings), help="finding rows upserted")
         m.inc("windows_written_total", len(windows), help="window rows upserted")
+        m.inc("triggers_written_total", len(triggers), help="profiling trigger rows upserted")
+        self._after(events)
         return batch
 
 
@@ -105,11 +133,16 @@ class Sink:
 
 
 class QueryServer:
-    """Loopback HTTP: GET /healthz, GET /metrics, POST /query {"sql": ...} -> {"columns", "rows"}."""
+    """HTTP: GET /healthz, GET /metrics, POST /query {"sql", "params", "tenant"} -> {"columns", "rows"}.
+
+    /query needs ``Authorization: Bearer <token>``; the token is in the sidecar file, which only the
+    database file's owner can read, so the endpoint grants what the file's permissions grant.
+    """
 
     def __init__(self, sink: Sink, db: Path, port: int = 0, host: str = "127.0.0.1"):
         store = sink.store
         metrics = sink.metrics
+        token = secrets.token_urlsafe(32)
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, fmt, *args):  # route to logging, not stderr
@@ -135,12 +168,18 @@ class QueryServer:
                 if self.path != "/query":
                     self._send(404, b'{"error": "not found"}')
                     return
+                if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), f"Bearer {token}".encode()):
+                    self._send(401, json.dumps({"error": f"/query needs the bearer token from {sidecar(db)}"}).encode())
+                    return
                 try:
                     n = int(self.headers.get("Content-Length", "0"))
                     req = json.loads(self.rfile.read(n) or b"{}")
+                    tenant = req.get("tenant")
+                    if tenant is not None and not isinstance(tenant, str):
+                        raise ValueError("tenant must be a string")
                     cur = store.con.cursor()
                     try:
-                        cols, rows = run_query(cur, str(req.get("sql", "")), req.get("params"))
+                        cols, rows = run_query(cur, str(req.get("sql", "")), req.get("params"), tenant)
                     finally:
                         cur.close()
                     body = json.dumps({"columns": cols, "rows": [[jsonable(v) for v in r] for r in rows]}, default=str)
@@ -151,13 +190,16 @@ class QueryServer:
                     self._send(400, json.dumps({"error": f"bad request: {exc}"}).encode())
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        self.url = f"http://{host if host not in ('0.0.0.0', '') else '127.0.0.1'}:{self.httpd.server_address[1]}"
         self.sidecar = sidecar(db)
+        self._token = token
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="sink-http", daemon=True)
 
     def start(self) -> QueryServer:
         self._thread.start()
-        self.sidecar.write_text(json.dumps({"url": self.url, "pid": os.getpid()}))
+        fd = os.open(self.sidecar, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"url": self.url, "pid": os.getpid(), "token": self._token}, f)
         return self
 
     def stop(self) -> None:
@@ -168,24 +210,34 @@ class QueryServer:
             pass
 
 
-def query(db: Path | str, sql: str, params: list | None = None, timeout_s: float = 30.0) -> tuple[list[str], list[list]]:
-    """Run read-only SQL on the findings file: directly when free, through the running sink otherwise."""
+def query(db: Path | str, sql: str, params: list | None = None, tenant: str | None = None,
+          timeout_s: float = 30.0) -> tuple[list[str], list[list]]:  # fmt: skip
+    """Run read-only SQL on the findings file: directly when free, through the running sink otherwise.
+
+    With ``tenant``, only that tenant's rows exist for the SQL (see :func:`~.store.tenant_sandbox`)."""
     try:
         con = open_read_only(db)
     except StoreLocked:
         pass
     else:
         try:
-            cols, rows = run_query(con, sql, params)
+            cols, rows = run_query(con, sql, params, tenant)
             return cols, [[jsonable(v) for v in r] for r in rows]
         finally:
             con.close()
     side = sidecar(db)
     try:
-        url = json.loads(side.read_text())["url"]
+        announced = json.loads(side.read_text())
+        url, token = announced["url"], announced.get("token", "")
+    except PermissionError:
+        raise StoreLocked(f"{db} is held by a running sink and {side} is not readable by this user") from None
     except (OSError, ValueError, KeyError):
         raise StoreLocked(f"{db} is held by another process and no running sink announced itself in {side}") from None
-    req = urllib.request.Request(url + "/query", data=json.dumps({"sql": sql, "params": params}).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/query",
+        data=json.dumps({"sql": sql, "params": params, "tenant": tenant}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = json.loads(resp.read())

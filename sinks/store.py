@@ -2,25 +2,30 @@
 
 One process (the sink) holds the file read-write.  Rows and the Kafka offsets
 that produced them commit together, so after a crash the sink resumes exactly
-where its last transaction ended: nothing lost, nothing twice.
+where its last transaction ended: nothing lost, nothing twice.  The same
+transaction keeps the incidents (:mod:`.incidents`) and appends their events,
+which the pager (:mod:`.pager`) turns into pages.
 
 SQL names follow the records, except where SQL reserves the word:
 ``Finding.window`` is the column ``window_id`` and ``Finding.group`` is ``peer_group``.
+The tables and views are listed in README.md ("SQL").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 import msgspec
 import pyarrow as pa
 
-from ..schemas.records import Finding, WindowReport
+from ..schemas.records import Finding, ProfileTrigger, WindowReport
+from .incidents import ClosedWindow, Event, Incident, IncidentPolicy, incident_key, on_clock, on_finding, on_window
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +96,142 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        2,
+        "triggers, incidents, webhook deliveries, profiling overhead, views",
+        """
+        ALTER TABLE findings ADD COLUMN incident_id VARCHAR;
+        ALTER TABLE windows ADD COLUMN profiling_overhead DOUBLE;
+        ALTER TABLE windows ADD COLUMN incidents_checked BOOLEAN DEFAULT false;
+        CREATE TABLE triggers (
+            job VARCHAR NOT NULL,
+            window_id VARCHAR NOT NULL,
+            tenant VARCHAR NOT NULL,
+            start_step BIGINT,
+            steps INTEGER,
+            expected_workers INTEGER,
+            policy VARCHAR,
+            reason VARCHAR,
+            hardware_hz DOUBLE,
+            record_shapes BOOLEAN,
+            with_stack BOOLEAN,
+            created_at TIMESTAMP,
+            PRIMARY KEY (job, window_id)
+        );
+        CREATE TABLE incidents (
+            id VARCHAR PRIMARY KEY,
+            key VARCHAR NOT NULL,
+            occurrence INTEGER NOT NULL,
+            tenant VARCHAR NOT NULL,
+            job VARCHAR NOT NULL,
+            scope VARCHAR,
+            cause VARCHAR,
+            function VARCHAR,
+            workers INTEGER[],
+            hosts VARCHAR[],
+            devices VARCHAR[],
+            status VARCHAR NOT NULL,
+            opened_at TIMESTAMP,
+            last_seen_at TIMESTAMP,
+            resolved_at TIMESTAMP,
+            resolved_by VARCHAR,
+            resolved_step BIGINT,
+            first_finding VARCHAR,
+            last_finding VARCHAR,
+            last_step BIGINT,
+            windows INTEGER,
+            confidence DOUBLE,
+            step_time_share DOUBLE,
+            gpu_hours_per_day DOUBLE
+        );
+        CREATE TABLE incident_events (
+            seq BIGINT PRIMARY KEY,
+            incident_id VARCHAR NOT NULL,
+            tenant VARCHAR NOT NULL,
+            job VARCHAR NOT NULL,
+            action VARCHAR NOT NULL,
+            finding_id VARCHAR,
+            reason VARCHAR,
+            occurred_at TIMESTAMP
+        );
+        CREATE TABLE webhook_deliveries (
+            id VARCHAR PRIMARY KEY,
+            event_seq BIGINT NOT NULL,
+            route VARCHAR NOT NULL,
+            receiver VARCHAR NOT NULL,
+            action VARCHAR NOT NULL,
+            incident_id VARCHAR NOT NULL,
+            tenant VARCHAR NOT NULL,
+            job VARCHAR NOT NULL,
+            severity VARCHAR,
+            status VARCHAR NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at TIMESTAMP,
+            last_status INTEGER,
+            last_error VARCHAR,
+            created_at TIMESTAMP,
+            delivered_at TIMESTAMP,
+            payload JSON
+        );
+        CREATE TABLE pager_cursor (
+            name VARCHAR PRIMARY KEY,
+            last_seq BIGINT NOT NULL
+        );
+        CREATE VIEW open_findings AS
+            SELECT f.*, i.opened_at, i.windows AS windows_seen, i.occurrence
+            FROM incidents i JOIN findings f ON f.id = i.last_finding
+            WHERE i.status = 'open';
+        CREATE VIEW top_culprits AS
+            WITH named AS (
+                SELECT tenant, job, incident_id, cause, created_at, hosts,
+                       unnest(CASE WHEN len(devices) > 0 THEN devices ELSE [NULL::VARCHAR] END) AS device
+                FROM findings WHERE scope <> 'job'
+            ), per_incident AS (
+                SELECT tenant,
+                       CASE WHEN len(hosts) = 1 THEN hosts[1]
+                            ELSE list_filter(hosts, lambda h: starts_with(device, h || '/'))[1] END AS host,
+                       device, incident_id, any_value(job) AS job, any_value(cause) AS cause,
+                       count(*) AS findings, max(created_at) AS last_seen
+                FROM named GROUP BY ALL
+            )
+            SELECT p.tenant, p.host, p.device, count(*) AS incidents,
+                   count(*) FILTER (WHERE i.status = 'open') AS open_incidents,
+                   sum(p.findings) AS findings,
+                   list(DISTINCT p.cause ORDER BY p.cause) AS causes,
+                   list(DISTINCT p.job ORDER BY p.job) AS jobs,
+                   coalesce(sum(i.gpu_hours_per_day) FILTER (WHERE i.status = 'open'), 0) AS gpu_hours_per_day,
+                   max(p.last_seen) AS last_seen
+            FROM per_incident p LEFT JOIN incidents i ON i.id = p.incident_id
+            GROUP BY p.tenant, p.host, p.device;
+        CREATE VIEW gpu_hours_lost_by_cause AS
+            SELECT tenant, cause, count(*) AS incidents,
+                   count(*) FILTER (WHERE status = 'open') AS open_incidents,
+                   coalesce(sum(gpu_hours_per_day) FILTER (WHERE status = 'open'), 0) AS gpu_hours_per_day,
+                   sum(gpu_hours_per_day * epoch(coalesce(resolved_at, timezone('UTC', now())) - opened_at) / 86400) AS gpu_hours_lost
+            FROM incidents GROUP BY tenant, cause;
+        CREATE VIEW coverage_by_job AS
+            SELECT tenant, job, count(*) AS windows,
+                   avg(coverage) AS mean_coverage, min(coverage) AS min_coverage,
+                   avg(bytes_per_worker) AS mean_bytes_per_worker,
+                   avg(profiling_overhead) AS mean_profiling_overhead,
+                   avg(reached_device::INTEGER) AS reached_device_share,
+                   count(*) FILTER (WHERE closed = 'timeout') AS timed_out,
+                   max(closed_at) AS last_closed_at
+            FROM windows GROUP BY tenant, job;
+        CREATE VIEW actionable_share AS
+            SELECT tenant, job, count(*) AS windows,
+                   count(*) FILTER (WHERE actionable) AS actionable_windows,
+                   avg(actionable::INTEGER) AS actionable_share
+            FROM windows GROUP BY tenant, job;
+        """,
+    ),
 ]
 
-_FINDING_COLS = [
-    "id", "job", "tenant", "window_id", "steps", "window_steps", "scope", "workers", "hosts", "devices",
-    "peer_group", "function", "function_kind", "cause", "confidence", "evidence", "step_time_share",
-    "gpu_hours_per_day", "policy", "summary", "created_at", "record", "first_seen", "updated_at",
-]  # fmt: skip
+
+def epoch_us(epoch: float | None) -> int | None:
+    return None if epoch is None else int(epoch * 1e6)
+
+
 _FINDING_SCHEMA = pa.schema(
     [
         ("id", pa.string()), ("job", pa.string()), ("tenant", pa.string()), ("window_id", pa.string()),
@@ -107,63 +241,91 @@ _FINDING_SCHEMA = pa.schema(
         ("cause", pa.string()), ("confidence", pa.float64()), ("evidence", pa.string()), ("step_time_share", pa.float64()),
         ("gpu_hours_per_day", pa.float64()), ("policy", pa.string()), ("summary", pa.string()),
         ("created_at", pa.timestamp("us")), ("record", pa.string()), ("first_seen", pa.timestamp("us")),
-        ("updated_at", pa.timestamp("us")),
+        ("updated_at", pa.timestamp("us")), ("incident_id", pa.string()),
     ]
 )  # fmt: skip
-_WINDOW_COLS = [
-    "job", "window_id", "tenant", "start_step", "steps", "steps_seen", "expected_workers", "workers_seen",
-    "coverage", "bytes_per_worker", "findings", "actionable", "reached_device", "closed", "closed_at", "policy",
-]  # fmt: skip
+_WINDOW_SCHEMA = pa.schema(
+    [
+        ("job", pa.string()), ("window_id", pa.string()), ("tenant", pa.string()), ("start_step", pa.int64()),
+        ("steps", pa.int32()), ("steps_seen", pa.int32()), ("expected_workers", pa.int32()), ("workers_seen", pa.int32()),
+        ("coverage", pa.float64()), ("bytes_per_worker", pa.float64()), ("findings", pa.int32()), ("actionable", pa.bool_()),
+        ("reached_device", pa.bool_()), ("closed", pa.string()), ("closed_at", pa.timestamp("us")), ("policy", pa.string()),
+        ("profiling_overhead", pa.float64()),
+    ]
+)  # fmt: skip
+_TRIGGER_SCHEMA = pa.schema(
+    [
+        ("job", pa.string()), ("window_id", pa.string()), ("tenant", pa.string()), ("start_step", pa.int64()),
+        ("steps", pa.int32()), ("expected_workers", pa.int32()), ("policy", pa.string()), ("reason", pa.string()),
+        ("hardware_hz", pa.float64()), ("record_shapes", pa.bool_()), ("with_stack", pa.bool_()), ("created_at", pa.timestamp("us")),
+    ]
+)  # fmt: skip
+_INCIDENT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()), ("key", pa.string()), ("occurrence", pa.int32()), ("tenant", pa.string()), ("job", pa.string()),
+        ("scope", pa.string()), ("cause", pa.string()), ("function", pa.string()), ("workers", pa.list_(pa.int32())),
+        ("hosts", pa.list_(pa.string())), ("devices", pa.list_(pa.string())), ("status", pa.string()),
+        ("opened_at", pa.timestamp("us")), ("last_seen_at", pa.timestamp("us")), ("resolved_at", pa.timestamp("us")),
+        ("resolved_by", pa.string()), ("resolved_step", pa.int64()), ("first_finding", pa.string()), ("last_finding", pa.string()),
+        ("last_step", pa.int64()), ("windows", pa.int32()), ("confidence", pa.float64()), ("step_time_share", pa.float64()),
+        ("gpu_hours_per_day", pa.float64()),
+    ]
+)  # fmt: skip
+_EVENT_SCHEMA = pa.schema(
+    [
+        ("seq", pa.int64()), ("incident_id", pa.string()), ("tenant", pa.string()), ("job", pa.string()),
+        ("action", pa.string()), ("finding_id", pa.string()), ("reason", pa.string()), ("occurred_at", pa.timestamp("us")),
+    ]
+)  # fmt: skip
+_INCIDENT_TIMES = ("opened_at", "last_seen_at", "resolved_at")
+#: the incidents columns as Incident fields (timestamps as epoch seconds)
+_INCIDENT_SELECT = ", ".join(f"epoch({c}) AS {c}" if c in _INCIDENT_TIMES else c for c in _INCIDENT_SCHEMA.names)
 
 
-def _ts(epoch: float) -> pa.TimestampScalar:
-    return int(epoch * 1e6)
-
-
-def findings_table(findings: list[Finding], now: float) -> pa.Table:
-    """Findings as an Arrow table in the column order of the ``findings`` table."""
+def findings_table(findings: list[Finding], now: float, incident_ids: dict[str, str] | None = None) -> pa.Table:
+    """Findings as an Arrow table with the columns of the ``findings`` table."""
     enc = msgspec.json.Encoder()
-    rows = {c: [] for c in _FINDING_COLS}
-    for f in findings:
-        rows["id"].append(f.id)
-        rows["job"].append(f.job)
-        rows["tenant"].append(f.tenant)
-        rows["window_id"].append(f.window)
-        rows["steps"].append(f.steps)
-        rows["window_steps"].append(f.window_steps)
-        rows["scope"].append(f.scope)
-        rows["workers"].append(f.workers)
-        rows["hosts"].append(f.hosts)
-        rows["devices"].append(f.devices)
-        rows["peer_group"].append(list(f.group.items()) if f.group else None)
-        rows["function"].append(f.function)
-        rows["function_kind"].append(f.function_kind)
-        rows["cause"].append(f.cause)
-        rows["confidence"].append(f.confidence)
-        rows["evidence"].append(enc.encode(f.evidence).decode())
-        rows["step_time_share"].append(f.impact.step_time_share)
-        rows["gpu_hours_per_day"].append(f.impact.gpu_hours_per_day)
-        rows["policy"].append(f.policy)
-        rows["summary"].append(f.summary)
-        rows["created_at"].append(_ts(f.created_at))
-        rows["record"].append(enc.encode(f).decode())
-        rows["first_seen"].append(_ts(now))
-        rows["updated_at"].append(_ts(now))
-    return pa.Table.from_pydict(rows, schema=_FINDING_SCHEMA)
+    ids = incident_ids or {}
+    rows = [
+        {
+            "id": f.id, "job": f.job, "tenant": f.tenant, "window_id": f.window, "steps": f.steps, "window_steps": f.window_steps,
+            "scope": f.scope, "workers": f.workers, "hosts": f.hosts, "devices": f.devices,
+            "peer_group": list(f.group.items()) if f.group else None, "function": f.function, "function_kind": f.function_kind,
+            "cause": f.cause, "confidence": f.confidence, "evidence": enc.encode(f.evidence).decode(),
+            "step_time_share": f.impact.step_time_share, "gpu_hours_per_day": f.impact.gpu_hours_per_day, "policy": f.policy,
+            "summary": f.summary, "created_at": epoch_us(f.created_at), "record": enc.encode(f).decode(), "first_seen": epoch_us(now),
+            "updated_at": epoch_us(now), "incident_id": ids.get(f.id),
+        }
+        for f in findings
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=_FINDING_SCHEMA)
 
 
 def windows_table(reports: list[WindowReport]) -> pa.Table:
-    rows = {c: [] for c in _WINDOW_COLS}
-    for r in reports:
-        for c in _WINDOW_COLS:
-            if c == "window_id":
-                rows[c].append(r.window)
-            elif c == "closed_at":
-                rows[c].append(_ts(r.closed_at))
-            else:
-                rows[c].append(getattr(r, c))
-    t = pa.Table.from_pydict(rows)
-    return t.set_column(t.schema.get_field_index("closed_at"), "closed_at", t.column("closed_at").cast(pa.int64()).cast(pa.timestamp("us")))
+    rows = [{c: getattr(r, c, None) for c in _WINDOW_SCHEMA.names} | {"window_id": r.window, "closed_at": epoch_us(r.closed_at)} for r in reports]
+    return pa.Table.from_pylist(rows, schema=_WINDOW_SCHEMA)
+
+
+def triggers_table(triggers: list[ProfileTrigger]) -> pa.Table:
+    rows = [
+        {
+            "job": t.job, "window_id": t.window, "tenant": t.tenant, "start_step": t.start_step, "steps": t.steps,
+            "expected_workers": t.expected_workers, "policy": t.policy_ref, "reason": t.reason,
+            "hardware_hz": t.sampling.hardware_hz, "record_shapes": t.sampling.record_shapes,
+            "with_stack": t.sampling.with_stack, "created_at": epoch_us(t.created_at),
+        }
+        for t in triggers
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=_TRIGGER_SCHEMA)
+
+
+def upsert(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, key: tuple[str, ...], keep: tuple[str, ...] = ()) -> None:
+    """INSERT the Arrow rows; on a key conflict update every column except ``key`` and ``keep``."""
+    cols = ", ".join(f'"{c}"' for c in rows.column_names)
+    updates = ", ".join(f'"{c}" = excluded."{c}"' for c in rows.column_names if c not in key + keep)
+    on_conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+    keys = ", ".join(f'"{c}"' for c in key)
+    con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM rows ON CONFLICT ({keys}) {on_conflict}")
 
 
 @dataclass
@@ -173,13 +335,15 @@ class Batch:
     findings: list[Finding]
     windows: list[WindowReport]
     offsets: dict[tuple[str, int], int]  # (topic, partition) -> next offset to read
+    triggers: list[ProfileTrigger] = field(default_factory=list)
 
 
 class FindingsStore:
     """The read-write owner of the DuckDB file (the sink)."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, policy: IncidentPolicy | None = None):
         self.path = Path(path)
+        self.policy = policy or IncidentPolicy()
         try:
             self.con = duckdb.connect(str(self.path))
         except duckdb.IOException as exc:
@@ -198,6 +362,8 @@ class FindingsStore:
             con.execute("BEGIN TRANSACTION")
             try:
                 con.execute(sql)
+                if version == 2:
+                    self._backfill_incidents()
                 con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [version, description])
                 con.execute("COMMIT")
                 log.info("migrated %s to version %d: %s", self.path, version, description)
@@ -209,37 +375,139 @@ class FindingsStore:
     def offsets(self) -> dict[tuple[str, int], int]:
         return {(t, p): o for t, p, o in self.con.execute('SELECT topic, "partition", next_offset FROM sink_offsets').fetchall()}
 
-    def write(self, batch: Batch, now: float | None = None) -> None:
-        """Upsert findings and windows and record offsets, in one transaction."""
+    def write(self, batch: Batch, now: float | None = None) -> list[Event]:
+        """Upsert findings, windows and triggers, keep the incidents, record offsets: one transaction.
+
+        Returns the incident events it appended (the pager's input)."""
         now = time.time() if now is None else now
         con = self.con
-        # the same id twice in one statement is an error for ON CONFLICT: the last one wins
+        # the same key twice in one statement is an error for ON CONFLICT: the last one wins
         findings = list({f.id: f for f in batch.findings}.values())
         windows = list({(w.job, w.window): w for w in batch.windows}.values())
+        triggers = list({(t.job, t.window): t for t in batch.triggers}.values())
         con.execute("BEGIN TRANSACTION")
         try:
+            known = set()
             if findings:
-                ftab = findings_table(findings, now)  # noqa: F841 - scanned by DuckDB below
-                updates = ", ".join(f"{c} = excluded.{c}" for c in _FINDING_COLS if c not in ("id", "first_seen"))
-                con.execute(f"INSERT INTO findings SELECT * FROM ftab ON CONFLICT (id) DO UPDATE SET {updates}")
+                ids = [f.id for f in findings]
+                known = {r[0] for r in con.execute("SELECT id FROM findings WHERE list_contains(?, id)", [ids]).fetchall()}
+            incidents, events, incident_ids = self._on_findings([f for f in findings if f.id not in known])
+            if findings:
+                upsert(con, "findings", findings_table(findings, now, incident_ids), ("id",), keep=("first_seen", "incident_id"))
             if windows:
-                wtab = windows_table(windows)  # noqa: F841
-                cols = ", ".join(_WINDOW_COLS)
-                updates = ", ".join(f"{c} = excluded.{c}" for c in _WINDOW_COLS if c not in ("job", "window_id"))
-                con.execute(f"INSERT INTO windows ({cols}) SELECT {cols} FROM wtab ON CONFLICT (job, window_id) DO UPDATE SET {updates}")
+                upsert(con, "windows", windows_table(windows), ("job", "window_id"))
+            if triggers:
+                upsert(con, "triggers", triggers_table(triggers), ("job", "window_id"))
             if batch.offsets:
-                otab = pa.table(  # noqa: F841
-                    {
-                        "topic": [t for t, _ in batch.offsets],
-                        "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
-                        "next_offset": list(batch.offsets.values()),
-                    }
-                )
-                con.execute('INSERT INTO sink_offsets SELECT * FROM otab ON CONFLICT (topic, "partition") DO UPDATE SET next_offset = excluded.next_offset')
+                offsets = {"topic": [t for t, _ in batch.offsets], "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
+                           "next_offset": list(batch.offsets.values())}  # fmt: skip
+                upsert(con, "sink_offsets", pa.table(offsets), ("topic", "partition"))
+            events += self._on_windows(incidents)
+            self._save(incidents, events)
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             raise
+        return events
+
+    def expire(self, now: float | None = None) -> list[Event]:
+        """Resolve open incidents that no window has seen for ``policy.stale_after_s`` (one transaction)."""
+        now = time.time() if now is None else now
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            stale = self._incidents("status = 'open' AND epoch(last_seen_at) <= ?", [now - self.policy.stale_after_s])
+            changes = on_clock(stale, now, self.policy)
+            incidents = {inc.id: inc for inc, _ in changes}
+            events = [ev for _, ev in changes]
+            self._save(incidents, events)
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        return events
+
+    # -------------------------------------------------------------- incidents (inside the caller's transaction)
+
+    def _incidents(self, where: str, params: list) -> list[Incident]:
+        cur = self.con.execute(f"SELECT {_INCIDENT_SELECT} FROM incidents WHERE {where}", params)
+        cols = [d[0] for d in cur.description]
+        return [Incident(**dict(zip(cols, r))) for r in cur.fetchall()]
+
+    def _on_findings(self, new: list[Finding]) -> tuple[dict[str, Incident], list[Event], dict[str, str]]:
+        """Apply findings never stored before to the latest occurrence of their incident."""
+        if not new:
+            return {}, [], {}
+        new.sort(key=lambda f: (f.created_at, min(f.steps, default=0)))
+        keys = sorted({incident_key(f) for f in new})
+        latest = {
+            inc.key: inc
+            for inc in self._incidents("list_contains(?, key) QUALIFY row_number() OVER (PARTITION BY key ORDER BY occurrence DESC) = 1", [keys])
+        }
+        changed: dict[str, Incident] = {}
+        events: list[Event] = []
+        incident_ids: dict[str, str] = {}
+        for f in new:
+            key = incident_key(f)
+            inc, ev = on_finding(latest.get(key), f)
+            incident_ids[f.id] = inc.id
+            if ev is not None:
+                latest[key] = changed[inc.id] = inc
+                events.append(ev)
+        return changed, events, incident_ids
+
+    def _on_windows(self, incidents: dict[str, Incident]) -> list[Event]:
+        """Resolve, for every window whose findings are all stored, the open incidents it did not see.
+
+        A window counts once all of its findings are in (``windows.findings``), or once a later window
+        of the job is: findings and window reports travel on different topics and may arrive in either order.
+        """
+        rows = self.con.execute(
+            """
+            SELECT tenant, job, window_id, start_step, coverage, epoch(closed_at) FROM windows w
+            WHERE NOT coalesce(incidents_checked, false) AND (
+                (SELECT count(*) FROM findings f WHERE f.job = w.job AND f.window_id = w.window_id) >= w.findings
+                OR EXISTS (SELECT 1 FROM windows l WHERE l.job = w.job AND l.start_step > w.start_step))
+            ORDER BY start_step
+            """
+        ).fetchall()
+        if not rows:
+            return []
+        closed = [ClosedWindow(*r) for r in rows]
+        jobs = sorted({w.job for w in closed})
+        state = {inc.id: inc for inc in self._incidents("status = 'open' AND list_contains(?, job)", [jobs])}
+        state.update(incidents)  # this transaction's changes are newer
+        events = []
+        for w in closed:
+            for inc, ev in on_window([i for i in state.values() if i.job == w.job], w, self.policy):
+                state[inc.id] = incidents[inc.id] = inc
+                events.append(ev)
+        done = pa.table({"job": [w.job for w in closed], "window_id": [w.window for w in closed]})  # noqa: F841
+        self.con.execute("UPDATE windows SET incidents_checked = true FROM done WHERE windows.job = done.job AND windows.window_id = done.window_id")
+        return events
+
+    def _save(self, incidents: dict[str, Incident], events: list[Event]) -> None:
+        con = self.con
+        if incidents:
+            rows = [dataclasses.asdict(i) | {c: epoch_us(getattr(i, c)) for c in _INCIDENT_TIMES} for i in incidents.values()]
+            upsert(con, "incidents", pa.Table.from_pylist(rows, schema=_INCIDENT_SCHEMA), ("id",))
+        if events:
+            seq = con.execute("SELECT coalesce(max(seq), 0) FROM incident_events").fetchone()[0]
+            rows = [dataclasses.asdict(e) | {"seq": seq + i + 1, "occurred_at": epoch_us(e.occurred_at)} for i, e in enumerate(events)]
+            upsert(con, "incident_events", pa.Table.from_pylist(rows, schema=_EVENT_SCHEMA), ("seq",))
+
+    def _backfill_incidents(self) -> None:
+        """Migration 2: build the incidents of an existing file from its findings and windows, without events.
+
+        All findings first (in time order), then every window (in step order)."""
+        dec = msgspec.json.Decoder(Finding)
+        records = [dec.decode(r[0]) for r in self.con.execute("SELECT record FROM findings").fetchall()]
+        incidents, _, incident_ids = self._on_findings(records)
+        self._on_windows(incidents)
+        if incident_ids:
+            ids = pa.table({"id": list(incident_ids), "incident_id": list(incident_ids.values())})  # noqa: F841
+            self.con.execute("UPDATE findings SET incident_id = ids.incident_id FROM ids WHERE findings.id = ids.id")
+        self._save(incidents, [])
 
     def close(self) -> None:
         self.con.close()
@@ -263,14 +531,50 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
             raise StoreError(f"only read-only queries are allowed (SELECT, EXPLAIN); got {kind}")
 
 
-def run_query(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> tuple[list[str], list[tuple]]:
+def tenant_sandbox(src: duckdb.DuckDBPyConnection, tenant: str) -> duckdb.DuckDBPyConnection:
+    """A new in-memory database holding only ``tenant``'s rows, locked down before any user SQL runs.
+
+    Every table with a ``tenant`` column is copied with its own DDL and only that tenant's rows; tables
+    without one (offsets, migrations, the pager's cursor) are left out; the views are recreated from the
+    file's own definitions.  Then file and network access, extension loading and Python replacement
+    scans are switched off and the configuration is locked.  Rows of other tenants are not in this
+    database, so no SQL run in it (``query()``, ``duckdb_tables()``, subqueries) can reach them.
+    """
+    box = duckdb.connect(":memory:")
+    here = "table_catalog = current_database() AND table_schema = 'main'"
+    tenanted = {r[0] for r in src.execute(f"SELECT table_name FROM information_schema.columns WHERE {here} AND column_name = 'tenant'").fetchall()}
+    tables = src.execute("SELECT table_name, sql FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main'").fetchall()
+    for name, ddl in (t for t in tables if t[0] in tenanted):
+        box.execute(ddl)
+        rows = src.sql(f'SELECT * FROM "{name}" WHERE tenant = $1', params=[tenant]).to_arrow_table()  # noqa: F841
+        box.execute(f'INSERT INTO "{name}" SELECT * FROM rows')
+    views = src.execute(
+        "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND database_name = current_database() AND schema_name = 'main'"
+    ).fetchall()
+    for name, ddl in views:
+        try:
+            box.execute(ddl)
+        except duckdb.CatalogException:  # it reads a table that tenants do not see
+            log.debug("view %s left out of the tenant sandbox", name)
+    for setting in ("enable_external_access", "python_enable_replacements", "autoload_known_extensions", "autoinstall_known_extensions", "allow_community_extensions"):
+        box.execute(f"SET {setting} = false")
+    box.execute("SET lock_configuration = true")
+    return box
+
+
+def run_query(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None, tenant: str | None = None) -> tuple[list[str], list[tuple]]:
+    """Read-only SQL; with ``tenant``, inside :func:`tenant_sandbox` (only that tenant's rows exist there)."""
     check_read_only(con, sql)
+    box = tenant_sandbox(con, tenant) if tenant is not None else None
     try:
-        cur = con.execute(sql, params or [])
+        cur = (box or con).execute(sql, params or [])
         cols = [d[0] for d in cur.description] if cur.description else []
         return cols, cur.fetchall()
     except duckdb.Error as exc:
         raise StoreError(str(exc).splitlines()[0]) from None
+    finally:
+        if box is not None:
+            box.close()
 
 
 def open_read_only(path: Path | str) -> duckdb.DuckDBPyConnection:

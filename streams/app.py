@@ -3,6 +3,7 @@
 Three agents, one faust app (one consumer group), at-least-once, concurrency 1:
 
 - ``detect``   lockstep.heartbeats  -> SlowdownDetector      -> lockstep.control
+  (heartbeats, plus the detector's own hang ticks and operators' trigger requests)
 - ``steps``    lockstep.features    -> StepAssembler + analyze_step -> lockstep.stepreports
 - ``windows``  lockstep.stepreports -> WindowAssembler + diagnose_window -> lockstep.findings, lockstep.windows
 
@@ -13,12 +14,15 @@ open step or window; after a crash the processor replays from it.  A faust
 table (changelog-backed) remembers closed windows so that a replay that
 contains only part of an already closed window is dropped instead of being
 diagnosed again.  Finding ids are deterministic and the sink upserts, so a
-replay of a whole window changes nothing.
+replay of a whole window changes nothing.  A third table keeps each job's
+baseline of healthy windows (``JobHistory``) for the job-wide regression check.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,23 +33,26 @@ from ..kafka import Topics, faust_broker_kwargs
 from ..metrics import Metrics
 from ..schemas import functions as ft
 from ..schemas.records import (
+    DetectorTick,
     FeatureBatch,
+    ProfileTrigger,
     RecordError,
     StepHeartbeat,
     StepReport,
+    TriggerRequest,
     WindowTimeout,
     dead_letter,
     decode,
     encode,
 )
 from .detector import SlowdownDetector
-from .diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
-from .policy import Policy
+from .diagnosis import HistoryError, JobHistory, StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
+from .policy import Policy, PolicyFile
 from .windows import ClosedStep, ClosedWindow, InOrderAcks, StepAssembler, WindowAssembler
 
 log = logging.getLogger("lockstep.processor")
 
-TABLES = ("closed_windows", "detector")
+TABLES = ("closed_windows", "detector", "job_history")
 
 
 def changelog_topics(app_id: str) -> list[str]:
@@ -66,11 +73,26 @@ class ProcessorState:
     step_stream: object = None
     window_stream: object = None
     assigned: bool = False
+    policies: dict[str, Policy] = field(default_factory=dict)  # every policy loaded, by ref
+    job_partition: dict[str, object] = field(default_factory=dict)  # job -> heartbeats partition (TP) seen
 
     def __post_init__(self) -> None:
         self.detector = SlowdownDetector(self.policy)
         self.steps = StepAssembler(self.step_timeout_s)
         self.windows = WindowAssembler(self.window_timeout_s)
+        self.set_policy(self.policy)
+
+    def set_policy(self, policy: Policy) -> None:
+        """The policy in force for new windows: the detector's and the diagnosis'."""
+        self.policy = policy
+        self.policies[policy.ref] = policy
+        self.detector.set_policy(policy)
+        for ref in self.policies:
+            self.metrics.set("policy_info", float(ref == policy.ref), help="1 for the policy in force (id@hash)", policy=ref)
+
+    def policy_for(self, ref: str) -> Policy:
+        """The policy a window was opened under (its trigger's ``id@hash``), else the one in force."""
+        return self.policies.get(ref, self.policy)
 
 
 def limit_fetch_wait(ms: int) -> None:
@@ -96,6 +118,8 @@ def limit_fetch_wait(ms: int) -> None:
 def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str = "127.0.0.1", roles: tuple[str, ...] = ("detect", "steps", "windows")) -> tuple[faust.App, ProcessorState]:
     topics = Topics.named(settings.topic_prefix)
     limit_fetch_wait(settings.fetch_wait_ms)
+    datadir = os.path.join(tempfile.gettempdir(), "lockstep-faust", settings.processor_id)  # not the cwd
+    os.makedirs(os.path.dirname(datadir), exist_ok=True)  # faust creates only the last level
     app = faust.App(
         settings.processor_id,
         **faust_broker_kwargs(settings),
@@ -109,6 +133,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         broker_session_timeout=settings.session_timeout_ms / 1000.0,
         broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
         broker_commit_interval=1.0,
+        datadir=datadir,
         web_enabled=True,
         web_port=http_port,
         web_bind=http_host,
@@ -116,6 +141,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         **{k: _coerce(v) for k, v in settings.faust.items()},
     )
     st = ProcessorState(policy=policy, step_timeout_s=settings.step_timeout_s, window_timeout_s=settings.window_timeout_s)
+    policy_file = PolicyFile(settings.policy, policy)  # watched: edits apply without a restart
     m = st.metrics
 
     def t(name: str) -> faust.TopicT:
@@ -125,6 +151,8 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     stepreports, findings, windows, deadletter = t(topics.stepreports), t(topics.findings), t(topics.windows), t(topics.deadletter)
     closed_windows = app.Table("closed_windows", key_type=str, value_type=float, partitions=settings.partitions)
     detector_table = app.Table("detector", key_type=str, value_type=str, partitions=settings.partitions)
+    # per job: the baseline of its earlier healthy windows (JobHistory JSON), for job-wide regressions
+    job_history = app.Table("job_history", key_type=str, value_type=str, partitions=settings.partitions)
 
     async def send(topic: faust.TopicT, key: str, record) -> None:
         value = encode(record)
@@ -144,22 +172,55 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         m.inc("bytes_in_total", len(event.value or b""), topic=event.message.topic)
 
     # ------------------------------------------------------------------ detector
+    async def decided(decision) -> None:
+        if isinstance(decision, ProfileTrigger):
+            detector_table[decision.job] = f"{decision.start_step},{decision.start_step + decision.steps}"
+            log.info("trigger %s/%s (%s) at step %d for %d steps: %s", decision.job, decision.window, decision.kind, decision.start_step, decision.steps, decision.reason)
+            m.inc("triggers_total", kind=decision.kind, help="profiling windows triggered, by what opened them")
+        else:
+            log.info("refused a window for %s (request %s): %s", decision.job, decision.request, decision.reason)
+            m.inc("trigger_refusals_total", code=decision.code, help="operators' trigger requests refused, by reason")
+        await send(control, decision.job, decision)
+
     async def detect(stream):
         async for event in stream.events():
             seen(event)
             try:
-                hb = decode(event.value, StepHeartbeat)
+                rec = decode(event.value, (StepHeartbeat, DetectorTick, TriggerRequest))
             except RecordError as err:
                 await dead(event, err, "detect")
                 continue
-            if hb.job not in st.detector.jobs and hb.job in detector_table:
-                last_start, last_end = map(int, detector_table[hb.job].split(","))
-                st.detector.restore(hb.job, last_start, last_end)
-            for trig in st.detector.observe(hb, time.time()):
-                detector_table[trig.job] = f"{trig.start_step},{trig.start_step + trig.steps}"
-                log.info("trigger %s/%s at step %d for %d steps: %s", trig.job, trig.window, trig.start_step, trig.steps, trig.reason)
-                m.inc("triggers_total", help="profiling windows triggered")
-                await send(control, trig.job, trig)
+            st.job_partition[rec.job] = event.message.tp
+            if rec.job not in st.detector.jobs and rec.job in detector_table:
+                last_start, last_end = map(int, detector_table[rec.job].split(","))
+                st.detector.restore(rec.job, last_start, last_end)
+            now = time.time()
+            if isinstance(rec, StepHeartbeat):
+                decisions = st.detector.observe(rec, now)
+            elif isinstance(rec, DetectorTick):
+                decisions = st.detector.tick(rec.job, now)
+            else:
+                decisions = [st.detector.request(rec, now)]
+            for decision in decisions:
+                await decided(decision)
+
+    async def hang_ticks() -> None:
+        """No heartbeat arrives during a hang: a timer sends a tick into the job's partition, and the
+        agent checks the job there (a timer cannot write the detector's table)."""
+        now = time.time()
+        for job in st.detector.due_ticks(now):
+            await send(heartbeats, job, DetectorTick(job=job, at=now))
+        for job in st.detector.forget_idle(now):
+            st.job_partition.pop(job, None)
+        for code, n in st.detector.suppressed.items():
+            m.set("triggers_suppressed", n, code=code, help="automatic windows not opened, by the policy check that stopped them")
+        m.set("detector_jobs", len(st.detector.jobs), help="jobs the detector follows")
+        m.set("detector_open_windows", st.detector.open_windows(now), help="windows open or scheduled by this processor")
+
+    async def reload_policy() -> None:
+        new = policy_file.check()
+        if new is not None:
+            st.set_policy(new)
 
     # ------------------------------------------------------------------ steps
     async def release_steps(handles) -> None:
@@ -173,9 +234,9 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         recs = [p.batches[r][0] for r in ranks]
         frame = StepFrame.from_tables(
             p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
-            [p.batches[r][1] for r in ranks], st.policy.diagnosis.peer_group_keys, [b.hardware for b in recs],
+            [p.batches[r][1] for r in ranks], st.policy_for(p.policy).diagnosis.peer_group_keys, [b.hardware for b in recs],
         )  # fmt: skip
-        result = analyze_step(frame, st.policy.diagnosis)
+        result = analyze_step(frame, st.policy_for(p.policy).diagnosis)
         report = step_report(
             result, window_start=p.window_start, window_steps=p.window_steps, expected_workers=p.expected_workers,
             bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
@@ -218,9 +279,18 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     async def finish_window(closed: ClosedWindow) -> None:
         w = closed.pending
         now = time.time()
+        policy = st.policy_for(w.policy)
         info = WindowInfo(job=w.job, window=w.window, start_step=w.window_start, steps=w.window_steps,
-                          expected_workers=w.expected_workers, tenant=w.tenant, policy=w.policy)  # fmt: skip
-        diagnosis = diagnose_window(info, list(w.results.values()), st.policy, now=now, closed=closed.reason, bytes_in=w.bytes_in)
+                          expected_workers=w.expected_workers, tenant=w.tenant, policy=policy.ref)  # fmt: skip
+        history = None
+        if w.job in job_history:
+            try:
+                history = JobHistory.decode(job_history[w.job])
+            except HistoryError as err:
+                log.warning("job %s: dropping its stored history: %s", w.job, err)
+        diagnosis = diagnose_window(info, list(w.results.values()), policy, now=now, closed=closed.reason, bytes_in=w.bytes_in, history=history)
+        if diagnosis.history is not None and diagnosis.history is not history:
+            job_history[w.job] = diagnosis.history.encode()
         for f in diagnosis.findings:
             await send(findings, f.job, f)
             m.inc("findings_total", cause=f.cause, help="findings published, by cause")
@@ -263,8 +333,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         for job, window in st.windows.due(time.time()):
             await send(stepreports, job, WindowTimeout(job=job, window=window))
 
+    app.timer(1.0, name="reload_policy")(reload_policy)
     if "detect" in roles:
         app.agent(heartbeats, name="detect", concurrency=1)(detect)
+        app.timer(0.5, name="hang_ticks")(hang_ticks)
     if "steps" in roles:
         app.agent(features, name="steps", concurrency=1)(steps)
         app.timer(0.5, name="expire_steps")(expire_steps)
@@ -274,6 +346,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app_, revoked, **kwargs) -> None:  # noqa: ARG001
+        gone = [job for job, tp in st.job_partition.items() if tp in revoked]
+        st.detector.drop(gone)
+        for job in gone:
+            del st.job_partition[job]
         st.steps.drop(set(revoked))
         st.step_acks.drop(set(revoked))
         st.windows.drop(set(revoked))

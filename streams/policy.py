@@ -3,18 +3,24 @@
 A policy is a YAML file; every trigger and every finding records its id and
 hash, so a finding can always be traced to the exact thresholds that produced
 it.  Unknown keys and out-of-range values are rejected at load time with one
-line that names the key.
+line that names the key.  :class:`PolicyFile` reloads the file when it changes;
+a broken new file keeps the policy in force and logs one error.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
+import logging
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+log = logging.getLogger("lockstep.policy")
 
 
 class PolicyError(ValueError):
@@ -23,19 +29,37 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class DetectorPolicy:
-    """Slowdown detection on heartbeats (brief 2.4)."""
+    """Slowdown and hang detection on heartbeats, and the windows it opens (brief 2.4)."""
 
-    baseline_steps: int = 20  # steps that form the robust baseline (their median)
+    baseline_steps: int = 20  # steps that form the robust baseline (a low percentile of them: the recent best)
     recent_steps: int = 5  # the median of the last N synchronised step times ...
     slowdown_threshold: float = 0.15  # ... more than this fraction above the baseline fires
-    hang_factor: float = 10.0  # no progress for this many usual step times is a hang
+    hang_factor: float = 10.0  # no progress for this many usual step intervals is a hang ...
+    hang_min_s: float = 30.0  # ... and for at least this many seconds
     window_steps: int = 8  # steps per profiling window
-    cooldown_steps: int = 200  # no new window for this many steps after one
-    control_latency_s: float = 1.0  # control-topic latency allowed for, on top of the measured heartbeat lag
+    max_window_steps: int = 64  # longest window `lockstep trigger --steps` may ask for
+    cooldown_steps: int = 200  # no new window for this many steps after one ended
+    control_latency_s: float = 1.0  # control-topic latency assumed until agents have echoed a trigger
     min_margin_steps: int = 2  # start at least this many steps ahead
-    max_windows_per_job: int = 1  # concurrent open windows per job
-    max_windows_fleet: int = 50  # concurrent open windows in the fleet
+    max_windows_per_job: int = 1  # windows of one job open (or scheduled) at once
+    max_windows_fleet: int = 50  # windows open at once in the fleet (per processor instance)
     hardware_hz: float = 100.0  # hardware sampling rate during windows
+    record_shapes: bool = False  # profiler option sent with the trigger
+    with_stack: bool = False  # profiler option sent with the trigger
+
+
+@dataclass(frozen=True)
+class JobSelector:
+    """Which jobs the detector watches: shell patterns on the job name, and tenants."""
+
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    tenants: tuple[str, ...] = ()  # empty: every tenant
+
+    def matches(self, job: str, tenant: str) -> bool:
+        if self.tenants and tenant not in self.tenants:
+            return False
+        return any(fnmatch.fnmatchcase(job, p) for p in self.include) and not any(fnmatch.fnmatchcase(job, p) for p in self.exclude)
 
 
 @dataclass(frozen=True)
@@ -54,6 +78,16 @@ class DiagnosisPolicy:
     cpu_other_rise: float = 0.2  # other processes taking this much more of the host CPU
     python_share_max: float = 0.01  # a Python function above this share of the step on every worker
     comm_share_max: float = 0.30  # communication above this share of the step on every worker
+    # --- added with issue 4 (diagnosis engine)
+    hardware_min_share: float = 0.02  # a collective's link throughput drop alone is a finding if it holds this share of the step
+    group_excess_share: float = 0.05  # a peer group with this share of the step more work than the other groups' median
+    regression_rise: float = 0.10  # work this much above the job's earlier healthy windows ...
+    history_weight: float = 0.5  # weight of the newest healthy window in the job's baseline (moving average)
+    input_rise: float = 0.10  # calls or bytes this much above peers: the worker got more input
+    mem_high: float = 0.90  # host memory in use above this share is pressure
+    noisy_rel_mad: float = 0.10  # peers spread (1.4826 x MAD) above this share of their median: a noisy group
+    small_group: int = 8  # fewer peers than this lowers the confidence
+    rank_specific_present: float = 0.5  # a function run by at most this share of its peer group is rank-specific code
 
 
 @dataclass(frozen=True)
@@ -62,6 +96,7 @@ class Policy:
     version: int = 1
     detector: DetectorPolicy = field(default_factory=DetectorPolicy)
     diagnosis: DiagnosisPolicy = field(default_factory=DiagnosisPolicy)
+    jobs: JobSelector = field(default_factory=JobSelector)
 
     @property
     def hash(self) -> str:
@@ -91,7 +126,8 @@ def _section(cls: type, data: Any, where: str) -> Any:
                     raise ValueError("expected a list of strings")
                 value = tuple(value)
             elif isinstance(default, bool):
-                value = bool(value)
+                if not isinstance(value, bool):
+                    raise ValueError("expected true or false")
             elif isinstance(default, int):
                 if isinstance(value, bool) or int(value) != value:
                     raise ValueError("expected an integer")
@@ -108,6 +144,21 @@ def _section(cls: type, data: Any, where: str) -> Any:
     return cls(**out)
 
 
+#: (section, key, test, what the value must be): checked after loading
+_RANGES = (
+    ("detector", "baseline_steps", lambda v: v >= 1, ">= 1"),
+    ("detector", "recent_steps", lambda v: v >= 1, ">= 1"),
+    ("detector", "slowdown_threshold", lambda v: v > 0, "> 0"),
+    ("detector", "hang_factor", lambda v: v > 1, "> 1"),
+    ("detector", "window_steps", lambda v: 1 <= v <= 10_000, "in 1..10000"),
+    ("detector", "max_window_steps", lambda v: 1 <= v <= 10_000, "in 1..10000"),
+    ("detector", "max_windows_per_job", lambda v: v >= 1, ">= 1"),
+    ("detector", "max_windows_fleet", lambda v: v >= 1, ">= 1"),
+    ("detector", "hardware_hz", lambda v: 0 < v <= 10_000, "in (0, 10000]"),
+    ("diagnosis", "persistence", lambda v: 0 < v <= 1, "in (0, 1]"),
+)
+
+
 def load_policy(path: Path | str | None) -> Policy:
     if path is None:
         return Policy()
@@ -120,18 +171,64 @@ def load_policy(path: Path | str | None) -> Policy:
         raise PolicyError(f"policy {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise PolicyError(f"policy {path}: expected a mapping at the top level")
-    unknown = set(data) - {"id", "version", "detector", "diagnosis"}
+    known = ("id", "version", "detector", "diagnosis", "jobs")
+    unknown = set(data) - set(known)
     if unknown:
-        raise PolicyError(f"policy {path}: unknown key(s) {sorted(unknown)}; known: id, version, detector, diagnosis")
+        raise PolicyError(f"policy {path}: unknown key(s) {sorted(unknown)}; known: {', '.join(known)}")
+    version = data.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise PolicyError(f"policy {path}: version {version!r} is not valid: expected an integer >= 1")
     policy = Policy(
         id=str(data.get("id", path.stem)),
-        version=int(data.get("version", 1)),
+        version=version,
         detector=_section(DetectorPolicy, data.get("detector"), f"policy {path}: detector"),
         diagnosis=_section(DiagnosisPolicy, data.get("diagnosis"), f"policy {path}: diagnosis"),
+        jobs=_section(JobSelector, data.get("jobs"), f"policy {path}: jobs"),
     )
-    d = policy.diagnosis
-    if not 0 < d.persistence <= 1:
-        raise PolicyError(f"policy {path}: diagnosis.persistence must be in (0, 1]")
-    if policy.detector.window_steps < 1:
-        raise PolicyError(f"policy {path}: detector.window_steps must be >= 1")
+    for section, key, ok, want in _RANGES:
+        value = getattr(getattr(policy, section), key)
+        if not ok(value):
+            raise PolicyError(f"policy {path}: {section}.{key} must be {want}, got {value!r}")
+    if policy.detector.window_steps > policy.detector.max_window_steps:
+        raise PolicyError(f"policy {path}: detector.window_steps ({policy.detector.window_steps}) exceeds detector.max_window_steps ({policy.detector.max_window_steps})")
     return policy
+
+
+class PolicyFile:
+    """The policy in force, reloaded from its file when the file changes (no restart).
+
+    :meth:`check` is cheap (one ``stat``); the processor calls it from a timer.
+    A new file that does not load keeps the policy in force and logs one error
+    line, once per change of the file.
+    """
+
+    def __init__(self, path: Path | str | None, policy: Policy | None = None):
+        self.path = Path(path) if path is not None else None
+        self._sig = self._signature()
+        self.policy = policy if policy is not None else load_policy(self.path)
+
+    def _signature(self) -> tuple | None:
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def check(self) -> Policy | None:
+        """The new policy if the file changed, loads and differs; ``None`` otherwise."""
+        sig = self._signature()
+        if self.path is None or sig == self._sig:
+            return None
+        self._sig = sig
+        try:
+            new = load_policy(self.path)
+        except PolicyError as exc:
+            log.error("%s; keeping policy %s", exc, self.policy.ref)
+            return None
+        if new.ref == self.policy.ref:
+            return None
+        log.info("policy reloaded from %s: %s -> %s", self.path, self.policy.ref, new.ref)
+        self.policy = new
+        return new

@@ -26,7 +26,7 @@ def run(args) -> int:
     from ..cli import setup_logging
     from ..demo import default_scenario, run_demo
     from ..output import findings_table, print_json, table
-    from ..producers.simulator.faults import FAULT_TYPES
+    from ..producers.simulator.faults import CATALOGUE
     from ..producers.simulator.fleet import Scenario
 
     settings = config.load(args)
@@ -35,8 +35,9 @@ def run(args) -> int:
     if args.scenario:
         scenario = Scenario.load(args.scenario)
     else:
-        if args.fault not in FAULT_TYPES:
-            raise config.ConfigError(f"--fault: {args.fault!r} is not one of {', '.join(FAULT_TYPES)}")
+        worker_faults = [name for name, kind in CATALOGUE.items() if kind.target == "workers" and kind.cause]
+        if args.fault not in worker_faults:
+            raise config.ConfigError(f"--fault: {args.fault!r} is not one of {', '.join(worker_faults)} (other faults: --scenario FILE)")
         if not 0 <= args.culprit < args.workers:
             raise config.ConfigError(f"--culprit: {args.culprit} is not a worker of 0..{args.workers - 1}")
         scenario = default_scenario(args.workers, args.fault, args.culprit)

@@ -14,6 +14,8 @@ def register(sub) -> None:
     p.add_argument("--job", help="only this job")
     p.add_argument("--since", help="only findings created since: ISO time (2026-11-29T10:00) or an age (30m, 6h, 2d)")
     p.add_argument("--cause", help="only this cause")
+    p.add_argument("--tenant", help="only this tenant (the query runs on that tenant's rows only)")
+    p.add_argument("--open", action="store_true", help="only problems not cleared yet: the latest finding of each open incident")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.set_defaults(func=run)
@@ -33,7 +35,7 @@ def parse_since(value: str) -> dt.datetime:
     return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
-def fetch(db, job=None, since=None, cause=None, limit=100) -> list[dict]:
+def fetch(db, job=None, since=None, cause=None, limit=100, tenant=None, open_only=False) -> list[dict]:
     from ..sinks.sink import query
 
     where, params = [], []
@@ -46,9 +48,9 @@ def fetch(db, job=None, since=None, cause=None, limit=100) -> list[dict]:
     if since:
         where.append("created_at >= ?")
         params.append(parse_since(since).isoformat())
-    sql = "SELECT record FROM findings" + (f" WHERE {' AND '.join(where)}" if where else "")
+    sql = f"SELECT record FROM {'open_findings' if open_only else 'findings'}" + (f" WHERE {' AND '.join(where)}" if where else "")
     sql += f" ORDER BY step_time_share DESC, created_at DESC LIMIT {int(limit)}"
-    _, rows = query(db, sql, params)
+    _, rows = query(db, sql, params, tenant=tenant)
     return [r[0] if isinstance(r[0], dict) else json.loads(r[0]) for r in rows]
 
 
@@ -57,7 +59,7 @@ def run(args) -> int:
     from ..output import findings_table, print_json
 
     db = args.db or config.load(None).db
-    found = fetch(db, args.job, args.since, args.cause, args.limit)
+    found = fetch(db, args.job, args.since, args.cause, args.limit, args.tenant, args.open)
     if args.json:
         print_json(found)
     else:

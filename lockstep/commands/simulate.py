@@ -1,4 +1,4 @@
-"""``lockstep simulate SCENARIO --publish``: run a simulated fleet against Kafka."""
+"""``lockstep simulate SCENARIO (--out DIR | --publish)``: a simulated fleet, to files or live through Kafka."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ def register(sub) -> None:
     p = sub.add_parser("simulate", help="run a simulated fleet from a scenario file")
     config.add_arguments(p)
     p.add_argument("scenario", type=Path, help="scenario file (YAML or JSON)")
-    p.add_argument("--publish", action="store_true", help="publish live through Kafka, following the control topic like agents do")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, metavar="DIR", help="write the records (Parquet) and the ground truth (truth.json) to DIR")
+    where.add_argument("--publish", action="store_true", help="publish live through Kafka, following the control topic like agents do")
     p.add_argument("--steps-per-s", type=float, default=25.0, help="pace of the live fleet (default 25 steps/s)")
     p.add_argument("--max-steps", type=int, default=2000)
     p.add_argument("--windows", type=int, default=1, help="stop after this many profiling windows were delivered")
@@ -20,19 +22,28 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..cli import setup_logging
-    from ..kafka import consumer_config, ensure_topics, producer_config
-    from ..producers.publisher import Publisher
-    from ..producers.simulator.fleet import FleetSimulator, Scenario
-    from ..producers.simulator.live import ControlFollower, run_live
-    from ..runtime import kafka
+    from ..producers.simulator.fleet import Scenario
 
     settings = config.load(args)
     setup_logging(settings.log_level)
     scenario = Scenario.load(args.scenario)
+    if args.out:
+        from ..producers.simulator.files import write_records
+
+        w = write_records(scenario, args.out)
+        print(f"{w.heartbeats} heartbeats, {w.feature_batches} feature batches ({w.feature_rows} function rows) "
+              f"of window(s) {', '.join(w.windows)} and the ground truth written to {w.folder}")  # fmt: skip
+        return 0
     if not args.publish:
-        raise config.ConfigError("simulate: say where the records go: --publish")
+        raise config.ConfigError("simulate: say where the records go: --out DIR or --publish")
     if not settings.bootstrap_servers:
         raise config.ConfigError("bootstrap_servers: --publish needs a running Kafka (--bootstrap-servers) with a processor attached")
+    from ..kafka import consumer_config, ensure_topics, producer_config
+    from ..producers.publisher import Publisher
+    from ..producers.simulator.fleet import FleetSimulator
+    from ..producers.simulator.live import ControlFollower, run_live
+    from ..runtime import kafka
+
     with kafka(settings) as s:
         topics = ensure_topics(s)
         control = ControlFollower(consumer_config(s, None), topics.control, scenario.job)

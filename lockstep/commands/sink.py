@@ -1,4 +1,4 @@
-"""``lockstep sink``: the DuckDB findings sink, with its read-only query endpoint."""
+"""``lockstep sink``: the DuckDB findings sink, with its read-only query endpoint and the pager."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ log = logging.getLogger("lockstep.sink")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sink", help="run the DuckDB sink (findings and windows; serves read-only SQL while it runs)")
+    p = sub.add_parser("sink", help="run the DuckDB sink (findings, windows, triggers, incidents; pages; serves read-only SQL)")
     config.add_arguments(p)
     p.add_argument("--http-port", type=int, default=0, help="port of /healthz, /metrics and /query (default: any free port)")
     p.add_argument("--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)")
@@ -21,20 +21,29 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..cli import setup_logging
     from ..kafka import consumer_config, ensure_topics, producer_config
+    from ..metrics import Metrics
     from ..producers.publisher import Publisher
     from ..runtime import kafka
+    from ..sinks import routes
+    from ..sinks.incidents import IncidentPolicy
+    from ..sinks.pager import Pager
     from ..sinks.sink import QueryServer, Sink
     from ..sinks.store import FindingsStore
 
     settings = config.load(args)
     setup_logging(settings.log_level)
+    paging = routes.load(settings.routes) if settings.routes else None  # validated before anything starts
     with kafka(settings) as s:
         topics = ensure_topics(s)
-        store = FindingsStore(s.db)
+        store = FindingsStore(s.db, IncidentPolicy(resolve_min_coverage=s.resolve_min_coverage, stale_after_s=s.resolve_after_s))
         publisher = Publisher(producer_config(s))
-        sink = Sink(store, consumer_config(s, s.sink_group), [topics.findings, topics.windows], topics.deadletter, publisher)
+        metrics = Metrics()
+        pager = Pager(store, paging, metrics).start() if paging else None
+        sink = Sink(store, consumer_config(s, s.sink_group), [topics.findings, topics.windows, topics.control], topics.deadletter,
+                    publisher, metrics, control_topic=topics.control, pager=pager)  # fmt: skip
         server = QueryServer(sink, s.db, port=args.http_port, host=args.http_host).start()
-        log.info("sink writing %s; read-only SQL at %s/query", s.db, server.url)
+        log.info("sink writing %s; read-only SQL at %s/query; paging %s", s.db, server.url,
+                 f"{len(paging.routes)} route(s) from {s.routes}" if paging else "off (no --routes)")  # fmt: skip
 
         def stop(signum, frame):  # noqa: ARG001
             sink.stop()
@@ -44,6 +53,8 @@ def run(args) -> int:
         try:
             sink.run()
         finally:
+            if pager:
+                pager.stop()
             server.stop()
             publisher.close()
             store.close()

@@ -118,7 +118,8 @@ class Agent:
         self._windows: list[WindowRecord] = []
         self._raw_answers = 0
         self._io_snapshot = (0, 0)  # (dropped, spooled) as the io thread last saw them
-        self._last_counters: AgentCounters | None = AgentCounters()
+        self._last_counters = AgentCounters()
+        self._echo: tuple[str, float] | None = None  # (window, receipt latency) of the last trigger, for the next heartbeat
         # the running window
         self._torch = None
         self._sampler: HardwareSampler | None = None
@@ -127,6 +128,7 @@ class Agent:
 
         self._step = config.start_step
         self._t_last = time.perf_counter()
+        self._last_dt = 0.0
         self._closed = False
         self._outbox.start()
         self._window_thread.start()
@@ -148,32 +150,27 @@ class Agent:
         """Call once per training iteration, at its end."""
         now = time.perf_counter()
         dt, self._t_last = now - self._t_last, now
+        self._last_dt = dt
         step = self._step
         self._step = step + 1
-        counters = self._counters()
-        self._outbox.put(
-            self.topics.heartbeats,
-            self._job_key,
-            StepHeartbeat(
-                job=self.config.job, worker=self.meta.rank, step=step, step_time_s=max(dt, 1e-9), host=self.meta.host,
-                sent_at=time.time(), tenant=self.config.tenant, agent=counters,
-            ),  # fmt: skip
-        )
+        self._outbox.put(self.topics.heartbeats, self._job_key, self._heartbeat(step, dt))
         if self._inbox:
             self._take_triggers()
         if self._schedule.busy:
             self._boundary(self._step)
 
-    def _counters(self) -> AgentCounters | None:
-        """The agent's counters if they changed since the last heartbeat that carried them."""
+    def _heartbeat(self, step: int, dt: float, **extra) -> StepHeartbeat:
+        """The heartbeat of ``step``; optional fields only when there is news (the always-on signal stays small)."""
         dropped, spooled = self._io_snapshot
         c = self._last_counters
-        if c is not None and (c.dropped_records, c.spooled_records, c.refused_triggers, c.failed_windows) == (
-            dropped, spooled, len(self._refused), self._failed
-        ):  # fmt: skip
-            return None
-        self._last_counters = AgentCounters(dropped_records=dropped, spooled_records=spooled, refused_triggers=len(self._refused), failed_windows=self._failed)
-        return self._last_counters
+        if (c.dropped_records, c.spooled_records, c.refused_triggers, c.failed_windows) != (dropped, spooled, len(self._refused), self._failed):
+            c = self._last_counters = AgentCounters(dropped_records=dropped, spooled_records=spooled,
+                                                    refused_triggers=len(self._refused), failed_windows=self._failed)  # fmt: skip
+            extra["agent"] = c
+        if self._echo is not None:  # the detector measures the control topic's latency from these
+            (extra["trigger_window"], extra["trigger_latency_s"]), self._echo = self._echo, None
+        return StepHeartbeat(job=self.config.job, worker=self.meta.rank, step=step, step_time_s=max(dt, 1e-9), host=self.meta.host,
+                             sent_at=time.time(), tenant=self.config.tenant, **extra)  # fmt: skip
 
     def _take_triggers(self) -> None:
         while self._inbox:
@@ -254,6 +251,7 @@ class Agent:
         records = self._control.poll(timeout_s)
         for rec in records or ():
             if isinstance(rec, ProfileTrigger):
+                self._echo = (rec.window, time.time() - rec.created_at) if rec.created_at else None
                 self._inbox.append(rec)
             elif isinstance(rec, RawRequest) and self.meta.rank in rec.workers:
                 self._work.put(lambda r=rec: self._answer(r))
@@ -329,6 +327,9 @@ class Agent:
         atexit.unregister(self.close)
         if self._schedule.active is not None:
             self._abort(self._schedule.active, "the agent was closed during the window")
+        if self._step > self.config.start_step:  # tell the detector this worker ends (not a hang)
+            last = self._step - 1
+            self._outbox.put(self.topics.heartbeats, self._job_key, self._heartbeat(last, self._last_dt, final=True))
         self.drain(timeout_s)
         self._work.put(None)
         self._window_thread.join(timeout=timeout_s)

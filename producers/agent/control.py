@@ -69,13 +69,13 @@ class ControlFollower:
             if msg.error():
                 continue
             try:
-                rec = decode(msg.value(), (ProfileTrigger, RawRequest))
+                rec = decode(msg.value())
             except RecordError as err:
                 self.bad_records += 1
                 log.warning("ignoring a control record the agent cannot read: %s", err)
                 continue
-            if rec.job == self.job:
-                out.append(rec)  # type: ignore[arg-type]
+            if isinstance(rec, (ProfileTrigger, RawRequest)) and rec.job == self.job:  # refusals are for operators
+                out.append(rec)
         return out
 
     def close(self) -> None:

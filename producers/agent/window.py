@@ -5,7 +5,8 @@ samples moved onto the trace's clock -> :func:`summarise` (one function table pe
 step) -> redaction -> one :class:`FeatureBatch` per step of the window.  The raw
 trace is kept by the :class:`~lockstep.producers.agent.retention.RawStore`.
 
-The trace reader and the summariser are issue 4's (``trace.py``, ``summarise.py``).
+The trace reader and the summariser are ``trace.py`` and ``summarise.py``, the same
+code ``lockstep diagnose`` runs on trace files.
 """
 
 from __future__ import annotations
@@ -23,12 +24,8 @@ from ...schemas import functions as ft
 from ...schemas.records import FeatureBatch, ProfileTrigger, RawRequest, RawTrace, WorkerMeta
 from .redact import Redaction
 from .retention import RawStore, slice_trace
-
-try:
-    from .summarise import summarise
-    from .trace import read_chrome_trace
-except ImportError:  # TEMPORARY: until issue 4's trace.py and summarise.py are merged (then delete _interim.py)
-    from ._interim import read_chrome_trace, summarise
+from .summarise import summarise
+from .trace import read_chrome_trace
 
 log = logging.getLogger("lockstep.agent")
 

@@ -12,9 +12,9 @@ import pyarrow as pa
 import yaml
 
 from ...schemas import functions as ft
-from ...schemas.records import FeatureBatch, ProfileTrigger, StepHeartbeat, WorkerMeta
-from .faults import Fault, FaultError, effects
-from .model import FUNCTIONS, SimulatedStep, simulate_step
+from ...schemas.records import FeatureBatch, ProfileTrigger, Sampling, StepHeartbeat, WorkerMeta
+from .faults import Fault, FaultError, Truth, effects
+from .model import KIND, NAMES, SimulatedStep, Static, Workload, simulate_step, step_rng
 from .topology import Topology, TopologyError
 
 
@@ -23,12 +23,42 @@ class ScenarioError(ValueError):
 
 
 @dataclass(frozen=True)
+class Window:
+    """A profiling window: ``steps`` steps from ``start_step``."""
+
+    start_step: int = 60
+    steps: int = 8
+
+    @property
+    def range(self) -> range:
+        return range(self.start_step, self.start_step + self.steps)
+
+    @property
+    def name(self) -> str:
+        return f"w{self.start_step}"
+
+
+@dataclass(frozen=True)
 class Scenario:
+    """A simulated job, its faults and the window to profile.  Scenario files are YAML or JSON of this shape."""
+
     job: str = "demo-job"
     seed: int = 7
     topology: Topology = field(default_factory=Topology)
+    workload: Workload = field(default_factory=Workload)
     faults: tuple[Fault, ...] = ()
+    window: Window = field(default_factory=Window)
+    baseline: Window | None = None  # an earlier window of the same job, before any fault (job-wide regressions)
+    hardware_hz: float = 100.0  # hardware samples per second during a window
     tenant: str = ""
+    name: str = ""
+
+    @property
+    def category(self) -> str:
+        """What the scenario tests: ``healthy``, the fault type, or ``two_faults``."""
+        if not self.faults:
+            return "healthy"
+        return self.faults[0].type if len(self.faults) == 1 else "two_faults"
 
     @classmethod
     def load(cls, path: Path | str) -> Scenario:
@@ -40,84 +70,177 @@ class Scenario:
             raise ScenarioError(f"scenario {path}: {exc.strerror}") from None
         except (json.JSONDecodeError, yaml.YAMLError) as exc:
             raise ScenarioError(f"scenario {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({str(exc).splitlines()[0]})") from None
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(data, str(path), default_name=path.stem)
 
     @classmethod
-    def from_dict(cls, data: object, where: str = "scenario") -> Scenario:
+    def from_dict(cls, data: object, where: str = "scenario", default_name: str = "") -> Scenario:
         if not isinstance(data, dict):
             raise ScenarioError(f"{where}: expected a mapping")
+        known = {"name", "job", "seed", "topology", "workload", "faults", "window", "baseline", "hardware_hz", "tenant"}
+        unknown = set(data) - known
+        if unknown:
+            raise ScenarioError(f"{where}: unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
         try:
             topo = Topology(**(data.get("topology") or {}))
-            faults = tuple(
-                Fault(
-                    type=f["type"],
-                    workers=tuple(f.get("workers", ())),
-                    hosts=tuple(f.get("hosts", ())),
-                    severity=float(f.get("severity", 0.3)),
-                    start_step=int(f.get("start_step", 0)),
-                )
-                for f in data.get("faults") or []
+            workload = Workload(**(data.get("workload") or {}))
+            faults = tuple(_fault(f) for f in data.get("faults") or [])
+            window = Window(**(data.get("window") or {}))
+            baseline = Window(**data["baseline"]) if data.get("baseline") else None
+            sc = cls(
+                job=str(data.get("job", "demo-job")),
+                seed=int(data.get("seed", 7)),
+                topology=topo,
+                workload=workload,
+                faults=faults,
+                window=window,
+                baseline=baseline,
+                hardware_hz=float(data.get("hardware_hz", 100.0)),
+                tenant=str(data.get("tenant", "")),
+                name=str(data.get("name", default_name)),
             )
-            return cls(job=str(data.get("job", "demo-job")), seed=int(data.get("seed", 7)), topology=topo, faults=faults, tenant=str(data.get("tenant", "")))
+            sc.check()
+            return sc
         except (TopologyError, FaultError) as exc:
             raise ScenarioError(f"{where}: {exc}") from None
         except (TypeError, KeyError, ValueError) as exc:
             raise ScenarioError(f"{where}: bad value ({exc})") from None
 
+    def check(self) -> None:
+        """Cross-field checks; raises FaultError / ValueError."""
+        if self.workload.layers_per_stage < 1 or self.workload.microbatches < 0:
+            raise ValueError("workload.layers_per_stage must be >= 1 and microbatches >= 0")
+        if self.window.steps < 1 or self.window.start_step < 0 or not 0 < self.hardware_hz <= 10_000:
+            raise ValueError("window needs steps >= 1 and start_step >= 0; hardware_hz in (0, 10000]")
+        for f in self.faults:
+            f.targets(self.topology)  # raises on targets outside the topology
+        if self.baseline and any(f.start_step < self.baseline.start_step + self.baseline.steps for f in self.faults if f.type == "regression"):
+            raise ValueError("a regression must start after the baseline window")
+
+    def to_dict(self) -> dict:
+        out: dict = {"name": self.name, "job": self.job, "seed": self.seed}
+        out["topology"] = {k: getattr(self.topology, k) for k in self.topology.__dataclass_fields__}
+        wl = _nondefault(self.workload, Workload())
+        if wl:
+            out["workload"] = wl
+        out["window"] = {"start_step": self.window.start_step, "steps": self.window.steps}
+        if self.baseline:
+            out["baseline"] = {"start_step": self.baseline.start_step, "steps": self.baseline.steps}
+        if self.hardware_hz != 100.0:
+            out["hardware_hz"] = self.hardware_hz
+        if self.tenant:
+            out["tenant"] = self.tenant
+        out["faults"] = [f.to_dict() for f in self.faults]
+        return out
+
+    def truths(self) -> list[Truth]:
+        return [f.truth(self.topology) for f in self.faults]
+
+
+def _nondefault(obj, default) -> dict:
+    return {k: getattr(obj, k) for k in obj.__dataclass_fields__ if getattr(obj, k) != getattr(default, k)}
+
+
+def _fault(f: object) -> Fault:
+    if not isinstance(f, dict):
+        raise ValueError("each fault must be a mapping with a type")
+    return Fault(
+        type=f["type"],
+        workers=tuple(int(x) for x in f.get("workers", ())),
+        hosts=tuple(int(x) for x in f.get("hosts", ())),
+        nics=tuple(str(x) for x in f.get("nics", ())),
+        switches=tuple(str(x) for x in f.get("switches", ())),
+        stage=None if f.get("stage") is None else int(f["stage"]),
+        function=str(f.get("function", "")),
+        severity=float(f.get("severity", 0.3)),
+        start_step=int(f.get("start_step", 0)),
+    )
+
 
 class FleetSimulator:
     """Steps a simulated job and renders its heartbeats and feature batches.
 
-    The same seed gives the same records: one RNG stream per step, derived from
-    (seed, step), so the records of a step do not depend on which steps were
-    simulated before it.
+    The same seed gives the same records: one RNG stream per (seed, step), so the
+    records of a step do not depend on which steps were simulated before it.
     """
 
     def __init__(self, scenario: Scenario):
         self.scenario = scenario
         self.topology = scenario.topology
         self.meta: list[WorkerMeta] = self.topology.meta()
-        self._fn = pa.array([f.name for f in FUNCTIONS])
-        self._kind = pa.array([f.kind for f in FUNCTIONS])
-        self._res = pa.array([f.resource for f in FUNCTIONS])
+        self.static = Static.draw(self.topology, scenario.workload, scenario.seed)
 
-    def step(self, step: int) -> SimulatedStep:
-        rng = np.random.default_rng([self.scenario.seed, step])
-        fx = effects(self.topology, list(self.scenario.faults), step)
-        return simulate_step(self.topology, step, rng, fx)
+    def step(self, step: int, faults: tuple[Fault, ...] | None = None, readings: bool = True) -> SimulatedStep:
+        """Simulate one step; ``faults`` overrides the scenario's (re-simulation without a fault),
+        ``readings=False`` skips the hardware readings (the times stay the same)."""
+        sc = self.scenario
+        fx = effects(self.topology, sc.faults if faults is None else faults, step, sc.workload.layers_per_stage)
+        return simulate_step(self.topology, sc.workload, self.static, step, step_rng(sc.seed, step), fx, sc.hardware_hz, readings)
+
+    def saving(self, index: int, steps: range | list[int]) -> float:
+        """The share of the synchronised step time that removing fault ``index`` saves over ``steps``
+        (mean over steps), measured by re-simulating the same steps without it: the true impact."""
+        others = tuple(f for i, f in enumerate(self.scenario.faults) if i != index)
+        with_fault = np.array([self.step(s, readings=False).sync_step_us for s in steps])
+        without = np.array([self.step(s, others, readings=False).sync_step_us for s in steps])
+        return float(np.mean((with_fault - without) / with_fault))
+
+    def trigger(self, window: Window | None = None, *, created_at: float = 0.0) -> ProfileTrigger:
+        """The profiling trigger of a window of this scenario (the scenario's own window by default)."""
+        w = window or self.scenario.window
+        return ProfileTrigger(job=self.scenario.job, window=w.name, start_step=w.start_step, steps=w.steps,
+                              expected_workers=self.topology.workers, sampling=Sampling(hardware_hz=self.scenario.hardware_hz),
+                              reason="simulated", created_at=created_at, tenant=self.scenario.tenant)  # fmt: skip
 
     def heartbeats(self, sim: SimulatedStep, sent_at: float | None = None) -> list[StepHeartbeat]:
+        """One heartbeat per live worker; ``sent_at`` on each host's own (possibly skewed) clock."""
         now = time.time() if sent_at is None else sent_at
         job, tenant = self.scenario.job, self.scenario.tenant
         return [
-            StepHeartbeat(job=job, worker=m.rank, step=sim.step, step_time_s=float(st) / 1e6, host=m.host, sent_at=now, tenant=tenant)
-            for m, st in zip(self.meta, sim.step_time_us)
+            StepHeartbeat(job=job, worker=m.rank, step=sim.step, step_time_s=float(sim.step_time_us[i]) / 1e6, host=m.host,
+                          sent_at=now + float(sim.clock_offset_s[i]), tenant=tenant)  # fmt: skip
+            for i, m in enumerate(self.meta)
+            if not sim.missing[i]
         ]
 
-    def function_table(self, sim: SimulatedStep, worker: int) -> pa.Table:
+    def table(self, sim: SimulatedStep) -> tuple[pa.Table, np.ndarray]:
+        """Every live worker's function table of one step as one Arrow table, and the worker of each row.
+
+        Rows are grouped by worker (ascending) in catalogue order; the table conforms to
+        :data:`lockstep.schemas.functions.SCHEMA`.
+        """
+        keep = sim.present & ~sim.missing[:, None]
+        w_idx, f_idx = np.nonzero(keep)
+        calls = sim.calls[keep]
+        total = sim.total_us[keep]
+        mean = total / np.maximum(calls, 1)
+        spread = np.where(np.isin(KIND[f_idx], ("collective", "p2p")), 0.5, 0.1)
         cols: dict[str, object] = {
-            "function": self._fn,
-            "kind": self._kind,
-            "resource": self._res,
-            "calls": sim.calls[worker],
-            "total_us": sim.total_us[worker],
-            "critical_us": sim.critical_us[worker],
-            "wait_us": sim.wait_us[worker],
-            "first_start_us": sim.first_start_us[worker],
-            "mean_us": sim.total_us[worker] / sim.calls[worker],
-            "p50_us": sim.total_us[worker] / sim.calls[worker],
-            "p95_us": sim.total_us[worker] / sim.calls[worker] * 1.1,
-            "max_us": sim.total_us[worker] / sim.calls[worker] * 1.2,
-            "bytes": sim.bytes[worker],
-            "samples": np.maximum(1, (sim.total_us[worker] / 10_000).astype(np.int32)),
-            "clock_events": sim.clock_events[worker],
+            "function": NAMES[f_idx],
+            "kind": KIND[f_idx],
+            "resource": sim.resource[keep],
+            "calls": calls,
+            "total_us": total,
+            "critical_us": sim.critical_us[keep],
+            "wait_us": sim.wait_us[keep],
+            "first_start_us": sim.first_start_us[keep],
+            "mean_us": mean,
+            "p50_us": mean * (1.0 - spread / 10),
+            "p95_us": mean * (1.0 + spread),
+            "max_us": mean * (1.0 + 2 * spread),
+            "bytes": sim.bytes[keep],
+            "samples": sim.samples[keep],
+            "clock_events": sim.clock_events[keep],
         }
         for name, arr in sim.hw.items():
-            cols[name] = arr[worker]
-        return ft.make_table(cols)
+            cols[name] = arr[keep]
+        return ft.make_table(cols), w_idx
 
     def feature_batches(self, sim: SimulatedStep, trigger: ProfileTrigger, sent_at: float | None = None) -> list[FeatureBatch]:
+        """One feature batch per live worker, as its agent would publish it."""
         now = time.time() if sent_at is None else sent_at
+        table, row_worker = self.table(sim)
+        counts = np.bincount(row_worker, minlength=self.topology.workers)
+        offsets = np.cumsum(counts) - counts
         return [
             FeatureBatch(
                 job=self.scenario.job,
@@ -128,11 +251,12 @@ class FleetSimulator:
                 expected_workers=trigger.expected_workers,
                 worker=m,
                 step_time_us=float(sim.step_time_us[i]),
-                functions=ft.pack(self.function_table(sim, i)),
+                functions=ft.pack(table.slice(int(offsets[i]), int(counts[i]))),
                 hardware="nvml",
                 policy=trigger.policy_ref,
-                sent_at=now,
+                sent_at=now + float(sim.clock_offset_s[i]),
                 tenant=self.scenario.tenant,
             )
             for i, m in enumerate(self.meta)
+            if not sim.missing[i]
         ]

@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 from confluent_kafka import Consumer, TopicPartition
 
 from ...kafka import Topics, features_key
@@ -49,11 +50,11 @@ class ControlFollower:
             if msg.error():
                 continue
             try:
-                trig = decode(msg.value(), ProfileTrigger)
+                trig = decode(msg.value())
             except RecordError as err:
                 log.warning("ignoring bad control record: %s", err)
                 continue
-            if trig.job == self.job:
+            if isinstance(trig, ProfileTrigger) and trig.job == self.job:  # refusals are for operators
                 out.append(trig)
         return out
 
@@ -81,8 +82,10 @@ def run_live(
     next_t = time.monotonic()
     stop_at: int | None = None
     job = fleet.scenario.job
+    echo: dict = {}  # the last trigger received, echoed in the next heartbeats (control latency)
     for step in range(start_step, start_step + max_steps):
         for trig in control.poll():
+            echo = {"trigger_window": trig.window, "trigger_latency_s": time.time() - trig.created_at}
             if trig.start_step <= step:
                 log.warning("refusing trigger %s: start step %d is not in the future (now at %d)", trig.window, trig.start_step, step)
                 res.refused.append(trig)
@@ -93,7 +96,8 @@ def run_live(
         sim = fleet.step(step)
         now = time.time()
         for hb in fleet.heartbeats(sim, now):
-            publisher.send(topics.heartbeats, job, hb)
+            publisher.send(topics.heartbeats, job, msgspec.structs.replace(hb, **echo) if echo else hb)
+        echo = {}
         for trig in list(active):
             if trig.start_step <= step < trig.start_step + trig.steps:
                 key = features_key(job, step)

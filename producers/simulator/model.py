@@ -1,52 +1,153 @@
-"""A synchronous data-parallel step, simulated for every worker at once.
+"""One synchronous training step, simulated for every worker at once.
 
-Each step: data loading (CPU), host-to-device copy (PCIe), forward and backward
-kernels (GPU; slower when the SM clock drops), a gradient all-reduce (every
-worker waits for the last arrival; the ring runs at its slowest link), the
-optimizer and a little Python.  Waits and critical path emerge from the
-timeline; nothing is labelled.  Arrays are (workers, functions).
+Each step, every worker runs: its Python loop, data loading (CPU; background
+loader workers prefetch, so ``dataloader.next`` only stalls when they cannot keep
+up), the host-to-device copy (PCIe), the forward and backward passes of its
+pipeline stage in micro-batches (GPU kernels whose time grows as the SM clock
+falls; tensor-parallel all-reduces over NVLink inside a host; mixture-of-experts
+all-to-alls; pipeline send/recv between stages over NICs), the data-parallel
+gradient all-reduce (hierarchical: over NVLink inside a host, then over the NICs
+across hosts), the model-parallel grad-norm all-reduce, the optimizer step and a
+little logging.
+
+Nothing is labelled: waits, the critical path and who waits for whom emerge.
+Every collective starts when its last member arrives (the others wait inside
+it) and moves its bytes at the speed of the slowest link of the group (a ring is
+as fast as its slowest hop).  Pipeline stages form a GPipe schedule per
+micro-batch; a stage waits in ``nccl:send_recv[pp]`` for its neighbour.
+
+Arrays are (workers, functions) over the catalogue :data:`FUNCTIONS`; a
+function a worker does not run has ``present`` False (the embedding only on the
+first stage, tensor-parallel collectives only with ``tp > 1``, ...).  Hardware
+readings are what a host agent reports for each function: the mean of the
+samples taken *while it ran*, idle waits filtered out.  So a link's throughput
+is its rate while it moved bytes: a degraded NIC in a ring shows its own low
+rate while the healthy NICs of the same ring show their full rate (they burst,
+then idle until the slow hop catches up), even though the collective takes
+equally long for every member.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .faults import Effects
 from .topology import Topology
 
 BASE_CLOCK_MHZ = 1980.0
+NVLINK_GBPS = 150.0  # per GPU, GB/s while transferring
+NIC_GBPS = 50.0  # per bond (2 x 200 Gb/s), shared by the GPUs behind it
+PCIE_GBPS = 25.0  # host-to-device copies, per GPU
+DISK_MBPS = 2000.0  # host reads while the loader reads
+POWER_IDLE_W, POWER_W = 90.0, 600.0  # board power idle and at the base clock under load
+TEMP_C = 65.0
+
+# NVML clock-event (throttle) reason bits
+SW_POWER_CAP = 0x04
+SW_THERMAL = 0x20
+HW_THERMAL = 0x40
 
 
 @dataclass(frozen=True)
 class Function:
     name: str
     kind: str
-    resource: str
-    base_us: float
-    bytes: float = float("nan")
+    resource: str  # default resource; collectives use "nic" or "nvlink" depending on where their group lives
+    base_us: float = 0.0  # per step (per layer for layer kernels); the model grows with tp and pp, a GPU's work does not
+    sigma: float = 0.01  # per-step jitter (lognormal sigma)
 
 
 FUNCTIONS: tuple[Function, ...] = (
-    Function("dataloader.next", "dataloader", "cpu", 3_000.0),
-    Function("memcpy.h2d", "memcpy", "pcie", 1_500.0, bytes=37.5e6),
-    Function("fwd.gemm", "compute", "gpu", 40_000.0),
-    Function("fwd.attention", "compute", "gpu", 20_000.0),
-    Function("bwd.gemm", "compute", "gpu", 80_000.0),
-    Function("bwd.attention", "compute", "gpu", 40_000.0),
-    Function("nccl:all_reduce[dp]", "collective", "nic", 25_000.0, bytes=1.0e9),
-    Function("optimizer.step", "optimizer", "gpu", 8_000.0),
-    Function("python.train_loop", "python", "cpu", 400.0),
+    Function("python.train_loop", "python", "cpu", 400.0, 0.05),
+    Function("dataloader.next", "dataloader", "cpu", 1_500.0, 0.05),
+    Function("memcpy.h2d", "memcpy", "pcie", 0.0, 0.02),
+    Function("fwd.embedding", "compute", "gpu", 1_000.0, 0.005),
+    Function("fwd.gemm", "compute", "gpu", 2_500.0, 0.005),  # per layer
+    Function("fwd.attention", "compute", "gpu", 1_250.0, 0.005),  # per layer
+    Function("moe.expert_gemm", "compute", "gpu", 2_000.0, 0.005),  # per layer, fwd + bwd
+    Function("nccl:all_to_all[ep]", "collective", "nic", 0.0, 0.01),
+    Function("nccl:all_reduce[tp]", "collective", "nvlink", 0.0, 0.01),
+    Function("nccl:send_recv[pp]", "p2p", "nic", 0.0, 0.01),
+    Function("fwd.loss", "compute", "gpu", 1_500.0, 0.005),
+    Function("bwd.gemm", "compute", "gpu", 5_000.0, 0.005),  # per layer
+    Function("bwd.attention", "compute", "gpu", 2_500.0, 0.005),  # per layer
+    Function("nccl:all_reduce[dp]", "collective", "nic", 0.0, 0.01),
+    Function("nccl:all_reduce[mp]", "collective", "nic", 0.0, 0.01),
+    Function("optimizer.step", "optimizer", "gpu", 8_000.0, 0.005),
+    Function("python.log_metrics", "python", "cpu", 150.0, 0.05),
 )
 F = len(FUNCTIONS)
 IDX = {f.name: i for i, f in enumerate(FUNCTIONS)}
+NAMES = np.array([f.name for f in FUNCTIONS], dtype=object)
 KIND = np.array([f.kind for f in FUNCTIONS], dtype=object)
+SIGMA = np.array([f.sigma for f in FUNCTIONS])
 GPU_BOUND = np.array([f.resource == "gpu" for f in FUNCTIONS])
-SIGMA = np.array([{"compute": 0.005, "optimizer": 0.005, "memcpy": 0.02, "collective": 0.01}.get(f.kind, 0.05) for f in FUNCTIONS])
-BEFORE_ALLREDUCE = [IDX[n] for n in ("dataloader.next", "memcpy.h2d", "fwd.gemm", "fwd.attention", "bwd.gemm", "bwd.attention")]
-AFTER_ALLREDUCE = [IDX[n] for n in ("optimizer.step", "python.train_loop")]
-AR = IDX["nccl:all_reduce[dp]"]
+COMM = np.array([f.kind in ("collective", "p2p") for f in FUNCTIONS])
+#: the transformer-layer kernels: what a pipeline stage with more layers does more of
+LAYER_KERNELS = ("fwd.gemm", "fwd.attention", "bwd.gemm", "bwd.attention")
+COMPUTE_KERNELS = ("fwd.embedding", "fwd.gemm", "fwd.attention", "moe.expert_gemm", "fwd.loss", "bwd.gemm", "bwd.attention", "optimizer.step")
+CPU_FUNCTIONS = ("python.train_loop", "dataloader.next", "python.log_metrics")
+
+INPUT_BYTES = 75e6  # a worker's batch, host to device
+ACT_BYTES = 32e6  # activations of one layer output for the whole local batch (tp all-reduce, pp send)
+GRAD_BYTES = 150e6  # exposed gradient bytes of the dp all-reduce (the rest overlaps backward)
+A2A_BYTES = 2e6  # mixture-of-experts dispatch + combine per layer
+HICCUP_US = 2_000.0  # mean stall of a transient hiccup
+LOADER_HEALTHY = 0.5  # background loaders need half the step's compute time to prepare a batch
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the job computes; scenario files set it under ``workload:``."""
+
+    layers_per_stage: int = 16
+    microbatches: int = 0  # 0: 1 without pipeline parallelism, 8 x pp with it
+    moe: bool = False  # mixture-of-experts layers (expert kernels + all-to-all, routing skew)
+    seq_jitter: float = 0.02  # per-step spread of each worker's tokens (variable sequence lengths)
+    moe_skew: float = 0.10  # per-step spread of tokens routed to each worker's experts
+    hiccups: float = 0.002  # share of (worker, function, step) in which one call stalls (transient)
+
+    def m(self, topo: Topology) -> int:
+        return self.microbatches or (1 if topo.pp == 1 else 8 * topo.pp)
+
+
+@dataclass
+class Effects:
+    """What the active faults change, per worker (W) unless noted.  Healthy: factors 1, deltas 0."""
+
+    clock_factor: np.ndarray
+    clock_events: np.ndarray  # uint64, NVML reasons
+    temp_delta: np.ndarray
+    gpu_factor: np.ndarray  # compute time at the same clock
+    nvlink_factor: np.ndarray  # link capacity
+    pcie_factor: np.ndarray
+    nic_factor: np.ndarray  # capacity of the worker's bond (NIC or switch port)
+    cpu_other_delta: np.ndarray
+    cpu_self_factor: np.ndarray
+    mem_floor: np.ndarray  # host memory in use at least this share
+    disk_factor: np.ndarray  # disk read rate the loader sees
+    loader_excess: np.ndarray  # extra share of the step the loader needs per batch
+    python_factor: np.ndarray  # Python (CPU-bound) slowdown
+    tokens: np.ndarray  # input size factor
+    fn_factor: np.ndarray  # (W, F) duration factor per function
+    extra_us: np.ndarray  # (W, F) extra time per function, as a share of the step budget
+    extra_layers: np.ndarray  # (pp,) int: layers a stage has beyond its share
+    clock_offset_s: np.ndarray  # wall-clock skew of the worker's host
+    missing: np.ndarray  # bool: the worker's agent is gone (no records)
+
+    @classmethod
+    def healthy(cls, topo: Topology) -> Effects:
+        w = topo.workers
+        one, zero = np.ones(w), np.zeros(w)
+        return cls(
+            clock_factor=one.copy(), clock_events=np.zeros(w, dtype=np.uint64), temp_delta=zero.copy(),
+            gpu_factor=one.copy(), nvlink_factor=one.copy(), pcie_factor=one.copy(), nic_factor=one.copy(),
+            cpu_other_delta=zero.copy(), cpu_self_factor=one.copy(), mem_floor=zero.copy(), disk_factor=one.copy(),
+            loader_excess=zero.copy(), python_factor=one.copy(), tokens=one.copy(),
+            fn_factor=np.ones((w, F)), extra_us=np.zeros((w, F)), extra_layers=np.zeros(topo.pp, dtype=np.int64),
+            clock_offset_s=zero.copy(), missing=np.zeros(w, dtype=bool),
+        )  # fmt: skip
 
 
 @dataclass
@@ -54,85 +155,359 @@ class SimulatedStep:
     """One step of every worker: per-(worker, function) characteristics and per-worker step time."""
 
     step: int
+    present: np.ndarray  # (W, F) bool: the worker runs the function
+    resource: np.ndarray  # (W, F) object
     total_us: np.ndarray  # (W, F)
     critical_us: np.ndarray
-    wait_us: np.ndarray  # NaN: not measured locally (as on a real host)
+    wait_us: np.ndarray  # NaN: not measured locally (as on a real host); the diagnosis estimates it
+    true_wait_us: np.ndarray  # what the simulator knows: time spent waiting for peers (tests, evaluation)
     first_start_us: np.ndarray
     calls: np.ndarray
     bytes: np.ndarray
+    samples: np.ndarray
     hw: dict[str, np.ndarray]  # metric -> (W, F), NaN where not applicable
     clock_events: np.ndarray  # (W, F) uint64
     step_time_us: np.ndarray  # (W,)
+    missing: np.ndarray  # (W,) bool
+    clock_offset_s: np.ndarray  # (W,)
+
+    @property
+    def sync_step_us(self) -> float:
+        """The synchronised step time: the slowest worker's."""
+        return float(self.step_time_us.max())
 
 
-def simulate_step(topo: Topology, step: int, rng: np.random.Generator, fx: Effects) -> SimulatedStep:
-    W = topo.workers
+@dataclass(frozen=True)
+class Static:
+    """Per-device properties fixed for the job (manufacturing spread, cooling, host load)."""
+
+    clock: np.ndarray
+    temp_c: np.ndarray
+    power: np.ndarray
+    mem: np.ndarray
+    cpu_other: np.ndarray
+    structure: dict = field(default_factory=dict)
+
+    @classmethod
+    def draw(cls, topo: Topology, workload: Workload, seed: int) -> Static:
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))
+        w, h = topo.workers, topo.hosts
+        host = topo.arrays["host"]
+        return cls(
+            clock=rng.normal(1.0, 0.002, w),
+            temp_c=TEMP_C + rng.normal(0.0, 3.0, w),
+            power=rng.normal(1.0, 0.02, w),
+            mem=(0.35 + rng.uniform(0.0, 0.15, h))[host],
+            cpu_other=(0.03 + rng.uniform(0.0, 0.05, h))[host],
+            structure=_structure(topo, workload),
+        )
+
+
+def step_rng(seed: int, step: int) -> np.random.Generator:
+    """One stream per (seed, step): a step's records do not depend on which steps ran before."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1, step)))
+
+
+def _structure(topo: Topology, wl: Workload) -> dict:
+    """What the topology fixes: who runs what, where each collective's group lives."""
+    a = topo.arrays
+    stage = a["pp"]
+    present = np.ones((topo.workers, F), dtype=bool)
+    present[:, IDX["fwd.embedding"]] = stage == 0
+    present[:, IDX["fwd.loss"]] = stage == topo.pp - 1
+    present[:, IDX["moe.expert_gemm"]] = wl.moe
+    present[:, IDX["nccl:all_to_all[ep]"]] = wl.moe and topo.dp > 1
+    present[:, IDX["nccl:all_reduce[tp]"]] = topo.tp > 1
+    present[:, IDX["nccl:send_recv[pp]"]] = topo.pp > 1
+    present[:, IDX["nccl:all_reduce[dp]"]] = topo.dp > 1
+    present[:, IDX["nccl:all_reduce[mp]"]] = topo.pp * topo.tp > 1
+    # data-parallel group of one (pp, tp): members per host and hosts spanned
+    dp_per_host = min(topo.dp, max(1, topo.gpus_per_host // topo.tp))
+    dp_hosts = -(-topo.dp // dp_per_host)
+    mp_hosts = topo.pp  # a model-parallel group spans one host per stage
+    resource = np.tile(np.array([f.resource for f in FUNCTIONS], dtype=object), (topo.workers, 1))
+    for name, hosts in (("nccl:all_to_all[ep]", dp_hosts), ("nccl:all_reduce[dp]", dp_hosts), ("nccl:all_reduce[mp]", mp_hosts)):
+        resource[:, IDX[name]] = "nic" if hosts > 1 else "nvlink"
+    return {"present": present, "resource": resource, "dp_per_host": dp_per_host, "dp_hosts": dp_hosts, "mp_hosts": mp_hosts}
+
+
+def budget_us(topo: Topology, wl: Workload) -> float:
+    """A healthy worker's compute per step: the time background data loaders have to prepare the next batch."""
+    b = {f.name: f.base_us for f in FUNCTIONS}
+    per_layer = sum(b[n] for n in LAYER_KERNELS) + (b["moe.expert_gemm"] if wl.moe else 0.0)
+    return wl.layers_per_stage * per_layer + b["optimizer.step"]
+
+
+def _group_max(x: np.ndarray, shape: tuple[int, int, int], axes: tuple[int, ...]) -> np.ndarray:
+    """Max over the given axes of the (pp, dp, tp) layout, broadcast back to workers."""
+    v = x.reshape(shape)
+    return np.broadcast_to(v.max(axis=axes, keepdims=True), shape).reshape(-1)
+
+
+def _group_min(x: np.ndarray, shape: tuple[int, int, int], axes: tuple[int, ...]) -> np.ndarray:
+    v = x.reshape(shape)
+    return np.broadcast_to(v.min(axis=axes, keepdims=True), shape).reshape(-1)
+
+
+def _ring_time(bytes_: float, members: int, bw_gbps: np.ndarray) -> np.ndarray:
+    """All-reduce of ``bytes_`` over a ring of ``members`` whose slowest hop runs at ``bw_gbps``: microseconds."""
+    if members < 2:
+        return np.zeros_like(bw_gbps)
+    return 2.0 * (members - 1) / members * bytes_ / (bw_gbps * 1e3)
+
+
+def simulate_step(
+    topo: Topology, wl: Workload, static: Static, step: int, rng: np.random.Generator, fx: Effects, hardware_hz: float = 100.0, readings: bool = True
+) -> SimulatedStep:
+    """Simulate one step of every worker; ``readings=False`` skips the hardware readings (timing only, same times)."""
+    W, P, D, T = topo.workers, topo.pp, topo.dp, topo.tp
+    shape = (P, D, T)
+    st = static.structure
+    a = topo.arrays
+    stage = a["pp"]
+    M = wl.m(topo)
     base = np.array([f.base_us for f in FUNCTIONS])
-    # kernels are nearly deterministic; host-side work (loading, Python) varies more
+    budget = budget_us(topo, wl)
+
+    # ---- natural variability: kernels nearly deterministic, host-side work varies more, rare hiccups
     jitter = rng.lognormal(0.0, 1.0, size=(W, F)) ** SIGMA[None, :]
-    # transient hiccups: one function of a rare worker-step takes 1.5x (persistence must filter them)
-    hiccup = rng.random((W, F)) < 0.002
-    jitter = np.where(hiccup, jitter * 1.5, jitter)
+    hiccup = np.where(rng.random((W, F)) < wl.hiccups, rng.exponential(HICCUP_US, (W, F)), 0.0)  # one call stalls (GC, OS jitter)
+    tokens = rng.lognormal(0.0, wl.seq_jitter, W) * fx.tokens  # variable sequence lengths
+    route = rng.lognormal(0.0, wl.moe_skew, (P, D))  # tokens routed to each tensor-parallel group's experts
+    route = np.repeat(route.reshape(-1), T) * fx.tokens
+    clock = BASE_CLOCK_MHZ * static.clock * fx.clock_factor * rng.normal(1.0, 0.001, W)
+    speed = (BASE_CLOCK_MHZ / clock) * fx.gpu_factor  # compute time factor
 
-    clock = BASE_CLOCK_MHZ * fx.clock_factor * rng.normal(1.0, 0.003, size=W)
-    dur = base[None, :] * jitter * fx.duration_factor
-    dur[:, GPU_BOUND] *= (BASE_CLOCK_MHZ / clock)[:, None]
+    layers = (wl.layers_per_stage + fx.extra_layers)[stage].astype(np.float64)
+    dur = np.zeros((W, F))
+    g = lambda name: IDX[name]  # noqa: E731
+    dur[:, g("fwd.gemm")] = base[g("fwd.gemm")] * layers * tokens
+    dur[:, g("bwd.gemm")] = base[g("bwd.gemm")] * layers * tokens
+    dur[:, g("fwd.attention")] = base[g("fwd.attention")] * layers * tokens**2  # attention grows with sequence length squared
+    dur[:, g("bwd.attention")] = base[g("bwd.attention")] * layers * tokens**2
+    dur[:, g("fwd.embedding")] = base[g("fwd.embedding")] * tokens
+    dur[:, g("fwd.loss")] = base[g("fwd.loss")] * tokens
+    dur[:, g("moe.expert_gemm")] = base[g("moe.expert_gemm")] * layers * route
+    dur[:, g("optimizer.step")] = base[g("optimizer.step")]
+    dur[:, GPU_BOUND] *= speed[:, None]
+    dur[:, g("python.train_loop")] = base[g("python.train_loop")] * fx.python_factor
+    dur[:, g("python.log_metrics")] = base[g("python.log_metrics")] * fx.python_factor
+    # the copy moves the batch at the link's rate
+    pcie_gbps = PCIE_GBPS * fx.pcie_factor
+    input_bytes = INPUT_BYTES * tokens
+    dur[:, g("memcpy.h2d")] = input_bytes / (pcie_gbps * 1e3)
+    dur *= jitter * fx.fn_factor
+    dur += fx.extra_us * budget + hiccup
+    # prefetching loaders hide their work unless it exceeds the step's compute
+    produce = budget * (LOADER_HEALTHY * rng.lognormal(0.0, 0.05, W) + fx.loader_excess)
+    dur[:, g("dataloader.next")] = base[g("dataloader.next")] * jitter[:, g("dataloader.next")] + np.maximum(0.0, produce - budget)
+    dur[~st["present"]] = 0.0
 
-    # timeline within the step: work before the all-reduce, then everyone waits for the last arrival
-    arrival = dur[:, BEFORE_ALLREDUCE].sum(axis=1)
-    first_start = np.zeros((W, F))
-    first_start[:, BEFORE_ALLREDUCE] = np.cumsum(dur[:, BEFORE_ALLREDUCE], axis=1) - dur[:, BEFORE_ALLREDUCE]
-    transfer = base[AR] * float(np.max(fx.link_factor)) * rng.lognormal(0.0, 0.01)
-    wait = arrival.max() - arrival
-    dur[:, AR] = wait + transfer
-    first_start[:, AR] = arrival
-    t = arrival.max() + transfer
-    for i in AFTER_ALLREDUCE:
-        first_start[:, i] = t
-        t = t + dur[:, i]
+    total = dur.copy()
+    wait = np.zeros((W, F))
+    first = np.zeros((W, F))
+    comm_factor = lambda name: fx.fn_factor[:, g(name)] * jitter[:, g(name)]  # noqa: E731
+
+    # ---- link capacities per worker (GB/s while transferring)
+    nvlink = NVLINK_GBPS * fx.nvlink_factor
+    nic = NIC_GBPS / topo.gpus_per_nic * fx.nic_factor
+
+    # ---- before the pipeline: Python, loading, copy (each worker on its own)
+    t = np.zeros(W)
+    for name in ("python.train_loop", "dataloader.next", "memcpy.h2d"):
+        first[:, g(name)] = t
+        t = t + dur[:, g(name)]
+    ready = t
+
+    # ---- pipeline phase, per tensor-parallel group (node = (pp, dp)); members sync at every tp all-reduce
+    fwd_names = ("fwd.embedding", "fwd.gemm", "fwd.attention", "fwd.loss")
+    bwd_names = ("bwd.gemm", "bwd.attention")
+    f_w = dur[:, [g(n) for n in fwd_names]].sum(axis=1) / M
+    b_w = dur[:, [g(n) for n in bwd_names]].sum(axis=1) / M
+    e_w = dur[:, g("moe.expert_gemm")] / (2 * M)  # per micro-batch, per direction
+    tp_axis, dp_axis = (2,), (1,)
+    start = _group_max(ready, shape, tp_axis)
+    f_max, b_max = _group_max(f_w, shape, tp_axis), _group_max(b_w, shape, tp_axis)
+    tp_calls = 2 * layers * M  # per direction: after attention and after the MLP of every layer
+    tp_xfer = np.zeros(W)
+    if T > 1:
+        per_call = _ring_time(ACT_BYTES / M, T, _group_min(nvlink, shape, tp_axis))
+        tp_xfer = tp_calls * per_call * comm_factor("nccl:all_reduce[tp]")
+        tp_xfer = _group_max(tp_xfer, shape, tp_axis)
+    # experts: every data-parallel replica of a stage exchanges tokens with the others (ep = dp)
+    e_max = _group_max(_group_max(e_w, shape, tp_axis), shape, dp_axis) if wl.moe else np.zeros(W)
+    a2a_xfer = np.zeros(W)
+    if wl.moe and D > 1:
+        link = np.where(st["dp_hosts"] > 1, nic, nvlink)
+        a2a_xfer = 2 * 2 * layers * M * (A2A_BYTES / M) / (_group_min(link, shape, dp_axis) * 1e3) * comm_factor("nccl:all_to_all[ep]")
+        a2a_xfer = _group_max(_group_max(a2a_xfer, shape, tp_axis), shape, dp_axis)
+    f_node = f_max + e_max + (tp_xfer + a2a_xfer) / (2 * M)
+    b_node = b_max + e_max + (tp_xfer + a2a_xfer) / (2 * M)
+
+    hop = np.zeros((0, D))  # one send/recv of one micro-batch's activations, stage p -> p + 1
+    if P > 1:
+        link = np.minimum(nic.reshape(shape)[:-1], nic.reshape(shape)[1:])  # stage p -> p + 1, same (dp, tp)
+        hop = ACT_BYTES / M / (link.min(axis=2, keepdims=True) * 1e3)  # (P-1, D, 1)
+        hop = np.broadcast_to(hop, (P - 1, D, T)) * comm_factor("nccl:send_recv[pp]").reshape(shape)[:-1]
+        hop = hop.max(axis=2)  # (P-1, D)
+    S = start.reshape(shape)[:, :, 0]
+    fn, bn = f_node.reshape(shape)[:, :, 0], b_node.reshape(shape)[:, :, 0]
+    F_end = np.zeros((P, D))
+    F_first = np.zeros((P, D))
+    for m in range(M):  # forward, GPipe: stage p starts micro-batch m when it is free and p-1 has sent it
+        for p in range(P):
+            r = S[p] if m == 0 else F_end[p]
+            if p > 0:
+                r = np.maximum(r, F_end[p - 1] + hop[p - 1])
+            F_end[p] = r + fn[p]
+            if m == 0:
+                F_first[p] = r
+    B_end = F_end.copy()
+    B_first = np.zeros((P, D))
+    for m in range(M):  # backward: gradients flow from the last stage to the first
+        for p in reversed(range(P)):
+            r = B_end[p]
+            if p < P - 1:
+                r = np.maximum(r, B_end[p + 1] + hop[p])
+            B_end[p] = r + bn[p]
+            if m == 0:
+                B_first[p] = r
+    pipe_end = B_end.copy()
+    if P > 1:
+        pipe_end[1:] += hop  # the last gradients sent to the previous stage
+    node = lambda x: np.repeat(x.reshape(-1), T)  # noqa: E731  (P, D) -> workers
+    pipe_end_w, S_w = node(pipe_end), node(S)
+    compute_w = M * (f_node + b_node)
+    # accounting per worker: what is not compute in the pipeline phase is waiting or moving bytes
+    tp_wait = (start - ready) + M * ((f_max - f_w) + (b_max - b_w))
+    a2a_wait = 2 * M * (e_max - e_w)
+    if T > 1:
+        total[:, g("nccl:all_reduce[tp]")] = tp_xfer + tp_wait
+        wait[:, g("nccl:all_reduce[tp]")] = tp_wait
+    if wl.moe and D > 1:
+        total[:, g("nccl:all_to_all[ep]")] = a2a_xfer + a2a_wait
+        wait[:, g("nccl:all_to_all[ep]")] = a2a_wait
+    if P > 1:
+        p2p = pipe_end_w - S_w - compute_w
+        n_hops = np.where((stage == 0) | (stage == P - 1), 2 * M, 4 * M)
+        hop_w = np.concatenate([hop, hop[-1:]]).reshape(-1)  # the hop each stage sends on (the last: its input)
+        xfer = np.minimum(p2p, n_hops / 2 * np.repeat(hop_w, T))
+        total[:, g("nccl:send_recv[pp]")] = p2p
+        wait[:, g("nccl:send_recv[pp]")] = p2p - xfer
+    for n in fwd_names + ("moe.expert_gemm", "nccl:all_reduce[tp]", "nccl:all_to_all[ep]"):
+        first[:, g(n)] = node(F_first)
+    for n in bwd_names:
+        first[:, g(n)] = node(B_first)
+    first[:, g("nccl:send_recv[pp]")] = np.where(stage == 0, node(F_first) + f_node, S_w)
+    first[:, g("fwd.loss")] = node(F_first) + f_node * 0.9
+
+    # ---- data-parallel gradient all-reduce per (pp, tp): hierarchical, NVLink inside a host then NICs across hosts
+    t = pipe_end_w
+    if D > 1:
+        k, h = st["dp_per_host"], st["dp_hosts"]
+        xfer = _ring_time(GRAD_BYTES, k, _group_min(nvlink, shape, dp_axis))
+        xfer = xfer + _ring_time(GRAD_BYTES / k, h, _group_min(nic, shape, dp_axis))
+        xfer = _group_max(xfer * comm_factor("nccl:all_reduce[dp]"), shape, dp_axis)
+        last = _group_max(t, shape, dp_axis)
+        first[:, g("nccl:all_reduce[dp]")] = t
+        wait[:, g("nccl:all_reduce[dp]")] = last - t
+        total[:, g("nccl:all_reduce[dp]")] = last - t + xfer
+        t = last + xfer
+    # ---- model-parallel grad-norm all-reduce (a few bytes) over every stage and tp rank of one replica
+    if P * T > 1:
+        lat = 20.0 * np.log2(P * T) + np.where(st["mp_hosts"] > 1, 30.0 * np.log2(max(2, P)), 0.0)
+        xfer = _group_max(lat * comm_factor("nccl:all_reduce[mp]"), shape, (0, 2))
+        last = _group_max(t, shape, (0, 2))
+        first[:, g("nccl:all_reduce[mp]")] = t
+        wait[:, g("nccl:all_reduce[mp]")] = last - t
+        total[:, g("nccl:all_reduce[mp]")] = last - t + xfer
+        t = last + xfer
+    for name in ("optimizer.step", "python.log_metrics"):
+        first[:, g(name)] = t
+        t = t + dur[:, g(name)]
     step_time = t
 
-    bytes_ = np.tile(np.array([f.bytes for f in FUNCTIONS]), (W, 1))
+    present = st["present"]
+    total[~present] = 0.0
     calls = np.ones((W, F), dtype=np.int32)
-    calls[:, IDX["fwd.gemm"]] = 96
-    calls[:, IDX["bwd.gemm"]] = 192
-    calls[:, IDX["fwd.attention"]] = 48
-    calls[:, IDX["bwd.attention"]] = 48
-    hw = _hardware(topo, rng, fx, dur, transfer, bytes_, clock)
-    wait_local = np.full((W, F), np.nan)
+    lk = (layers * M).astype(np.int32)
+    for name, per in (("fwd.gemm", 3), ("bwd.gemm", 6), ("fwd.attention", 2), ("bwd.attention", 2), ("moe.expert_gemm", 4)):
+        calls[:, g(name)] = per * lk
+    calls[:, g("nccl:all_reduce[tp]")] = 2 * tp_calls.astype(np.int32)
+    calls[:, g("nccl:all_to_all[ep]")] = 4 * lk
+    calls[:, g("nccl:send_recv[pp]")] = np.where((stage == 0) | (stage == P - 1), 2 * M, 4 * M)
+    calls[:, g("fwd.embedding")] = M
+    calls[:, g("fwd.loss")] = M
+    calls[:, g("memcpy.h2d")] = M
+    calls[~present] = 0
+
+    nbytes = np.full((W, F), np.nan)
+    nbytes[:, g("memcpy.h2d")] = input_bytes
+    nbytes[:, g("nccl:all_reduce[tp]")] = 2 * tp_calls * 2 * (T - 1) / T * ACT_BYTES / M
+    nbytes[:, g("nccl:all_to_all[ep]")] = 4 * layers * A2A_BYTES * route
+    nbytes[:, g("nccl:send_recv[pp]")] = calls[:, g("nccl:send_recv[pp]")] * ACT_BYTES / M
+    nbytes[:, g("nccl:all_reduce[dp]")] = 2 * (D - 1) / max(D, 1) * GRAD_BYTES
+    nbytes[:, g("nccl:all_reduce[mp]")] = 8.0 * 2
+    nbytes[~present] = np.nan
+
+    samples = np.maximum(1, np.rint(total * hardware_hz / 1e6)).astype(np.int32)
+    samples[~present] = 0
+    hw = _hardware(topo, static, rng, fx, st, samples, clock, pcie_gbps, nvlink, nic, total) if readings else {}
+    for arr in hw.values():
+        arr[~present] = np.nan
+    events = np.where(GPU_BOUND[None, :] & present, fx.clock_events[:, None], 0).astype(np.uint64)
     return SimulatedStep(
         step=step,
-        total_us=dur,
-        critical_us=dur.copy(),
-        wait_us=wait_local,
-        first_start_us=first_start,
+        present=present,
+        resource=st["resource"],
+        total_us=total,
+        critical_us=total.copy(),
+        wait_us=np.full((W, F), np.nan),
+        true_wait_us=wait,
+        first_start_us=first,
         calls=calls,
-        bytes=bytes_,
+        bytes=nbytes,
+        samples=samples,
         hw=hw,
-        clock_events=np.where(GPU_BOUND[None, :], fx.clock_events[:, None], 0).astype(np.uint64),
+        clock_events=events,
         step_time_us=step_time,
+        missing=fx.missing,
+        clock_offset_s=fx.clock_offset_s,
     )
 
 
-def _hardware(topo, rng, fx: Effects, dur, transfer, bytes_, clock) -> dict[str, np.ndarray]:
+def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvlink, nic, total) -> dict[str, np.ndarray]:
+    """Readings while each function ran: noise shrinks with the number of samples that overlapped it."""
     W = topo.workers
     nan = np.full((W, F), np.nan)
     gpu = GPU_BOUND[None, :]
-    n = lambda s: rng.normal(1.0, s, size=(W, F))  # noqa: E731
+    sd = 1.0 / np.sqrt(np.maximum(samples, 1))
+    n = lambda s: 1.0 + rng.normal(0.0, 1.0, size=(W, F)) * s * sd  # noqa: E731
+    rel_clock = (clock / BASE_CLOCK_MHZ)[:, None]
+    active = np.where(KIND[None, :] == "optimizer", 0.6, 0.88)
+    power = POWER_IDLE_W + (POWER_W - POWER_IDLE_W) * rel_clock**2 * static.power[:, None]
     hw = {
-        "sm_clock_mhz": np.where(gpu, clock[:, None] * n(0.002), nan),
-        "sm_active": np.where(gpu, 0.85 * n(0.02), nan),
-        "gpu_power_w": np.where(gpu, 600.0 * fx.power_factor[:, None] * n(0.02), nan),
-        "gpu_temp_c": np.where(gpu, (65.0 + fx.temp_delta[:, None]) * n(0.02), nan),
+        "sm_clock_mhz": np.where(gpu, clock[:, None] * n(0.001), nan),
+        "sm_active": np.where(gpu, np.clip(active * n(0.02), 0, 1), nan),
+        "gpu_power_w": np.where(gpu, power * n(0.02), nan),
+        "gpu_temp_c": np.where(gpu, (static.temp_c + fx.temp_delta)[:, None] * n(0.01), nan),
         "pcie_gbps": nan.copy(),
         "nvlink_gbps": nan.copy(),
         "nic_gbps": nan.copy(),
-        "cpu_self": np.where(KIND[None, :] == "dataloader", 1.0 * fx.cpu_self_factor[:, None], 0.3) * n(0.05),
-        "cpu_other": np.clip(0.05 + fx.cpu_other_delta[:, None] + rng.normal(0, 0.01, (W, F)), 0, 1),
-        "mem_used_frac": np.clip(0.4 + fx.mem_delta[:, None] + rng.normal(0, 0.01, (W, F)), 0, 1),
-        "disk_read_mbps": np.where(KIND[None, :] == "dataloader", 200.0 * fx.disk_factor[:, None] * n(0.05), nan),
+        # the worker's process: about a core for the training loop; the loader's workers while it stalls
+        "cpu_self": np.where(KIND[None, :] == "dataloader", 6.0 * fx.cpu_self_factor[:, None], 1.0) * n(0.05),
+        "cpu_other": np.clip((static.cpu_other + fx.cpu_other_delta)[:, None] * n(0.05), 0, 1),
+        "mem_used_frac": np.clip(np.maximum(static.mem, fx.mem_floor)[:, None] * n(0.005), 0, 1),
+        "disk_read_mbps": np.where(KIND[None, :] == "dataloader", DISK_MBPS * fx.disk_factor[:, None] * n(0.05), nan),
     }
     h2d = IDX["memcpy.h2d"]
-    hw["pcie_gbps"][:, h2d] = bytes_[:, h2d] / dur[:, h2d] / 1e3  # bytes/us -> GB/s
-    hw["nic_gbps"][:, AR] = bytes_[:, AR] / transfer / 1e3 * fx.nic_util[:]
+    hw["pcie_gbps"][:, h2d] = pcie_gbps * n(0.02)[:, h2d]
+    res = st["resource"]
+    comm = COMM[None, :] & (total > 0)
+    comm[:, IDX["nccl:all_reduce[mp]"]] = False  # a few bytes: latency, no measurable throughput
+    # a link's rate while it moves bytes: its own capacity, not the ring's
+    hw["nic_gbps"] = np.where(comm & (res == "nic"), nic[:, None] * n(0.02), np.nan)
+    intra = comm & ((res == "nvlink") | ((KIND[None, :] == "collective") & (st["dp_per_host"] > 1)))
+    intra[:, IDX["nccl:send_recv[pp]"]] = False
+    hw["nvlink_gbps"] = np.where(intra, nvlink[:, None] * n(0.02), np.nan)
     return hw

@@ -5,10 +5,12 @@ benchmarks all call it:
 
     frame = StepFrame.from_tables(...)          # every worker's function table for one step
     result = analyze_step(frame, policy.diagnosis)   # peer comparison within the step
-    diagnosis = diagnose_window(info, [results...], policy, now=...)  # persistence, causes, impact
+    d = diagnose_window(info, [results...], policy, now=..., history=h)  # persistence, topology, causes, impact
+    h = d.history                               # the job's baseline, for its next window
 """
 
 from .frame import StepFrame, peer_group_key  # noqa: F401
+from .history import HistoryError, JobHistory  # noqa: F401
 from .report import step_report, step_result  # noqa: F401
 from .step import StepResult, analyze_step  # noqa: F401
 from .window import WindowDiagnosis, WindowInfo, diagnose_window  # noqa: F401

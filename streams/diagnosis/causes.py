@@ -1,11 +1,28 @@
 """Cause attribution from the function's own resource (brief 5, "Cause categories").
 
 A suspect is one or more workers that persistently spent more *work* in one
-function than their peers.  Which hardware the function depends on decides
+function than their peers (or, for collectives, moved data well below their
+peers' link throughput).  Which hardware the function depends on decides
 which characteristics are evidence: the SM clock for kernels, PCIe throughput
-for copies, NIC throughput for inter-node collectives, the host's CPU for
-Python and data loading.  Without hardware samples the cause comes from timing
-alone and ``certainty`` is lower.
+for copies, NIC or NVLink throughput for collectives, the host's CPU, memory
+and disk for Python and data loading.  Without hardware samples the cause
+comes from timing alone and ``certainty`` is lower.
+
+| resource | evidence                                   | cause                                   |
+|----------|--------------------------------------------|-----------------------------------------|
+| gpu      | SM clock down, thermal / power event bits  | gpu_throttle_thermal / _power / gpu_throttle |
+| gpu      | more calls or bytes than peers             | input_imbalance                         |
+| gpu      | same clock, more time                      | gpu_slow                                |
+| pcie     | PCIe throughput down                       | pcie (host_cpu_contention, host_memory when those deviate instead) |
+| nvlink   | NVLink throughput down                     | nvlink                                  |
+| nic      | NIC throughput down; several hosts, one switch | nic / switch                        |
+| cpu      | other processes take the CPU               | host_cpu_contention                     |
+| cpu      | host memory nearly full                    | host_memory                             |
+| cpu      | data loading with disk reads down          | storage                                 |
+| cpu      | data loading otherwise                     | dataloader                              |
+| cpu      | more calls or bytes                        | input_imbalance                         |
+| cpu      | a function the peers do not run            | rank_specific_code                      |
+| cpu      | Python the peers run faster                | python_overhead                         |
 """
 
 from __future__ import annotations
@@ -19,7 +36,6 @@ from ..policy import DiagnosisPolicy
 # NVML clock-event (throttle) reason bits
 THERMAL_BITS = 0x20 | 0x40  # SW / HW thermal slowdown
 POWER_BITS = 0x04 | 0x80  # SW power cap / HW power brake
-HW_SLOWDOWN = 0x08
 
 
 @dataclass
@@ -32,7 +48,7 @@ class Suspect:
     devices: list[str]
     nics: list[str]
     switches: list[str]
-    peers: int
+    peers: int  # workers in the peer group
     z: float
     work_us: float
     peer_work_us: float
@@ -42,6 +58,9 @@ class Suspect:
     peer_clock_events: int
     values: dict[str, float] = field(default_factory=dict)  # evidence column -> median over steps
     peer_values: dict[str, float] = field(default_factory=dict)
+    present: int = 0  # peers (the suspect included) that ran the function
+    signal: str = "work"  # work | hardware
+    peer_mad_us: float = math.nan
 
 
 @dataclass
@@ -76,6 +95,8 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
     dev_gpu = _unique(s.devices)
     dev_host = _unique(s.hosts)
     r = s.resource
+    hw = 1.0 if s.has_hardware else 0.75  # timing alone is weaker evidence
+    rank_specific = 0 < s.peers and s.present <= policy.rank_specific_present * s.peers
 
     def drop(name: str, limit: float) -> bool:
         d = _rel(s.values.get(name, math.nan), s.peer_values.get(name, math.nan))
@@ -85,53 +106,70 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
         v, p = s.values.get(name, math.nan), s.peer_values.get(name, math.nan)
         return math.isfinite(v) and math.isfinite(p) and v - p > limit
 
+    def more_input() -> bool:
+        return any(_rel(s.values.get(c, math.nan), s.peer_values.get(c, math.nan)) > policy.input_rise for c in ("calls", "bytes"))
+
+    def memory_pressure() -> bool:
+        return s.values.get("mem_used_frac", 0.0) > policy.mem_high and rise("mem_used_frac", 0.05)
+
     if r == "gpu":
-        clock = s.values.get("sm_clock_mhz", math.nan)
         if drop("sm_clock_mhz", policy.clock_drop):
             bits = s.clock_events & ~s.peer_clock_events
             if bits & THERMAL_BITS:
-                cause = "gpu_throttle_thermal"
-                extra = [_ev(s, "gpu_temp_c")]
+                cause, extra = "gpu_throttle_thermal", [_ev(s, "gpu_temp_c")]
             elif bits & POWER_BITS:
-                cause = "gpu_throttle_power"
-                extra = [_ev(s, "gpu_power_w")]
+                cause, extra = "gpu_throttle_power", [_ev(s, "gpu_power_w")]
             else:
-                cause = "gpu_throttle"
-                extra = []
+                cause, extra = "gpu_throttle", []
             ev += [_ev(s, "sm_clock_mhz"), *extra]
             ev.append(Evidence(feature="clock_events", value=float(s.clock_events), peer_value=float(s.peer_clock_events), deviation=float(bits)))
             return Attribution(cause, dev_gpu, ev, 1.0 if bits else 0.85)
-        more_input = rise("calls", 0.5) or (_rel(s.values.get("bytes", math.nan), s.peer_values.get("bytes", math.nan)) > 0.1)
-        if more_input:
+        if more_input():
             return Attribution("input_imbalance", dev_gpu, ev + [_ev(s, "calls"), _ev(s, "bytes")], 0.8)
-        if math.isfinite(clock):
+        if math.isfinite(s.values.get("sm_clock_mhz", math.nan)):
             return Attribution("gpu_slow", dev_gpu, ev + [_ev(s, "sm_clock_mhz"), _ev(s, "sm_active")], 0.85)
         return Attribution("gpu_slow", dev_gpu, ev, 0.6)
     if r == "pcie":
+        pcie = [d + "/pcie" for d in dev_gpu]
         if drop("pcie_gbps", policy.throughput_drop):
-            return Attribution("pcie", [d + "/pcie" for d in dev_gpu], ev + [_ev(s, "pcie_gbps")], 1.0)
+            return Attribution("pcie", pcie, ev + [_ev(s, "pcie_gbps")], 1.0)
         if rise("cpu_other", policy.cpu_other_rise):
             return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_other")], 0.8)
-        return Attribution("pcie", [d + "/pcie" for d in dev_gpu], ev, 0.6)
+        if memory_pressure():
+            return Attribution("host_memory", dev_host, ev + [_ev(s, "mem_used_frac")], 0.8)
+        return Attribution("pcie", pcie, ev + [_ev(s, "pcie_gbps")], 0.6 * hw)
     if r == "nvlink":
         certain = drop("nvlink_gbps", policy.throughput_drop)
         return Attribution("nvlink", [d + "/nvlink" for d in dev_gpu], ev + [_ev(s, "nvlink_gbps")], 1.0 if certain else 0.6)
     if r == "nic":
-        nics = _unique(s.nics) or dev_host
         certain = drop("nic_gbps", policy.throughput_drop)
         hosts = _unique(s.hosts)
         switches = _unique(s.switches)
         if len(hosts) > 1 and len(switches) == 1:
             return Attribution("switch", switches, ev + [_ev(s, "nic_gbps")], 0.9 if certain else 0.6)
-        return Attribution("nic", nics, ev + [_ev(s, "nic_gbps")], 1.0 if certain else 0.6)
+        return Attribution("nic", _unique(s.nics) or dev_host, ev + [_ev(s, "nic_gbps")], 1.0 if certain else 0.6)
     if r in ("cpu", "storage"):
         if rise("cpu_other", policy.cpu_other_rise):
             return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_other"), _ev(s, "cpu_self")], 1.0)
-        if s.values.get("mem_used_frac", 0.0) > 0.95 and rise("mem_used_frac", 0.05):
+        if memory_pressure():
             return Attribution("host_memory", dev_host, ev + [_ev(s, "mem_used_frac")], 0.9)
         if r == "storage" or (s.kind == "dataloader" and drop("disk_read_mbps", policy.throughput_drop)):
-            return Attribution("storage", dev_host, ev + [_ev(s, "disk_read_mbps")], 0.85)
+            return Attribution("storage", dev_host, ev + [_ev(s, "disk_read_mbps")], 0.85 if drop("disk_read_mbps", policy.throughput_drop) else 0.6)
         if s.kind == "dataloader":
-            return Attribution("dataloader", dev_host, ev + [_ev(s, "cpu_self")], 0.8 if s.has_hardware else 0.6)
-        return Attribution("rank_specific_code", dev_host, ev + [_ev(s, "calls")], 0.75 if s.has_hardware else 0.6)
+            return Attribution("dataloader", dev_host, ev + [_ev(s, "cpu_self")], 0.8 * hw)
+        if rank_specific:
+            return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.85)
+        if more_input():
+            return Attribution("input_imbalance", dev_host, ev + [_ev(s, "calls"), _ev(s, "bytes")], 0.75)
+        if s.kind == "python":
+            return Attribution("python_overhead", dev_host, ev + [_ev(s, "calls"), _ev(s, "cpu_self")], 0.7 * hw)
+        if not s.has_hardware:  # CPU work slower than on the peers, nothing to tell why: contention is likeliest
+            return Attribution("host_cpu_contention", dev_host, ev, 0.45)
+        return Attribution("unknown", dev_host, ev + [_ev(s, "cpu_other"), _ev(s, "cpu_self")], 0.4)
+    if rank_specific:
+        return Attribution("rank_specific_code", dev_gpu or dev_host, ev + [_present(s)], 0.7)
     return Attribution("unknown", dev_gpu or dev_host, ev, 0.4)
+
+
+def _present(s: Suspect) -> Evidence:
+    return Evidence(feature="workers_running_it", value=float(s.present), peer_value=float(s.peers), deviation=_round(s.present / s.peers if s.peers else math.nan))

@@ -61,7 +61,8 @@ class StepFrame:
         """From one conformed function table per worker (the stream processor's path)."""
         n_rows = np.fromiter((t.num_rows for t in tables), dtype=np.int64, count=len(tables))
         row_worker = np.repeat(np.arange(len(tables), dtype=np.int32), n_rows)
-        table = pa.concat_tables(tables) if tables else ft.SCHEMA.empty_table()
+        # one contiguous table: the analysis reads whole columns, 10,000 chunks would cost more than the copy
+        table = pa.concat_tables(tables).combine_chunks() if tables else ft.SCHEMA.empty_table()
         return cls(
             job=job,
             window=window,

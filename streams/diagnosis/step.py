@@ -1,17 +1,27 @@
 """Step analysis: compare every worker with its peers in one step.
 
-Pure and vectorised.  For each (peer group, function) cell it takes the median
-and MAD of the function's *work* (critical-path time minus time spent waiting
-for peers) and flags the (worker, function) rows whose work lies far above
-their peers'.  The result is small: the flagged rows with their hardware
-characteristics and their peers' medians, plus per-cell aggregates for the
-job-wide checks of the window stage.
+Pure and vectorised.  The step's function tables become (workers x functions)
+matrices.  For each (peer group, function) cell it takes the median and MAD of
+the function's *work* (critical-path time minus time spent waiting for peers)
+and flags the (worker, function) entries whose work lies far above their
+peers'.  A function that a worker did not run counts as no work, as long as
+some worker of its group ran it: code that runs on one rank only is a deviation
+like any other.
 
 Waiting: a collective's duration includes the time a worker waited for the
 last arrival.  Where the summary carries no locally measured ``wait_us``, the
 wait is estimated as the excess over the shortest instance in the peer group:
 the last worker to arrive waits least, so its duration is the pure transfer.
 That keeps the victims of a slow worker from being blamed.
+
+Collectives whose time is shared by everyone (a ring runs at the speed of its
+slowest link) cannot show a culprit by time; there a throughput drop of the
+link behind the function (NIC, NVLink) well below the peers' is flagged
+instead, with the what-if excess of running at the peers' throughput.
+
+The result is small: the flagged entries with their hardware characteristics
+and their peers' medians, plus per-(group, function) aggregates for the
+window stage's group, job-wide and history checks.
 """
 
 from __future__ import annotations
@@ -24,12 +34,16 @@ import pyarrow as pa
 from ...schemas import functions as ft
 from ..policy import DiagnosisPolicy
 from .frame import StepFrame
-from .stats import group_counts, group_mad, group_median, group_min, group_nanmean, group_or
+from .stats import Layout, group_or, majority_bits
 
 WAITING_KINDS = ("collective", "p2p")
+#: link resources whose throughput is checked for collectives (time is shared by the whole ring)
+LINK_METRIC = {"nic": "nic_gbps", "nvlink": "nvlink_gbps"}
 
 #: per-row characteristics carried for flagged rows, with their peers' medians
 EVIDENCE_COLUMNS = ("calls", "total_us", "mean_us", "p95_us", "bytes") + ft.HARDWARE
+#: peers' medians of the evidence columns come from at most this many workers per group
+EVIDENCE_SAMPLE = 64
 
 OUTLIER_SCHEMA = pa.schema(
     [
@@ -42,7 +56,9 @@ OUTLIER_SCHEMA = pa.schema(
         ("function", pa.string()),
         ("kind", pa.string()),
         ("resource", pa.string()),
-        ("peers", pa.int32()),
+        ("signal", pa.string()),  # work | hardware: what deviated
+        ("peers", pa.int32()),  # workers in the peer group (the worker included)
+        ("present", pa.int32()),  # ... of which ran the function in this step
         ("work_us", pa.float64()),
         ("peer_work_us", pa.float64()),
         ("peer_mad_us", pa.float64()),
@@ -65,12 +81,13 @@ GROUP_SCHEMA = pa.schema(
         ("function", pa.string()),
         ("kind", pa.string()),
         ("resource", pa.string()),
-        ("workers", pa.int32()),
-        ("work_us", pa.float64()),  # median
+        ("workers", pa.int32()),  # workers in the group
+        ("present", pa.int32()),  # ... that ran the function
+        ("work_us", pa.float64()),  # median over the group's workers (0 for those that did not run it)
         ("work_mad_us", pa.float64()),
-        ("share", pa.float64()),  # median critical-path share beta = critical / step time
         ("wait_us", pa.float64()),  # median
-        ("total_us", pa.float64()),  # median
+        ("share", pa.float64()),  # critical-path share beta: (median work + median wait) / median step time
+        ("step_time_us", pa.float64()),  # median step time of the group's workers
         ("clock_events", pa.uint64()),  # OR over the cell
     ]
     + [(c, pa.float64()) for c in ft.HARDWARE]  # means over the cell
@@ -91,59 +108,95 @@ class StepResult:
     groups: pa.Table  # GROUP_SCHEMA
 
 
+def _encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Dictionary-encode a string column: (codes, names)."""
+    enc = col.combine_chunks().dictionary_encode() if isinstance(col, pa.ChunkedArray) else col.dictionary_encode()
+    return enc.indices.to_numpy(zero_copy_only=False).astype(np.intp), np.asarray(enc.dictionary.to_pylist(), dtype=object)
+
+
+def _dense(n_w: int, n_f: int, rw: np.ndarray, fc: np.ndarray, values: np.ndarray, fill: float) -> np.ndarray:
+    m = np.full((n_w, n_f), fill, dtype=np.float64)
+    m[rw, fc] = values
+    return m
+
+
 def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     t = frame.functions
     n_w = frame.n_workers
     if t.num_rows == 0 or n_w == 0:
         return _empty_result(frame)
-    rw = frame.row_worker
-    fn_codes_arr = t.column("function").combine_chunks().dictionary_encode()
-    fcode = fn_codes_arr.indices.to_numpy().astype(np.int64)
-    fnames = np.asarray(fn_codes_arr.dictionary.to_pylist(), dtype=object)
-    gnames, gcode_w = np.unique(frame.group.astype(str), return_inverse=True)
-    gcode_w = gcode_w.astype(np.int64)
+    rw = frame.row_worker.astype(np.intp)
+    fc, fnames = _encode(t.column("function"))
     n_f = fnames.size
-    cell = gcode_w[rw] * n_f + fcode
-    n_cells = gnames.size * n_f
+    first = np.full(n_f, -1, dtype=np.intp)
+    first[fc[::-1]] = np.arange(fc.size - 1, -1, -1)
+    kind_f = np.asarray(t.column("kind").take(pa.array(first)).to_pylist(), dtype=object)
+    res_f = np.asarray(t.column("resource").take(pa.array(first)).to_pylist(), dtype=object)
+    gnames, gw = np.unique(frame.group.astype(str), return_inverse=True)
+    gw = gw.astype(np.intp)
+    lay = Layout(gw, gnames.size)
+    n_g = lay.counts  # workers per group
+    st = frame.step_time_us
 
-    kind = np.asarray(t.column("kind").to_pylist(), dtype=object)
-    critical = frame.column("critical_us").astype(np.float64)
-    wait = frame.column("wait_us").astype(np.float64)
-    waiting = np.isin(kind, WAITING_KINDS)
-    # estimate unmeasured waits: excess over the peer group's shortest instance
-    est = np.clip(critical - group_min(np.where(waiting, critical, np.nan), cell, n_cells)[cell], 0.0, None)
-    wait = np.where(waiting, np.where(np.isnan(wait), est, np.minimum(wait, critical)), 0.0)
-    work = critical - wait
+    present = np.zeros((n_w, n_f), dtype=bool)
+    present[rw, fc] = True
+    n_present = lay.sum(present)  # (groups, functions)
+    valid = (n_present > 0)[gw]  # the worker's group ran the function: absence means no work
+    crit = _dense(n_w, n_f, rw, fc, frame.column("critical_us"), 0.0)
 
-    worker_work = frame.step_time_us - np.bincount(rw, weights=wait, minlength=n_w)
-    counts = group_counts(cell, n_cells)
-    med = group_median(work, cell, n_cells)
-    mad = group_mad(work, cell, n_cells, med)
-    step_med = float(np.median(frame.step_time_us))
-    scale = np.maximum(1.4826 * mad, policy.rel_floor * np.abs(med))
-    scale = np.maximum(scale, 1.0)  # never below a microsecond
-    z = (work - med[cell]) / scale[cell]
-    excess = work - med[cell]
-    flagged = (
-        (counts[cell] >= policy.min_peers)
-        & (z > policy.z_threshold)
-        & (excess > policy.min_excess_share * frame.step_time_us[rw])
-    )
-    flagged_workers = np.zeros(n_w, dtype=bool)
-    flagged_workers[rw[flagged]] = True
-    healthy = ~flagged_workers
+    # waits at collectives: measured, or the excess over the group's shortest instance
+    waiting = np.isin(kind_f, WAITING_KINDS)
+    wait = np.zeros((n_w, n_f))
+    if waiting.any():
+        measured = _dense(n_w, n_f, rw, fc, frame.column("wait_us"), np.nan)[:, waiting]
+        cw = np.where(present[:, waiting], crit[:, waiting], np.nan)
+        shortest = lay.min(cw)[gw]
+        est = np.clip(cw - shortest, 0.0, None)
+        wait[:, waiting] = np.nan_to_num(np.where(np.isnan(measured), est, np.minimum(measured, cw)))
+    work = crit - wait
+    worker_work = st - wait.sum(axis=1)
+
+    med = lay.median(np.where(valid, work, np.nan))
+    mad = lay.mad(np.where(valid, work, np.nan), med)
+    scale = np.maximum(np.maximum(1.4826 * mad, policy.rel_floor * np.abs(med)), 1.0)  # never below a microsecond
+    z = (work - med[gw]) / scale[gw]
+    excess = work - med[gw]
+    enough = (n_g >= policy.min_peers)[gw][:, None]
+    flag_work = valid & enough & (z > policy.z_threshold) & (excess > policy.min_excess_share * st[:, None])
+    signal_hw = np.zeros((n_w, n_f), dtype=bool)
+    for res, metric in LINK_METRIC.items():
+        cols = np.flatnonzero(waiting & (res_f == res))
+        if cols.size == 0:
+            continue
+        v = _dense(n_w, n_f, rw, fc, frame.column(metric), np.nan)[:, cols]
+        vm = lay.median(v)
+        vs = np.maximum(1.4826 * lay.mad(v, vm), policy.rel_floor * np.abs(vm))[gw]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = v / vm[gw]
+            drop = (ratio < 1.0 - policy.throughput_drop) & ((v - vm[gw]) / vs < -policy.z_threshold)
+        big = work[:, cols] > policy.hardware_min_share * st[:, None]
+        hw = drop & big & present[:, cols] & enough & ~flag_work[:, cols]
+        signal_hw[:, cols] = hw
+        # what-if: the transfer at the peers' throughput
+        excess[:, cols] = np.where(hw, work[:, cols] * (1.0 - np.nan_to_num(ratio)), excess[:, cols])
+    flagged = flag_work | signal_hw
+
+    fw = flagged.any(axis=1)
+    healthy = ~fw
     work_max = float(worker_work.max())
     healthy_max = float(worker_work[healthy].max()) if healthy.any() else float("nan")
 
-    outliers = _outliers(frame, t, flagged, cell, n_cells, fnames, fcode, kind, med, mad, z, excess, wait, work, worker_work, counts)
-    groups = _groups(frame, t, cell, n_cells, n_f, gnames, fnames, kind, counts, med, mad, critical, wait, rw)
+    row_of = np.full((n_w, n_f), -1, dtype=np.intp)
+    row_of[rw, fc] = np.arange(fc.size)
+    outliers = _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present)
+    groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw)
     return StepResult(
         job=frame.job,
         window=frame.window,
         step=frame.step,
         workers_seen=n_w,
-        step_time_us=float(frame.step_time_us.max()),
-        step_time_median_us=step_med,
+        step_time_us=float(st.max()),
+        step_time_median_us=float(np.median(st)),
         work_max_us=work_max,
         healthy_work_max_us=healthy_max,
         outliers=outliers,
@@ -151,15 +204,13 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _outliers(frame, t, flagged, cell, n_cells, fnames, fcode, kind, med, mad, z, excess, wait, work, worker_work, counts) -> pa.Table:
-    idx = np.flatnonzero(flagged)
-    if idx.size == 0:
+def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present) -> pa.Table:
+    w, f = np.nonzero(flagged)
+    if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
-    rw = frame.row_worker
-    w = rw[idx]
-    # peers' medians of the evidence columns, only over the cells that hold a flagged row
-    in_cells = np.isin(cell, np.unique(cell[idx]))
-    sub_cell = cell[in_cells]
+    g = lay.groups[w]
+    idx = row_of[w, f]  # flagged entries always ran the function (no work cannot be an excess)
+    t = frame.functions
     cols: dict[str, object] = {
         "worker": frame.rank[w],
         "host": frame.host[w].astype(str),
@@ -167,65 +218,91 @@ def _outliers(frame, t, flagged, cell, n_cells, fnames, fcode, kind, med, mad, z
         "nic": frame.nic[w].astype(str),
         "switch": frame.switch[w].astype(str),
         "group": frame.group[w].astype(str),
-        "function": fnames[fcode[idx]].astype(str),
-        "kind": kind[idx].astype(str),
-        "resource": np.asarray(t.column("resource").to_pylist(), dtype=object)[idx].astype(str),
-        "peers": counts[cell[idx]].astype(np.int32),
-        "work_us": work[idx],
-        "peer_work_us": med[cell[idx]],
-        "peer_mad_us": mad[cell[idx]],
-        "z": z[idx],
-        "excess_us": excess[idx],
-        "wait_us": wait[idx],
+        "function": fnames[f].astype(str),
+        "kind": kind_f[f].astype(str),
+        "resource": res_f[f].astype(str),
+        "signal": np.where(signal_hw[w, f], "hardware", "work"),
+        "peers": lay.counts[g].astype(np.int32),
+        "present": n_present[g, f].astype(np.int32),
+        "work_us": work[w, f],
+        "peer_work_us": med[g, f],
+        "peer_mad_us": mad[g, f],
+        "z": z[w, f],
+        "excess_us": excess[w, f],
+        "wait_us": wait[w, f],
         "step_time_us": frame.step_time_us[w],
         "worker_work_us": worker_work[w],
         "has_hardware": frame.has_hardware[w],
     }
-    ce = frame.column("clock_events").astype(np.uint64)
+    # peers' medians of the evidence columns, for the flagged functions only, from a sample of each group
+    fcols, finv = np.unique(f, return_inverse=True)
+    sampled = lay.pos < EVIDENCE_SAMPLE
+    rw, fc = np.nonzero(present[:, fcols] & sampled[:, None])
+    rows = row_of[rw, fcols[fc]]
+    dense = np.full((frame.n_workers, fcols.size), np.nan)
+    for c in EVIDENCE_COLUMNS:
+        v = t.column(c).to_numpy(zero_copy_only=False)
+        cols[c] = v[idx].astype(np.float64)
+        dense[rw, fc] = v[rows]
+        cols[f"peer_{c}"] = lay.median(dense, sample=EVIDENCE_SAMPLE)[g, finv]
+    ce = t.column("clock_events").to_numpy(zero_copy_only=False).astype(np.uint64)
     cols["clock_events"] = ce[idx]
     # clock-event bits the peers share (set on at least half of them) are not evidence
-    cols["peer_clock_events"] = group_or(ce[in_cells], sub_cell, n_cells)[cell[idx]] & _majority_bits(ce[in_cells], sub_cell, n_cells)[cell[idx]]
-    for c in EVIDENCE_COLUMNS:
-        v = frame.column(c).astype(np.float64)
-        cols[c] = v[idx]
-        cols[f"peer_{c}"] = group_median(v[in_cells], sub_cell, n_cells)[cell[idx]]
+    cell = lay.groups[rw] * fcols.size + fc
+    n_cells = lay.n_groups * fcols.size
+    flag_cell = g * fcols.size + finv
+    cols["peer_clock_events"] = (group_or(ce[rows], cell, n_cells) & majority_bits(ce[rows], cell, n_cells))[flag_cell]
     return pa.Table.from_pydict(cols, schema=OUTLIER_SCHEMA)
 
 
-def _majority_bits(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
-    """Per group, the bits set on at least half of the rows."""
-    out = np.zeros(n_groups, dtype=np.uint64)
-    n = np.bincount(groups, minlength=n_groups)
-    for bit in range(16):  # NVML clock-event reasons use the low bits
-        has = ((values >> np.uint64(bit)) & np.uint64(1)).astype(np.int64)
-        k = np.bincount(groups, weights=has, minlength=n_groups)
-        out |= np.where((n > 0) & (2 * k >= n), np.uint64(1 << bit), np.uint64(0))
-    return out
-
-
-def _groups(frame, t, cell, n_cells, n_f, gnames, fnames, kind, counts, med, mad, critical, wait, rw) -> pa.Table:
-    present = np.flatnonzero(counts > 0)
-    # a representative row per cell gives its kind and resource
-    first = np.full(n_cells, -1, dtype=np.int64)
-    first[cell[::-1]] = np.arange(cell.size - 1, -1, -1)
-    rep = first[present]
-    share = critical / frame.step_time_us[rw]
+def _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw) -> pa.Table:
+    gi, fi = np.nonzero(n_present > 0)
+    n_f = fnames.size
+    st = frame.step_time_us
+    waiting = np.isin(kind_f, WAITING_KINDS)
+    wait_med = np.zeros_like(med)
+    wait_med[:, waiting] = lay.median(np.where(valid[:, waiting], wait[:, waiting], np.nan))
+    st_med = lay.median(st[:, None])[:, 0]
+    cell_row = lay.groups[rw] * n_f + fc
+    n_cells = lay.n_groups * n_f
+    t = frame.functions
     cols: dict[str, object] = {
-        "group": gnames[present // n_f].astype(str),
-        "function": fnames[present % n_f].astype(str),
-        "kind": kind[rep].astype(str),
-        "resource": np.asarray(t.column("resource").to_pylist(), dtype=object)[rep].astype(str),
-        "workers": counts[present].astype(np.int32),
-        "work_us": med[present],
-        "work_mad_us": mad[present],
-        "share": group_median(share, cell, n_cells)[present],
-        "wait_us": group_median(wait, cell, n_cells)[present],
-        "total_us": group_median(frame.column("total_us").astype(np.float64), cell, n_cells)[present],
-        "clock_events": group_or(frame.column("clock_events").astype(np.uint64), cell, n_cells)[present],
+        "group": gnames[gi].astype(str),
+        "function": fnames[fi].astype(str),
+        "kind": kind_f[fi].astype(str),
+        "resource": res_f[fi].astype(str),
+        "workers": lay.counts[gi].astype(np.int32),
+        "present": n_present[gi, fi].astype(np.int32),
+        "work_us": med[gi, fi],
+        "work_mad_us": mad[gi, fi],
+        "wait_us": wait_med[gi, fi],
+        "share": (med[gi, fi] + wait_med[gi, fi]) / st_med[gi],
+        "step_time_us": st_med[gi],
+        "clock_events": group_or(t.column("clock_events").to_numpy(zero_copy_only=False), cell_row, n_cells)[gi * n_f + fi],
     }
-    for c in ft.HARDWARE:
-        cols[c] = group_nanmean(frame.column(c), cell, n_cells)[present]
+    cols.update(_cell_means(t, cell_row, n_cells, gi * n_f + fi))
     return pa.Table.from_pydict(cols, schema=GROUP_SCHEMA)
+
+
+def _cell_means(t: pa.Table, cell: np.ndarray, n_cells: int, pick: np.ndarray) -> dict[str, np.ndarray]:
+    """Means of the hardware columns per cell, ignoring NaN: one sort, one reduceat for all columns."""
+    out = {c: np.full(pick.size, np.nan) for c in ft.HARDWARE}
+    arrays = {c: t.column(c).to_numpy(zero_copy_only=False) for c in ft.HARDWARE}
+    used = [c for c, v in arrays.items() if not np.isnan(v).all()]
+    if not used:
+        return out
+    order = np.argsort(cell, kind="stable")
+    m = np.stack([arrays[c][order] for c in used], axis=1).astype(np.float64)
+    ok = ~np.isnan(m)
+    counts = np.bincount(cell, minlength=n_cells)
+    starts = (np.cumsum(counts) - counts)[pick]
+    sums = np.add.reduceat(np.where(ok, m, 0.0), starts, axis=0)
+    n = np.add.reduceat(ok, starts, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(n > 0, sums / np.maximum(n, 1), np.nan)
+    for j, c in enumerate(used):
+        out[c] = means[:, j]
+    return out
 
 
 def _empty_result(frame: StepFrame) -> StepResult:

@@ -1,12 +1,19 @@
 """Window diagnosis: from the step results of one window to findings.
 
-- Persistence: a (worker, function) deviation counts only if it holds in enough
-  of the window's steps (policy ``persistence`` and ``min_persistent_steps``).
-- Topology: deviating workers of one function that share the resource behind it
-  (a NIC for inter-node collectives, a host for CPU-bound functions) become one
-  finding naming the shared element.
-- Job-wide: functions that exceed expected ranges on every worker (a Python
-  function over 1% of the critical path, communication over 30%).
+- Persistence: a deviation counts only if it holds in enough of the window's
+  steps (policy ``persistence`` and ``min_persistent_steps``).
+- Topology: deviating workers of one function that share the resource behind
+  it (a NIC for inter-node collectives, several hosts behind one switch, a host
+  for CPU-bound functions) become one finding naming the shared element; then
+  findings of one cause on one host merge (a throttled GPU slows all its
+  kernels; two GPUs of one host are reported together).
+- Scope ``worker``: some workers differ from their peers (robust peer statistics).
+- Scope ``group``: one peer group (a pipeline stage) does more work than the
+  other groups; or one group regressed against the job's earlier healthy windows.
+- Scope ``job``: every worker alike, so no outlier exists; compared against
+  expected ranges (a Python function over 1% of the step where the GPU does
+  the compute, communication over 30%) and against the job's own earlier
+  healthy windows (:mod:`.history`).
 - Impact: what-if - the culprits' excess work removed, the synchronised step
   recomputed as the slowest remaining worker.
 """
@@ -18,13 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ...schemas.records import Evidence, Finding, Impact, WindowReport, finding_id
-from ..policy import Policy
+from ..policy import DiagnosisPolicy, Policy
 from .causes import Suspect, classify
+from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .stats import group_median
-from .step import EVIDENCE_COLUMNS, StepResult
+from .step import EVIDENCE_COLUMNS, WAITING_KINDS, StepResult
 
 
 @dataclass
@@ -42,6 +49,18 @@ class WindowInfo:
 class WindowDiagnosis:
     findings: list[Finding]
     report: WindowReport
+    history: JobHistory | None = None  # the job's baseline after this window: keep it for the next one
+
+
+@dataclass
+class _Ctx:
+    info: WindowInfo
+    results: list[StepResult]
+    dp: DiagnosisPolicy
+    need: int  # steps a deviation must hold in
+    now: float
+    policy_ref: str
+    coverage: float
 
 
 def diagnose_window(
@@ -52,18 +71,27 @@ def diagnose_window(
     now: float,
     closed: str = "complete",
     bytes_in: int = 0,
+    history: JobHistory | None = None,
 ) -> WindowDiagnosis:
     dp = policy.diagnosis
     results = sorted(results, key=lambda r: r.step)
     steps_seen = len(results)
-    policy_ref = info.policy or policy.ref
+    # worker-steps delivered of those expected: a step nobody delivered counts as 0
+    coverage = sum(min(r.workers_seen, info.expected_workers) for r in results) / (info.expected_workers * max(info.steps, steps_seen, 1))
     findings: list[Finding] = []
+    groups = _concat([r.groups for r in results], results)
     if steps_seen:
         need = max(min(dp.min_persistent_steps, steps_seen), math.ceil(dp.persistence * steps_seen))
-        findings += _worker_findings(info, results, policy, need, now, policy_ref)
-        findings += _job_findings(info, results, policy, need, now, policy_ref)
+        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage)
+        findings += _worker_findings(ctx)
+        findings += _group_findings(ctx, groups)
+        explained = {f.function for f in findings}
+        findings += [f for f in _job_findings(ctx, groups, history) if f.function not in explained]
     findings.sort(key=lambda f: (-f.impact.step_time_share, f.id))
-    coverage = float(np.mean([min(r.workers_seen, info.expected_workers) / info.expected_workers for r in results])) if results else 0.0
+    # a window is the job's normal unless something deviated or regressed (expected ranges describe the job itself)
+    healthy = not any(f.scope != "job" or f.cause == "regression" for f in findings)
+    if steps_seen >= 2 and healthy and coverage >= MIN_COVERAGE:
+        history = fold(history, info.job, info.window, window_medians(groups), dp.history_weight, now)
     seen = max((r.workers_seen for r in results), default=0)
     report = WindowReport(
         job=info.job,
@@ -80,238 +108,417 @@ def diagnose_window(
         reached_device=any(f.devices for f in findings),
         closed=closed,  # type: ignore[arg-type]
         closed_at=now,
-        policy=policy_ref,
+        policy=info.policy or policy.ref,
         tenant=info.tenant,
     )
-    return WindowDiagnosis(findings=findings, report=report)
+    return WindowDiagnosis(findings=findings, report=report, history=history)
 
 
-def _coverage_term(results: list[StepResult], expected: int) -> float:
-    return float(np.mean([min(1.0, r.workers_seen / expected) for r in results]))
+def _concat(tables: list[pa.Table], results: list[StepResult]) -> pa.Table:
+    parts = [t.append_column("step", pa.array(np.full(t.num_rows, r.step, dtype=np.int64))) for t, r in zip(tables, results)]
+    return pa.concat_tables(parts) if parts else pa.table({})
 
 
-def _worker_findings(info, results, policy, need, now, policy_ref) -> list[Finding]:
-    dp = policy.diagnosis
-    tables = [r.outliers.append_column("step", pa.array(np.full(r.outliers.num_rows, r.step, dtype=np.int64))) for r in results]
-    out = pa.concat_tables(tables)
+def _np(t: pa.Table, name: str) -> np.ndarray:
+    return t.column(name).to_numpy(zero_copy_only=False)
+
+
+def _keys(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique composite keys: (uniques, inverse, first index)."""
+    key = cols[0].astype(str)
+    for c in cols[1:]:
+        key = np.char.add(np.char.add(key, "\x1f"), c.astype(str))
+    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return uniq, inv, first
+
+
+def _steps_per_key(inv: np.ndarray, step: np.ndarray, n: int) -> np.ndarray:
+    """Distinct steps in which each key occurs."""
+    span = int(step.max()) + 1
+    return np.bincount(np.unique(inv * span + step) // span, minlength=n)
+
+
+# --------------------------------------------------------------------------- scope: worker
+
+
+def _worker_findings(ctx: _Ctx) -> list[Finding]:
+    out = _concat([r.outliers for r in ctx.results], ctx.results)
     if out.num_rows == 0:
         return []
-    worker = out.column("worker").to_numpy()
-    fn = out.column("function").to_numpy(zero_copy_only=False).astype(str)
-    step = out.column("step").to_numpy()
-    pair_keys = np.char.add(np.char.add(worker.astype(str), "\x1f"), fn)
-    pairs, pair = np.unique(pair_keys, return_inverse=True)
+    worker, fn, step = _np(out, "worker"), _np(out, "function").astype(str), _np(out, "step")
+    pairs, pair, first = _keys(worker, fn)
     n_pairs = pairs.size
-    # steps in which each (worker, function) deviated
-    n_steps = np.bincount(np.unique(pair * (step.max() + 1) + step) // (step.max() + 1), minlength=n_pairs)
-    persistent = n_steps >= need
+    n_steps = _steps_per_key(pair, step, n_pairs)
+    persistent = n_steps >= ctx.need
     if not persistent.any():
         return []
-    num = {c: group_median(out.column(c).to_numpy(zero_copy_only=False).astype(np.float64), pair, n_pairs)
-           for c in ("z", "work_us", "peer_work_us", "excess_us", "peers", *EVIDENCE_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS))}  # fmt: skip
-    first = np.full(n_pairs, -1, dtype=np.int64)
-    first[pair[::-1]] = np.arange(pair.size - 1, -1, -1)
-    ce = out.column("clock_events").to_numpy().astype(np.uint64)
-    pce = out.column("peer_clock_events").to_numpy().astype(np.uint64)
+    numeric = ("z", "work_us", "peer_work_us", "peer_mad_us", "excess_us", "peers", "present",
+               *EVIDENCE_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS))  # fmt: skip
+    num = {c: group_median(_np(out, c).astype(np.float64), pair, n_pairs) for c in numeric}
     ce_or = np.zeros(n_pairs, dtype=np.uint64)
-    np.bitwise_or.at(ce_or, pair, ce)
+    np.bitwise_or.at(ce_or, pair, _np(out, "clock_events").astype(np.uint64))
     pce_and = np.full(n_pairs, np.iinfo(np.uint64).max, dtype=np.uint64)
-    np.bitwise_and.at(pce_and, pair, pce)
-    col = {c: out.column(c).to_numpy(zero_copy_only=False) for c in ("worker", "host", "device", "nic", "switch", "group", "function", "kind", "resource", "has_hardware")}
+    np.bitwise_and.at(pce_and, pair, _np(out, "peer_clock_events").astype(np.uint64))
+    col = {c: _np(out, c)[first] for c in ("worker", "host", "device", "nic", "switch", "function", "kind", "resource", "signal", "has_hardware")}
 
-    # cluster persistent pairs: shared NIC for inter-node communication, shared host for CPU-bound work
-    clusters: dict[tuple, list[int]] = {}
-    for p in np.flatnonzero(persistent):
-        r = first[p]
-        res = col["resource"][r]
-        if res == "nic":
-            elem = col["nic"][r] or col["host"][r]
-        elif res in ("cpu", "storage"):
-            elem = col["host"][r]
-        else:
-            elem = f"worker:{col['worker'][r]}"
-        clusters.setdefault((col["function"][r], res, elem), []).append(p)
-    if any(k[1] == "nic" for k in clusters):
-        clusters = _merge_by_switch(clusters, first, col)
-
-    cov = _coverage_term(results, info.expected_workers)
+    # cluster persistent pairs by the shared element behind the function: a NIC (several hosts behind
+    # one switch: the switch) for communication, the host for CPU-bound work, else the worker itself
+    p = np.flatnonzero(persistent)
+    fn_p, res, host = col["function"][p].astype(str), col["resource"][p].astype(str), col["host"][p].astype(str)
+    nic = col["nic"][p].astype(str)
+    elem = np.where(res == "nic", np.where(nic != "", nic, host),
+                    np.where(np.isin(res, ("cpu", "storage")), host, np.char.add("worker:", col["worker"][p].astype(str))))  # fmt: skip
+    elem = _switch_elements(fn_p, res, elem, col["switch"][p].astype(str), host)
+    _, cl, _ = _keys(fn_p, res, elem)
+    n_cl = int(cl.max()) + 1
+    cmed = {c: group_median(num[c][p], cl, n_cl) for c in numeric}
+    order = np.argsort(cl, kind="stable")
+    bounds = np.searchsorted(cl[order], np.arange(n_cl + 1))
     attributed = []
-    for (function, resource, _elem), members in clusters.items():
-        reps = first[members]
+    for k in range(n_cl):  # one Suspect per cluster (few): workers sharing an element are one
+        m = p[order[bounds[k] : bounds[k + 1]]]
         s = Suspect(
-            function=function,
-            kind=str(col["kind"][reps[0]]),
-            resource=resource,
-            workers=sorted(int(w) for w in col["worker"][reps]),
-            hosts=[str(x) for x in col["host"][reps]],
-            devices=[str(x) for x in col["device"][reps]],
-            nics=[str(x) for x in col["nic"][reps]],
-            switches=[str(x) for x in col["switch"][reps]],
-            peers=int(np.nanmin(num["peers"][members])),
-            z=float(np.median(num["z"][members])),
-            work_us=float(np.median(num["work_us"][members])),
-            peer_work_us=float(np.median(num["peer_work_us"][members])),
-            excess_us=float(np.median(num["excess_us"][members])),
-            has_hardware=bool(np.all(col["has_hardware"][reps])),
-            clock_events=int(np.bitwise_or.reduce(ce_or[members])),
-            peer_clock_events=int(np.bitwise_and.reduce(pce_and[members])),
-            values={c: float(np.median(num[c][members])) for c in EVIDENCE_COLUMNS},
-            peer_values={c: float(np.median(num[f"peer_{c}"][members])) for c in EVIDENCE_COLUMNS},
+            function=str(col["function"][m[0]]),
+            kind=str(col["kind"][m[0]]),
+            resource=str(col["resource"][m[0]]),
+            workers=sorted(int(w) for w in col["worker"][m]),
+            hosts=[str(x) for x in col["host"][m]],
+            devices=[str(x) for x in col["device"][m]],
+            nics=[str(x) for x in col["nic"][m]],
+            switches=[str(x) for x in col["switch"][m]],
+            peers=int(round(cmed["peers"][k])),
+            present=int(round(cmed["present"][k])),
+            z=float(cmed["z"][k]),
+            work_us=float(cmed["work_us"][k]),
+            peer_work_us=float(cmed["peer_work_us"][k]),
+            peer_mad_us=float(cmed["peer_mad_us"][k]),
+            excess_us=float(cmed["excess_us"][k]),
+            has_hardware=bool(np.all(col["has_hardware"][m])),
+            clock_events=int(np.bitwise_or.reduce(ce_or[m])),
+            peer_clock_events=int(np.bitwise_and.reduce(pce_and[m])),
+            values={c: float(cmed[c][k]) for c in EVIDENCE_COLUMNS},
+            peer_values={c: float(cmed[f"peer_{c}"][k]) for c in EVIDENCE_COLUMNS},
+            signal="hardware" if np.all(col["signal"][m] == "hardware") else "work",
         )
-        attributed.append((s, classify(s, policy.diagnosis), members))
+        attributed.append((s, classify(s, ctx.dp), m))
 
-    # one finding per culprit and cause: a throttled GPU slows every kernel, say so once
+    # one finding per cause and host set: a throttled GPU slows every kernel, two GPUs of one host go together
     merged: dict[tuple, list] = {}
-    for s, att, members in attributed:
-        merged.setdefault((tuple(s.workers), att.cause, tuple(att.devices)), []).append((s, att, members))
+    for s, att, m in attributed:
+        merged.setdefault((att.cause, tuple(sorted(set(s.hosts)))), []).append((s, att, m))
     findings = []
-    for (workers, cause, devices), parts in merged.items():
+    for (cause, hosts), parts in merged.items():
         parts.sort(key=lambda p: -p[0].excess_us * len(p[2]))
         s, att, _ = parts[0]
         members = np.concatenate([p[2] for p in parts])
-        functions = [p[0].function for p in parts]
+        workers = sorted({w for p in parts for w in p[0].workers})
+        devices = sorted({d for p in parts for d in p[1].devices})
+        functions = list(dict.fromkeys(p[0].function for p in parts))
         evidence = list(att.evidence) + [
             Evidence(feature=f"work_us[{p[0].function}]", value=round(p[0].work_us, 1), peer_value=round(p[0].peer_work_us, 1), deviation=round(p[0].z, 2))
-            for p in parts[1:]
-        ]
+            for p in parts[1:] if p[0].function != s.function
+        ][:8]
         flagged_steps = sorted({int(x) for x in step[np.isin(pair, members)]})
-        persistence = float(np.mean(n_steps[members])) / len(results)
-        share = _what_if(results, out, worker, fn, step, np.asarray(workers), functions)
-        conf = _confidence(s, att.certainty, persistence, cov, policy)
+        persistence = float(np.mean(n_steps[members])) / len(ctx.results)
+        share = _what_if(ctx.results, out, worker, fn, step, np.asarray(workers), functions, shared=s.signal == "hardware")
+        conf, notes = _confidence(s, att.certainty, persistence, ctx.coverage, ctx.dp)
         findings.append(
             Finding(
-                id=finding_id(info.job, info.window, "worker", list(workers), s.function, cause, None),
-                job=info.job,
-                window=info.window,
+                id=finding_id(ctx.info.job, ctx.info.window, "worker", workers, s.function, cause, None),
+                job=ctx.info.job,
+                window=ctx.info.window,
                 steps=flagged_steps,
                 scope="worker",
-                workers=list(workers),
-                hosts=sorted(set(s.hosts)),
-                devices=list(devices),
+                workers=workers,
+                hosts=list(hosts),
+                devices=devices,
                 group=None,
                 function=s.function,
                 function_kind=s.kind,
                 cause=cause,
                 confidence=conf,
                 evidence=evidence,
-                impact=Impact(step_time_share=round(share, 4), gpu_hours_per_day=round(share * info.expected_workers * 24.0, 2)),
-                policy=policy_ref,
-                created_at=now,
-                tenant=info.tenant,
-                summary=_summary(s, cause, list(devices), len(flagged_steps), len(results), len(parts) - 1),
-                window_steps=len(results),
+                impact=_impact(share, ctx.info.expected_workers),
+                policy=ctx.policy_ref,
+                created_at=ctx.now,
+                tenant=ctx.info.tenant,
+                summary=_summary(s, workers, cause, devices, len(flagged_steps), len(ctx.results), len(functions) - 1, notes),
+                window_steps=len(ctx.results),
             )
         )
     return findings
 
 
-def _merge_by_switch(clusters, first, col):
-    """NIC clusters of one function on several hosts behind one switch become one switch cluster."""
-    by_fn: dict[tuple, list[tuple]] = {}
-    for key, members in clusters.items():
-        if key[1] == "nic":
-            sw = col["switch"][first[members[0]]]
-            if sw:
-                by_fn.setdefault((key[0], sw), []).append(key)
-    for (function, sw), keys in by_fn.items():
-        if len(keys) > 1:
-            merged = [p for k in keys for p in clusters.pop(k)]
-            clusters[(function, "nic", f"switch:{sw}")] = merged
-    return clusters
+def _switch_elements(fn: np.ndarray, res: np.ndarray, elem: np.ndarray, switch: np.ndarray, host: np.ndarray) -> np.ndarray:
+    """NICs of several hosts behind one switch, deviating in one function: the switch is the element."""
+    idx = np.flatnonzero((res == "nic") & (switch != ""))
+    if idx.size == 0:
+        return elem
+    _, g, _ = _keys(fn[idx], switch[idx])
+    n = int(g.max()) + 1
+
+    def distinct(values: np.ndarray) -> np.ndarray:
+        _, _, first = _keys(g, values)
+        return np.bincount(g[first], minlength=n)
+
+    merge = (distinct(elem[idx]) > 1) & (distinct(host[idx]) > 1)
+    out = elem.astype(object)  # the switch's name may be longer than any element's
+    out[idx] = np.where(merge[g], np.char.add("switch:", switch[idx]), elem[idx])
+    return out
 
 
-def _what_if(results, out, worker, fn, step, members, functions) -> float:
-    """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps)."""
+def _what_if(results, out, worker, fn, step, members, functions, shared: bool = False) -> float:
+    """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps).
+
+    The finding on its own: the members' work before and after the fix, against
+    the slowest healthy worker, so that a smaller fault hidden behind a bigger
+    one still shows what it costs once the bigger one is fixed.  ``shared``: the
+    time is shared by every worker (a ring at the speed of its slowest link), so
+    the excess itself leaves every worker's step.
+    """
     saved = []
-    excess = out.column("excess_us").to_numpy()
-    wwork = out.column("worker_work_us").to_numpy()
+    excess = _np(out, "excess_us")
+    wwork = _np(out, "worker_work_us")
+    mine_rows = np.isin(worker, members)
+    fixed_rows = mine_rows & np.isin(fn, functions)
     for r in results:
         in_step = step == r.step
-        is_member = in_step & np.isin(worker, members)
-        fixed = is_member & np.isin(fn, functions)
-        if not fixed.any() or not math.isfinite(r.work_max_us) or r.step_time_us <= 0:
+        fixed = in_step & fixed_rows
+        if not fixed.any() or r.step_time_us <= 0:
             saved.append(0.0)
             continue
-        # remaining work of every flagged worker after the fix; healthy workers are unchanged
-        ws, inv = np.unique(worker[in_step], return_inverse=True)
+        if shared:
+            saved.append(float(np.max(excess[fixed])) / r.step_time_us)
+            continue
+        mine = in_step & mine_rows
+        ws, inv = np.unique(worker[mine], return_inverse=True)
         work_w = np.zeros(ws.size)
-        np.maximum.at(work_w, inv, wwork[in_step])
+        np.maximum.at(work_w, inv, wwork[mine])
         cut = np.zeros(ws.size)
-        np.add.at(cut, inv, np.where(fixed[in_step], excess[in_step], 0.0))
-        new_max = np.max(work_w - cut)
-        if math.isfinite(r.healthy_work_max_us):
-            new_max = max(new_max, r.healthy_work_max_us)
-        saved.append(max(0.0, r.work_max_us - new_max) / r.step_time_us)
+        np.add.at(cut, inv, np.where(fixed[mine], excess[mine], 0.0))
+        floor = r.healthy_work_max_us if math.isfinite(r.healthy_work_max_us) else 0.0
+        before, after = max(work_w.max(), floor), max((work_w - cut).max(), floor)
+        saved.append(max(0.0, before - after) / r.step_time_us)
     return float(np.median(saved)) if saved else 0.0
 
 
-def _confidence(s: Suspect, certainty: float, persistence: float, coverage: float, policy: Policy) -> float:
-    thr = policy.diagnosis.z_threshold
-    strength = 0.6 + 0.4 * min(1.0, max(0.0, (s.z - thr) / (3 * thr)))
-    peers = 1.0 if s.peers >= 8 else (0.85 if s.peers >= 4 else 0.7)
-    c = certainty * strength * (0.5 + 0.5 * persistence) * peers * (0.5 + 0.5 * coverage)
-    return round(min(0.99, max(0.01, c)), 3)
+def _confidence(s: Suspect, certainty: float, persistence: float, coverage: float, dp: DiagnosisPolicy) -> tuple[float, list[str]]:
+    """Confidence and the reasons it was lowered (small or noisy peer group, no hardware samples)."""
+    notes = []
+    thr = dp.z_threshold
+    z = s.z if s.signal == "work" else thr * 2  # a throughput drop is judged by its own threshold
+    strength = 0.6 + 0.4 * min(1.0, max(0.0, (z - thr) / (3 * thr)))
+    if s.peers >= dp.small_group:
+        peers = 1.0
+    else:
+        peers = 0.85 if s.peers >= 4 else 0.7
+        notes.append(f"only {s.peers - 1} peers")
+    spread = 1.4826 * s.peer_mad_us / s.peer_work_us if s.peer_work_us > 0 and math.isfinite(s.peer_mad_us) else 0.0
+    noise = 1.0
+    if spread > dp.noisy_rel_mad:
+        noise = 0.75
+        notes.append(f"noisy peer group (spread {spread:.0%})")
+    if not s.has_hardware:
+        notes.append("no hardware samples")
+    c = certainty * strength * (0.5 + 0.5 * persistence) * peers * noise * (0.5 + 0.5 * coverage)
+    return round(min(0.99, max(0.01, c)), 3), notes
 
 
-def _summary(s: Suspect, cause: str, devices: list[str], n_steps: int, n: int, more: int = 0) -> str:
-    who = f"worker {s.workers[0]}" if len(s.workers) == 1 else f"{len(s.workers)} workers ({', '.join(map(str, s.workers[:6]))}{'...' if len(s.workers) > 6 else ''})"
-    slower = (s.work_us / s.peer_work_us - 1) * 100 if s.peer_work_us > 0 else float("nan")
+def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_steps: int, n: int, more: int, notes: list[str]) -> str:
+    who = f"worker {workers[0]}" if len(workers) == 1 else f"{len(workers)} workers ({', '.join(map(str, workers[:6]))}{'...' if len(workers) > 6 else ''})"
     where = f" on {', '.join(devices[:3])}" if devices else ""
     also = f" (and {more} more function{'s' if more > 1 else ''})" if more else ""
-    return f"{who}{where}: {s.function}{also} {slower:.0f}% slower than {s.peers} peers in {n_steps}/{n} steps; cause {cause}"
+    if s.signal == "hardware":
+        how = "ran at lower link throughput than"
+    elif s.peer_work_us > 0:
+        how = f"{(s.work_us / s.peer_work_us - 1) * 100:.0f}% slower than"
+    else:
+        how = f"took {s.work_us:,.0f} us, not run by"
+    caveat = f"; {', '.join(notes)}" if notes else ""
+    return f"{who}{where}: {s.function}{also} {how} its {s.peers - 1} peers in {n_steps}/{n} steps; cause {cause}{caveat}"
 
 
-def _job_findings(info, results, policy, need, now, policy_ref) -> list[Finding]:
-    """Expected ranges, every worker at once: no outlier exists, so compare against what is normal."""
-    dp = policy.diagnosis
-    g = pa.concat_tables([r.groups.append_column("step", pa.array(np.full(r.groups.num_rows, r.step, dtype=np.int64))) for r in results])
+def _impact(share: float, workers: int) -> Impact:
+    share = max(0.0, share)
+    return Impact(step_time_share=round(share, 4), gpu_hours_per_day=round(share * workers * 24.0, 2))
+
+
+# --------------------------------------------------------------------------- scope: group
+
+
+def _labels(group_key: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in group_key.split(";") if "=" in kv)
+
+
+def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
+    """One peer group (pipeline stage) with more work per step than the other groups."""
     if g.num_rows == 0:
         return []
+    grp = _np(g, "group").astype(str)
+    gnames, gi = np.unique(grp, return_inverse=True)
+    if gnames.size < 2:
+        return []
+    compute = ~np.isin(_np(g, "kind").astype(str), WAITING_KINDS)
+    fnames, fi = np.unique(_np(g, "function").astype(str), return_inverse=True)
+    steps, si = np.unique(_np(g, "step"), return_inverse=True)
+    n_g, n_f, n_s = gnames.size, fnames.size, steps.size
+    work = np.zeros((n_s, n_g, n_f))  # a function a group does not run is no work
+    work[si[compute], gi[compute], fi[compute]] = _np(g, "work_us")[compute]
+    by_step = {r.step: r.step_time_median_us for r in ctx.results}
+    step_time = np.array([by_step[int(s)] for s in steps])
+    total = work.sum(axis=2)  # (steps, groups)
+    ref = np.median(total, axis=1, keepdims=True)
+    excess = total - ref
+    over = excess > ctx.dp.group_excess_share * step_time[:, None]
+    persistent = np.flatnonzero(over.sum(axis=0) >= ctx.need)
     findings = []
-    # a Python function above python_share_max of the step in every peer group, in enough steps
-    py = g.filter(pc.equal(g.column("kind"), "python"))
-    if py.num_rows:
-        fn = py.column("function").to_numpy(zero_copy_only=False).astype(str)
-        share = py.column("share").to_numpy()
-        step = py.column("step").to_numpy()
-        for f in np.unique(fn):
-            m = fn == f
-            per_step_min = {int(s_): float(share[m & (step == s_)].min()) for s_ in np.unique(step[m])}
-            over = [s_ for s_, v in per_step_min.items() if v > dp.python_share_max]
-            if len(over) >= need:
-                med = float(np.median([per_step_min[s_] for s_ in over]))
-                findings.append(_job_finding(info, results, policy_ref, now, f, "python", "python_overhead", sorted(over),
-                                             [Evidence(feature="share", value=round(med, 4), peer_value=dp.python_share_max, deviation=round(med / dp.python_share_max, 2))],
-                                             med - dp.python_share_max, 0.6))  # fmt: skip
-    # communication above comm_share_max of the step on every worker
-    comm = g.filter(pc.is_in(g.column("kind"), pa.array(["collective", "p2p"])))
-    if comm.num_rows:
-        step = comm.column("step").to_numpy()
-        grp = comm.column("group").to_numpy(zero_copy_only=False).astype(str)
-        share = comm.column("share").to_numpy()
-        over = []
-        vals = []
-        for s_ in np.unique(step):
-            m = step == s_
-            per_group = {gg: share[m & (grp == gg)].sum() for gg in np.unique(grp[m])}
-            lo = min(per_group.values())
-            if lo > dp.comm_share_max:
-                over.append(int(s_))
-                vals.append(lo)
-        if len(over) >= need:
-            med = float(np.median(vals))
-            findings.append(_job_finding(info, results, policy_ref, now, "communication", "collective", "framework_config", over,
-                                         [Evidence(feature="share", value=round(med, 4), peer_value=dp.comm_share_max, deviation=round(med / dp.comm_share_max, 2))],
-                                         med - dp.comm_share_max, 0.5))  # fmt: skip
+    kinds = dict(zip(_np(g, "function").astype(str), _np(g, "kind").astype(str)))
+    n_workers = dict(zip(grp, _np(g, "workers")))
+    for k in persistent:
+        in_steps = over[:, k]
+        fexcess = np.median(work[in_steps, k, :] - np.median(work[in_steps], axis=1), axis=0)
+        f = int(np.argmax(fexcess))
+        share = float(np.median(excess[in_steps, k] / step_time[in_steps]))
+        persistence = float(in_steps.mean())
+        labels = _labels(gnames[k])
+        conf = 0.8 * (0.5 + 0.5 * persistence) * (0.5 + 0.5 * ctx.coverage) * (1.0 if n_g >= 4 else 0.85 if n_g == 3 else 0.7)
+        name = ", ".join(f"{a}={b}" for a, b in labels.items()) or "(unlabelled)"
+        findings.append(
+            Finding(
+                id=finding_id(ctx.info.job, ctx.info.window, "group", [], str(fnames[f]), "pipeline_imbalance", labels),
+                job=ctx.info.job,
+                window=ctx.info.window,
+                steps=[int(s) for s in steps[in_steps]],
+                scope="group",
+                workers=[],
+                hosts=[],
+                devices=[],
+                group=labels,
+                function=str(fnames[f]),
+                function_kind=kinds[str(fnames[f])],
+                cause="pipeline_imbalance",
+                confidence=round(min(0.99, conf), 3),
+                evidence=[
+                    Evidence(feature="group_work_us", value=round(float(np.median(total[in_steps, k])), 1),
+                             peer_value=round(float(np.median(ref[in_steps, 0])), 1), deviation=round(share, 4)),
+                    Evidence(feature=f"work_us[{fnames[f]}]", value=round(float(np.median(work[in_steps, k, f])), 1),
+                             peer_value=round(float(np.median(np.median(work[in_steps, :, f], axis=1))), 1), deviation=None),
+                ],  # fmt: skip
+                impact=_impact(share, ctx.info.expected_workers),
+                policy=ctx.policy_ref,
+                created_at=ctx.now,
+                tenant=ctx.info.tenant,
+                summary=f"peer group {name} ({int(n_workers[gnames[k]])} workers) does {share:.0%} of the step more work than the "
+                        f"other {n_g - 1} group(s), most in {fnames[f]}, in {int(in_steps.sum())}/{n_s} steps; cause pipeline_imbalance",
+                window_steps=len(ctx.results),
+            )
+        )
     return findings
 
 
-def _job_finding(info, results, policy_ref, now, function, kind, cause, steps, evidence, share, conf) -> Finding:
+# --------------------------------------------------------------------------- scope: job
+
+
+def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None) -> list[Finding]:
+    """No outlier among peers: compare with what is normal (expected ranges) and with the job's own past."""
+    if g.num_rows == 0:
+        return []
+    dp = ctx.dp
+    findings = []
+    grp, fn, kind = _np(g, "group").astype(str), _np(g, "function").astype(str), _np(g, "kind").astype(str)
+    step, work, st = _np(g, "step"), _np(g, "work_us"), _np(g, "step_time_us")
+    share = work / st
+    gnames = np.unique(grp)
+
+    # a Python function above python_share_max of the step in every peer group, where the GPU does the compute
+    gpu_job = bool(np.any(_np(g, "resource").astype(str) == "gpu"))
+    py = np.flatnonzero(kind == "python") if gpu_job else np.array([], dtype=np.intp)
+    if py.size:
+        keys, inv, first = _keys(fn[py], step[py])
+        lo = np.full(keys.size, np.inf)
+        np.minimum.at(lo, inv, share[py])
+        n_groups = np.bincount(inv, minlength=keys.size)
+        over = (lo > dp.python_share_max) & (n_groups == gnames.size)
+        for f in np.unique(fn[py][first][over]):
+            sel = over & (fn[py][first] == f)
+            if sel.sum() >= ctx.need:
+                med = float(np.median(lo[sel]))
+                findings.append(_job_finding(ctx, f, "python", "python_overhead", step[py][first][sel],
+                                             [Evidence(feature="share", value=round(med, 4), peer_value=dp.python_share_max, deviation=round(med / dp.python_share_max, 2))],
+                                             med - dp.python_share_max, 0.6))  # fmt: skip
+
+    # communication (its work, waits excluded) above comm_share_max of the step in every peer group
+    comm = np.isin(kind, WAITING_KINDS)
+    if comm.any():
+        keys, inv, first = _keys(step[comm], grp[comm])
+        per = np.bincount(inv, weights=share[comm], minlength=keys.size)
+        s_of = step[comm][first]
+        steps = np.unique(s_of)
+        lo = np.array([per[s_of == s].min() if (s_of == s).sum() == gnames.size else 0.0 for s in steps])
+        over = lo > dp.comm_share_max
+        if over.sum() >= ctx.need:
+            med = float(np.median(lo[over]))
+            findings.append(_job_finding(ctx, "communication", "collective", "framework_config", steps[over],
+                                         [Evidence(feature="share", value=round(med, 4), peer_value=dp.comm_share_max, deviation=round(med / dp.comm_share_max, 2))],
+                                         med - dp.comm_share_max, 0.5))  # fmt: skip
+
+    if history is not None and history.windows:
+        findings += _regressions(ctx, grp, fn, kind, step, work, st, history)
+    return findings
+
+
+def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) -> list[Finding]:
+    """Every worker of a group (or of the job) slower in a function than in the job's earlier healthy windows."""
+    dp = ctx.dp
+    hkeys = np.char.add(np.char.add(np.asarray(history.group, dtype=str), "\x1f"), np.asarray(history.function, dtype=str))
+    order = np.argsort(hkeys)
+    hsorted = hkeys[order]
+    keys = np.char.add(np.char.add(grp, "\x1f"), fn)
+    pos = np.clip(np.searchsorted(hsorted, keys), 0, max(hsorted.size - 1, 0))
+    known = hsorted.size > 0
+    matched = (hsorted[pos] == keys) if known else np.zeros(keys.size, dtype=bool)
+    base = np.where(matched, np.asarray(history.work_us, dtype=np.float64)[order][pos] if known else 0.0, np.nan)
+    with np.errstate(invalid="ignore"):
+        over = matched & (work > base * (1.0 + dp.regression_rise)) & (work - base > dp.min_excess_share * st)
+    cells, inv, first = _keys(grp, fn)
+    n_over = _steps_per_key(inv[over], step[over], cells.size) if over.any() else np.zeros(cells.size, dtype=np.int64)
+    regressed = n_over >= ctx.need
+    findings = []
+    for f in np.unique(fn[first][regressed]):
+        in_f = fn[first] == f
+        groups_f = np.unique(grp[first][in_f & np.isin(np.arange(cells.size), inv[matched])])
+        bad = np.unique(grp[first][in_f & regressed])
+        rows = over & (fn == f)
+        cur, was = float(np.median(work[rows])), float(np.median(base[rows]))
+        share = float(np.median((work[rows] - base[rows]) / st[rows]))
+        ev = [Evidence(feature="work_us", value=round(cur, 1), peer_value=round(was, 1), deviation=round(cur / was - 1, 4) if was > 0 else None),
+              Evidence(feature="healthy_windows", value=float(history.windows), peer_value=None, deviation=None)]  # fmt: skip
+        steps = np.unique(step[rows])
+        fkind = str(kind[first][in_f][0])
+        if bad.size == groups_f.size:
+            findings.append(_job_finding(ctx, str(f), fkind, "regression", steps, ev, share, 0.8,
+                                         f"every worker: {f} {cur / was - 1:.0%} slower than in the job's {history.windows} earlier healthy window(s)"))  # fmt: skip
+            continue
+        for gk in bad:
+            labels = _labels(str(gk))
+            findings.append(Finding(
+                id=finding_id(ctx.info.job, ctx.info.window, "group", [], str(f), "regression", labels),
+                job=ctx.info.job, window=ctx.info.window, steps=[int(s) for s in steps], scope="group", workers=[], hosts=[],
+                devices=[], group=labels, function=str(f), function_kind=fkind, cause="regression",
+                confidence=round(0.7 * (0.5 + 0.5 * ctx.coverage), 3), evidence=ev, impact=_impact(share, ctx.info.expected_workers),
+                policy=ctx.policy_ref, created_at=ctx.now, tenant=ctx.info.tenant, window_steps=len(ctx.results),
+                summary=f"peer group {gk}: {f} slower than in the job's {history.windows} earlier healthy window(s); cause regression",
+            ))  # fmt: skip
+    return findings
+
+
+def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps, evidence: list[Evidence], share: float, conf: float, summary: str = "") -> Finding:
+    n = len(ctx.results)
     return Finding(
-        id=finding_id(info.job, info.window, "job", [], function, cause, None),
-        job=info.job,
-        window=info.window,
-        steps=steps,
+        id=finding_id(ctx.info.job, ctx.info.window, "job", [], function, cause, None),
+        job=ctx.info.job,
+        window=ctx.info.window,
+        steps=sorted(int(s) for s in steps),
         scope="job",
         workers=[],
         hosts=[],
@@ -320,12 +527,12 @@ def _job_finding(info, results, policy_ref, now, function, kind, cause, steps, e
         function=function,
         function_kind=kind,
         cause=cause,
-        confidence=round(conf * _coverage_term(results, info.expected_workers), 3),
+        confidence=round(conf * (0.5 + 0.5 * len(steps) / n) * ctx.coverage, 3),
         evidence=evidence,
-        impact=Impact(step_time_share=round(max(0.0, share), 4), gpu_hours_per_day=round(max(0.0, share) * info.expected_workers * 24.0, 2)),
-        policy=policy_ref,
-        created_at=now,
-        tenant=info.tenant,
-        summary=f"every worker: {function} above its expected share of the step in {len(steps)}/{len(results)} steps; cause {cause}",
-        window_steps=len(results),
+        impact=_impact(share, ctx.info.expected_workers),
+        policy=ctx.policy_ref,
+        created_at=ctx.now,
+        tenant=ctx.info.tenant,
+        summary=(summary or f"every worker: {function} above its expected share of the step") + f" in {len(steps)}/{n} steps; cause {cause}",
+        window_steps=n,
     )

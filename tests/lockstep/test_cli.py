@@ -51,3 +51,37 @@ def test_query_on_an_empty_store_prints_a_table(tmp_path):
     assert r.stdout.split() == ["n", "-", "0"]
     r = lockstep("findings", "--db", str(db), "--json")
     assert r.returncode == 0 and r.stdout.strip() == "[]"
+
+
+def test_tenant_flag_limits_query_and_findings(tmp_path):
+    import json
+
+    from lockstep.schemas.records import Evidence, Finding, Impact
+    from lockstep.sinks.store import Batch, FindingsStore
+
+    def f(fid, tenant):
+        return Finding(id=fid, job=f"job-{tenant}", window="w1", steps=[1, 2], scope="worker", workers=[1], hosts=["h"], devices=["h/gpu1"],
+                       function="fn", function_kind="compute", cause="gpu_slow", confidence=0.9,
+                       evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=5.0)],
+                       impact=Impact(step_time_share=0.1, gpu_hours_per_day=1.0), policy="p", created_at=1_800_000_000.0, tenant=tenant)  # fmt: skip
+
+    db = tmp_path / "f.duckdb"
+    store = FindingsStore(db)
+    store.write(Batch([f("a", "acme"), f("b", "globex")], [], {}))
+    store.close()
+    r = lockstep("query", "SELECT id FROM findings ORDER BY id", "--db", str(db), "--tenant", "acme", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [{"id": "a"}]
+    r = lockstep("findings", "--db", str(db), "--tenant", "globex", "--open", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in json.loads(r.stdout)] == ["b"]
+
+
+def test_a_bad_routes_file_stops_the_sink_with_one_line(tmp_path):
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("routes: [{name: pd, type: pagerduty, routing_key_env: LOCKSTEP_TEST_UNSET_KEY}]\n")
+    for path, needle in ((routes, "environment variable LOCKSTEP_TEST_UNSET_KEY"), (tmp_path / "none.yaml", "does not exist")):
+        r = lockstep("sink", "--routes", str(path), "--db", str(tmp_path / "f.duckdb"), "--bootstrap-servers", "127.0.0.1:1")
+        assert r.returncode != 0 and "Traceback" not in r.stderr
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and needle in lines[0], r.stderr

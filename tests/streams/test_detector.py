@@ -1,19 +1,32 @@
 import numpy as np
 
-from lockstep.schemas.records import StepHeartbeat
+from lockstep.schemas.records import ProfileTrigger, StepHeartbeat, TriggerRefused, TriggerRequest
 from lockstep.streams.detector import SlowdownDetector
-from lockstep.streams.policy import DetectorPolicy, Policy
+from lockstep.streams.policy import DetectorPolicy, JobSelector, Policy
 
 
-def feed(det, job, step_times, workers=8, t0=1000.0, interval=0.2, start=0, lag=0.05):
+def hb(job, w, step, st, sent, **kw):
+    return StepHeartbeat(job=job, worker=w, step=step, step_time_s=float(st) * (1 + 0.001 * w), host=f"h{w // 8}", sent_at=sent, **kw)
+
+
+def feed(det, job, step_times, workers=8, t0=1000.0, interval=0.2, start=0, lag=0.05, tenant="", missing=()):
+    """Heartbeats of every worker for each step; returns the triggers.  ``missing``: (step, worker) not sent."""
     triggers = []
     for i, st in enumerate(step_times):
         step = start + i
         sent = t0 + step * interval
         for w in range(workers):
-            hb = StepHeartbeat(job=job, worker=w, step=step, step_time_s=float(st) * (1 + 0.001 * w), host=f"h{w // 8}", sent_at=sent)
-            triggers += det.observe(hb, now=sent + lag)
+            if (step, w) not in missing:
+                triggers += det.observe(hb(job, w, step, st, sent, tenant=tenant), now=sent + lag)
     return triggers
+
+
+def policy(**detector) -> Policy:
+    return Policy(detector=DetectorPolicy(**detector))
+
+
+def req(job, **kw) -> TriggerRequest:
+    return TriggerRequest(job=job, request=kw.pop("request", "r1"), **kw)
 
 
 def test_slowdown_triggers_once_within_the_cooldown():
@@ -24,7 +37,7 @@ def test_slowdown_triggers_once_within_the_cooldown():
     trig = feed(det, "j", np.concatenate([healthy, slow]))
     assert len(trig) == 1
     t = trig[0]
-    assert t.job == "j" and t.steps == Policy().detector.window_steps
+    assert t.job == "j" and t.steps == Policy().detector.window_steps and t.kind == "slowdown"
     assert t.expected_workers == 8
     assert t.start_step > 40  # in the future of what the detector had seen
     assert t.policy == "default" and t.policy_hash == Policy().hash
@@ -40,7 +53,7 @@ def test_noise_and_hiccups_do_not_trigger():
 
 
 def test_margin_covers_lag_and_control_latency_in_steps():
-    det = SlowdownDetector(Policy(detector=DetectorPolicy(control_latency_s=1.0)))
+    det = SlowdownDetector(policy(control_latency_s=1.0))
     times = np.concatenate([np.full(40, 0.1), np.full(20, 0.15)])
     trig = feed(det, "j", times, interval=0.1, lag=0.5)[0]
     seen = trig.start_step - det.margin_steps(det.jobs["j"])
@@ -49,8 +62,140 @@ def test_margin_covers_lag_and_control_latency_in_steps():
     assert seen >= 40
 
 
+def test_echoed_trigger_receipts_replace_the_assumed_control_latency():
+    det = SlowdownDetector(policy(control_latency_s=1.0))
+    feed(det, "j", np.full(20, 0.1), interval=0.1, lag=0.0)
+    feed(det, "k", np.full(20, 0.1), interval=0.1, lag=0.0)
+    assert det.control_latency_s(det.jobs["j"]) == 1.0  # nothing measured yet: the policy's value
+    for w, lat in enumerate([0.10, 0.25, 0.15]):  # each worker echoes when it received window w9
+        det.observe(hb("j", w, 20, 0.1, 1002.0, trigger_window="w9", trigger_latency_s=lat), now=1002.0)
+    det.observe(hb("j", 3, 20, 0.1, 1002.0, trigger_window="w9", trigger_latency_s=3600.0), now=1002.0)  # a broken clock
+    assert det.control_latency_s(det.jobs["j"]) == 0.25  # the slowest worker's receipt
+    assert det.control_latency_s(det.jobs["k"]) == 0.25  # a job without echoes: what this processor measured
+    # (0 lag + 0.25 s) x 2 = 0.5 s = 5 steps of 0.1 s, plus one
+    assert det.margin_steps(det.jobs["j"]) == 6
+
+
 def test_cooldown_survives_a_restart_through_restore():
     det = SlowdownDetector(Policy())
-    det.restore("j", last_trigger_step=30, last_trigger_end=38)
+    det.restore("j", last_trigger_step=30, last_trigger_end=38, now=1000.0)
     times = np.concatenate([np.full(25, 0.2), np.full(30, 0.3)])
     assert feed(det, "j", times) == []  # within cool-down of the restored window
+    assert det.suppressed["cooldown"] > 0
+
+
+def test_hang_triggers_once_at_the_first_step_no_worker_can_have_begun():
+    det = SlowdownDetector(policy(hang_factor=10, hang_min_s=1.0))
+    feed(det, "j", np.full(30, 0.2), interval=0.2, missing={(29, 5)})  # worker 5 never finished step 29
+    last = 1000.0 + 29 * 0.2 + 0.05
+    assert det.due_ticks(last + 1.5) == []  # 10 x 0.2 s = 2 s of silence needed
+    assert det.tick("j", last + 1.5) == []
+    assert det.due_ticks(last + 2.5) == ["j"]
+    assert det.due_ticks(last + 2.6) == []  # one tick per hang interval
+    (t,) = det.tick("j", last + 2.5)
+    assert t.kind == "hang" and t.start_step == 29 + 2  # workers may be inside step 30 already
+    assert "no progress" in t.reason and "1 worker(s) behind step 29: 5" in t.reason
+    assert t.expected_workers == 8
+    assert det.due_ticks(last + 10) == [] and det.tick("j", last + 10) == []  # reported once
+
+
+def test_a_job_that_ends_cleanly_is_not_hung():
+    det = SlowdownDetector(policy(hang_min_s=1.0))
+    feed(det, "j", np.full(30, 0.2))
+    for w in range(8):
+        det.observe(hb("j", w, 29, 0.2, 1006.0, final=True), now=1006.0)
+    assert det.due_ticks(1100.0) == [] and det.tick("j", 1100.0) == []
+    assert det.request(req("j"), now=1100.0).code == "ended"
+
+
+def test_job_selectors_include_exclude_and_tenant():
+    det = SlowdownDetector(Policy(jobs=JobSelector(include=("train-*",), exclude=("*-test",), tenants=("acme",))))
+    times = np.concatenate([np.full(40, 0.2), np.full(20, 0.3)])
+    assert len(feed(det, "train-a", times, tenant="acme")) == 1
+    assert feed(det, "train-a-test", times, tenant="acme") == []
+    assert feed(det, "eval-b", times, tenant="acme") == []
+    assert feed(det, "train-c", times, tenant="other") == []
+    refused = det.request(req("train-c"), now=2000.0)
+    assert refused.code == "excluded" and "not selected" in refused.reason
+
+
+def test_manual_request_gets_the_same_checks():
+    det = SlowdownDetector(policy(cooldown_steps=50, window_steps=4, max_window_steps=16))
+    feed(det, "j", np.full(30, 0.2), interval=0.2)
+    t = det.request(req("j", request="abc", steps=6, reason="checking", requested_by="ops@h"), now=1006.1)
+    assert isinstance(t, ProfileTrigger)
+    assert t.kind == "manual" and t.request == "abc" and t.steps == 6 and t.start_step > 29
+    assert "manual: checking (by ops@h)" in t.reason
+    r = det.request(req("j", request="def"), now=1006.2)
+    assert isinstance(r, TriggerRefused) and r.code == "job_limit" and r.request == "def" and t.window in r.reason
+    end = t.start_step + t.steps
+    feed(det, "j", np.full(end + 10 - 30, 0.2), start=30)  # past the window's end, inside the cool-down
+    r = det.request(req("j"), now=2000.0)
+    assert r.code == "cooldown" and f"until step {end + 50}" in r.reason
+    feed(det, "j", np.full(50, 0.2), start=end + 10)
+    assert isinstance(det.request(req("j"), now=3000.0), ProfileTrigger)
+    assert det.request(req("j", steps=17), now=3000.0).code == "too_long"
+    assert det.request(req("nobody"), now=3000.0).code == "unknown_job"
+
+
+def test_fleet_limit_counts_open_windows_of_every_job():
+    det = SlowdownDetector(policy(max_windows_fleet=2))
+    for job in "abc":
+        feed(det, job, np.full(10, 0.2))
+    assert isinstance(det.request(req("a"), now=1002.0), ProfileTrigger)
+    assert isinstance(det.request(req("b"), now=1002.0), ProfileTrigger)
+    r = det.request(req("c"), now=1002.0)
+    assert r.code == "fleet_limit" and det.open_windows(1002.0) == 2
+    assert isinstance(det.request(req("c"), now=1002.0 + 3600), ProfileTrigger)  # expired: never-finished windows free their slot
+
+
+def test_windows_of_one_job_queue_without_overlapping():
+    det = SlowdownDetector(policy(max_windows_per_job=2, window_steps=4))
+    feed(det, "j", np.full(10, 0.2))
+    a, b = det.request(req("j"), now=1002.0), det.request(req("j"), now=1002.0)
+    assert b.start_step == a.start_step + a.steps and a.window != b.window
+    assert det.request(req("j"), now=1002.0).code == "job_limit"
+
+
+def test_policy_change_applies_to_a_running_job():
+    det = SlowdownDetector(policy(slowdown_threshold=0.5))
+    times = np.full(40, 0.2)
+    assert feed(det, "j", times) == []
+    assert feed(det, "j", np.full(10, 0.25), start=40) == []  # +25%: below 50%
+    strict = policy(slowdown_threshold=0.1)
+    det.set_policy(strict)
+    (t,) = feed(det, "j", np.full(3, 0.25), start=50)
+    assert t.policy_hash == strict.hash
+
+
+def test_expected_workers_are_the_active_ones():
+    det = SlowdownDetector(Policy())
+    missing = {(s, 7) for s in range(10, 60)}  # worker 7 died at step 10
+    (t,) = feed(det, "j", np.concatenate([np.full(40, 0.2), np.full(20, 0.3)]), missing=missing)
+    assert t.expected_workers == 7
+
+
+def test_a_restart_from_a_checkpoint_resets_the_job_but_a_late_heartbeat_does_not():
+    det = SlowdownDetector(Policy())
+    feed(det, "j", np.full(100, 0.2))
+    det.observe(hb("j", 3, 50, 0.2, 1000.0 + 50 * 0.2), now=1030.0)  # spooled: old sent_at
+    assert det.jobs["j"].max_step == 99
+    det.observe(hb("j", 3, 50, 0.2, 1030.0), now=1030.0)  # new: the job runs step 50 again
+    assert det.jobs["j"].max_step == 50 and len(det.jobs["j"].history) == 0
+
+
+def test_duplicate_heartbeats_count_once():
+    det = SlowdownDetector(Policy())
+    feed(det, "j", np.full(5, 0.2))
+    for _ in range(3):
+        det.observe(hb("j", 0, 5, 0.2, 1001.0), now=1001.0)
+    assert 5 in det.jobs["j"].steps  # one worker of eight, however often: not complete
+
+
+def test_the_optional_heartbeat_fields_cost_nothing_when_unset():
+    from lockstep.schemas.records import decode, encode
+
+    plain = encode(hb("j", 0, 1, 0.2, 1000.0))
+    assert b"trigger" not in plain and b"final" not in plain  # the always-on signal stays as small as before
+    echo = decode(encode(hb("j", 0, 1, 0.2, 1000.0, trigger_window="w9", trigger_latency_s=0.0, final=True)))
+    assert (echo.trigger_window, echo.trigger_latency_s, echo.final) == ("w9", 0.0, True)

@@ -1,6 +1,6 @@
 import pytest
 
-from lockstep.streams.policy import Policy, PolicyError, load_policy
+from lockstep.streams.policy import Policy, PolicyError, PolicyFile, load_policy
 
 
 def test_default_policy_has_a_stable_hash():
@@ -35,3 +35,71 @@ def test_bad_policy_files_are_rejected_in_one_line(tmp_path, text, needle):
         load_policy(p)
     assert needle in str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("detector:\n  hang_factor: 0.5\n", "detector.hang_factor must be > 1, got 0.5"),
+        ("detector:\n  max_windows_fleet: 0\n", "detector.max_windows_fleet must be >= 1"),
+        ("detector:\n  record_shapes: 'yes'\n", "record_shapes: 'yes' is not valid: expected true or false"),
+        ("detector:\n  window_steps: 100\n", "exceeds detector.max_window_steps"),
+        ("jobs:\n  include: train-*\n", "jobs.include: 'train-*' is not valid: expected a list of strings"),
+        ("jobs:\n  tenant: [a]\n", "jobs.tenant: unknown key"),
+        ("version: two\n", "version 'two' is not valid"),
+    ],
+)
+def test_bad_detector_and_selector_values_are_named(tmp_path, text, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(PolicyError) as exc:
+        load_policy(p)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_selectors_and_sampling_load(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("jobs: {include: ['train-*'], exclude: ['*-test'], tenants: [acme]}\n"
+                 "detector: {hardware_hz: 50, with_stack: true, hang_min_s: 5}\n")  # fmt: skip
+    pol = load_policy(p)
+    assert pol.jobs.matches("train-7", "acme")
+    assert not pol.jobs.matches("train-7-test", "acme") and not pol.jobs.matches("train-7", "other")
+    assert not pol.jobs.matches("eval", "acme")
+    assert (pol.detector.hardware_hz, pol.detector.with_stack, pol.detector.hang_min_s) == (50.0, True, 5.0)
+    assert Policy().jobs.matches("anything", "")
+
+
+def test_policy_file_reloads_on_change_and_keeps_the_old_one_when_broken(tmp_path, caplog):
+    p = tmp_path / "p.yaml"
+    p.write_text("id: one\ndetector: {slowdown_threshold: 0.2}\n")
+    source = PolicyFile(p)
+    first = source.policy
+    assert source.check() is None  # unchanged
+    p.write_text("id: one\ndetector: {slowdown_threshold: 0.2, hang_factor: 0}\n")
+    with caplog.at_level("ERROR", logger="lockstep.policy"):
+        assert source.check() is None
+        assert source.check() is None  # one error per change of the file, not per check
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "hang_factor must be > 1" in errors[0] and f"keeping policy {first.ref}" in errors[0]
+    assert source.policy is first
+    p.write_text("id: one\ndetector: {slowdown_threshold: 0.05}\n")
+    new = source.check()
+    assert new is not None and new.detector.slowdown_threshold == 0.05 and new.hash != first.hash
+    assert source.policy is new
+    p.unlink()
+    assert source.check() is None and source.policy is new  # a deleted file keeps the policy too
+
+
+def test_a_reload_applies_to_the_detector_and_the_diagnosis():
+    from lockstep.streams.app import ProcessorState
+    from lockstep.streams.policy import DetectorPolicy, DiagnosisPolicy
+
+    old = Policy()
+    st = ProcessorState(policy=old, step_timeout_s=1.0, window_timeout_s=1.0)
+    new = Policy(id="new", detector=DetectorPolicy(slowdown_threshold=0.05), diagnosis=DiagnosisPolicy(z_threshold=6.0))
+    st.set_policy(new)
+    assert st.detector.policy is new and st.policy is new
+    # a window opened under the old policy is judged under it; new windows under the new one
+    assert st.policy_for(old.ref) is old and st.policy_for(new.ref) is new
+    assert st.policy_for("unknown@123") is new
+    assert 'lockstep_policy_info{policy="' + new.ref + '"} 1' in st.metrics.render()

@@ -16,7 +16,7 @@ from lockstep.producers.agent.redact import Redaction
 from lockstep.producers.agent.retention import decompress
 from lockstep.producers.publisher import Publisher
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import FeatureBatch, ProfileTrigger, RawRequest, RawTrace, Sampling, StepHeartbeat, decode
+from lockstep.schemas.records import AgentCounters, FeatureBatch, ProfileTrigger, RawRequest, RawTrace, Sampling, StepHeartbeat, decode
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
         start = agent.current_step + 15
         pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w-past", start_step=agent.current_step - 1, steps=2, expected_workers=8))
         pub.send(topics.control, "other-job", ProfileTrigger(job="other-job", window="w-other", start_step=start, steps=3, expected_workers=8))
-        pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w1", start_step=start, steps=3, expected_workers=8,
+        pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w1", start_step=start, steps=3, expected_workers=8, created_at=time.time(),
                                                         sampling=Sampling(hardware_hz=50, with_stack=True), policy="p", policy_hash="h"))  # fmt: skip
         pub.flush()
         train_until(agent, lambda: agent.current_step > start + 3)
@@ -76,8 +76,13 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
         assert table.num_rows > 0 and all(n.startswith("fn:") for n in table.column("function").to_pylist())
         assert 0 < b.step_time_us < 5e6
     heartbeats = [decode(v, StepHeartbeat) for _, v in recs[topics.heartbeats]]
-    assert [h.step for h in heartbeats] == list(range(len(heartbeats)))
-    assert any(h.agent is not None and h.agent.refused_triggers == 1 for h in heartbeats)
+    *beats, final = heartbeats
+    assert [h.step for h in beats] == list(range(len(beats))) and all(not h.final for h in beats)
+    assert final.final is True and final.step == beats[-1].step  # the detector knows the worker ended, not hung
+    assert any(isinstance(h.agent, AgentCounters) and h.agent.refused_triggers == 1 for h in heartbeats)
+    # every trigger for the job is echoed once, with its receipt latency, for the detector's control-latency estimate
+    echoed = [h.trigger_window for h in heartbeats if isinstance(h.trigger_window, str)]
+    assert "w1" in echoed and "w-other" not in echoed
 
     answers = {r.request: r for r in (decode(v, RawTrace) for _, v in recs[topics.raw])}
     assert set(answers) == {"r1", "r3"}  # r2 named other workers
@@ -110,4 +115,4 @@ def test_the_launcher_attaches_the_agent_to_an_unedited_script(settings, tmp_pat
     assert done.returncode == 0, done.stderr
     beats = [decode(v, StepHeartbeat) for _, v in read_all(settings, [topics.heartbeats])[topics.heartbeats]]
     # the first optimizer step creates the agent; every later one of the same optimizer ends a step
-    assert [(h.job, h.worker, h.step) for h in beats] == [("launched", 3, s) for s in range(1, 12)]
+    assert [(h.job, h.worker, h.step, bool(h.final)) for h in beats] == [("launched", 3, s, False) for s in range(1, 12)] + [("launched", 3, 11, True)]

@@ -1,0 +1,114 @@
+"""``lockstep evaluate [SUITE]``: how well the diagnosis finds injected faults, per fault type."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import config
+
+
+def register(sub) -> None:
+    p = sub.add_parser("evaluate", help="run a suite of simulated scenarios through the diagnosis and score it")
+    config.add_arguments(p, ["policy", "log_level"])
+    p.add_argument("suite", type=Path, nargs="?", help="a scenario file or a folder of them (default: the standard suite)")
+    p.add_argument("--json", action="store_true", help='print {"overall": {...}, "by_fault": {...}, "calibration": [...]}')
+    p.add_argument("--scenarios", action="store_true", help="also list every scenario with its findings (table) or outcome (JSON)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import logging
+    import sys
+
+    from ..cli import setup_logging
+    from ..evaluate import evaluate, load_suite
+    from ..producers.simulator.suite import standard_suite
+    from ..streams.policy import load_policy
+
+    settings = config.load(args)
+    setup_logging(settings.log_level)
+    log = logging.getLogger("lockstep.evaluate")
+    policy = load_policy(settings.policy)
+    scenarios = load_suite(args.suite) if args.suite else standard_suite()
+    interactive = sys.stderr.isatty() and not args.json
+
+    def progress(i: int, n: int, r) -> None:
+        if interactive:
+            print(f"\r{i}/{n} {r.name:40s}", end="", file=sys.stderr, flush=True)
+        log.debug("%s: %d findings in %.2fs", r.name, len(r.findings), r.seconds)
+
+    summary, results = evaluate(scenarios, policy, progress)
+    if interactive:
+        print("\r" + " " * 50 + "\r", end="", file=sys.stderr)
+    if args.json:
+        if args.scenarios:
+            summary["scenarios"] = [scenario_json(r) for r in results]
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(report(summary, policy.ref, str(args.suite or "standard suite")))
+    if args.scenarios:
+        print()
+        print(scenario_table(results))
+    return 0
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x * 100:.0f}%"
+
+
+def report(summary: dict, policy_ref: str, suite: str) -> str:
+    from ..output import table
+
+    rows = []
+    for name, f in [*summary["by_fault"].items(), ("overall", summary["overall"])]:
+        rows.append([
+            name, f["scenarios"], f["faults"] or "-", _pct(f["accuracy"]), _pct(f["recall"]), _pct(f["precision"]),
+            _pct(f["worker"]), _pct(f["host"]), _pct(f["device"]), _pct(f["function"]), _pct(f["cause"]), f["false_findings"],
+            "-" if f["confidence"] is None else f"{f['confidence']:.2f}",
+            "-" if f["impact_abs_error"] is None else f"{f['impact_abs_error'] * 100:.1f}",
+        ])  # fmt: skip
+    headers = ["fault", "scen", "faults", "accuracy", "recall", "precision", "worker", "host", "device", "function", "cause", "false", "conf", "impact err"]
+    o = summary["overall"]
+    lines = [
+        f"Suite: {suite}, {o['scenarios']} scenarios; policy {policy_ref}; {o['seconds']:.0f}s of diagnosis and simulation.",
+        "",
+        table(headers, rows),
+        "",
+        f"Healthy scenarios: {o['healthy_scenarios']}, findings on them: {o['healthy_false_findings']}. "
+        f"Scenarios that must stay silent and did: {_pct(o['silent_ok'])}.",
+        "Calibration (confidence -> share right): "
+        + ", ".join(f"{b['confidence'][0]:.1f}-{b['confidence'][1]:.1f}: {b['findings']} -> {_pct(b['right'])}" for b in summary["calibration"] if b["findings"])
+        + ("" if o["calibration_error"] is None else f"; expected calibration error {o['calibration_error']:.2f}."),
+        "accuracy: culprit, function and cause right; recall: culprit right; precision: findings that name an injected culprit;",
+        "worker/host/device/function/cause: share of faults where that part is right; impact err: |estimated - true| step-time share, points.",
+    ]
+    return "\n".join(lines)
+
+
+def scenario_json(r) -> dict:
+    return {
+        "name": r.name,
+        "category": r.category,
+        "workers": r.workers,
+        "coverage": r.coverage,
+        "faults": [
+            {"truth": o.truth.to_dict(), "correct": o.correct, "localised": o.localised, "function": o.function, "cause": o.cause,
+             "finding": o.finding.id if o.finding else None}  # fmt: skip
+            for o in r.faults
+        ],
+        "findings": [{"id": f.id, "workers": f.workers, "devices": f.devices, "function": f.function, "cause": f.cause,
+                      "scope": f.scope, "confidence": f.confidence, "step_time_share": f.impact.step_time_share} for f in r.findings],  # fmt: skip
+    }
+
+
+def scenario_table(results) -> str:
+    from ..output import table
+
+    rows = []
+    for r in results:
+        expected = "; ".join(f"{o.truth.fault} {','.join(map(str, o.truth.workers[:4]))}{'…' if len(o.truth.workers) > 4 else ''}" for o in r.faults) or "(none)"
+        got = "; ".join(f"{f.cause} {f.function} {','.join(map(str, f.workers[:4]))}{'…' if len(f.workers) > 4 else ''}" for f in r.findings) or "(none)"
+        ok = all(o.correct for o in r.faults) and sum(r.true_findings) == len(r.findings)
+        rows.append([r.name, "ok" if ok else "MISS", expected, got])
+    return table(["scenario", "result", "injected", "findings"], rows, max_width=70)

@@ -1,0 +1,154 @@
+"""Incidents: one per real problem, however many windows see it.  Pure: no DuckDB, no HTTP.
+
+A finding belongs to one window (its id is deterministic per window).  A problem
+that persists shows up as a new finding in every later window, so paging per
+finding would page once per window.  An *incident* groups them: its key is the
+finding's identity **without the window**::
+
+    tenant, job, scope, sorted workers, cause, peer-group labels,
+    and the function unless the cause is a device's (a throttled GPU slows every
+    kernel; which one costs most may change from window to window)
+
+An incident opens with its first finding (``trigger``), takes later findings
+(``update``, no new page) and resolves when a later window of the job closes with
+enough coverage and without it (``resolve``), or when nothing has seen it for
+``stale_after_s`` (the detector opens no window for a job that is healthy again).
+A finding of the same key after the resolve reopens it as the next
+``occurrence``: a new incident id, a new page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+
+from ..schemas.records import Finding
+
+#: causes that name a device or link: the incident is the device's, whatever function showed it
+DEVICE_CAUSES = frozenset(
+    {"gpu_throttle_thermal", "gpu_throttle_power", "gpu_throttle", "gpu_slow", "nvlink", "pcie", "nic", "switch",
+     "host_cpu_contention", "host_memory", "storage"}
+)  # fmt: skip
+
+
+
+@dataclass(frozen=True)
+class IncidentPolicy:
+    resolve_min_coverage: float = 0.9  # a window that saw fewer workers cannot clear a problem
+    stale_after_s: float = 12 * 3600.0  # resolve what no window has seen for this long
+
+
+@dataclass(frozen=True)
+class Incident:
+    id: str  # "<key>-<occurrence>": the PagerDuty dedup_key
+    key: str
+    occurrence: int
+    tenant: str
+    job: str
+    scope: str
+    cause: str
+    function: str
+    workers: list[int]
+    hosts: list[str]
+    devices: list[str]
+    status: str  # open | resolved
+    opened_at: float
+    last_seen_at: float
+    resolved_at: float | None
+    resolved_by: str | None  # the window that cleared it, or "stale"
+    resolved_step: int | None  # first step of that window
+    first_finding: str
+    last_finding: str
+    last_step: int  # last step of the job in which it was seen
+    windows: int  # findings (windows) of this occurrence
+    confidence: float
+    step_time_share: float
+    gpu_hours_per_day: float
+
+
+@dataclass(frozen=True)
+class Event:
+    """A change of an incident; the pager turns ``trigger`` and ``resolve`` into pages."""
+
+    incident_id: str
+    tenant: str
+    job: str
+    action: str  # trigger | update | resolve
+    finding_id: str  # the finding that caused it; for a resolve, the incident's last finding
+    reason: str  # window id for findings and window resolves, "stale" for time-outs
+    occurred_at: float
+
+
+@dataclass(frozen=True)
+class ClosedWindow:
+    """What resolving needs of a window report."""
+
+    tenant: str
+    job: str
+    window: str
+    start_step: int
+    coverage: float
+    closed_at: float
+
+
+def incident_key(f: Finding) -> str:
+    parts = [f.tenant, f.job, f.scope, ",".join(map(str, sorted(f.workers))), f.cause]
+    if f.group:
+        parts.append(",".join(f"{k}={f.group[k]}" for k in sorted(f.group)))
+    if f.cause not in DEVICE_CAUSES:
+        parts.append(f.function)
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
+
+
+def _span(f: Finding) -> tuple[int, int]:
+    return (min(f.steps), max(f.steps)) if f.steps else (0, 0)
+
+
+def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | None]:
+    """Apply a finding not seen before to the latest occurrence of its key (None: none yet)."""
+    first, last = _span(f)
+    if current is not None and current.status == "open":
+        newer = f.created_at >= current.last_seen_at
+        inc = replace(
+            current,
+            windows=current.windows + 1,
+            last_step=max(current.last_step, last),
+            **(dict(last_seen_at=f.created_at, last_finding=f.id, workers=f.workers, hosts=f.hosts, devices=f.devices,
+                    function=f.function, confidence=f.confidence, step_time_share=f.impact.step_time_share,
+                    gpu_hours_per_day=f.impact.gpu_hours_per_day) if newer else {}),
+        )  # fmt: skip
+        return inc, Event(inc.id, f.tenant, f.job, "update", f.id, f.window, f.created_at)
+    if current is not None and current.resolved_step is not None and first < current.resolved_step:
+        return current, None  # an older window's finding, arriving after the problem cleared
+    key = incident_key(f)
+    occurrence = 1 if current is None else current.occurrence + 1
+    inc = Incident(
+        id=f"{key}-{occurrence}", key=key, occurrence=occurrence, tenant=f.tenant, job=f.job, scope=f.scope,
+        cause=f.cause, function=f.function, workers=f.workers, hosts=f.hosts, devices=f.devices, status="open",
+        opened_at=f.created_at, last_seen_at=f.created_at, resolved_at=None, resolved_by=None, resolved_step=None,
+        first_finding=f.id, last_finding=f.id, last_step=last, windows=1, confidence=f.confidence,
+        step_time_share=f.impact.step_time_share, gpu_hours_per_day=f.impact.gpu_hours_per_day,
+    )  # fmt: skip
+    return inc, Event(inc.id, f.tenant, f.job, "trigger", f.id, f.window, f.created_at)
+
+
+def on_window(open_incidents: list[Incident], w: ClosedWindow, policy: IncidentPolicy) -> list[tuple[Incident, Event]]:
+    """A window of the job closed and every one of its findings is applied: resolve what it did not see."""
+    if w.coverage < policy.resolve_min_coverage:
+        return []
+    out = []
+    for inc in open_incidents:
+        if inc.status == "open" and inc.tenant == w.tenant and inc.job == w.job and inc.last_step < w.start_step:
+            done = replace(inc, status="resolved", resolved_at=w.closed_at, resolved_by=w.window, resolved_step=w.start_step)
+            out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, w.window, w.closed_at)))
+    return out
+
+
+def on_clock(open_incidents: list[Incident], now: float, policy: IncidentPolicy) -> list[tuple[Incident, Event]]:
+    """Resolve incidents that no window has seen for ``stale_after_s``."""
+    out = []
+    for inc in open_incidents:
+        if inc.status == "open" and now - inc.last_seen_at >= policy.stale_after_s:
+            done = replace(inc, status="resolved", resolved_at=now, resolved_by="stale", resolved_step=inc.last_step + 1)
+            out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, "stale", now)))
+    return out

@@ -1,0 +1,144 @@
+"""`lockstep diagnose` on op-event tables (CSV, Parquet) and hardware samples; bad files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from lockstep.cli import main
+from lockstep.schemas.records import Finding
+
+
+def op_events(workers=16, steps=6, slow=None, factor=1.4, skew=True, seed=0):
+    """A synchronous data-parallel job as op events: each worker on its own clock (hosts' clocks disagree by seconds)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(steps):
+        dur = {"loader.next": 3000.0, "fwd": 40000.0, "bwd": 80000.0}
+        before = {w: {f: d * rng.lognormal(0, 0.004) * (factor if (w == slow and f == "bwd") else 1.0) for f, d in dur.items()} for w in range(workers)}
+        arrival = {w: sum(v.values()) for w, v in before.items()}
+        last = max(arrival.values())
+        for w in range(workers):
+            clock = (1e12 + w * 3.7e6 if skew else 0.0) + s * 400_000.0  # another host, another clock
+            t = clock
+            for f, kind in (("loader.next", "dataloader"), ("fwd", "compute"), ("bwd", "compute")):
+                rows.append((w, s, f, kind, t, before[w][f], f"host{w // 4}", f"host{w // 4}/gpu{w % 4}", str(w % 2)))
+                t += before[w][f]
+            rows.append((w, s, "nccl:all_reduce", "collective", t, last - arrival[w] + 20000.0, f"host{w // 4}", None, str(w % 2)))
+            rows.append((w, s, "optimizer.step", "optimizer", clock + last + 20000.0, 5000.0, f"host{w // 4}", None, str(w % 2)))
+    cols = list(zip(*rows))
+    return pa.table({"worker": cols[0], "step": cols[1], "function": cols[2], "kind": cols[3], "start_us": cols[4], "duration_us": cols[5],
+                     "host": cols[6], "device": cols[7], "shard": cols[8]})  # fmt: skip
+
+
+def run(capsys, *args):
+    code = main(["diagnose", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_csv_table_names_worker_function_and_device(tmp_path, capsys):
+    path = tmp_path / "events.csv"
+    pcsv.write_csv(op_events(slow=5), path)
+    code, out, err = run(capsys, path, "--json")
+    assert code == 0, err
+    findings = msgspec.json.decode(out, type=list[Finding])  # the Finding shape of `lockstep findings --json`
+    assert len(findings) == 1
+    f = findings[0]
+    assert (f.workers, f.function, f.devices, f.hosts, f.cause) == ([5], "bwd", ["host1/gpu1"], ["host1"], "gpu_slow")
+    assert f.steps == list(range(6)) and "no hardware samples" in f.summary
+    code, out, _ = run(capsys, path)
+    assert code == 0 and "bwd" in out and "16 workers x 6 steps (0..5)" in out
+
+
+def test_the_policy_file_sets_the_thresholds(tmp_path, capsys):
+    path = tmp_path / "events.csv"
+    pcsv.write_csv(op_events(slow=5), path)
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("id: strict\ndiagnosis: {min_excess_share: 0.5}\n")
+    code, out, err = run(capsys, path, "--json", "--policy", strict)
+    assert code == 0 and json.loads(out) == [], err
+
+
+def test_clock_skew_between_hosts_changes_nothing(tmp_path, capsys):
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(op_events(slow=5, skew=True), a)
+    pq.write_table(op_events(slow=5, skew=False), b)
+    ja, jb = (json.loads(run(capsys, p, "--json")[1]) for p in (a, b))
+    assert [(f["workers"], f["function"], f["cause"], f["impact"]) for f in ja] == [(f["workers"], f["function"], f["cause"], f["impact"]) for f in jb]
+    assert json.loads(run(capsys, tmp_path / "a.parquet", "--json")[1])[0]["workers"] == [5]
+    pq.write_table(op_events(skew=True), a)
+    assert json.loads(run(capsys, a, "--json")[1]) == []  # healthy, however far apart the clocks
+
+
+def test_peer_groups_and_hardware_samples(tmp_path, capsys):
+    ev = op_events(slow=6)
+    pq.write_table(ev, tmp_path / "e.parquet")
+    # samples on each worker's own clock: worker 6's GPU runs at a lower clock with the thermal bits set
+    rows = []
+    starts = ev.group_by("worker").aggregate([("start_us", "min")]).to_pylist()
+    for r in starts:
+        w, t0 = r["worker"], r["start_us_min"]
+        for t in np.arange(t0, t0 + 6 * 400_000.0, 10_000.0):
+            rows.append((w, t, "sm_clock_mhz", 1500.0 if w == 6 else 1980.0))
+            rows.append((w, t, "clock_events", 0x40 if w == 6 else 0))
+            rows.append((w, t, "gpu_temp_c", 90.0 if w == 6 else 60.0))
+    w, t, m, v = zip(*rows)
+    pcsv.write_csv(pa.table({"worker": w, "t_us": t, "metric": m, "value": v}), tmp_path / "s.csv")
+    code, out, err = run(capsys, tmp_path / "e.parquet", "--samples", tmp_path / "s.csv", "--peer-group", "shard", "--json")
+    assert code == 0, err
+    f = json.loads(out)[0]
+    assert (f["workers"], f["cause"]) == ([6], "gpu_throttle_thermal")
+    assert "only" not in f["summary"]  # 8 peers per shard: enough
+    ev_ = {e["feature"]: e for e in f["evidence"]}
+    assert ev_["sm_clock_mhz"]["value"] == 1500 and ev_["sm_clock_mhz"]["peer_value"] == 1980
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
+    good = tmp_path / "good.csv"
+    pcsv.write_csv(op_events(), good)
+    nokind = tmp_path / "nokind.csv"
+    pcsv.write_csv(op_events().drop_columns(["kind"]), nokind)
+    garbage = tmp_path / "rank0.json"
+    garbage.write_text("{ not json")
+    mixed = tmp_path / "mixed.csv"
+    pcsv.write_csv(op_events().set_column(8, "shard", pa.array([str(i % 3) for i in range(op_events().num_rows)])), mixed)
+    badsamples = tmp_path / "samples.csv"
+    pcsv.write_csv(pa.table({"worker": [0], "t_us": [1.0], "value": [2.0]}), badsamples)
+    cases = [
+        ((good, "--samples", badsamples), "samples.csv: sample table lacks column(s) metric"),
+        ((nokind,), "nokind.csv: op-event table lacks column(s) kind"),
+        ((garbage,), "rank0.json: not a Chrome-trace JSON object"),
+        ((tmp_path / "missing.csv",), "missing.csv: cannot read it"),
+        ((good, good), "good.csv: worker 0 is also in"),
+        ((good, "--peer-group", "rack"), "good.csv: no column rack for --peer-group"),
+        ((mixed, "--peer-group", "shard"), "label column shard must hold one value per worker"),
+    ]
+    for args, message in cases:
+        code, out, err = run(capsys, *args)
+        assert code == 1 and message in err, (args, err)
+        assert err.startswith("lockstep diagnose: error: ") and err.count("\n") == 1, err
+
+
+def test_no_traceback_from_the_command_line(tmp_path):
+    bad = tmp_path / "events.parquet"
+    bad.write_bytes(b"PAR1 this is not parquet")
+    p = subprocess.run([sys.executable, "-m", "lockstep", "diagnose", str(bad)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().startswith("lockstep diagnose: error:") and "events.parquet: not a readable Parquet table" in p.stderr
+
+
+@pytest.mark.parametrize("flag", ["--json", None])
+def test_healthy_table_has_no_findings(tmp_path, capsys, flag):
+    path = tmp_path / "e.csv"
+    pcsv.write_csv(op_events(), path)
+    code, out, _ = run(capsys, path, *([flag] if flag else []))
+    assert code == 0 and (json.loads(out) == [] if flag else out.startswith("no findings"))

@@ -1,0 +1,140 @@
+"""The standard suite, the evaluation's scoring, and the evaluate / simulate commands."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lockstep.evaluate import STANDARD_SUITE, _Renderer, judge, load_suite
+from lockstep.producers.simulator.faults import CATALOGUE, Fault, Truth
+from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
+from lockstep.producers.simulator.suite import CATEGORIES, render, standard_suite
+from lockstep.producers.simulator.topology import Topology
+from lockstep.schemas import functions as ft
+from lockstep.schemas.records import Evidence, Finding, Impact
+from lockstep.streams.diagnosis import StepFrame, analyze_step
+from lockstep.streams.policy import Policy
+
+
+def lockstep(*args):
+    return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_standard_suite_files_load_and_are_what_the_generator_writes():
+    suite = standard_suite()
+    files = sorted(STANDARD_SUITE.glob("*.yaml"))
+    assert len(files) == len(suite) >= 200
+    assert {f.name for f in files} == {f"{s.name}.yaml" for s in suite}
+    by_name = {s.name: s for s in suite}
+    for f in files:
+        assert f.read_text() == render(by_name[f.stem]), f"{f.name} differs from the generator: python -m lockstep.producers.simulator.suite suites/standard"
+    loaded = load_suite(STANDARD_SUITE)
+    assert [s.to_dict() for s in loaded] == [by_name[f.stem].to_dict() for f in files]
+    assert {s.category for s in loaded} == set(CATEGORIES) == set(CATALOGUE) | {"two_faults", "healthy"}
+    sizes = {s.topology.workers for s in loaded}
+    assert min(sizes) == 16 and max(sizes) == 4096
+    assert any(s.topology.pp > 1 for s in loaded) and any(s.topology.tp > 1 for s in loaded) and any(s.workload.moe for s in loaded)
+
+
+def test_one_table_per_step_gives_the_processors_step_analysis():
+    """evaluate renders all workers as one Arrow table; the processor concatenates one table per worker."""
+    fleet = FleetSimulator(Scenario(job="j", topology=Topology(workers=64, pp=2, tp=2), faults=(Fault(type="missing_worker", workers=(7,)),
+                                    Fault(type="gpu_slow", workers=(40,), severity=0.3))))  # fmt: skip
+    policy = Policy()
+    st = fleet.step(61)
+    batches = fleet.feature_batches(st, fleet.trigger())
+    slow = StepFrame.from_tables("j", "w60", 61, [b.worker for b in batches], [b.step_time_us for b in batches],
+                                 [ft.unpack(b.functions) for b in batches], policy.diagnosis.peer_group_keys, [b.hardware for b in batches])  # fmt: skip
+    fast = _Renderer(fleet, policy.diagnosis.peer_group_keys).frame(st, "w60")
+    a, b = analyze_step(slow, policy.diagnosis), analyze_step(fast, policy.diagnosis)
+    assert a.outliers.num_rows > 0 and a.workers_seen == b.workers_seen == 63
+    for x, y in ((a.outliers, b.outliers), (a.groups, b.groups)):
+        assert x.schema == y.schema and x.num_rows == y.num_rows
+        for name in x.column_names:
+            np.testing.assert_array_equal(x.column(name).to_numpy(zero_copy_only=False), y.column(name).to_numpy(zero_copy_only=False), err_msg=name)
+
+
+def _finding(workers, function, cause, devices=(), hosts=(), scope="worker", group=None):
+    return Finding(id="x", job="j", window="w", steps=[1], scope=scope, workers=list(workers), hosts=list(hosts), devices=list(devices),
+                   group=group, function=function, function_kind="compute", cause=cause, confidence=0.9,
+                   evidence=[Evidence(feature="work_us", value=1.0, peer_value=1.0, deviation=0.0)],
+                   impact=Impact(step_time_share=0.1, gpu_hours_per_day=1.0), policy="p", created_at=0.0)  # fmt: skip
+
+
+def test_judging_a_finding_against_the_truth():
+    topo = Topology(workers=64)
+    thermal = Fault(type="gpu_throttle_thermal", workers=(13,)).truth(topo)
+    o = judge(thermal, _finding([13], "bwd.gemm", "gpu_throttle_thermal", ["node0001/gpu5"], ["node0001"]))
+    assert o.correct and o.worker and o.host and o.device
+    assert not judge(thermal, _finding([13], "bwd.gemm", "gpu_slow", ["node0001/gpu5"])).correct
+    assert not judge(thermal, _finding([12, 13], "bwd.gemm", "gpu_throttle_thermal", ["node0001/gpu5"])).localised
+    assert not judge(thermal, _finding([13], "nccl:all_reduce[dp]", "gpu_throttle_thermal")).correct
+    # a link fault is localised by naming the device, even with more workers listed
+    nvlink = Fault(type="nvlink", workers=(13,)).truth(Topology(workers=64, tp=8))
+    o = judge(nvlink, _finding(range(8, 16), "nccl:all_reduce[tp]", "nvlink", ["node0001/gpu5/nvlink"]))
+    assert o.correct and not o.worker and o.device
+    nic = Fault(type="nic", nics=("node0003/bond1",)).truth(topo)
+    assert nic.workers == [28, 29, 30, 31] and nic.devices == ["node0003/bond1"]
+    assert judge(nic, _finding([28, 29, 30, 31], "nccl:all_reduce[dp]", "nic", ["node0003/bond1"])).correct
+    # group and job scopes
+    pipe = Fault(type="pipeline_imbalance", stage=2).truth(Topology(workers=256, pp=4))
+    assert judge(pipe, _finding([], "bwd.gemm", "pipeline_imbalance", scope="group", group={"pp": "2", "role": "transformer"})).correct
+    regr = Fault(type="regression", function="fwd.attention").truth(topo)
+    assert judge(regr, _finding([], "fwd.attention", "regression", scope="job")).correct
+    assert not judge(regr, _finding([], "bwd.gemm", "regression", scope="job")).correct
+    assert isinstance(regr, Truth) and regr.functions == ["fwd.attention"]
+
+
+def test_evaluate_prints_the_figures_as_json(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name in ("gpu_throttle_thermal-00-16w", "pcie-01-16w", "healthy-00-16w", "clock_skew-00-16w", "nic-00-16w"):
+        shutil.copy(STANDARD_SUITE / f"{name}.yaml", suite)
+    r = lockstep("evaluate", str(suite), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"overall", "by_fault"} <= set(out)
+    o = out["overall"]
+    assert {"accuracy", "precision", "recall", "healthy_false_findings", "scenarios"} <= set(o)
+    assert o["scenarios"] == 5 and o["faults"] == 3
+    assert set(out["by_fault"]) == {"gpu_throttle_thermal", "pcie", "healthy", "clock_skew", "nic"}
+    thermal = out["by_fault"]["gpu_throttle_thermal"]
+    assert thermal["accuracy"] == 1.0 and thermal["impact_true"] > 0.05 and thermal["impact_abs_error"] < 0.05
+    assert out["by_fault"]["healthy"]["findings"] == 0 and o["healthy_false_findings"] == 0
+    assert all(0.0 <= o[k] <= 1.0 for k in ("accuracy", "precision", "recall"))
+    r = lockstep("evaluate", str(suite / "pcie-01-16w.yaml"), "--scenarios")
+    assert r.returncode == 0, r.stderr
+    assert "pcie" in r.stdout and "accuracy" in r.stdout and "pcie-01-16w" in r.stdout
+
+
+def test_simulate_writes_records_and_truth(tmp_path):
+    r = lockstep("simulate", str(STANDARD_SUITE / "storage-00-32w.yaml"), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    truth = json.loads((tmp_path / "out" / "truth.json").read_text())
+    (fault,) = truth["faults"]
+    assert fault["cause"] == "storage" and fault["workers"] == list(range(8 * fault_host(truth), 8 * fault_host(truth) + 8))
+    assert 0 < fault["impact"] < 1
+    import duckdb
+
+    con = duckdb.connect()
+    n, workers, windows = con.execute(f"SELECT count(*), count(DISTINCT worker), count(DISTINCT window_id) FROM '{tmp_path}/out/features.parquet'").fetchone()
+    assert (workers, windows) == (32, 2) and n > 32 * 16 * 10
+    (pp,) = con.execute(f"SELECT DISTINCT labels['pp'] FROM '{tmp_path}/out/features.parquet'").fetchone()
+    assert pp == "0"
+    r = lockstep("simulate", str(STANDARD_SUITE / "storage-00-32w.yaml"))
+    assert r.returncode == 2 and "--out DIR or --publish" in r.stderr
+
+
+def fault_host(truth) -> int:
+    return truth["scenario"]["faults"][0]["hosts"][0]
+
+
+@pytest.mark.parametrize("bad,needle", [("faults: [{type: meteor}]", "unknown fault type"), ("topology: {workers: 20}", "whole hosts")])
+def test_bad_suite_files_are_one_line_errors(tmp_path, bad, needle):
+    (tmp_path / "s.yaml").write_text(bad)
+    r = lockstep("evaluate", str(tmp_path))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,145 @@
+"""Reading PyTorch profiler Chrome traces into op events (synthetic traces shaped like torch.profiler's)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from lockstep.producers.agent.trace import TraceError, call_site, kernel_key, read_chrome_trace
+from lockstep.schemas.events import OP_EVENT_SCHEMA
+
+
+def X(name, ts, dur, cat="cpu_op", tid=1, pid=100, **args):  # noqa: N802 - the trace format's phase letter
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def trace(events, rank=3, pgs=1, **top):
+    dist = {"backend": "nccl", "rank": rank, "world_size": 8,
+            "pg_config": [{"pg_name": str(i), "pg_desc": "default_pg" if i == 0 else f"pg{i}", "ranks": list(range(8))} for i in range(pgs)]}  # fmt: skip
+    return {"schemaVersion": 1, "distributedInfo": dist, "host_name": "node07", "deviceProperties": [{"id": 0, "name": "NVIDIA H100"}],
+            "traceEvents": [{"ph": "M", "name": "process_name", "pid": 100, "tid": 0, "args": {"name": "python"}}, *events], **top}  # fmt: skip
+
+
+STEPS = [X("ProfilerStep#7", 1000, 1000, cat="user_annotation"), X("ProfilerStep#8", 2000, 1000, cat="user_annotation")]
+
+
+def rows(t):
+    return {(r["step"], r["function"]): r for r in t.events.to_pylist()}
+
+
+def test_rank_steps_and_metadata():
+    t = read_chrome_trace(trace([*STEPS, X("aten::mm", 1100, 50)]))
+    assert t.worker == 3 and t.step_bounds == {7: (1000.0, 2000.0), 8: (2000.0, 3000.0)}
+    assert (t.meta.host, t.meta.backend, t.meta.world_size, t.meta.device) == ("node07", "nccl", 8, "")
+    assert t.events.schema == OP_EVENT_SCHEMA
+    assert read_chrome_trace(trace([*STEPS, X("aten::mm", 1100, 50)]), worker=11).worker == 11
+
+
+def test_events_belong_to_the_step_holding_their_start():
+    t = read_chrome_trace(trace([*STEPS, X("a", 1100, 50), X("b", 1990, 50), X("c", 2500, 10), X("before", 500, 10), X("after", 3100, 5)]))
+    assert sorted(rows(t)) == [(7, "a"), (7, "b"), (8, "c")]
+
+
+def test_operators_inside_a_region_are_the_region():
+    ev = [
+        *STEPS,
+        X("slow_function", 1100, 300, cat="user_annotation"),
+        X("aten::mm", 1150, 100),  # inside the region: part of it
+        X("aten::linear", 1500, 100),  # top-level operator: a function of its own
+        X("aten::addmm", 1510, 50),  # inside an operator: part of it
+        X("Optimizer.step#AdamW.step", 1700, 50, cat="user_annotation"),
+        X("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 1800, 20, cat="user_annotation"),
+        X("autograd::engine::evaluate_function: AddmmBackward0", 2100, 30),
+    ]
+    r = rows(read_chrome_trace(trace(ev)))
+    assert sorted(f for _, f in r) == ["AddmmBackward0", "Optimizer.step#AdamW.step",
+                                       "aten::linear", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "slow_function"]  # fmt: skip
+    assert r[(7, "slow_function")]["kind"] == "python" and r[(7, "slow_function")]["resource"] == "cpu"
+    assert r[(7, "aten::linear")]["kind"] == "compute" and r[(7, "aten::linear")]["resource"] == "cpu"
+    assert r[(7, "Optimizer.step#AdamW.step")]["kind"] == "optimizer"
+    assert r[(7, "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__")]["kind"] == "dataloader"
+
+
+def test_nesting_is_per_thread():
+    ev = [*STEPS, X("aten::mm", 1100, 500, tid=1), X("aten::mm", 1200, 100, tid=2)]  # another thread: not nested
+    assert len(read_chrome_trace(trace(ev)).events) == 2
+
+
+def test_collectives_by_name_and_process_group():
+    ev = [
+        *STEPS,
+        X("autograd::engine::evaluate_function: AccumulateGrad", 1100, 300),
+        X("c10d::allreduce_", 1150, 100),  # launched inside an operator: still communication
+        X("gloo:all_reduce", 1200, 400, cat="user_annotation", tid=9),
+        X("nccl:send", 1700, 20, cat="user_annotation", **{"Process Group Description": "pp_group"}),
+    ]
+    r = rows(read_chrome_trace(trace(ev)))
+    assert r[(7, "c10d::allreduce_[default_pg]")]["kind"] == "collective"
+    assert r[(7, "gloo:all_reduce[default_pg]")]["resource"] == "nic"
+    assert r[(7, "nccl:send[pp_group]")]["kind"] == "p2p"
+    # with several process groups and no group on the event, the name stays as it is
+    assert (7, "gloo:all_reduce") in rows(read_chrome_trace(trace(ev, pgs=2)))
+
+
+def test_gpu_kernels_and_copies():
+    ev = [
+        *STEPS,
+        X("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+          1100, 20, cat="kernel", pid=0, tid=7, device=0, stream=7),
+        X("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 1200, 300, cat="kernel", pid=0, tid=13),
+        X("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", 1600, 30, cat="kernel", pid=0, tid=13),
+        X("Memcpy HtoD (Pageable -> Device)", 1050, 40, cat="gpu_memcpy", pid=0, tid=7, bytes=4096),
+        X("Memset (Device)", 1060, 4, cat="gpu_memset", pid=0, tid=7),
+    ]  # fmt: skip
+    t = read_chrome_trace(trace(ev))
+    r = rows(t)
+    k = r[(7, "at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >")]
+    assert (k["kind"], k["resource"], k["device"], k["host"]) == ("compute", "gpu", "node07/gpu0", "node07")
+    assert r[(7, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")]["kind"] == "collective"
+    assert r[(7, "ncclDevKernel_SendRecv")]["kind"] == "p2p"
+    cp = r[(7, "Memcpy HtoD (Pageable -> Device)")]
+    assert (cp["kind"], cp["resource"], cp["bytes"]) == ("memcpy", "pcie", 4096.0)
+    assert r[(7, "Memset (Device)")]["resource"] == "gpu"
+    assert t.meta.device == "node07/gpu0" and t.meta.gpu == "NVIDIA H100"
+
+
+def test_python_frames_by_call_site():
+    ev = [*STEPS, X("/home/alice/proj/train.py(42): slow_function", 1100, 30, cat="python_function")]
+    assert (7, "train.py(42): slow_function") in rows(read_chrome_trace(trace(ev)))
+    assert call_site("C:\\work\\train.py(7): step") == "train.py(7): step"
+    assert call_site("<built-in method item of Tensor object>") == "<built-in method item of Tensor object>"
+
+
+def test_kernel_keys_are_stable_and_bounded():
+    assert kernel_key("void   foo<(anonymous namespace)::Op>(float*, int)") == "foo<(anonymous namespace)::Op>"
+    assert kernel_key("sm90_xmma_gemm_f16f16_f16f32") == "sm90_xmma_gemm_f16f16_f16f32"
+    long = kernel_key("k" * 500)
+    assert len(long) == 200 and long == kernel_key("k" * 500) and long != kernel_key("k" * 499 + "j")
+
+
+def test_files_plain_and_gzipped(tmp_path):
+    data = trace([*STEPS, X("aten::mm", 1100, 50)])
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    (tmp_path / "r.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
+    plain, gz = read_chrome_trace(tmp_path / "r.json").events, read_chrome_trace(str(tmp_path / "r.json.gz")).events
+    assert plain.num_rows == 1 and plain.drop_columns(["bytes"]).equals(gz.drop_columns(["bytes"]))
+
+
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        (b"not json", "not a Chrome-trace JSON"),
+        (b'{"x": 1}', "not a Chrome-trace JSON"),
+        (json.dumps(trace([X("aten::mm", 1, 1)])).encode(), "no ProfilerStep#N"),
+        (json.dumps({"traceEvents": STEPS}).encode(), "no distributedInfo.rank"),
+    ],
+)
+def test_bad_traces_say_what_is_wrong(tmp_path, data, match):
+    p = tmp_path / "bad.json"
+    p.write_bytes(data)
+    with pytest.raises(TraceError, match=match):
+        read_chrome_trace(p)
+    with pytest.raises(TraceError, match="cannot read"):
+        read_chrome_trace(tmp_path / "missing.json")

@@ -1,0 +1,100 @@
+"""The pure parts of paging: signatures, redaction, backoff, routing, severity, incident identity, the routes file."""
+
+import base64
+import os
+
+import pytest
+
+from lockstep.schemas.records import Evidence, Finding, Impact
+from lockstep.sinks import routes
+from lockstep.sinks.incidents import incident_key
+from lockstep.sinks.paging import backoff_s, plan, redact_functions, retryable, sign
+
+SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
+
+
+def test_signature_matches_the_standard_webhooks_test_vector():
+    key = routes.webhook_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "test")
+    assert sign(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b'{"test": 2432232314}') == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_backoff_grows_exponentially_with_jitter_and_a_cap():
+    retry = routes.Retry(initial_backoff_s=1.0, max_backoff_s=30.0)
+    assert [backoff_s(n, retry, 0.0) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert [backoff_s(n, retry, 0.999) for n in (1, 2, 3)] == pytest.approx([1.0, 2.0, 4.0], rel=1e-3)
+    assert backoff_s(20, retry, 0.999) <= 30.0
+    assert backoff_s(1, retry, 0.0, retry_after_s=7.0) == 7.0  # Retry-After wins
+    assert backoff_s(1, retry, 0.0, retry_after_s=3600.0) == 30.0  # up to the cap
+    assert [retryable(s) for s in (None, 429, 500, 503, 400, 401, 404, 410, 302)] == [True] * 4 + [False] * 5
+
+
+def f(function="fwd.gemm", cause="gpu_throttle_thermal", workers=(3,), window="w1", job="j", tenant="t", conf=0.9, share=0.1):
+    return Finding(id=window, job=job, window=window, steps=[1], scope="worker", workers=list(workers), hosts=["h"], devices=["h/gpu3"],
+                   function=function, function_kind="compute", cause=cause, confidence=conf,
+                   evidence=[Evidence(feature=f"work_us[{function}]", value=1.0, peer_value=0.5, deviation=4.0)],
+                   impact=Impact(step_time_share=share, gpu_hours_per_day=1.0), policy="p", created_at=0.0, tenant=tenant,
+                   summary=f"worker 3: {function} slower")  # fmt: skip
+
+
+def test_incident_key_leaves_out_the_window_and_for_device_causes_the_function():
+    assert incident_key(f(window="w1")) == incident_key(f(window="w9"))
+    assert incident_key(f(function="fwd.gemm")) == incident_key(f(function="bwd.gemm"))  # a throttled GPU slows every kernel
+    assert incident_key(f(cause="dataloader", function="a")) != incident_key(f(cause="dataloader", function="b"))
+    assert incident_key(f(workers=(3,))) != incident_key(f(workers=(4,)))
+    assert incident_key(f(tenant="a")) != incident_key(f(tenant="b"))
+
+
+def test_redaction_hides_every_function_name_and_keeps_the_rest():
+    import msgspec
+
+    rec = msgspec.to_builtins(f(function="model.secret_fn"))
+    red = redact_functions(rec)
+    text = str(red)
+    assert "secret_fn" not in text
+    assert red["function"].startswith("fn:") and red["evidence"][0]["feature"] == f"work_us[{red['function']}]"
+    assert red["devices"] == rec["devices"] and red["cause"] == rec["cause"] and red["id"] == rec["id"]
+    assert redact_functions(rec)["function"] == red["function"]  # stable: pages about one function can be matched up
+
+
+def test_severity_rules_and_routing_plan():
+    import msgspec
+
+    paging = routes.parse(
+        {"severity": [{"severity": "critical", "min_step_time_share": 0.2, "min_confidence": 0.8}, {"severity": "warning", "causes": ["pcie"]}],
+         "routes": [{"name": "a", "type": "slack", "url": "https://h/a"},
+                    {"name": "b", "type": "slack", "url": "https://h/b", "match": {"min_confidence": 0.8}, "severity": [{"severity": "error"}]}]},
+        {},
+    )  # fmt: skip
+    a, b = paging.routes
+    rec = lambda **kw: msgspec.to_builtins(f(**kw))  # noqa: E731
+    assert a.severity_of(rec(share=0.3)) == "critical"
+    assert a.severity_of(rec(share=0.3, conf=0.5)) == "info"  # no rule matched
+    assert a.severity_of(rec(cause="pcie")) == "warning"
+    assert b.severity_of(rec()) == "error"
+    low = rec(conf=0.5)
+    assert [(r.name, act) for r, act in plan("trigger", low, paging.routes, {})] == [("a", "trigger")]
+    assert [(r.name, act) for r, act in plan("update", rec(), paging.routes, {"a": "delivered"})] == [("b", "trigger")]
+    assert plan("update", rec(), paging.routes, {"a": "delivered", "b": "pending"}) == []
+    assert [(r.name, act) for r, act in plan("resolve", low, paging.routes, {"a": "delivered", "b": "failed"})] == [("a", "resolve")]
+
+
+def test_routes_file_is_validated_at_start_up(tmp_path):
+    good = {"routes": [{"name": "pd", "type": "pagerduty", "routing_key_env": "PD_KEY"}]}
+    assert routes.parse(good, {"PD_KEY": "x"}).routes[0].url == routes.PAGERDUTY_EVENTS_URL
+    cases = [
+        (good, {}, "environment variable PD_KEY"),
+        ({"routes": [{"name": "x", "type": "email"}]}, {}, "type"),
+        ({"routes": [{"name": "x", "type": "slack", "url": "https://h", "colour": "red"}]}, {}, "colour"),
+        ({"routes": [{"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["meteor"]}}]}, {}, "meteor"),
+        ({"routes": [{"name": "x", "type": "webhook", "url": "https://h", "secret_env": "S"}]}, {"S": "whsec_c2hvcnQ="}, "24 to 64 bytes"),
+        ({"routes": [{"name": "x", "type": "webhook", "url": "ftp://h", "secret_env": "S"}]}, {"S": SECRET}, r"http\(s\) url"),
+        ({"routes": [{"name": "x", "type": "slack", "url": "https://h"}] * 2}, {}, "unique"),
+        ({"routes": [], "retry": {"max_attempts": 0}}, {}, "max_attempts"),
+    ]
+    for data, env, needle in cases:
+        with pytest.raises(routes.RoutesError, match=needle):
+            routes.parse(data, env)
+    path = tmp_path / "routes.yaml"
+    path.write_text("routes: [{name: pd, type: pagerduty, routing_key_env: LOCKSTEP_TEST_PD}]\n")
+    with pytest.raises(routes.RoutesError, match="LOCKSTEP_TEST_PD"):
+        routes.load(path, env={k: v for k, v in os.environ.items() if k != "LOCKSTEP_TEST_PD"})
