@@ -6,8 +6,12 @@ import sys
 import textwrap
 import time
 
+from pathlib import Path
+
 import pytest
 import torch
+
+from lockstep import cli
 
 from lockstep.kafka import ensure_topics, producer_config, read_all
 from lockstep.producers.agent import attach
@@ -34,7 +38,7 @@ def train_until(agent, cond, timeout_s=60.0, step_s=0.02):
         agent.step()
 
 
-def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settings, tmp_path):
+def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settings, tmp_path, capsys):
     topics = ensure_topics(settings)
     redaction = Redaction(names="hash", salt="t")
     agent = attach(job="unit", bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, rank=5,
@@ -53,7 +57,11 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
         agent.drain()
         assert [w.window for w in agent.report().windows] == ["w1"]
         # raw requests: only the named workers answer, with a bounded, redacted slice of the steps asked for
-        pub.send(topics.control, "unit", RawRequest(job="unit", request="r1", workers=[5], steps=[start + 1], max_bytes=50_000))
+        # (the agent answers from its own threads: training need not step meanwhile)
+        rc = cli.main(["raw", "unit", "--workers", "5", "--steps", str(start + 1), "--max-bytes", "50000", "--out", str(tmp_path / "raw"),
+                       "--json", "--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix", settings.topic_prefix])  # fmt: skip
+        assert rc == 0
+        (printed,) = json.loads(capsys.readouterr().out)
         pub.send(topics.control, "unit", RawRequest(job="unit", request="r2", workers=[1, 2]))
         pub.send(topics.control, "unit", RawRequest(job="unit", request="r3", workers=[5], window="w-unknown"))
         pub.flush()
@@ -85,14 +93,15 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
     assert "w1" in echoed and "w-other" not in echoed
 
     answers = {r.request: r for r in (decode(v, RawTrace) for _, v in recs[topics.raw])}
-    assert set(answers) == {"r1", "r3"}  # r2 named other workers
-    r1 = answers["r1"]
+    assert len(answers) == 2 and "r3" in answers and "r2" not in answers  # r2 named other workers
+    assert answers["r3"].error and not answers["r3"].trace
+    r1 = answers[printed["request"]]  # the answer to `lockstep raw`
     assert (r1.window, r1.worker, r1.steps, r1.error) == ("w1", 5, [start + 1], "") and len(r1.trace) <= 50_000
-    doc = json.loads(decompress(r1.trace))
+    assert r1.redaction == "paths=strip,stacks=drop,names=hash" and printed["bytes"] == len(r1.trace)
+    doc = json.loads(Path(printed["file"]).read_text())  # what `lockstep raw` wrote: a Chrome trace Perfetto opens
+    assert doc == json.loads(decompress(r1.trace))
     names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"]
     assert names and all(n.startswith("fn:") or n.startswith("ProfilerStep#") for n in names)
-    assert r1.redaction == "paths=strip,stacks=drop,names=hash"
-    assert answers["r3"].error and not answers["r3"].trace
 
 
 def test_the_launcher_attaches_the_agent_to_an_unedited_script(settings, tmp_path):
