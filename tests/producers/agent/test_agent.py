@@ -46,7 +46,7 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
     pub = Publisher(producer_config(settings))
     try:
         train_until(agent, lambda: agent._control.connected and agent.current_step >= 5)
-        start = agent.current_step + 15
+        start = agent.current_step + 60  # the embedded broker delivers a control record within about a second
         pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w-past", start_step=agent.current_step - 1, steps=2, expected_workers=8))
         pub.send(topics.control, "other-job", ProfileTrigger(job="other-job", window="w-other", start_step=start, steps=3, expected_workers=8))
         pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w1", start_step=start, steps=3, expected_workers=8, created_at=time.time(),
