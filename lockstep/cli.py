@@ -16,6 +16,7 @@ EXIT_USAGE = 2
 
 def known_errors() -> tuple[type[BaseException], ...]:
     from .commands.diagnose import DiagnoseError
+    from .commands.raw import RawError
     from .commands.trigger import TriggerError
     from .producers.publisher import DeliveryError
     from .producers.simulator.faults import FaultError
@@ -28,7 +29,7 @@ def known_errors() -> tuple[type[BaseException], ...]:
     from .runtime import RuntimeFailure
 
     return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, FaultError, TopologyError, StoreError, RoutesError, RecordError,
-            DeliveryError, RuntimeFailure, TriggerError, DiagnoseError)  # fmt: skip
+            DeliveryError, RuntimeFailure, TriggerError, DiagnoseError, RawError)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

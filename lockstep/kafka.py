@@ -25,12 +25,13 @@ class Topics:
     """Every topic of the pipeline, with its key."""
 
     heartbeats: str  # StepHeartbeat, key job
-    control: str  # ProfileTrigger, key job
+    control: str  # ProfileTrigger, RawRequest, key job
     features: str  # FeatureBatch, key job:step
     stepreports: str  # StepReport / WindowTimeout (internal), key job
     findings: str  # Finding, key job
     windows: str  # WindowReport, key job
     deadletter: str  # DeadLetter, key: the original key
+    raw: str  # RawTrace (answers to a RawRequest on control), key job
 
     @classmethod
     def named(cls, prefix: str = "lockstep") -> Topics:

@@ -121,6 +121,15 @@ class WorkerMeta(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
 # --------------------------------------------------------------------------- records
 
 
+class AgentCounters(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """What a worker's host agent had to give up, cumulative since it started."""
+
+    dropped_records: NonNegInt = 0  # records dropped because the memory queue or the on-disk spool was full
+    spooled_records: NonNegInt = 0  # records waiting in the on-disk spool for Kafka to come back
+    refused_triggers: NonNegInt = 0  # triggers refused: start step already past, or overlapping a window
+    failed_windows: NonNegInt = 0  # accepted windows that could not be profiled or summarised
+
+
 class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     """The always-on signal: one worker finished one step. Key: ``job``."""
 
@@ -137,6 +146,7 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     trigger_window: str | msgspec.UnsetType = msgspec.UNSET  # the window of that trigger
     trigger_latency_s: float | None | msgspec.UnsetType = msgspec.UNSET  # its receipt (worker clock) - its created_at (processor clock)
     final: bool | msgspec.UnsetType = msgspec.UNSET  # true on the worker's last heartbeat: it shuts down (not a hang)
+    agent: AgentCounters | msgspec.UnsetType = msgspec.UNSET  # the agent's counters, on the first heartbeat after one changed
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
@@ -248,6 +258,48 @@ class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
                 f"step {self.step} lies outside window {self.window} "
                 f"[{self.window_start}, {self.window_start + self.window_steps})",
             )
+
+
+class RawRequest(_Record, tag="RawRequest", kw_only=True):
+    """Ask named workers for a slice of their retained raw profiler trace.  Topic: control, key ``job``.
+
+    Each named worker answers with one :class:`RawTrace` on the raw topic (an empty
+    one with ``error`` set when it has nothing to send).
+    """
+
+    job: Name
+    request: Name  # id of this request, echoed in every answer
+    workers: Annotated[list[Rank], msgspec.Meta(min_length=1, max_length=100_000)]
+    window: str = ""  # window whose trace is wanted; "" = the last window the worker retained
+    steps: list[NonNegInt] = []  # steps to include; [] = every step of the window
+    max_bytes: Annotated[int, msgspec.Meta(ge=1024, le=16 << 20)] = 512 << 10  # bound on each compressed answer
+    created_at: float = 0.0
+    tenant: str = ""
+
+
+class RawTrace(_Record, tag="RawTrace", kw_only=True):
+    """One worker's answer to a :class:`RawRequest`.  Topic: raw, key ``job``.
+
+    ``trace`` is a Chrome-trace JSON object (the profiler's own format, redacted like
+    everything that leaves the host) compressed with ``codec``; it holds the events
+    of ``steps`` that fitted into the request's ``max_bytes``, longest first.
+    """
+
+    job: Name
+    request: Name
+    window: str
+    worker: Rank
+    host: str = ""
+    steps: list[NonNegInt] = []
+    events: NonNegInt = 0  # events in the slice
+    events_total: NonNegInt = 0  # events of those steps in the retained trace
+    truncated: bool = False  # some events of the steps did not fit into max_bytes
+    trace: bytes = b""
+    codec: Literal["zstd"] = "zstd"
+    redaction: str = ""  # redaction applied before upload, e.g. "paths=strip,stacks=drop,names=keep"
+    error: str = ""  # why nothing was sent (no retained window, unknown window, ...)
+    sent_at: float = 0.0
+    tenant: str = ""
 
 
 class Evidence(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -383,15 +435,17 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         TriggerRequest,
         TriggerRefused,
         DetectorTick,
+        RawRequest,
+        RawTrace,
     )
 }
 #: versions of each record this build reads
 SUPPORTED_VERSIONS: dict[str, frozenset[int]] = {name: frozenset({1}) for name in RECORD_TYPES}
-BINARY_RECORDS = frozenset({"FeatureBatch", "StepReport"})
+BINARY_RECORDS = frozenset({"FeatureBatch", "StepReport", "RawTrace"})
 
 Record = (
     StepHeartbeat | ProfileTrigger | FeatureBatch | Finding | StepReport | WindowTimeout | WindowReport | DeadLetter
-    | TriggerRequest | TriggerRefused | DetectorTick
+    | TriggerRequest | TriggerRefused | DetectorTick | RawRequest | RawTrace
 )
 
 

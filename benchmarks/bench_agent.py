@@ -1,0 +1,264 @@
+"""Benchmarks of the host agent, one command each (CPU PyTorch; medians; prints what it measured).
+
+    python benchmarks/bench_agent.py overhead    # agent cost when not profiling, % of a realistic step
+    python benchmarks/bench_agent.py bytes       # bytes per worker per window vs the raw profiler trace
+    python benchmarks/bench_agent.py summarise   # time to turn one window's trace into feature batches
+    python benchmarks/bench_agent.py sampler     # hardware sampler: achieved rate and CPU cost
+
+The model is a transformer encoder (d_model 256, batch 4 x 32 tokens, AdamW): 8 layers, about
+100 ms a step on this machine's CPU, for ``overhead`` and ``sampler``; 24 layers (the depth of
+a mid-size language model, so the trace holds as many operators per step as a real one) for
+``bytes`` and ``summarise``.  ``overhead`` starts the embedded broker: heartbeats really go to Kafka.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import torch
+from torch import nn
+
+from lockstep.broker import EmbeddedBroker
+from lockstep.config import Settings
+from lockstep.kafka import ensure_topics
+from lockstep.producers.agent import attach
+from lockstep.producers.agent.profiler import TorchWindow
+from lockstep.producers.agent.redact import Redaction
+from lockstep.producers.agent.retention import RawStore
+from lockstep.producers.agent.sampler import HardwareSampler
+from lockstep.producers.agent.window import process_window, read_chrome_trace, summarise
+from lockstep.schemas.records import ProfileTrigger, Sampling, WorkerMeta, encode
+
+
+def model_step(layers: int = 8, d: int = 256, batch: int = 4, tokens: int = 32):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 8, 4 * d, batch_first=True), layers), nn.Linear(d, 16))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(batch, tokens, d)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(3):
+        step()  # warm-up
+    return step
+
+
+def thread_cpu_s(thread: threading.Thread) -> float:
+    """CPU time of another thread (Linux: its pthread CPU clock)."""
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def tasks_cpu_s(native_ids: frozenset[int]) -> dict[int, float]:
+    """CPU seconds of this process's librdkafka threads (``rdk:*``) and of the given threads (/proc schedstat, ns)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            if comm.startswith("rdk:") or int(tid) in native_ids:
+                out[int(tid)] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError):
+            pass  # the thread ended
+    return out
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.3f}%"
+
+
+# --------------------------------------------------------------------------- overhead
+
+
+def overhead(args) -> None:
+    step = model_step()
+    t_start = time.monotonic()
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(bootstrap_servers=broker.bootstrap_servers, topic_prefix="bench", partitions=1)
+        ensure_topics(settings)
+        ratios: list[float] = []  # per block pair: median step with the agent / median step without
+        base: list[float] = []
+        calls: list[float] = []
+        io_cpu: list[float] = []  # the agent's publishing thread, per step
+        bg_cpu_s = 0.0  # the agent's threads and its Kafka clients' (librdkafka) threads, over every agent block
+        for block in range(args.blocks):
+            medians = {}
+            for mode in (("base", "agent") if block % 2 == 0 else ("agent", "base")):  # ABBA: drift cancels
+                agent = attach(job="bench", bootstrap_servers=broker.bootstrap_servers, topic_prefix="bench",
+                               spool_dir=Path(tmp) / "spool") if mode == "agent" else None  # fmt: skip
+                for _ in range(args.warmup):  # not measured: the agent connects to Kafka and reads the control topic's end
+                    step()
+                    if agent is not None:
+                        agent.step()
+                if agent is not None:
+                    while not agent._control.connected:
+                        time.sleep(0.05)
+                    io0 = thread_cpu_s(agent._outbox._thread)
+                    own = frozenset(agent._own_threads)
+                    bg0 = tasks_cpu_s(own)
+                times = []
+                for _ in range(args.steps):
+                    s0 = time.perf_counter()
+                    step()
+                    if agent is not None:
+                        c0 = time.perf_counter()
+                        agent.step()
+                        calls.append(time.perf_counter() - c0)
+                    times.append(time.perf_counter() - s0)
+                if agent is not None:
+                    io_cpu.append((thread_cpu_s(agent._outbox._thread) - io0) / args.steps)
+                    bg_cpu_s += sum(v - bg0.get(t, 0.0) for t, v in tasks_cpu_s(own).items())
+                    agent.close()
+                else:
+                    base += times
+                medians[mode] = statistics.median(times)
+            ratios.append(medians["agent"] / medians["base"])
+    mb = statistics.median(base)
+    call, io = statistics.median(calls), statistics.median(io_cpu)
+    bg = bg_cpu_s / (args.blocks * args.steps)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    print(f"agent overhead when not profiling: {args.blocks} blocks x {args.steps} steps per mode (after {args.warmup} unmeasured), "
+          f"alternating (ABBA), same process, heartbeats to the embedded broker ({time.monotonic() - t_start:.0f} s)")  # fmt: skip
+    print(f"  step: 8-layer transformer, median {1e3 * mb:.1f} ms without the agent")
+    print(f"  wall clock: median step with / without the agent, per block pair: {statistics.median(ratios):.4f} "
+          f"(quartiles {q[0]:.4f}..{q[2]:.4f}; this machine's step-to-step noise is larger than the effect)")  # fmt: skip
+    print(f"  agent.step() in the training thread: median {1e6 * call:.1f} us = {pct(call / mb)} of the step")
+    print(f"  publishing thread CPU per step (batching, encoding, Kafka, control polling): {1e6 * io:.1f} us = {pct(io / mb)}")
+    print(f"  all background threads of the agent per step (publishing thread + librdkafka's): {1e6 * bg:.1f} us = {pct(bg / mb)}")
+    print(f"  agent cost per step (training-thread call + background CPU): {pct((call + max(bg, io)) / mb)} of the step (target < 0.5%)")
+
+
+# --------------------------------------------------------------------------- one profiled window
+
+
+def profile_window(step, steps: int, sampling: Sampling, tmp: Path, rank: int = 0):
+    """Profile ``steps`` steps exactly as the agent does; returns the finished profiler, samples and boundaries."""
+    start = 100
+    sampler = HardwareSampler(rank, sampling.hardware_hz).start()
+    window = TorchWindow(sampling)
+    boundaries = {start: time.time() * 1e6}
+    window.start(start)
+    for s in range(start, start + steps):
+        step()
+        if s + 1 < start + steps:
+            boundaries[s + 1] = time.time() * 1e6
+            window.step()
+    prof = window.stop()
+    samples, stats = sampler.stop()
+    trig = ProfileTrigger(job="bench", window=f"w{time.monotonic_ns()}", start_step=start, steps=steps, expected_workers=1, sampling=sampling)
+    return prof, samples, boundaries, trig, stats
+
+
+SETTINGS = {
+    "default": Sampling(hardware_hz=100),  # what the detector asks for
+    "with_stack+shapes": Sampling(hardware_hz=100, with_stack=True, record_shapes=True),  # what people use to debug by hand
+}
+
+
+def bytes_(args) -> None:
+    step = model_step(layers=args.layers)
+    meta = WorkerMeta(rank=0, host="bench-host", device="bench-host/cpu", nic="eth0", labels={"pp": "0"})
+    print(f"bytes per worker per window: {args.steps} steps of a {args.layers}-layer transformer, raw Chrome trace vs the FeatureBatch records sent")
+    for name, sampling in SETTINGS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            store = RawStore(Path(tmp), 1 << 34)
+            prof, samples, boundaries, trig, _ = profile_window(step, args.steps, sampling, Path(tmp))
+            out = process_window(prof, trig, meta, samples, boundaries, "host", Redaction(), store, min_share=args.min_share)
+            kept = sum(p.stat().st_size for p in Path(tmp).glob("*.zst"))
+        sent = sum(len(encode(b)) for b in out.batches)
+        rows = statistics.median(_rows(b) for b in out.batches)
+        print(f"  {name:18s} raw trace {out.trace_bytes / 1e6:8.2f} MB ({out.events:6d} events kept by the reader; zstd {kept / 1e6:.2f} MB)"
+              f" -> {len(out.batches)} feature batches {sent / 1e3:6.1f} KB ({rows:.0f} functions/step)"
+              f" = {out.trace_bytes / sent:7.0f}x smaller (target >= 1000x)")  # fmt: skip
+
+
+def _rows(batch) -> int:
+    from lockstep.schemas import functions as ft
+
+    return ft.unpack(batch.functions).num_rows
+
+
+# --------------------------------------------------------------------------- summariser
+
+
+def summarise_(args) -> None:
+    step = model_step(layers=args.layers)
+    meta = WorkerMeta(rank=0, host="bench-host")
+    print(f"summariser per window ({args.steps} steps of a {args.layers}-layer transformer), median of {args.repeats} runs on one trace:")
+    for name, sampling in SETTINGS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            store = RawStore(Path(tmp), 1 << 34)
+            prof, samples, boundaries, trig, _ = profile_window(step, args.steps, sampling, Path(tmp))
+            t0 = time.perf_counter()
+            out = process_window(prof, trig, meta, samples, boundaries, "host", Redaction(), store, min_share=args.min_share)
+            whole = time.perf_counter() - t0
+            _, trace, _ = store.load()
+            path = Path(tmp) / "trace.json"
+            path.write_bytes(msgspec.json.encode(trace))
+            read_s, summ_s = [], []
+            for _ in range(args.repeats):
+                t1 = time.perf_counter()
+                te = read_chrome_trace(path, worker=0)  # from the file, as the agent reads it
+                t2 = time.perf_counter()
+                summarise(te.events, None, te.step_bounds, min_share=args.min_share)
+                t3 = time.perf_counter()
+                read_s.append(t2 - t1)
+                summ_s.append(t3 - t2)
+        print(f"  {name:18s} {out.trace_bytes / 1e6:6.2f} MB trace, {out.events} events: read {1e3 * statistics.median(read_s):7.1f} ms,"
+              f" summarise {1e3 * statistics.median(summ_s):7.1f} ms; whole window on the agent's thread (export, parse,"
+              f" read, summarise, pack, keep raw) {whole:.2f} s")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def sampler(args) -> None:
+    step = model_step()
+    print(f"hardware sampler while training ({args.seconds:.0f} s per rate; host only on this machine, no GPU):")
+    for hz in args.hz:
+        s = HardwareSampler(0, hz).start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < args.seconds:
+            step()
+        samples, stats = s.stop()
+        print(f"  asked {hz:5.0f} Hz: achieved {stats.hz_achieved:6.1f} Hz, {stats.samples} samples, "
+              f"{1e6 * stats.cpu_s / max(stats.samples, 1):5.0f} us CPU per sample = {100 * stats.cpu_share:.2f}% of one core")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--blocks", type=int, default=8)
+    o.add_argument("--steps", type=int, default=25, help="measured steps per block")
+    o.add_argument("--warmup", type=int, default=5, help="steps per block before measuring (the agent's start-up is not per-step cost)")
+    o.set_defaults(func=overhead)
+    for name, func in (("bytes", bytes_), ("summarise", summarise_)):
+        q = sub.add_parser(name)
+        q.add_argument("--steps", type=int, default=8, help="steps per window")
+        q.add_argument("--layers", type=int, default=24, help="transformer layers")
+        q.add_argument("--min-share", type=float, default=0.001, help="the agent's size budget (AgentConfig.min_share)")
+        q.add_argument("--repeats", type=int, default=5)
+        q.set_defaults(func=func)
+    s = sub.add_parser("sampler")
+    s.add_argument("--hz", type=float, nargs="+", default=[50, 100, 200])
+    s.add_argument("--seconds", type=float, default=3.0)
+    s.set_defaults(func=sampler)
+    args = p.parse_args(argv)
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

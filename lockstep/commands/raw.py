@@ -1,0 +1,117 @@
+"""``lockstep raw JOB --workers 2,5``: fetch a slice of the raw profiler trace the agents kept.
+
+Sends a ``RawRequest`` on the control topic; each named worker's agent answers
+with a ``RawTrace`` on the raw topic: a bounded, redacted, zstd-compressed slice
+of its last window's Chrome trace (or the reason it has none).  The slices are
+written as ``<out>/<job>.<window>.rank<N>.trace.json``, which Perfetto and
+chrome://tracing open.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from .. import config
+
+
+class RawError(RuntimeError):
+    """No worker answered a raw request in time."""
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise config.ConfigError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def register(sub) -> None:
+    p = sub.add_parser("raw", help="fetch a slice of the raw profiler trace that named workers kept")
+    config.add_arguments(p)
+    p.add_argument("job", help="the job")
+    p.add_argument("--workers", required=True, help="ranks that should send their slice, e.g. 2,5")
+    p.add_argument("--window", default="", help="the window (default: the last one each worker kept)")
+    p.add_argument("--steps", default="", help="steps to include, e.g. 41,42 (default: the whole window)")
+    p.add_argument("--max-bytes", type=int, default=512 << 10, help="bound of each compressed slice (default 512 KiB)")
+    p.add_argument("--out", type=Path, default=Path("."), help="directory for the trace files (default: here)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answers (default 30)")
+    p.add_argument("--json", action="store_true", help="print the answers (without their payload) as JSON")
+    p.set_defaults(func=run)
+
+
+def request_raw(settings, req, timeout_s: float) -> dict[int, object]:
+    """Send ``req`` and collect the named workers' RawTrace answers (worker -> answer) until all came or time is up."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from ..kafka import Topics, consumer_config, producer_config
+    from ..producers.publisher import Publisher
+    from ..schemas.records import RawTrace, RecordError, decode
+
+    topics = Topics.named(settings.topic_prefix)
+    consumer = Consumer(consumer_config(settings, None))
+    answers: dict[int, object] = {}
+    try:
+        meta = consumer.list_topics(topics.raw, timeout=10).topics.get(topics.raw)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise RawError(f"topic {topics.raw} does not exist at {settings.bootstrap_servers} (run `lockstep topics`, or check --topic-prefix)")
+        ends = [TopicPartition(topics.raw, p, consumer.get_watermark_offsets(TopicPartition(topics.raw, p), timeout=10, cached=False)[1])
+                for p in meta.partitions]  # fmt: skip
+        consumer.assign(ends)  # answers come after the request
+        pub = Publisher(producer_config(settings))
+        pub.send(topics.control, req.job, req)
+        pub.flush()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and len(answers) < len(req.workers):
+            for msg in consumer.consume(100, timeout=0.2):
+                if msg.error():
+                    continue
+                try:
+                    rec = decode(msg.value(), RawTrace)
+                except RecordError:
+                    continue
+                if rec.request == req.request:
+                    answers[rec.worker] = rec
+    finally:
+        consumer.close()
+    return answers
+
+
+def run(args) -> int:
+    from ..output import print_json, table
+    from ..producers.agent.retention import decompress
+    from ..schemas.records import RawRequest, to_builtins
+
+    settings = config.load(args)
+    if not settings.bootstrap_servers:
+        raise config.ConfigError("bootstrap_servers: `lockstep raw` talks to running agents; pass --bootstrap-servers")
+    workers = _ints(args.workers)
+    if not workers:
+        raise config.ConfigError("--workers: name at least one rank")
+    if not 1024 <= args.max_bytes <= 16 << 20:
+        raise config.ConfigError(f"--max-bytes: {args.max_bytes} is not in 1024..{16 << 20}")
+    req = RawRequest(job=args.job, request=uuid.uuid4().hex, workers=workers, window=args.window, steps=_ints(args.steps),
+                     max_bytes=args.max_bytes, created_at=time.time())  # fmt: skip
+    answers = request_raw(settings, req, args.timeout)
+    if not answers:
+        raise RawError(f"no worker of {args.job} answered within {args.timeout:g}s (are the agents running, with this --topic-prefix?)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows, out = [], []
+    for w in workers:
+        a = answers.get(w)
+        if a is None:
+            rows.append([w, "-", "-", "-", "-", "no answer"])
+            continue
+        path = ""
+        if a.trace:
+            path = str(args.out / f"{a.job}.{a.window}.rank{w}.trace.json")
+            Path(path).write_bytes(decompress(a.trace))
+        rows.append([w, a.window or "-", ",".join(map(str, a.steps)) or "-", f"{a.events}/{a.events_total}" + (" (cut)" if a.truncated else ""),
+                     len(a.trace), path or a.error])  # fmt: skip
+        out.append({**{k: v for k, v in to_builtins(a).items() if k != "trace"}, "bytes": len(a.trace), "file": path})
+    if args.json:
+        print_json(out)
+    else:
+        print(table(["worker", "window", "steps", "events", "bytes", "file / error"], rows, max_width=90))
+    return 0 if len(answers) == len(workers) else 1

@@ -1,0 +1,357 @@
+"""The host agent inside a training process: ``agent.step()`` once per iteration.
+
+Three threads, so that the training step never waits for the agent:
+
+- the **training thread** calls :meth:`Agent.step`: it measures the step, queues a
+  heartbeat (an append to a bounded queue), takes any trigger the control
+  follower handed over, and at window boundaries starts, steps or stops
+  ``torch.profiler`` and the hardware sampler;
+- ``lockstep-agent-io`` publishes (batched, spooled when Kafka is away) and follows
+  the control topic;
+- ``lockstep-agent-window`` exports the finished window's trace, summarises it into
+  feature batches, keeps the raw trace, and answers raw-trace requests.
+
+Nothing here raises into the training loop: a window that cannot be profiled or
+summarised is logged and counted (``failed_windows``), and training goes on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ...kafka import Topics, consumer_config, features_key, producer_config
+from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat
+from .config import AgentConfig
+from .control import ControlFollower
+from .meta import Identity, discover
+from .outbox import Outbox
+from .retention import RawStore
+from .sampler import HardwareSampler, SamplerStats
+from .schedule import Window, WindowSchedule
+from .spool import Spool
+
+log = logging.getLogger("lockstep.agent")
+
+
+@dataclass
+class WindowRecord:
+    """What happened to one accepted window (for tests, benchmarks and logs)."""
+
+    window: str
+    start_step: int
+    steps: int
+    batches: int = 0
+    batch_bytes: int = 0
+    trace_bytes: int = 0
+    events: int = 0
+    summarise_s: float = 0.0
+    sampler: SamplerStats | None = None
+    error: str = ""
+
+
+@dataclass
+class AgentReport:
+    step: int
+    counters: AgentCounters
+    sent: int
+    spooled_now: int
+    kafka_down: bool
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (window, reason)
+    windows: list[WindowRecord] = field(default_factory=list)
+    raw_answers: int = 0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, identity: Identity | None = None):
+        self.config = config
+        ident = identity or discover(config)
+        self.meta = ident.meta
+        self.world_size = ident.world_size
+        self._gpu_uuid = ident.gpu_uuid
+        self._pid = os.getpid()
+        settings = config.settings()
+        self.topics = Topics.named(settings.topic_prefix)
+        self._job_key = config.job.encode()
+        spool = Spool(config.resolved_spool_dir(self.meta.rank), config.spool_max_bytes)
+        self._store = RawStore(config.resolved_raw_dir(self.meta.rank), config.raw_max_bytes)
+        self._control = ControlFollower(
+            # no group: the agent reads from the end and commits nothing.  A long fetch wait costs fewer
+            # wake-ups of librdkafka's thread (a third of the agent's idle CPU at 250 ms) and no latency
+            # against Kafka, which answers a waiting fetch when a record arrives; the embedded broker
+            # does not, so there a trigger may take up to a second, which the detector measures (echoes)
+            consumer_config(settings, None, **{"group.id": f"lockstep-agent-{config.job}", "fetch.wait.max.ms": 1000}),
+            self.topics.control,
+            config.job,
+        )
+        self._outbox = Outbox(
+            producer_config(
+                settings,
+                **{
+                    # duplicates are tolerated downstream (spool replays make them possible anyway);
+                    # a non-idempotent producer has no fatal state the agent would have to recover from
+                    "enable.idempotence": False,
+                    "message.timeout.ms": int(config.delivery_timeout_s * 1000),
+                    "queue.buffering.max.kbytes": 64 << 10,
+                    "linger.ms": 20,
+                    # lz4, not zstd: a batch of a few heartbeats costs zstd several times more CPU, on the training host;
+                    # feature batches carry their own zstd-compressed tables
+                    "compression.type": "lz4",
+                },
+            ),
+            spool,
+            queue_max=config.queue_max,
+            flush_interval_s=config.flush_interval_s,
+            tick=self._io_tick,
+        )
+        self._schedule = WindowSchedule()
+        self._inbox: deque[ProfileTrigger] = deque()  # io thread -> training thread
+        self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._window_thread = threading.Thread(target=self._window_loop, name="lockstep-agent-window", daemon=True)
+        self._refused: list[tuple[str, str]] = []
+        self._failed = 0
+        self._windows: list[WindowRecord] = []
+        self._raw_answers = 0
+        self._io_snapshot = (0, 0)  # (dropped, spooled) as the io thread last saw them
+        self._last_counters = AgentCounters()
+        self._echo: tuple[str, float] | None = None  # (window, receipt latency) of the last trigger, for the next heartbeat
+        # the running window
+        self._torch = None
+        self._sampler: HardwareSampler | None = None
+        self._boundaries: dict[int, float] = {}
+        self._record: WindowRecord | None = None
+
+        self._step = config.start_step
+        self._t_last = time.perf_counter()
+        self._last_dt = 0.0
+        self._closed = False
+        self._outbox.start()
+        self._window_thread.start()
+        #: the agent's own threads, whose events are taken out of the trace before summarising
+        self._own_threads: frozenset[int] = frozenset({self._outbox.native_id, self._window_thread.native_id})
+        atexit.register(self.close)
+        log.info("lockstep agent attached: job %s, worker %d of %d on %s (%s), NIC %s, publishing to %s",
+                 config.job, self.meta.rank, self.world_size, self.meta.host, self.meta.device, self.meta.nic or "?",
+                 settings.bootstrap_servers)  # fmt: skip
+
+    # ------------------------------------------------------------------ the training thread
+
+    @property
+    def current_step(self) -> int:
+        """The step now running."""
+        return self._step
+
+    def step(self) -> None:
+        """Call once per training iteration, at its end."""
+        now = time.perf_counter()
+        dt, self._t_last = now - self._t_last, now
+        self._last_dt = dt
+        step = self._step
+        self._step = step + 1
+        self._outbox.put(self.topics.heartbeats, self._job_key, self._heartbeat(step, dt))
+        if self._inbox:
+            self._take_triggers()
+        if self._schedule.busy:
+            self._boundary(self._step)
+
+    def _heartbeat(self, step: int, dt: float, **extra) -> StepHeartbeat:
+        """The heartbeat of ``step``; optional fields only when there is news (the always-on signal stays small)."""
+        dropped, spooled = self._io_snapshot
+        c = self._last_counters
+        if (c.dropped_records, c.spooled_records, c.refused_triggers, c.failed_windows) != (dropped, spooled, len(self._refused), self._failed):
+            c = self._last_counters = AgentCounters(dropped_records=dropped, spooled_records=spooled,
+                                                    refused_triggers=len(self._refused), failed_windows=self._failed)  # fmt: skip
+            extra["agent"] = c
+        if self._echo is not None:  # the detector measures the control topic's latency from these
+            (extra["trigger_window"], extra["trigger_latency_s"]), self._echo = self._echo, None
+        return StepHeartbeat(job=self.config.job, worker=self.meta.rank, step=step, step_time_s=max(dt, 1e-9), host=self.meta.host,
+                             sent_at=time.time(), tenant=self.config.tenant, **extra)  # fmt: skip
+
+    def _take_triggers(self) -> None:
+        while self._inbox:
+            trig = self._inbox.popleft()
+            offer = self._schedule.offer(trig, self._step - 1)  # the step that just ended is past
+            if offer.accepted:
+                log.info("accepted profiling window %s: steps %d..%d (%s)", trig.window, trig.start_step, trig.start_step + trig.steps - 1, trig.reason or "no reason given")
+            elif offer.reason != "duplicate":
+                self._refused.append((trig.window, offer.reason))
+                log.warning("refused profiling window %s starting at step %d: %s (this worker is at step %d)", trig.window, trig.start_step,
+                            "that step has already begun" if offer.reason == "past" else "it overlaps an accepted window", self._step)  # fmt: skip
+
+    def _boundary(self, step: int) -> None:
+        for action, window in self._schedule.boundary(step):
+            try:
+                if action == "start":
+                    self._start_window(window, step)
+                elif action == "step":
+                    self._boundaries[step] = time.time() * 1e6
+                    self._torch.step()  # type: ignore[union-attr]
+                elif action == "stop":
+                    self._stop_window(window)
+                else:  # missed
+                    self._fail(WindowRecord(window.name, window.start, window.trigger.steps), f"step counter jumped past its start step {window.start}")
+            except Exception as exc:  # noqa: BLE001 - never into the training loop
+                log.exception("profiling window %s failed at step %d", window.name, step)
+                self._abort(window, f"{type(exc).__name__}: {exc}")
+
+    def _start_window(self, window: Window, step: int) -> None:
+        from .profiler import TorchWindow
+
+        trig = window.trigger
+        self._record = WindowRecord(window.name, window.start, trig.steps)
+        self._boundaries = {step: time.time() * 1e6}
+        hz = min(trig.sampling.hardware_hz, self.config.hardware_hz_max)
+        self._sampler = HardwareSampler(self.meta.rank, hz, nic=self.meta.nic, gpu_uuid=self._gpu_uuid).start()
+        self._torch = TorchWindow(trig.sampling)
+        self._torch.start(step)
+
+    def _stop_window(self, window: Window) -> None:
+        prof = self._torch.stop()  # type: ignore[union-attr]
+        self._torch = None
+        samples, stats = self._sampler.stop()  # type: ignore[union-attr]
+        hardware = self._sampler.source  # type: ignore[union-attr]
+        sampler_threads = self._sampler.native_ids  # type: ignore[union-attr]
+        self._sampler = None
+        record, boundaries = self._record, self._boundaries
+        record.sampler = stats  # type: ignore[union-attr]
+        self._own_threads |= sampler_threads
+        self._work.put(lambda: self._summarise(prof, window.trigger, samples, boundaries, hardware, record))  # type: ignore[arg-type]
+
+    def _abort(self, window: Window, error: str) -> None:
+        """Detach whatever of the window is running and count it as failed."""
+        self._schedule.abort()
+        if self._torch is not None:
+            try:
+                if self._torch.recording:
+                    self._torch.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("could not stop the profiler of window %s", window.name)
+            self._torch = None
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+        self._fail(self._record or WindowRecord(window.name, window.start, window.trigger.steps), error)
+        self._record = None
+
+    def _fail(self, record: WindowRecord, error: str) -> None:
+        record.error = error
+        self._windows.append(record)
+        self._failed += 1
+
+    # ------------------------------------------------------------------ the io thread
+
+    def _io_tick(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for control records and route them; False if it could not wait (not connected)."""
+        self._io_snapshot = (self._outbox.dropped, len(self._outbox.spool))
+        records = self._control.poll(timeout_s)
+        for rec in records or ():
+            if isinstance(rec, ProfileTrigger):
+                self._echo = (rec.window, time.time() - rec.created_at) if rec.created_at else None
+                self._inbox.append(rec)
+            elif isinstance(rec, RawRequest) and self.meta.rank in rec.workers:
+                self._work.put(lambda r=rec: self._answer(r))
+        return records is not None
+
+    # ------------------------------------------------------------------ the window thread
+
+    def _window_loop(self) -> None:
+        while True:
+            job = self._work.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception:  # noqa: BLE001
+                log.exception("agent background work failed")
+
+    def _summarise(self, prof, trigger: ProfileTrigger, samples, boundaries, hardware: str, record: WindowRecord) -> None:
+        from .window import process_window
+
+        try:
+            outcome = process_window(prof, trigger, self.meta, samples, boundaries, hardware, self.config.redact, self._store,
+                                     own_threads=self._own_threads, min_share=self.config.min_share, tenant=self.config.tenant)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            log.exception("could not summarise window %s", trigger.window)
+            self._fail(record, f"{type(exc).__name__}: {exc}")
+            return
+        if len(outcome.batches) < trigger.steps:
+            log.warning("window %s: %d of %d steps summarised", trigger.window, len(outcome.batches), trigger.steps)
+        for batch in outcome.batches:
+            self._outbox.put(self.topics.features, features_key(batch.job, batch.step), batch)
+        self._outbox.wake()
+        record.batches = len(outcome.batches)
+        record.batch_bytes = sum(len(b.functions) for b in outcome.batches)
+        record.trace_bytes, record.events, record.summarise_s = outcome.trace_bytes, outcome.events, outcome.seconds
+        self._windows.append(record)
+        log.info("window %s: %d feature batch(es), %d function-table bytes from a %d-byte trace, summarised in %.2fs; sampler %s at %.0f Hz (%.1f%% of a core)",
+                 trigger.window, record.batches, record.batch_bytes, record.trace_bytes, record.summarise_s,
+                 record.sampler.source if record.sampler else "-", record.sampler.hz_achieved if record.sampler else 0,
+                 100 * record.sampler.cpu_share if record.sampler else 0)  # fmt: skip
+
+    def _answer(self, req: RawRequest) -> None:
+        from .window import answer_raw_request
+
+        answer = answer_raw_request(req, self.meta, self._store, self.config.redact, self.config.raw_upload_max_bytes,
+                                    own_threads=self._own_threads, tenant=self.config.tenant)  # fmt: skip
+        self._outbox.put(self.topics.raw, self._job_key, answer)
+        self._outbox.wake()
+        self._raw_answers += 1
+        log.info("raw request %s: sent %d bytes of window %s%s", req.request, len(answer.trace), answer.window or "-", f" ({answer.error})" if answer.error else "")
+
+    # ------------------------------------------------------------------ state and shutdown
+
+    def report(self) -> AgentReport:
+        dropped, spooled = self._outbox.dropped, len(self._outbox.spool)
+        counters = AgentCounters(dropped_records=dropped, spooled_records=spooled, refused_triggers=len(self._refused), failed_windows=self._failed)
+        return AgentReport(
+            step=self._step, counters=counters, sent=self._outbox.counters.sent, spooled_now=spooled, kafka_down=self._outbox.down,
+            refused=list(self._refused), windows=list(self._windows), raw_answers=self._raw_answers,
+        )  # fmt: skip
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Wait until finished windows are summarised and queued for publishing (tests, benchmarks, shutdown)."""
+        done = threading.Event()
+        self._work.put(done.set)
+        done.wait(timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop profiling, finish background work, send (or spool) what is queued.  Idempotent."""
+        if self._closed or os.getpid() != self._pid:  # a forked child owns none of the threads
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if self._schedule.active is not None:
+            self._abort(self._schedule.active, "the agent was closed during the window")
+        if self._step > self.config.start_step:  # tell the detector this worker ends (not a hang)
+            last = self._step - 1
+            self._outbox.put(self.topics.heartbeats, self._job_key, self._heartbeat(last, self._last_dt, final=True))
+        self.drain(timeout_s)
+        self._work.put(None)
+        self._window_thread.join(timeout=timeout_s)
+        self._outbox.close(timeout_s)
+        self._control.close()
+        log.info("lockstep agent closed at step %d", self._step)
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def attach(job: str | None = None, **settings) -> Agent:
+    """Create and start the agent: ``agent = attach(job="llm-7b")``, then ``agent.step()`` every iteration.
+
+    Settings not given here come from ``LOCKSTEP_AGENT_*`` variables, the agent's
+    config file and (for Kafka) the pipeline's settings; see :class:`AgentConfig`.
+    """
+    from .config import load
+
+    return Agent(load({"job": job, **settings}))

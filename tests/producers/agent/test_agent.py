@@ -1,0 +1,127 @@
+"""The agent in a real PyTorch process against the real broker: triggers, windows, raw requests, the launcher."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lockstep import cli
+
+from lockstep.kafka import ensure_topics, producer_config, read_all
+from lockstep.producers.agent import attach
+from lockstep.producers.agent.profiler import profiler_enabled
+from lockstep.producers.agent.redact import Redaction
+from lockstep.producers.agent.retention import decompress
+from lockstep.producers.publisher import Publisher
+from lockstep.schemas import functions as ft
+from lockstep.schemas.records import AgentCounters, FeatureBatch, ProfileTrigger, RawRequest, RawTrace, Sampling, StepHeartbeat, decode
+
+pytestmark = pytest.mark.integration
+
+
+def train_until(agent, cond, timeout_s=60.0, step_s=0.02):
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        model(torch.randn(32, 128)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(step_s)
+        agent.step()
+
+
+def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settings, tmp_path, capsys):
+    topics = ensure_topics(settings)
+    redaction = Redaction(names="hash", salt="t")
+    agent = attach(job="unit", bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, rank=5,
+                   world_size=8, labels={"pp": "1"}, spool_dir=tmp_path / "spool", redact=redaction.spec(with_salt=True))  # fmt: skip
+    pub = Publisher(producer_config(settings))
+    try:
+        train_until(agent, lambda: agent._control.connected and agent.current_step >= 5)
+        start = agent.current_step + 60  # the embedded broker delivers a control record within about a second
+        pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w-past", start_step=agent.current_step - 1, steps=2, expected_workers=8))
+        pub.send(topics.control, "other-job", ProfileTrigger(job="other-job", window="w-other", start_step=start, steps=3, expected_workers=8))
+        pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w1", start_step=start, steps=3, expected_workers=8, created_at=time.time(),
+                                                        sampling=Sampling(hardware_hz=50, with_stack=True), policy="p", policy_hash="h"))  # fmt: skip
+        pub.flush()
+        train_until(agent, lambda: agent.current_step > start + 3)
+        assert not profiler_enabled()  # stopped at the boundary after the window
+        agent.drain()
+        assert [w.window for w in agent.report().windows] == ["w1"]
+        # raw requests: only the named workers answer, with a bounded, redacted slice of the steps asked for
+        # (the agent answers from its own threads: training need not step meanwhile)
+        rc = cli.main(["raw", "unit", "--workers", "5", "--steps", str(start + 1), "--max-bytes", "50000", "--out", str(tmp_path / "raw"),
+                       "--json", "--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix", settings.topic_prefix])  # fmt: skip
+        assert rc == 0
+        (printed,) = json.loads(capsys.readouterr().out)
+        pub.send(topics.control, "unit", RawRequest(job="unit", request="r2", workers=[1, 2]))
+        pub.send(topics.control, "unit", RawRequest(job="unit", request="r3", workers=[5], window="w-unknown"))
+        pub.flush()
+        train_until(agent, lambda: agent.report().raw_answers >= 2)
+        report = agent.report()
+    finally:
+        agent.close()
+    assert report.refused == [("w-past", "past")] and report.counters.refused_triggers == 1
+    (window,) = report.windows
+    assert window.error == "" and window.batches == 3 and window.sampler.source == "host" and window.sampler.samples > 0
+
+    recs = read_all(settings, [topics.features, topics.heartbeats, topics.raw])
+    batches = [(k, decode(v, FeatureBatch)) for k, v in recs[topics.features]]
+    assert sorted(b.step for _, b in batches) == [start, start + 1, start + 2]
+    for key, b in batches:
+        assert key == f"unit:{b.step}".encode()
+        assert (b.window, b.window_start, b.window_steps, b.expected_workers, b.policy, b.hardware) == ("w1", start, 3, 8, "p@h", "host")
+        assert (b.worker.rank, b.worker.labels) == (5, {"pp": "1"})
+        table = ft.unpack(b.functions)
+        assert table.num_rows > 0 and all(n.startswith("fn:") for n in table.column("function").to_pylist())
+        assert 0 < b.step_time_us < 5e6
+    heartbeats = [decode(v, StepHeartbeat) for _, v in recs[topics.heartbeats]]
+    *beats, final = heartbeats
+    assert [h.step for h in beats] == list(range(len(beats))) and all(not h.final for h in beats)
+    assert final.final is True and final.step == beats[-1].step  # the detector knows the worker ended, not hung
+    assert any(isinstance(h.agent, AgentCounters) and h.agent.refused_triggers == 1 for h in heartbeats)
+    # every trigger for the job is echoed once, with its receipt latency, for the detector's control-latency estimate
+    echoed = [h.trigger_window for h in heartbeats if isinstance(h.trigger_window, str)]
+    assert "w1" in echoed and "w-other" not in echoed
+
+    answers = {r.request: r for r in (decode(v, RawTrace) for _, v in recs[topics.raw])}
+    assert len(answers) == 2 and "r3" in answers and "r2" not in answers  # r2 named other workers
+    assert answers["r3"].error and not answers["r3"].trace
+    r1 = answers[printed["request"]]  # the answer to `lockstep raw`
+    assert (r1.window, r1.worker, r1.steps, r1.error) == ("w1", 5, [start + 1], "") and len(r1.trace) <= 50_000
+    assert r1.redaction == "paths=strip,stacks=drop,names=hash" and printed["bytes"] == len(r1.trace)
+    doc = json.loads(Path(printed["file"]).read_text())  # what `lockstep raw` wrote: a Chrome trace Perfetto opens
+    assert doc == json.loads(decompress(r1.trace))
+    names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"]
+    assert names and all(n.startswith("fn:") or n.startswith("ProfilerStep#") for n in names)
+
+
+def test_the_launcher_attaches_the_agent_to_an_unedited_script(settings, tmp_path):
+    topics = ensure_topics(settings)
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(16, 2)
+        opt = torch.optim.Adam(model.parameters())
+        other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)  # a second optimizer does not count steps
+        for _ in range(12):
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+            other.step()
+    """))
+    cmd = [sys.executable, "-m", "lockstep", "agent", "run", "--job", "launched", "--bootstrap-servers", settings.bootstrap_servers,
+           "--topic-prefix", settings.topic_prefix, "--labels", "role=loss", "--spool-dir", str(tmp_path / "spool"),
+           "--", sys.executable, str(script)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"RANK": "3", "WORLD_SIZE": "4", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    beats = [decode(v, StepHeartbeat) for _, v in read_all(settings, [topics.heartbeats])[topics.heartbeats]]
+    # the first optimizer step creates the agent; every later one of the same optimizer ends a step
+    assert [(h.job, h.worker, h.step, bool(h.final)) for h in beats] == [("launched", 3, s, False) for s in range(1, 12)] + [("launched", 3, 11, True)]

@@ -1,0 +1,47 @@
+"""Agent settings: attach() arguments > LOCKSTEP_AGENT_* > agent file > defaults; Kafka from the pipeline's settings."""
+
+import pytest
+
+from lockstep.config import ConfigError
+from lockstep.producers.agent import config as agent_config
+from lockstep.producers.agent.redact import Redaction
+
+BASE = {"LOCKSTEP_BOOTSTRAP_SERVERS": "k1:9092"}
+
+
+def test_precedence_and_kafka_from_the_pipeline_settings(tmp_path):
+    f = tmp_path / "agent.yaml"
+    f.write_text("job: from-file\nqueue_max: 7\nlabels: {pp: '1'}\n")
+    env = {**BASE, "LOCKSTEP_AGENT_CONFIG": str(f), "LOCKSTEP_AGENT_QUEUE_MAX": "8", "LOCKSTEP_TOPIC_PREFIX": "px",
+           "LOCKSTEP_AGENT_LABELS": "role=loss"}  # fmt: skip
+    cfg = agent_config.load({"queue_max": 9}, env)
+    assert (cfg.job, cfg.queue_max, cfg.labels) == ("from-file", 9, {"pp": "1", "role": "loss"})
+    assert (cfg.bootstrap_servers, cfg.settings().topic_prefix) == ("k1:9092", "px")
+    assert agent_config.load({}, {**env, "LOCKSTEP_AGENT_BOOTSTRAP_SERVERS": "k2:9092"}).bootstrap_servers == "k2:9092"
+
+
+def test_the_job_falls_back_to_the_launchers_run_id():
+    assert agent_config.load({}, {**BASE, "TORCHELASTIC_RUN_ID": "run-42"}).job == "run-42"
+    assert agent_config.load({}, {**BASE, "TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "977"}).job == "977"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "message"),
+    [
+        ({}, BASE, "job"),
+        ({"job": "j"}, {}, "bootstrap_servers: the agent needs a Kafka"),
+        ({"job": "j", "queue_max": 0}, BASE, "queue_max (from attach(queue_max=...))"),
+        ({"job": "j"}, {**BASE, "LOCKSTEP_AGENT_REDACT": "names=maybe"}, "redact (from LOCKSTEP_AGENT_REDACT)"),
+        ({"job": "j", "colour": "red"}, BASE, "unknown agent setting"),
+    ],
+)
+def test_bad_settings_stop_with_one_line_naming_them(overrides, env, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        agent_config.load(overrides, env)
+
+
+def test_to_env_reproduces_the_settings_in_a_child_process(tmp_path):
+    cfg = agent_config.load({"job": "j", "labels": "pp=1,tp=2", "redact": "names=hash,salt=s", "spool_dir": tmp_path}, BASE)
+    again = agent_config.load({}, agent_config.to_env(cfg))
+    assert again == cfg
+    assert again.redact == Redaction(names="hash", salt="s")

@@ -1,0 +1,88 @@
+"""Publishing without ever blocking: queue bound, spool while Kafka is away, resend when it returns."""
+
+import time
+
+import pytest
+
+from lockstep.broker import EmbeddedBroker, free_port
+from lockstep.config import Settings
+from lockstep.kafka import ensure_topics, producer_config, read_all
+from lockstep.producers.agent.outbox import Outbox
+from lockstep.producers.agent.spool import Spool
+
+pytestmark = pytest.mark.integration
+
+
+def outbox(bootstrap: str, spool_dir, **kw) -> Outbox:
+    settings = Settings(bootstrap_servers=bootstrap)
+    cfg = producer_config(settings, **{"enable.idempotence": False, "message.timeout.ms": 1500, "linger.ms": 5,
+                                       "reconnect.backoff.max.ms": 500})  # fmt: skip
+    return Outbox(cfg, Spool(spool_dir, kw.pop("spool_max_bytes", 1 << 20)), flush_interval_s=0.05, retry_s=0.5, **kw)
+
+
+def wait_for(cond, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def test_records_are_published_in_batches(settings, tmp_path):
+    topics = ensure_topics(settings)
+    ob = outbox(settings.bootstrap_servers, tmp_path / "spool").start()
+    for i in range(500):
+        ob.put(topics.heartbeats, b"j", b"v%d" % i)
+    ob.close()
+    values = [v for _, v in read_all(settings, [topics.heartbeats])[topics.heartbeats]]
+    assert sorted(values) == sorted(b"v%d" % i for i in range(500))
+    assert ob.counters.sent == 500 and ob.dropped == 0 and len(ob.spool) == 0
+
+
+def test_a_full_queue_drops_the_oldest_and_counts_it(tmp_path):
+    ob = outbox(f"127.0.0.1:{free_port()}", tmp_path / "spool", queue_max=10)  # not started: nothing drains the queue
+    for i in range(25):
+        ob.put("t", None, b"%d" % i)
+    assert ob.counters.dropped_queue == 15 and ob.dropped == 15
+    assert [r for _, _, r in ob._queue] == [b"%d" % i for i in range(15, 25)]
+
+
+def test_while_kafka_is_away_records_wait_in_the_spool_and_go_out_when_it_returns(tmp_path):
+    port = free_port()
+    ob = outbox(f"127.0.0.1:{port}", tmp_path / "spool").start()
+    t0 = time.perf_counter()
+    for i in range(200):
+        ob.put("t.heartbeats", b"j", b"hb%d" % i)
+    assert time.perf_counter() - t0 < 1.0  # put never waits for Kafka (a generous bound; the benchmark measures it)
+    assert wait_for(lambda: len(ob.spool) == 200 and ob.down, 20)
+    with EmbeddedBroker(port=port) as broker:  # Kafka comes back (memory storage: topics recreated)
+        settings = Settings(bootstrap_servers=broker.bootstrap_servers, topic_prefix="t", partitions=1)
+        ensure_topics(settings)
+        ob.put("t.heartbeats", b"j", b"after")
+        assert wait_for(lambda: ob.counters.sent >= 201 and len(ob.spool) == 0, 40), (ob.counters, len(ob.spool))
+        ob.close()
+        values = [v for _, v in read_all(settings, ["t.heartbeats"])["t.heartbeats"]]
+    assert set(values) == {b"hb%d" % i for i in range(200)} | {b"after"}
+    assert ob.dropped == 0
+
+
+def test_a_bounded_spool_says_what_it_dropped_and_the_next_run_sends_the_rest(tmp_path):
+    port = free_port()
+    ob = outbox(f"127.0.0.1:{port}", tmp_path / "spool", spool_max_bytes=256 << 10).start()
+    for i in range(600):
+        ob.put("t.features", b"j:1", b"%06d" % i + b"x" * 1000)
+    assert wait_for(lambda: ob.counters.spooled_total == 600, 20)
+    ob.close(timeout_s=1)
+    assert ob.spool.dropped > 0 and ob.dropped == ob.spool.dropped
+    left = len(ob.spool)
+    assert left + ob.spool.dropped == 600
+    with EmbeddedBroker(port=port) as broker:
+        settings = Settings(bootstrap_servers=broker.bootstrap_servers, topic_prefix="t", partitions=1)
+        ensure_topics(settings)
+        again = outbox(broker.bootstrap_servers, tmp_path / "spool").start()  # a restarted agent, same spool
+        assert wait_for(lambda: len(again.spool) == 0, 40)
+        again.close()
+        values = [v for _, v in read_all(settings, ["t.features"])["t.features"]]
+    assert len(values) == left
+    assert sorted(int(v[:6]) for v in values) == list(range(600 - left, 600))  # the oldest were dropped

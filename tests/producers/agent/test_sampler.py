@@ -1,0 +1,114 @@
+"""The hardware sampler: counter parsing and rate conversion (pure), NVML absent, a real host run."""
+
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from lockstep.producers.agent import nvml
+from lockstep.producers.agent.sampler import (
+    HardwareSampler,
+    host_metrics,
+    parse_cpu_jiffies,
+    parse_disk_read_bytes,
+    parse_meminfo,
+    parse_net_bytes,
+    to_table,
+)
+from lockstep.schemas.events import SAMPLE_SCHEMA
+from lockstep.schemas.functions import HARDWARE
+
+STAT = b"""cpu  300 0 100 1000 50 0 0 0 0 0
+cpu0 100 0 50 500 20 0 0 0 0 0
+cpu1 200 0 50 500 30 0 0 0 0 0
+intr 12345
+"""
+MEMINFO = b"MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    4000000 kB\n"
+DISKSTATS = b"   8       0 sda 100 0 2048 0 0 0 0 0 0 0 0\n   8       1 sda1 100 0 2048 0 0 0 0 0 0 0 0\n"
+NETDEV = b"""Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo: 999 1 0 0 0 0 0 0 999 1 0 0 0 0 0 0
+  eth0: 1000 1 0 0 0 0 0 0 500 1 0 0 0 0 0 0
+  eth1: 7 1 0 0 0 0 0 0 3 1 0 0 0 0 0 0
+"""
+
+
+def test_proc_parsers():
+    assert parse_cpu_jiffies(STAT, None) == (150 + 250, 670 + 780)  # per core: busy = all - idle - iowait
+    assert parse_cpu_jiffies(STAT, frozenset({1})) == (250, 780)
+    assert parse_meminfo(MEMINFO) == pytest.approx(0.75)
+    assert parse_disk_read_bytes(DISKSTATS, frozenset({"sda"})) == 2048 * 512  # partitions are not counted twice
+    assert parse_net_bytes(NETDEV, None) == 1510  # all but loopback
+    assert parse_net_bytes(NETDEV, frozenset({"eth0"})) == 1500
+
+
+def test_host_counters_become_rates_per_interval():
+    t = np.array([0.0, 0.1, 0.2])
+    #                 busy s, total s, mem, disk bytes, nic bytes, process cpu s
+    raw = np.array([[10.0, 20.0, 0.5, 0.0, 0.0, 1.00],
+                    [10.2, 20.4, 0.5, 1e6, 1e9, 1.10],
+                    [10.4, 20.8, 0.6, 3e6, 1e9, 1.15]])  # fmt: skip
+    sampler_cpu = np.array([0.0, 0.0, 0.01])
+    m = host_metrics(t, raw, sampler_cpu, n_cores=4)
+    np.testing.assert_allclose(m["cpu_self"][1], [1.0, 0.4])  # cores, minus the sampler's own CPU
+    np.testing.assert_allclose(m["cpu_other"][1], [(0.2 - 0.1) / 0.4, (0.2 - 0.05) / 0.4])
+    np.testing.assert_allclose(m["disk_read_mbps"][1], [10.0, 20.0])
+    np.testing.assert_allclose(m["nic_gbps"][1], [10.0, 0.0])
+    np.testing.assert_allclose(m["cpu_self"][0], [0.1, 0.2])  # a rate is stamped at the end of its interval
+    np.testing.assert_allclose(m["mem_used_frac"][1], [0.5, 0.5, 0.6])
+
+
+def test_nvml_readings_convert_to_table_units():
+    t = np.array([0.0, 0.5, 1.0])
+    r = {
+        "sm_clock_mhz": np.array([1980.0, 1500.0, 1500.0]),
+        "utilisation_pct": np.array([100.0, 50.0, np.nan]),
+        "power_mw": np.array([700_000.0, 350_000.0, 350_000.0]),
+        "temp_c": np.array([60.0, 88.0, 89.0]),
+        "clock_events": np.array([0.0, 0x40, 0x40 | 0x20]),
+        "nvlink_tx_kib": np.array([0.0, 1e6, 2e6]),
+        "nvlink_rx_kib": np.array([0.0, 1e6, 1e6]),
+    }
+    m = nvml.fast_metrics(t, r)
+    np.testing.assert_allclose(m["sm_active"][1], [1.0, 0.5, np.nan])
+    np.testing.assert_allclose(m["gpu_power_w"][1], [700.0, 350.0, 350.0])
+    np.testing.assert_allclose(m["nvlink_gbps"][1], [2e6 * 1024 / 0.5 / 1e9, 1e6 * 1024 / 0.5 / 1e9])
+    assert m["clock_events"][1][2] == 0x60
+    no_nvlink = nvml.fast_metrics(t, {**r, "nvlink_tx_kib": np.full(3, np.nan), "nvlink_rx_kib": np.full(3, np.nan)})
+    assert "nvlink_gbps" not in no_nvlink
+    p = nvml.pcie_metrics(np.array([1.0]), np.array([2e6]), np.array([1e6]))
+    assert p["pcie_gbps"][1][0] == pytest.approx(3.0) and p["pcie_gbps"][0][0] == 1.0
+
+
+def test_a_counter_that_goes_backwards_gives_no_rate():
+    _, r = nvml.rate(np.array([0.0, 1.0, 2.0]), np.array([5.0, 2.0, 4.0]))
+    assert np.isnan(r[0]) and r[1] == 2.0
+
+
+def test_samples_table_uses_the_shared_schema_and_drops_unmeasured_values():
+    t = to_table(3, {"cpu_self": (np.array([1.0, 2.0]), np.array([0.5, np.nan])), "gpu_temp_c": (np.array([1.5]), np.array([70.0]))})
+    assert t.schema == SAMPLE_SCHEMA
+    rows = sorted(t.to_pylist(), key=lambda r: r["metric"])
+    assert rows == [{"worker": 3, "t_us": 1e6, "metric": "cpu_self", "value": 0.5},
+                    {"worker": 3, "t_us": 1.5e6, "metric": "gpu_temp_c", "value": 70.0}]  # fmt: skip
+
+
+def test_without_nvml_the_sampler_samples_the_host_and_says_so(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as on a host without nvidia-ml-py
+    monkeypatch.setattr(nvml, "_state", {})
+    monkeypatch.setattr("lockstep.producers.agent.sampler._said_host_only", False)
+    with caplog.at_level("INFO", logger="lockstep.agent"):
+        s = HardwareSampler(worker=2, hz=200).start()
+        time.sleep(0.3)
+        samples, stats = s.stop()
+        HardwareSampler(worker=2, hz=200).start().stop()
+    assert stats.source == "host" and s.source == "host"
+    assert sum("sampling the host only" in r.message for r in caplog.records) == 1  # once per process
+    assert "nvidia-ml-py is not importable" in nvml.unavailable_reason()
+    assert stats.samples > 5 and stats.cpu_s > 0
+    metrics = set(samples.column("metric").to_pylist())
+    assert {"cpu_self", "cpu_other", "mem_used_frac"} <= metrics <= set(HARDWARE)
+    assert (samples.column("worker").to_numpy() == 2).all()
+    t_us = samples.column("t_us").to_numpy()
+    assert abs(t_us.mean() / 1e6 - time.time()) < 60  # unix microseconds
