@@ -58,6 +58,7 @@ def main() -> None:
     for name, q in rows:
         if q.get("n"):
             print(f"{name:38s} {q['n']:>6d} {q['p50']:>9.2f} {q['p99']:>9.2f} {q['max']:>9.2f}")
+    print(f"records never consumed: {', '.join(f'{short(t)} {n:g}' for t, n in sorted(res.unconsumed.items()))}")
     print(f"drain after the fleet stopped: {res.drain_s:.1f} s; CPU seconds: "
           f"{', '.join(f'{k} {v:.0f}' for k, v in summary['cpu_s'].items())}; dead letters: {res.dead_letters:.0f}")  # fmt: skip
 

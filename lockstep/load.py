@@ -53,7 +53,7 @@ log = logging.getLogger("lockstep.load")
 
 POLICY = """\
 id: load
-detector: {cooldown_steps: 0, window_steps: 8, max_windows_per_job: 1, slowdown_threshold: 10.0}
+detector: {cooldown_steps: 0, window_steps: 8, max_windows_per_job: 1, slowdown_threshold: 10.0, hang_min_s: 3600}
 """
 
 
@@ -78,7 +78,8 @@ class LoadResult:
     samples: list[Sample]
     step_latency_s: list[float]
     window_latency_s: list[float]
-    drain_s: float  # from the fleet's last record to the last window in DuckDB
+    drain_s: float  # from the fleet's last record to the last window in DuckDB and every heartbeat consumed
+    unconsumed: dict[str, float]  # topic -> records delivered that the processor had not consumed at the end (0: none lost)
     cpu_s: dict[str, float]  # process -> CPU seconds over the run
     dead_letters: float
     log_dir: Path = field(default=Path("."))
@@ -107,6 +108,7 @@ class LoadResult:
             "step_latency_s": self.quantiles(self.step_latency_s),
             "window_latency_s": self.quantiles(self.window_latency_s),
             "drain_s": round(self.drain_s, 2),
+            "unconsumed": self.unconsumed,
             "cpu_s": {k: round(v, 1) for k, v in self.cpu_s.items()},
             "dead_letters": self.dead_letters,
         }
@@ -203,7 +205,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
                 m = pipeline.metrics("processor")
                 return set(done) <= set(stored()) and value(m, "lockstep_records_in_total", topic=topics.heartbeats) >= publisher.stats.records[topics.heartbeats]
 
-            if not wait_for(drained, drain_timeout_s, interval_s=0.5):
+            if not wait_for(drained, drain_timeout_s, interval_s=0.1):
                 log.warning("not drained after %.0fs; windows not stored: %s", drain_timeout_s, sorted(set(done) - set(stored())))
             drain_s = time.time() - t_end
             time.sleep(1.5)  # a last sample after the drain
@@ -212,6 +214,8 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
             sampler.join(5)
         cpu = {name: sum(p.cpu_times()[:2]) - cpu0[name] for name, p in procs.items()}
         m = pipeline.metrics("processor")
+        publisher.poll(0)
+        unconsumed = {t: publisher.stats.records[t] - value(m, "lockstep_records_in_total", topic=t) for t in (topics.heartbeats, topics.features)}
         dead = sum(v for (name, _), v in m.items() if name == "lockstep_dead_letters_total")
         rows = query(s.db, "SELECT window_id, min(epoch(first_seen)), list_distinct(flatten(list(workers))) FROM findings WHERE job = ? GROUP BY window_id",
                      [sc.job])[1]  # fmt: skip
@@ -231,6 +235,6 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
         return LoadResult(
             workers=workers, steps_per_s=steps_per_s, seconds=seconds, steps=live.steps, windows=done, stored=sorted(culprits),
             culprits=culprits, published=dict(publisher.stats.records), samples=samples, step_latency_s=step_latency,
-            window_latency_s=window_latency, drain_s=drain_s, cpu_s=cpu, dead_letters=dead, log_dir=log_dir,
+            window_latency_s=window_latency, drain_s=drain_s, unconsumed=unconsumed, cpu_s=cpu, dead_letters=dead, log_dir=log_dir,
         )  # fmt: skip
 
