@@ -165,12 +165,16 @@ def test_processor_killed_mid_window_and_after_publishing_loses_and_duplicates_n
     ends = {p: end_offset(settings, topics.features, p) for p in committed}
     assert committed[open_partition] < ends[open_partition]
     assert all(max(0, committed[p]) == ends[p] for p in committed if p != open_partition), (committed, ends)
+    t0 = time.monotonic()
     pipeline.start("processor")
+    figures = {"w60 restart to healthy s": round(time.monotonic() - t0, 1)}
     publish(w, w.start_step + 3, slice(n // 2, None))
     for step in w.range[4:]:
         publish(w, step)
+    t1 = time.monotonic()
     until(lambda: sql(settings, "SELECT count(*) FROM windows WHERE window_id = 'w60'")[0][0], 120, "window w60 in DuckDB")
-    figures = {"w60 features replayed": m("records_in_total", topic=topics.features) - (n - n // 2) - 4 * n}
+    figures["w60 last record to window in DuckDB s"] = round(time.monotonic() - t1, 1)
+    figures["w60 features replayed"] = m("records_in_total", topic=topics.features) - (n - n // 2) - 4 * n
 
     # --- w80: SIGKILL the moment its findings are out
     w = windows[1]
@@ -179,8 +183,10 @@ def test_processor_killed_mid_window_and_after_publishing_loses_and_duplicates_n
         publish(w, step)
     until(lambda: m("findings_total", cause="dataloader") > before, 120, "the findings of w80", interval_s=0.02)
     pipeline.kill("processor")
+    t0 = time.monotonic()
     pipeline.start("processor")
     until(lambda: sql(settings, "SELECT count(*) FROM windows WHERE window_id = 'w80'")[0][0], 120, "window w80 in DuckDB")
+    figures["w80 restart to window in DuckDB s"] = round(time.monotonic() - t0, 1)
     time.sleep(3.0)  # let a replay that would re-publish do so
     figures["w80 replayed (features, step reports, step reports of closed windows dropped)"] = (
         m("records_in_total", topic=topics.features), m("records_in_total", topic=topics.stepreports), m("late_records_total", stage="windows"))
@@ -277,15 +283,19 @@ def test_sink_killed_three_times_mid_stream_loses_and_duplicates_nothing(setting
     publisher = threading.Thread(target=publish, daemon=True)
     publisher.start()
     written = lambda: value(pipeline.metrics("sink"), "lockstep_findings_written_total", cause="gpu_slow")  # noqa: E731
-    kills = []
+    kills, restarts = [], []
     for share in (0.2, 0.45, 0.7):  # of the stream, counted by the running sink since it started
         until(lambda: written() >= share * len(expected) / 3, 120, f"the sink to write {share:.0%} of a third")
         stored = sql(settings, "SELECT count(*) FROM findings")[0][0]
         pipeline.kill("sink")
         kills.append(stored)
+        t0 = time.monotonic()
         pipeline.start("sink")
+        restarts.append(round(time.monotonic() - t0, 1))
     until(done.is_set, 120, "the publisher")
-    until(lambda: sql(settings, "SELECT count(*) FROM windows")[0][0] == JOBS * WINDOWS, 120, "every window report in DuckDB", interval_s=0.5)
+    t0 = time.monotonic()
+    until(lambda: sql(settings, "SELECT count(*) FROM windows")[0][0] == JOBS * WINDOWS, 120, "every window report in DuckDB", interval_s=0.1)
+    caught_up = time.monotonic() - t0
 
     got = check_stored_once(settings, receiver, expected, windows=JOBS * WINDOWS)
     assert got["incidents"] == JOBS * PROBLEMS
@@ -295,7 +305,8 @@ def test_sink_killed_three_times_mid_stream_loses_and_duplicates_nothing(setting
                   [topics.findings, topics.windows])  # fmt: skip
     assert [o[1] for o in offsets] == [len(stream) - JOBS * WINDOWS, JOBS * WINDOWS]  # every record read once, to the end
     print(f"\nRELIABILITY sink-kill: {len(stream)} records ({len(stream) - JOBS * WINDOWS - len(expected)} duplicates), "
-          f"SIGKILL at {kills} findings stored; {got}; incident updates {updates}")  # fmt: skip
+          f"SIGKILL at {kills} findings stored, restarts healthy after {restarts} s, caught up {caught_up:.1f} s after the last record; "
+          f"{got}; incident updates {updates}")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- scale-out
