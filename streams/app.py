@@ -160,11 +160,13 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     # per job: the baseline of its earlier healthy windows (JobHistory JSON), for job-wide regressions
     job_history = app.Table("job_history", key_type=str, value_type=str, partitions=settings.partitions)
 
-    async def send(topic: faust.TopicT, key: str, record) -> None:
+    async def send(topic: faust.TopicT, key: str, record) -> asyncio.Future:
+        """Queue a record; the returned future resolves once Kafka acknowledged it."""
         value = record if isinstance(record, bytes) else encode(record)
-        await topic.send(key=key.encode(), value=value)
+        delivered = await topic.send(key=key.encode(), value=value)
         m.inc("records_out_total", topic=topic.get_topic_name(), help="records published, by topic")
         m.inc("bytes_out_total", len(value), topic=topic.get_topic_name())
+        return delivered
 
     async def dead(event, err: RecordError, stage: str) -> None:
         msg = event.message
@@ -343,12 +345,16 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             await failed([h.event for h in w.handles], exc, "windows")
             await release_windows(w.handles)
             return
+        sent = []
+        for cause, value in out:
+            sent.append(await send(findings, w.job, value))
+            m.inc("findings_total", cause=cause, help="findings published, by cause")
+        sent.append(await send(windows, w.job, report))
+        # the tables' changelogs travel apart from the findings: mark the window closed (which makes a replay
+        # skip it) only once its findings and report are in Kafka, or a crash in between would lose them
+        await asyncio.gather(*sent)
         if new_history is not None:
             job_history[w.job] = new_history
-        for cause, value in out:
-            await send(findings, w.job, value)
-            m.inc("findings_total", cause=cause, help="findings published, by cause")
-        await send(windows, w.job, report)
         closed_windows[f"{w.job}:{w.window}"] = now
         m.inc("windows_closed_total", reason=closed.reason, help="windows closed, by reason")
         m.observe("window_close_latency_seconds", time.time() - w.opened_at, help="first step report of a window to its findings published")

@@ -184,9 +184,9 @@ def test_processor_killed_mid_window_and_after_publishing_loses_and_duplicates_n
     until(lambda: m("findings_total", cause="dataloader") > before, 120, "the findings of w80", interval_s=0.02)
     pipeline.kill("processor")
     t0 = time.monotonic()
-    pipeline.start("processor")
+    pipeline.start("processor")  # healthy once the group dropped the killed member (its session timeout) and rebalanced
+    figures["w80 restart to healthy s"] = round(time.monotonic() - t0, 1)
     until(lambda: sql(settings, "SELECT count(*) FROM windows WHERE window_id = 'w80'")[0][0], 120, "window w80 in DuckDB")
-    figures["w80 restart to window in DuckDB s"] = round(time.monotonic() - t0, 1)
     time.sleep(3.0)  # let a replay that would re-publish do so
     figures["w80 replayed (features, step reports, step reports of closed windows dropped)"] = (
         m("records_in_total", topic=topics.features), m("records_in_total", topic=topics.stepreports), m("late_records_total", stage="windows"))
