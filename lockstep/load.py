@@ -37,7 +37,7 @@ import psutil
 from confluent_kafka import Consumer, TopicPartition
 
 from .config import Settings
-from .kafka import Topics, consumer_config, ensure_topics, producer_config
+from .kafka import consumer_config, ensure_topics, producer_config
 from .metrics import value
 from .producers.publisher import Publisher
 from .producers.simulator.faults import Fault
