@@ -26,6 +26,7 @@ window stage's group, job-wide and history checks.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,9 @@ LINK_METRIC = {"nic": "nic_gbps", "nvlink": "nvlink_gbps"}
 EVIDENCE_COLUMNS = ("calls", "total_us", "mean_us", "p95_us", "bytes") + ft.HARDWARE
 #: peers' medians of the evidence columns come from at most this many workers per group
 EVIDENCE_SAMPLE = 64
+#: per-worker characteristics carried with each flagged row, with their peers' medians: the bytes the worker
+#: copied to its devices in the step (functions of kind ``memcpy``: the size of its input batch)
+WORKER_COLUMNS = ("input_bytes",)
 
 OUTLIER_SCHEMA = pa.schema(
     [
@@ -71,8 +75,8 @@ OUTLIER_SCHEMA = pa.schema(
         ("clock_events", pa.uint64()),
         ("peer_clock_events", pa.uint64()),
     ]
-    + [(c, pa.float64()) for c in EVIDENCE_COLUMNS]
-    + [(f"peer_{c}", pa.float64()) for c in EVIDENCE_COLUMNS]
+    + [(c, pa.float64()) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS]
+    + [(f"peer_{c}", pa.float64()) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS]
 )
 
 GROUP_SCHEMA = pa.schema(
@@ -144,15 +148,19 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     valid = (n_present > 0)[gw]  # the worker's group ran the function: absence means no work
     crit = _dense(n_w, n_f, rw, fc, frame.column("critical_us"), 0.0)
 
-    # waits at collectives: measured, or the excess over the group's shortest instance
+    # waits at collectives: measured, or the excess over the job's shortest instance of the function (a
+    # communicator can span peer groups, e.g. a model-parallel all-reduce over every pipeline stage, and then a
+    # whole peer group waits; the last to arrive anywhere waits least)
     waiting = np.isin(kind_f, WAITING_KINDS)
     wait = np.zeros((n_w, n_f))
+    wait_measured = np.zeros((n_w, n_f), dtype=bool)  # the summary measured the wait (else: estimated)
     if waiting.any():
         measured = _dense(n_w, n_f, rw, fc, frame.column("wait_us"), np.nan)[:, waiting]
         cw = np.where(present[:, waiting], crit[:, waiting], np.nan)
-        shortest = lay.min(cw)[gw]
+        shortest = np.fmin.reduce(cw, axis=0)  # every waiting column has at least one worker that ran it
         est = np.clip(cw - shortest, 0.0, None)
         wait[:, waiting] = np.nan_to_num(np.where(np.isnan(measured), est, np.minimum(measured, cw)))
+        wait_measured[:, waiting] = ~np.isnan(measured)
     work = crit - wait
     worker_work = st - wait.sum(axis=1)
 
@@ -163,22 +171,37 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     excess = work - med[gw]
     enough = (n_g >= policy.min_peers)[gw][:, None]
     flag_work = valid & enough & (z > policy.z_threshold) & (excess > policy.min_excess_share * st[:, None])
+    # links: a link's throughput is compared with the same function's links on every worker of the job, not only
+    # the peer group's (a degraded switch can take a whole pipeline stage, or half of it, down with it)
     signal_hw = np.zeros((n_w, n_f), dtype=bool)
+    link_ref: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # metric -> (columns, job-wide median per column)
     for res, metric in LINK_METRIC.items():
         cols = np.flatnonzero(waiting & (res_f == res))
         if cols.size == 0:
             continue
         v = _dense(n_w, n_f, rw, fc, frame.column(metric), np.nan)[:, cols]
-        vm = lay.median(v)
-        vs = np.maximum(1.4826 * lay.mad(v, vm), policy.rel_floor * np.abs(vm))[gw]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = v / vm[gw]
-            drop = (ratio < 1.0 - policy.throughput_drop) & ((v - vm[gw]) / vs < -policy.z_threshold)
+        seen = (~np.isnan(v)).sum(axis=0)
+        if not seen.any():
+            continue
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a column nobody measured is all NaN
+            vm = np.nanmedian(v, axis=0)
+            vs = np.maximum(1.4826 * np.nanmedian(np.abs(v - vm), axis=0), policy.rel_floor * np.abs(vm))
+            ratio = v / vm
+            drop = (ratio < 1.0 - policy.throughput_drop) & ((v - vm) / vs < -policy.z_threshold)
+        link_ref[metric] = (cols, vm)
         big = work[:, cols] > policy.hardware_min_share * st[:, None]
-        hw = drop & big & present[:, cols] & enough & ~flag_work[:, cols]
+        hw = drop & big & present[:, cols] & (seen >= policy.min_peers) & ~flag_work[:, cols]
         signal_hw[:, cols] = hw
-        # what-if: the transfer at the peers' throughput
-        excess[:, cols] = np.where(hw, work[:, cols] * (1.0 - np.nan_to_num(ratio)), excess[:, cols])
+        # what-if: the transfer at the other links' throughput.  The transfer at the slow rate is the work when the
+        # slow rate is everywhere (or the wait was measured), else the work (the job's fastest instance) at the slow
+        # rate; it is never longer than the shortest time a worker behind a slow link spent in the function
+        r = np.clip(np.nan_to_num(ratio, nan=1.0), 1e-3, 1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            slowest_ring = np.nanmin(np.where(hw, crit[:, cols], np.nan), axis=0)
+        slow = np.fmin(np.where(wait_measured[:, cols], work[:, cols], work[:, cols] / r), slowest_ring)
+        excess[:, cols] = np.where(hw, slow * (1.0 - r), excess[:, cols])
     flagged = flag_work | signal_hw
 
     fw = flagged.any(axis=1)
@@ -188,7 +211,13 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
 
     row_of = np.full((n_w, n_f), -1, dtype=np.intp)
     row_of[rw, fc] = np.arange(fc.size)
-    outliers = _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present)
+    copies = kind_f == "memcpy"
+    input_bytes = np.full(n_w, np.nan)
+    if copies.any():
+        b = _dense(n_w, n_f, rw, fc, frame.column("bytes"), np.nan)[:, copies]
+        input_bytes = np.where(np.isnan(b).all(axis=1), np.nan, np.nansum(b, axis=1))
+    worker_cols = {"input_bytes": input_bytes}
+    outliers = _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
     groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw)
     return StepResult(
         job=frame.job,
@@ -204,7 +233,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present) -> pa.Table:
+def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
     w, f = np.nonzero(flagged)
     if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
@@ -245,6 +274,13 @@ def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_p
         cols[c] = v[idx].astype(np.float64)
         dense[rw, fc] = v[rows]
         cols[f"peer_{c}"] = lay.median(dense, sample=EVIDENCE_SAMPLE)[g, finv]
+    for metric, (lcols, vm) in link_ref.items():  # links: the peers are every link of the job in that function
+        ref = np.full(fnames.size, np.nan)
+        ref[lcols] = vm
+        cols[f"peer_{metric}"] = np.where(np.isnan(ref[f]), cols[f"peer_{metric}"], ref[f])
+    for c, v in worker_cols.items():
+        cols[c] = v[w]
+        cols[f"peer_{c}"] = lay.median(v[:, None], sample=EVIDENCE_SAMPLE)[g, 0]
     ce = t.column("clock_events").to_numpy(zero_copy_only=False).astype(np.uint64)
     cols["clock_events"] = ce[idx]
     # clock-event bits the peers share (set on at least half of them) are not evidence

@@ -31,7 +31,7 @@ from ..policy import DiagnosisPolicy, Policy
 from .causes import Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .stats import group_median
-from .step import EVIDENCE_COLUMNS, WAITING_KINDS, StepResult
+from .step import EVIDENCE_COLUMNS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
 
 @dataclass
@@ -86,7 +86,7 @@ def diagnose_window(
         findings += _worker_findings(ctx)
         findings += _group_findings(ctx, groups)
         explained = {f.function for f in findings}
-        findings += [f for f in _job_findings(ctx, groups, history) if f.function not in explained]
+        findings += [f for f in _job_findings(ctx, groups, history, findings) if f.function not in explained]
     findings.sort(key=lambda f: (-f.impact.step_time_share, f.id))
     # a window is the job's normal unless something deviated or regressed (expected ranges describe the job itself)
     healthy = not any(f.scope != "job" or f.cause == "regression" for f in findings)
@@ -153,7 +153,7 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
     if not persistent.any():
         return []
     numeric = ("z", "work_us", "peer_work_us", "peer_mad_us", "excess_us", "peers", "present",
-               *EVIDENCE_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS))  # fmt: skip
+               *EVIDENCE_COLUMNS, *WORKER_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS + WORKER_COLUMNS))  # fmt: skip
     num = {c: group_median(_np(out, c).astype(np.float64), pair, n_pairs) for c in numeric}
     ce_or = np.zeros(n_pairs, dtype=np.uint64)
     np.bitwise_or.at(ce_or, pair, _np(out, "clock_events").astype(np.uint64))
@@ -196,8 +196,8 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
             has_hardware=bool(np.all(col["has_hardware"][m])),
             clock_events=int(np.bitwise_or.reduce(ce_or[m])),
             peer_clock_events=int(np.bitwise_and.reduce(pce_and[m])),
-            values={c: float(cmed[c][k]) for c in EVIDENCE_COLUMNS},
-            peer_values={c: float(cmed[f"peer_{c}"][k]) for c in EVIDENCE_COLUMNS},
+            values={c: float(cmed[c][k]) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS},
+            peer_values={c: float(cmed[f"peer_{c}"][k]) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS},
             signal="hardware" if np.all(col["signal"][m] == "hardware") else "work",
         )
         attributed.append((s, classify(s, ctx.dp), m))
@@ -287,8 +287,11 @@ def _what_if(results, out, worker, fn, step, members, functions, shared: bool = 
         if not fixed.any() or r.step_time_us <= 0:
             saved.append(0.0)
             continue
-        if shared:
-            saved.append(float(np.max(excess[fixed])) / r.step_time_us)
+        if shared:  # each function's ring at its slowest flagged link, the functions one after the other
+            _, f_of = np.unique(fn[fixed], return_inverse=True)
+            per_fn = np.zeros(int(f_of.max()) + 1)
+            np.maximum.at(per_fn, f_of, excess[fixed])
+            saved.append(float(per_fn.sum()) / r.step_time_us)
             continue
         mine = in_step & mine_rows
         ws, inv = np.unique(worker[mine], return_inverse=True)
@@ -419,13 +422,29 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
 # --------------------------------------------------------------------------- scope: job
 
 
-def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None) -> list[Finding]:
-    """No outlier among peers: compare with what is normal (expected ranges) and with the job's own past."""
+def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: list[Finding]) -> list[Finding]:
+    """No outlier among peers: compare with what is normal (expected ranges) and with the job's own past.
+
+    What the window's worker and group findings (``found``) explain is left out.  A
+    culprit makes every member of its collectives wait, and a slow link slows its
+    whole ring; when a whole peer group waits (a collective spanning pipeline
+    stages, a stage behind one switch) the wait estimate cannot take the wait out
+    of its communication, so communication is only judged in windows without such
+    findings.  A peer group with a group finding is not judged against its past
+    either: its extra work is that finding.
+    """
     if g.num_rows == 0:
         return []
     dp = ctx.dp
     findings = []
     grp, fn, kind = _np(g, "group").astype(str), _np(g, "function").astype(str), _np(g, "kind").astype(str)
+    keep = ~np.isin(grp, [";".join(f"{k}={v}" for k, v in (f.group or {}).items()) for f in found if f.scope == "group"])
+    if found:
+        keep &= ~np.isin(kind, WAITING_KINDS)
+    g = g.filter(pa.array(keep))
+    if g.num_rows == 0:
+        return []
+    grp, fn, kind = grp[keep], fn[keep], kind[keep]
     step, work, st = _np(g, "step"), _np(g, "work_us"), _np(g, "step_time_us")
     share = work / st
     gnames = np.unique(grp)
