@@ -16,6 +16,7 @@ comes from timing alone and ``certainty`` is lower.
 | pcie     | PCIe throughput down                       | pcie (host_cpu_contention, host_memory when those deviate instead) |
 | nvlink   | NVLink throughput down                     | nvlink                                  |
 | nic      | NIC throughput down; several hosts, one switch | nic / switch                        |
+| (either) | a collective over both: the link that dropped decides |                              |
 | cpu      | other processes take the CPU               | host_cpu_contention                     |
 | cpu      | host memory nearly full                    | host_memory                             |
 | cpu      | data loading with disk reads down          | storage                                 |
@@ -130,9 +131,9 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
             ev.append(Evidence(feature="clock_events", value=float(s.clock_events), peer_value=float(s.peer_clock_events), deviation=float(bits)))
             return Attribution(cause, dev_gpu, ev, 1.0 if bits else 0.85)
         if more := more_input():
-            return Attribution("input_imbalance", dev_gpu, ev + more, 0.8)
+            return Attribution("input_imbalance", dev_gpu, ev + more, 0.9)
         if math.isfinite(s.values.get("sm_clock_mhz", math.nan)):
-            return Attribution("gpu_slow", dev_gpu, ev + [_ev(s, "sm_clock_mhz"), _ev(s, "sm_active")], 0.85)
+            return Attribution("gpu_slow", dev_gpu, ev + [_ev(s, "sm_clock_mhz"), _ev(s, "sm_active")], 0.9)
         return Attribution("gpu_slow", dev_gpu, ev, 0.6)
     if r == "pcie":
         pcie = [d + "/pcie" for d in dev_gpu]
@@ -143,6 +144,9 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
         if memory_pressure():
             return Attribution("host_memory", dev_host, ev + [_ev(s, "mem_used_frac")], 0.8)
         return Attribution("pcie", pcie, ev + [_ev(s, "pcie_gbps")], 0.6 * hw)
+    if r in ("nic", "nvlink"):  # a hierarchical collective runs over both: the link whose throughput dropped
+        nvlink, nic = drop("nvlink_gbps", policy.throughput_drop), drop("nic_gbps", policy.throughput_drop)
+        r = "nvlink" if nvlink and not nic else "nic" if nic and not nvlink else r
     if r == "nvlink":
         certain = drop("nvlink_gbps", policy.throughput_drop)
         return Attribution("nvlink", [d + "/nvlink" for d in dev_gpu], ev + [_ev(s, "nvlink_gbps")], 1.0 if certain else 0.6)
@@ -151,7 +155,7 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
         hosts = _unique(s.hosts)
         switches = _unique(s.switches)
         if len(hosts) > 1 and len(switches) == 1:
-            return Attribution("switch", switches, ev + [_ev(s, "nic_gbps")], 0.9 if certain else 0.6)
+            return Attribution("switch", switches, ev + [_ev(s, "nic_gbps")], 0.95 if certain else 0.6)
         return Attribution("nic", _unique(s.nics) or dev_host, ev + [_ev(s, "nic_gbps")], 1.0 if certain else 0.6)
     if r in ("cpu", "storage"):
         if rise("cpu_other", policy.cpu_other_rise):
@@ -161,12 +165,12 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
         if r == "storage" or (s.kind == "dataloader" and drop("disk_read_mbps", policy.throughput_drop)):
             return Attribution("storage", dev_host, ev + [_ev(s, "disk_read_mbps")], 0.85 if drop("disk_read_mbps", policy.throughput_drop) else 0.6)
         if s.kind == "dataloader":
-            return Attribution("dataloader", dev_host, ev + [_ev(s, "cpu_self")], 0.8 * hw)
+            return Attribution("dataloader", dev_host, ev + [_ev(s, "cpu_self")], 0.9 * hw)
         if rank_specific:
-            return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.85)
+            return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.9)
         more = more_input()
         if extra_code and not more:
-            return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.8)
+            return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.85)
         if more:
             return Attribution("input_imbalance", dev_host, ev + more, 0.75)
         if s.kind == "python":

@@ -26,7 +26,6 @@ window stage's group, job-wide and history checks.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,8 +37,8 @@ from .frame import StepFrame
 from .stats import Layout, group_or, majority_bits
 
 WAITING_KINDS = ("collective", "p2p")
-#: link resources whose throughput is checked for collectives (time is shared by the whole ring)
-LINK_METRIC = {"nic": "nic_gbps", "nvlink": "nvlink_gbps"}
+#: link throughputs checked for collectives (their time is shared by the whole ring, so it cannot show the culprit)
+LINK_METRICS = ("nic_gbps", "nvlink_gbps")
 
 #: per-row characteristics carried for flagged rows, with their peers' medians
 EVIDENCE_COLUMNS = ("calls", "total_us", "mean_us", "p95_us", "bytes") + ft.HARDWARE
@@ -171,37 +170,41 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     excess = work - med[gw]
     enough = (n_g >= policy.min_peers)[gw][:, None]
     flag_work = valid & enough & (z > policy.z_threshold) & (excess > policy.min_excess_share * st[:, None])
-    # links: a link's throughput is compared with the same function's links on every worker of the job, not only
-    # the peer group's (a degraded switch can take a whole pipeline stage, or half of it, down with it)
+    # links: a collective's link throughputs (NVLink inside a host, the NIC across hosts: a hierarchical all-reduce
+    # reports both) are compared with the same function's on every worker of the job, not only the peer group's (a
+    # degraded switch can take a whole pipeline stage, or half of it, down with it)
     signal_hw = np.zeros((n_w, n_f), dtype=bool)
+    hw_excess = np.zeros((n_w, n_f))
+    n_seen = np.zeros((n_w, n_f), dtype=np.int64)  # links compared with, for flagged entries
     link_ref: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # metric -> (columns, job-wide median per column)
-    for res, metric in LINK_METRIC.items():
-        cols = np.flatnonzero(waiting & (res_f == res))
-        if cols.size == 0:
-            continue
+    for metric in LINK_METRICS:
+        cols = np.flatnonzero(waiting)
         v = _dense(n_w, n_f, rw, fc, frame.column(metric), np.nan)[:, cols]
         seen = (~np.isnan(v)).sum(axis=0)
-        if not seen.any():
+        cols, v, seen = cols[seen > 0], v[:, seen > 0], seen[seen > 0]
+        if cols.size == 0:
             continue
-        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a column nobody measured is all NaN
-            vm = np.nanmedian(v, axis=0)
+        vm = np.nanmedian(v, axis=0)  # columns nobody measured were dropped
+        with np.errstate(invalid="ignore", divide="ignore"):
             vs = np.maximum(1.4826 * np.nanmedian(np.abs(v - vm), axis=0), policy.rel_floor * np.abs(vm))
             ratio = v / vm
             drop = (ratio < 1.0 - policy.throughput_drop) & ((v - vm) / vs < -policy.z_threshold)
         link_ref[metric] = (cols, vm)
-        big = work[:, cols] > policy.hardware_min_share * st[:, None]
-        hw = drop & big & present[:, cols] & (seen >= policy.min_peers) & ~flag_work[:, cols]
-        signal_hw[:, cols] = hw
-        # what-if: the transfer at the other links' throughput.  The transfer at the slow rate is the work when the
-        # slow rate is everywhere (or the wait was measured), else the work (the job's fastest instance) at the slow
-        # rate; it is never longer than the shortest time a worker behind a slow link spent in the function
+        hw = drop & present[:, cols] & (seen >= policy.min_peers) & ~flag_work[:, cols]
+        if not hw.any():
+            continue
+        # the transfer at the slow rate: the work when the wait was measured; else the work is the job's fastest
+        # instance (the usual rate, unless the slow rate is everywhere), so the work at the slow rate, but never
+        # longer than the shortest time a worker behind a slow link spent in the function
         r = np.clip(np.nan_to_num(ratio, nan=1.0), 1e-3, 1.0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            slowest_ring = np.nanmin(np.where(hw, crit[:, cols], np.nan), axis=0)
-        slow = np.fmin(np.where(wait_measured[:, cols], work[:, cols], work[:, cols] / r), slowest_ring)
-        excess[:, cols] = np.where(hw, slow * (1.0 - r), excess[:, cols])
+        slowest_ring = np.fmin.reduce(np.where(hw, crit[:, cols], np.inf), axis=0)
+        slow = np.minimum(np.where(wait_measured[:, cols], work[:, cols], work[:, cols] / r), slowest_ring)
+        hw &= slow > policy.hardware_min_share * st[:, None]  # the slow transfer holds a real share of the step
+        signal_hw[:, cols] |= hw
+        n_seen[:, cols] = np.where(hw, seen, n_seen[:, cols])
+        # what-if: the transfer at the other links' throughput
+        hw_excess[:, cols] = np.maximum(hw_excess[:, cols], np.where(hw, slow * (1.0 - r), 0.0))
+    excess = np.where(signal_hw, hw_excess, excess)
     flagged = flag_work | signal_hw
 
     fw = flagged.any(axis=1)
@@ -217,7 +220,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         b = _dense(n_w, n_f, rw, fc, frame.column("bytes"), np.nan)[:, copies]
         input_bytes = np.where(np.isnan(b).all(axis=1), np.nan, np.nansum(b, axis=1))
     worker_cols = {"input_bytes": input_bytes}
-    outliers = _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
+    outliers = _outliers(frame, lay, flagged, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
     groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw)
     return StepResult(
         job=frame.job,
@@ -233,7 +236,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
+def _outliers(frame, lay, flagged, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
     w, f = np.nonzero(flagged)
     if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
@@ -251,7 +254,8 @@ def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_p
         "kind": kind_f[f].astype(str),
         "resource": res_f[f].astype(str),
         "signal": np.where(signal_hw[w, f], "hardware", "work"),
-        "peers": lay.counts[g].astype(np.int32),
+        # a link is compared with every link of the job that carried the function
+        "peers": np.where(signal_hw[w, f], n_seen[w, f], lay.counts[g]).astype(np.int32),
         "present": n_present[g, f].astype(np.int32),
         "work_us": work[w, f],
         "peer_work_us": med[g, f],

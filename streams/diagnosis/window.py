@@ -31,7 +31,7 @@ from ..policy import DiagnosisPolicy, Policy
 from .causes import Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .stats import group_median
-from .step import EVIDENCE_COLUMNS, WAITING_KINDS, WORKER_COLUMNS, StepResult
+from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
 
 @dataclass
@@ -308,9 +308,12 @@ def _what_if(results, out, worker, fn, step, members, functions, shared: bool = 
 def _confidence(s: Suspect, certainty: float, persistence: float, coverage: float, dp: DiagnosisPolicy) -> tuple[float, list[str]]:
     """Confidence and the reasons it was lowered (small or noisy peer group, no hardware samples)."""
     notes = []
-    thr = dp.z_threshold
-    z = s.z if s.signal == "work" else thr * 2  # a throughput drop is judged by its own threshold
-    strength = 0.6 + 0.4 * min(1.0, max(0.0, (z - thr) / (3 * thr)))
+    if s.signal == "work":  # past the threshold in most steps already; twice the threshold leaves no doubt
+        strength = 0.8 + 0.2 * min(1.0, max(0.0, (s.z - dp.z_threshold) / dp.z_threshold))
+    else:  # a throughput drop, judged against its own threshold the same way
+        drops = [1.0 - s.values[m] / s.peer_values[m] for m in LINK_METRICS if s.peer_values.get(m, 0.0) > 0 and math.isfinite(s.values.get(m, math.nan))]
+        d = max(drops, default=dp.throughput_drop)
+        strength = 0.8 + 0.2 * min(1.0, max(0.0, (d - dp.throughput_drop) / dp.throughput_drop))
     if s.peers >= dp.small_group:
         peers = 1.0
     else:
@@ -323,8 +326,13 @@ def _confidence(s: Suspect, certainty: float, persistence: float, coverage: floa
         notes.append(f"noisy peer group (spread {spread:.0%})")
     if not s.has_hardware:
         notes.append("no hardware samples")
-    c = certainty * strength * (0.5 + 0.5 * persistence) * peers * noise * (0.5 + 0.5 * coverage)
+    c = certainty * strength * _persisted(persistence) * peers * noise * (0.5 + 0.5 * coverage)
     return round(min(0.99, max(0.01, c)), 3), notes
+
+
+def _persisted(persistence: float) -> float:
+    """How much the share of the window's steps that showed a deviation (at least the policy's) adds to the confidence."""
+    return 0.6 + 0.4 * persistence
 
 
 def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_steps: int, n: int, more: int, notes: list[str]) -> str:
@@ -384,7 +392,7 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
         share = float(np.median(excess[in_steps, k] / step_time[in_steps]))
         persistence = float(in_steps.mean())
         labels = _labels(gnames[k])
-        conf = 0.8 * (0.5 + 0.5 * persistence) * (0.5 + 0.5 * ctx.coverage) * (1.0 if n_g >= 4 else 0.85 if n_g == 3 else 0.7)
+        conf = 0.9 * _persisted(persistence) * (0.5 + 0.5 * ctx.coverage) * (1.0 if n_g >= 4 else 0.85 if n_g == 3 else 0.7)
         name = ", ".join(f"{a}={b}" for a, b in labels.items()) or "(unlabelled)"
         findings.append(
             Finding(
@@ -515,7 +523,7 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
         steps = np.unique(step[rows])
         fkind = str(kind[first][in_f][0])
         if bad.size == groups_f.size:
-            findings.append(_job_finding(ctx, str(f), fkind, "regression", steps, ev, share, 0.8,
+            findings.append(_job_finding(ctx, str(f), fkind, "regression", steps, ev, share, 0.9,
                                          f"every worker: {f} {cur / was - 1:.0%} slower than in the job's {history.windows} earlier healthy window(s)"))  # fmt: skip
             continue
         for gk in bad:
@@ -524,7 +532,7 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
                 id=finding_id(ctx.info.job, ctx.info.window, "group", [], str(f), "regression", labels),
                 job=ctx.info.job, window=ctx.info.window, steps=[int(s) for s in steps], scope="group", workers=[], hosts=[],
                 devices=[], group=labels, function=str(f), function_kind=fkind, cause="regression",
-                confidence=round(0.7 * (0.5 + 0.5 * ctx.coverage), 3), evidence=ev, impact=_impact(share, ctx.info.expected_workers),
+                confidence=round(0.8 * (0.5 + 0.5 * ctx.coverage), 3), evidence=ev, impact=_impact(share, ctx.info.expected_workers),
                 policy=ctx.policy_ref, created_at=ctx.now, tenant=ctx.info.tenant, window_steps=len(ctx.results),
                 summary=f"peer group {gk}: {f} slower than in the job's {history.windows} earlier healthy window(s); cause regression",
             ))  # fmt: skip
@@ -546,7 +554,7 @@ def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps, evidenc
         function=function,
         function_kind=kind,
         cause=cause,
-        confidence=round(conf * (0.5 + 0.5 * len(steps) / n) * ctx.coverage, 3),
+        confidence=round(conf * _persisted(len(steps) / n) * ctx.coverage, 3),
         evidence=evidence,
         impact=_impact(share, ctx.info.expected_workers),
         policy=ctx.policy_ref,
