@@ -342,7 +342,8 @@ def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_s
     if s.signal == "hardware":
         how = "ran at lower link throughput than"
     elif s.peer_work_us > 0:
-        how = f"{(s.work_us / s.peer_work_us - 1) * 100:.0f}% slower than"
+        ratio = s.work_us / s.peer_work_us
+        how = f"{ratio:.0f}x as long as" if ratio >= 3 else f"{(ratio - 1) * 100:.0f}% slower than"
     else:
         how = f"took {s.work_us:,.0f} us, not run by"
     caveat = f"; {', '.join(notes)}" if notes else ""

@@ -238,6 +238,58 @@ def test_switch_shared_by_two_hosts():
     assert f.hosts == ["node002", "node003"]
 
 
+def test_switch_behind_a_whole_peer_group():
+    # the switch serves exactly the workers of one pipeline stage: inside the stage nobody is an outlier, so a
+    # link is compared with the same function's links on every worker of the job
+    def fault(s):
+        s.link = 1.3
+        s.hw["nic_gbps"][:16, AR] /= 1.6
+
+    f = only(run(64, fault=fault, labels=lambda w: {"pp": str(w // 16)}))
+    assert (f.cause, f.devices, f.workers) == ("switch", ["sw0"], list(range(16)))
+    assert "63 peers" in f.summary
+
+
+def test_a_slow_link_explains_the_long_communication():
+    # the ring at a quarter of its speed: communication is far above its expected share on every worker, but the
+    # link says why; no job-wide framework finding beside it
+    def fault(s):
+        s.link = 4.0
+        s.hw["nic_gbps"][8:16, AR] /= 4.0
+
+    f = only(run(fault=fault))
+    assert (f.cause, f.devices) == ("nic", ["node001/bond0"])
+    assert f.impact.step_time_share > 0.25
+
+
+def test_nvlink_of_a_hierarchical_all_reduce():
+    # the data-parallel all-reduce runs over NVLink inside the host, then over the NICs: its NVLink rate tells
+    def fault(s):
+        s.link = 1.3
+        s.hw["nvlink_gbps"][:, AR] = 150.0 * np.random.default_rng(s.step).normal(1, 0.01, 32)
+        s.hw["nvlink_gbps"][5, AR] = 75.0
+
+    f = only(run(fault=fault))
+    assert (f.workers, f.cause, f.devices, f.function) == ([5], "nvlink", ["node000/gpu5/nvlink"], "nccl:all_reduce[dp]")
+
+
+def test_a_peer_group_that_waits_as_a_whole_is_not_working():
+    # one pipeline stage computes 3% more (below a group finding): the whole other stage waits in the all-reduce
+    # they share, and no worker of that stage arrives last; its work there is the transfer, not the wait
+    lab = lambda w: {"pp": str(w % 2)}  # noqa: E731
+    rng = np.random.default_rng(0)
+    s = make_step(32, 1, rng)
+    s.dur[1::2, IDX["bwd.gemm"]] *= 1.06
+    tabs, st = tables(s, NAMES, [f[1] for f in FUNCS], [f[2] for f in FUNCS])
+    frame = StepFrame.from_tables("j", "w", 1, workers(32, labels=lab), st, tabs, ("pp",), ["nvml"] * 32)
+    g = analyze_step(frame, POLICY.diagnosis).groups
+    ar = [r for r in g.to_pylist() if r["function"] == "nccl:all_reduce[dp]"]
+    assert len(ar) == 2
+    for r in ar:
+        assert r["work_us"] == pytest.approx(s.dur[:, AR].max(), rel=0.01)
+    assert max(r["wait_us"] for r in ar) > 4_000  # the stage that computes less waits about 3% of the step
+
+
 def test_nvlink_collective_throughput_drop():
     def fault(s):
         s.link = 1.3
@@ -297,6 +349,23 @@ def test_input_imbalance():
 
     f = only(run(fault=fault))
     assert (f.workers, f.cause) == ([3], "input_imbalance")
+
+
+def test_input_imbalance_from_the_workers_input_batch():
+    # longer sequences: the same kernels and calls take longer (attention grows with the square), and the
+    # worker's host-to-device copy moves more bytes at the usual PCIe rate; nothing else tells it from a slow GPU
+    def fault(s):
+        s.dur[3, IDX["fwd.gemm"]] *= 1.25
+        s.dur[3, IDX["bwd.gemm"]] *= 1.25
+        s.bytes[3, IDX["memcpy.h2d"]] *= 1.25
+        s.dur[3, IDX["memcpy.h2d"]] *= 1.25
+
+    f = only(run(fault=fault))
+    assert (f.workers, f.cause) == ([3], "input_imbalance")
+    ev = {e.feature: e for e in f.evidence}
+    assert ev["input_bytes"].value == pytest.approx(1.25 * ev["input_bytes"].peer_value, rel=0.01)
+    # the same slowdown with the usual input is a slow GPU
+    assert only(run(fault=slower(["fwd.gemm", "bwd.gemm"], [3], 1.25))).cause == "gpu_slow"
 
 
 def test_pipeline_stage_imbalance_is_a_group_finding():
