@@ -37,8 +37,9 @@ from .frame import StepFrame
 from .stats import Layout, group_or, majority_bits
 
 WAITING_KINDS = ("collective", "p2p")
-#: link throughputs checked for collectives (their time is shared by the whole ring, so it cannot show the culprit)
-LINK_METRICS = ("nic_gbps", "nvlink_gbps")
+#: link throughputs checked for collectives (their time is shared by the whole ring, so it cannot show the culprit),
+#: and the resource of the collectives that run over that link alone
+LINK_METRICS = {"nic_gbps": "nic", "nvlink_gbps": "nvlink"}
 
 #: per-row characteristics carried for flagged rows, with their peers' medians
 EVIDENCE_COLUMNS = ("calls", "total_us", "mean_us", "p95_us", "bytes") + ft.HARDWARE
@@ -177,7 +178,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     hw_excess = np.zeros((n_w, n_f))
     n_seen = np.zeros((n_w, n_f), dtype=np.int64)  # links compared with, for flagged entries
     link_ref: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # metric -> (columns, job-wide median per column)
-    for metric in LINK_METRICS:
+    for metric, link in LINK_METRICS.items():
         cols = np.flatnonzero(waiting)
         v = _dense(n_w, n_f, rw, fc, frame.column(metric), np.nan)[:, cols]
         seen = (~np.isnan(v)).sum(axis=0)
@@ -200,6 +201,10 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         slowest_ring = np.fmin.reduce(np.where(hw, crit[:, cols], np.inf), axis=0)
         slow = np.minimum(np.where(wait_measured[:, cols], work[:, cols], work[:, cols] / r), slowest_ring)
         hw &= slow > policy.hardware_min_share * st[:, None]  # the slow transfer holds a real share of the step
+        # a collective that only partly runs over the link (a hierarchical all-reduce's NVLink phase) counts when no
+        # collective of the worker that runs over it alone shows the drop: its what-if is only a bound
+        own = res_f[cols] == link
+        hw[:, ~own] &= ~hw[:, own].any(axis=1, keepdims=True)
         signal_hw[:, cols] |= hw
         n_seen[:, cols] = np.where(hw, seen, n_seen[:, cols])
         # what-if: the transfer at the other links' throughput
