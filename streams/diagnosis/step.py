@@ -60,7 +60,7 @@ OUTLIER_SCHEMA = pa.schema(
         ("function", pa.string()),
         ("kind", pa.string()),
         ("resource", pa.string()),
-        ("signal", pa.string()),  # work | hardware: what deviated
+        ("signal", pa.string()),  # work | hardware: what deviated; low: work far *below* the peers' (see analyze_step)
         ("peers", pa.int32()),  # workers in the peer group (the worker included)
         ("present", pa.int32()),  # ... of which ran the function in this step
         ("work_us", pa.float64()),
@@ -211,6 +211,9 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         hw_excess[:, cols] = np.maximum(hw_excess[:, cols], np.where(hw, slow * (1.0 - r), 0.0))
     excess = np.where(signal_hw, hw_excess, excess)
     flagged = flag_work | signal_hw
+    # far below the peers: not a finding, but a worker that is far above its peers in some steps and far below in
+    # others is not persistently slow; its group is split from step to step (mixture-of-experts routing)
+    low = valid & enough & (z < -policy.z_threshold) & (excess < -policy.min_excess_share * st[:, None])
 
     fw = flagged.any(axis=1)
     healthy = ~fw
@@ -225,7 +228,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         b = _dense(n_w, n_f, rw, fc, frame.column("bytes"), np.nan)[:, copies]
         input_bytes = np.where(np.isnan(b).all(axis=1), np.nan, np.nansum(b, axis=1))
     worker_cols = {"input_bytes": input_bytes}
-    outliers = _outliers(frame, lay, flagged, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
+    outliers = _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
     groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw)
     return StepResult(
         job=frame.job,
@@ -241,8 +244,8 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _outliers(frame, lay, flagged, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
-    w, f = np.nonzero(flagged)
+def _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
+    w, f = np.nonzero(flagged | low)
     if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
     g = lay.groups[w]
@@ -258,7 +261,7 @@ def _outliers(frame, lay, flagged, signal_hw, n_seen, row_of, fnames, kind_f, re
         "function": fnames[f].astype(str),
         "kind": kind_f[f].astype(str),
         "resource": res_f[f].astype(str),
-        "signal": np.where(signal_hw[w, f], "hardware", "work"),
+        "signal": np.where(signal_hw[w, f], "hardware", np.where(low[w, f], "low", "work")),
         # a link is compared with every link of the job that carried the function
         "peers": np.where(signal_hw[w, f], n_seen[w, f], lay.counts[g]).astype(np.int32),
         "present": n_present[g, f].astype(np.int32),

@@ -145,11 +145,18 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
     out = _concat([r.outliers for r in ctx.results], ctx.results)
     if out.num_rows == 0:
         return []
+    # a (worker, function) far below its peers in any step is not persistently slow: its group is split from step
+    # to step (mixture-of-experts routing) and it is on the slow side only some of the time
+    low = _np(out, "signal").astype(str) == "low"
+    low_pairs = _keys(_np(out, "worker")[low], _np(out, "function")[low])[0] if low.any() else np.array([], dtype=str)
+    out = out.filter(pa.array(~low))
+    if out.num_rows == 0:
+        return []
     worker, fn, step = _np(out, "worker"), _np(out, "function").astype(str), _np(out, "step")
     pairs, pair, first = _keys(worker, fn)
     n_pairs = pairs.size
     n_steps = _steps_per_key(pair, step, n_pairs)
-    persistent = n_steps >= ctx.need
+    persistent = (n_steps >= ctx.need) & ~np.isin(pairs, low_pairs)
     if not persistent.any():
         return []
     numeric = ("z", "work_us", "peer_work_us", "peer_mad_us", "excess_us", "peers", "present",
@@ -475,9 +482,11 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
                                              [Evidence(feature="share", value=round(med, 4), peer_value=dp.python_share_max, deviation=round(med / dp.python_share_max, 2))],
                                              med - dp.python_share_max, 0.6))  # fmt: skip
 
-    # communication (its work, waits excluded) above comm_share_max of the step in every peer group
+    regressions = _regressions(ctx, grp, fn, kind, step, work, st, history) if history is not None and history.windows else []
+    # communication (its work, waits excluded) above comm_share_max of the step in every peer group, unless a
+    # collective is slower than it used to be (that regression says more)
     comm = np.isin(kind, WAITING_KINDS)
-    if comm.any():
+    if comm.any() and not any(f.function_kind in WAITING_KINDS for f in regressions):
         keys, inv, first = _keys(step[comm], grp[comm])
         per = np.bincount(inv, weights=share[comm], minlength=keys.size)
         s_of = step[comm][first]
@@ -489,10 +498,7 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
             findings.append(_job_finding(ctx, "communication", "collective", "framework_config", steps[over],
                                          [Evidence(feature="share", value=round(med, 4), peer_value=dp.comm_share_max, deviation=round(med / dp.comm_share_max, 2))],
                                          med - dp.comm_share_max, 0.5))  # fmt: skip
-
-    if history is not None and history.windows:
-        findings += _regressions(ctx, grp, fn, kind, step, work, st, history)
-    return findings
+    return findings + regressions
 
 
 def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) -> list[Finding]:
@@ -506,11 +512,16 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
     known = hsorted.size > 0
     matched = (hsorted[pos] == keys) if known else np.zeros(keys.size, dtype=bool)
     base = np.where(matched, np.asarray(history.work_us, dtype=np.float64)[order][pos] if known else 0.0, np.nan)
+    spread = np.asarray(history.work_spread_us or [0.0] * hsorted.size, dtype=np.float64)[order][pos] if known else np.zeros(keys.size)
     with np.errstate(invalid="ignore"):
         over = matched & (work > base * (1.0 + dp.regression_rise)) & (work - base > dp.min_excess_share * st)
     cells, inv, first = _keys(grp, fn)
     n_over = _steps_per_key(inv[over], step[over], cells.size) if over.any() else np.zeros(cells.size, dtype=np.int64)
-    regressed = n_over >= ctx.need
+    # ... and the window's median above the baseline by more than the function's own step-to-step spread allows
+    # for a median of that many steps (a pipeline send/recv waits more or less from one step to the next)
+    n_steps = _steps_per_key(inv, step, cells.size)
+    moved = group_median(work, inv, cells.size) - base[first] > dp.z_threshold * spread[first] / np.sqrt(np.maximum(n_steps, 1))
+    regressed = (n_over >= ctx.need) & moved
     findings = []
     for f in np.unique(fn[first][regressed]):
         in_f = fn[first] == f
