@@ -517,11 +517,13 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
         over = matched & (work > base * (1.0 + dp.regression_rise)) & (work - base > dp.min_excess_share * st)
     cells, inv, first = _keys(grp, fn)
     n_over = _steps_per_key(inv[over], step[over], cells.size) if over.any() else np.zeros(cells.size, dtype=np.int64)
-    # ... and the window's median above the baseline by more than the function's own step-to-step spread allows
-    # for a median of that many steps (a pipeline send/recv waits more or less from one step to the next)
+    # ... and the window's median above the baseline's by more than the function's step-to-step spread (then and
+    # now) allows for medians of that many steps: a pipeline send/recv waits more or less from one step to the next
     n_steps = _steps_per_key(inv, step, cells.size)
-    moved = group_median(work, inv, cells.size) - base[first] > dp.z_threshold * spread[first] / np.sqrt(np.maximum(n_steps, 1))
-    regressed = (n_over >= ctx.need) & moved
+    now = group_median(work, inv, cells.size)
+    spread_now = 1.4826 * group_median(np.abs(work - now[inv]), inv, cells.size)
+    noise = np.hypot(spread[first], spread_now) / np.sqrt(np.maximum(n_steps, 1))
+    regressed = (n_over >= ctx.need) & (now - base[first] > dp.z_threshold * noise)
     findings = []
     for f in np.unique(fn[first][regressed]):
         in_f = fn[first] == f

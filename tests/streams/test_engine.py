@@ -451,13 +451,13 @@ def test_regression_of_one_group_only():
 
 def test_a_function_that_varies_from_step_to_step_is_not_a_regression():
     # a ring (or a pipeline send/recv) whose time depends on whom it waits for: long one step, short the next, in
-    # the healthy window as later; half of the steps are far above the average, none above the usual spread
+    # the healthy window as later; half of the steps are well above the average, none beyond the usual spread
     def wobble(s):
-        s.link = 2.0 if s.step % 2 else 1.0
+        s.link = 1.4 if s.step % 2 else 1.0
 
     h = run(fault=wobble).history
     i = h.function.index("nccl:all_reduce[dp]")
-    assert h.windows == 1 and h.work_spread_us[i] > 0.3 * h.work_us[i]
+    assert h.windows == 1 and h.work_spread_us[i] > 0.2 * h.work_us[i]
     assert run(fault=wobble, history=h, start=301, seed=1).findings == []
     # the same function twice as slow in every step is one
     f = only(run(fault=lambda s: (wobble(s), setattr(s, "link", 2 * s.link)), history=h, start=301, seed=1))
