@@ -61,7 +61,7 @@ OUTLIER_SCHEMA = pa.schema(
         ("kind", pa.string()),
         ("resource", pa.string()),
         ("signal", pa.string()),  # work | hardware: what deviated; low: work far *below* the peers' (see analyze_step)
-        ("peers", pa.int32()),  # workers in the peer group (the worker included)
+        ("peers", pa.int32()),  # workers in the peer group (the worker included); hardware: the links compared with
         ("present", pa.int32()),  # ... of which ran the function in this step
         ("work_us", pa.float64()),
         ("peer_work_us", pa.float64()),
@@ -213,7 +213,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     flagged = flag_work | signal_hw
     # far below the peers: not a finding, but a worker that is far above its peers in some steps and far below in
     # others is not persistently slow; its group is split from step to step (mixture-of-experts routing)
-    low = valid & enough & (z < -policy.z_threshold) & (excess < -policy.min_excess_share * st[:, None])
+    low = present & enough & (z < -policy.z_threshold) & (excess < -policy.min_excess_share * st[:, None])
 
     fw = flagged.any(axis=1)
     healthy = ~fw
@@ -249,7 +249,7 @@ def _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_
     if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
     g = lay.groups[w]
-    idx = row_of[w, f]  # flagged entries always ran the function (no work cannot be an excess)
+    idx = row_of[w, f]  # flagged and low entries always ran the function (no work cannot be an excess)
     t = frame.functions
     cols: dict[str, object] = {
         "worker": frame.rank[w],
