@@ -34,6 +34,12 @@ from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
 
+#: causes located in a host's hardware, whose deviating workers on one host form one finding
+HOST_HARDWARE_CAUSES = frozenset({
+    "gpu_throttle_thermal", "gpu_throttle_power", "gpu_throttle", "gpu_slow", "nvlink", "pcie", "nic", "switch",
+    "host_cpu_contention", "host_memory", "storage",
+})  # fmt: skip
+
 @dataclass
 class WindowInfo:
     job: str
@@ -209,12 +215,16 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
         )
         attributed.append((s, classify(s, ctx.dp), m))
 
-    # one finding per cause and host set: a throttled GPU slows every kernel, two GPUs of one host go together
+    # one finding per cause and host set for causes that live in the host's hardware: a throttled GPU
+    # slows every kernel, two GPUs of one host go together. Software causes belong to their ranks:
+    # two ranks of one host running their own extra code are two problems, never one finding.
     merged: dict[tuple, list] = {}
     for s, att, m in attributed:
-        merged.setdefault((att.cause, tuple(sorted(set(s.hosts)))), []).append((s, att, m))
+        owner = tuple(sorted(set(s.hosts))) if att.cause in HOST_HARDWARE_CAUSES else tuple(s.workers)
+        merged.setdefault((att.cause, owner), []).append((s, att, m))
     findings = []
-    for (cause, hosts), parts in merged.items():
+    for (cause, _owner), parts in merged.items():
+        hosts = sorted({h for p in parts for h in p[0].hosts})
         parts.sort(key=lambda p: -p[0].excess_us * len(p[2]))
         s, att, _ = parts[0]
         members = np.concatenate([p[2] for p in parts])
@@ -237,7 +247,7 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
                 steps=flagged_steps,
                 scope="worker",
                 workers=workers,
-                hosts=list(hosts),
+                hosts=hosts,
                 devices=devices,
                 group=None,
                 function=s.function,

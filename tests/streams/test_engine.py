@@ -391,6 +391,21 @@ def test_rank_specific_code_is_found_although_the_peers_never_run_it():
     assert ev["workers_running_it"].value == 1 and ev["work_us"].peer_value == 0
 
 
+def test_two_ranks_of_one_host_with_their_own_code_are_two_findings():
+    # software causes belong to ranks, not hosts: a rank that logs and a rank that evaluates on the
+    # same machine are two problems (hardware causes of one host, by contrast, merge)
+    def fault(s):
+        s.present[0, len(FUNCS)] = True
+        s.dur[0, len(FUNCS)] = 30_000.0
+        s.present[3, len(FUNCS) + 1] = True
+        s.dur[3, len(FUNCS) + 1] = 20_000.0
+
+    d = run(fault=fault, extra=("log_metrics", "evaluate"))
+    got = sorted((f.workers, f.function, f.cause) for f in d.findings)
+    assert got == [([0], "log_metrics", "rank_specific_code"), ([3], "evaluate", "rank_specific_code")]
+    assert all(f.hosts == ["node000"] for f in d.findings)
+
+
 def test_python_slower_on_one_worker_is_overhead():
     # interpreter or GC overhead slows Python by a fraction; 300 us of it is a finding only under a lower excess floor
     sensitive = replace(POLICY, diagnosis=replace(POLICY.diagnosis, min_excess_share=0.001))
