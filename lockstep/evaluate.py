@@ -40,7 +40,7 @@ from .producers.simulator.faults import Truth
 from .producers.simulator.fleet import FleetSimulator, Scenario, ScenarioError, Window
 from .producers.simulator.model import SimulatedStep
 from .schemas.records import Finding
-from .streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, peer_group_key
+from .streams.diagnosis import JobHistory, StepFrame, WindowDiagnosis, WindowInfo, analyze_step, diagnose_window, peer_group_key
 from .streams.policy import Policy
 
 STANDARD_SUITE = Path(__file__).resolve().parent.parent / "suites" / "standard"
@@ -115,15 +115,26 @@ class _Renderer:
         )
 
 
-def diagnose(fleet: FleetSimulator, policy: Policy, window: Window | None = None) -> tuple[list[Finding], float]:
-    """Run one window of a scenario through the diagnosis: (findings, coverage)."""
+def diagnose_one(fleet: FleetSimulator, policy: Policy, window: Window, history: JobHistory | None = None) -> WindowDiagnosis:
+    """Run one window of a scenario through the diagnosis, as the processor's step and window stages do."""
     sc = fleet.scenario
-    window = window or sc.window
     render = _Renderer(fleet, policy.diagnosis.peer_group_keys)
     results = [analyze_step(render.frame(fleet.step(s), window.name), policy.diagnosis) for s in window.range]
     info = WindowInfo(sc.job, window.name, window.start_step, window.steps, sc.topology.workers, tenant=sc.tenant, policy=policy.ref)
     # simulated time, never the wall clock: the same scenario gives the same findings
-    d = diagnose_window(info, results, policy, now=float(window.start_step))
+    return diagnose_window(info, results, policy, now=float(window.start_step), history=history)
+
+
+def diagnose(fleet: FleetSimulator, policy: Policy) -> tuple[list[Finding], float]:
+    """The scenario's profiling window: (findings, coverage).
+
+    When the scenario has an earlier ``baseline`` window, it is diagnosed first and
+    the job history it leaves (folded in only if that window was healthy, exactly as
+    in the processor) is what the profiling window is compared with.
+    """
+    sc = fleet.scenario
+    history = diagnose_one(fleet, policy, sc.baseline).history if sc.baseline else None
+    d = diagnose_one(fleet, policy, sc.window, history)
     return d.findings, d.report.coverage
 
 
@@ -137,10 +148,11 @@ def judge(truth: Truth, f: Finding) -> FaultOutcome:
     """How far one finding gets on one fault."""
     if truth.scope == "job":
         worker = host = f.scope == "job"
+    elif truth.group is not None and f.group:
+        # a group-scope finding names the group's labels, which stand for its workers and hosts
+        worker = host = all(f.group.get(k) == v for k, v in truth.group.items())
     else:
         worker = set(f.workers) == set(truth.workers)
-        if truth.group is not None and f.group:
-            worker = worker or all(f.group.get(k) == v for k, v in truth.group.items())
         host = set(f.hosts) == set(truth.hosts)
     return FaultOutcome(
         truth=truth,

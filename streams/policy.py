@@ -88,6 +88,8 @@ class DiagnosisPolicy:
     noisy_rel_mad: float = 0.10  # peers spread (1.4826 x MAD) above this share of their median: a noisy group
     small_group: int = 8  # fewer peers than this lowers the confidence
     rank_specific_present: float = 0.5  # a function run by at most this share of its peer group is rank-specific code
+    # --- added with the issue 4 tuning
+    rank_specific_ratio: float = 3.0  # ... so is a CPU function taking this many times its peers' time on a healthy host
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,13 @@ repository keeps the files (``suites/standard/*.yaml``); a test checks that they
 are exactly what this module generates.  Regenerate with::
 
     python -m lockstep.producers.simulator.suite suites/standard
+
+and write a held-out suite (same shape, other seeds) with ``--seed N FOLDER``.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -119,10 +122,14 @@ def _sizes(category: str) -> list[int]:
     return sorted(out)
 
 
-def standard_suite() -> list[Scenario]:
+#: the standard suite's seed; another seed gives a held-out suite of the same shape (other jobs, culprits, severities)
+STANDARD_SEED = 2024
+
+
+def standard_suite(seed: int = STANDARD_SEED) -> list[Scenario]:
     scenarios = []
     for c_index, category in enumerate(CATEGORIES):
-        rng = np.random.default_rng([2024, c_index])
+        rng = np.random.default_rng([seed, c_index])
         for i, workers in enumerate(_sizes(category)):
             topo, workload = _topology(rng, category, workers)
             start = int(rng.choice([0, 30, 45, WINDOW.start_step, WINDOW.start_step + 2]))
@@ -163,9 +170,9 @@ def render(scenario: Scenario) -> str:
     return head + yaml.safe_dump(scenario.to_dict(), sort_keys=False, default_flow_style=None, width=120)
 
 
-def write_suite(folder: Path) -> int:
+def write_suite(folder: Path, seed: int = STANDARD_SEED) -> int:
     folder.mkdir(parents=True, exist_ok=True)
-    suite = standard_suite()
+    suite = standard_suite(seed)
     names = {f"{s.name}.yaml" for s in suite}
     for stale in folder.glob("*.yaml"):
         if stale.name not in names:
@@ -175,6 +182,14 @@ def write_suite(folder: Path) -> int:
     return len(suite)
 
 
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lockstep.producers.simulator.suite", description="write the evaluation suite's scenario files")
+    p.add_argument("folder", type=Path, nargs="?", default=Path("suites/standard"), help="where to write them (default: suites/standard)")
+    p.add_argument("--seed", type=int, default=STANDARD_SEED, help=f"another seed gives a held-out suite of the same shape (default: {STANDARD_SEED}, the standard suite)")
+    args = p.parse_args(argv)
+    print(f"wrote {write_suite(args.folder, args.seed)} scenarios to {args.folder}")
+    return 0
+
+
 if __name__ == "__main__":
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "suites/standard")
-    print(f"wrote {write_suite(target)} scenarios to {target}")
+    sys.exit(main())

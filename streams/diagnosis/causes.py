@@ -11,17 +11,19 @@ comes from timing alone and ``certainty`` is lower.
 | resource | evidence                                   | cause                                   |
 |----------|--------------------------------------------|-----------------------------------------|
 | gpu      | SM clock down, thermal / power event bits  | gpu_throttle_thermal / _power / gpu_throttle |
-| gpu      | more calls or bytes than peers             | input_imbalance                         |
+| gpu      | more calls, bytes or input than peers      | input_imbalance                         |
 | gpu      | same clock, more time                      | gpu_slow                                |
 | pcie     | PCIe throughput down                       | pcie (host_cpu_contention, host_memory when those deviate instead) |
 | nvlink   | NVLink throughput down                     | nvlink                                  |
 | nic      | NIC throughput down; several hosts, one switch | nic / switch                        |
+| (either) | a collective over both: the link that dropped decides |                              |
 | cpu      | other processes take the CPU               | host_cpu_contention                     |
 | cpu      | host memory nearly full                    | host_memory                             |
 | cpu      | data loading with disk reads down          | storage                                 |
 | cpu      | data loading otherwise                     | dataloader                              |
-| cpu      | more calls or bytes                        | input_imbalance                         |
 | cpu      | a function the peers do not run            | rank_specific_code                      |
+| cpu      | several times the peers' time, same input  | rank_specific_code                      |
+| cpu      | more calls, bytes or input                 | input_imbalance                         |
 | cpu      | Python the peers run faster                | python_overhead                         |
 """
 
@@ -97,6 +99,9 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
     r = s.resource
     hw = 1.0 if s.has_hardware else 0.75  # timing alone is weaker evidence
     rank_specific = 0 < s.peers and s.present <= policy.rank_specific_present * s.peers
+    # several times the peers' time in one function, the host healthy: the worker runs code there its peers do not
+    # (logging, evaluation, checkpointing on one rank); interpreter or GC overhead slows Python by a fraction
+    extra_code = s.peer_work_us > 0 and s.work_us >= policy.rank_specific_ratio * s.peer_work_us
 
     def drop(name: str, limit: float) -> bool:
         d = _rel(s.values.get(name, math.nan), s.peer_values.get(name, math.nan))
@@ -106,8 +111,9 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
         v, p = s.values.get(name, math.nan), s.peer_values.get(name, math.nan)
         return math.isfinite(v) and math.isfinite(p) and v - p > limit
 
-    def more_input() -> bool:
-        return any(_rel(s.values.get(c, math.nan), s.peer_values.get(c, math.nan)) > policy.input_rise for c in ("calls", "bytes"))
+    def more_input() -> list[Evidence]:
+        """The function's calls or bytes, or the worker's input batch, well above the peers': the evidence, else []."""
+        return [_ev(s, c) for c in ("calls", "bytes", "input_bytes") if _rel(s.values.get(c, math.nan), s.peer_values.get(c, math.nan)) > policy.input_rise]
 
     def memory_pressure() -> bool:
         return s.values.get("mem_used_frac", 0.0) > policy.mem_high and rise("mem_used_frac", 0.05)
@@ -124,10 +130,10 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
             ev += [_ev(s, "sm_clock_mhz"), *extra]
             ev.append(Evidence(feature="clock_events", value=float(s.clock_events), peer_value=float(s.peer_clock_events), deviation=float(bits)))
             return Attribution(cause, dev_gpu, ev, 1.0 if bits else 0.85)
-        if more_input():
-            return Attribution("input_imbalance", dev_gpu, ev + [_ev(s, "calls"), _ev(s, "bytes")], 0.8)
+        if more := more_input():
+            return Attribution("input_imbalance", dev_gpu, ev + more, 0.9)
         if math.isfinite(s.values.get("sm_clock_mhz", math.nan)):
-            return Attribution("gpu_slow", dev_gpu, ev + [_ev(s, "sm_clock_mhz"), _ev(s, "sm_active")], 0.85)
+            return Attribution("gpu_slow", dev_gpu, ev + [_ev(s, "sm_clock_mhz"), _ev(s, "sm_active")], 0.9)
         return Attribution("gpu_slow", dev_gpu, ev, 0.6)
     if r == "pcie":
         pcie = [d + "/pcie" for d in dev_gpu]
@@ -138,6 +144,9 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
         if memory_pressure():
             return Attribution("host_memory", dev_host, ev + [_ev(s, "mem_used_frac")], 0.8)
         return Attribution("pcie", pcie, ev + [_ev(s, "pcie_gbps")], 0.6 * hw)
+    if r in ("nic", "nvlink"):  # a hierarchical collective runs over both: the link whose throughput dropped
+        nvlink, nic = drop("nvlink_gbps", policy.throughput_drop), drop("nic_gbps", policy.throughput_drop)
+        r = "nvlink" if nvlink and not nic else "nic" if nic and not nvlink else r
     if r == "nvlink":
         certain = drop("nvlink_gbps", policy.throughput_drop)
         return Attribution("nvlink", [d + "/nvlink" for d in dev_gpu], ev + [_ev(s, "nvlink_gbps")], 1.0 if certain else 0.6)
@@ -146,7 +155,7 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
         hosts = _unique(s.hosts)
         switches = _unique(s.switches)
         if len(hosts) > 1 and len(switches) == 1:
-            return Attribution("switch", switches, ev + [_ev(s, "nic_gbps")], 0.9 if certain else 0.6)
+            return Attribution("switch", switches, ev + [_ev(s, "nic_gbps")], 0.95 if certain else 0.6)
         return Attribution("nic", _unique(s.nics) or dev_host, ev + [_ev(s, "nic_gbps")], 1.0 if certain else 0.6)
     if r in ("cpu", "storage"):
         if rise("cpu_other", policy.cpu_other_rise):
@@ -156,11 +165,14 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
         if r == "storage" or (s.kind == "dataloader" and drop("disk_read_mbps", policy.throughput_drop)):
             return Attribution("storage", dev_host, ev + [_ev(s, "disk_read_mbps")], 0.85 if drop("disk_read_mbps", policy.throughput_drop) else 0.6)
         if s.kind == "dataloader":
-            return Attribution("dataloader", dev_host, ev + [_ev(s, "cpu_self")], 0.8 * hw)
+            return Attribution("dataloader", dev_host, ev + [_ev(s, "cpu_self")], 0.9 * hw)
         if rank_specific:
+            return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.9)
+        more = more_input()
+        if extra_code and not more:
             return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.85)
-        if more_input():
-            return Attribution("input_imbalance", dev_host, ev + [_ev(s, "calls"), _ev(s, "bytes")], 0.75)
+        if more:
+            return Attribution("input_imbalance", dev_host, ev + more, 0.75)
         if s.kind == "python":
             return Attribution("python_overhead", dev_host, ev + [_ev(s, "calls"), _ev(s, "cpu_self")], 0.7 * hw)
         if not s.has_hardware:  # CPU work slower than on the peers, nothing to tell why: contention is likeliest

@@ -43,6 +43,8 @@ class JobHistory(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     kind: list[str] = []
     work_us: list[float] = []  # moving average of the per-window median work
     step_time_us: list[float] = []  # ... and of the group's median step time
+    # ... and of the work's spread from step to step (1.4826 x MAD); absent in histories written before it
+    work_spread_us: list[float] = []
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -57,25 +59,32 @@ class JobHistory(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
             raise HistoryError(f"job history version {h.v} is not supported (this build reads {VERSION})")
         if not len(h.group) == len(h.function) == len(h.kind) == len(h.work_us) == len(h.step_time_us):
             raise HistoryError("job history columns differ in length")
+        if h.work_spread_us and len(h.work_spread_us) != len(h.group):
+            raise HistoryError("job history columns differ in length")
         return h
 
 
 def window_medians(groups: pa.Table) -> pa.Table:
-    """Per (group, function) of a window's concatenated group tables: median work and step time over steps."""
+    """Per (group, function) of a window's concatenated group tables: median work and step time over steps, and the
+    work's spread from step to step (1.4826 x MAD)."""
     if groups.num_rows == 0:
         return pa.table({"group": pa.array([], pa.string()), "function": pa.array([], pa.string()), "kind": pa.array([], pa.string()),
-                         "work_us": pa.array([], pa.float64()), "step_time_us": pa.array([], pa.float64())})  # fmt: skip
+                         "work_us": pa.array([], pa.float64()), "step_time_us": pa.array([], pa.float64()),
+                         "work_spread_us": pa.array([], pa.float64())})  # fmt: skip
     g = groups.column("group").to_numpy(zero_copy_only=False).astype(str)
     f = groups.column("function").to_numpy(zero_copy_only=False).astype(str)
     keys, first, inv = np.unique(np.char.add(np.char.add(g, "\x1f"), f), return_index=True, return_inverse=True)
     n = keys.size
+    work = groups.column("work_us").to_numpy()
+    med = group_median(work, inv, n)
     return pa.table(
         {
             "group": g[first],
             "function": f[first],
             "kind": groups.column("kind").to_numpy(zero_copy_only=False).astype(str)[first],
-            "work_us": group_median(groups.column("work_us").to_numpy(), inv, n),
+            "work_us": med,
             "step_time_us": group_median(groups.column("step_time_us").to_numpy(), inv, n),
+            "work_spread_us": 1.4826 * group_median(np.abs(work - med[inv]), inv, n),
         }
     )
 
@@ -92,7 +101,7 @@ def fold(history: JobHistory | None, job: str, window: str, medians: pa.Table, w
     uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
     n_old = len(h.group)
     out = {}
-    for c, old in (("work_us", h.work_us), ("step_time_us", h.step_time_us)):
+    for c, old in (("work_us", h.work_us), ("step_time_us", h.step_time_us), ("work_spread_us", h.work_spread_us or [np.nan] * n_old)):
         before = np.full(uniq.size, np.nan)
         before[inv[:n_old]] = np.asarray(old, dtype=np.float64)
         now_ = np.full(uniq.size, np.nan)
@@ -100,4 +109,4 @@ def fold(history: JobHistory | None, job: str, window: str, medians: pa.Table, w
         out[c] = np.where(np.isnan(before), now_, np.where(np.isnan(now_), before, (1 - w) * before + w * now_))
     return JobHistory(job=job, windows=h.windows + 1, last_window=window, updated_at=now, group=group[first].tolist(),
                       function=function[first].tolist(), kind=kind[first].tolist(), work_us=out["work_us"].tolist(),
-                      step_time_us=out["step_time_us"].tolist())  # fmt: skip
+                      step_time_us=out["step_time_us"].tolist(), work_spread_us=np.nan_to_num(out["work_spread_us"]).tolist())  # fmt: skip

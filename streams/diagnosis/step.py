@@ -37,13 +37,17 @@ from .frame import StepFrame
 from .stats import Layout, group_or, majority_bits
 
 WAITING_KINDS = ("collective", "p2p")
-#: link resources whose throughput is checked for collectives (time is shared by the whole ring)
-LINK_METRIC = {"nic": "nic_gbps", "nvlink": "nvlink_gbps"}
+#: link throughputs checked for collectives (their time is shared by the whole ring, so it cannot show the culprit),
+#: and the resource of the collectives that run over that link alone
+LINK_METRICS = {"nic_gbps": "nic", "nvlink_gbps": "nvlink"}
 
 #: per-row characteristics carried for flagged rows, with their peers' medians
 EVIDENCE_COLUMNS = ("calls", "total_us", "mean_us", "p95_us", "bytes") + ft.HARDWARE
 #: peers' medians of the evidence columns come from at most this many workers per group
 EVIDENCE_SAMPLE = 64
+#: per-worker characteristics carried with each flagged row, with their peers' medians: the bytes the worker
+#: copied to its devices in the step (functions of kind ``memcpy``: the size of its input batch)
+WORKER_COLUMNS = ("input_bytes",)
 
 OUTLIER_SCHEMA = pa.schema(
     [
@@ -56,8 +60,8 @@ OUTLIER_SCHEMA = pa.schema(
         ("function", pa.string()),
         ("kind", pa.string()),
         ("resource", pa.string()),
-        ("signal", pa.string()),  # work | hardware: what deviated
-        ("peers", pa.int32()),  # workers in the peer group (the worker included)
+        ("signal", pa.string()),  # work | hardware: what deviated; low: work far *below* the peers' (see analyze_step)
+        ("peers", pa.int32()),  # workers in the peer group (the worker included); hardware: the links compared with
         ("present", pa.int32()),  # ... of which ran the function in this step
         ("work_us", pa.float64()),
         ("peer_work_us", pa.float64()),
@@ -71,8 +75,8 @@ OUTLIER_SCHEMA = pa.schema(
         ("clock_events", pa.uint64()),
         ("peer_clock_events", pa.uint64()),
     ]
-    + [(c, pa.float64()) for c in EVIDENCE_COLUMNS]
-    + [(f"peer_{c}", pa.float64()) for c in EVIDENCE_COLUMNS]
+    + [(c, pa.float64()) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS]
+    + [(f"peer_{c}", pa.float64()) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS]
 )
 
 GROUP_SCHEMA = pa.schema(
@@ -144,15 +148,19 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     valid = (n_present > 0)[gw]  # the worker's group ran the function: absence means no work
     crit = _dense(n_w, n_f, rw, fc, frame.column("critical_us"), 0.0)
 
-    # waits at collectives: measured, or the excess over the group's shortest instance
+    # waits at collectives: measured, or the excess over the job's shortest instance of the function (a
+    # communicator can span peer groups, e.g. a model-parallel all-reduce over every pipeline stage, and then a
+    # whole peer group waits; the last to arrive anywhere waits least)
     waiting = np.isin(kind_f, WAITING_KINDS)
     wait = np.zeros((n_w, n_f))
+    wait_measured = np.zeros((n_w, n_f), dtype=bool)  # the summary measured the wait (else: estimated)
     if waiting.any():
         measured = _dense(n_w, n_f, rw, fc, frame.column("wait_us"), np.nan)[:, waiting]
         cw = np.where(present[:, waiting], crit[:, waiting], np.nan)
-        shortest = lay.min(cw)[gw]
+        shortest = np.fmin.reduce(cw, axis=0)  # every waiting column has at least one worker that ran it
         est = np.clip(cw - shortest, 0.0, None)
         wait[:, waiting] = np.nan_to_num(np.where(np.isnan(measured), est, np.minimum(measured, cw)))
+        wait_measured[:, waiting] = ~np.isnan(measured)
     work = crit - wait
     worker_work = st - wait.sum(axis=1)
 
@@ -163,23 +171,49 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     excess = work - med[gw]
     enough = (n_g >= policy.min_peers)[gw][:, None]
     flag_work = valid & enough & (z > policy.z_threshold) & (excess > policy.min_excess_share * st[:, None])
+    # links: a collective's link throughputs (NVLink inside a host, the NIC across hosts: a hierarchical all-reduce
+    # reports both) are compared with the same function's on every worker of the job, not only the peer group's (a
+    # degraded switch can take a whole pipeline stage, or half of it, down with it)
     signal_hw = np.zeros((n_w, n_f), dtype=bool)
-    for res, metric in LINK_METRIC.items():
-        cols = np.flatnonzero(waiting & (res_f == res))
+    hw_excess = np.zeros((n_w, n_f))
+    n_seen = np.zeros((n_w, n_f), dtype=np.int64)  # links compared with, for flagged entries
+    link_ref: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # metric -> (columns, job-wide median per column)
+    for metric, link in LINK_METRICS.items():
+        cols = np.flatnonzero(waiting)
+        v = _dense(n_w, n_f, rw, fc, frame.column(metric), np.nan)[:, cols]
+        seen = (~np.isnan(v)).sum(axis=0)
+        cols, v, seen = cols[seen > 0], v[:, seen > 0], seen[seen > 0]
         if cols.size == 0:
             continue
-        v = _dense(n_w, n_f, rw, fc, frame.column(metric), np.nan)[:, cols]
-        vm = lay.median(v)
-        vs = np.maximum(1.4826 * lay.mad(v, vm), policy.rel_floor * np.abs(vm))[gw]
+        vm = np.nanmedian(v, axis=0)  # columns nobody measured were dropped
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = v / vm[gw]
-            drop = (ratio < 1.0 - policy.throughput_drop) & ((v - vm[gw]) / vs < -policy.z_threshold)
-        big = work[:, cols] > policy.hardware_min_share * st[:, None]
-        hw = drop & big & present[:, cols] & enough & ~flag_work[:, cols]
-        signal_hw[:, cols] = hw
-        # what-if: the transfer at the peers' throughput
-        excess[:, cols] = np.where(hw, work[:, cols] * (1.0 - np.nan_to_num(ratio)), excess[:, cols])
+            vs = np.maximum(1.4826 * np.nanmedian(np.abs(v - vm), axis=0), policy.rel_floor * np.abs(vm))
+            ratio = v / vm
+            drop = (ratio < 1.0 - policy.throughput_drop) & ((v - vm) / vs < -policy.z_threshold)
+        link_ref[metric] = (cols, vm)
+        hw = drop & present[:, cols] & (seen >= policy.min_peers) & ~flag_work[:, cols]
+        if not hw.any():
+            continue
+        # the transfer at the slow rate: the work when the wait was measured; else the work is the job's fastest
+        # instance (the usual rate, unless the slow rate is everywhere), so the work at the slow rate, but never
+        # longer than the shortest time a worker behind a slow link spent in the function
+        r = np.clip(np.nan_to_num(ratio, nan=1.0), 1e-3, 1.0)
+        slowest_ring = np.fmin.reduce(np.where(hw, crit[:, cols], np.inf), axis=0)
+        slow = np.minimum(np.where(wait_measured[:, cols], work[:, cols], work[:, cols] / r), slowest_ring)
+        hw &= slow > policy.hardware_min_share * st[:, None]  # the slow transfer holds a real share of the step
+        # a collective that only partly runs over the link (a hierarchical all-reduce's NVLink phase) counts when no
+        # collective of the worker that runs over it alone shows the drop: its what-if is only a bound
+        own = res_f[cols] == link
+        hw[:, ~own] &= ~hw[:, own].any(axis=1, keepdims=True)
+        signal_hw[:, cols] |= hw
+        n_seen[:, cols] = np.where(hw, seen, n_seen[:, cols])
+        # what-if: the transfer at the other links' throughput
+        hw_excess[:, cols] = np.maximum(hw_excess[:, cols], np.where(hw, slow * (1.0 - r), 0.0))
+    excess = np.where(signal_hw, hw_excess, excess)
     flagged = flag_work | signal_hw
+    # far below the peers: not a finding, but a worker that is far above its peers in some steps and far below in
+    # others is not persistently slow; its group is split from step to step (mixture-of-experts routing)
+    low = present & enough & (z < -policy.z_threshold) & (excess < -policy.min_excess_share * st[:, None])
 
     fw = flagged.any(axis=1)
     healthy = ~fw
@@ -188,7 +222,13 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
 
     row_of = np.full((n_w, n_f), -1, dtype=np.intp)
     row_of[rw, fc] = np.arange(fc.size)
-    outliers = _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present)
+    copies = kind_f == "memcpy"
+    input_bytes = np.full(n_w, np.nan)
+    if copies.any():
+        b = _dense(n_w, n_f, rw, fc, frame.column("bytes"), np.nan)[:, copies]
+        input_bytes = np.where(np.isnan(b).all(axis=1), np.nan, np.nansum(b, axis=1))
+    worker_cols = {"input_bytes": input_bytes}
+    outliers = _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
     groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw)
     return StepResult(
         job=frame.job,
@@ -204,12 +244,12 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present) -> pa.Table:
-    w, f = np.nonzero(flagged)
+def _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
+    w, f = np.nonzero(flagged | low)
     if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
     g = lay.groups[w]
-    idx = row_of[w, f]  # flagged entries always ran the function (no work cannot be an excess)
+    idx = row_of[w, f]  # flagged and low entries always ran the function (no work cannot be an excess)
     t = frame.functions
     cols: dict[str, object] = {
         "worker": frame.rank[w],
@@ -221,8 +261,9 @@ def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_p
         "function": fnames[f].astype(str),
         "kind": kind_f[f].astype(str),
         "resource": res_f[f].astype(str),
-        "signal": np.where(signal_hw[w, f], "hardware", "work"),
-        "peers": lay.counts[g].astype(np.int32),
+        "signal": np.where(signal_hw[w, f], "hardware", np.where(low[w, f], "low", "work")),
+        # a link is compared with every link of the job that carried the function
+        "peers": np.where(signal_hw[w, f], n_seen[w, f], lay.counts[g]).astype(np.int32),
         "present": n_present[g, f].astype(np.int32),
         "work_us": work[w, f],
         "peer_work_us": med[g, f],
@@ -245,6 +286,13 @@ def _outliers(frame, lay, flagged, signal_hw, row_of, fnames, kind_f, res_f, n_p
         cols[c] = v[idx].astype(np.float64)
         dense[rw, fc] = v[rows]
         cols[f"peer_{c}"] = lay.median(dense, sample=EVIDENCE_SAMPLE)[g, finv]
+    for metric, (lcols, vm) in link_ref.items():  # links: the peers are every link of the job in that function
+        ref = np.full(fnames.size, np.nan)
+        ref[lcols] = vm
+        cols[f"peer_{metric}"] = np.where(np.isnan(ref[f]), cols[f"peer_{metric}"], ref[f])
+    for c, v in worker_cols.items():
+        cols[c] = v[w]
+        cols[f"peer_{c}"] = lay.median(v[:, None], sample=EVIDENCE_SAMPLE)[g, 0]
     ce = t.column("clock_events").to_numpy(zero_copy_only=False).astype(np.uint64)
     cols["clock_events"] = ce[idx]
     # clock-event bits the peers share (set on at least half of them) are not evidence

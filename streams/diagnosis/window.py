@@ -31,8 +31,14 @@ from ..policy import DiagnosisPolicy, Policy
 from .causes import Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .stats import group_median
-from .step import EVIDENCE_COLUMNS, WAITING_KINDS, StepResult
+from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
+
+#: causes located in a host's hardware, whose deviating workers on one host form one finding
+HOST_HARDWARE_CAUSES = frozenset({
+    "gpu_throttle_thermal", "gpu_throttle_power", "gpu_throttle", "gpu_slow", "nvlink", "pcie", "nic", "switch",
+    "host_cpu_contention", "host_memory", "storage",
+})  # fmt: skip
 
 @dataclass
 class WindowInfo:
@@ -86,7 +92,7 @@ def diagnose_window(
         findings += _worker_findings(ctx)
         findings += _group_findings(ctx, groups)
         explained = {f.function for f in findings}
-        findings += [f for f in _job_findings(ctx, groups, history) if f.function not in explained]
+        findings += [f for f in _job_findings(ctx, groups, history, findings) if f.function not in explained]
     findings.sort(key=lambda f: (-f.impact.step_time_share, f.id))
     # a window is the job's normal unless something deviated or regressed (expected ranges describe the job itself)
     healthy = not any(f.scope != "job" or f.cause == "regression" for f in findings)
@@ -145,15 +151,22 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
     out = _concat([r.outliers for r in ctx.results], ctx.results)
     if out.num_rows == 0:
         return []
+    # a (worker, function) far below its peers in any step is not persistently slow: its group is split from step
+    # to step (mixture-of-experts routing) and it is on the slow side only some of the time
+    low = _np(out, "signal").astype(str) == "low"
+    low_pairs = _keys(_np(out, "worker")[low], _np(out, "function")[low])[0] if low.any() else np.array([], dtype=str)
+    out = out.filter(pa.array(~low))
+    if out.num_rows == 0:
+        return []
     worker, fn, step = _np(out, "worker"), _np(out, "function").astype(str), _np(out, "step")
     pairs, pair, first = _keys(worker, fn)
     n_pairs = pairs.size
     n_steps = _steps_per_key(pair, step, n_pairs)
-    persistent = n_steps >= ctx.need
+    persistent = (n_steps >= ctx.need) & ~np.isin(pairs, low_pairs)
     if not persistent.any():
         return []
     numeric = ("z", "work_us", "peer_work_us", "peer_mad_us", "excess_us", "peers", "present",
-               *EVIDENCE_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS))  # fmt: skip
+               *EVIDENCE_COLUMNS, *WORKER_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS + WORKER_COLUMNS))  # fmt: skip
     num = {c: group_median(_np(out, c).astype(np.float64), pair, n_pairs) for c in numeric}
     ce_or = np.zeros(n_pairs, dtype=np.uint64)
     np.bitwise_or.at(ce_or, pair, _np(out, "clock_events").astype(np.uint64))
@@ -196,18 +209,22 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
             has_hardware=bool(np.all(col["has_hardware"][m])),
             clock_events=int(np.bitwise_or.reduce(ce_or[m])),
             peer_clock_events=int(np.bitwise_and.reduce(pce_and[m])),
-            values={c: float(cmed[c][k]) for c in EVIDENCE_COLUMNS},
-            peer_values={c: float(cmed[f"peer_{c}"][k]) for c in EVIDENCE_COLUMNS},
+            values={c: float(cmed[c][k]) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS},
+            peer_values={c: float(cmed[f"peer_{c}"][k]) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS},
             signal="hardware" if np.all(col["signal"][m] == "hardware") else "work",
         )
         attributed.append((s, classify(s, ctx.dp), m))
 
-    # one finding per cause and host set: a throttled GPU slows every kernel, two GPUs of one host go together
+    # one finding per cause and host set for causes that live in the host's hardware: a throttled GPU
+    # slows every kernel, two GPUs of one host go together. Software causes belong to their ranks:
+    # two ranks of one host running their own extra code are two problems, never one finding.
     merged: dict[tuple, list] = {}
     for s, att, m in attributed:
-        merged.setdefault((att.cause, tuple(sorted(set(s.hosts)))), []).append((s, att, m))
+        owner = tuple(sorted(set(s.hosts))) if att.cause in HOST_HARDWARE_CAUSES else tuple(s.workers)
+        merged.setdefault((att.cause, owner), []).append((s, att, m))
     findings = []
-    for (cause, hosts), parts in merged.items():
+    for (cause, _owner), parts in merged.items():
+        hosts = sorted({h for p in parts for h in p[0].hosts})
         parts.sort(key=lambda p: -p[0].excess_us * len(p[2]))
         s, att, _ = parts[0]
         members = np.concatenate([p[2] for p in parts])
@@ -230,7 +247,7 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
                 steps=flagged_steps,
                 scope="worker",
                 workers=workers,
-                hosts=list(hosts),
+                hosts=hosts,
                 devices=devices,
                 group=None,
                 function=s.function,
@@ -287,8 +304,11 @@ def _what_if(results, out, worker, fn, step, members, functions, shared: bool = 
         if not fixed.any() or r.step_time_us <= 0:
             saved.append(0.0)
             continue
-        if shared:
-            saved.append(float(np.max(excess[fixed])) / r.step_time_us)
+        if shared:  # each function's ring at its slowest flagged link, the functions one after the other
+            _, f_of = np.unique(fn[fixed], return_inverse=True)
+            per_fn = np.zeros(int(f_of.max()) + 1)
+            np.maximum.at(per_fn, f_of, excess[fixed])
+            saved.append(float(per_fn.sum()) / r.step_time_us)
             continue
         mine = in_step & mine_rows
         ws, inv = np.unique(worker[mine], return_inverse=True)
@@ -305,9 +325,12 @@ def _what_if(results, out, worker, fn, step, members, functions, shared: bool = 
 def _confidence(s: Suspect, certainty: float, persistence: float, coverage: float, dp: DiagnosisPolicy) -> tuple[float, list[str]]:
     """Confidence and the reasons it was lowered (small or noisy peer group, no hardware samples)."""
     notes = []
-    thr = dp.z_threshold
-    z = s.z if s.signal == "work" else thr * 2  # a throughput drop is judged by its own threshold
-    strength = 0.6 + 0.4 * min(1.0, max(0.0, (z - thr) / (3 * thr)))
+    if s.signal == "work":  # past the threshold in most steps already; twice the threshold leaves no doubt
+        strength = 0.8 + 0.2 * min(1.0, max(0.0, (s.z - dp.z_threshold) / dp.z_threshold))
+    else:  # a throughput drop, judged against its own threshold the same way
+        drops = [1.0 - s.values[m] / s.peer_values[m] for m in LINK_METRICS if s.peer_values.get(m, 0.0) > 0 and math.isfinite(s.values.get(m, math.nan))]
+        d = max(drops, default=dp.throughput_drop)
+        strength = 0.8 + 0.2 * min(1.0, max(0.0, (d - dp.throughput_drop) / dp.throughput_drop))
     if s.peers >= dp.small_group:
         peers = 1.0
     else:
@@ -320,8 +343,13 @@ def _confidence(s: Suspect, certainty: float, persistence: float, coverage: floa
         notes.append(f"noisy peer group (spread {spread:.0%})")
     if not s.has_hardware:
         notes.append("no hardware samples")
-    c = certainty * strength * (0.5 + 0.5 * persistence) * peers * noise * (0.5 + 0.5 * coverage)
+    c = certainty * strength * _persisted(persistence) * peers * noise * (0.5 + 0.5 * coverage)
     return round(min(0.99, max(0.01, c)), 3), notes
+
+
+def _persisted(persistence: float) -> float:
+    """How much the share of the window's steps that showed a deviation (at least the policy's) adds to the confidence."""
+    return 0.6 + 0.4 * persistence
 
 
 def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_steps: int, n: int, more: int, notes: list[str]) -> str:
@@ -331,7 +359,8 @@ def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_s
     if s.signal == "hardware":
         how = "ran at lower link throughput than"
     elif s.peer_work_us > 0:
-        how = f"{(s.work_us / s.peer_work_us - 1) * 100:.0f}% slower than"
+        ratio = s.work_us / s.peer_work_us
+        how = f"{ratio:.0f}x as long as" if ratio >= 3 else f"{(ratio - 1) * 100:.0f}% slower than"
     else:
         how = f"took {s.work_us:,.0f} us, not run by"
     caveat = f"; {', '.join(notes)}" if notes else ""
@@ -381,7 +410,7 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
         share = float(np.median(excess[in_steps, k] / step_time[in_steps]))
         persistence = float(in_steps.mean())
         labels = _labels(gnames[k])
-        conf = 0.8 * (0.5 + 0.5 * persistence) * (0.5 + 0.5 * ctx.coverage) * (1.0 if n_g >= 4 else 0.85 if n_g == 3 else 0.7)
+        conf = 0.9 * _persisted(persistence) * (0.5 + 0.5 * ctx.coverage) * (1.0 if n_g >= 4 else 0.85 if n_g == 3 else 0.7)
         name = ", ".join(f"{a}={b}" for a, b in labels.items()) or "(unlabelled)"
         findings.append(
             Finding(
@@ -419,13 +448,29 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
 # --------------------------------------------------------------------------- scope: job
 
 
-def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None) -> list[Finding]:
-    """No outlier among peers: compare with what is normal (expected ranges) and with the job's own past."""
+def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: list[Finding]) -> list[Finding]:
+    """No outlier among peers: compare with what is normal (expected ranges) and with the job's own past.
+
+    What the window's worker and group findings (``found``) explain is left out.  A
+    culprit makes every member of its collectives wait, and a slow link slows its
+    whole ring; when a whole peer group waits (a collective spanning pipeline
+    stages, a stage behind one switch) the wait estimate cannot take the wait out
+    of its communication, so communication is only judged in windows without such
+    findings.  A peer group with a group finding is not judged against its past
+    either: its extra work is that finding.
+    """
     if g.num_rows == 0:
         return []
     dp = ctx.dp
     findings = []
     grp, fn, kind = _np(g, "group").astype(str), _np(g, "function").astype(str), _np(g, "kind").astype(str)
+    keep = ~np.isin(grp, [";".join(f"{k}={v}" for k, v in (f.group or {}).items()) for f in found if f.scope == "group"])
+    if found:
+        keep &= ~np.isin(kind, WAITING_KINDS)
+    g = g.filter(pa.array(keep))
+    if g.num_rows == 0:
+        return []
+    grp, fn, kind = grp[keep], fn[keep], kind[keep]
     step, work, st = _np(g, "step"), _np(g, "work_us"), _np(g, "step_time_us")
     share = work / st
     gnames = np.unique(grp)
@@ -447,9 +492,11 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None) -> list[Fi
                                              [Evidence(feature="share", value=round(med, 4), peer_value=dp.python_share_max, deviation=round(med / dp.python_share_max, 2))],
                                              med - dp.python_share_max, 0.6))  # fmt: skip
 
-    # communication (its work, waits excluded) above comm_share_max of the step in every peer group
+    regressions = _regressions(ctx, grp, fn, kind, step, work, st, history) if history is not None and history.windows else []
+    # communication (its work, waits excluded) above comm_share_max of the step in every peer group, unless a
+    # collective is slower than it used to be (that regression says more)
     comm = np.isin(kind, WAITING_KINDS)
-    if comm.any():
+    if comm.any() and not any(f.function_kind in WAITING_KINDS for f in regressions):
         keys, inv, first = _keys(step[comm], grp[comm])
         per = np.bincount(inv, weights=share[comm], minlength=keys.size)
         s_of = step[comm][first]
@@ -461,10 +508,7 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None) -> list[Fi
             findings.append(_job_finding(ctx, "communication", "collective", "framework_config", steps[over],
                                          [Evidence(feature="share", value=round(med, 4), peer_value=dp.comm_share_max, deviation=round(med / dp.comm_share_max, 2))],
                                          med - dp.comm_share_max, 0.5))  # fmt: skip
-
-    if history is not None and history.windows:
-        findings += _regressions(ctx, grp, fn, kind, step, work, st, history)
-    return findings
+    return findings + regressions
 
 
 def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) -> list[Finding]:
@@ -478,11 +522,18 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
     known = hsorted.size > 0
     matched = (hsorted[pos] == keys) if known else np.zeros(keys.size, dtype=bool)
     base = np.where(matched, np.asarray(history.work_us, dtype=np.float64)[order][pos] if known else 0.0, np.nan)
+    spread = np.asarray(history.work_spread_us or [0.0] * hsorted.size, dtype=np.float64)[order][pos] if known else np.zeros(keys.size)
     with np.errstate(invalid="ignore"):
         over = matched & (work > base * (1.0 + dp.regression_rise)) & (work - base > dp.min_excess_share * st)
     cells, inv, first = _keys(grp, fn)
     n_over = _steps_per_key(inv[over], step[over], cells.size) if over.any() else np.zeros(cells.size, dtype=np.int64)
-    regressed = n_over >= ctx.need
+    # ... and the window's median above the baseline's by more than the function's step-to-step spread (then and
+    # now) allows for medians of that many steps: a pipeline send/recv waits more or less from one step to the next
+    n_steps = _steps_per_key(inv, step, cells.size)
+    now = group_median(work, inv, cells.size)
+    spread_now = 1.4826 * group_median(np.abs(work - now[inv]), inv, cells.size)
+    noise = np.hypot(spread[first], spread_now) / np.sqrt(np.maximum(n_steps, 1))
+    regressed = (n_over >= ctx.need) & (now - base[first] > dp.z_threshold * noise)
     findings = []
     for f in np.unique(fn[first][regressed]):
         in_f = fn[first] == f
@@ -496,7 +547,7 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
         steps = np.unique(step[rows])
         fkind = str(kind[first][in_f][0])
         if bad.size == groups_f.size:
-            findings.append(_job_finding(ctx, str(f), fkind, "regression", steps, ev, share, 0.8,
+            findings.append(_job_finding(ctx, str(f), fkind, "regression", steps, ev, share, 0.9,
                                          f"every worker: {f} {cur / was - 1:.0%} slower than in the job's {history.windows} earlier healthy window(s)"))  # fmt: skip
             continue
         for gk in bad:
@@ -505,7 +556,7 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
                 id=finding_id(ctx.info.job, ctx.info.window, "group", [], str(f), "regression", labels),
                 job=ctx.info.job, window=ctx.info.window, steps=[int(s) for s in steps], scope="group", workers=[], hosts=[],
                 devices=[], group=labels, function=str(f), function_kind=fkind, cause="regression",
-                confidence=round(0.7 * (0.5 + 0.5 * ctx.coverage), 3), evidence=ev, impact=_impact(share, ctx.info.expected_workers),
+                confidence=round(0.8 * (0.5 + 0.5 * ctx.coverage), 3), evidence=ev, impact=_impact(share, ctx.info.expected_workers),
                 policy=ctx.policy_ref, created_at=ctx.now, tenant=ctx.info.tenant, window_steps=len(ctx.results),
                 summary=f"peer group {gk}: {f} slower than in the job's {history.windows} earlier healthy window(s); cause regression",
             ))  # fmt: skip
@@ -527,7 +578,7 @@ def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps, evidenc
         function=function,
         function_kind=kind,
         cause=cause,
-        confidence=round(conf * (0.5 + 0.5 * len(steps) / n) * ctx.coverage, 3),
+        confidence=round(conf * _persisted(len(steps) / n) * ctx.coverage, 3),
         evidence=evidence,
         impact=_impact(share, ctx.info.expected_workers),
         policy=ctx.policy_ref,

@@ -4,14 +4,16 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from lockstep.evaluate import STANDARD_SUITE, _Renderer, judge, load_suite
+from lockstep.evaluate import STANDARD_SUITE, _Renderer, judge, load_suite, run_scenario
 from lockstep.producers.simulator.faults import CATALOGUE, Fault, Truth
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
 from lockstep.producers.simulator.suite import CATEGORIES, render, standard_suite
+from lockstep.producers.simulator.suite import main as suite_main
 from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import Evidence, Finding, Impact
@@ -81,11 +83,33 @@ def test_judging_a_finding_against_the_truth():
     assert judge(nic, _finding([28, 29, 30, 31], "nccl:all_reduce[dp]", "nic", ["node0003/bond1"])).correct
     # group and job scopes
     pipe = Fault(type="pipeline_imbalance", stage=2).truth(Topology(workers=256, pp=4))
-    assert judge(pipe, _finding([], "bwd.gemm", "pipeline_imbalance", scope="group", group={"pp": "2", "role": "transformer"})).correct
+    o = judge(pipe, _finding([], "bwd.gemm", "pipeline_imbalance", scope="group", group={"pp": "2", "role": "transformer"}))
+    assert o.correct and o.worker and o.host  # the group's labels stand for its workers and hosts
+    assert not judge(pipe, _finding([], "bwd.gemm", "pipeline_imbalance", scope="group", group={"pp": "1"})).localised
     regr = Fault(type="regression", function="fwd.attention").truth(topo)
     assert judge(regr, _finding([], "fwd.attention", "regression", scope="job")).correct
     assert not judge(regr, _finding([], "bwd.gemm", "regression", scope="job")).correct
     assert isinstance(regr, Truth) and regr.functions == ["fwd.attention"]
+
+
+def test_a_regression_is_found_against_the_scenarios_earlier_healthy_window():
+    # the baseline window is diagnosed first and folded into the job's history, as the processor does
+    sc = load_suite(STANDARD_SUITE / "regression-00-16w.yaml")[0]
+    (o,) = run_scenario(sc, Policy()).faults
+    assert o.correct and o.finding.scope == "job"
+    ev = {e.feature: e for e in o.finding.evidence}
+    assert ev["healthy_windows"].value == 1
+    # without an earlier window nothing tells a job-wide regression
+    assert run_scenario(replace(sc, baseline=None), Policy()).findings == []
+
+
+def test_a_held_out_suite_has_the_shape_of_the_standard_one_with_other_jobs(tmp_path):
+    assert suite_main(["--seed", "7", str(tmp_path)]) == 0
+    held_out = load_suite(tmp_path)
+    standard = {s.name: s for s in load_suite(STANDARD_SUITE)}
+    assert sorted(s.name for s in held_out) == sorted(standard)
+    assert all(s.seed != standard[s.name].seed for s in held_out)
+    assert sum(s.faults != standard[s.name].faults for s in held_out) > 150
 
 
 def test_evaluate_prints_the_figures_as_json(tmp_path):

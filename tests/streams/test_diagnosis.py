@@ -45,6 +45,8 @@ def scenario(fault=None, workers=64, **kw):
         ("gpu_slow", "gpu_slow", "compute"),
         ("pcie", "pcie", "memcpy"),
         ("dataloader", "dataloader", "dataloader"),
+        ("input_imbalance", "input_imbalance", "compute"),
+        ("rank_specific_code", "rank_specific_code", "python"),
     ],
 )
 def test_single_worker_fault_is_attributed(fault, cause, kind):
