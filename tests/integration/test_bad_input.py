@@ -70,9 +70,9 @@ STAGE = {"heartbeats": "detect", "features": "steps", "stepreports": "windows", 
 
 
 def _finding() -> Finding:
-    from lockstep.evaluate import diagnose
+    from lockstep.evaluate import diagnose_one
 
-    return diagnose(FLEET, POLICY, WINDOW)[0][0]
+    return diagnose_one(FLEET, POLICY, WINDOW).findings[0]
 
 
 VALID["findings"] = _finding()

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from lockstep.evaluate import diagnose
+from lockstep.evaluate import diagnose_one
 from lockstep.kafka import consumer_config, ensure_topics, features_key, producer_config, read_all
 from lockstep.metrics import value
 from lockstep.producers.publisher import Publisher
@@ -134,7 +134,7 @@ def test_processor_killed_mid_window_and_after_publishing_loses_and_duplicates_n
         Fault(type="gpu_throttle_thermal", workers=(5,), severity=0.3), Fault(type="dataloader", workers=(11,), severity=0.5)))  # fmt: skip
     fleet = FleetSimulator(scenario)
     windows = [Window(60, 8), Window(80, 8)]
-    expected = {w.name: {f.id for f in diagnose(fleet, load_policy(None), w)[0]} for w in windows}
+    expected = {w.name: {f.id for f in diagnose_one(fleet, load_policy(None), w).findings} for w in windows}
     assert all(len(ids) == 2 for ids in expected.values())
     pub = Publisher(producer_config(settings))
     n = scenario.topology.workers
@@ -319,7 +319,7 @@ def test_a_second_processor_joining_while_a_window_is_open_takes_over_without_lo
     scenario = Scenario(job="scale-job", topology=Topology(workers=16, gpus_per_host=8), faults=(Fault(type="gpu_throttle_thermal", workers=(5,), severity=0.3),))
     fleet = FleetSimulator(scenario)
     w = Window(60, 8)
-    expected = {f.id for f in diagnose(fleet, load_policy(None), w)[0]}
+    expected = {f.id for f in diagnose_one(fleet, load_policy(None), w).findings}
     pub = Publisher(producer_config(settings))
 
     def publish(step: int) -> None:
