@@ -71,7 +71,7 @@ HARDWARE = (
 
 _KIND_SET = frozenset(FUNCTION_KINDS)
 _RESOURCE_SET = frozenset(RESOURCES)
-_KINDS = pa.array(FUNCTION_KINDS)
+_KINDS_ARRAY = pa.array(FUNCTION_KINDS)
 _RESOURCES_ARRAY = pa.array(RESOURCES)
 
 
@@ -167,7 +167,7 @@ def check_tables(tables: list[pa.Table]) -> list[RecordError | None]:
         return [_refusal(x) for x in tables]
     n = np.fromiter((x.num_rows for x in tables), dtype=np.int64, count=len(tables))
     owner = np.repeat(np.arange(len(tables)), n)
-    ok = pc.fill_null(pc.and_(pc.is_in(t.column("kind"), _KINDS), pc.is_in(t.column("resource"), _RESOURCES_ARRAY)), False).to_numpy(zero_copy_only=False)
+    ok = pc.fill_null(pc.and_(pc.is_in(t.column("kind"), _KINDS_ARRAY), pc.is_in(t.column("resource"), _RESOURCES_ARRAY)), False).to_numpy(zero_copy_only=False)
     ok &= t.column("function").is_valid().to_numpy(zero_copy_only=False)
     times = _floats(t, _TIMES)
     ok &= ((times >= 0) & (times < np.inf)).all(axis=0)
