@@ -12,8 +12,10 @@ A test keeps the committed files equal to what the code defines.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -23,10 +25,26 @@ from .records import RECORD_TYPES
 HERE = Path(__file__).resolve().parent
 
 
+def _clean_descriptions(node: Any) -> Any:
+    """Dedent every ``description`` the same way on every msgspec release.
+
+    msgspec 0.22 cleaned docstrings itself and 0.23 leaves their indentation in; the
+    published files must not depend on which one is installed.
+    """
+    if isinstance(node, dict):
+        return {
+            k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else _clean_descriptions(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_clean_descriptions(v) for v in node]
+    return node
+
+
 def json_schemas() -> dict[str, str]:
     out = {}
     for name, typ in RECORD_TYPES.items():
-        schema = msgspec.json.schema(typ)
+        schema = _clean_descriptions(msgspec.json.schema(typ))
         schema["$id"] = f"https://lockstep.dev/schemas/{name}.v1.json"
         schema["description"] = (typ.__doc__ or "").strip().splitlines()[0]
         out[f"json/{name}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
