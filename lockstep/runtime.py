@@ -120,3 +120,41 @@ class Child:
             self.proc.kill()
             self.proc.wait()
         self._log.close()
+
+
+class Pipeline:
+    """The stream processor and the DuckDB sink as child processes, each with its own HTTP port.
+
+    For the load run and the crash tests: either process can be killed and started again on the
+    same port, settings, consumer group and DuckDB file.
+    """
+
+    def __init__(self, settings: Settings, log_dir: Path):
+        from .broker import free_port
+
+        self.settings = settings
+        self.log_dir = log_dir
+        self._free_port = free_port
+        self.ports: dict[str, int] = {}
+        self.children: dict[str, Child] = {}
+
+    def start(self, name: str, timeout_s: float = 60.0, command: str | None = None) -> Child:
+        """Start ``processor`` or ``sink`` (``command``, default ``name``) and wait until its /healthz answers ok."""
+        port = self.ports.setdefault(name, self._free_port())
+        child = Child(name, [command or name, *settings_flags(self.settings), "--http-port", str(port)], self.log_dir, f"http://127.0.0.1:{port}/healthz")
+        self.children[name] = child
+        child.wait_healthy(timeout_s)
+        return child
+
+    def metrics(self, name: str) -> dict:
+        from .metrics import scrape
+
+        return scrape(f"http://127.0.0.1:{self.ports[name]}/metrics")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no shutdown code runs (no commit, no flush, no DuckDB checkpoint)."""
+        self.children[name].kill()
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            child.stop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import cramjam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .records import FUNCTION_KINDS, RecordError
 
@@ -70,6 +71,8 @@ HARDWARE = (
 
 _KIND_SET = frozenset(FUNCTION_KINDS)
 _RESOURCE_SET = frozenset(RESOURCES)
+_KINDS_ARRAY = pa.array(FUNCTION_KINDS)
+_RESOURCES_ARRAY = pa.array(RESOURCES)
 
 
 def default_resource(kind: str) -> str:
@@ -141,8 +144,63 @@ def unpack(data: bytes, codec: str = "zstd") -> pa.Table:
     return conform(table)
 
 
+def read(data: bytes, codec: str = "zstd") -> pa.Table:
+    """Read a function table whose values are checked later, a whole step at once (:func:`check_tables`).
+
+    A table already in :data:`SCHEMA` (what agents send) is returned as read; any other is conformed
+    and checked here (:func:`unpack`).  Raises RecordError('bad_function_table')."""
+    table = unpack_ipc(data, codec)
+    if table.num_rows and table.schema.equals(SCHEMA, check_metadata=False):
+        return table
+    return conform(table)
+
+
+def check_tables(tables: list[pa.Table]) -> list[RecordError | None]:
+    """The values check of :func:`conform` for many tables in :data:`SCHEMA` at once (one step of a job:
+    thousands of small tables): one vectorised pass over their concatenation, then the exact reason for
+    the few that fail.  Returns, per table, None or the RecordError its record goes to the dead letters with."""
+    if not tables:
+        return []
+    try:
+        t = pa.concat_tables(tables, promote_options="none")
+    except pa.ArrowInvalid:  # not all in SCHEMA (only ft.read's tables are): one at a time
+        return [_refusal(x) for x in tables]
+    n = np.fromiter((x.num_rows for x in tables), dtype=np.int64, count=len(tables))
+    owner = np.repeat(np.arange(len(tables)), n)
+    ok = pc.fill_null(pc.and_(pc.is_in(t.column("kind"), _KINDS_ARRAY), pc.is_in(t.column("resource"), _RESOURCES_ARRAY)), False).to_numpy(zero_copy_only=False)
+    ok &= t.column("function").is_valid().to_numpy(zero_copy_only=False)
+    times = _floats(t, _TIMES)
+    ok &= ((times >= 0) & (times < np.inf)).all(axis=0)
+    opt = _floats(t, _OPTIONAL)
+    ok &= (np.isnan(opt) | ((opt >= 0) & (opt < np.inf))).all(axis=0)
+    ok &= t.column("calls").to_numpy(zero_copy_only=False) >= 0
+    bad = np.bincount(owner, weights=~ok, minlength=len(tables)) > 0
+    codes = pc.fill_null(pc.dictionary_encode(t.column("function")).combine_chunks().indices, -1).to_numpy(zero_copy_only=False) + 1
+    span = int(codes.max(initial=0)) + 1
+    pairs, counts = np.unique(owner * span + codes, return_counts=True)
+    bad[pairs[counts > 1] // span] = True  # a function named twice in one table
+    out: list[RecordError | None] = [None] * len(tables)
+    for i in np.flatnonzero(bad):
+        out[i] = _refusal(tables[i])
+    return out
+
+
+def _refusal(table: pa.Table) -> RecordError | None:
+    try:
+        _check_values(table)
+    except RecordError as err:
+        return err
+    return None
+
+
 def conform(table: pa.Table) -> pa.Table:
     """Check a function table against the contract and cast it to :data:`SCHEMA`."""
+    if table.num_rows and table.schema.equals(SCHEMA, check_metadata=False):  # what our agents send: nothing to cast
+        out = table.replace_schema_metadata(SCHEMA.metadata)
+        if any(c.num_chunks != 1 for c in out.columns):
+            out = out.combine_chunks()
+        _check_values(out)
+        return out
     names = set(table.column_names)
     missing = [c for c in REQUIRED if c not in names]
     if missing:
@@ -169,7 +227,18 @@ def conform(table: pa.Table) -> pa.Table:
     return out
 
 
+#: finite and >= 0
+_TIMES = ("total_us", "critical_us")
+#: >= 0, or NaN for unknown; never negative or infinite
+_OPTIONAL = ("wait_us", "first_start_us", "mean_us", "p50_us", "p95_us", "max_us", "bytes")
+
+
+def _floats(t: pa.Table, names: tuple[str, ...]) -> np.ndarray:
+    return np.stack([t.column(n).to_numpy(zero_copy_only=False) for n in names])
+
+
 def _check_values(t: pa.Table) -> None:
+    """A few whole-table checks (a feature batch is a few dozen rows: call overhead, not rows, is the cost)."""
     fn = t.column("function")
     if fn.null_count:
         raise RecordError("bad_function_table", "function names must not be null")
@@ -180,15 +249,17 @@ def _check_values(t: pa.Table) -> None:
     res = set(t.column("resource").to_pylist()) - _RESOURCE_SET
     if res:
         raise RecordError("bad_function_table", f"unknown resource(s) {sorted(map(str, res))}; allowed: {RESOURCES}")
-    for name in ("total_us", "critical_us"):
-        a = t.column(name).to_numpy(zero_copy_only=False)
-        if not np.all(np.isfinite(a)) or np.any(a < 0):
-            raise RecordError("bad_function_table", f"{name} must be finite and >= 0")
-    for name in ("wait_us", "first_start_us", "mean_us", "p50_us", "p95_us", "max_us", "bytes"):
-        a = t.column(name).to_numpy(zero_copy_only=False)
-        if np.any(np.isinf(a)) or np.any(a < 0):
-            raise RecordError("bad_function_table", f"{name} must be >= 0 (NaN for unknown), not negative or infinite")
-    if np.any(t.column("calls").to_numpy() < 0):
+    times = _floats(t, _TIMES)
+    ok = (times >= 0) & (times < np.inf)  # False for NaN
+    if not ok.all():
+        name = _TIMES[int(np.flatnonzero(~ok.all(axis=1))[0])]
+        raise RecordError("bad_function_table", f"{name} must be finite and >= 0")
+    opt = _floats(t, _OPTIONAL)
+    ok = np.isnan(opt) | ((opt >= 0) & (opt < np.inf))
+    if not ok.all():
+        name = _OPTIONAL[int(np.flatnonzero(~ok.all(axis=1))[0])]
+        raise RecordError("bad_function_table", f"{name} must be >= 0 (NaN for unknown), not negative or infinite")
+    if t.column("calls").to_numpy(zero_copy_only=False).min() < 0:
         raise RecordError("bad_function_table", "calls must be >= 0")
     if len(set(fn.to_pylist())) != t.num_rows:
         raise RecordError("bad_function_table", "function names must be unique within a step")

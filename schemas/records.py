@@ -19,6 +19,7 @@ import time
 from typing import Annotated, Literal
 
 import msgspec
+import numpy as np
 
 # --------------------------------------------------------------------------- errors
 
@@ -30,6 +31,7 @@ DEAD_LETTER_REASONS = (
     "invalid",  # a known record whose fields break the contract (missing, wrong type, negative time, NaN, ...)
     "bad_function_table",  # the Arrow payload of a FeatureBatch is unreadable or invalid
     "from_the_future",  # a step or timestamp implausibly far ahead of what was seen
+    "processing_failed",  # a record the stage accepted but could not process (a bug: replay it after the fix)
 )
 
 
@@ -47,6 +49,14 @@ class RecordError(ValueError):
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 Rank = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]
+#: a step number; fits the findings store's 32-bit columns (6.8 years of training at 10 steps/s)
+Step = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+#: workers of a job, or anything counted per window
+Count = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]
+Workers = Annotated[int, msgspec.Meta(ge=1, le=10_000_000)]
+WindowSteps = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+#: unix seconds, 1970 to 2100: NaN, infinities or a year 3000 are a broken clock (or a forged record)
+Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=4_102_444_800.0)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
@@ -125,10 +135,10 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
 
     job: Name
     worker: Rank
-    step: NonNegInt
+    step: Step
     step_time_s: float
     host: Name
-    sent_at: float  # unix seconds on the worker's own clock
+    sent_at: Timestamp  # unix seconds on the worker's own clock
     tenant: str = ""
     # optional (absent from the wire unless set, so the always-on signal stays small):
     # agents echo the last trigger they received, once, so that the detector measures the
@@ -140,7 +150,6 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
-        _finite("sent_at", self.sent_at)
         if isinstance(self.trigger_latency_s, float):
             _finite("trigger_latency_s", self.trigger_latency_s)
         if self.step_time_s <= 0:
@@ -160,14 +169,14 @@ class ProfileTrigger(_Record, tag="ProfileTrigger", kw_only=True):
 
     job: Name
     window: Name
-    start_step: NonNegInt
-    steps: Annotated[int, msgspec.Meta(ge=1, le=10_000)]
-    expected_workers: Annotated[int, msgspec.Meta(ge=1)]
+    start_step: Step
+    steps: WindowSteps
+    expected_workers: Workers
     sampling: Sampling = Sampling()
     policy: str = "default"  # policy id
     policy_hash: str = ""
     reason: str = ""
-    created_at: float = 0.0  # unix seconds on the processor's clock
+    created_at: Timestamp = 0.0  # unix seconds on the processor's clock
     tenant: str = ""
     kind: Literal["slowdown", "hang", "manual"] = "slowdown"  # what opened the window
     request: str = ""  # the TriggerRequest this window answers (manual windows)
@@ -191,7 +200,7 @@ class TriggerRequest(_Record, tag="TriggerRequest", kw_only=True):
     steps: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None  # None: the policy's window_steps
     reason: str = ""
     requested_by: str = ""  # user@host
-    requested_at: float = 0.0
+    requested_at: Timestamp = 0.0
 
 
 #: why the detector refused a window
@@ -207,14 +216,14 @@ class TriggerRefused(_Record, tag="TriggerRefused", kw_only=True):
     reason: str  # one line, for people
     policy: str = "default"
     policy_hash: str = ""
-    at: float = 0.0
+    at: Timestamp = 0.0
 
 
 class DetectorTick(_Record, tag="DetectorTick", kw_only=True):
     """Internal: the detector's timer asks it to check a silent job for a hang. Key: ``job``, on the heartbeats topic."""
 
     job: Name
-    at: float = 0.0
+    at: Timestamp = 0.0
 
 
 class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
@@ -226,17 +235,17 @@ class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
 
     job: Name
     window: Name
-    step: NonNegInt
-    window_start: NonNegInt
-    window_steps: Annotated[int, msgspec.Meta(ge=1)]
-    expected_workers: Annotated[int, msgspec.Meta(ge=1)]
+    step: Step
+    window_start: Step
+    window_steps: WindowSteps
+    expected_workers: Workers
     worker: WorkerMeta
     step_time_us: float
     functions: bytes
     functions_codec: Literal["zstd", "none"] = "zstd"
     hardware: Literal["nvml", "host", "none"] = "none"  # what the sampler could see
     policy: str = "default"
-    sent_at: float = 0.0
+    sent_at: Timestamp = 0.0
     tenant: str = ""
 
     def validate(self) -> None:
@@ -313,9 +322,9 @@ class Finding(_Record, tag="Finding", kw_only=True):
     id: str
     job: Name
     window: Name
-    steps: list[int]  # steps of the window in which the deviation was seen
+    steps: list[Step]  # steps of the window in which the deviation was seen
     scope: Literal["worker", "group", "job"]
-    workers: list[int]
+    workers: list[Rank]
     hosts: list[str]
     devices: list[str]
     group: dict[str, str] | None = None
@@ -326,14 +335,16 @@ class Finding(_Record, tag="Finding", kw_only=True):
     evidence: list[Evidence]
     impact: Impact
     policy: str
-    created_at: float
+    created_at: Timestamp
     tenant: str = ""
     summary: str = ""
-    window_steps: int = 0  # how many steps the window had (persistence = len(steps)/window_steps)
+    window_steps: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 0  # how many steps the window had (persistence = len(steps)/window_steps)
 
     def validate(self) -> None:
         if self.scope not in SCOPES:
             raise RecordError("invalid", f"scope must be one of {SCOPES}")
+        _finite("impact.step_time_share", self.impact.step_time_share)
+        _finite("impact.gpu_hours_per_day", self.impact.gpu_hours_per_day)
 
 
 class StepReport(_Record, tag="StepReport", kw_only=True):
@@ -345,11 +356,11 @@ class StepReport(_Record, tag="StepReport", kw_only=True):
 
     job: Name
     window: Name
-    step: NonNegInt
-    window_start: NonNegInt
-    window_steps: Annotated[int, msgspec.Meta(ge=1)]
-    expected_workers: Annotated[int, msgspec.Meta(ge=1)]
-    workers_seen: NonNegInt
+    step: Step
+    window_start: Step
+    window_steps: WindowSteps
+    expected_workers: Workers
+    workers_seen: Count
     bytes_in: NonNegInt  # feature bytes received for this step
     step_time_us: float  # synchronised step time: the slowest worker's
     step_time_median_us: float
@@ -374,22 +385,27 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
 
     job: Name
     window: Name
-    start_step: NonNegInt
-    steps: int
-    steps_seen: int
-    expected_workers: int
-    workers_seen: int  # most workers seen in any step of the window
+    start_step: Step
+    steps: WindowSteps
+    steps_seen: Annotated[int, msgspec.Meta(ge=0, le=10_000)]
+    expected_workers: Workers
+    workers_seen: Count  # most workers seen in any step of the window
     coverage: Fraction  # share of expected workers that delivered features, over all the window's steps (a missing step counts 0)
     bytes_per_worker: float
-    findings: int
+    findings: Count
     actionable: bool  # at least one finding with a cause other than ``unknown``
     reached_device: bool  # at least one finding names a device
     closed: Literal["complete", "timeout"]
-    closed_at: float
+    closed_at: Timestamp
     policy: str = "default"
     tenant: str = ""
     #: training progress lost while profiling, as a share of the window's step time; None until measured
     profiling_overhead: float | None = None
+
+    def validate(self) -> None:
+        _finite("bytes_per_worker", self.bytes_per_worker)
+        if self.profiling_overhead is not None:
+            _finite("profiling_overhead", self.profiling_overhead)
 
 
 class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
@@ -441,8 +457,15 @@ class _Header(msgspec.Struct, forbid_unknown_fields=False):
     v: int = 1
 
 
-_json_enc = msgspec.json.Encoder()
-_mp_enc = msgspec.msgpack.Encoder()
+def _numpy_scalar(obj):
+    """numpy scalars (np.str_, np.int64, ...) that a vectorised stage left in a record encode as their values."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_json_enc = msgspec.json.Encoder(enc_hook=_numpy_scalar)
+_mp_enc = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
 _json_header = msgspec.json.Decoder(_Header)
 _mp_header = msgspec.msgpack.Decoder(_Header)
 _json_dec = {name: msgspec.json.Decoder(t) for name, t in RECORD_TYPES.items()}

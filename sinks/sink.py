@@ -29,7 +29,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..metrics import Metrics
 from ..schemas.records import Finding, ProfileTrigger, RecordError, WindowReport, dead_letter, decode, encode
@@ -93,13 +93,38 @@ class Sink:
             except Exception:  # the events stay in DuckDB: the next tick plans them
                 log.exception("planning pages failed; retrying within %.0fs", self.expire_every_s)
 
+    def _dead(self, msg, err: RecordError) -> None:
+        dl = dead_letter(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err, stage="sink", payload=msg.value())
+        self.publisher.send_raw(self.deadletter_topic, msg.key(), encode(dl))
+        self.metrics.inc("dead_letters_total", reason=err.reason, stage="sink", help="records sent to the dead-letter topic, by reason")
+        self.metrics.inc("records_out_total", topic=self.deadletter_topic, help="records published, by topic")
+
+    def _isolate(self, accepted, offsets, exc: Exception) -> list:
+        """The store refused a batch: write its records one by one (upserts: a crash in between replays them
+        harmlessly), dead-letter those it refuses, then move the offsets."""
+        log.warning("the store refused a batch of %d record(s) (%s: %s); writing them one by one", len(accepted), type(exc).__name__, exc)
+        events = []
+        for msg, rec in accepted:
+            one = Batch(findings=[rec] if isinstance(rec, Finding) else [], windows=[rec] if isinstance(rec, WindowReport) else [],
+                        offsets={}, triggers=[rec] if isinstance(rec, ProfileTrigger) else [])  # fmt: skip
+            try:
+                events += self.store.write(one)
+            except Exception as err:
+                log.exception("the store refused %s[%d]@%d; it goes to the dead-letter topic", msg.topic(), msg.partition(), msg.offset())
+                self._dead(msg, RecordError("processing_failed", f"the findings store refused it ({type(err).__name__}: {err})"))
+        self.publisher.flush()
+        return events + self.store.write(Batch(findings=[], windows=[], offsets=offsets))
+
     def write(self, msgs) -> Batch:
         findings: list[Finding] = []
         windows: list[WindowReport] = []
         triggers: list[ProfileTrigger] = []
+        accepted = []  # (message, record)
         offsets: dict[tuple[str, int], int] = {}
         dead = 0
         m = self.metrics
+        now = time.time()
+        lag_s: dict[str, float] = {}
         for msg in msgs:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
@@ -107,22 +132,40 @@ class Sink:
                 continue
             m.inc("records_in_total", topic=msg.topic(), help="records consumed, by topic")
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            kind, ts_ms = msg.timestamp()
+            if kind != TIMESTAMP_NOT_AVAILABLE:
+                lag_s[msg.topic()] = max(0.0, now - ts_ms / 1000.0)
             try:
                 rec = decode(msg.value(), (Finding, WindowReport, ProfileTrigger))
             except RecordError as err:
                 if err.reason == "wrong_record" and msg.topic() == self.control_topic:
                     continue  # another control record (not a trigger): not the sink's business
-                dl = dead_letter(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err, stage="sink", payload=msg.value())
-                self.publisher.send_raw(self.deadletter_topic, msg.key(), encode(dl))
-                m.inc("dead_letters_total", reason=err.reason, stage="sink", help="records sent to the dead-letter topic, by reason")
+                self._dead(msg, err)
                 dead += 1
                 continue
             {Finding: findings, WindowReport: windows, ProfileTrigger: triggers}[type(rec)].append(rec)
+            accepted.append((msg, rec))
         if dead:
             self.publisher.flush()  # dead letters are durable before the offsets move past them
         batch = Batch(findings=findings, windows=windows, offsets=offsets, triggers=triggers)
-        events = self.store.write(batch)
-        m.inc("findings_written_total", len(findings), help="finding rows upserted")
+        t0 = time.perf_counter()
+        try:
+            events = self.store.write(batch)
+        except Exception as exc:  # a record the store cannot keep must not stop the sink (it would stop again on restart)
+            events = self._isolate(accepted, offsets, exc)
+        m.observe("write_seconds", time.perf_counter() - t0, help="one DuckDB transaction (rows, incidents and offsets)")
+        for topic, age in lag_s.items():
+            m.set("consumer_lag_seconds", age, topic=topic, help="age of the last record consumed, by topic (now - its Kafka timestamp)")
+        for (topic, partition), pos in offsets.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+            except KafkaException:
+                continue
+            if high >= 0:
+                m.set("consumer_lag_records", max(0, high - pos), topic=topic, partition=str(partition),
+                      help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
+        for f in findings:
+            m.inc("findings_written_total", cause=f.cause, help="finding rows upserted, by cause")
         m.inc("windows_written_total", len(windows), help="window rows upserted")
         m.inc("triggers_written_total", len(triggers), help="profiling trigger rows upserted")
         self._after(events)

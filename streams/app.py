@@ -75,6 +75,8 @@ class ProcessorState:
     assigned: bool = False
     policies: dict[str, Policy] = field(default_factory=dict)  # every policy loaded, by ref
     job_partition: dict[str, object] = field(default_factory=dict)  # job -> heartbeats partition (TP) seen
+    positions: dict[object, int] = field(default_factory=dict)  # TP -> next offset to consume (for the lag)
+    crashed: dict[str, str] = field(default_factory=dict)  # agent -> why it died (fails /healthz)
 
     def __post_init__(self) -> None:
         self.detector = SlowdownDetector(self.policy)
@@ -133,6 +135,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         broker_session_timeout=settings.session_timeout_ms / 1000.0,
         broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
         broker_commit_interval=1.0,
+        # records of open steps and windows stay unacknowledged until those close, which needs more records:
+        # waiting for every record to be acknowledged before a rebalance or a shutdown (faust's default)
+        # never ends while a window is open.  The new owner replays them from the committed offset instead.
+        stream_wait_empty=False,
         datadir=datadir,
         web_enabled=True,
         web_port=http_port,
@@ -154,11 +160,13 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     # per job: the baseline of its earlier healthy windows (JobHistory JSON), for job-wide regressions
     job_history = app.Table("job_history", key_type=str, value_type=str, partitions=settings.partitions)
 
-    async def send(topic: faust.TopicT, key: str, record) -> None:
-        value = encode(record)
-        await topic.send(key=key.encode(), value=value)
+    async def send(topic: faust.TopicT, key: str, record) -> asyncio.Future:
+        """Queue a record; the returned future resolves once Kafka acknowledged it."""
+        value = record if isinstance(record, bytes) else encode(record)
+        delivered = await topic.send(key=key.encode(), value=value)
         m.inc("records_out_total", topic=topic.get_topic_name(), help="records published, by topic")
         m.inc("bytes_out_total", len(value), topic=topic.get_topic_name())
+        return delivered
 
     async def dead(event, err: RecordError, stage: str) -> None:
         msg = event.message
@@ -167,9 +175,22 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         await deadletter.send(key=msg.key, value=encode(dl))
         m.inc("dead_letters_total", reason=err.reason, stage=stage, help="records sent to the dead-letter topic, by reason")
 
+    async def failed(events, exc: Exception, stage: str) -> None:
+        """A bug, not bad input (that is caught on the way in): the stage goes on, and the records it could
+        not process go to the dead-letter topic, to be replayed once the bug is fixed."""
+        log.exception("%s: processing failed; %d input record(s) go to the dead-letter topic", stage, len(events))
+        err = RecordError("processing_failed", f"{type(exc).__name__}: {exc}")
+        for event in events:
+            await dead(event, err, stage)
+
     def seen(event) -> None:
-        m.inc("records_in_total", topic=event.message.topic, help="records consumed, by topic")
-        m.inc("bytes_in_total", len(event.value or b""), topic=event.message.topic)
+        msg = event.message
+        m.inc("records_in_total", topic=msg.topic, help="records consumed, by topic")
+        m.inc("bytes_in_total", len(event.value or b""), topic=msg.topic)
+        st.positions[msg.tp] = msg.offset + 1
+        if msg.timestamp:  # the producer's CreateTime: right on any broker, unlike the watermarks
+            m.set("consumer_lag_seconds", max(0.0, time.time() - msg.timestamp), topic=msg.topic,
+                  help="age of the last record consumed, by topic (now - its Kafka timestamp)")  # fmt: skip
 
     # ------------------------------------------------------------------ detector
     async def decided(decision) -> None:
@@ -187,20 +208,23 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             seen(event)
             try:
                 rec = decode(event.value, (StepHeartbeat, DetectorTick, TriggerRequest))
+                st.job_partition[rec.job] = event.message.tp
+                if rec.job not in st.detector.jobs and rec.job in detector_table:
+                    last_start, last_end = map(int, detector_table[rec.job].split(","))
+                    st.detector.restore(rec.job, last_start, last_end)
+                now = time.time()
+                if isinstance(rec, StepHeartbeat):
+                    decisions = st.detector.observe(rec, now)  # raises RecordError('from_the_future')
+                elif isinstance(rec, DetectorTick):
+                    decisions = st.detector.tick(rec.job, now)
+                else:
+                    decisions = [st.detector.request(rec, now)]
             except RecordError as err:
                 await dead(event, err, "detect")
                 continue
-            st.job_partition[rec.job] = event.message.tp
-            if rec.job not in st.detector.jobs and rec.job in detector_table:
-                last_start, last_end = map(int, detector_table[rec.job].split(","))
-                st.detector.restore(rec.job, last_start, last_end)
-            now = time.time()
-            if isinstance(rec, StepHeartbeat):
-                decisions = st.detector.observe(rec, now)
-            elif isinstance(rec, DetectorTick):
-                decisions = st.detector.tick(rec.job, now)
-            else:
-                decisions = [st.detector.request(rec, now)]
+            except Exception as exc:
+                await failed([event], exc, "detect")
+                continue
             for decision in decisions:
                 await decided(decision)
 
@@ -217,6 +241,15 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         m.set("detector_jobs", len(st.detector.jobs), help="jobs the detector follows")
         m.set("detector_open_windows", st.detector.open_windows(now), help="windows open or scheduled by this processor")
 
+    async def report_lag() -> None:
+        """Records behind per partition from the high watermarks the fetches carry (a lower bound where the
+        broker under-reports the watermark, as Tansu does; ``consumer_lag_seconds`` is right everywhere)."""
+        for tp, pos in list(st.positions.items()):
+            high = app.consumer.highwater(tp) if app.consumer else None
+            if high is not None:
+                m.set("consumer_lag_records", max(0, high - pos), topic=tp.topic, partition=str(tp.partition),
+                      help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
+
     async def reload_policy() -> None:
         new = policy_file.check()
         if new is not None:
@@ -230,20 +263,35 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     async def finish_step(closed: ClosedStep) -> None:
         p = closed.pending
         t0 = time.perf_counter()
-        ranks = sorted(p.batches)
-        recs = [p.batches[r][0] for r in ranks]
-        frame = StepFrame.from_tables(
-            p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
-            [p.batches[r][1] for r in ranks], st.policy_for(p.policy).diagnosis.peer_group_keys, [b.hardware for b in recs],
-        )  # fmt: skip
-        result = analyze_step(frame, st.policy_for(p.policy).diagnosis)
-        report = step_report(
-            result, window_start=p.window_start, window_steps=p.window_steps, expected_workers=p.expected_workers,
-            bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
-        )  # fmt: skip
-        await send(stepreports, p.job, report)
-        m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
-        m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
+        entries = [p.batches[r] for r in sorted(p.batches)] + p.replaced
+        report = None
+        try:
+            # the function tables' values, for the whole step at once (ft.read left them unchecked)
+            errors = ft.check_tables([table for _, table, _ in entries])
+            good = [e for e, err in zip(entries[: len(p.batches)], errors) if err is None]
+            if good:
+                recs = [b for b, _, _ in good]
+                frame = StepFrame.from_tables(
+                    p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
+                    [table for _, table, _ in good], st.policy_for(p.policy).diagnosis.peer_group_keys, [b.hardware for b in recs],
+                )  # fmt: skip
+                result = analyze_step(frame, st.policy_for(p.policy).diagnosis)
+                report = encode(step_report(
+                    result, window_start=p.window_start, window_steps=p.window_steps, expected_workers=p.expected_workers,
+                    bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
+                ))  # fmt: skip
+        except Exception as exc:
+            await failed([h.event for h in p.handles], exc, "steps")
+            await release_steps(p.handles)
+            return
+        for (_, _, handle), err in zip(entries, errors):
+            if err is not None:
+                await dead(handle.event, err, "steps")
+        if report is not None:
+            await send(stepreports, p.job, report)
+            m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
+            m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
+            m.observe("step_close_latency_seconds", time.time() - p.opened_at, help="first feature batch of a step to its step report")
         await release_steps(p.handles)
 
     async def steps(stream):
@@ -254,7 +302,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             h = st.step_acks.hold(msg.tp, msg.offset, event)
             try:
                 batch = decode(event.value, FeatureBatch)
-                table = ft.unpack(batch.functions, batch.functions_codec)
+                table = ft.read(batch.functions, batch.functions_codec)  # values: checked per step (finish_step)
             except RecordError as err:
                 await dead(event, err, "steps")
                 await release_steps([h])
@@ -288,16 +336,28 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
                 history = JobHistory.decode(job_history[w.job])
             except HistoryError as err:
                 log.warning("job %s: dropping its stored history: %s", w.job, err)
-        diagnosis = diagnose_window(info, list(w.results.values()), policy, now=now, closed=closed.reason, bytes_in=w.bytes_in, history=history)
-        if diagnosis.history is not None and diagnosis.history is not history:
-            job_history[w.job] = diagnosis.history.encode()
-        for f in diagnosis.findings:
-            await send(findings, f.job, f)
-            m.inc("findings_total", cause=f.cause, help="findings published, by cause")
-        await send(windows, w.job, diagnosis.report)
+        try:
+            diagnosis = diagnose_window(info, list(w.results.values()), policy, now=now, closed=closed.reason, bytes_in=w.bytes_in, history=history)
+            new_history = diagnosis.history.encode() if diagnosis.history is not None and diagnosis.history is not history else None
+            out = [(f.cause, encode(f)) for f in diagnosis.findings]
+            report = encode(diagnosis.report)
+        except Exception as exc:
+            await failed([h.event for h in w.handles], exc, "windows")
+            await release_windows(w.handles)
+            return
+        sent = []
+        for cause, value in out:
+            sent.append(await send(findings, w.job, value))
+            m.inc("findings_total", cause=cause, help="findings published, by cause")
+        sent.append(await send(windows, w.job, report))
+        # the tables' changelogs travel apart from the findings: mark the window closed (which makes a replay
+        # skip it) only once its findings and report are in Kafka, or a crash in between would lose them
+        await asyncio.gather(*sent)
+        if new_history is not None:
+            job_history[w.job] = new_history
         closed_windows[f"{w.job}:{w.window}"] = now
         m.inc("windows_closed_total", reason=closed.reason, help="windows closed, by reason")
-        m.set("window_close_latency_seconds", now - w.opened_at, help="first step report to window closed, last window")
+        m.observe("window_close_latency_seconds", time.time() - w.opened_at, help="first step report of a window to its findings published")
         log.info("window %s/%s closed (%s): %d finding(s), coverage %.2f", w.job, w.window, closed.reason, len(diagnosis.findings), diagnosis.report.coverage)
         await release_windows(w.handles)
 
@@ -333,15 +393,31 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         for job, window in st.windows.due(time.time()):
             await send(stepreports, job, WindowTimeout(job=job, window=window))
 
+    def supervised(name: str, fun):
+        """An agent that dies (I/O errors, bugs outside the guarded diagnosis) fails /healthz, so that the
+        process is restarted and replays from the committed offsets instead of idling while it looks healthy."""
+
+        async def run(stream):
+            try:
+                await fun(stream)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                st.crashed[name] = f"{type(exc).__name__}: {exc}"
+                raise
+
+        return run
+
     app.timer(1.0, name="reload_policy")(reload_policy)
+    app.timer(1.0, name="report_lag")(report_lag)
     if "detect" in roles:
-        app.agent(heartbeats, name="detect", concurrency=1)(detect)
+        app.agent(heartbeats, name="detect", concurrency=1)(supervised("detect", detect))
         app.timer(0.5, name="hang_ticks")(hang_ticks)
     if "steps" in roles:
-        app.agent(features, name="steps", concurrency=1)(steps)
+        app.agent(features, name="steps", concurrency=1)(supervised("steps", steps))
         app.timer(0.5, name="expire_steps")(expire_steps)
     if "windows" in roles:
-        app.agent(stepreports, name="windows", concurrency=1)(windows_agent)
+        app.agent(stepreports, name="windows", concurrency=1)(supervised("windows", windows_agent))
         app.timer(0.5, name="request_timeouts")(request_timeouts)
 
     @app.on_partitions_revoked.connect
@@ -354,6 +430,8 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         st.step_acks.drop(set(revoked))
         st.windows.drop(set(revoked))
         st.window_acks.drop(set(revoked))
+        for tp in revoked:
+            st.positions.pop(tp, None)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app_, assigned, **kwargs) -> None:  # noqa: ARG001
@@ -361,8 +439,9 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
 
     @app.page("/healthz")
     async def healthz(web, request):  # noqa: ARG001
-        body = {"status": "ok" if st.assigned else "starting", "open_steps": st.steps.open_steps, "open_windows": st.windows.open_windows}
-        return web.json(body, status=200 if st.assigned else 503)
+        status = "failed" if st.crashed else "ok" if st.assigned else "starting"
+        body = {"status": status, "open_steps": st.steps.open_steps, "open_windows": st.windows.open_windows, "crashed": st.crashed}
+        return web.json(body, status=200 if status == "ok" else 503)
 
     @app.page("/metrics")
     async def metrics(web, request):  # noqa: ARG001

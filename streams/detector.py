@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..schemas.records import ProfileTrigger, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
+from ..schemas.records import ProfileTrigger, RecordError, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
 from .policy import Policy
 
 #: a window counts as open until the job passes its last step, or at least this long
@@ -42,6 +42,13 @@ RESTART_STEPS = 16
 LATENCY_WINDOWS = 8
 #: an echo above this is a broken clock or a stale replay, not the control topic's latency
 LATENCY_MAX_S = 60.0
+#: a heartbeat more steps than this beyond the job's highest step (plus what its pace allows since it was
+#: last heard) is from the future: a forged or corrupted record, not progress
+FUTURE_STEPS = 1000
+#: ... the pace allowance: this many times the job's own wall-clock step rate
+FUTURE_PACE = 10.0
+#: a heartbeat whose clock is more than this ahead of the processor's is from a broken clock
+FUTURE_CLOCK_S = 86_400.0
 
 
 @dataclass
@@ -121,7 +128,9 @@ class SlowdownDetector:
     # ------------------------------------------------------------------ heartbeats
 
     def observe(self, hb: StepHeartbeat, now: float | None = None) -> list[ProfileTrigger]:
+        """Raises RecordError('from_the_future') for a heartbeat no real worker of the job can have sent."""
         now = time.time() if now is None else now
+        self._plausible(hb, now)
         st = self._job(hb.job, hb.tenant, now)
         if hb.tenant != st.tenant:  # e.g. a job restored from the table before its first heartbeat
             st.tenant, st.selected = hb.tenant, self.policy.jobs.matches(hb.job, hb.tenant)
@@ -155,6 +164,23 @@ class SlowdownDetector:
         if not self._complete_steps(st):
             return []
         return self._judge(st, now)
+
+    def _plausible(self, hb: StepHeartbeat, now: float) -> None:
+        """Steps and clocks from the future poison a job's state (a step 10^9 ahead would schedule its
+        windows at steps never reached and complete every real step early; a sent_at years ahead would
+        hide every later restart), so such heartbeats are refused before they touch it."""
+        if hb.sent_at > now + FUTURE_CLOCK_S:
+            raise RecordError("from_the_future", f"sent_at is {(hb.sent_at - now) / 3600:.0f} h ahead of the processor's clock "
+                              f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of host {hb.host!r} is broken")  # fmt: skip
+        st = self.jobs.get(hb.job)
+        if st is None or st.max_step < 0 or hb.step <= st.max_step + FUTURE_STEPS:
+            return  # nothing shown yet (any step can be the job's), or near enough
+        interval = self.step_interval_s(st)
+        pace = FUTURE_PACE * (now - st.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
+        allowed = FUTURE_STEPS + pace
+        if hb.step > st.max_step + allowed:
+            raise RecordError("from_the_future", f"step {hb.step} of job {hb.job!r} (worker {hb.worker}) is {hb.step - st.max_step} steps "
+                              f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible")  # fmt: skip
 
     def _echo(self, st: JobState, window: str, latency_s: float) -> None:
         if latency_s > LATENCY_MAX_S:

@@ -83,7 +83,8 @@ class PendingStep:
     tenant: str
     partition: Hashable
     opened_at: float
-    batches: dict[int, tuple[FeatureBatch, pa.Table]] = field(default_factory=dict)  # rank -> (record, table)
+    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle]] = field(default_factory=dict)  # rank -> (record, table, its handle)
+    replaced: list[tuple[FeatureBatch, pa.Table, Handle]] = field(default_factory=list)  # twins a later record of the rank replaced
     handles: list[Handle] = field(default_factory=list)
     bytes_in: int = 0
 
@@ -124,7 +125,10 @@ class StepAssembler:
                 partition=handle.partition,
                 opened_at=now,
             )
-        p.batches[batch.worker.rank] = (batch, table)  # a redelivered record replaces its twin
+        twin = p.batches.get(batch.worker.rank)
+        if twin is not None:
+            p.replaced.append(twin)
+        p.batches[batch.worker.rank] = (batch, table, handle)  # a redelivered record replaces its twin
         p.handles.append(handle)
         p.bytes_in += size
         if len(p.batches) >= p.expected_workers:

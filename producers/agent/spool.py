@@ -29,7 +29,9 @@ class Spool:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
-        self.segment_bytes = max(64 << 10, max_bytes // 8)
+        # an eighth of the bound: dropping the oldest segment keeps at least 7/8 of what fits (a 64 KiB floor
+        # made a bound under 512 KiB drop nearly everything it held at once)
+        self.segment_bytes = max(1, max_bytes // 8)
         self.dropped = 0  # records deleted to stay within max_bytes
         self._counts: dict[Path, int] = {}  # closed segment -> records
         self._sizes: dict[Path, int] = {}

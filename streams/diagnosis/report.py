@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from ...schemas.functions import pack, unpack_ipc
-from ...schemas.records import StepReport
-from .step import StepResult
+from ...schemas.records import RecordError, StepReport
+from .step import GROUP_SCHEMA, OUTLIER_SCHEMA, StepResult
 
 
 def step_report(
@@ -50,6 +52,17 @@ def step_result(report: StepReport) -> StepResult:
         step_time_median_us=report.step_time_median_us,
         work_max_us=report.work_max_us,
         healthy_work_max_us=report.healthy_work_max_us,
-        outliers=unpack_ipc(report.outliers),
-        groups=unpack_ipc(report.groups),
+        outliers=_table(report.outliers, OUTLIER_SCHEMA, "outliers"),
+        groups=_table(report.groups, GROUP_SCHEMA, "groups"),
     )
+
+
+def _table(data: bytes, schema: pa.Schema, what: str) -> pa.Table:
+    """An Arrow payload of a step report, cast to its schema (the window stage reads columns by name)."""
+    table = unpack_ipc(data)
+    if table.schema.equals(schema, check_metadata=False):
+        return table
+    try:
+        return table.select(schema.names).cast(schema)
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise RecordError("bad_function_table", f"StepReport.{what} is not the {what} table of this version ({exc})") from None

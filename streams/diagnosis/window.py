@@ -424,7 +424,7 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
                 devices=[],
                 group=labels,
                 function=str(fnames[f]),
-                function_kind=kinds[str(fnames[f])],
+                function_kind=str(kinds[str(fnames[f])]),
                 cause="pipeline_imbalance",
                 confidence=round(min(0.99, conf), 3),
                 evidence=[
@@ -488,7 +488,7 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
             sel = over & (fn[py][first] == f)
             if sel.sum() >= ctx.need:
                 med = float(np.median(lo[sel]))
-                findings.append(_job_finding(ctx, f, "python", "python_overhead", step[py][first][sel],
+                findings.append(_job_finding(ctx, str(f), "python", "python_overhead", step[py][first][sel],
                                              [Evidence(feature="share", value=round(med, 4), peer_value=dp.python_share_max, deviation=round(med / dp.python_share_max, 2))],
                                              med - dp.python_share_max, 0.6))  # fmt: skip
 

@@ -28,6 +28,17 @@ def test_the_bound_drops_the_oldest_records_and_counts_them(tmp_path):
     assert sp.dropped + len(sp) == 2001
 
 
+def test_a_small_bound_keeps_most_of_what_fits(tmp_path):
+    """Segments are an eighth of the bound, so dropping the oldest keeps at least 7/8 of it (a 64 KiB floor on
+    segments made a bound under 512 KiB drop nearly everything it held at once)."""
+    sp = Spool(tmp_path, max_bytes=48 << 10)
+    for i in range(2000):
+        sp.append("t", b"k", b"x" * 180)
+        if sp.dropped:
+            assert sp.bytes >= (48 << 10) * 7 // 8 - 300
+    assert sp.dropped > 0 and sp.bytes <= 48 << 10
+
+
 def test_a_new_spool_on_the_same_directory_finds_what_the_last_one_left(tmp_path):
     sp = Spool(tmp_path, max_bytes=1 << 20)
     for i in range(10):

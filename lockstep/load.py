@@ -1,0 +1,240 @@
+"""The load run: a large simulated job through the whole pipeline for minutes, with lag and latency measured.
+
+The processor and the sink run as child processes (as in production); the simulated fleet runs here and
+behaves like the agents (heartbeats every step, feature batches during windows, triggers followed from
+the control topic).  An operator asks for a new window as soon as the last one ended (``lockstep trigger``'s
+record, through the detector), so the job is profiled nearly all the time: the worst case, where the
+policy's cool-down would otherwise allow one window per ``cooldown_steps``.
+
+What is measured, and how (Tansu under-reports high watermarks, so no figure here comes from them):
+
+* **lag, records**: records the fleet has handed to Kafka (its producer's delivery reports) minus the
+  records the processor has consumed (its ``/metrics``), per input topic, sampled every second;
+* **lag, seconds**: the processor's ``lockstep_consumer_lag_seconds`` (now minus the Kafka timestamp of
+  the record it consumed last), sampled every second;
+* **step latency**: the last feature batch of a step handed to the producer, to its step report's Kafka
+  timestamp;
+* **end-to-end latency**: the last feature batch of a window's last step handed to the producer, to its
+  findings' ``first_seen`` in DuckDB (the sink's transaction).
+
+Every clock involved is this host's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+from confluent_kafka import Consumer, TopicPartition
+
+from .config import Settings
+from .kafka import consumer_config, ensure_topics, producer_config
+from .metrics import value
+from .producers.publisher import Publisher
+from .producers.simulator.faults import Fault
+from .producers.simulator.fleet import FleetSimulator, Scenario
+from .producers.simulator.live import ControlFollower, run_live
+from .producers.simulator.topology import Topology
+from .runtime import Pipeline, kafka
+from .schemas.records import StepReport, TriggerRequest, decode
+from .sinks.sink import query, wait_for
+from .streams.app import changelog_topics
+
+log = logging.getLogger("lockstep.load")
+
+POLICY = """\
+id: load
+detector: {cooldown_steps: 0, window_steps: 8, max_windows_per_job: 1, slowdown_threshold: 10.0, hang_min_s: 3600}
+"""
+
+
+@dataclass
+class Sample:
+    at: float  # seconds since the fleet started
+    step: int
+    lag_records: dict[str, float]  # topic -> records behind
+    lag_seconds: dict[str, float]  # topic -> age of the last record consumed
+
+
+@dataclass
+class LoadResult:
+    workers: int
+    steps_per_s: float
+    seconds: float  # the fleet's run
+    steps: int
+    windows: list[str]  # delivered by the fleet
+    stored: list[str]  # windows with their findings in DuckDB
+    culprits: dict[str, list[int]]  # window -> workers named by its findings
+    published: dict[str, int]  # topic -> records delivered
+    samples: list[Sample]
+    step_latency_s: list[float]
+    window_latency_s: list[float]
+    drain_s: float  # from the fleet's last record to the last window in DuckDB and every heartbeat consumed
+    unconsumed: dict[str, float]  # topic -> records delivered that the processor had not consumed at the end (0: none lost)
+    cpu_s: dict[str, float]  # process -> CPU seconds over the run
+    dead_letters: float
+    log_dir: Path = field(default=Path("."))
+
+    def quantiles(self, xs: list[float]) -> dict[str, float]:
+        if not xs:
+            return {"n": 0}
+        a = np.asarray(xs)
+        return {"n": len(xs), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+
+    def lag(self, topic: str, kind: str = "records") -> list[float]:
+        return [getattr(s, f"lag_{kind}").get(topic, 0.0) for s in self.samples]
+
+    def summary(self) -> dict:
+        topics = sorted(self.published)
+        return {
+            "workers": self.workers,
+            "steps_per_s": self.steps_per_s,
+            "seconds": round(self.seconds, 1),
+            "steps": self.steps,
+            "windows": len(self.windows),
+            "windows_stored": len(self.stored),
+            "published": self.published,
+            "lag_records": {t: self.quantiles(self.lag(t)) for t in topics},
+            "lag_seconds": {t: self.quantiles(self.lag(t, "seconds")) for t in topics},
+            "step_latency_s": self.quantiles(self.step_latency_s),
+            "window_latency_s": self.quantiles(self.window_latency_s),
+            "drain_s": round(self.drain_s, 2),
+            "unconsumed": self.unconsumed,
+            "cpu_s": {k: round(v, 1) for k, v in self.cpu_s.items()},
+            "dead_letters": self.dead_letters,
+        }
+
+
+def scenario(workers: int) -> Scenario:
+    """A job of ``workers`` workers with one thermally throttled GPU (worker 13) from the start."""
+    return Scenario(job=f"load-{workers}w", topology=Topology(workers=workers, gpus_per_host=8),
+                    faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),))  # fmt: skip
+
+
+def timestamps(settings: Settings, topic: str) -> list[tuple[bytes, float]]:
+    """Every (value, Kafka timestamp in seconds) of a topic, read until it stays quiet."""
+    c = Consumer(consumer_config(settings, None))
+    out = []
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        while msgs := c.consume(2000, timeout=1.0):
+            out += [(m.value(), m.timestamp()[1] / 1000.0) for m in msgs if not m.error()]
+    finally:
+        c.close()
+    return out
+
+
+def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120.0, steps_per_s: float = 1.0,
+             log_dir: Path | None = None, drain_timeout_s: float = 120.0, windows: bool = True) -> LoadResult:  # fmt: skip
+    """``windows=False``: heartbeats only (the always-on signal's cost)."""
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="lockstep-load-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    policy = log_dir / "load-policy.yaml"
+    policy.write_text(POLICY)
+    settings = dataclasses.replace(settings, policy=policy)
+    sc = scenario(workers)
+    with contextlib.ExitStack() as stack:
+        s = stack.enter_context(kafka(settings))
+        topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
+        pipeline = Pipeline(s, log_dir)
+        stack.callback(pipeline.stop)
+        pipeline.start("sink")
+        pipeline.start("processor")
+        procs = {name: psutil.Process(child.proc.pid) for name, child in pipeline.children.items()}
+        cpu0 = {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
+
+        fleet = FleetSimulator(sc)
+        publisher = Publisher(producer_config(s))
+        control = ControlFollower(consumer_config(s, None), topics.control, sc.job)
+        stack.callback(control.close)
+        sent_at: dict[int, float] = {}  # step -> its last record handed to the producer
+        samples: list[Sample] = []
+        t0 = time.time()
+        state = {"step": 0, "asked_at": 0.0, "done": False}
+
+        def progress(step, res) -> None:
+            now = time.time()
+            sent_at[step] = now
+            state["step"] = step
+            last = res.triggers[-1] if res.triggers else None
+            active = last is not None and step < last.start_step + last.steps
+            asked = state["asked_at"] and (not last or last.created_at < state["asked_at"])
+            if windows and not active and (not asked or now - state["asked_at"] > 10.0):
+                publisher.send(topics.heartbeats, sc.job, TriggerRequest(job=sc.job, request=uuid.uuid4().hex[:12], reason="load run", requested_at=now))
+                state["asked_at"] = now
+            pipeline.children["processor"].healthy()
+
+        def sample() -> None:
+            while not state["done"]:
+                try:
+                    m = pipeline.metrics("processor")
+                except OSError:
+                    m = {}
+                publisher.poll(0)  # run the delivery reports now: the count is this instant's
+                delivered = dict(publisher.stats.records)
+                samples.append(Sample(
+                    at=time.time() - t0, step=state["step"],
+                    lag_records={t: delivered.get(t, 0) - value(m, "lockstep_records_in_total", topic=t) for t in (topics.heartbeats, topics.features)},
+                    lag_seconds={t: value(m, "lockstep_consumer_lag_seconds", topic=t) for t in (topics.heartbeats, topics.features)},
+                ))  # fmt: skip
+                time.sleep(1.0)
+
+        sampler = threading.Thread(target=sample, name="load-sampler", daemon=True)
+        sampler.start()
+        try:
+            live = run_live(fleet, publisher, control, topics, steps_per_s=steps_per_s, max_steps=int(duration_s * steps_per_s),
+                            stop_after_windows=10**9, progress=progress)  # fmt: skip
+            seconds = time.time() - t0
+            t_end = time.time()
+            done = list(live.windows_done)
+
+            def stored() -> list[str]:
+                return [r[0] for r in query(s.db, "SELECT DISTINCT window_id FROM findings WHERE job = ?", [sc.job])[1]]
+
+            def drained() -> bool:  # every window's findings stored, and every heartbeat consumed
+                m = pipeline.metrics("processor")
+                return set(done) <= set(stored()) and value(m, "lockstep_records_in_total", topic=topics.heartbeats) >= publisher.stats.records[topics.heartbeats]
+
+            if not wait_for(drained, drain_timeout_s, interval_s=0.1):
+                log.warning("not drained after %.0fs; windows not stored: %s", drain_timeout_s, sorted(set(done) - set(stored())))
+            drain_s = time.time() - t_end
+            time.sleep(1.5)  # a last sample after the drain
+        finally:
+            state["done"] = True
+            sampler.join(5)
+        cpu = {name: sum(p.cpu_times()[:2]) - cpu0[name] for name, p in procs.items()}
+        m = pipeline.metrics("processor")
+        publisher.poll(0)
+        unconsumed = {t: publisher.stats.records[t] - value(m, "lockstep_records_in_total", topic=t) for t in (topics.heartbeats, topics.features)}
+        dead = sum(v for (name, _), v in m.items() if name == "lockstep_dead_letters_total")
+        rows = query(s.db, "SELECT window_id, min(epoch(first_seen)), list_distinct(flatten(list(workers))) FROM findings WHERE job = ? GROUP BY window_id",
+                     [sc.job])[1]  # fmt: skip
+        window_latency, culprits = [], {}
+        by_name = {t.window: t for t in live.triggers}
+        for window, first_seen, named in rows:
+            t = by_name.get(window)
+            last_step = t.start_step + t.steps - 1 if t else None
+            if last_step in sent_at:
+                window_latency.append(first_seen - sent_at[last_step])
+            culprits[window] = sorted(named)
+        step_latency = []
+        for v, ts in timestamps(s, topics.stepreports):
+            rep = decode(v)
+            if isinstance(rep, StepReport) and rep.job == sc.job and rep.step in sent_at:
+                step_latency.append(ts - sent_at[rep.step])
+        return LoadResult(
+            workers=workers, steps_per_s=steps_per_s, seconds=seconds, steps=live.steps, windows=done, stored=sorted(culprits),
+            culprits=culprits, published=dict(publisher.stats.records), samples=samples, step_latency_s=step_latency,
+            window_latency_s=window_latency, drain_s=drain_s, unconsumed=unconsumed, cpu_s=cpu, dead_letters=dead, log_dir=log_dir,
+        )  # fmt: skip
+

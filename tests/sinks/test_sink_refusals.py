@@ -1,0 +1,87 @@
+"""The sink never stops on a record its store refuses: it writes the batch one record at a time, sends the
+refused one to the dead-letter topic and moves its offsets past it (else it would stop again on restart)."""
+
+from __future__ import annotations
+
+import duckdb
+import msgspec
+
+from lockstep.schemas.records import DeadLetter, Evidence, Finding, Impact, decode, encode, finding_id
+from lockstep.sinks.sink import Sink
+from lockstep.sinks.store import FindingsStore
+
+
+class Refusing(FindingsStore):
+    """A real store that refuses one finding id, as DuckDB refuses a value it cannot convert."""
+
+    refuse = ""
+
+    def write(self, batch, now=None):
+        if any(f.id == self.refuse for f in batch.findings):
+            raise duckdb.ConversionException("Conversion Error: value out of range")
+        return super().write(batch, now)
+
+
+class Message:
+    def __init__(self, offset: int, value: bytes):
+        self._offset, self._value = offset, value
+
+    def error(self):
+        return None
+
+    def topic(self):
+        return "t.findings"
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return self._offset
+
+    def key(self):
+        return b"j"
+
+    def value(self):
+        return self._value
+
+    def timestamp(self):
+        return (1, 1_800_000_000_000)
+
+
+class Outbox:
+    def __init__(self):
+        self.sent = []
+
+    def send_raw(self, topic, key, value):
+        self.sent.append((topic, key, value))
+
+    def flush(self):
+        pass
+
+
+def finding(worker: int) -> Finding:
+    return Finding(id=finding_id("j", "w1", "worker", [worker], "fwd.gemm", "gpu_slow", None), job="j", window="w1", steps=[1], scope="worker",
+                   workers=[worker], hosts=["h"], devices=[f"h/gpu{worker}"], function="fwd.gemm", function_kind="compute", cause="gpu_slow",
+                   confidence=0.9, evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=9.0)],
+                   impact=Impact(step_time_share=0.1, gpu_hours_per_day=2.0), policy="p@h", created_at=1.8e9, window_steps=1)  # fmt: skip
+
+
+def test_a_refused_record_becomes_a_dead_letter_and_the_rest_is_stored(tmp_path):
+    store = Refusing(tmp_path / "f.duckdb")
+    fs = [finding(w) for w in range(4)]
+    store.refuse = fs[2].id
+    outbox = Outbox()
+    sink = Sink(store, {"bootstrap.servers": "127.0.0.1:9", "group.id": "g"}, ["t.findings"], "t.deadletter", outbox)
+    try:
+        sink.write([Message(10 + i, encode(f)) for i, f in enumerate(fs)])
+    finally:
+        sink.consumer.close()
+    stored = {r[0] for r in store.con.execute("SELECT id FROM findings").fetchall()}
+    assert stored == {f.id for f in fs} - {fs[2].id}
+    assert store.offsets() == {("t.findings", 0): 14}
+    ((topic, key, value),) = outbox.sent
+    dl = decode(value, DeadLetter)
+    assert (topic, key, dl.reason, dl.offset, dl.stage) == ("t.deadletter", b"j", "processing_failed", 12, "sink")
+    assert "findings store refused it" in dl.detail and msgspec.json.decode(dl.payload)["id"] == fs[2].id
+    assert sink.metrics.get("dead_letters_total", reason="processing_failed", stage="sink") == 1
+    store.close()

@@ -1,0 +1,174 @@
+"""Bad input through the processor's stages, in memory: steps and clocks from the future (the detector's
+rule), and the property that every stage raises nothing but RecordError on what it is fed."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from lockstep.producers.simulator.faults import Fault
+from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
+from lockstep.producers.simulator.topology import Topology
+from lockstep.schemas import functions as ft
+from lockstep.schemas.records import FeatureBatch, RecordError, StepHeartbeat, StepReport, decode, encode
+from lockstep.streams.detector import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS, SlowdownDetector
+from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
+from lockstep.streams.policy import Policy
+from lockstep.streams.windows import InOrderAcks, StepAssembler, WindowAssembler
+
+# ------------------------------------------------------------------------------ from the future
+
+
+def beat(step, worker=0, sent=None, job="j"):
+    return StepHeartbeat(job=job, worker=worker, step=step, step_time_s=0.2, host="h", sent_at=1000.0 + 0.2 * step if sent is None else sent)
+
+
+def running(steps=50) -> SlowdownDetector:
+    """A job at step ``steps - 1``, 0.2 s per step, last heard at its last heartbeat's time."""
+    det = SlowdownDetector(Policy())
+    for s in range(steps):
+        for w in range(4):
+            det.observe(beat(s, w), now=1000.0 + 0.2 * s)
+    return det
+
+
+def test_a_step_far_beyond_the_job_is_from_the_future_and_changes_nothing():
+    det = running()
+    now = 1000.0 + 0.2 * 50
+    before = (det.jobs["j"].max_step, det.jobs["j"].last_complete, dict(det.jobs["j"].last_step_of))
+    with pytest.raises(RecordError) as err:
+        det.observe(beat(49 + 10**9, sent=now), now=now)
+    assert err.value.reason == "from_the_future" and "beyond the highest it has shown (49)" in err.value.detail
+    assert (det.jobs["j"].max_step, det.jobs["j"].last_complete, dict(det.jobs["j"].last_step_of)) == before
+    det.observe(beat(50), now=now)  # the real next step is still taken
+    assert det.jobs["j"].max_step == 50
+
+
+def test_the_allowance_grows_with_the_silence_at_the_jobs_own_pace():
+    det = running()
+    heard = 1000.0 + 0.2 * 49
+    assert det.observe(beat(49 + FUTURE_STEPS), now=heard + 0.1) is not None  # a jump of FUTURE_STEPS is taken
+    det = running()
+    silence = 600.0  # ten minutes unheard (a broker outage, say): the job may be 3,000 steps on, 30,000 are allowed
+    det.observe(beat(49 + FUTURE_STEPS + int(FUTURE_PACE * silence / 0.2) - 10), now=heard + silence)
+    det = running()
+    with pytest.raises(RecordError):
+        det.observe(beat(49 + FUTURE_STEPS + int(FUTURE_PACE * silence / 0.2) + 10), now=heard + silence)
+
+
+def test_any_step_of_a_job_not_seen_yet_is_taken():
+    det = SlowdownDetector(Policy())
+    det.observe(beat(10**9, sent=1000.0), now=1000.0)
+    assert det.jobs["j"].max_step == 10**9
+
+
+def test_a_clock_a_day_ahead_is_from_the_future_a_skewed_one_is_not():
+    det = running()
+    now = 1000.0 + 0.2 * 50
+    det.observe(beat(50, sent=now + 3600.0), now=now)  # an hour off: a bad clock, its step time still counts
+    with pytest.raises(RecordError) as err:
+        det.observe(beat(51, sent=now + FUTURE_CLOCK_S + 60), now=now)
+    assert err.value.reason == "from_the_future" and "clock of host 'h' is broken" in err.value.detail
+
+
+# ------------------------------------------------------------------------------ the stages are total
+
+POLICY = Policy()
+FLEET = FleetSimulator(Scenario(job="j", topology=Topology(workers=8, gpus_per_host=8), faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),)))
+WINDOW = Window(60, 2)
+BATCHES = {s: FLEET.feature_batches(FLEET.step(s), FLEET.trigger(WINDOW), sent_at=1.8e9) for s in WINDOW.range}
+ABSURD = st.one_of(st.sampled_from([math.nan, math.inf, -1.0, 0.0, 5e-324, 1e308, 3e38, -(2**31), 2**31 - 1, "", None]), st.floats(allow_nan=True))
+
+
+def steps_stage(payloads: list[bytes]) -> list[bytes]:
+    """The processor's step stage (streams/app.py ``steps`` and ``finish_step``) without Kafka."""
+    acks, asm, out = InOrderAcks(), StepAssembler(5.0), []
+    for i, raw in enumerate(payloads):
+        try:
+            b = decode(raw, FeatureBatch)
+            table = ft.read(b.functions, b.functions_codec)
+        except RecordError:
+            continue
+        closed, _ = asm.add(b, table, len(raw), acks.hold(0, i, None), 0.0)
+        for c in [closed] if closed else []:
+            p = c.pending
+            entries = [p.batches[r] for r in sorted(p.batches)]
+            good = [e for e, err in zip(entries, ft.check_tables([t for _, t, _ in entries])) if err is None]
+            recs = [r for r, _, _ in good]
+            frame = StepFrame.from_tables(p.job, p.window, p.step, [r.worker for r in recs], [r.step_time_us for r in recs],
+                                          [t for _, t, _ in good], POLICY.diagnosis.peer_group_keys, [r.hardware for r in recs])  # fmt: skip
+            out.append(encode(step_report(analyze_step(frame, POLICY.diagnosis), window_start=p.window_start, window_steps=p.window_steps,
+                                          expected_workers=p.expected_workers, bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=c.reason)))  # fmt: skip
+    return out
+
+
+def windows_stage(payloads: list[bytes]) -> list[bytes]:
+    """The processor's window stage (``windows_agent`` and ``finish_window``) without Kafka; open windows close by timeout."""
+    acks, asm, out, closed = InOrderAcks(), WindowAssembler(5.0), [], []
+    for i, raw in enumerate(payloads):
+        try:
+            r = decode(raw, StepReport)
+            c = asm.add(r, step_result(r), acks.hold(0, i, None), 0.0)
+        except RecordError:
+            continue
+        closed += [c] if c else []
+    closed += [asm.close(k, "timeout") for k in asm.due(1e12)]
+    for c in closed:
+        w = c.pending
+        info = WindowInfo(job=w.job, window=w.window, start_step=w.window_start, steps=w.window_steps,
+                          expected_workers=w.expected_workers, tenant=w.tenant, policy=POLICY.ref)  # fmt: skip
+        d = diagnose_window(info, list(w.results.values()), POLICY, now=1.8e9, closed=c.reason, bytes_in=w.bytes_in, history=None)
+        out += [encode(f) for f in d.findings] + [encode(d.report)]
+    return out
+
+
+def test_the_stages_diagnose_the_unspoilt_window():
+    out = [decode(v) for v in windows_stage(steps_stage([encode(b) for s in WINDOW.range for b in BATCHES[s]]))]
+    assert [(f.workers, f.cause) for f in out if f.__struct_config__.tag == "Finding"] == [([3], "gpu_slow")]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_stage_raises_nothing_but_record_errors(data):
+    """One feature batch spoilt (a field, a worker field, a function-table value), then one step report
+    spoilt (a field, a value of its outlier or group table): the stages go on, whatever passes encodes."""
+    payloads = [encode(b) for s in WINDOW.range for b in BATCHES[s]]
+    i = data.draw(st.integers(0, len(payloads) - 1))
+    b = decode(payloads[i])
+    how = data.draw(st.sampled_from(["field", "worker", "table"]))
+    if how == "table":
+        t = ft.unpack(b.functions)
+        name = data.draw(st.sampled_from([n for n in t.column_names if n not in ("function", "kind", "resource")]))
+        col = t.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+        col[data.draw(st.integers(0, len(col) - 1))] = data.draw(st.floats(allow_nan=True))
+        try:
+            t = t.set_column(t.column_names.index(name), name, ft.pa.array(col).cast(t.schema.field(name).type, safe=False))
+        except ft.pa.ArrowInvalid:
+            return
+        payloads[i] = encode(msgspec.structs.replace(b, functions=ft.pack(t)))
+    else:
+        d = msgspec.to_builtins(b, builtin_types=(bytes,))
+        target = d["worker"] if how == "worker" else d
+        target[data.draw(st.sampled_from(sorted(k for k in target if k != "schema")))] = data.draw(ABSURD)
+        payloads[i] = msgspec.msgpack.encode(d)
+    reports = steps_stage(payloads)
+    if reports:
+        j = data.draw(st.integers(0, len(reports) - 1))
+        r = decode(reports[j])
+        which = data.draw(st.sampled_from(["outliers", "groups", "field"]))
+        if which == "field":
+            d = msgspec.to_builtins(r, builtin_types=(bytes,))
+            d[data.draw(st.sampled_from(["step_time_us", "step_time_median_us", "work_max_us", "healthy_work_max_us", "workers_seen"]))] = data.draw(ABSURD)
+            reports[j] = msgspec.msgpack.encode(d)
+        else:
+            t = ft.unpack_ipc(getattr(r, which))
+            if t.num_rows:
+                name = data.draw(st.sampled_from([f.name for f in t.schema if ft.pa.types.is_floating(f.type)]))
+                col = t.column(name).to_numpy(zero_copy_only=False).copy()
+                col[data.draw(st.integers(0, len(col) - 1))] = data.draw(st.floats(allow_nan=True))
+                reports[j] = encode(msgspec.structs.replace(r, **{which: ft.pack(t.set_column(t.column_names.index(name), name, ft.pa.array(col)))}))
+    windows_stage(reports)
