@@ -55,6 +55,13 @@ class Metrics:
             if help:
                 self._help.setdefault(name, help)
 
+    def replace(self, name: str, series: dict[tuple[tuple[str, str], ...], float], help: str = "") -> None:
+        """Set a gauge's whole family at once: series absent from ``series`` disappear (jobs gone)."""
+        with self._lock:
+            self._gauges[name] = {tuple(sorted(k)): v for k, v in series.items()}
+            if help:
+                self._help.setdefault(name, help)
+
     def observe(self, name: str, value: float, help: str = "", buckets: tuple[float, ...] = LATENCY_BUCKETS, **labels: str) -> None:
         """Add one observation to a histogram (buckets are fixed by the first observation)."""
         with self._lock:

@@ -53,6 +53,13 @@ from .windows import ClosedStep, ClosedWindow, InOrderAcks, StepAssembler, Windo
 log = logging.getLogger("lockstep.processor")
 
 TABLES = ("closed_windows", "detector", "job_history")
+#: the host agents' counters (AgentCounters, carried by heartbeats) exported per job as lockstep_agent_<name>
+AGENT_COUNTERS = {
+    "dropped_records": "records the agents dropped because their queue or spool was full",
+    "spooled_records": "records waiting in the agents' spools for Kafka",
+    "refused_triggers": "triggers the agents refused (start step past, or overlapping a window)",
+    "failed_windows": "accepted windows the agents could not profile or summarise",
+}
 
 
 def changelog_topics(app_id: str) -> list[str]:
@@ -240,6 +247,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             m.set("triggers_suppressed", n, code=code, help="automatic windows not opened, by the policy check that stopped them")
         m.set("detector_jobs", len(st.detector.jobs), help="jobs the detector follows")
         m.set("detector_open_windows", st.detector.open_windows(now), help="windows open or scheduled by this processor")
+        counters = st.detector.agent_counters()
+        for name, what in AGENT_COUNTERS.items():
+            m.replace(f"agent_{name}", {(("job", job),): getattr(c, name) for job, c in counters.items()},
+                      help=f"{what}, summed over the job's workers as their agents last reported (jobs this processor follows)")  # fmt: skip
 
     async def report_lag() -> None:
         """Records behind per partition from the high watermarks the fetches carry (a lower bound where the

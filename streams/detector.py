@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..schemas.records import ProfileTrigger, RecordError, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
+import msgspec
+
+from ..schemas.records import AgentCounters, ProfileTrigger, RecordError, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
 from .policy import Policy
 
 #: a window counts as open until the job passes its last step, or at least this long
@@ -88,6 +90,7 @@ class JobState:
     tick_at: float = 0.0  # last hang check requested
     windows: list[Window] = field(default_factory=list)  # open ones and the last closed one
     trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
+    agents: dict[int, AgentCounters] = field(default_factory=dict)  # worker -> its agent's last counters (sent on change)
 
 
 class SlowdownDetector:
@@ -120,6 +123,15 @@ class SlowdownDetector:
         for job in jobs:
             self.jobs.pop(job, None)
 
+    def agent_counters(self) -> dict[str, AgentCounters]:
+        """Per job, its agents' counters summed over the workers that reported any (agents send them on change)."""
+        fields = AgentCounters.__struct_fields__
+        return {
+            job: AgentCounters(**{f: sum(getattr(c, f) for c in st.agents.values()) for f in fields})
+            for job, st in self.jobs.items()
+            if st.agents
+        }
+
     def forget_idle(self, now: float) -> list[str]:
         gone = [j for j, st in self.jobs.items() if now - st.last_seen_at > FORGET_AFTER_S]
         self.drop(gone)
@@ -142,6 +154,8 @@ class SlowdownDetector:
         if hb.trigger_window and isinstance(hb.trigger_latency_s, float):  # an agent's echo of a trigger
             self._echo(st, hb.trigger_window, hb.trigger_latency_s)
         st.last_step_of[hb.worker] = max(hb.step, st.last_step_of.get(hb.worker, -1))
+        if hb.agent is not msgspec.UNSET:
+            st.agents[hb.worker] = hb.agent
         if hb.final:
             st.ended = True
             return []

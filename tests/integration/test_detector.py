@@ -28,7 +28,7 @@ from lockstep.kafka import consumer_config, ensure_topics, features_key, produce
 from lockstep.producers.publisher import Publisher
 from lockstep.runtime import Child, settings_flags
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import FeatureBatch, ProfileTrigger, StepHeartbeat, WindowReport, WorkerMeta, decode
+from lockstep.schemas.records import AgentCounters, FeatureBatch, ProfileTrigger, StepHeartbeat, WindowReport, WorkerMeta, decode
 from lockstep.streams.app import changelog_topics
 from lockstep.streams.policy import load_policy
 
@@ -290,3 +290,18 @@ def test_a_policy_edit_takes_effect_without_a_restart(rig):
     (t,) = rig.control.wait("mild")
     assert t.policy_hash == new.hash and t.kind == "slowdown"
     mild.stop = "final"
+
+
+def test_the_agents_counters_are_exported_per_job(rig):
+    job = rig.driver.add("spooling")
+    rig.wait_step(job, 5)
+    for w, dropped in ((1, 7), (3, 5)):  # two agents report what their bounded spools had to drop
+        hb = StepHeartbeat(job="spooling", worker=w, step=job.step, step_time_s=0.02, host=f"h{w}", sent_at=time.time(),
+                           agent=AgentCounters(dropped_records=dropped, spooled_records=2))  # fmt: skip
+        rig.driver.pub.send(rig.driver.topic, "spooling", hb)
+    want = ['lockstep_agent_dropped_records{job="spooling"} 12', 'lockstep_agent_spooled_records{job="spooling"} 4']
+    deadline = time.monotonic() + 10
+    while not all(line in rig.metrics() for line in want):
+        assert time.monotonic() < deadline, [line for line in rig.metrics().splitlines() if "agent_" in line]
+        time.sleep(0.2)
+    job.stop = "final"

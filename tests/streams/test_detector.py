@@ -199,3 +199,18 @@ def test_the_optional_heartbeat_fields_cost_nothing_when_unset():
     assert b"trigger" not in plain and b"final" not in plain  # the always-on signal stays as small as before
     echo = decode(encode(hb("j", 0, 1, 0.2, 1000.0, trigger_window="w9", trigger_latency_s=0.0, final=True)))
     assert (echo.trigger_window, echo.trigger_latency_s, echo.final) == ("w9", 0.0, True)
+
+
+def test_agents_counters_are_summed_per_job_from_each_workers_latest_report():
+    from lockstep.schemas.records import AgentCounters
+
+    det = SlowdownDetector(Policy())
+    feed(det, "j", np.full(3, 0.2))
+    assert det.agent_counters() == {}  # no agent reported trouble
+    det.observe(hb("j", 1, 3, 0.2, 1000.6, agent=AgentCounters(dropped_records=3, spooled_records=40)), now=1000.6)
+    det.observe(hb("j", 2, 3, 0.2, 1000.6, agent=AgentCounters(spooled_records=10, failed_windows=1)), now=1000.6)
+    det.observe(hb("j", 1, 4, 0.2, 1000.8, agent=AgentCounters(dropped_records=5)), now=1000.8)  # worker 1's spool drained
+    det.observe(hb("j", 2, 4, 0.2, 1000.8), now=1000.8)  # unchanged counters are not re-sent: the last report stands
+    assert det.agent_counters() == {"j": AgentCounters(dropped_records=5, spooled_records=10, failed_windows=1)}
+    det.drop(["j"])
+    assert det.agent_counters() == {}
