@@ -25,6 +25,20 @@ class ConfigError(ValueError):
     """A setting is missing, malformed or out of range."""
 
 
+def read_yaml_mapping(path: Path, what: str, error: type[Exception] = ConfigError) -> dict:
+    """A YAML file whose top level is a mapping (empty: ``{}``); any problem raises ``error`` in one
+    line that starts with ``what`` (the file, as the user knows it)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise error(f"{what}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise error(f"{what}: expected a mapping at the top level")
+    return data
+
+
 def _pos_int(v: Any) -> int:
     iv = int(v)
     if iv < 1:
@@ -165,14 +179,7 @@ def load(args: argparse.Namespace | None = None, env: dict[str, str] | None = No
     cfg_path = getattr(args, "config", None) or env.get("LOCKSTEP_CONFIG")
     if cfg_path:
         path = Path(cfg_path)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
+        data = read_yaml_mapping(path, f"config file {path}")
         for key, raw in data.items():
             name = str(key).replace("-", "_")
             if name not in _FIELDS:

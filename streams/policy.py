@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ..config import read_yaml_mapping
 
 log = logging.getLogger("lockstep.policy")
 
@@ -165,14 +165,7 @@ def load_policy(path: Path | str | None) -> Policy:
     if path is None:
         return Policy()
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise PolicyError(f"policy {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"policy {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise PolicyError(f"policy {path}: expected a mapping at the top level")
+    data = read_yaml_mapping(path, f"policy {path}", PolicyError)
     known = ("id", "version", "detector", "diagnosis", "jobs")
     unknown = set(data) - set(known)
     if unknown:

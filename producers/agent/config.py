@@ -18,10 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ... import config as lockstep_config
-from ...config import ConfigError
+from ...config import ConfigError, read_yaml_mapping
 from .redact import Redaction
 
 ENV_PREFIX = "LOCKSTEP_AGENT_"
@@ -150,14 +148,7 @@ def load(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = N
 
     path = env.get(ENV_PREFIX + "CONFIG")
     if path:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"agent config file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"agent config file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"agent config file {path}: expected a mapping of settings at the top level")
+        data = read_yaml_mapping(Path(path), f"agent config file {path}")
         for key, raw in data.items():
             name = str(key).replace("-", "_")
             if name not in FIELDS:
