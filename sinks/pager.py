@@ -37,7 +37,7 @@ import pyarrow as pa
 from ..metrics import Metrics
 from .paging import Page, backoff_s, payload, plan, retryable, sign, wire_body
 from .routes import Paging, Route
-from .store import FindingsStore, epoch_us, upsert
+from .store import FindingsStore, epoch_us, transaction, upsert
 
 log = logging.getLogger("lockstep.pager")
 
@@ -136,52 +136,47 @@ class Pager:
         """Plan the deliveries of every event after the cursor; one transaction.  Returns how many."""
         con = self.store.con.cursor()
         try:
-            con.execute("BEGIN TRANSACTION")
-            last = con.execute("SELECT last_seq FROM pager_cursor WHERE name = ?", [CURSOR]).fetchone()[0]
-            events = con.execute(
-                """
-                SELECT e.seq, e.incident_id, e.tenant, e.job, e.action, e.reason, epoch(e.occurred_at), f.record, i.occurrence
-                FROM incident_events e JOIN incidents i ON i.id = e.incident_id LEFT JOIN findings f ON f.id = e.finding_id
-                WHERE e.seq > ? ORDER BY e.seq
-                """,
-                [last],
-            ).fetchall()
-            if not events:
-                con.execute("COMMIT")
-                return 0
-            ids = sorted({e[1] for e in events})
-            triggered: dict[str, dict[str, str]] = {}
-            for iid, route, status in con.execute(
-                "SELECT incident_id, route, status FROM webhook_deliveries WHERE action = 'trigger' AND list_contains(?, incident_id)", [ids]
-            ).fetchall():
-                triggered.setdefault(iid, {})[route] = status
-            now = self.clock()
-            rows = []
-            for seq, iid, tenant, job, action, reason, occurred_at, record, occurrence in events:
-                if record is None:
-                    log.warning("incident event %d names a finding that is not stored; no page", seq)
-                    continue
-                finding = json.loads(record)
-                for route, what in plan(action, finding, self.paging.routes, triggered.get(iid, {})):
-                    severity = route.severity_of(finding)
-                    page = Page(what, iid, occurrence, finding, severity, reason, occurred_at)
-                    rows.append(
-                        {
-                            "id": delivery_id(seq, route.name), "event_seq": seq, "route": route.name, "receiver": route.receiver,
-                            "action": what, "incident_id": iid, "tenant": tenant, "job": job, "severity": severity,
-                            "status": "pending", "attempts": 0, "next_attempt_at": epoch_us(now), "created_at": epoch_us(now),
-                            "payload": json.dumps(payload(route, page)),
-                        }
-                    )  # fmt: skip
-                    if what == "trigger":
-                        triggered.setdefault(iid, {})[route.name] = "pending"
-            if rows:
-                upsert(con, "webhook_deliveries", pa.Table.from_pylist(rows, schema=_DELIVERY_SCHEMA), ("id",), keep=tuple(_DELIVERY_SCHEMA.names))
-            con.execute("UPDATE pager_cursor SET last_seq = ? WHERE name = ?", [events[-1][0], CURSOR])
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
+            with transaction(con):
+                last = con.execute("SELECT last_seq FROM pager_cursor WHERE name = ?", [CURSOR]).fetchone()[0]
+                events = con.execute(
+                    """
+                    SELECT e.seq, e.incident_id, e.tenant, e.job, e.action, e.reason, epoch(e.occurred_at), f.record, i.occurrence
+                    FROM incident_events e JOIN incidents i ON i.id = e.incident_id LEFT JOIN findings f ON f.id = e.finding_id
+                    WHERE e.seq > ? ORDER BY e.seq
+                    """,
+                    [last],
+                ).fetchall()
+                if not events:
+                    return 0
+                ids = sorted({e[1] for e in events})
+                triggered: dict[str, dict[str, str]] = {}
+                for iid, route, status in con.execute(
+                    "SELECT incident_id, route, status FROM webhook_deliveries WHERE action = 'trigger' AND list_contains(?, incident_id)", [ids]
+                ).fetchall():
+                    triggered.setdefault(iid, {})[route] = status
+                now = self.clock()
+                rows = []
+                for seq, iid, tenant, job, action, reason, occurred_at, record, occurrence in events:
+                    if record is None:
+                        log.warning("incident event %d names a finding that is not stored; no page", seq)
+                        continue
+                    finding = json.loads(record)
+                    for route, what in plan(action, finding, self.paging.routes, triggered.get(iid, {})):
+                        severity = route.severity_of(finding)
+                        page = Page(what, iid, occurrence, finding, severity, reason, occurred_at)
+                        rows.append(
+                            {
+                                "id": delivery_id(seq, route.name), "event_seq": seq, "route": route.name, "receiver": route.receiver,
+                                "action": what, "incident_id": iid, "tenant": tenant, "job": job, "severity": severity,
+                                "status": "pending", "attempts": 0, "next_attempt_at": epoch_us(now), "created_at": epoch_us(now),
+                                "payload": json.dumps(payload(route, page)),
+                            }
+                        )  # fmt: skip
+                        if what == "trigger":
+                            triggered.setdefault(iid, {})[route.name] = "pending"
+                if rows:
+                    upsert(con, "webhook_deliveries", pa.Table.from_pylist(rows, schema=_DELIVERY_SCHEMA), ("id",), keep=tuple(_DELIVERY_SCHEMA.names))
+                con.execute("UPDATE pager_cursor SET last_seq = ? WHERE name = ?", [events[-1][0], CURSOR])
         finally:
             con.close()
         if rows:

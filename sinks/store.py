@@ -17,6 +17,8 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -319,6 +321,18 @@ def triggers_table(triggers: list[ProfileTrigger]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=_TRIGGER_SCHEMA)
 
 
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """BEGIN ... COMMIT, or ROLLBACK and re-raise."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
 def upsert(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, key: tuple[str, ...], keep: tuple[str, ...] = ()) -> None:
     """INSERT the Arrow rows; on a key conflict update every column except ``key`` and ``keep``."""
     cols = ", ".join(f'"{c}"' for c in rows.column_names)
@@ -359,17 +373,12 @@ class FindingsStore:
         for version, description, sql in MIGRATIONS:
             if version in done:
                 continue
-            con.execute("BEGIN TRANSACTION")
-            try:
+            with transaction(con):
                 con.execute(sql)
                 if version == 2:
                     self._backfill_incidents()
                 con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [version, description])
-                con.execute("COMMIT")
-                log.info("migrated %s to version %d: %s", self.path, version, description)
-            except Exception:
-                con.execute("ROLLBACK")
-                raise
+            log.info("migrated %s to version %d: %s", self.path, version, description)
         return max((v for v, _, _ in MIGRATIONS), default=0)
 
     def offsets(self) -> dict[tuple[str, int], int]:
@@ -385,8 +394,7 @@ class FindingsStore:
         findings = list({f.id: f for f in batch.findings}.values())
         windows = list({(w.job, w.window): w for w in batch.windows}.values())
         triggers = list({(t.job, t.window): t for t in batch.triggers}.values())
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with transaction(con):
             known = set()
             if findings:
                 ids = [f.id for f in findings]
@@ -404,27 +412,18 @@ class FindingsStore:
                 upsert(con, "sink_offsets", pa.table(offsets), ("topic", "partition"))
             events += self._on_windows(incidents)
             self._save(incidents, events)
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
         return events
 
     def expire(self, now: float | None = None) -> list[Event]:
         """Resolve open incidents that no window has seen for ``policy.stale_after_s`` (one transaction)."""
         now = time.time() if now is None else now
         con = self.con
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with transaction(con):
             stale = self._incidents("status = 'open' AND epoch(last_seen_at) <= ?", [now - self.policy.stale_after_s])
             changes = on_clock(stale, now, self.policy)
             incidents = {inc.id: inc for inc, _ in changes}
             events = [ev for _, ev in changes]
             self._save(incidents, events)
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
         return events
 
     # -------------------------------------------------------------- incidents (inside the caller's transaction)
