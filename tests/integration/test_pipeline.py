@@ -1,5 +1,8 @@
 """The pipeline as separate processes against a real broker: the finding lands in DuckDB."""
 
+import re
+from pathlib import Path
+
 import duckdb
 import pytest
 
@@ -36,3 +39,13 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     reports = [decode(v, StepReport) for _, v in recs[topics.stepreports]]
     assert sorted(r.step for r in reports) == list(range(trigger.start_step, trigger.start_step + trigger.steps))
     assert {t.topic: t.records for t in res.topics}[topics.findings] == 1
+
+    # every SQL example of the README runs on the file the demo leaves, and the main ones find the fault
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    examples = [q for q in re.findall(r'lockstep query (?:--tenant \S+ )?"(.*?)"', readme, re.S) if q.lstrip().upper().startswith("SELECT")]
+    assert len(examples) >= 10
+    answers = {q: con.execute(q).fetchall() for q in examples}
+    by_view = {name: rows for q, rows in answers.items() for name in re.findall(r"FROM (\w+)", q)}
+    assert by_view["findings"] and by_view["open_findings"] and by_view["incident_events"]
+    assert by_view["top_culprits"][0][:2] == ("node0001", "node0001/gpu5")
+    assert by_view["gpu_hours_lost_by_cause"][0][0] == "gpu_throttle_thermal"
