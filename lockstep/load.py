@@ -53,7 +53,7 @@ log = logging.getLogger("lockstep.load")
 
 POLICY = """\
 id: load
-detector: {cooldown_steps: 0, window_steps: 8, max_windows_per_job: 1, slowdown_threshold: 10.0, hang_min_s: 3600}
+detector: {cooldown_steps: 0, window_steps: 8, max_windows_per_job: 1, slowdown_threshold: 10.0, hang_min_s: 3600, baseline_every_steps: 0}
 """
 
 

@@ -178,7 +178,7 @@ class ProfileTrigger(_Record, tag="ProfileTrigger", kw_only=True):
     reason: str = ""
     created_at: Timestamp = 0.0  # unix seconds on the processor's clock
     tenant: str = ""
-    kind: Literal["slowdown", "hang", "manual"] = "slowdown"  # what opened the window
+    kind: Literal["slowdown", "hang", "manual", "baseline"] = "slowdown"  # what opened the window
     request: str = ""  # the TriggerRequest this window answers (manual windows)
 
     @property

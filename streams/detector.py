@@ -10,6 +10,9 @@ the triggers (and refusals) to publish; the faust agent around it does the I/O.
   ``hang_min_s``).  No heartbeat arrives during a hang, so the processor's timer
   asks for a check (:meth:`SlowdownDetector.due_ticks`, then :meth:`tick` inside
   the stream).  The window starts at the first step no worker can have begun.
+- **Baseline.** A healthy job is profiled ``baseline_every_steps`` after its last
+  window (or after the detector first saw it): the job's own healthy past, which
+  job-wide regressions are judged against.
 - **Operators** ask for a window (:meth:`request`) and get it or a refusal.
 
 Every window passes the same policy checks: job selectors, windows open per job,
@@ -81,6 +84,7 @@ class JobState:
     clock_worker: int | None = None
     newest_sent_at: float = 0.0
     max_step: int = -1
+    first_step: int = -1  # the first step judged: a job that never had a window counts from here
     last_complete: int = -1
     lag_s: deque = field(default_factory=lambda: deque(maxlen=64))  # heartbeat arrival lag, processor clock - worker clock
     last_progress_at: float = 0.0  # processor clock when max_step last advanced
@@ -215,6 +219,8 @@ class SlowdownDetector:
                 st.counts.append(len(agg.workers))
                 st.expected = max(st.counts)
                 st.last_complete = max(st.last_complete, s)
+                if st.first_step < 0:
+                    st.first_step = s
                 del st.steps[s]
                 done = True
             else:
@@ -233,9 +239,21 @@ class SlowdownDetector:
         baseline = float(np.percentile(earlier, 25))
         recent = float(np.median(h[-dp.recent_steps :]))  # a median: one hiccup is not a slowdown
         if not recent > baseline * (1.0 + dp.slowdown_threshold):
-            return []
+            return self._baseline(st, now)
         reason = f"slowdown: median of last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms (+{(recent / baseline - 1) * 100:.0f}%)"
         return self._automatic(st, now, "slowdown", reason, st.max_step + self.margin_steps(st))
+
+    def _baseline(self, st: JobState, now: float) -> list[ProfileTrigger]:
+        """A healthy job is profiled now and then, so that the window stage has the job's own healthy past
+        to compare with (a job-wide regression has no outlier, and one present from the job's start never
+        looks like a slowdown).  Not counted when refused: it is due again at the next step."""
+        every = self.policy.detector.baseline_every_steps
+        since = max((w.end for w in st.windows), default=st.first_step)
+        if every <= 0 or st.max_step - since < every:
+            return []
+        reason = f"baseline: {st.max_step - since} steps since " + ("the last window" if st.windows else "the detector first saw the job")
+        decision = self._decide(st, now, "baseline", reason, st.max_step + self.margin_steps(st), self.policy.detector.window_steps)
+        return [decision] if isinstance(decision, ProfileTrigger) else []
 
     def _automatic(self, st: JobState, now: float, kind: str, reason: str, start: int) -> list[ProfileTrigger]:
         decision = self._decide(st, now, kind, reason, start, self.policy.detector.window_steps)

@@ -39,6 +39,7 @@ class DetectorPolicy:
     window_steps: int = 8  # steps per profiling window
     max_window_steps: int = 64  # longest window `lockstep trigger --steps` may ask for
     cooldown_steps: int = 200  # no new window for this many steps after one ended
+    baseline_every_steps: int = 2000  # a healthy job is profiled this many steps after its last window (0: never)
     control_latency_s: float = 1.0  # control-topic latency assumed until agents have echoed a trigger
     min_margin_steps: int = 2  # start at least this many steps ahead
     max_windows_per_job: int = 1  # windows of one job open (or scheduled) at once

@@ -214,3 +214,28 @@ def test_agents_counters_are_summed_per_job_from_each_workers_latest_report():
     assert det.agent_counters() == {"j": AgentCounters(dropped_records=5, spooled_records=10, failed_windows=1)}
     det.drop(["j"])
     assert det.agent_counters() == {}
+
+
+def test_a_healthy_job_gets_a_baseline_window_every_so_many_steps_after_its_last_window():
+    det = SlowdownDetector(policy(baseline_steps=10, recent_steps=3, baseline_every_steps=100, cooldown_steps=20, window_steps=4))
+    step_times = np.full(400, 0.2)
+    step_times[150:180] = 0.3  # a slowdown in between: its window resets the count
+    triggers = feed(det, "j", step_times)
+    kinds = [(t.kind, t.start_step) for t in triggers]
+    first = det.jobs["j"].first_step
+    assert [k for k, _ in kinds] == ["baseline", "slowdown", "baseline", "baseline"], kinds
+    (b1, _), (s1, _), (b2, _), (b3, _) = [(t, t.start_step) for t in triggers]
+    assert b1.start_step >= first + 100 and "since the detector first saw the job" in b1.reason
+    assert 150 < s1.start_step < 180  # the slowdown, a margin ahead
+    assert b2.start_step >= s1.start_step + s1.steps + 100 and "since the last window" in b2.reason  # counted from the slowdown window's end
+    assert b3.start_step >= b2.start_step + b2.steps + 100
+
+
+def test_no_baseline_window_while_the_job_is_slow_or_when_switched_off():
+    off = SlowdownDetector(policy(baseline_steps=10, recent_steps=3, baseline_every_steps=0))
+    assert feed(off, "j", np.full(400, 0.2)) == []
+    slow = SlowdownDetector(policy(baseline_steps=10, recent_steps=3, baseline_every_steps=50, cooldown_steps=1000))
+    times = np.full(300, 0.2)
+    times[40:] = 0.3  # slow from step 40 on, and the cool-down keeps its window the only one
+    triggers = feed(slow, "j", times)
+    assert [t.kind for t in triggers] == ["slowdown"]
