@@ -28,6 +28,8 @@ def run(args) -> int:
     from ..output import findings_table, print_json, table
     from ..producers.simulator.faults import CATALOGUE
     from ..producers.simulator.fleet import Scenario
+    from ..sinks.report import render
+    from .report import gather
 
     settings = config.load(args)
     setup_logging("WARNING" if args.json else settings.log_level)
@@ -56,5 +58,8 @@ def run(args) -> int:
               f"coverage {w['coverage']:.0%} of {w['expected_workers']} workers, {w['bytes_per_worker'] / 1024:.1f} KiB per worker, closed {w['closed']}.")  # fmt: skip
     print("\nThrough Kafka:\n")
     print(table(["topic", "records", "bytes"], [(t.topic, t.records, t.bytes) for t in res.topics]))
-    print(f"\nDone in {res.seconds:.1f}s. Try: lockstep findings --db {res.db}   or   lockstep query \"SELECT cause, count(*) FROM findings GROUP BY cause\"")
+    page = Path(res.db).with_name(f"{Path(res.db).stem}-report.html")
+    page.write_text(render(*gather(res.db), title=f"Lockstep demo: {scenario.job}", scope=f"the demo's {res.db}"))
+    print(f"\nDone in {res.seconds:.1f}s. Pictures of the finding: open {page}")
+    print(f"Try: lockstep findings --db {res.db}   or   lockstep query \"SELECT cause, count(*) FROM findings GROUP BY cause\"")
     return 0

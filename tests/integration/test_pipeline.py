@@ -49,3 +49,13 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     assert by_view["findings"] and by_view["open_findings"] and by_view["incident_events"]
     assert by_view["top_culprits"][0][:2] == ("node0001", "node0001/gpu5")
     assert by_view["gpu_hours_lost_by_cause"][0][0] == "gpu_throttle_thermal"
+
+    # the HTML report reads the same file: the finding's evidence and the window, as pictures
+    from lockstep.commands.report import gather
+    from lockstep.sinks.report import render
+
+    con.close()
+    found, windows, causes = gather(settings.db)
+    assert [f.devices for f in found] == [["node0001/gpu5"]] and len(windows) == 1 and causes[0].cause == "gpu_throttle_thermal"
+    page = render(found, windows, causes)
+    assert page.count("<svg") == 4 and "node0001/gpu5" in page

@@ -18,6 +18,8 @@ def lockstep(*args, cwd=None):
         (["processor", "--partitions", "zero"], "partitions"),
         (["demo", "--fault", "meteor"], "--fault"),
         (["findings", "--since", "yesterday-ish", "--db", "{db}"], "--since"),
+        (["report", "--db", "/nonexistent/x.duckdb"], "does not exist"),
+        (["report", "--db", "{db}", "--out", "/nonexistent/dir/r.html"], "--out"),
     ],
 )
 def test_errors_are_one_line(tmp_path, args, needle):
@@ -75,6 +77,11 @@ def test_tenant_flag_limits_query_and_findings(tmp_path):
     r = lockstep("findings", "--db", str(db), "--tenant", "globex", "--open", "--json")
     assert r.returncode == 0, r.stderr
     assert [x["id"] for x in json.loads(r.stdout)] == ["b"]
+    page = tmp_path / "acme.html"
+    r = lockstep("report", "--db", str(db), "--tenant", "acme", "--out", str(page), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"out": str(page), "findings": 1, "windows": 0}
+    assert "job-acme" in page.read_text() and "job-globex" not in page.read_text()
 
 
 def test_a_bad_routes_file_stops_the_sink_with_one_line(tmp_path):
