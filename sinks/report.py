@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..schemas.records import Finding
 
-BAD, PEER, HELD, EMPTY, INK = "#c0392b", "#95a5a6", "#c0392b", "#ecf0f1", "#2c3e50"
+BAD, PEER, EMPTY = "#c0392b", "#95a5a6", "#ecf0f1"  # the culprit (and the steps it held in), its peers, steps it did not
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def step_strip(held: list[int], start: int, steps: int, cell: int = 16) -> str:
     steps = min(steps, 64)
     marked = set(held)
     boxes = "".join(
-        f'<rect x="{i * (cell + 2)}" y="0" width="{cell}" height="{cell}" fill="{HELD if start + i in marked else EMPTY}">'
+        f'<rect x="{i * (cell + 2)}" y="0" width="{cell}" height="{cell}" fill="{BAD if start + i in marked else EMPTY}">'
         f"<title>step {start + i}: {'held' if start + i in marked else 'not seen'}</title></rect>"
         for i in range(steps)
     )
