@@ -227,6 +227,14 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             FROM windows GROUP BY tenant, job;
         """,
     ),
+    (
+        3,
+        "triggers.kind: what opened each window (slowdown, hang, manual, baseline)",
+        """
+        ALTER TABLE triggers ADD COLUMN kind VARCHAR;
+        UPDATE triggers SET kind = nullif(regexp_extract(reason, '^(slowdown|hang|manual|baseline)', 1), '');
+        """,
+    ),
 ]
 
 
@@ -260,6 +268,7 @@ _TRIGGER_SCHEMA = pa.schema(
         ("job", pa.string()), ("window_id", pa.string()), ("tenant", pa.string()), ("start_step", pa.int64()),
         ("steps", pa.int32()), ("expected_workers", pa.int32()), ("policy", pa.string()), ("reason", pa.string()),
         ("hardware_hz", pa.float64()), ("record_shapes", pa.bool_()), ("with_stack", pa.bool_()), ("created_at", pa.timestamp("us")),
+        ("kind", pa.string()),
     ]
 )  # fmt: skip
 _INCIDENT_SCHEMA = pa.schema(
@@ -314,7 +323,7 @@ def triggers_table(triggers: list[ProfileTrigger]) -> pa.Table:
             "job": t.job, "window_id": t.window, "tenant": t.tenant, "start_step": t.start_step, "steps": t.steps,
             "expected_workers": t.expected_workers, "policy": t.policy_ref, "reason": t.reason,
             "hardware_hz": t.sampling.hardware_hz, "record_shapes": t.sampling.record_shapes,
-            "with_stack": t.sampling.with_stack, "created_at": epoch_us(t.created_at),
+            "with_stack": t.sampling.with_stack, "created_at": epoch_us(t.created_at), "kind": t.kind,
         }
         for t in triggers
     ]  # fmt: skip

@@ -51,7 +51,7 @@ def test_migrations_are_versioned_and_idempotent(tmp_path):
     path = tmp_path / "f.duckdb"
     FindingsStore(path).close()
     store = FindingsStore(path)
-    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,)]
+    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,), (3,)]
 
 
 def test_query_refuses_writes(tmp_path):
@@ -150,7 +150,7 @@ def test_migrates_a_version_1_file_and_builds_its_incidents(tmp_path):
     con.close()
 
     store = FindingsStore(path)
-    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,)]
+    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,), (3,)]
     inc = store.con.execute("SELECT id, status, first_finding, windows FROM incidents").fetchall()
     assert len(inc) == 1 and inc[0][1:] == ("open", "f1", 1)
     assert store.con.execute("SELECT incident_id FROM findings").fetchall() == [(inc[0][0],)]
@@ -159,7 +159,7 @@ def test_migrates_a_version_1_file_and_builds_its_incidents(tmp_path):
     assert store.con.execute("SELECT id FROM open_findings").fetchall() == [("f1",)]
     store.write(Batch([finding(fid="f2")], [], {}))  # and it keeps working
     store.close()
-    assert FindingsStore(path).con.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == 2
+    assert FindingsStore(path).con.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == 3
 
 
 def test_profiling_triggers_are_stored(tmp_path):
@@ -167,10 +167,27 @@ def test_profiling_triggers_are_stored(tmp_path):
 
     store = FindingsStore(tmp_path / "f.duckdb")
     t = ProfileTrigger(job="j", window="w1", start_step=100, steps=8, expected_workers=64, policy="default", policy_hash="abc",
-                       reason="step time +25%", created_at=1_800_000_000.0, tenant="acme")  # fmt: skip
+                       reason="step time +25%", created_at=1_800_000_000.0, tenant="acme", kind="baseline")  # fmt: skip
     store.write(Batch([], [], {("t.control", 0): 1}, triggers=[t, t]))
-    row = store.con.execute("SELECT job, window_id, tenant, start_step, steps, policy, reason, hardware_hz, epoch(created_at) FROM triggers").fetchall()
-    assert row == [("j", "w1", "acme", 100, 8, "default@abc", "step time +25%", 100.0, 1_800_000_000.0)]
+    row = store.con.execute("SELECT job, window_id, tenant, start_step, steps, policy, reason, hardware_hz, epoch(created_at), kind FROM triggers").fetchall()
+    assert row == [("j", "w1", "acme", 100, 8, "default@abc", "step time +25%", 100.0, 1_800_000_000.0, "baseline")]
+
+
+def test_a_version_2_file_learns_each_triggers_kind_from_its_reason(tmp_path):
+    from lockstep.sinks.store import MIGRATIONS
+
+    path = tmp_path / "v2.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description VARCHAR, applied_at TIMESTAMP)")
+    for version, description, sql in MIGRATIONS[:2]:
+        con.execute(sql)
+        con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [version, description])
+    for window, reason in (("w1", "slowdown: median of last 5 steps ..."), ("w2", "manual (by ops)"), ("w3", "hang: no progress"), ("w4", "odd")):
+        con.execute("INSERT INTO triggers (job, window_id, tenant, reason) VALUES ('j', ?, '', ?)", [window, reason])
+    con.close()
+    store = FindingsStore(path)
+    kinds = store.con.execute("SELECT window_id, kind FROM triggers ORDER BY window_id").fetchall()
+    assert kinds == [("w1", "slowdown"), ("w2", "manual"), ("w3", "hang"), ("w4", None)]
 
 
 def fnd(fid, job="j", window_="w1", steps=(100, 101), workers=(3,), devices=("h1/gpu3",), hosts=("h1",), cause="gpu_slow",
