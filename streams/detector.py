@@ -29,9 +29,8 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
 import msgspec
+import numpy as np
 
 from ..schemas.records import AgentCounters, ProfileTrigger, RecordError, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
 from .policy import Policy
@@ -85,6 +84,7 @@ class JobState:
     newest_sent_at: float = 0.0
     max_step: int = -1
     first_step: int = -1  # the first step judged: a job that never had a window counts from here
+    baseline_after: int = -1  # no baseline window is asked for before this step (backs off after a refusal)
     last_complete: int = -1
     lag_s: deque = field(default_factory=lambda: deque(maxlen=64))  # heartbeat arrival lag, processor clock - worker clock
     last_progress_at: float = 0.0  # processor clock when max_step last advanced
@@ -246,14 +246,18 @@ class SlowdownDetector:
     def _baseline(self, st: JobState, now: float) -> list[ProfileTrigger]:
         """A healthy job is profiled now and then, so that the window stage has the job's own healthy past
         to compare with (a job-wide regression has no outlier, and one present from the job's start never
-        looks like a slowdown).  Not counted when refused: it is due again at the next step."""
+        looks like a slowdown).  Not counted when refused, but tried again only a tenth of the interval later:
+        with the fleet limit reached, thousands of due jobs would otherwise each check it at every step."""
         every = self.policy.detector.baseline_every_steps
         since = max((w.end for w in st.windows), default=st.first_step)
-        if every <= 0 or st.max_step - since < every:
+        if every <= 0 or st.max_step - since < every or st.max_step < st.baseline_after:
             return []
         reason = f"baseline: {st.max_step - since} steps since " + ("the last window" if st.windows else "the detector first saw the job")
         decision = self._decide(st, now, "baseline", reason, st.max_step + self.margin_steps(st), self.policy.detector.window_steps)
-        return [decision] if isinstance(decision, ProfileTrigger) else []
+        if isinstance(decision, ProfileTrigger):
+            return [decision]
+        st.baseline_after = st.max_step + max(1, every // 10)
+        return []
 
     def _automatic(self, st: JobState, now: float, kind: str, reason: str, start: int) -> list[ProfileTrigger]:
         decision = self._decide(st, now, kind, reason, start, self.policy.detector.window_steps)

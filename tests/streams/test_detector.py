@@ -239,3 +239,14 @@ def test_no_baseline_window_while_the_job_is_slow_or_when_switched_off():
     times[40:] = 0.3  # slow from step 40 on, and the cool-down keeps its window the only one
     triggers = feed(slow, "j", times)
     assert [t.kind for t in triggers] == ["slowdown"]
+
+
+def test_a_refused_baseline_window_backs_off_instead_of_asking_at_every_step():
+    det = SlowdownDetector(policy(baseline_steps=10, recent_steps=3, baseline_every_steps=100, max_windows_fleet=1, window_steps=4))
+    feed(det, "busy", np.full(20, 0.2))  # another job holds the fleet's only window
+    assert det.request(req("busy"), now=1004.0).kind == "manual"
+    calls = []
+    decide = det._decide
+    det._decide = lambda *a, **k: calls.append(a[2]) or decide(*a, **k)  # count the checks (a[2]: the kind)
+    assert feed(det, "j", np.full(160, 0.2)) == []  # due from step ~100 on, refused by the fleet limit
+    assert 1 <= calls.count("baseline") <= 6  # once per tenth of the interval, not at each of ~60 steps
