@@ -29,7 +29,6 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-import msgspec
 import numpy as np
 
 from ..schemas.records import AgentCounters, ProfileTrigger, RecordError, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
@@ -158,7 +157,7 @@ class SlowdownDetector:
         if hb.trigger_window and isinstance(hb.trigger_latency_s, float):  # an agent's echo of a trigger
             self._echo(st, hb.trigger_window, hb.trigger_latency_s)
         st.last_step_of[hb.worker] = max(hb.step, st.last_step_of.get(hb.worker, -1))
-        if hb.agent is not msgspec.UNSET:
+        if hb.agent:  # UNSET (absent) is falsy
             st.agents[hb.worker] = hb.agent
         if hb.final:
             st.ended = True
