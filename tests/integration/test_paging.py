@@ -392,3 +392,42 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
     cols, rows = query(settings.db, "SELECT route, action, status, attempts FROM webhook_deliveries ORDER BY event_seq, route")
     assert rows == [["hook", "trigger", "delivered", 1], ["pd", "trigger", "delivered", 2],
                     ["hook", "resolve", "delivered", 1], ["pd", "resolve", "delivered", 1]]  # fmt: skip
+
+
+def test_test_page_reaches_every_route_signed_and_resolves_what_it_opened(tmp_path, receiver):
+    import os
+    import subprocess
+    import sys
+
+    from lockstep.broker import free_port
+
+    routes_file = tmp_path / "routes.yaml"
+    routes_file.write_text(
+        "routes:\n"
+        f"  - {{name: pd, type: pagerduty, url: '{receiver.url}/pd', routing_key_env: PD_KEY}}\n"
+        f"  - {{name: hook, type: webhook, url: '{receiver.url}/hook', secret_env: HOOK_SECRET, match: {{causes: [nic]}}}}\n"
+        f"  - {{name: gone, type: slack, url: 'http://127.0.0.1:{free_port()}/nobody'}}\n"
+    )
+    env = {**os.environ, "PD_KEY": "pd-routing-key", "HOOK_SECRET": SECRET}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "lockstep", "test-page", "--routes", str(routes_file), *args],
+                              capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+
+    r = cli("--route", "pd", "--route", "hook", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [(x["route"], x["action"], x["status"]) for x in json.loads(r.stdout)] == [("pd", "trigger", 202), ("pd", "resolve", 202),
+                                                                                       ("hook", "trigger", 202), ("hook", "resolve", 202)]  # fmt: skip
+    trigger, resolve = (json.loads(x["body"]) for x in receiver.to("/pd"))
+    assert (trigger["event_action"], resolve["event_action"]) == ("trigger", "resolve")
+    assert trigger["dedup_key"] == resolve["dedup_key"] and trigger["routing_key"] == "pd-routing-key"  # the test incident is closed again
+    assert "Nothing is wrong" in json.dumps(trigger)
+    for req in receiver.to("/hook"):  # sent although the route's filter (causes: [nic]) would not match: it tests the route
+        verify_standard_webhook(SECRET, req["headers"], req["body"], time.time())
+
+    r = cli("--no-resolve")  # a receiver that does not answer fails the command and says why
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    line = next(line for line in r.stdout.splitlines() if line.startswith("gone"))
+    assert "URLError" in line and "refused" in line.lower()
+    r = cli("--route", "nope")
+    assert r.returncode == 2 and "no route named nope" in r.stderr
