@@ -35,20 +35,21 @@ def parse_since(value: str) -> dt.datetime:
     return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
+def where(job=None, since=None, cause=None, time_column="created_at") -> tuple[str, list]:
+    """The `` WHERE ...`` clause (or "") and its parameters for the --job, --since and --cause selections."""
+    conds, params = [], []
+    for cond, value in (("job = ?", job), ("cause = ?", cause), (f"{time_column} >= ?", parse_since(since).isoformat() if since else None)):
+        if value:
+            conds.append(cond)
+            params.append(value)
+    return (f" WHERE {' AND '.join(conds)}" if conds else ""), params
+
+
 def fetch(db, job=None, since=None, cause=None, limit=100, tenant=None, open_only=False) -> list[dict]:
     from ..sinks.sink import query
 
-    where, params = [], []
-    if job:
-        where.append("job = ?")
-        params.append(job)
-    if cause:
-        where.append("cause = ?")
-        params.append(cause)
-    if since:
-        where.append("created_at >= ?")
-        params.append(parse_since(since).isoformat())
-    sql = f"SELECT record FROM {'open_findings' if open_only else 'findings'}" + (f" WHERE {' AND '.join(where)}" if where else "")
+    cond, params = where(job, since, cause)
+    sql = f"SELECT record FROM {'open_findings' if open_only else 'findings'}{cond}"
     sql += f" ORDER BY step_time_share DESC, created_at DESC LIMIT {int(limit)}"
     _, rows = query(db, sql, params, tenant=tenant)
     return [r[0] if isinstance(r[0], dict) else json.loads(r[0]) for r in rows]

@@ -25,17 +25,10 @@ def gather(db, job=None, since=None, tenant=None, open_only=False, limit=50):
     from ..schemas.records import Finding
     from ..sinks.report import CauseRow, WindowRow
     from ..sinks.sink import query
-    from .findings import fetch, parse_since
+    from .findings import fetch, where
 
     findings = [msgspec.convert(r, Finding) for r in fetch(db, job, since, None, limit, tenant, open_only)]
-    where, params = [], []
-    if job:
-        where.append("job = ?")
-        params.append(job)
-    if since:
-        where.append("closed_at >= ?")
-        params.append(parse_since(since).isoformat())
-    cond = f" WHERE {' AND '.join(where)}" if where else ""
+    cond, params = where(job, since, time_column="closed_at")
     _, rows = query(db, "SELECT job, window_id, start_step, steps, coverage, findings, closed, CAST(closed_at AS VARCHAR) FROM windows"
                     f"{cond} ORDER BY closed_at DESC LIMIT {int(limit)}", params, tenant=tenant)  # fmt: skip
     windows = [WindowRow(*r) for r in rows]
