@@ -52,8 +52,15 @@ def common_config(settings: Settings) -> dict[str, str]:
 
 
 def producer_config(settings: Settings, **overrides: object) -> dict:
-    """Idempotent, acks=all, zstd, murmur2 (the partitioner faust/aiokafka/Java use)."""
+    """Idempotent, acks=all, zstd, murmur2 (the partitioner faust/aiokafka/Java use).
+
+    Never auto-creates a topic: librdkafka's producer asks the broker to by default, and a
+    broker then creates it with its own partition count (Tansu: 4), which the pipeline's
+    check refuses.  Topics come from :func:`ensure_topics`; a record for a topic that does
+    not exist yet times out, and an agent keeps it in its spool until the topic appears.
+    """
     cfg: dict[str, object] = {
+        "allow.auto.create.topics": False,
         "enable.idempotence": True,
         "acks": "all",
         "compression.type": "zstd",

@@ -6,7 +6,7 @@ import pytest
 
 from lockstep.broker import EmbeddedBroker, free_port
 from lockstep.config import Settings
-from lockstep.kafka import ensure_topics, producer_config, read_all
+from lockstep.kafka import admin, ensure_topics, producer_config, read_all
 from lockstep.producers.agent.outbox import Outbox
 from lockstep.producers.agent.spool import Spool
 
@@ -86,3 +86,21 @@ def test_a_bounded_spool_says_what_it_dropped_and_the_next_run_sends_the_rest(tm
         values = [v for _, v in read_all(settings, ["t.features"])["t.features"]]
     assert len(values) == left
     assert sorted(int(v[:6]) for v in values) == list(range(600 - left, 600))  # the oldest were dropped
+
+
+def test_an_agent_that_starts_before_the_pipeline_creates_no_topic_and_waits_for_it(tmp_path):
+    """A producer must not auto-create a topic with the broker's partition count (Tansu: 4).
+
+    CI once saw the spool's retry create ``t.heartbeats`` with 4 partitions a moment before the
+    pipeline's ``ensure_topics`` (1 partition), which then refused to start.
+    """
+    with EmbeddedBroker() as broker:
+        settings = Settings(bootstrap_servers=broker.bootstrap_servers, topic_prefix="t", partitions=1)
+        ob = outbox(broker.bootstrap_servers, tmp_path / "spool").start()
+        ob.put("t.heartbeats", b"j", b"early")
+        assert wait_for(lambda: ob.counters.spooled_total >= 1, 20)  # no topic: the delivery timed out
+        assert "t.heartbeats" not in admin(settings).list_topics(timeout=5).topics
+        ensure_topics(settings)  # the pipeline starts: its partition count, not the broker's
+        assert wait_for(lambda: ob.counters.sent == 1 and len(ob.spool) == 0, 40), (ob.counters, len(ob.spool))
+        ob.close()
+        assert read_all(settings, ["t.heartbeats"])["t.heartbeats"] == [(b"j", b"early")]
