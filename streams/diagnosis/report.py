@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pyarrow as pa
 
 from ...schemas.functions import pack, unpack_ipc
 from ...schemas.records import RecordError, StepReport
 from .step import GROUP_SCHEMA, OUTLIER_SCHEMA, StepResult
+
+MAX_VALUE = 1e15  # no measure in a step report is larger (in µs ~31 years); beyond it, corruption that could overflow
+#: the columns of the step report's tables that are times (µs, never NaN), and their lower bound
+TIMES = {"step_time_us": 1.0, "work_us": 0.0, "wait_us": 0.0, "worker_work_us": 0.0, "peer_work_us": 0.0,
+         "work_mad_us": 0.0, "excess_us": -MAX_VALUE}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """What every float column of one of the tables may hold: NaN (a measure not taken) unless it is a time."""
+
+    names: list[str]
+    low: np.ndarray
+    nan_ok: np.ndarray
+
+    @classmethod
+    def of(cls, schema: pa.Schema) -> _Bounds:
+        names = [f.name for f in schema if pa.types.is_floating(f.type)]
+        return cls(names, np.array([TIMES.get(n, -MAX_VALUE) for n in names]), np.array([n not in TIMES for n in names]))
+
+    def check(self, table: pa.Table, what: str) -> None:
+        if not table.num_rows:
+            return
+        v = np.column_stack([table.column(n).to_numpy(zero_copy_only=False) for n in self.names])  # nulls read as NaN
+        bad = (~(((v >= self.low) & (v <= MAX_VALUE)) | (self.nan_ok & np.isnan(v)))).any(axis=0)  # NaN compares false
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            name, low = self.names[i], self.low[i]
+            what_it_is = f"NaN or within ±{MAX_VALUE:g}" if self.nan_ok[i] else f"a time in [{low:g}, {MAX_VALUE:g}] µs"
+            raise RecordError("invalid", f"StepReport.{what}.{name} holds a value that is not {what_it_is}")
+
+
+_BOUNDS = {"outliers": _Bounds.of(OUTLIER_SCHEMA), "groups": _Bounds.of(GROUP_SCHEMA)}
 
 
 def step_report(
@@ -42,7 +78,8 @@ def step_report(
 
 
 def step_result(report: StepReport) -> StepResult:
-    """Raises RecordError('bad_function_table') when a payload is unreadable."""
+    """Raises RecordError('bad_function_table') when a payload is unreadable, RecordError('invalid')
+    when a time in it is not one (not finite, negative, a step under a microsecond)."""
     return StepResult(
         job=report.job,
         window=report.window,
@@ -60,9 +97,10 @@ def step_result(report: StepReport) -> StepResult:
 def _table(data: bytes, schema: pa.Schema, what: str) -> pa.Table:
     """An Arrow payload of a step report, cast to its schema (the window stage reads columns by name)."""
     table = unpack_ipc(data)
-    if table.schema.equals(schema, check_metadata=False):
-        return table
-    try:
-        return table.select(schema.names).cast(schema)
-    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise RecordError("bad_function_table", f"StepReport.{what} is not the {what} table of this version ({exc})") from None
+    if not table.schema.equals(schema, check_metadata=False):
+        try:
+            table = table.select(schema.names).cast(schema)
+        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise RecordError("bad_function_table", f"StepReport.{what} is not the {what} table of this version ({exc})") from None
+    _BOUNDS[what].check(table, what)
+    return table

@@ -308,7 +308,7 @@ def _what_if(results, out, worker, fn, step, members, functions, shared: bool = 
             _, f_of = np.unique(fn[fixed], return_inverse=True)
             per_fn = np.zeros(int(f_of.max()) + 1)
             np.maximum.at(per_fn, f_of, excess[fixed])
-            saved.append(float(per_fn.sum()) / r.step_time_us)
+            saved.append(_share(float(per_fn.sum()), r.step_time_us))
             continue
         mine = in_step & mine_rows
         ws, inv = np.unique(worker[mine], return_inverse=True)
@@ -318,8 +318,14 @@ def _what_if(results, out, worker, fn, step, members, functions, shared: bool = 
         np.add.at(cut, inv, np.where(fixed[mine], excess[mine], 0.0))
         floor = r.healthy_work_max_us if math.isfinite(r.healthy_work_max_us) else 0.0
         before, after = max(work_w.max(), floor), max((work_w - cut).max(), floor)
-        saved.append(max(0.0, before - after) / r.step_time_us)
+        saved.append(_share(float(before - after), r.step_time_us))
     return float(np.median(saved)) if saved else 0.0
+
+
+def _share(saved_us: float, step_time_us: float) -> float:
+    """The part of a step that ``saved_us`` is, in [0, 1]: a fix cannot save more than the step
+    (records that claim so are inconsistent, and dividing them could overflow)."""
+    return 1.0 if saved_us >= step_time_us else max(0.0, saved_us) / step_time_us
 
 
 def _confidence(s: Suspect, certainty: float, persistence: float, coverage: float, dp: DiagnosisPolicy) -> tuple[float, list[str]]:
@@ -368,7 +374,7 @@ def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_s
 
 
 def _impact(share: float, workers: int) -> Impact:
-    share = max(0.0, share)
+    share = min(1.0, max(0.0, share))  # a fix cannot save more than the step
     return Impact(step_time_share=round(share, 4), gpu_hours_per_day=round(share * workers * 24.0, 2))
 
 

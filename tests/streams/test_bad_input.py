@@ -14,7 +14,7 @@ from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import FeatureBatch, RecordError, StepHeartbeat, StepReport, decode, encode
+from lockstep.schemas.records import FeatureBatch, Finding, RecordError, StepHeartbeat, StepReport, decode, encode
 from lockstep.streams.detector import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS, SlowdownDetector
 from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
 from lockstep.streams.policy import Policy
@@ -131,7 +131,25 @@ def test_the_stages_diagnose_the_unspoilt_window():
     assert [(f.workers, f.cause) for f in out if f.__struct_config__.tag == "Finding"] == [([3], "gpu_slow")]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("which, column, value", [
+    ("groups", "step_time_us", 0.0), ("groups", "step_time_us", 1e-300), ("outliers", "work_us", math.nan),
+    ("outliers", "excess_us", math.inf), ("outliers", "calls", 9e307), ("groups", "work_us", -1.0),
+])  # fmt: skip
+def test_a_step_report_whose_table_holds_no_time_is_refused_with_the_column(which, column, value):
+    """Found by the property test below: such values overflowed the window stage's shares."""
+    reports = [decode(r) for r in steps_stage([encode(b) for s in WINDOW.range for b in BATCHES[s]])]
+    r = next(r for r in reports if ft.unpack_ipc(getattr(r, which)).num_rows)
+    t = ft.unpack_ipc(getattr(r, which))
+    col = t.column(column).to_numpy(zero_copy_only=False).copy()
+    col[0] = value
+    spoilt = msgspec.structs.replace(r, **{which: ft.pack(t.set_column(t.column_names.index(column), column, ft.pa.array(col)))})
+    step_result(r)  # the unspoilt report reads
+    with pytest.raises(RecordError, match=f"StepReport.{which}.{column} ") as e:
+        step_result(spoilt)
+    assert e.value.reason == "invalid"
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_stage_raises_nothing_but_record_errors(data):
     """One feature batch spoilt (a field, a worker field, a function-table value), then one step report
@@ -155,7 +173,8 @@ def test_every_stage_raises_nothing_but_record_errors(data):
         target = d["worker"] if how == "worker" else d
         target[data.draw(st.sampled_from(sorted(k for k in target if k != "schema")))] = data.draw(ABSURD)
         payloads[i] = msgspec.msgpack.encode(d)
-    reports = steps_stage(payloads)
+    with np.errstate(over="raise"):  # no overflow on the way: absurd values are refused or bounded, not divided blindly
+        reports = steps_stage(payloads)
     if reports:
         j = data.draw(st.integers(0, len(reports) - 1))
         r = decode(reports[j])
@@ -171,4 +190,6 @@ def test_every_stage_raises_nothing_but_record_errors(data):
                 col = t.column(name).to_numpy(zero_copy_only=False).copy()
                 col[data.draw(st.integers(0, len(col) - 1))] = data.draw(st.floats(allow_nan=True))
                 reports[j] = encode(msgspec.structs.replace(r, **{which: ft.pack(t.set_column(t.column_names.index(name), name, ft.pa.array(col)))}))
-    windows_stage(reports)
+    with np.errstate(over="raise"):
+        findings = [f for f in map(decode, windows_stage(reports)) if isinstance(f, Finding)]
+    assert all(0.0 <= f.impact.step_time_share <= 1.0 for f in findings)  # a fix cannot save more than the step
