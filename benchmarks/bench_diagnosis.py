@@ -9,7 +9,10 @@ numpy / Arrow single-threaded):
    ``diagnose_window`` on the step results, with the frames built beforehand,
    as the processor holds them when a step closes;
 2. **... plus frame building**: the same with ``StepFrame.from_tables`` from one
-   function table per worker (the processor's path: 10,000 tables per step).
+   function table per worker (the processor's path: 10,000 tables per step);
+3. **the hop between the stages**, per step: a step's result through ``step_report``,
+   ``encode``, ``decode`` and ``step_result`` (the window stage's read and check of
+   a step report), as it travels through Kafka between (1)'s two halves.
 
 The window is synthetic: every worker runs ``--functions`` functions (kernels,
 copies, collectives, Python, data loading, optimizer) with realistic jitter and
@@ -34,8 +37,8 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from lockstep.schemas import functions as ft  # noqa: E402
-from lockstep.schemas.records import WorkerMeta  # noqa: E402
-from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window  # noqa: E402
+from lockstep.schemas.records import StepReport, WorkerMeta, decode, encode  # noqa: E402
+from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result  # noqa: E402
 from lockstep.streams.policy import Policy  # noqa: E402
 
 KINDS = ["compute"] * 11 + ["memcpy", "memcpy", "collective", "collective", "p2p", "python", "dataloader", "optimizer", "other"]
@@ -96,28 +99,38 @@ def main(argv: list[str] | None = None) -> int:
     frames = [StepFrame.from_tables("bench", "w0", s, metas, st, tables, keys, hardware) for s, (st, tables) in enumerate(steps)]
     info = WindowInfo("bench", "w0", 0, args.steps, args.workers)
 
+    def hop(result):
+        report = step_report(result, window_start=0, window_steps=args.steps, expected_workers=args.workers, bytes_in=0,
+                             policy=policy.ref, tenant="", closed="complete")  # fmt: skip
+        return step_result(decode(encode(report), StepReport))
+
     def diagnose(prebuilt: bool):
         fs = frames if prebuilt else [StepFrame.from_tables("bench", "w0", s, metas, st, tables, keys, hardware) for s, (st, tables) in enumerate(steps)]
         return diagnose_window(info, [analyze_step(f, policy.diagnosis) for f in fs], policy, now=0.0)
 
     d = diagnose(True)  # warm-up; also the findings to report
-    times = {"prebuilt": [], "with_frames": []}
+    results = [analyze_step(f, policy.diagnosis) for f in frames]
+    times = {"prebuilt": [], "with_frames": [], "hop": []}
     for _ in range(args.runs):
         for mode in times:
             t0 = time.perf_counter()
-            diagnose(mode == "prebuilt")
+            if mode == "hop":
+                [hop(r) for r in results]
+            else:
+                diagnose(mode == "prebuilt")
             times[mode].append(time.perf_counter() - t0)
     rows = args.workers * args.functions * args.steps
     med = {k: statistics.median(v) for k, v in times.items()}
     found = [f"{f.workers[:3]} {f.function} {f.cause}" for f in d.findings]
     if args.json:
         print(json.dumps({"workers": args.workers, "functions": args.functions, "steps": args.steps, "rows": rows, "runs": args.runs,
-                          "median_s": med, "rows_per_s": {k: rows / v for k, v in med.items()}, "findings": found}))  # fmt: skip
+                          "median_s": med, "rows_per_s": {k: rows / med[k] for k in ("prebuilt", "with_frames")}, "findings": found}))  # fmt: skip
         return 0
     print(f"Diagnosis of one window: {args.workers:,} workers x {args.functions} functions x {args.steps} steps = {rows:,} function rows")
     print(f"one CPU core, numpy {np.__version__}, pyarrow {pa.__version__}, median of {args.runs} runs\n")
     print(f"  analyze_step x {args.steps} + diagnose_window, StepFrames prebuilt:   {med['prebuilt']:.3f} s   {rows / med['prebuilt'] / 1e6:.2f} M rows/s")
     print(f"  ... plus StepFrame.from_tables ({args.workers:,} tables per step):   {med['with_frames']:.3f} s   {rows / med['with_frames'] / 1e6:.2f} M rows/s")
+    print(f"  the hop between the stages (StepReport built, encoded, decoded, read, checked):   {med['hop'] / args.steps * 1e3:.2f} ms per step")
     print(f"\nfindings: {'; '.join(found) or 'none'}")
     return 0
 
