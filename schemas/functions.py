@@ -169,9 +169,9 @@ def check_tables(tables: list[pa.Table]) -> list[RecordError | None]:
     owner = np.repeat(np.arange(len(tables)), n)
     ok = pc.fill_null(pc.and_(pc.is_in(t.column("kind"), _KINDS_ARRAY), pc.is_in(t.column("resource"), _RESOURCES_ARRAY)), False).to_numpy(zero_copy_only=False)
     ok &= t.column("function").is_valid().to_numpy(zero_copy_only=False)
-    times = _floats(t, _TIMES)
+    times = float_columns(t, _TIMES)
     ok &= ((times >= 0) & (times < np.inf)).all(axis=0)
-    opt = _floats(t, _OPTIONAL)
+    opt = float_columns(t, _OPTIONAL)
     ok &= (np.isnan(opt) | ((opt >= 0) & (opt < np.inf))).all(axis=0)
     ok &= t.column("calls").to_numpy(zero_copy_only=False) >= 0
     bad = np.bincount(owner, weights=~ok, minlength=len(tables)) > 0
@@ -233,7 +233,8 @@ _TIMES = ("total_us", "critical_us")
 _OPTIONAL = ("wait_us", "first_start_us", "mean_us", "p50_us", "p95_us", "max_us", "bytes")
 
 
-def _floats(t: pa.Table, names: tuple[str, ...]) -> np.ndarray:
+def float_columns(t: pa.Table, names: tuple[str, ...] | list[str]) -> np.ndarray:
+    """The named float columns as one array, a row per column (nulls read as NaN)."""
     return np.stack([t.column(n).to_numpy(zero_copy_only=False) for n in names])
 
 
@@ -249,12 +250,12 @@ def _check_values(t: pa.Table) -> None:
     res = set(t.column("resource").to_pylist()) - _RESOURCE_SET
     if res:
         raise RecordError("bad_function_table", f"unknown resource(s) {sorted(map(str, res))}; allowed: {RESOURCES}")
-    times = _floats(t, _TIMES)
+    times = float_columns(t, _TIMES)
     ok = (times >= 0) & (times < np.inf)  # False for NaN
     if not ok.all():
         name = _TIMES[int(np.flatnonzero(~ok.all(axis=1))[0])]
         raise RecordError("bad_function_table", f"{name} must be finite and >= 0")
-    opt = _floats(t, _OPTIONAL)
+    opt = float_columns(t, _OPTIONAL)
     ok = np.isnan(opt) | ((opt >= 0) & (opt < np.inf))
     if not ok.all():
         name = _OPTIONAL[int(np.flatnonzero(~ok.all(axis=1))[0])]

@@ -25,20 +25,15 @@ from .redact import Redaction
 ENV_PREFIX = "LOCKSTEP_AGENT_"
 
 
-def _opt_int(v: Any) -> int | None:
-    if v is None or v == "":
-        return None
-    iv = int(v)
-    if iv < 0:
-        raise ValueError("must be >= 0")
-    return iv
-
-
 def _nonneg_int(v: Any) -> int:
     iv = int(v)
     if iv < 0:
         raise ValueError("must be >= 0")
     return iv
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None or v == "" else _nonneg_int(v)
 
 
 def _opt_str(v: Any) -> str | None:

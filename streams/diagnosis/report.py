@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ...schemas.functions import pack, unpack_ipc
+from ...schemas.functions import float_columns, pack, unpack_ipc
 from ...schemas.records import RecordError, StepReport
 from .step import GROUP_SCHEMA, OUTLIER_SCHEMA, StepResult
 
@@ -33,8 +33,9 @@ class _Bounds:
     def check(self, table: pa.Table, what: str) -> None:
         if not table.num_rows:
             return
-        v = np.column_stack([table.column(n).to_numpy(zero_copy_only=False) for n in self.names])  # nulls read as NaN
-        bad = (~(((v >= self.low) & (v <= MAX_VALUE)) | (self.nan_ok & np.isnan(v)))).any(axis=0)  # NaN compares false
+        v = float_columns(table, self.names)
+        low, nan_ok = self.low[:, None], self.nan_ok[:, None]
+        bad = (~(((v >= low) & (v <= MAX_VALUE)) | (nan_ok & np.isnan(v)))).any(axis=1)  # NaN compares false
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             name, low = self.names[i], self.low[i]
