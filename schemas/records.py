@@ -479,10 +479,28 @@ def encode(record: _Record) -> bytes:
     return _json_enc.encode(record)
 
 
+#: the largest record any stage reads (Kafka's default record limit is 1 MiB; a window's raw-trace
+#: answer is at most 16 MiB): anything larger is refused before it is parsed
+MAX_RECORD_BYTES = 32 << 20
+
+
 def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...] | None = None) -> Record:
-    """Parse and validate one record.  Raises :class:`RecordError` only."""
+    """Parse and validate one record.  Raises :class:`RecordError` only, whatever the bytes."""
     if not data:
         raise RecordError("malformed", "empty value")
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError("malformed", f"record of {len(data)} bytes, over the {MAX_RECORD_BYTES} bytes any record may have")
+    try:
+        return _decode(data, expect)
+    except RecordError:
+        raise
+    except RecursionError:  # msgspec bounds its own recursion: a record nested deeper than any of ours
+        raise RecordError("malformed", "nested too deeply to be a Lockstep record") from None
+    except Exception as exc:  # noqa: BLE001 - the contract: any failure of any input is a RecordError
+        raise RecordError("malformed", f"unreadable record ({type(exc).__name__}: {exc})") from None
+
+
+def _decode(data: bytes, expect: type[_Record] | tuple[type[_Record], ...] | None) -> Record:
     is_json = data[:1] in (b"{", b" ", b"\n", b"\t", b"\r")
     try:
         header = (_json_header if is_json else _mp_header).decode(data)

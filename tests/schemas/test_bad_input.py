@@ -44,6 +44,25 @@ def test_decode_of_any_object_with_a_record_header_is_a_record_or_a_record_error
     _accepts(msgspec.msgpack.encode(obj) if msgpack else msgspec.json.encode(obj))
 
 
+@pytest.mark.parametrize("data", [
+    b'{"a":' * 100_000,  # JSON nested 100,000 deep: msgspec's recursion guard raised RecursionError
+    b'{"schema": "StepHeartbeat", "v": 1, "x": ' + b"[" * 100_000,
+    b"\x81\xa1a" * 100_000 + b"\xc0",  # the same in MessagePack
+    msgspec.msgpack.encode({"schema": "FeatureBatch", "v": 1}) [:-1] + b"\x91" * 100_000,
+], ids=["json", "json-in-record", "msgpack", "msgpack-in-record"])  # fmt: skip
+def test_a_record_nested_too_deeply_is_malformed_not_a_recursion_error(data):
+    with pytest.raises(RecordError) as err:
+        decode(data)
+    assert err.value.reason == "malformed"
+
+
+def test_a_record_larger_than_any_record_is_refused_before_parsing():
+    from lockstep.schemas.records import MAX_RECORD_BYTES
+
+    with pytest.raises(RecordError, match="over the"):
+        decode(b'{"schema": "StepHeartbeat", "pad": "' + b"x" * MAX_RECORD_BYTES + b'"}')
+
+
 FINDING = Finding(id=finding_id("j", "w1", "worker", [3], "fwd.gemm", "gpu_slow", None), job="j", window="w1", steps=[10, 11],
                   scope="worker", workers=[3], hosts=["h"], devices=["h/gpu3"], function="fwd.gemm", function_kind="compute",
                   cause="gpu_slow", confidence=0.9, evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=9.0)],
