@@ -6,8 +6,10 @@ group, a Python call site, a data-loader call).  Times are microseconds measured
 on the worker's own clock; only the summaries cross hosts, never timestamps.
 
 Hardware columns hold the behaviour of the resource the function depends on
-*while it ran* (the mean of the samples that overlap its executions); NaN where
-the sampler had nothing (no GPU, no samples, metric not applicable).
+*while it ran*: the mean of the samples that overlap its executions, and since
+version 2 their standard deviation (``<metric>_sd``) and 95th percentile
+(``<metric>_p95``); NaN where the sampler had nothing (no GPU, no samples,
+metric not applicable; the spread also with fewer than two samples).
 
 Schema evolution: version 1 readers require :data:`REQUIRED`; every other
 column is optional and filled with its null value when absent; unknown extra
@@ -23,7 +25,7 @@ import pyarrow.compute as pc
 
 from .records import FUNCTION_KINDS, RecordError
 
-VERSION = 1
+VERSION = 2
 
 RESOURCES = ("gpu", "pcie", "nvlink", "nic", "cpu", "storage", "none")
 
@@ -57,17 +59,28 @@ COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "mem_used_frac": (pa.float32(), "host memory in use, 0..1"),
     "disk_read_mbps": (pa.float32(), "host disk reads, MB/s"),
 }
+#: hardware characteristic columns (NaN = not sampled): the mean of a metric's samples while the function
+#: ran; its spread is ``<metric>_sd`` and its peak ``<metric>_p95``
+HARDWARE = (
+    "sm_clock_mhz", "sm_active", "gpu_power_w", "gpu_temp_c", "pcie_gbps", "nvlink_gbps",
+    "nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps",
+)  # fmt: skip
+# version 2 (additive): the shape of each metric while the function ran, not only its level.  In a ring
+# every member's mean throughput is the slowest link's; the slow link is busy all the time (low spread,
+# low peak) while its peers burst and idle.
+for _m in HARDWARE:
+    COLUMNS[f"{_m}_sd"] = (pa.float32(), f"standard deviation of the {_m} samples that overlapped the function's executions")
+for _m in HARDWARE:
+    COLUMNS[f"{_m}_p95"] = (pa.float32(), f"95th percentile of the {_m} samples that overlapped the function's executions")
 REQUIRED = ("function", "kind", "calls", "total_us", "critical_us")
 SCHEMA = pa.schema(
     [pa.field(name, typ, nullable=name not in REQUIRED) for name, (typ, _doc) in COLUMNS.items()],
     metadata={"lockstep.function_table.version": str(VERSION)},
 )
 NUMERIC = tuple(n for n, (t, _) in COLUMNS.items() if pa.types.is_integer(t) or pa.types.is_floating(t))
-#: hardware characteristic columns (NaN = not sampled)
-HARDWARE = (
-    "sm_clock_mhz", "sm_active", "gpu_power_w", "gpu_temp_c", "pcie_gbps", "nvlink_gbps",
-    "nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps",
-)  # fmt: skip
+#: spread and peak of each sampled metric (NaN = fewer than two samples, or not sampled)
+SPREAD = tuple(f"{m}_sd" for m in HARDWARE)
+PEAK = tuple(f"{m}_p95" for m in HARDWARE)
 
 _KIND_SET = frozenset(FUNCTION_KINDS)
 _RESOURCE_SET = frozenset(RESOURCES)
@@ -230,7 +243,7 @@ def conform(table: pa.Table) -> pa.Table:
 #: finite and >= 0
 _TIMES = ("total_us", "critical_us")
 #: >= 0, or NaN for unknown; never negative or infinite
-_OPTIONAL = ("wait_us", "first_start_us", "mean_us", "p50_us", "p95_us", "max_us", "bytes")
+_OPTIONAL = ("wait_us", "first_start_us", "mean_us", "p50_us", "p95_us", "max_us", "bytes") + SPREAD + PEAK
 
 
 def float_columns(t: pa.Table, names: tuple[str, ...] | list[str]) -> np.ndarray:
