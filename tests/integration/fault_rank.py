@@ -101,7 +101,7 @@ def main() -> int:
     culprit = args.rank == args.culprit
     addr, port = args.master.rsplit(":", 1)
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=args.rank, world_size=args.world)
-    model = DistributedDataParallel(Net(extra=48 if culprit and args.case == "compute" else 0))
+    model = DistributedDataParallel(Net(extra=200 if culprit and args.case == "compute" else 0))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     steps = WARMUP + args.steps
     data = DataLoader(Samples(args.batch * steps, 0.048 / args.batch if culprit and args.case == "dataloader" else 0.0), batch_size=args.batch, num_workers=0)

@@ -229,6 +229,27 @@ def named(findings: list[dict], expect: Expect) -> dict | None:
     return None
 
 
+#: cases today's diagnosis cannot name yet, and what it lacks (their tests are expected failures that print what it said)
+AWAITING = {
+    "link": "a rule that names the member of a ring whose link is saturated (steady, low peak) while the others burst",
+    "contention": "a cause rule that reads the host samples (the culprit's CPU taken by another process) before rank_specific_code",
+    "dataloader": "a storage cause that asks for evidence of slow reads: here every rank shares one disk, and whether the culprit's "
+    "disk reads look lower than its peers' is chance",
+}
+
+
+def check_named(case: str, findings: list[dict]) -> None:
+    """Assert that ``findings`` name the case's fault (an expected failure for the cases in AWAITING), and blame nobody else."""
+    import pytest
+
+    expect = EXPECT[case]
+    found = named(findings, expect)
+    if found is None and case in AWAITING:
+        pytest.xfail(f"{AWAITING[case]}; today: {summary(findings)}")
+    assert found is not None, f"expected worker {expect.worker}, {expect.function}, {expect.cause}; got {summary(findings)}"
+    assert all(f["workers"] in ([], [expect.worker]) or f["confidence"] < 0.5 for f in findings), summary(findings)
+
+
 def summary(findings: list[dict]) -> str:
     return "; ".join(f"{f['scope']} {f['workers']} {f['function']} {f['cause']} {f['confidence']:.2f}" for f in findings) or "no finding"
 
