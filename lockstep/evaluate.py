@@ -109,7 +109,7 @@ class _Renderer:
             group=self.group[live],
             labels=[self.labels[i] for i in live],
             step_time_us=sim.step_time_us[live],
-            has_hardware=np.ones(live.size, dtype=bool),
+            has_hardware=np.full(live.size, self.fleet.scenario.hardware != "none"),
             row_worker=position[row_worker].astype(np.int32),
             functions=table,
         )
