@@ -86,6 +86,7 @@ CAUSES: dict[str, str] = {
     "python_overhead": "Python garbage collection or launch overhead",
     "regression": "every worker slower in a function than in the job's earlier healthy windows",
     "unknown": "deviation found, cause not determined; see the evidence",
+    "undetermined": "worker, function and device found; the samples that would tell the cause were not taken (the summary names them)",
 }
 
 
