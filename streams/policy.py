@@ -44,7 +44,7 @@ class DetectorPolicy:
     min_margin_steps: int = 2  # start at least this many steps ahead
     max_windows_per_job: int = 1  # windows of one job open (or scheduled) at once
     max_windows_fleet: int = 50  # windows open at once in the fleet (per processor instance)
-    hardware_hz: float = 100.0  # hardware sampling rate during windows
+    hardware_hz: float = 1000.0  # hardware sampling rate during windows (NIC and process CPU at this rate; /proc at <= 100 Hz)
     record_shapes: bool = False  # profiler option sent with the trigger
     with_stack: bool = False  # profiler option sent with the trigger
 
