@@ -3,9 +3,13 @@
 Pure and vectorised (numpy / pyarrow), for every (worker, step) of the input at once.
 
 **Critical path.**  Within a worker's step every instant counts for at most one
-function: GPU kernels > memory copies > communication > CPU / Python, and among
-events of the same class the one that started last (the innermost of nested
-regions).  ``critical_us`` is the time so credited; ``critical_us / step time``
+function: GPU kernels > memory copies > communication > sync waits > CPU /
+Python, and among events of the same class the one that started last (the
+innermost of nested regions).  A sync wait (kind ``sync``: the host blocked in a
+synchronize or a blocking copy) outranks the CPU work around it, so the region
+that called it is never charged for the wait; device work of the step that runs
+meanwhile outranks the wait, so what is left to it is time the device spent on
+something else (work an earlier step launched) or idle.  ``critical_us`` is the time so credited; ``critical_us / step time``
 is the function's share beta.  Instants where nothing ran are idle.  Events are
 clipped to their step's bounds for this.
 
@@ -34,7 +38,7 @@ from ...schemas.events import OP_EVENT_REQUIRED, SAMPLE_REQUIRED
 from ...schemas.records import FUNCTION_KINDS
 
 #: critical-path classes, higher wins
-GPU, COPY, COMM, CPU = 3, 2, 1, 0
+GPU, COPY, COMM, SYNC, CPU = 4, 3, 2, 1, 0
 #: sample metric -> resources whose functions it describes (None: every function)
 METRIC_RESOURCES: dict[str, tuple[str, ...] | None] = {
     "sm_clock_mhz": ("gpu",),
@@ -217,6 +221,7 @@ def _first_index(groups: np.ndarray, n: int) -> np.ndarray:
 def _priority(kind: np.ndarray, resource: np.ndarray) -> np.ndarray:
     p = np.where(resource == "gpu", GPU, CPU)
     p = np.where(np.isin(kind, ("collective", "p2p")), COMM, p)
+    p = np.where(kind == "sync", SYNC, p)
     return np.where(kind == "memcpy", COPY, p)
 
 
