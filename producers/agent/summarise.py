@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas import functions as ft
-from ...schemas.events import OP_EVENT_REQUIRED, SAMPLE_REQUIRED
+from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_REQUIRED, SAMPLE_REQUIRED
 from ...schemas.records import FUNCTION_KINDS
 
 #: critical-path classes, higher wins
@@ -181,8 +181,12 @@ def _events(t: pa.Table) -> dict[str, np.ndarray]:
     }
     if not (np.all(np.isfinite(out["start"])) and np.all(np.isfinite(out["dur"]))) or np.any(out["dur"] < 0):
         raise SummaryError("op-event start_us and duration_us must be finite, duration_us >= 0")
+    if np.any(out["dur"] > MAX_DURATION_US) or np.any(np.abs(out["start"]) > MAX_TIME_US):
+        raise SummaryError(f"op-event duration_us {out['dur'].max():g} or start_us beyond what a profiler measures (at most {MAX_DURATION_US:g} and {MAX_TIME_US:g})")
     if np.any(out["worker"] < 0) or np.any(out["step"] < 0):
         raise SummaryError("op-event worker and step must be >= 0")
+    if np.any(out["worker"] > MAX_WORKER) or np.any(out["step"] > MAX_STEP):
+        raise SummaryError(f"op-event worker {out['worker'].max()} or step {out['step'].max()} out of range (worker 0..{MAX_WORKER}, step 0..{MAX_STEP})")
     fenc = _column(t, "function", pa.string(), "op-event").dictionary_encode()
     out["fcode"] = fenc.indices.to_numpy().astype(np.int64)
     out["fnames"] = np.asarray(fenc.dictionary.to_pylist(), dtype=object)

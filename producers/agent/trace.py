@@ -54,7 +54,7 @@ Regions nest; the summariser credits each instant to the innermost one.
 
 **Bounds.**  A file larger than ``max_bytes`` (after decompression, read in
 chunks), nested deeper than the decoder allows, a step number or rank beyond
-what records can carry, or an event lasting more than ``MAX_EVENT_US`` is a
+what records can carry, or an event lasting more than ``MAX_DURATION_US`` is a
 :class:`TraceError` that says so; nothing is read without a limit.
 """
 
@@ -67,23 +67,18 @@ import re
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ...schemas.events import OP_EVENT_SCHEMA
+from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_SCHEMA
 
 MAX_NAME = 200
 #: largest trace accepted, after decompression (a JSON trace decodes to a few times its size in memory)
 MAX_TRACE_BYTES = 2 << 30
-#: an event longer than this (about 11.6 days) is a broken trace, not a measurement
-MAX_EVENT_US = 1e12
-#: the records' bounds (schemas.records: Step, Rank)
-MAX_STEP = 2**31 - 1
-MAX_RANK = 10_000_000
 _CHUNK = 16 << 20
 
 
@@ -185,8 +180,8 @@ def read_chrome_trace(source: str | Path | dict, worker: int | None = None, *, m
     rank_from = "given"
     if worker is None:
         worker, rank_from = _rank(dist.get("rank"), path)
-    elif not 0 <= worker <= MAX_RANK:
-        raise TraceError(f"rank {worker} is out of range (0..{MAX_RANK})")
+    elif not 0 <= worker <= MAX_WORKER:
+        raise TraceError(f"rank {worker} is out of range (0..{MAX_WORKER})")
     host = str(trace.hostName or trace.host_name or "") or (_file_host(path) if path else "")
     groups = tuple(
         ProcessGroup(str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), tuple(int(r) for r in pg.get("ranks", []) or [] if isinstance(r, int)))
@@ -200,7 +195,7 @@ def read_chrome_trace(source: str | Path | dict, worker: int | None = None, *, m
         host=host,
         device=f"{host}/{dev[0]}{dev[1]}" if dev else "",
         backend=str(dist.get("backend", "")),
-        world_size=world if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_RANK else None,
+        world_size=world if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORKER else None,
         process_groups=groups,
         gpu=props.get(dev[1], "") if dev else next(iter(props.values()), ""),
         trace_id=trace.trace_id,
@@ -218,8 +213,8 @@ def file_rank(path: Path) -> int | None:
 
 def _rank(rank: object, path: Path | None) -> tuple[int | None, str]:
     if rank is not None:
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= MAX_RANK:
-            raise TraceError(f"distributedInfo.rank {rank!r} is not a rank (an integer 0..{MAX_RANK})")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= MAX_WORKER:
+            raise TraceError(f"distributedInfo.rank {rank!r} is not a rank (an integer 0..{MAX_WORKER})")
         return rank, "trace"
     r = file_rank(path) if path else None
     return (r, "file name") if r is not None else (None, "")
@@ -232,32 +227,41 @@ def _file_host(path: Path) -> str:
 # --------------------------------------------------------------------------- bounded reading
 
 
-def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> bytes | bytearray:
-    """A regular file's bytes, gunzipped when it is gzip, refusing what would exceed ``max_bytes``.
+def open_regular(source: str | Path, max_bytes: int, what: str = "file") -> BinaryIO:
+    """A regular file opened for reading, refused when it is larger than ``max_bytes``.
 
     Opened without blocking (a FIFO never hangs the reader) and checked to be a
-    regular file (not a device such as ``/dev/zero``, a FIFO or a directory)
-    before anything is read.
+    regular file, not a device such as ``/dev/zero`` (through a symlink or not),
+    a FIFO or a directory, before anything is read.
     """
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise TraceError(f"cannot read it: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "special"
-            raise TraceError(f"not a regular file ({kind})")
+    fh = os.fdopen(fd, "rb")
+    mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
+    if not stat.S_ISREG(mode):
+        fh.close()
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise TraceError(f"not a regular file ({kind})")
+    if size > max_bytes:
+        fh.close()
+        raise TraceError(f"{what} of {size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)")
+    return fh
+
+
+def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> bytes | bytearray:
+    """A regular file's bytes (:func:`open_regular`), gunzipped when it is gzip, in chunks, never more than ``max_bytes``."""
+    with open_regular(source, max_bytes, what) as fh:
         head = fh.read(2)
         if head != b"\x1f\x8b":
-            if st.st_size > max_bytes:
-                raise TraceError(f"{what} of {st.st_size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)")
             raw = head + fh.read(max_bytes + 1 - len(head))
-            if len(raw) > max_bytes:
+            if len(raw) > max_bytes:  # it grew since it was opened
                 raise TraceError(f"{what} is larger than the limit of {max_bytes:,} bytes (--max-input-mb)")
             return raw
-        if st.st_size >= 4:  # gzip's trailer holds the size modulo 2^32: refuse an announced bomb before inflating it
-            fh.seek(st.st_size - 4)
+        size = os.fstat(fh.fileno()).st_size
+        if size >= 4:  # gzip's trailer holds the size modulo 2^32: refuse an announced bomb before inflating it
+            fh.seek(size - 4)
             announced = int.from_bytes(fh.read(4), "little")
             if announced > max_bytes:
                 raise TraceError(f"gzip {what} unpacks to {announced:,} bytes, more than the limit of {max_bytes:,} (--max-input-mb)")
@@ -298,10 +302,6 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     stream = np.array([f"{e.pid}/{e.tid}" for e in x], dtype=object)
     names = pa.array(name.tolist(), pa.string())  # string predicates in Arrow: kernel names run to thousands of characters
 
-    if n and (not np.isfinite(ts).all() or not np.isfinite(dur).all() or np.abs(ts).max() > 1e17 or dur.max() > MAX_EVENT_US):
-        i = int(np.flatnonzero(~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > 1e17) | (dur > MAX_EVENT_US))[0])
-        raise TraceError(f"event {_cap(str(name[i]))!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_EVENT_US:g} µs)")
-    dur = np.maximum(dur, 0.0)
     is_cpu = np.isin(cat, CPU_CATS)
     ops = np.flatnonzero(cat == "cpu_op")  # old traces wrote record_function regions as operators too
     regionlike = _starts(names, "ProfilerStep#") | _starts(names, "Optimizer.") | _has(names, "DataLoader")
@@ -310,6 +310,13 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     is_sync_rec = np.isin(cat, SYNC_CATS)
     is_copy = np.isin(cat, COPY_CATS)
     is_dev = is_copy | (cat == "kernel") | np.isin(cat, MTIA_CATS) | (_starts(pa.array(cat.tolist(), pa.string()), "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
+
+    used = is_cpu | is_runtime | is_sync_rec | is_dev
+    broken = used & (~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > MAX_TIME_US) | (dur > MAX_DURATION_US))
+    if broken.any():
+        i = int(np.flatnonzero(broken)[0])
+        raise TraceError(f"event {_cap(str(name[i]))!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)")
+    dur = np.maximum(dur, 0.0)
 
     corr = _ints([x[i].args.correlation for i in np.flatnonzero(is_dev | is_runtime | is_sync_rec)], n, is_dev | is_runtime | is_sync_rec)
 
