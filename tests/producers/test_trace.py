@@ -132,8 +132,10 @@ def test_files_plain_and_gzipped(tmp_path):
     [
         (b"not json", "not a Chrome-trace JSON"),
         (b'{"x": 1}', "not a Chrome-trace JSON"),
-        (json.dumps(trace([X("aten::mm", 1, 1)])).encode(), "no ProfilerStep#N"),
-        (json.dumps({"traceEvents": STEPS}).encode(), "no distributedInfo.rank"),
+        (b'{"traceEvents": [{"args": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001 + b"]}", "nested too deeply"),
+        (json.dumps(trace([X("ProfilerStep#99999999999999999999", 1, 10, cat="user_annotation")])).encode(), "step number beyond 2147483647"),
+        (json.dumps(trace([*STEPS, X("aten::mm", 1100, 1e300)])).encode(), "lasts 1e\\+300 µs"),
+        (json.dumps(trace([*STEPS], rank=2**63 - 1)).encode(), "distributedInfo.rank 9223372036854775807 is not a rank"),
     ],
 )
 def test_bad_traces_say_what_is_wrong(tmp_path, data, match):
