@@ -164,6 +164,10 @@ _RANGES = (
     ("detector", "max_windows_fleet", lambda v: v >= 1, ">= 1"),
     ("detector", "hardware_hz", lambda v: 0 < v <= 10_000, "in (0, 10000]"),
     ("diagnosis", "persistence", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("diagnosis", "link_steady_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("diagnosis", "link_min_samples", lambda v: v >= 2, ">= 2 (a spread needs two samples)"),
+    ("diagnosis", "ratio_peers_max", lambda v: v >= 2, ">= 2"),
+    ("diagnosis", "ratio_rise", lambda v: v > 0, "> 0"),
 )
 
 

@@ -110,7 +110,7 @@ def diagnose_window(
         coverage=round(min(1.0, coverage), 4),
         bytes_per_worker=round(bytes_in / seen, 1) if seen else 0.0,
         findings=len(findings),
-        actionable=any(f.cause != "unknown" for f in findings),
+        actionable=any(f.cause not in ("unknown", "undetermined") for f in findings),
         reached_device=any(f.devices for f in findings),
         closed=closed,  # type: ignore[arg-type]
         closed_at=now,
