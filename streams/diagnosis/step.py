@@ -197,12 +197,12 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     n_seen = np.zeros((n_w, n_f), dtype=np.int64)  # ring-mates compared with (the worker included), for flagged entries
     link_ref: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}  # metric -> (columns, column -> ring-mates' values)
     cols = np.flatnonzero(waiting)
-    for metric, link in LINK_METRICS.items():
-        if cols.size == 0:
-            break
+    metrics = [m for m in LINK_METRICS if cols.size and not np.isnan(frame.column(f"{m}_sd")).all()]  # shapes measured at all
+    sampled = _dense(n_w, n_f, rw, fc, frame.column("samples"), 0.0)[:, cols] >= policy.link_min_samples if metrics else None
+    for metric in metrics:
+        link = LINK_METRICS[metric]
         mean, sd, peak = (_dense(n_w, n_f, rw, fc, frame.column(c), np.nan)[:, cols] for c in (metric, f"{metric}_sd", f"{metric}_p95"))
-        samples = _dense(n_w, n_f, rw, fc, frame.column("samples"), 0.0)[:, cols]
-        ring, ref = _rings(mean, sd, peak, samples >= policy.link_min_samples, policy.throughput_drop / 2)
+        ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop)
         if ring is None:
             continue
         link_ref[metric] = (cols, {metric: ref["mean"], f"{metric}_sd": ref["sd"], f"{metric}_p95": ref["peak"]})
@@ -262,34 +262,42 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, enough: np.ndarray, tol: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
     """Ring-mates of each (worker, column) link and their typical shape, without knowing the communicators.
 
     The members of one ring share its rate, so links of one column (function) whose mean throughputs lie within
-    ``tol`` (relative) of each other, chained, form one ring (rings at the same rate merge, which changes nothing:
-    their healthy links burst alike).  Returns the size of each link's ring (0 where the link had no usable shape:
-    no mean, spread or peak, or too few samples) and per link the ring's upper median of mean, sd and peak (the
-    upper one: in a ring of two the other link, not the average of both), or ``(None, {})`` if no link is usable.
+    ``drop / 2`` (relative) of each other, chained, form one ring (rings at the same rate merge, which changes
+    nothing: their healthy links burst alike).  Returns the size of each link's ring (0 where the link had no usable
+    shape: no mean, spread or peak, or too few samples) and per link its ring's upper median of mean, sd and peak
+    (the upper one: in a ring of two, the other link, not the average of both); NaN for rings where no link's peak
+    lies ``drop`` below the ring's highest (nothing to compare: the usual case, and it skips the sorts).  ``(None,
+    {})`` if no link is usable.
     """
-    usable = enough & np.isfinite(mean) & np.isfinite(sd) & np.isfinite(peak) & (mean > 0)
+    usable = sampled & np.isfinite(mean) & np.isfinite(sd) & np.isfinite(peak) & (mean > 0)
     w, c = np.nonzero(usable)
     if w.size == 0:
         return None, {}
     lv = np.log(mean[w, c])
     order = np.lexsort((lv, c))
     new = np.ones(w.size, dtype=bool)
-    new[1:] = (np.diff(c[order]) != 0) | (np.diff(lv[order]) > np.log1p(tol))
+    new[1:] = (np.diff(c[order]) != 0) | (np.diff(lv[order]) > np.log1p(drop / 2))
     ring = np.empty(w.size, dtype=np.intp)
     ring[order] = np.cumsum(new) - 1
     n_rings = int(ring.max()) + 1
     size = np.bincount(ring, minlength=n_rings)
+    start = np.cumsum(size) - size  # in ``order`` a ring's links are consecutive, by mean
     out_size = np.zeros(mean.shape, dtype=np.int64)
     out_size[w, c] = size[ring]
-    ref = {}
-    for name, v in (("mean", mean), ("sd", sd), ("peak", peak)):
-        m = np.full(mean.shape, np.nan)
-        m[w, c] = group_median(v[w, c], ring, n_rings, upper=True)[ring]
-        ref[name] = m
+    pk = peak[w, c]
+    low = pk < (1.0 - drop) * np.maximum.reduceat(pk[order], start)[ring]
+    judged = np.zeros(n_rings, dtype=bool)
+    judged[ring[low]] = True
+    ref = {name: np.full(mean.shape, np.nan) for name in ("mean", "sd", "peak")}
+    ref["mean"][w, c] = mean[w, c][order][start + size // 2][ring]
+    keep = judged[ring]
+    if keep.any():
+        for name, v in (("sd", sd), ("peak", peak)):
+            ref[name][w[keep], c[keep]] = group_median(v[w, c][keep], ring[keep], n_rings, upper=True)[ring[keep]]
     return out_size, ref
 
 
