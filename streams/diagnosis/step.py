@@ -319,7 +319,7 @@ def _outliers(frame, lay, flagged, low, signal_hw, flag_ratio, other, n_seen, ro
         "kind": kind_f[f].astype(str),
         "resource": res_f[f].astype(str),
         "signal": np.select([signal_hw[w, f], low[w, f], flag_ratio[w, f]], ["hardware", "low", "ratio"], "work"),
-        # a link is compared with every link of the job that carried the function
+        # a link is compared with its ring-mates (links of the function at the same mean rate)
         "peers": np.where(signal_hw[w, f], n_seen[w, f], lay.counts[g]).astype(np.int32),
         "present": n_present[g, f].astype(np.int32),
         "work_us": work[w, f],
