@@ -181,12 +181,14 @@ class FleetSimulator:
         self.meta: list[WorkerMeta] = self.topology.meta()
         self.static = Static.draw(self.topology, scenario.workload, scenario.seed)
 
-    def step(self, step: int, faults: tuple[Fault, ...] | None = None, readings: bool = True) -> SimulatedStep:
+    def step(self, step: int, faults: tuple[Fault, ...] | None = None, readings: bool = True, hardware_hz: float | None = None) -> SimulatedStep:
         """Simulate one step; ``faults`` overrides the scenario's (re-simulation without a fault),
-        ``readings=False`` skips the hardware readings (the times stay the same)."""
+        ``readings=False`` skips the hardware readings (the times stay the same), ``hardware_hz`` the scenario's
+        sampling rate (a live window's trigger asks for its own)."""
         sc = self.scenario
         fx = effects(self.topology, sc.faults if faults is None else faults, step, sc.workload.layers_per_stage)
-        return simulate_step(self.topology, sc.workload, self.static, step, step_rng(sc.seed, step), fx, sc.hardware_hz, readings, sc.hardware)
+        hz = sc.hardware_hz if hardware_hz is None else hardware_hz
+        return simulate_step(self.topology, sc.workload, self.static, step, step_rng(sc.seed, step), fx, hz, readings, sc.hardware)
 
     def saving(self, index: int, steps: range | list[int]) -> float:
         """The share of the synchronised step time that removing fault ``index`` saves over ``steps``
