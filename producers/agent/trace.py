@@ -35,8 +35,9 @@ Which events become functions, and under which stable name:
   host-to-device copies carry ``bytes``: the worker's input.
 - **Sync waits** (``sync``): runtime calls that block the host until the device
   catches up: device / stream / event synchronize, synchronous copies, and an
-  asynchronous copy that returned only after its copy ended (a pageable
-  ``cudaMemcpyAsync`` to the host); ``cuda_sync`` records of a call the trace
+  asynchronous copy call still running when its copy began (it waited for the
+  stream to get there and for the copy: ``cudaMemcpyAsync`` from or to pageable
+  memory); ``cuda_sync`` records of a call the trace
   does not hold; a device's own event waits (MTIA ``event_wait``).  Named by
   the call.  Other runtime calls (launches) stay part of the CPU function that
   made them.
@@ -350,11 +351,11 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     if rt_idx.size:
         calls, inv = np.unique(name[rt_idx], return_inverse=True)
         blocking[rt_idx] = np.array([bool(_BLOCKING_CALL.search(c)) for c in calls], dtype=bool)[inv]
-    waited = dev_idx[found & is_copy[dev_idx]]  # an async copy call that returned only after its copy ended
+    waited = dev_idx[found & is_copy[dev_idx]]  # an async copy call still running when its copy began: it waited for it
     if waited.size:
         r = runtime_of[waited]
         copy_call = _has(names, "memcpy", ignore_case=True)[r]
-        hit = copy_call & (ts[r] + dur[r] >= ts[waited] + dur[waited])
+        hit = copy_call & (ts[r] + dur[r] > ts[waited])
         blocking[r[hit]] = True
     sync_rec = np.flatnonzero(is_sync_rec & (name != "Stream Wait Event"))
     if sync_rec.size:
