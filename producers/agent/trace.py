@@ -239,16 +239,15 @@ def open_regular(source: str | Path, max_bytes: int, what: str = "file") -> Bina
         fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise TraceError(f"cannot read it: {exc.strerror or exc}") from None
-    fh = os.fdopen(fd, "rb")
-    mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
-    if not stat.S_ISREG(mode):
-        fh.close()
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        os.close(fd)
+        mode = st.st_mode
+        if stat.S_ISREG(mode):
+            raise TraceError(f"{what} of {st.st_size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)")
         kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         raise TraceError(f"not a regular file ({kind})")
-    if size > max_bytes:
-        fh.close()
-        raise TraceError(f"{what} of {size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)")
-    return fh
+    return os.fdopen(fd, "rb")
 
 
 def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> bytes | bytearray:
@@ -507,7 +506,7 @@ def _inferred_steps(name, names, cat, ts, dur, stream, is_cpu, is_dev) -> tuple[
     t_first = float(ts[work].min())
     t_last = float((ts + dur)[work].max())
     opt = np.flatnonzero(is_cpu & _starts(names, "Optimizer.step"))
-    opt = opt[~_nested(stream, ts, dur, np.isin(np.arange(name.size), opt))] if opt.size else opt
+    opt = opt[~_nested(stream, ts, dur, np.isin(np.arange(name.size), opt))[opt]]  # a wrapping optimizer's inner step is not another
     if opt.size >= 2:
         opt_end = np.sort(ts[opt] + dur[opt])
         begin = np.concatenate([[t_first], opt_end[:-1]])
