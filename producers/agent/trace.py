@@ -177,13 +177,13 @@ def read_chrome_trace(source: str | Path | dict, worker: int | None = None, *, m
     """Read one worker's trace: a file path (``.json`` or ``.json.gz``) or the parsed JSON object."""
     trace = _load(source, max_bytes)
     path = None if isinstance(source, dict) else Path(source)
-    dist = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    dist = trace.distributedInfo
     rank_from = "given"
     if worker is None:
         worker, rank_from = _rank(dist.get("rank"), path)
     elif not 0 <= worker <= MAX_WORKER:
         raise TraceError(f"rank {worker} is out of range (0..{MAX_WORKER})")
-    host = str(trace.hostName or trace.host_name or "") or (_file_host(path) if path else "")
+    host = trace.hostName or trace.host_name or (_file_host(path) if path else "")
     groups = tuple(
         ProcessGroup(str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), tuple(int(r) for r in pg.get("ranks", []) or [] if isinstance(r, int)))
         for pg in dist.get("pg_config", []) or []
@@ -359,8 +359,7 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     sync_rec = np.flatnonzero(is_sync_rec & (name != "Stream Wait Event"))
     if sync_rec.size:
         blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = True  # the call itself is not in the trace
-    mtia = np.isin(cat, MTIA_CATS)
-    dev_wait = mtia & _has(names, "wait", ignore_case=True)
+    dev_wait = np.isin(cat, MTIA_CATS) & _has(names, "wait", ignore_case=True)
     is_dev &= ~dev_wait
     sync = blocking | dev_wait
 
@@ -377,41 +376,44 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     idx = np.flatnonzero(keep)
 
     # a step lasts until the last device work it launched ended
-    if steps.size:
-        last = np.full(steps.size, -np.inf)
-        d = idx[is_dev[idx]]
-        np.maximum.at(last, k[d], ts[d] + dur[d])
-        ends = np.maximum(ends, last)
+    d = idx[is_dev[idx]]
+    np.maximum.at(ends, k[d], ts[d] + dur[d])
     out_bounds = {int(s): (float(a), float(b)) for s, a, b in zip(steps, starts, ends)}
 
-    # device of each device event: its args' device, else its pid (Kineto's device timelines)
+    # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
+    # (kind of accelerator, number), named once
     dev_no = np.full(n, -1, dtype=np.int64)
     dev_no[dev_idx] = _ints([x[i].args.device if x[i].args.device is not None else x[i].pid for i in dev_idx], dev_idx.size, None)
-    prefix = np.where(np.isin(cat, MTIA_CATS), "mtia", "gpu")
-    dev_main = None
-    if dev_idx.size and (dev_no[dev_idx] >= 0).any():
-        vals, counts = np.unique(np.stack([prefix[dev_idx], dev_no[dev_idx].astype(str)], axis=1)[dev_no[dev_idx] >= 0], axis=0, return_counts=True)
-        p, no = vals[int(np.argmax(counts))]
-        dev_main = (str(p), int(no))
-    main_device = f"{host}/{dev_main[0]}{dev_main[1]}" if dev_main else None
+    mtia = np.isin(cat, MTIA_CATS)
+    code = np.where(dev_no >= 0, 2 * dev_no + mtia, -1)
+    codes, counts = np.unique(code[dev_idx][code[dev_idx] >= 0], return_counts=True)
+    labels = np.array([f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes], dtype=object)
+    main = int(codes[np.argmax(counts)]) if codes.size else None  # the accelerator that ran most device events
+    device = np.full(idx.size, None, dtype=object)
+    on_dev = is_dev[idx] & (code[idx] >= 0)
+    device[on_dev] = labels[np.searchsorted(codes, code[idx][on_dev])]
+    device[sync[idx]] = labels[np.searchsorted(codes, main)] if main is not None else None
+    dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
 
-    # name each distinct (category, name, process group, sync) once; traces repeat the same kernels thousands of times
-    pgs = [(_pg(x[i]) if comm[i] else "") or pg_suffix for i in idx]
-    keys = list(zip(cat[idx].tolist(), name[idx].tolist(), pgs, sync[idx].tolist()))
-    named: dict[tuple[str, str, str, bool], tuple[str, str, str]] = {}
-    fn, kind, res = (list(t) for t in zip(*[named.get(key) or named.setdefault(key, _classify(*key)) for key in keys])) if keys else ([], [], [])
+    # name each distinct (category, name, process group, sync) once: traces repeat the same kernels thousands of times
+    pg = np.full(idx.size, pg_suffix, dtype=object)
+    on_comm = np.flatnonzero(comm[idx])
+    pg[on_comm] = [_pg(x[i]) or pg_suffix for i in idx[on_comm]]
+    key = pc.binary_join_element_wise(pa.array(cat[idx].tolist(), pa.string()), names.take(pa.array(idx)), pa.array(pg.tolist(), pa.string()),
+                                      pa.array(np.where(sync[idx], "s", "").tolist(), pa.string()), "\x00").dictionary_encode()  # fmt: skip
+    which = key.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    first = np.full(len(key.dictionary), -1, dtype=np.int64)
+    first[which[::-1]] = np.arange(which.size - 1, -1, -1)
+    named = [_classify(cat[idx[j]], name[idx[j]], pg[j], bool(sync[idx[j]])) for j in first]
+    fn, kind, res = (np.array([t[c] for t in named], dtype=object)[which].tolist() for c in range(3)) if named else ([], [], [])
     htod = ((cat == "gpu_memcpy") & _has(names, "HtoD"))[idx]
     nbytes = np.full(idx.size, np.nan)
     if htod.any():
         nbytes[htod] = [_bytes(x[i].args.bytes) for i in idx[htod]]
-    device = np.full(idx.size, None, dtype=object)
-    on_dev = is_dev[idx] & (dev_no[idx] >= 0)
-    device[on_dev] = [f"{host}/{p}{d}" for p, d in zip(prefix[idx][on_dev], dev_no[idx][on_dev])]
-    device[sync[idx]] = main_device
     table = pa.Table.from_pydict(
         {
             "worker": np.full(idx.size, worker, dtype=np.int64),
-            "step": steps[k[idx]] if steps.size else np.zeros(0, dtype=np.int64),
+            "step": steps[k[idx]],
             "function": fn,
             "kind": kind,
             "start_us": ts[idx],
