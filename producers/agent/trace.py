@@ -295,7 +295,9 @@ def _load(source: str | Path | dict, max_bytes: int) -> _Trace:
 def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tuple[pa.Table, dict[int, tuple[float, float]], str, tuple[str, int] | None]:
     x = [e for e in ev if e.ph == "X"]
     n = len(x)
-    cat = np.array([_LEGACY_CATS.get(e.cat, e.cat) for e in x], dtype=object)
+    cat = np.array([e.cat for e in x], dtype="U32")  # categories are short identifiers: fixed width compares in C
+    for old, new in _LEGACY_CATS.items():
+        cat[cat == old] = new
     name = np.array([e.name for e in x], dtype=object)
     ts = np.fromiter((e.ts for e in x), dtype=np.float64, count=n)
     dur = np.fromiter((e.dur for e in x), dtype=np.float64, count=n)
@@ -304,12 +306,12 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
 
     is_cpu = np.isin(cat, CPU_CATS)
     ops = np.flatnonzero(cat == "cpu_op")  # old traces wrote record_function regions as operators too
-    regionlike = _starts(names, "ProfilerStep#") | _starts(names, "Optimizer.") | _has(names, "DataLoader")
-    cat[ops[regionlike[ops]]] = "user_annotation"
+    op_names = names.take(pa.array(ops))
+    cat[ops[_starts(op_names, "ProfilerStep#") | _starts(op_names, "Optimizer.") | _has(op_names, "DataLoader")]] = "user_annotation"
     is_runtime = np.isin(cat, RUNTIME_CATS)
     is_sync_rec = np.isin(cat, SYNC_CATS)
     is_copy = np.isin(cat, COPY_CATS)
-    is_dev = is_copy | (cat == "kernel") | np.isin(cat, MTIA_CATS) | (_starts(pa.array(cat.tolist(), pa.string()), "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
+    is_dev = is_copy | (cat == "kernel") | np.isin(cat, MTIA_CATS) | (np.char.startswith(cat, "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
 
     used = is_cpu | is_runtime | is_sync_rec | is_dev
     broken = used & (~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > MAX_TIME_US) | (dur > MAX_DURATION_US))
@@ -348,18 +350,20 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     # ---- sync waits: blocking runtime calls, sync records of calls the trace lacks, device-side waits
     blocking = np.zeros(n, dtype=bool)
     if rt_idx.size:
-        calls, inv = np.unique(name[rt_idx], return_inverse=True)
-        blocking[rt_idx] = np.array([bool(_BLOCKING_CALL.search(c)) for c in calls], dtype=bool)[inv]
+        calls = names.take(pa.array(rt_idx)).dictionary_encode()  # a few distinct calls, thousands of times each
+        blocks = np.array([bool(_BLOCKING_CALL.search(c)) for c in calls.dictionary.to_pylist()], dtype=bool)
+        blocking[rt_idx] = blocks[calls.indices.to_numpy(zero_copy_only=False)]
     waited = dev_idx[found & is_copy[dev_idx]]  # an async copy call still running when its copy began: it waited for it
     if waited.size:
         r = runtime_of[waited]
-        copy_call = _has(names, "memcpy", ignore_case=True)[r]
+        copy_call = _has(names.take(pa.array(r)), "memcpy", ignore_case=True)
         hit = copy_call & (ts[r] + dur[r] > ts[waited])
         blocking[r[hit]] = True
     sync_rec = np.flatnonzero(is_sync_rec & (name != "Stream Wait Event"))
     if sync_rec.size:
         blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = True  # the call itself is not in the trace
-    dev_wait = np.isin(cat, MTIA_CATS) & _has(names, "wait", ignore_case=True)
+    dev_wait = np.isin(cat, MTIA_CATS)
+    dev_wait[dev_wait] = _has(names.filter(pa.array(dev_wait)), "wait", ignore_case=True)
     is_dev &= ~dev_wait
     sync = blocking | dev_wait
 
@@ -406,7 +410,8 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     first[which[::-1]] = np.arange(which.size - 1, -1, -1)
     named = [_classify(cat[idx[j]], name[idx[j]], pg[j], bool(sync[idx[j]])) for j in first]
     fn, kind, res = (np.array([t[c] for t in named], dtype=object)[which].tolist() for c in range(3)) if named else ([], [], [])
-    htod = ((cat == "gpu_memcpy") & _has(names, "HtoD"))[idx]
+    htod = cat[idx] == "gpu_memcpy"
+    htod[htod] = _has(names.take(pa.array(idx[htod])), "HtoD")
     nbytes = np.full(idx.size, np.nan)
     if htod.any():
         nbytes[htod] = [_bytes(x[i].args.bytes) for i in idx[htod]]
@@ -431,7 +436,14 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
 
 def _ints(values: list, n: int, where: np.ndarray | None) -> np.ndarray:
     """Non-negative integers (ids, device numbers) of some events; -1 where absent or not an integer."""
-    v = np.array([int(a) if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 2**62 else -1 for a in values], dtype=np.int64)
+    try:  # the usual case, integers and nulls, converted in C
+        a = pa.array(values)
+        if not (pa.types.is_integer(a.type) or pa.types.is_null(a.type)):
+            raise TypeError(a.type)
+        v = a.cast(pa.int64()).fill_null(-1).to_numpy()
+        v = np.where((v >= 0) & (v < 2**62), v, -1)
+    except (pa.ArrowException, TypeError, OverflowError):  # strings, floats, booleans, huge numbers: one by one
+        v = np.array([int(a) if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 2**62 else -1 for a in values], dtype=np.int64)
     if where is None:
         return v
     out = np.full(n, -1, dtype=np.int64)
