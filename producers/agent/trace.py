@@ -576,7 +576,7 @@ def _classify(cat: str, name: str, pg: str, sync: bool) -> tuple[str, str, str]:
     """(function, kind, resource) of a kept event; ``pg`` names its process group ("[default_pg]" or "")."""
     if sync:
         return _cap(name), "sync", "none"
-    if cat in ("gpu_memcpy", "gpu_memset"):
+    if cat in COPY_CATS:
         resource = "pcie" if ("HtoD" in name or "DtoH" in name) else "nvlink" if "PtoP" in name else "gpu"
         return _cap(name), "memcpy", resource
     if cat in CPU_CATS:
