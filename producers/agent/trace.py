@@ -14,9 +14,10 @@ the file name up to its first dot (``tensorboard_trace_handler`` writes
 
 **Steps.**  ``ProfilerStep#N`` annotations give the steps.  Without them the
 iterations are inferred: each ``Optimizer.step`` ends one (the first begins with
-the trace), else each occurrence of the top-level region that repeats and covers
-most of its thread is one, else the whole trace is step 0; ``meta.steps_from``
-says which.  CPU events belong to the step whose span holds their start.
+the trace), else each occurrence of the top-level annotation that repeats and
+covers at least half the trace is one, else the whole trace is step 0;
+``meta.steps_from`` says which.  CPU events belong to the step whose span holds
+their start (of overlapping spans, the one begun last).
 Device events (kernels, copies, memsets, device-side NCCL kernels) belong to the
 step that *launched* them: the runtime call with the same ``correlation``, else
 the ``ac2g`` flow that ends on them, gives the launch time (a device event with
