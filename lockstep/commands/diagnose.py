@@ -244,19 +244,16 @@ def _given_ranks(specs: list[str], files: list[Path]) -> dict[Path, int]:
 
 
 def _is_trace(path: Path, max_bytes: int) -> bool:
-    from ..producers.agent.trace import TraceError, open_regular
+    """By its name, else by its first byte (opened as a regular file only: ``open_regular`` raises otherwise)."""
+    from ..producers.agent.trace import open_regular
 
     name = path.name.lower()
     if name.endswith(TABLE_SUFFIXES):
         return False
     if name.endswith(TRACE_SUFFIXES):
         return True
-    try:
-        with open_regular(path, max_bytes) as fh:
-            head = fh.read(4)
-    except TraceError as exc:
-        raise DiagnoseError(f"{path}: {exc}") from None
-    return head[:1] in (b"{", b"\x1f")
+    with open_regular(path, max_bytes) as fh:
+        return fh.read(1) in (b"{", b"\x1f")
 
 
 def _read_table(path: Path, max_bytes: int) -> pa.Table:

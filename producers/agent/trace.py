@@ -14,9 +14,10 @@ the file name up to its first dot (``tensorboard_trace_handler`` writes
 
 **Steps.**  ``ProfilerStep#N`` annotations give the steps.  Without them the
 iterations are inferred: each ``Optimizer.step`` ends one (the first begins with
-the trace), else each occurrence of the top-level region that repeats and covers
-most of its thread is one, else the whole trace is step 0; ``meta.steps_from``
-says which.  CPU events belong to the step whose span holds their start.
+the trace), else each occurrence of the top-level annotation that repeats and
+covers at least half the trace is one, else the whole trace is step 0;
+``meta.steps_from`` says which.  CPU events belong to the step whose span holds
+their start (of overlapping spans, the one begun last).
 Device events (kernels, copies, memsets, device-side NCCL kernels) belong to the
 step that *launched* them: the runtime call with the same ``correlation``, else
 the ``ac2g`` flow that ends on them, gives the launch time (a device event with
@@ -35,8 +36,9 @@ Which events become functions, and under which stable name:
   host-to-device copies carry ``bytes``: the worker's input.
 - **Sync waits** (``sync``): runtime calls that block the host until the device
   catches up: device / stream / event synchronize, synchronous copies, and an
-  asynchronous copy that returned only after its copy ended (a pageable
-  ``cudaMemcpyAsync`` to the host); ``cuda_sync`` records of a call the trace
+  asynchronous copy call still running when its copy began (it waited for the
+  stream to get there and for the copy: ``cudaMemcpyAsync`` from or to pageable
+  memory); ``cuda_sync`` records of a call the trace
   does not hold; a device's own event waits (MTIA ``event_wait``).  Named by
   the call.  Other runtime calls (launches) stay part of the CPU function that
   made them.
@@ -176,13 +178,13 @@ def read_chrome_trace(source: str | Path | dict, worker: int | None = None, *, m
     """Read one worker's trace: a file path (``.json`` or ``.json.gz``) or the parsed JSON object."""
     trace = _load(source, max_bytes)
     path = None if isinstance(source, dict) else Path(source)
-    dist = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    dist = trace.distributedInfo
     rank_from = "given"
     if worker is None:
         worker, rank_from = _rank(dist.get("rank"), path)
     elif not 0 <= worker <= MAX_WORKER:
         raise TraceError(f"rank {worker} is out of range (0..{MAX_WORKER})")
-    host = str(trace.hostName or trace.host_name or "") or (_file_host(path) if path else "")
+    host = trace.hostName or trace.host_name or (_file_host(path) if path else "")
     groups = tuple(
         ProcessGroup(str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), tuple(int(r) for r in pg.get("ranks", []) or [] if isinstance(r, int)))
         for pg in dist.get("pg_config", []) or []
@@ -238,16 +240,15 @@ def open_regular(source: str | Path, max_bytes: int, what: str = "file") -> Bina
         fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise TraceError(f"cannot read it: {exc.strerror or exc}") from None
-    fh = os.fdopen(fd, "rb")
-    mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
-    if not stat.S_ISREG(mode):
-        fh.close()
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        os.close(fd)
+        mode = st.st_mode
+        if stat.S_ISREG(mode):
+            raise TraceError(f"{what} of {st.st_size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)")
         kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         raise TraceError(f"not a regular file ({kind})")
-    if size > max_bytes:
-        fh.close()
-        raise TraceError(f"{what} of {size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)")
-    return fh
+    return os.fdopen(fd, "rb")
 
 
 def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> bytes | bytearray:
@@ -295,7 +296,9 @@ def _load(source: str | Path | dict, max_bytes: int) -> _Trace:
 def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tuple[pa.Table, dict[int, tuple[float, float]], str, tuple[str, int] | None]:
     x = [e for e in ev if e.ph == "X"]
     n = len(x)
-    cat = np.array([_LEGACY_CATS.get(e.cat, e.cat) for e in x], dtype=object)
+    cat = np.array([e.cat for e in x], dtype="U32")  # categories are short identifiers: fixed width compares in C
+    for old, new in _LEGACY_CATS.items():
+        cat[cat == old] = new
     name = np.array([e.name for e in x], dtype=object)
     ts = np.fromiter((e.ts for e in x), dtype=np.float64, count=n)
     dur = np.fromiter((e.dur for e in x), dtype=np.float64, count=n)
@@ -304,12 +307,12 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
 
     is_cpu = np.isin(cat, CPU_CATS)
     ops = np.flatnonzero(cat == "cpu_op")  # old traces wrote record_function regions as operators too
-    regionlike = _starts(names, "ProfilerStep#") | _starts(names, "Optimizer.") | _has(names, "DataLoader")
-    cat[ops[regionlike[ops]]] = "user_annotation"
+    op_names = names.take(pa.array(ops))
+    cat[ops[_starts(op_names, "ProfilerStep#") | _starts(op_names, "Optimizer.") | _has(op_names, "DataLoader")]] = "user_annotation"
     is_runtime = np.isin(cat, RUNTIME_CATS)
     is_sync_rec = np.isin(cat, SYNC_CATS)
     is_copy = np.isin(cat, COPY_CATS)
-    is_dev = is_copy | (cat == "kernel") | np.isin(cat, MTIA_CATS) | (_starts(pa.array(cat.tolist(), pa.string()), "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
+    is_dev = is_copy | (cat == "kernel") | np.isin(cat, MTIA_CATS) | (np.char.startswith(cat, "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
 
     used = is_cpu | is_runtime | is_sync_rec | is_dev
     broken = used & (~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > MAX_TIME_US) | (dur > MAX_DURATION_US))
@@ -348,19 +351,20 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     # ---- sync waits: blocking runtime calls, sync records of calls the trace lacks, device-side waits
     blocking = np.zeros(n, dtype=bool)
     if rt_idx.size:
-        calls, inv = np.unique(name[rt_idx], return_inverse=True)
-        blocking[rt_idx] = np.array([bool(_BLOCKING_CALL.search(c)) for c in calls], dtype=bool)[inv]
-    waited = dev_idx[found & is_copy[dev_idx]]  # an async copy call that returned only after its copy ended
+        calls = names.take(pa.array(rt_idx)).dictionary_encode()  # a few distinct calls, thousands of times each
+        blocks = np.array([bool(_BLOCKING_CALL.search(c)) for c in calls.dictionary.to_pylist()], dtype=bool)
+        blocking[rt_idx] = blocks[calls.indices.to_numpy(zero_copy_only=False)]
+    waited = dev_idx[found & is_copy[dev_idx]]  # an async copy call still running when its copy began: it waited for it
     if waited.size:
         r = runtime_of[waited]
-        copy_call = _has(names, "memcpy", ignore_case=True)[r]
-        hit = copy_call & (ts[r] + dur[r] >= ts[waited] + dur[waited])
+        copy_call = _has(names.take(pa.array(r)), "memcpy", ignore_case=True)
+        hit = copy_call & (ts[r] + dur[r] > ts[waited])
         blocking[r[hit]] = True
     sync_rec = np.flatnonzero(is_sync_rec & (name != "Stream Wait Event"))
     if sync_rec.size:
         blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = True  # the call itself is not in the trace
-    mtia = np.isin(cat, MTIA_CATS)
-    dev_wait = mtia & _has(names, "wait", ignore_case=True)
+    dev_wait = np.isin(cat, MTIA_CATS)
+    dev_wait[dev_wait] = _has(names.filter(pa.array(dev_wait)), "wait", ignore_case=True)
     is_dev &= ~dev_wait
     sync = blocking | dev_wait
 
@@ -377,41 +381,45 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     idx = np.flatnonzero(keep)
 
     # a step lasts until the last device work it launched ended
-    if steps.size:
-        last = np.full(steps.size, -np.inf)
-        d = idx[is_dev[idx]]
-        np.maximum.at(last, k[d], ts[d] + dur[d])
-        ends = np.maximum(ends, last)
+    d = idx[is_dev[idx]]
+    np.maximum.at(ends, k[d], ts[d] + dur[d])
     out_bounds = {int(s): (float(a), float(b)) for s, a, b in zip(steps, starts, ends)}
 
-    # device of each device event: its args' device, else its pid (Kineto's device timelines)
+    # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
+    # (kind of accelerator, number), named once
     dev_no = np.full(n, -1, dtype=np.int64)
     dev_no[dev_idx] = _ints([x[i].args.device if x[i].args.device is not None else x[i].pid for i in dev_idx], dev_idx.size, None)
-    prefix = np.where(np.isin(cat, MTIA_CATS), "mtia", "gpu")
-    dev_main = None
-    if dev_idx.size and (dev_no[dev_idx] >= 0).any():
-        vals, counts = np.unique(np.stack([prefix[dev_idx], dev_no[dev_idx].astype(str)], axis=1)[dev_no[dev_idx] >= 0], axis=0, return_counts=True)
-        p, no = vals[int(np.argmax(counts))]
-        dev_main = (str(p), int(no))
-    main_device = f"{host}/{dev_main[0]}{dev_main[1]}" if dev_main else None
+    mtia = np.isin(cat, MTIA_CATS)
+    code = np.where(dev_no >= 0, 2 * dev_no + mtia, -1)
+    codes, counts = np.unique(code[dev_idx][code[dev_idx] >= 0], return_counts=True)
+    labels = np.array([f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes], dtype=object)
+    main = int(codes[np.argmax(counts)]) if codes.size else None  # the accelerator that ran most device events
+    device = np.full(idx.size, None, dtype=object)
+    on_dev = is_dev[idx] & (code[idx] >= 0)
+    device[on_dev] = labels[np.searchsorted(codes, code[idx][on_dev])]
+    device[sync[idx]] = labels[np.searchsorted(codes, main)] if main is not None else None
+    dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
 
-    # name each distinct (category, name, process group, sync) once; traces repeat the same kernels thousands of times
-    pgs = [(_pg(x[i]) if comm[i] else "") or pg_suffix for i in idx]
-    keys = list(zip(cat[idx].tolist(), name[idx].tolist(), pgs, sync[idx].tolist()))
-    named: dict[tuple[str, str, str, bool], tuple[str, str, str]] = {}
-    fn, kind, res = (list(t) for t in zip(*[named.get(key) or named.setdefault(key, _classify(*key)) for key in keys])) if keys else ([], [], [])
-    htod = ((cat == "gpu_memcpy") & _has(names, "HtoD"))[idx]
+    # name each distinct (category, name, process group, sync) once: traces repeat the same kernels thousands of times
+    pg = np.full(idx.size, pg_suffix, dtype=object)
+    on_comm = np.flatnonzero(comm[idx])
+    pg[on_comm] = [_pg(x[i]) or pg_suffix for i in idx[on_comm]]
+    key = pc.binary_join_element_wise(pa.array(cat[idx].tolist(), pa.string()), names.take(pa.array(idx)), pa.array(pg.tolist(), pa.string()),
+                                      pa.array(np.where(sync[idx], "s", "").tolist(), pa.string()), "\x00").dictionary_encode()  # fmt: skip
+    which = key.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    first = np.full(len(key.dictionary), -1, dtype=np.int64)
+    first[which[::-1]] = np.arange(which.size - 1, -1, -1)
+    named = [_classify(cat[idx[j]], name[idx[j]], pg[j], bool(sync[idx[j]])) for j in first]
+    fn, kind, res = (np.array([t[c] for t in named], dtype=object)[which].tolist() for c in range(3)) if named else ([], [], [])
+    htod = cat[idx] == "gpu_memcpy"
+    htod[htod] = _has(names.take(pa.array(idx[htod])), "HtoD")
     nbytes = np.full(idx.size, np.nan)
     if htod.any():
         nbytes[htod] = [_bytes(x[i].args.bytes) for i in idx[htod]]
-    device = np.full(idx.size, None, dtype=object)
-    on_dev = is_dev[idx] & (dev_no[idx] >= 0)
-    device[on_dev] = [f"{host}/{p}{d}" for p, d in zip(prefix[idx][on_dev], dev_no[idx][on_dev])]
-    device[sync[idx]] = main_device
     table = pa.Table.from_pydict(
         {
             "worker": np.full(idx.size, worker, dtype=np.int64),
-            "step": steps[k[idx]] if steps.size else np.zeros(0, dtype=np.int64),
+            "step": steps[k[idx]],
             "function": fn,
             "kind": kind,
             "start_us": ts[idx],
@@ -429,7 +437,14 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
 
 def _ints(values: list, n: int, where: np.ndarray | None) -> np.ndarray:
     """Non-negative integers (ids, device numbers) of some events; -1 where absent or not an integer."""
-    v = np.array([int(a) if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 2**62 else -1 for a in values], dtype=np.int64)
+    try:  # the usual case, integers and nulls, converted in C
+        a = pa.array(values)
+        if not (pa.types.is_integer(a.type) or pa.types.is_null(a.type)):
+            raise TypeError(a.type)
+        v = a.cast(pa.int64()).fill_null(-1).to_numpy()
+        v = np.where((v >= 0) & (v < 2**62), v, -1)
+    except (pa.ArrowException, TypeError, OverflowError):  # strings, floats, booleans, huge numbers: one by one
+        v = np.array([int(a) if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 2**62 else -1 for a in values], dtype=np.int64)
     if where is None:
         return v
     out = np.full(n, -1, dtype=np.int64)
@@ -506,7 +521,7 @@ def _inferred_steps(name, names, cat, ts, dur, stream, is_cpu, is_dev) -> tuple[
     t_first = float(ts[work].min())
     t_last = float((ts + dur)[work].max())
     opt = np.flatnonzero(is_cpu & _starts(names, "Optimizer.step"))
-    opt = opt[~_nested(stream, ts, dur, np.isin(np.arange(name.size), opt))] if opt.size else opt
+    opt = opt[~_nested(stream, ts, dur, np.isin(np.arange(name.size), opt))[opt]]  # a wrapping optimizer's inner step is not another
     if opt.size >= 2:
         opt_end = np.sort(ts[opt] + dur[opt])
         begin = np.concatenate([[t_first], opt_end[:-1]])
@@ -562,7 +577,7 @@ def _classify(cat: str, name: str, pg: str, sync: bool) -> tuple[str, str, str]:
     """(function, kind, resource) of a kept event; ``pg`` names its process group ("[default_pg]" or "")."""
     if sync:
         return _cap(name), "sync", "none"
-    if cat in ("gpu_memcpy", "gpu_memset"):
+    if cat in COPY_CATS:
         resource = "pcie" if ("HtoD" in name or "DtoH" in name) else "nvlink" if "PtoP" in name else "gpu"
         return _cap(name), "memcpy", resource
     if cat in CPU_CATS:
