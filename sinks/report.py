@@ -132,6 +132,8 @@ def _finding_card(f: Finding, window: WindowRow | None) -> str:
     group = f" · group {', '.join(f'{k}={v}' for k, v in f.group.items())}" if f.group else ""
     start, steps = (window.start_step, window.steps) if window else (min(f.steps, default=0), f.window_steps or len(f.steps))
     held = f"{len(f.steps)} of {f.window_steps or steps} steps"
+    unmeasured = [e.feature for e in f.evidence if e.value is None]  # an undetermined cause: the samples that would tell
+    missing = f"<span><b>not measured</b> {_e(', '.join(unmeasured))}</span>" if unmeasured else ""
     return (
         f'<div class="card"><h3>{_e(f.cause)} · {_e(f.function)} · {_e(f.job)} / {_e(f.window)}</h3>'
         f"<div>{_e(f.summary)}</div>"
@@ -139,7 +141,7 @@ def _finding_card(f: Finding, window: WindowRow | None) -> str:
         f"<span><b>devices</b> {_e(', '.join(f.devices) or '-')}</span>"
         f"<span><b>confidence</b> {f.confidence:.2f}</span>"
         f"<span><b>cost</b> {f.impact.step_time_share:.1%} of the step, {_num(f.impact.gpu_hours_per_day)} GPU-h/day</span>"
-        f"<span><b>held in</b> {held}</span></div>"
+        f"<span><b>held in</b> {held}</span>{missing}</div>"
         f"{evidence_bars(f)}{step_strip(list(f.steps), start, steps)}</div>"
     )
 

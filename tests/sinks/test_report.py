@@ -51,3 +51,11 @@ def test_the_page_escapes_what_comes_from_the_store_and_says_when_it_is_empty():
     assert page.count("<svg") == 4  # lost by cause, evidence, steps, windows
     assert "19.5% of the step" in page and "75%" in page and "3 of 8 steps" in page
     assert "No findings." in render([], [], [])
+
+
+def test_an_undetermined_cause_says_what_was_not_measured():
+    f = finding(summary="worker 13: bwd.gemm 30% slower; no sm_clock_mhz samples")
+    f.cause = "undetermined"
+    f.evidence = [f.evidence[0], Evidence(feature="sm_clock_mhz", value=None, peer_value=None, deviation=None)]
+    page = render([f], [], [CauseRow("undetermined", 1, 1, 293.6, 12.5)])
+    assert "<b>not measured</b> sm_clock_mhz" in page and page.count("<svg") == 3  # lost by cause, evidence (work only), steps
