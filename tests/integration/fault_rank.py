@@ -131,9 +131,9 @@ def main() -> int:
         if WARMUP <= step < steps - 1:  # the boundary into the next step, where the agent's step() would be
             boundaries[step + 1] = time.time() * 1e6
             window.step()
+    pin(every_cpu)  # the fault's window is over: the profiler's and the sampler's stop run at full speed
     prof = window.stop()
     samples, stats = sampler.stop()
-    pin(every_cpu)  # the fault's window is over: write the results at full speed
     dist.barrier()
     dist.destroy_process_group()
 

@@ -231,10 +231,13 @@ def named(findings: list[dict], expect: Expect) -> dict | None:
 
 #: cases today's diagnosis cannot name yet, and what it lacks (their tests are expected failures that print what it said)
 AWAITING = {
-    "link": "a rule that names the member of a ring whose link is saturated (steady, low peak) while the others burst",
-    "contention": "a cause rule that reads the host samples (the culprit's CPU taken by another process) before rank_specific_code",
-    "dataloader": "a storage cause that asks for evidence of slow reads: here every rank shares one disk, and whether the culprit's "
-    "disk reads look lower than its peers' is chance",
+    "link": "the ring rule also asks the culprit's peak (p95) to be 20% below its ring-mates' and their means to be within 10%; "
+    "on a real ring a ring-mate's bursts (a buffer at veth speed: about 1 ms) fill under 5% of its samples, the culprit's upstream "
+    "neighbour sends at the culprit's limit, and step means differ by up to 25%, while sd/mean alone separates (culprit 0.2-0.6, others 2.4-5.8)",
+    "contention": "host_cpu_contention needs cpu_other 0.2 above the peers'; on a loaded machine every rank's cores are busy "
+    "(0.95 vs 0.87), and what tells is the culprit's own CPU while its forward ran (cpu_self 0.04 vs 0.22), which no rule reads",
+    "dataloader": "storage is chosen when the culprit's disk reads look lower than its peers'; here every rank shares one disk, "
+    "so that is chance (a storage cause needs evidence of slow reads)",
 }
 
 
