@@ -322,8 +322,10 @@ def main() -> int:
         return 0
     cfg = json.loads(line)
     _die_with_parent(int(cfg["pid"]))
-    try:  # run on any core, not only on those the training process is pinned to (and may share with a noisy neighbour)
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    try:  # on cores the training process is not pinned to, if it is pinned (its own cores may be all it has, or shared
+        # with a noisy neighbour); else on any
+        every = set(range(os.cpu_count() or 1))
+        os.sched_setaffinity(0, (every - os.sched_getaffinity(int(cfg["pid"]))) or every)
     except OSError:
         pass
     probe = Probe(cfg)
