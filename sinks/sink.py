@@ -33,7 +33,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer,
 
 from ..metrics import Metrics
 from ..schemas.records import CAUSES, Finding, ProfileTrigger, RecordError, WindowReport, dead_letter, decode, encode
-from .store import Batch, FindingsStore, StoreError, StoreLocked, jsonable, open_read_only, run_query
+from .store import Batch, FindingsStore, QueryBusy, StoreError, StoreLocked, jsonable, open_read_only, run_query
 
 log = logging.getLogger("lockstep.sink")
 
@@ -221,13 +221,11 @@ class QueryServer:
                     tenant = req.get("tenant")
                     if tenant is not None and not isinstance(tenant, str):
                         raise ValueError("tenant must be a string")
-                    cur = store.con.cursor()
-                    try:
-                        cols, rows = run_query(cur, str(req.get("sql", "")), req.get("params"), tenant)
-                    finally:
-                        cur.close()
+                    cols, rows = store.query(str(req.get("sql", "")), req.get("params"), tenant)
                     body = json.dumps({"columns": cols, "rows": [[jsonable(v) for v in r] for r in rows]}, default=str)
                     self._send(200, body.encode())
+                except QueryBusy as exc:
+                    self._send(503, json.dumps({"error": str(exc)}).encode())
                 except StoreError as exc:
                     self._send(400, json.dumps({"error": str(exc)}).encode())
                 except (ValueError, TypeError) as exc:
