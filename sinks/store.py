@@ -444,7 +444,19 @@ class FindingsStore:
     def write(self, batch: Batch, now: float | None = None) -> list[Event]:
         """Upsert findings, windows and triggers, keep the incidents, record offsets: one transaction.
 
-        Returns the incident events it appended (the pager's input)."""
+        Returns the incident events it appended (the pager's input).  Queries share the instance's memory
+        bound: when they hold it, the transaction is tried again until the longest query's time is up."""
+        deadline = time.monotonic() + self.limits.timeout_s
+        while True:
+            try:
+                return self._write(batch, now)
+            except duckdb.OutOfMemoryException:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("the findings store is out of memory (queries hold it); writing again in 0.5 s")
+                time.sleep(0.5)
+
+    def _write(self, batch: Batch, now: float | None) -> list[Event]:
         now = time.time() if now is None else now
         con = self.con
         # the same key twice in one statement is an error for ON CONFLICT: the last one wins
