@@ -239,9 +239,7 @@ class QueryServer:
 
     def start(self) -> QueryServer:
         self._thread.start()
-        fd = os.open(self.sidecar, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"url": self.url, "pid": os.getpid(), "token": self._token}, f)
+        write_private(self.sidecar, json.dumps({"url": self.url, "pid": os.getpid(), "token": self._token}))
         return self
 
     def stop(self) -> None:
@@ -250,6 +248,16 @@ class QueryServer:
             self.sidecar.unlink()
         except FileNotFoundError:
             pass
+
+
+def write_private(path: Path, text: str) -> None:
+    """A new file only its owner can read: what was at ``path`` (a stale file, a link planted there) is removed
+    first, and the file is created exclusively, never through a link, mode 0600 whatever its predecessor's."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
 
 
 def query(db: Path | str, sql: str, params: list | None = None, tenant: str | None = None,
