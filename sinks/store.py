@@ -415,6 +415,7 @@ class FindingsStore:
         self.limits = limits
         self._slots = threading.BoundedSemaphore(limits.concurrent)
         self._running: set[duckdb.DuckDBPyConnection] = set()
+        self._closing = False
         try:
             self.con = duckdb.connect(str(self.path), config=duckdb_config(limits))
         except duckdb.IOException as exc:
@@ -584,6 +585,8 @@ class FindingsStore:
 
         Raises QueryBusy when ``limits.concurrent`` queries are running already, StoreError when the SQL is
         not allowed or breaks a limit."""
+        if self._closing:
+            raise QueryBusy("the sink is stopping")
         if not self._slots.acquire(timeout=1.0):
             raise QueryBusy(f"{self.limits.concurrent} queries are running, the most the sink runs at once; ask again in a moment")
         try:
@@ -598,8 +601,12 @@ class FindingsStore:
             self._slots.release()
 
     def close(self) -> None:
-        for cur in list(self._running):  # a query must not hold up a shutdown
+        """Interrupt the queries that run (a query must not hold up a shutdown), wait for them to end, close."""
+        self._closing = True
+        for cur in list(self._running):
             cur.interrupt()
+        for _ in range(self.limits.concurrent):
+            self._slots.acquire(timeout=self.limits.timeout_s)
         self.con.close()
 
 
@@ -608,6 +615,46 @@ class FindingsStore:
 #: statements someone's SQL may be (DuckDB's parser says which): a query, or EXPLAIN of one
 ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
 _EXPLAIN = re.compile(r"\s*EXPLAIN\s*(?:\([^)]*\)\s*)?(?:ANALY[SZ]E\b)?", re.IGNORECASE)
+
+
+#: table functions a query may call: generators and the catalog.  Every other one is refused: the file readers
+#: (``read_blob``, ``read_csv``, ``glob``, ...) would reach the sink's own database file, which DuckDB lets them
+#: read even without external access, and the sink closing a handle of it would drop its lock on the file
+#: (POSIX locks belong to the process); ``query()`` runs SQL that cannot be checked here.
+TABLE_FUNCTIONS = frozenset({
+    "range", "generate_series", "unnest", "json_each", "json_tree", "duckdb_tables", "duckdb_views", "duckdb_columns",
+    "duckdb_constraints", "duckdb_indexes", "duckdb_schemas", "duckdb_databases", "duckdb_types", "duckdb_functions",
+    "duckdb_keywords", "pragma_table_info",
+})  # fmt: skip
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_relations(con: duckdb.DuckDBPyConnection, select: str) -> None:
+    """Every relation a SELECT reads (DuckDB's own parse tree) is a table, view or CTE by name, or an allowed
+    table function; a quoted name with a dot or a slash would be a file (``FROM 'x.duckdb'``)."""
+    try:
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [select]).fetchone()[0])
+    except (duckdb.Error, RecursionError, ValueError) as exc:
+        raise StoreError(f"the query cannot be checked ({type(exc).__name__}); simplify it") from None
+    if tree.get("error"):
+        raise StoreError(f"the query cannot be checked: {tree.get('error_message', 'not a plain SELECT')}")
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        kind = node.get("type")
+        if kind == "TABLE_FUNCTION":
+            name = str((node.get("function") or {}).get("function_name", ""))
+            if name.lower() not in TABLE_FUNCTIONS:
+                raise StoreError(f"table function {name}() is disabled in queries (reading files, running SQL from text); "
+                                 f"allowed: {', '.join(sorted(TABLE_FUNCTIONS))}")  # fmt: skip
+        elif kind == "BASE_TABLE" and not _IDENTIFIER.fullmatch(str(node.get("table_name", ""))):
+            raise StoreError(f"{str(node.get('table_name'))[:80]!r} is not a table name (reading files is disabled in queries)")
+        stack.extend(node.values())
 
 
 def _statements(con: duckdb.DuckDBPyConnection, sql: str) -> list:
@@ -624,7 +671,8 @@ def _kind(statement) -> str:
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     """Allow exactly one statement, a SELECT (``WITH``, ``FROM``-first, ``VALUES``, ``DESCRIBE``, ``SUMMARIZE`` are
     SELECTs to DuckDB) or EXPLAIN of a SELECT, ANALYZE or not: ``EXPLAIN ANALYZE`` runs its statement, so what
-    it explains must be a query too.  Everything else is refused (PRAGMA, SET, ATTACH, COPY, INSTALL, LOAD, CALL, ...)."""
+    it explains must be a query too.  Everything else is refused (PRAGMA, SET, ATTACH, COPY, INSTALL, LOAD, CALL, ...),
+    and so is a SELECT that reads anything but tables, views and :data:`TABLE_FUNCTIONS`."""
     statements = _statements(con, sql)
     if not statements:
         raise StoreError("no SQL statement given")
@@ -633,11 +681,17 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     kind = _kind(statements[0])
     if kind not in ALLOWED_STATEMENTS:
         raise StoreError(f"only read-only queries are allowed (SELECT, EXPLAIN SELECT); got {kind}")
+    select = statements[0].query
     if kind == "EXPLAIN":
-        text = statements[0].query
-        inner = _statements(con, text[_EXPLAIN.match(text).end() :]) if _EXPLAIN.match(text) else []  # type: ignore[union-attr]
+        explain = _EXPLAIN.match(select)
+        try:
+            inner = _statements(con, select[explain.end() :]) if explain else []
+        except StoreError:  # what follows EXPLAIN [(options)] [ANALYZE] is no statement on its own
+            inner = []
         if len(inner) != 1 or _kind(inner[0]) != "SELECT":
             raise StoreError("EXPLAIN only of a SELECT (EXPLAIN ANALYZE runs the statement it explains)")
+        select = inner[0].query
+    _check_relations(con, select)
 
 
 def tenant_sandbox(src: duckdb.DuckDBPyConnection, tenant: str, limits: QueryLimits = QUERY_LIMITS) -> duckdb.DuckDBPyConnection:
