@@ -4,6 +4,7 @@
     python benchmarks/bench_agent.py bytes       # bytes per worker per window vs the raw profiler trace
     python benchmarks/bench_agent.py summarise   # time to turn one window's trace into feature batches
     python benchmarks/bench_agent.py sampler     # hardware sampler: achieved rate and CPU cost
+    python benchmarks/bench_agent.py outage      # step time while Kafka is away, against the same loop before it
 
 The model is a transformer encoder (d_model 256, batch 4 x 32 tokens, AdamW): 8 layers, about
 100 ms a step on this machine's CPU, for ``overhead`` and ``sampler``; 24 layers (the depth of
@@ -235,6 +236,59 @@ def sampler(args) -> None:
               f"{1e6 * stats.cpu_s / max(stats.samples, 1):5.0f} us CPU per sample = {100 * stats.cpu_share:.2f}% of one core")  # fmt: skip
 
 
+# --------------------------------------------------------------------------- outage
+
+
+def outage(args) -> None:
+    """The outage test's loop (a small model's step plus a 4 ms wait, as for a GPU) with the broker stopped midway:
+    median step time before, during and after, each against the same process's steps before the outage."""
+    from lockstep.broker import free_port
+
+    model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def run(agent, steps: int) -> tuple[list[float], list[float]]:
+        step_s, agent_s = [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            model(torch.randn(32, 128)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.004)
+            t1 = time.perf_counter()
+            agent.step()
+            t2 = time.perf_counter()
+            step_s.append(t2 - t0)
+            agent_s.append(t2 - t1)
+        return step_s, agent_s
+
+    port = free_port()
+    settings = Settings(bootstrap_servers=f"127.0.0.1:{port}", topic_prefix="bench-outage", partitions=1)
+    broker = EmbeddedBroker(port=port).start()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            ensure_topics(settings)
+            agent = attach(job="bench-outage", bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, rank=0,
+                           world_size=1, host="h0", spool_dir=Path(tmp) / "spool", spool_max_bytes=256 << 10, delivery_timeout_s=1.0,
+                           flush_interval_s=0.05)  # fmt: skip
+            before, _ = run(agent, args.steps)
+            broker.stop()
+            during, agent_during = run(agent, args.outage_steps)
+            broker = EmbeddedBroker(port=port).start()
+            ensure_topics(settings)
+            after, _ = run(agent, args.steps)
+            agent.close()
+        finally:
+            broker.stop()
+    base = statistics.median(before)
+    print(f"training loop, {args.steps} steps before, {args.outage_steps} without Kafka, {args.steps} after (median step time):")
+    for name, xs in (("before", before), ("during the outage", during), ("after", after)):
+        print(f"  {name:18s} {statistics.median(xs) * 1e3:6.2f} ms  x{statistics.median(xs) / base:.3f}")
+    agent_sorted = sorted(agent_during)
+    print(f"  agent.step() during the outage: p50 {statistics.median(agent_during) * 1e6:.0f} us, "
+          f"p99 {agent_sorted[int(0.99 * (len(agent_sorted) - 1))] * 1e6:.0f} us, max {agent_sorted[-1] * 1e3:.2f} ms (wall clock)")
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -255,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--hz", type=float, nargs="+", default=[50, 100, 200])
     s.add_argument("--seconds", type=float, default=3.0)
     s.set_defaults(func=sampler)
+    g = sub.add_parser("outage")
+    g.add_argument("--steps", type=int, default=300, help="steps before and after the outage")
+    g.add_argument("--outage-steps", type=int, default=2500, help="steps while the broker is stopped")
+    g.set_defaults(func=outage)
     args = p.parse_args(argv)
     args.func(args)
     return 0
