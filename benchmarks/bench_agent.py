@@ -244,6 +244,8 @@ def outage(args) -> None:
     median step time before, during and after, each against the same process's steps before the outage."""
     from lockstep.broker import free_port
 
+    logging.getLogger("lockstep.librdkafka").setLevel(logging.CRITICAL)  # the outage is the point: no line per reconnect
+    logging.getLogger("lockstep.agent").setLevel(logging.ERROR)
     model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
