@@ -726,7 +726,6 @@ class _Deadline:
     """Interrupts the connection a query runs on once ``timeout_s`` have passed (DuckDB stops at its next vector)."""
 
     def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
         self.fired = False
         self._con: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
