@@ -13,6 +13,8 @@ reading it; :func:`read_ipc_stream` refuses such streams (Lockstep compresses wh
 
 from __future__ import annotations
 
+import struct
+
 import cramjam
 import pyarrow as pa
 
@@ -77,61 +79,62 @@ def _stream(data: bytes, max_bytes: int) -> bytes:
 _RECORD_BATCH, _DICTIONARY_BATCH = 3, 4  # MessageHeader union tags (Arrow's Message.fbs)
 
 
-def _u16(b: bytes, pos: int) -> int:
-    return int.from_bytes(b[pos : pos + 2], "little")
+_I32, _U16, _I64 = struct.Struct("<i"), struct.Struct("<H"), struct.Struct("<q")
 
 
-def _u32(b: bytes, pos: int) -> int:
-    return int.from_bytes(b[pos : pos + 4], "little")
-
-
-def _field(b: bytes, table: int, index: int) -> int | None:
+def _field(b: memoryview, table: int, index: int) -> int | None:
     """Position of field ``index`` of the flatbuffer table at ``table``; None when absent."""
-    vtable = table - int.from_bytes(b[table : table + 4], "little", signed=True)
+    vtable = table - _I32.unpack_from(b, table)[0]
     slot = vtable + 4 + 2 * index
-    if slot + 2 > vtable + _u16(b, vtable):
+    if slot + 2 > vtable + _U16.unpack_from(b, vtable)[0]:
         return None
-    off = _u16(b, slot)
+    off = _U16.unpack_from(b, slot)[0]
     return table + off if off else None
 
 
-def ipc_body_compressed(metadata: bytes) -> bool:
-    """Whether an Arrow IPC message (its flatbuffer ``Message``) holds compressed buffers.
+def _message_compressed(b: memoryview) -> tuple[bool, int]:
+    """(whether a flatbuffer ``Message`` holds compressed buffers, its body length)."""
+    root = _I32.unpack_from(b, 0)[0]
+    kind, header, body = _field(b, root, 1), _field(b, root, 2), _field(b, root, 3)
+    body_len = _I64.unpack_from(b, body)[0] if body is not None else 0
+    if kind is None or header is None or b[kind] not in (_RECORD_BATCH, _DICTIONARY_BATCH):
+        return False, body_len
+    batch = header + _I32.unpack_from(b, header)[0]
+    if b[kind] == _DICTIONARY_BATCH:
+        data = _field(b, batch, 1)
+        if data is None:
+            return False, body_len
+        batch = data + _I32.unpack_from(b, data)[0]
+    return _field(b, batch, 3) is not None, body_len  # RecordBatch.compression
 
-    Such buffers declare their own uncompressed length, which Arrow allocates before it reads
-    them: 33 KiB of IPC can allocate 1 GiB.  Lockstep payloads compress the whole stream instead."""
+
+def ipc_body_compressed(raw: bytes) -> bool:
+    """Whether any message of an Arrow IPC stream holds compressed buffers (read from the stream's own framing).
+
+    Such buffers declare their own uncompressed length, which Arrow allocates before it reads them: 33 KiB of
+    IPC can allocate 1 GiB.  Lockstep payloads compress the whole stream instead.  A stream too broken to
+    walk is left to Arrow's reader, which refuses it."""
+    b, pos = memoryview(raw), 0
     try:
-        root = _u32(metadata, 0)
-        kind = _field(metadata, root, 1)
-        header = _field(metadata, root, 2)
-        if kind is None or header is None or metadata[kind] not in (_RECORD_BATCH, _DICTIONARY_BATCH):
-            return False
-        batch = header + _u32(metadata, header)
-        if metadata[kind] == _DICTIONARY_BATCH:
-            data = _field(metadata, batch, 1)
-            if data is None:
-                return False
-            batch = data + _u32(metadata, data)
-        return _field(metadata, batch, 3) is not None  # RecordBatch.compression
-    except IndexError:
-        raise CompressionError("unreadable Arrow IPC message header") from None
+        while pos + 4 <= len(b):
+            length = _I32.unpack_from(b, pos)[0]
+            pos += 4
+            if length == -1:  # the continuation marker, then the length
+                length = _I32.unpack_from(b, pos)[0]
+                pos += 4
+            if length <= 0 or pos + length > len(b):
+                return False  # end of stream, or truncated: Arrow says which
+            compressed, body_len = _message_compressed(b[pos : pos + length])
+            if compressed:
+                return True
+            pos += length + max(body_len, 0)
+    except (IndexError, struct.error):
+        return False
+    return False
 
 
 def read_ipc_stream(raw: bytes) -> pa.Table:
     """An Arrow IPC stream as a table; CompressionError when a message compresses its buffers."""
-    reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(raw))
-    schema = pa.ipc.read_schema(reader.read_next_message())
-    if any(pa.types.is_dictionary(f.type) for f in schema):  # dictionaries need Arrow's own reader: check, then read
-        for message in reader:
-            _refuse_compressed(message)
-        return pa.ipc.open_stream(raw).read_all()
-    batches = []
-    for message in reader:
-        _refuse_compressed(message)
-        batches.append(pa.ipc.read_record_batch(message, schema))
-    return pa.Table.from_batches(batches, schema)
-
-
-def _refuse_compressed(message: pa.ipc.Message) -> None:
-    if ipc_body_compressed(message.metadata.to_pybytes()):
+    if ipc_body_compressed(raw):
         raise CompressionError("Arrow IPC buffers compressed inside the stream (compress the whole stream instead)")
+    return pa.ipc.open_stream(raw).read_all()
