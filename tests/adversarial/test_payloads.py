@@ -75,6 +75,7 @@ def test_a_payload_that_would_expand_without_bound_is_refused_in_bounded_memory(
     (tmp_path / "hostile").write_bytes(make(hostile))
     (tmp_path / "good").write_bytes(encode(GOOD))
     out = hostile.run_isolated(SETUP.format(hostile=str(tmp_path / "hostile"), good=str(tmp_path / "good")), reader)
+    print(f"\nRELIABILITY hostile: {case}: the reader grew {out['grew_mb']:.0f} MiB")
     assert out["reason"] == "bad_function_table" and detail in out["detail"], out
     assert out["grew_mb"] < bound_mb, out  # before: 1.1 GiB and more
     assert out["good_rows"] == 2  # and the reader goes on
