@@ -18,11 +18,15 @@ from collections import defaultdict
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
+def _label_value(v: object) -> str:
+    """Prometheus text format: backslash, double quote and line feed escaped (a job name comes from a record)."""
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in sorted(labels.items()))
-    return "{" + inner + "}"
+    return "{" + ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(labels.items())) + "}"
 
 
 class _Histogram:

@@ -32,8 +32,8 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..metrics import Metrics
-from ..schemas.records import Finding, ProfileTrigger, RecordError, WindowReport, dead_letter, decode, encode
-from .store import Batch, FindingsStore, StoreError, StoreLocked, jsonable, open_read_only, run_query
+from ..schemas.records import CAUSES, Finding, ProfileTrigger, RecordError, WindowReport, dead_letter, decode, encode
+from .store import Batch, FindingsStore, QueryBusy, StoreError, StoreLocked, jsonable, open_read_only, run_query
 
 log = logging.getLogger("lockstep.sink")
 
@@ -165,7 +165,8 @@ class Sink:
                 m.set("consumer_lag_records", max(0, high - pos), topic=topic, partition=str(partition),
                       help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
         for f in findings:
-            m.inc("findings_written_total", cause=f.cause, help="finding rows upserted, by cause")
+            # a label per cause this build knows: a record's free text must not grow the metrics without bound
+            m.inc("findings_written_total", cause=f.cause if f.cause in CAUSES else "other", help="finding rows upserted, by cause")
         m.inc("windows_written_total", len(windows), help="window rows upserted")
         m.inc("triggers_written_total", len(triggers), help="profiling trigger rows upserted")
         self._after(events)
@@ -220,13 +221,11 @@ class QueryServer:
                     tenant = req.get("tenant")
                     if tenant is not None and not isinstance(tenant, str):
                         raise ValueError("tenant must be a string")
-                    cur = store.con.cursor()
-                    try:
-                        cols, rows = run_query(cur, str(req.get("sql", "")), req.get("params"), tenant)
-                    finally:
-                        cur.close()
+                    cols, rows = store.query(str(req.get("sql", "")), req.get("params"), tenant)
                     body = json.dumps({"columns": cols, "rows": [[jsonable(v) for v in r] for r in rows]}, default=str)
                     self._send(200, body.encode())
+                except QueryBusy as exc:
+                    self._send(503, json.dumps({"error": str(exc)}).encode())
                 except StoreError as exc:
                     self._send(400, json.dumps({"error": str(exc)}).encode())
                 except (ValueError, TypeError) as exc:
@@ -240,9 +239,7 @@ class QueryServer:
 
     def start(self) -> QueryServer:
         self._thread.start()
-        fd = os.open(self.sidecar, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"url": self.url, "pid": os.getpid(), "token": self._token}, f)
+        write_private(self.sidecar, json.dumps({"url": self.url, "pid": os.getpid(), "token": self._token}))
         return self
 
     def stop(self) -> None:
@@ -251,6 +248,16 @@ class QueryServer:
             self.sidecar.unlink()
         except FileNotFoundError:
             pass
+
+
+def write_private(path: Path, text: str) -> None:
+    """A new file only its owner can read: what was at ``path`` (a stale file, a link planted there) is removed
+    first, and the file is created exclusively, never through a link, mode 0600 whatever its predecessor's."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
 
 
 def query(db: Path | str, sql: str, params: list | None = None, tenant: str | None = None,

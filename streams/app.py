@@ -314,11 +314,15 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             try:
                 batch = decode(event.value, FeatureBatch)
                 table = ft.read(batch.functions, batch.functions_codec)  # values: checked per step (finish_step)
+                closed, late = st.steps.add(batch, table, len(event.value), h, time.time())
             except RecordError as err:
                 await dead(event, err, "steps")
                 await release_steps([h])
                 continue
-            closed, late = st.steps.add(batch, table, len(event.value), h, time.time())
+            except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
+                await failed([event], exc, "steps")
+                await release_steps([h])
+                continue
             if late:
                 m.inc("late_records_total", stage="steps", help="records for steps or windows already closed")
                 await release_steps([h])
@@ -394,6 +398,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
                     closed = st.windows.add(rec, step_result(rec), h, time.time())
             except RecordError as err:
                 await dead(event, err, "windows")
+                await release_windows([h])
+                continue
+            except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
+                await failed([event], exc, "windows")
                 await release_windows([h])
                 continue
             if closed:
