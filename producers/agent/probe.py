@@ -303,7 +303,11 @@ class Probe:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Killed when the training process ends, however it ends (the parent is the process sampled)."""
+    """Killed when the training process ends, however it ends (the parent is the process sampled).
+
+    Armed here, not with a ``preexec_fn`` (``lockstep.broker.parent_death_signal``): that would make the
+    training process ``fork`` instead of ``vfork``.  Also, the pipe's end of file stops the probe.
+    """
     try:
         import ctypes
         import signal
