@@ -15,13 +15,13 @@ from lockstep.producers.agent.sampler import (
     HardwareSampler,
     fast_host_metrics,
     host_metrics,
+    metrics as sampler_metrics,
     parse_cpu_jiffies,
     parse_disk_read_bytes,
     parse_meminfo,
     parse_net_bytes,
     to_table,
 )
-from lockstep.producers.agent.sampler import metrics as sampler_metrics
 from lockstep.schemas.events import SAMPLE_SCHEMA
 from lockstep.schemas.functions import HARDWARE
 
