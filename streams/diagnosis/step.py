@@ -183,13 +183,16 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     # groups of 2 to ratio_peers_max workers: a z-score needs more (of two workers, each lies half the gap from the
     # median, which is the MAD: z never passes 0.67; of three or four, the others must agree closely), so compare
     # with the slowest of the others by ratio (and far below the fastest of them is low)
-    other, fastest = others_extremes(gw, gnames.size, np.where(valid, work, np.nan), policy.ratio_peers_max)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        flag_ratio = valid & ~flag_work & (work > (1.0 + policy.ratio_rise) * other) & (work - other > policy.min_excess_share * st[:, None])
-        low_ratio = present & (work * (1.0 + policy.ratio_rise) < fastest) & (fastest - work > policy.min_excess_share * st[:, None])
-        z = np.where(flag_ratio, work / other - 1.0, z)  # ratio rows: the rise over the slowest other worker
-    excess = np.where(flag_ratio, work - other, excess)
-    flag_work |= flag_ratio
+    flag_ratio = low_ratio = np.zeros((n_w, n_f), dtype=bool)
+    other = np.full((n_w, n_f), np.nan)
+    if ((n_g >= 2) & (n_g <= policy.ratio_peers_max)).any():
+        other, fastest = others_extremes(gw, gnames.size, np.where(valid, work, np.nan), policy.ratio_peers_max)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            flag_ratio = valid & ~flag_work & (work > (1.0 + policy.ratio_rise) * other) & (work - other > policy.min_excess_share * st[:, None])
+            low_ratio = present & (work * (1.0 + policy.ratio_rise) < fastest) & (fastest - work > policy.min_excess_share * st[:, None])
+            z = np.where(flag_ratio, work / other - 1.0, z)  # ratio rows: the rise over the slowest other worker
+        excess = np.where(flag_ratio, work - other, excess)
+        flag_work |= flag_ratio
     # links: a collective's links (NVLink inside a host, the NIC across hosts: a hierarchical all-reduce reports both)
     # compared with their ring-mates' (links of the same function at the same mean rate, anywhere in the job: a ring
     # crosses peer groups, and a degraded switch can take a whole pipeline stage down with it)
@@ -199,10 +202,14 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     link_ref: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}  # metric -> (columns, column -> ring-mates' values)
     cols = np.flatnonzero(waiting)
     metrics = [m for m in LINK_METRICS if cols.size and not np.isnan(frame.column(f"{m}_sd")).all()]  # shapes measured at all
-    sampled = _dense(n_w, n_f, rw, fc, frame.column("samples"), 0.0)[:, cols] >= policy.link_min_samples if metrics else None
+    if metrics:  # (workers x collectives) matrices of the rows of collectives only
+        at = np.full(n_f, -1, dtype=np.intp)
+        at[cols] = np.arange(cols.size)
+        rows = np.flatnonzero(at[fc] >= 0)
+        sampled = _dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column("samples")[rows], 0.0) >= policy.link_min_samples
     for metric in metrics:
         link = LINK_METRICS[metric]
-        mean, sd, peak = (_dense(n_w, n_f, rw, fc, frame.column(c), np.nan)[:, cols] for c in (metric, f"{metric}_sd", f"{metric}_p95"))
+        mean, sd, peak = (_dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column(c)[rows], np.nan) for c in (metric, f"{metric}_sd", f"{metric}_p95"))
         ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop, policy.link_burst_cv)
         if ring is None:
             continue
@@ -277,14 +284,15 @@ def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarr
     no mean, spread or peak, or too few samples) and per link its ring's upper median of mean, sd, peak and sd/mean
     (``cv``; the upper one: in a ring of two, the other link, not the average of both); NaN for rings where nobody
     bursts (no link's sd/mean reaches ``burst_cv``, no link's peak lies ``drop`` below the ring's highest: the usual
-    case, and it skips the sorts).  ``(None, {})`` if no link is usable.
+    case, and it skips the sorts).  ``(None, {})`` if nobody bursts anywhere (no link usable, or a healthy job).
     """
     usable = sampled & np.isfinite(mean) & np.isfinite(sd) & np.isfinite(peak) & (mean > 0)
-    w, c = np.nonzero(usable)
-    if w.size == 0:
+    top = np.max(np.where(usable, peak, -np.inf), axis=0, initial=-np.inf)  # per column
+    if not (usable & ((sd >= burst_cv * mean) | (peak < (1.0 - drop) * top))).any():  # nobody bursts: a healthy job, or no link
         return None, {}
+    w, c = np.nonzero(usable)
     lv = np.log(mean[w, c])
-    order = np.lexsort((lv, c))
+    order = np.argsort(c * 1e4 + np.clip(lv, -1e3, 1e3), kind="stable")  # by column, then by mean (one key: |log| < 1e3)
     new = np.ones(w.size, dtype=bool)
     new[1:] = (np.diff(c[order]) != 0) | (np.diff(lv[order]) > np.log1p(drop / 2))
     ring = np.empty(w.size, dtype=np.intp)
