@@ -351,7 +351,7 @@ def _confidence(s: Suspect, certainty: float, persistence: float, coverage: floa
         strength = 0.8 + 0.2 * min(1.0, max(0.0, (steadier - limit) / limit))
     if s.signal == "ratio":
         others = "its only peer" if s.peers == 2 else f"the slowest of its {s.peers - 1} peers"
-        notes.append(f"compared by ratio with {others} (too few for a z-score)")
+        notes.append(f"compared by ratio with {others} (too few for a robust z-score)")
         # against the job's own earlier healthy windows: did this worker get slower, or its peers faster?
         if not math.isfinite(s.baseline_us) or s.baseline_us <= 0:
             peers = 0.6
