@@ -19,12 +19,13 @@ where they were taken and show nothing, ``unknown``.
 | gpu      | no SM clock samples                        | undetermined (NVML would decide)        |
 | pcie     | PCIe throughput down                       | pcie (host_cpu_contention, host_memory when those deviate instead) |
 | pcie     | more bytes or input                        | input_imbalance                         |
-| nvlink   | link saturated (steady, low peak) while its ring-mates' burst | nvlink               |
+| nvlink   | link saturated (steady) while its ring-mates' burst | nvlink                         |
 | nic      | the same; several hosts, one switch        | nic / switch                            |
 | (either) | a collective over both: the link that shows it decides |                             |
 | cpu      | other processes take the CPU               | host_cpu_contention                     |
+| cpu      | (not data loading) far less CPU than the peers got, others as busy | host_cpu_contention     |
 | cpu      | host memory nearly full                    | host_memory                             |
-| cpu      | data loading with disk reads down          | storage                                 |
+| cpu      | data loading with disk reads down (peers read) | storage                             |
 | cpu      | data loading, host sampled and normal      | dataloader                              |
 | cpu      | a function the peers do not run            | rank_specific_code                      |
 | cpu      | several times the peers' time, same input, host CPU sampled and normal | rank_specific_code |
@@ -193,7 +194,8 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
             return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_other"), _ev(s, "cpu_self")], 1.0)
         if memory_pressure():
             return Attribution("host_memory", dev_host, ev + [_ev(s, "mem_used_frac")], 0.9)
-        if drop("disk_read_mbps", policy.throughput_drop) and (r == "storage" or s.kind == "dataloader"):
+        reads = s.peer_values.get("disk_read_mbps", 0.0) >= policy.disk_read_min_mbps  # the peers read: a drop means something
+        if reads and drop("disk_read_mbps", policy.throughput_drop) and (r == "storage" or s.kind == "dataloader"):
             return Attribution("storage", dev_host, ev + [_ev(s, "disk_read_mbps")], 0.85)
         if r == "storage" or s.kind == "dataloader":
             if has(*host, "disk_read_mbps"):
@@ -205,6 +207,10 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
             return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.9)
         if more := more_input():
             return Attribution("input_imbalance", dev_host, ev + more, 0.75)
+        # CPU work that got far less of a core than on the peers while other processes took at least as much of the
+        # host: the worker waited to run (a host busy anyway hides the rise of cpu_other, not the worker's starvation)
+        if drop("cpu_self", policy.cpu_self_drop) and s.values.get("cpu_other", math.nan) >= s.peer_values.get("cpu_other", math.inf):
+            return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_self"), _ev(s, "cpu_other")], 0.75)
         if not has(*host):
             what = "code the worker runs alone" if extra_code else "Python overhead" if s.kind == "python" else "the worker's own work"
             return undetermined(dev_host, host, f"{what} from a busy host")
@@ -219,14 +225,16 @@ def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
 
 
 def _link_down(s: Suspect, metric: str, policy: DiagnosisPolicy) -> bool:
-    """The link behind ``metric`` held its collective back: saturated (spread well below its ring-mates') with a peak
-    well below theirs.  Its mean is no evidence: every member of a ring moves the same bytes in the same time."""
+    """The link behind ``metric`` held its collective back: saturated (spread well below its ring-mates') while its
+    ring-mates burst (their spread high, or their peaks far above its own).  Its mean is no evidence: every member
+    of a ring moves the same bytes in the same time."""
     v, p = s.values.get(metric, math.nan), s.peer_values.get(metric, math.nan)
     sd, psd = s.values.get(f"{metric}_sd", math.nan), s.peer_values.get(f"{metric}_sd", math.nan)
-    d_peak = _rel(s.values.get(f"{metric}_p95", math.nan), s.peer_values.get(f"{metric}_p95", math.nan))
-    if not (all(math.isfinite(x) and x > 0 for x in (v, p, psd)) and math.isfinite(sd) and math.isfinite(d_peak)):
+    if not (all(math.isfinite(x) and x > 0 for x in (v, p, psd)) and math.isfinite(sd)):
         return False
-    return sd / v < policy.link_steady_ratio * psd / p and d_peak < -policy.throughput_drop
+    peak_drop = _rel(s.values.get(f"{metric}_p95", math.nan), s.peer_values.get(f"{metric}_p95", math.nan))
+    bursting = psd / p >= policy.link_burst_cv or (math.isfinite(peak_drop) and peak_drop < -policy.throughput_drop)
+    return bursting and sd / v < policy.link_steady_ratio * psd / p
 
 
 def _present(s: Suspect) -> Evidence:

@@ -59,21 +59,25 @@ def majority_bits(values: np.ndarray, groups: np.ndarray, n_groups: int, bits: i
     return out
 
 
-def others_max(groups: np.ndarray, n_groups: int, m: np.ndarray, max_size: int) -> np.ndarray:
-    """For workers of groups of 2 to ``max_size`` workers: per column, the largest value of the *other* workers of
-    the worker's group (NaN values ignored); NaN for workers of other groups.  ``m`` is (workers x columns)."""
+def others_extremes(groups: np.ndarray, n_groups: int, m: np.ndarray, max_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """For workers of groups of 2 to ``max_size`` workers: per column, the largest and the smallest value of the
+    *other* workers of the worker's group (NaN values ignored); NaN for workers of other groups.  ``m`` is
+    (workers x columns)."""
     groups = np.asarray(groups, dtype=np.intp)
     counts = np.bincount(groups, minlength=n_groups)
     sel = ((counts >= 2) & (counts <= max_size))[groups]
-    out = np.full(m.shape, np.nan)
+    out = (np.full(m.shape, np.nan), np.full(m.shape, np.nan))
     if not sel.any():
         return out
     ids, sub = np.unique(groups[sel], return_inverse=True)
     lay = Layout(sub, ids.size)
-    top = -np.sort(-np.nan_to_num(lay.cube(m[sel], lay.width), nan=-np.inf), axis=1)  # (groups, width, columns), descending
-    first, second = top[:, 0, :][sub], top[:, 1, :][sub]
-    other = np.where(m[sel] >= first, second, first)
-    out[sel] = np.where(np.isfinite(other), other, np.nan)
+    cube = lay.cube(m[sel], lay.width)  # (groups, width, columns), NaN-padded
+    mine = m[sel]
+    for i, (fill, first) in enumerate(((-np.inf, -1), (np.inf, 0))):  # the largest, then the smallest
+        s = np.sort(np.nan_to_num(cube, nan=fill), axis=1)
+        top, second = s[:, first, :][sub], s[:, first - 1 if first else 1, :][sub]
+        other = np.where(mine == top, second, top)
+        out[i][sel] = np.where(np.isfinite(other), other, np.nan)
     return out
 
 

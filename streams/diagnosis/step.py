@@ -18,8 +18,8 @@ Collectives whose time is shared by everyone (a ring runs at the speed of its
 slowest link) cannot show a culprit by time, nor by the *mean* throughput of
 their links: every member carries the same bytes in the same time.  What shows
 the culprit is the shape of its link's samples: the slowest link is saturated
-(steady, low sd/mean, its peak near its mean) while its ring-mates' links burst
-at their own capacity and idle (sd/mean 1-3, peaks far above).  Ring-mates are
+(steady, low sd/mean) while its ring-mates' links burst at their own capacity
+and idle (sd/mean 1 and more).  Ring-mates are
 found without knowing the communicators: the links of one collective whose mean
 throughputs agree (the members of one ring share its rate).  The what-if
 excess is the transfer at the ring-mates' peak rate.
@@ -39,7 +39,7 @@ import pyarrow as pa
 from ...schemas import functions as ft
 from ..policy import DiagnosisPolicy
 from .frame import StepFrame
-from .stats import Layout, group_median, group_or, majority_bits, others_max
+from .stats import Layout, group_median, group_or, majority_bits, others_extremes
 
 WAITING_KINDS = ("collective", "p2p")
 #: link throughputs checked for collectives (their time is shared by the whole ring, so it cannot show the culprit),
@@ -181,14 +181,18 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     enough = (n_g >= policy.min_peers)[gw][:, None]
     flag_work = valid & enough & (z > policy.z_threshold) & (excess > policy.min_excess_share * st[:, None])
     # groups of 2 to ratio_peers_max workers: a z-score needs more (of two workers, each lies half the gap from the
-    # median, which is the MAD: z never passes 0.67), so compare with the slowest of the others by ratio
-    other = others_max(gw, gnames.size, np.where(valid, work, np.nan), policy.ratio_peers_max)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        flag_ratio = valid & ~flag_work & (work > (1.0 + policy.ratio_rise) * other) & (work - other > policy.min_excess_share * st[:, None])
-        low_ratio = present & (work * (1.0 + policy.ratio_rise) < other) & (other - work > policy.min_excess_share * st[:, None])
-        z = np.where(flag_ratio, work / other - 1.0, z)  # ratio rows: the rise over the slowest other worker
-    excess = np.where(flag_ratio, work - other, excess)
-    flag_work |= flag_ratio
+    # median, which is the MAD: z never passes 0.67; of three or four, the others must agree closely), so compare
+    # with the slowest of the others by ratio (and far below the fastest of them is low)
+    flag_ratio = low_ratio = np.zeros((n_w, n_f), dtype=bool)
+    other = np.full((n_w, n_f), np.nan)
+    if ((n_g >= 2) & (n_g <= policy.ratio_peers_max)).any():
+        other, fastest = others_extremes(gw, gnames.size, np.where(valid, work, np.nan), policy.ratio_peers_max)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            flag_ratio = valid & ~flag_work & (work > (1.0 + policy.ratio_rise) * other) & (work - other > policy.min_excess_share * st[:, None])
+            low_ratio = present & (work * (1.0 + policy.ratio_rise) < fastest) & (fastest - work > policy.min_excess_share * st[:, None])
+            z = np.where(flag_ratio, work / other - 1.0, z)  # ratio rows: the rise over the slowest other worker
+        excess = np.where(flag_ratio, work - other, excess)
+        flag_work |= flag_ratio
     # links: a collective's links (NVLink inside a host, the NIC across hosts: a hierarchical all-reduce reports both)
     # compared with their ring-mates' (links of the same function at the same mean rate, anywhere in the job: a ring
     # crosses peer groups, and a degraded switch can take a whole pipeline stage down with it)
@@ -198,17 +202,26 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     link_ref: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}  # metric -> (columns, column -> ring-mates' values)
     cols = np.flatnonzero(waiting)
     metrics = [m for m in LINK_METRICS if cols.size and not np.isnan(frame.column(f"{m}_sd")).all()]  # shapes measured at all
-    sampled = _dense(n_w, n_f, rw, fc, frame.column("samples"), 0.0)[:, cols] >= policy.link_min_samples if metrics else None
+    if metrics:  # (workers x collectives) matrices of the rows of collectives only
+        at = np.full(n_f, -1, dtype=np.intp)
+        at[cols] = np.arange(cols.size)
+        rows = np.flatnonzero(at[fc] >= 0)
+        sampled = _dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column("samples")[rows], 0.0) >= policy.link_min_samples
     for metric in metrics:
         link = LINK_METRICS[metric]
-        mean, sd, peak = (_dense(n_w, n_f, rw, fc, frame.column(c), np.nan)[:, cols] for c in (metric, f"{metric}_sd", f"{metric}_p95"))
-        ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop)
+        mean, sd, peak = (_dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column(c)[rows], np.nan) for c in (metric, f"{metric}_sd", f"{metric}_p95"))
+        ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop, policy.link_burst_cv)
         if ring is None:
             continue
         link_ref[metric] = (cols, {metric: ref["mean"], f"{metric}_sd": ref["sd"], f"{metric}_p95": ref["peak"]})
         with np.errstate(invalid="ignore", divide="ignore"):
-            r = peak / ref["peak"]  # the link's capacity against its ring-mates': their bursts reach theirs
-            drop = (ring >= 2) & (sd / mean < policy.link_steady_ratio * ref["sd"] / ref["mean"]) & (r < 1.0 - policy.throughput_drop)
+            cv = sd / mean
+            # saturated while its ring-mates burst: their spread high, or their peaks far above its own
+            bursting = (ref["cv"] >= policy.link_burst_cv) | (peak < (1.0 - policy.throughput_drop) * ref["peak"])
+            drop = (ring >= 2) & bursting & (cv < policy.link_steady_ratio * ref["cv"])
+            # the link's capacity against its ring-mates': theirs is their peak when their bursts fill more than 5% of
+            # the samples, else what an on/off link of that mean and spread reaches, mean x (1 + (sd/mean)^2)
+            r = np.fmin(peak / ref["peak"], (1.0 + cv**2) / (1.0 + ref["cv"] ** 2))
         hw = drop & present[:, cols] & ~flag_work[:, cols]
         if not hw.any():
             continue
@@ -262,23 +275,24 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float, burst_cv: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
     """Ring-mates of each (worker, column) link and their typical shape, without knowing the communicators.
 
     The members of one ring share its rate, so links of one column (function) whose mean throughputs lie within
     ``drop / 2`` (relative) of each other, chained, form one ring (rings at the same rate merge, which changes
-    nothing: their healthy links burst alike).  Returns the size of each link's ring (0 where the link had no usable
-    shape: no mean, spread or peak, or too few samples) and per link its ring's upper median of mean, sd and peak
-    (the upper one: in a ring of two, the other link, not the average of both); NaN for rings where no link's peak
-    lies ``drop`` below the ring's highest (nothing to compare: the usual case, and it skips the sorts).  ``(None,
-    {})`` if no link is usable.
+    nothing: their links burst alike).  Returns the size of each link's ring (0 where the link had no usable shape:
+    no mean, spread or peak, or too few samples) and per link its ring's upper median of mean, sd, peak and sd/mean
+    (``cv``; the upper one: in a ring of two, the other link, not the average of both); NaN for rings where nobody
+    bursts (no link's sd/mean reaches ``burst_cv``, no link's peak lies ``drop`` below the ring's highest: the usual
+    case, and it skips the sorts).  ``(None, {})`` if nobody bursts anywhere (no link usable, or a healthy job).
     """
     usable = sampled & np.isfinite(mean) & np.isfinite(sd) & np.isfinite(peak) & (mean > 0)
-    w, c = np.nonzero(usable)
-    if w.size == 0:
+    top = np.max(np.where(usable, peak, -np.inf), axis=0, initial=-np.inf)  # per column
+    if not (usable & ((sd >= burst_cv * mean) | (peak < (1.0 - drop) * top))).any():  # nobody bursts: a healthy job, or no link
         return None, {}
+    w, c = np.nonzero(usable)
     lv = np.log(mean[w, c])
-    order = np.lexsort((lv, c))
+    order = np.argsort(c * 1e4 + np.clip(lv, -1e3, 1e3), kind="stable")  # by column, then by mean (one key: |log| < 1e3)
     new = np.ones(w.size, dtype=bool)
     new[1:] = (np.diff(c[order]) != 0) | (np.diff(lv[order]) > np.log1p(drop / 2))
     ring = np.empty(w.size, dtype=np.intp)
@@ -288,16 +302,15 @@ def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarr
     start = np.cumsum(size) - size  # in ``order`` a ring's links are consecutive, by mean
     out_size = np.zeros(mean.shape, dtype=np.int64)
     out_size[w, c] = size[ring]
-    pk = peak[w, c]
-    low = pk < (1.0 - drop) * np.maximum.reduceat(pk[order], start)[ring]
+    cv, pk = sd[w, c] / mean[w, c], peak[w, c]
     judged = np.zeros(n_rings, dtype=bool)
-    judged[ring[low]] = True
-    ref = {name: np.full(mean.shape, np.nan) for name in ("mean", "sd", "peak")}
+    judged[ring[(cv >= burst_cv) | (pk < (1.0 - drop) * np.maximum.reduceat(pk[order], start)[ring])]] = True
+    ref = {name: np.full(mean.shape, np.nan) for name in ("mean", "sd", "peak", "cv")}
     ref["mean"][w, c] = mean[w, c][order][start + size // 2][ring]
     keep = judged[ring]
     if keep.any():
-        for name, v in (("sd", sd), ("peak", peak)):
-            ref[name][w[keep], c[keep]] = group_median(v[w, c][keep], ring[keep], n_rings, upper=True)[ring[keep]]
+        for name, v in (("sd", sd[w, c]), ("peak", pk), ("cv", cv)):
+            ref[name][w[keep], c[keep]] = group_median(v[keep], ring[keep], n_rings, upper=True)[ring[keep]]
     return out_size, ref
 
 

@@ -151,10 +151,14 @@ def _worker_findings(ctx: _Ctx, history: JobHistory | None = None) -> list[Findi
     out = _concat([r.outliers for r in ctx.results], ctx.results)
     if out.num_rows == 0:
         return []
-    # a (worker, function) far below its peers in any step is not persistently slow: its group is split from step
-    # to step (mixture-of-experts routing) and it is on the slow side only some of the time
+    # a (worker, function) far below its peers in some steps (two, as one noisy step is no deviation either) is not
+    # persistently slow: its group is split from step to step (mixture-of-experts routing) and it is on the slow side
+    # only some of the time
     low = _np(out, "signal").astype(str) == "low"
-    low_pairs = _keys(_np(out, "worker")[low], _np(out, "function")[low])[0] if low.any() else np.array([], dtype=str)
+    low_pairs = np.array([], dtype=str)
+    if low.any():
+        keys, inv, _ = _keys(_np(out, "worker")[low], _np(out, "function")[low])
+        low_pairs = keys[_steps_per_key(inv, _np(out, "step")[low], keys.size) >= min(ctx.dp.min_persistent_steps, ctx.need)]
     out = out.filter(pa.array(~low))
     if out.num_rows == 0:
         return []
@@ -341,14 +345,13 @@ def _confidence(s: Suspect, certainty: float, persistence: float, coverage: floa
         strength = 0.8 + 0.2 * min(1.0, max(0.0, (s.z - dp.z_threshold) / dp.z_threshold))
     elif s.signal == "ratio":  # the rise over the slowest other worker, against its own threshold
         strength = 0.8 + 0.2 * min(1.0, max(0.0, (s.z - dp.ratio_rise) / dp.ratio_rise))
-    else:  # a link's peak below its ring-mates', judged against its own threshold the same way
-        drops = [1.0 - s.values[f"{m}_p95"] / s.peer_values[f"{m}_p95"] for m in LINK_METRICS
-                 if s.peer_values.get(f"{m}_p95", 0.0) > 0 and math.isfinite(s.values.get(f"{m}_p95", math.nan))]  # fmt: skip
-        d = max(drops, default=dp.throughput_drop)
-        strength = 0.8 + 0.2 * min(1.0, max(0.0, (d - dp.throughput_drop) / dp.throughput_drop))
+    else:  # a link steadier than its ring-mates: full when its sd/mean is a quarter of theirs (at the default ratio)
+        steadier = max((1.0 - _div(_cv(s.values, m), _cv(s.peer_values, m), 1.0) for m in LINK_METRICS), default=0.0)
+        limit = 1.0 - dp.link_steady_ratio
+        strength = 0.8 + 0.2 * min(1.0, max(0.0, (steadier - limit) / limit))
     if s.signal == "ratio":
         others = "its only peer" if s.peers == 2 else f"the slowest of its {s.peers - 1} peers"
-        notes.append(f"compared by ratio with {others} (too few for a z-score)")
+        notes.append(f"compared by ratio with {others} (too few for a robust z-score)")
         # against the job's own earlier healthy windows: did this worker get slower, or its peers faster?
         if not math.isfinite(s.baseline_us) or s.baseline_us <= 0:
             peers = 0.6
@@ -386,12 +389,12 @@ def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_s
     where = f" on {', '.join(devices[:3])}" if devices else ""
     also = f" (and {more} more function{'s' if more > 1 else ''})" if more else ""
     caveat = f"; {', '.join(notes)}" if notes else ""
-    if s.signal == "hardware":  # the link whose peak fell furthest below its ring-mates'
-        m = min(LINK_METRICS, key=lambda m: _div(s.values.get(f"{m}_p95", math.nan), s.peer_values.get(f"{m}_p95", math.nan), math.inf))
+    if s.signal == "hardware":  # the link steadiest against its ring-mates
+        m = min(LINK_METRICS, key=lambda m: _div(_cv(s.values, m), _cv(s.peer_values, m), math.inf))
         v, p = s.values, s.peer_values
-        how = (f"saturated its link ({m} sd/mean {_div(v.get(f'{m}_sd'), v.get(m)):.2f}, peak {v.get(f'{m}_p95', math.nan):.3g}) while its "
+        how = (f"saturated its link ({m} sd/mean {_cv(v, m):.2f}, peak {v.get(f'{m}_p95', math.nan):.3g}) while its "
                f"{s.peers - 1} ring-mates' links at the same mean rate ({p.get(m, math.nan):.3g}) burst (sd/mean "
-               f"{_div(p.get(f'{m}_sd'), p.get(m)):.2f}, peak {p.get(f'{m}_p95', math.nan):.3g})")
+               f"{_cv(p, m):.2f}, peak {p.get(f'{m}_p95', math.nan):.3g})")
         return f"{who}{where}: {s.function}{also} {how} in {n_steps}/{n} steps; cause {cause}{caveat}"
     if s.peer_work_us > 0:
         ratio = s.work_us / s.peer_work_us
@@ -402,9 +405,13 @@ def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_s
     return f"{who}{where}: {s.function}{also} {how} {peers} in {n_steps}/{n} steps; cause {cause}{caveat}"
 
 
-def _div(a: float | None, b: float | None, default: float = math.nan) -> float:
-    a = math.nan if a is None else a
+def _div(a: float, b: float, default: float = math.nan) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else default
+
+
+def _cv(values: dict[str, float], metric: str) -> float:
+    """A link's spread relative to its mean (sd/mean) from a suspect's (or its peers') values."""
+    return _div(values.get(f"{metric}_sd", math.nan), values.get(metric, math.nan))
 
 
 def _impact(share: float, workers: int) -> Impact:

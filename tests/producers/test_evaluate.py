@@ -192,10 +192,12 @@ def _unsupported(f: Finding, dp) -> str:
     def measured(name):
         return rel(name) is not None
 
-    def saturated(metric):  # the link's peak well below its ring-mates' while its spread is well below theirs
-        cv, peer_cv = (ev[f"{metric}_sd"].value / ev[metric].value, ev[f"{metric}_sd"].peer_value / ev[metric].peer_value) \
-            if all(measured(m) for m in (metric, f"{metric}_sd")) else (None, None)  # fmt: skip
-        return measured(f"{metric}_p95") and rel(f"{metric}_p95") < -dp.throughput_drop and cv < dp.link_steady_ratio * peer_cv
+    def saturated(metric):  # the link steady (its sd/mean well below its ring-mates') while they burst (spread or peaks)
+        if not all(measured(m) for m in (metric, f"{metric}_sd")):
+            return False
+        cv, peer_cv = ev[f"{metric}_sd"].value / ev[metric].value, ev[f"{metric}_sd"].peer_value / ev[metric].peer_value
+        bursting = peer_cv >= dp.link_burst_cv or (measured(f"{metric}_p95") and rel(f"{metric}_p95") < -dp.throughput_drop)
+        return bursting and cv < dp.link_steady_ratio * peer_cv
 
     bits = int(ev["clock_events"].deviation) if "clock_events" in ev and ev["clock_events"].deviation is not None else 0
     clock_down = measured("sm_clock_mhz") and rel("sm_clock_mhz") < -dp.clock_drop
@@ -211,9 +213,11 @@ def _unsupported(f: Finding, dp) -> str:
         "nvlink": saturated("nvlink_gbps"),
         "nic": saturated("nic_gbps"),
         "switch": saturated("nic_gbps") and len(f.devices) == 1,
-        "host_cpu_contention": measured("cpu_other") and not host_normal,
+        # others take more of the host; or the worker got far less of a core than its peers, others as busy
+        "host_cpu_contention": (measured("cpu_other") and not host_normal)
+        or (measured("cpu_self") and rel("cpu_self") < -dp.cpu_self_drop and ev["cpu_other"].value >= ev["cpu_other"].peer_value),
         "host_memory": measured("mem_used_frac") and ev["mem_used_frac"].value > dp.mem_high,
-        "storage": measured("disk_read_mbps") and rel("disk_read_mbps") < -dp.throughput_drop,
+        "storage": measured("disk_read_mbps") and rel("disk_read_mbps") < -dp.throughput_drop and ev["disk_read_mbps"].peer_value >= dp.disk_read_min_mbps,
         "dataloader": host_normal and measured("disk_read_mbps") and rel("disk_read_mbps") >= -dp.throughput_drop,
         "input_imbalance": more_input,
         # a function the peers do not run, or several times their time with the host's CPU normal
