@@ -29,7 +29,7 @@ def register(sub) -> None:
                                  description="Everything after -- is the command.")  # fmt: skip
     env_p = agent_sub.add_parser("env", help="print the environment that attaches the agent (for launchers that cannot wrap)")
     for q in (run_p, env_p):
-        config.add_arguments(q, PIPELINE_SETTINGS)
+        config.add_arguments(q, PIPELINE_SETTINGS, only=True)
         for name, f in FIELDS.items():
             if name in PER_PROCESS:
                 continue

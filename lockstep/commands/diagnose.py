@@ -48,7 +48,7 @@ def register(sub) -> None:
                    help="label column of the op-event tables that defines peer groups (repeatable); "
                         "default: the policy's peer_group_keys that exist as columns")  # fmt: skip
     p.add_argument("--samples", type=Path, default=None, help="hardware-sample table (.parquet, .csv): worker, t_us, metric, value")
-    config.add_arguments(p, ["policy"])
+    config.add_arguments(p, ["policy"], only=True)
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.set_defaults(func=run)
@@ -65,7 +65,7 @@ class Inputs:
 
 
 def run(args) -> int:
-    from ..output import findings_table, print_json
+    from ..output import findings_table, plural, print_json
     from ..schemas.records import to_builtins
     from ..streams.policy import load_policy
 
@@ -81,7 +81,7 @@ def run(args) -> int:
     print(findings_table(found))
     r = d.report
     steps = sorted({s.step for s in inputs.summaries})
-    print(f"\n{r.workers_seen} workers x {r.steps_seen} steps ({steps[0]}..{steps[-1]}) from {inputs.files} file(s); "
+    print(f"\n{r.workers_seen} workers x {r.steps_seen} steps ({steps[0]}..{steps[-1]}) from {plural(inputs.files, 'file')}; "
           f"coverage {r.coverage:.0%}; peer groups by {', '.join(keys) or 'nothing (one group)'}")  # fmt: skip
     return 0
 

@@ -9,7 +9,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="run a simulated fleet from a scenario file")
-    config.add_arguments(p)
+    config.add_arguments(p, [*config.KAFKA, *config.TOPICS])
     p.add_argument("scenario", type=Path, help="scenario file (YAML or JSON)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, metavar="DIR", help="write the records (Parquet) and the ground truth (truth.json) to DIR")
@@ -25,7 +25,7 @@ def run(args) -> int:
     from ..producers.simulator.fleet import Scenario
 
     settings = config.load(args)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     scenario = Scenario.load(args.scenario)
     if args.out:
         from ..producers.simulator.files import write_records
