@@ -85,7 +85,7 @@ def test_tenant_flag_limits_query_and_findings(tmp_path):
     r = lockstep("report", "--db", str(db), "--job", "job-globex", "--out", str(page), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["findings"] == 1 and "job-globex" in page.read_text() and "job-acme" not in page.read_text()
-    assert "1 of 1 incident(s) open" in page.read_text()  # the cost by cause counts the selected job's incidents only
+    assert "1 of 1 incident open" in page.read_text()  # the cost by cause counts the selected job's incidents only
 
 
 def test_a_bad_routes_file_stops_the_sink_with_one_line(tmp_path):
