@@ -124,7 +124,8 @@ class HttpServer:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            resp = error(exc.status, exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason, headers=exc.headers)
+            keep = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+            resp = error(exc.status, exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason, headers=keep)
         except Busy:
             self.metrics.inc("http_refused_total", reason="busy")
             resp = error(503, "busy: too many requests at once; retry shortly", headers={"Retry-After": "1"})

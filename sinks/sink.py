@@ -246,7 +246,7 @@ class QueryServer:
             if not hmac.compare_digest(token.encode(), self._token.encode()):
                 return web.Response(status=401, text="wrong token", content_type="text/plain")
             rest = {k: v for k, v in request.query.items() if k != "token"}
-            resp = web.HTTPSeeOther(str(request.rel_url.with_query(rest)))
+            resp = web.Response(status=303, headers={"Location": str(request.rel_url.with_query(rest))})
             resp.set_cookie(COOKIE, self._token, httponly=True, samesite="Strict", path="/")
             return resp
         if not (self._bearer(request) or hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), self._token.encode())):
