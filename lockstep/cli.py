@@ -50,7 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in COMMANDS:
         mod.register(sub)
+    _name_leaves(parser)
     return parser
+
+
+def _name_leaves(parser: argparse.ArgumentParser) -> None:
+    """Every subcommand's parser knows itself (``args.parser``), so that an unknown flag is reported by it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                p.set_defaults(parser=p)
+                _name_leaves(p)
 
 
 class JsonFormatter(logging.Formatter):
@@ -85,10 +95,13 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    name = getattr(args, "parser", parser).prog  # "lockstep agent env"
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()
@@ -96,19 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return closed_pipe()
     except known_errors() as exc:
-        print(f"lockstep {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else 1
     except OSError as exc:  # a file or socket the command was given: name it, say what is wrong
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"lockstep {args.command}: error: {where}{exc.strerror or one_line(exc)}", file=sys.stderr)
+        print(f"{name}: error: {where}{exc.strerror or one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"lockstep {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug: still one line, the traceback on request
         if os.environ.get("LOCKSTEP_TRACEBACK"):
             raise
-        print(f"lockstep {args.command}: internal error: {type(exc).__name__}: {one_line(exc)} "
+        print(f"{name}: internal error: {type(exc).__name__}: {one_line(exc)} "
               "(a bug; LOCKSTEP_TRACEBACK=1 shows where)", file=sys.stderr)  # fmt: skip
         return 70  # EX_SOFTWARE
 

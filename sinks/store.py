@@ -446,6 +446,10 @@ class FindingsStore:
 
     def migrate(self) -> int:
         con = self.con
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+        if tables and "schema_migrations" not in tables:  # someone else's DuckDB file: never add our tables to it
+            con.close()
+            raise StoreError(f"{self.path} is a DuckDB file but not a findings store (it has tables {', '.join(sorted(tables)[:5])}); name another file")
         con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, description VARCHAR, applied_at TIMESTAMP)")
         done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
         for version, description, sql in MIGRATIONS:

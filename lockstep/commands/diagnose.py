@@ -66,11 +66,18 @@ class Inputs:
 
 def run(args) -> int:
     from ..output import findings_table, plural, print_json
+    from ..progress import Progress, wanted
     from ..schemas.records import to_builtins
     from ..streams.policy import load_policy
 
     policy = load_policy(config.load(args).policy)
-    inputs = load_inputs(args.files, args.peer_group or None, args.samples, policy.diagnosis.peer_group_keys)
+    with Progress(wanted(args.json), "reading", total=len(args.files), unit="file") as bar:
+        inputs = load_inputs(args.files, args.peer_group or None, args.samples, policy.diagnosis.peer_group_keys, progress=lambda _: bar.update())
+    labels = sorted({k for w in inputs.workers.values() for k in w.labels})
+    missing = [k for k in args.peer_group if k not in labels]
+    if missing:
+        raise DiagnoseError(f"--peer-group: no worker has the label {', '.join(missing)} (labels: {', '.join(labels) or 'none'}; "
+                            "Chrome traces carry none: peer groups need label columns of op-event tables)")  # fmt: skip
     keys = tuple(args.peer_group) or tuple(k for k in policy.diagnosis.peer_group_keys if any(k in w.labels for w in inputs.workers.values()))
     policy = dataclasses.replace(policy, diagnosis=dataclasses.replace(policy.diagnosis, peer_group_keys=keys))
     d = diagnose(inputs, policy, args.job, now=time.time())
@@ -110,7 +117,8 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float):
 # --------------------------------------------------------------------------- files
 
 
-def load_inputs(files: list[Path], peer_cols: list[str] | None, samples_path: Path | None, policy_keys: tuple[str, ...] = ()) -> Inputs:
+def load_inputs(files: list[Path], peer_cols: list[str] | None, samples_path: Path | None, policy_keys: tuple[str, ...] = (),
+                progress=None) -> Inputs:  # fmt: skip
     from ..producers.agent.summarise import SummaryError, summarise
     from ..producers.agent.trace import TraceError, read_chrome_trace
     from ..schemas.records import WorkerMeta
@@ -146,6 +154,8 @@ def load_inputs(files: list[Path], peer_cols: list[str] | None, samples_path: Pa
         except (TraceError, SummaryError) as exc:
             where = samples_path if str(exc).startswith("sample") else path
             raise DiagnoseError(f"{where}: {exc}") from None
+        if progress:
+            progress(path)
     if not inputs.summaries:
         raise DiagnoseError(f"{files[0]}{' ...' if len(files) > 1 else ''}: no events inside any step")
     return inputs
