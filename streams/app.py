@@ -512,6 +512,10 @@ def run_worker(app: faust.App, loglevel: str = "INFO", log_format: str = "text")
     from ..cli import setup_logging
 
     class _Worker(Worker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.spinner = None  # faust's terminal spinner writes escape codes into the log
+
         def _setup_logging(self) -> None:
             setup_logging(loglevel, log_format)
 
