@@ -203,6 +203,8 @@ def evidence_bars(f: Finding, width: int = 240) -> dict[int, str]:
     for i, e in enumerate(f.evidence):
         if e.value is None or e.peer_value is None or not (math.isfinite(e.value) and math.isfinite(e.peer_value)):
             continue
+        if feature(e.feature).unit == "bits":  # a set of flags has no length to draw
+            continue
         spread = peer_spread(f, e) or 0.0
         top = max(abs(e.value), abs(e.peer_value) + spread) or 1.0
         sx = (width - 4) / top
