@@ -56,6 +56,10 @@ class Progress:
             if bar is not None and self._shown():
                 bar.refresh()
 
+    def set_total(self, total: int) -> None:
+        if self._bar is not None and self._bar.total != total:
+            self._bar.total = total
+
     def update(self, n: int = 1) -> None:
         if self._bar is not None:
             self._bar.update(n)
