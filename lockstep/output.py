@@ -38,7 +38,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], max_width: int 
     out = [line, "  ".join("-" * w for w in widths)]
     for r in rows:
         out.append("  ".join(_cell(v, w).ljust(w) for v, w in zip(r, widths)))
-    return "\n".join(out)
+    return "\n".join(x.rstrip() for x in out)
 
 
 def evidence_text(e: dict) -> str:
