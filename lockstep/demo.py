@@ -163,6 +163,13 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
 
         if not wait_for(window_stored, max(5.0, timeout_s - (time.monotonic() - t0))):
             raise RuntimeFailure(f"window {trig.window} did not reach {db} in time; see {log_dir}")
+
+        def series_stored() -> bool:  # the step times come every second or so: the picture should show the whole window
+            _, rows = query(db, "SELECT coalesce(max(step), -1) FROM step_series WHERE job = ?", [scenario.job])
+            return rows[0][0] >= trig.start_step + trig.steps - 1
+
+        status(f"window {trig.window} stored; waiting for its step times")
+        wait_for(series_stored, 10.0)
         _, rows = query(db, "SELECT record FROM findings WHERE job = ? ORDER BY step_time_share DESC", [scenario.job])
         findings = [r[0] for r in rows]
         cols, wrows = query(db, "SELECT * FROM windows WHERE job = ?", [scenario.job])

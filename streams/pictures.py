@@ -30,7 +30,7 @@ class _Job:
 
 
 class SeriesBuilder:
-    def __init__(self, lag_steps: int = 2, max_age_s: float = 10.0, flush_s: float = 2.0, max_open_steps: int = 64):
+    def __init__(self, lag_steps: int = 2, max_age_s: float = 10.0, flush_s: float = 1.0, max_open_steps: int = 64):
         self.lag_steps = lag_steps
         self.max_age_s = max_age_s
         self.flush_s = flush_s
