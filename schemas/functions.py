@@ -32,7 +32,8 @@ RESOURCES = ("gpu", "pcie", "nvlink", "nic", "cpu", "storage", "none")
 #: column -> (arrow type, meaning).  Order is the order on the wire.
 COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "function": (pa.string(), "stable function key, identical across workers"),
-    "kind": (pa.string(), "compute | memcpy | collective | p2p | python | dataloader | optimizer | other"),
+    "kind": (pa.string(), "compute | memcpy | collective | p2p | python | dataloader | optimizer | other | sync "
+             "(the host blocked until the device caught up: synchronize, a blocking copy)"),
     "resource": (pa.string(), "hardware the function depends on: gpu | pcie | nvlink | nic | cpu | storage | none"),
     "calls": (pa.int32(), "executions in the step"),
     "total_us": (pa.float32(), "sum of execution durations, waits included"),
@@ -97,6 +98,7 @@ def default_resource(kind: str) -> str:
         "python": "cpu",
         "dataloader": "cpu",
         "optimizer": "gpu",
+        "sync": "none",  # a wait, not work: the device work it waits for is credited to that work
     }.get(kind, "none")
 
 

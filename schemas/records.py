@@ -60,7 +60,7 @@ Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=4_102_444_800.0)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
-FUNCTION_KINDS = ("compute", "memcpy", "collective", "p2p", "python", "dataloader", "optimizer", "other")
+FUNCTION_KINDS = ("compute", "memcpy", "collective", "p2p", "python", "dataloader", "optimizer", "other", "sync")
 SCOPES = ("worker", "group", "job")
 
 #: cause categories of a finding (brief 5), with what each means
