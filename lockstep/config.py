@@ -159,9 +159,6 @@ def flag_name(name: str) -> str:
     return "--" + _FIELDS[name].metadata.get("flag", name.replace("_", "-"))
 
 
-_flag = flag_name
-
-
 def add_arguments(parser: argparse.ArgumentParser, names: list[str] | None = None, config_file: bool = True, only: bool = False,
                   title: str = "settings (flag > LOCKSTEP_<NAME> environment > --config file > default)") -> None:
     """Add ``--config`` and one flag per setting (default None, so that unset flags are known), in a group of
@@ -180,9 +177,9 @@ def add_arguments(parser: argparse.ArgumentParser, names: list[str] | None = Non
         help_ = f"{f.metadata['help']} (env LOCKSTEP_{name.upper()}{shown})" if name in listed else argparse.SUPPRESS
         metavar = _METAVARS.get(name) or ("SECONDS" if name.endswith("_s") else "N" if isinstance(default, (int, float)) else "VALUE")
         if isinstance(f.default_factory, type) and f.default_factory is dict:  # type: ignore[misc]
-            group.add_argument(_flag(name), dest=name, action="append", default=None, metavar="KEY=VALUE", help=help_)
+            group.add_argument(flag_name(name), dest=name, action="append", default=None, metavar="KEY=VALUE", help=help_)
         else:
-            group.add_argument(_flag(name), dest=name, default=None, metavar=metavar, help=help_)
+            group.add_argument(flag_name(name), dest=name, default=None, metavar=metavar, help=help_)
 
 
 def _parse(name: str, value: Any, source: str) -> Any:
@@ -224,5 +221,5 @@ def load(args: argparse.Namespace | None = None, env: dict[str, str] | None = No
         for name in _FIELDS:
             raw = getattr(args, name, None)
             if raw is not None:
-                put(name, raw, _flag(name))
+                put(name, raw, flag_name(name))
     return Settings(**values, **dict_values).validate()

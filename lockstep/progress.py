@@ -11,10 +11,6 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
 def wanted(json_output: bool = False) -> bool:
@@ -82,12 +78,3 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def iterate(items: Iterable[T], enabled: bool, desc: str, total: int | None = None, unit: str = "it") -> Iterator[T]:
-    """``for x in iterate(files, enabled, "reading traces"): ...`` with a bar when enabled."""
-    items = list(items) if total is None and not hasattr(items, "__len__") else items
-    with Progress(enabled, desc, total if total is not None else len(items), unit) as bar:  # type: ignore[arg-type]
-        for item in items:
-            yield item
-            bar.update()

@@ -40,14 +40,14 @@ def kafka(settings: Settings):
 
 def settings_flags(settings: Settings, command: str | None = None) -> list[str]:
     """Flags that hand these settings to a child ``lockstep processor`` or ``lockstep sink``: the ones it reads,
-    or (no ``command``) every setting, which either accepts."""
+    or (another or no ``command``) every setting, which every command accepts."""
     import dataclasses
 
     from .commands import processor, sink
     from .config import flag_name
 
     flags: list[str] = []
-    names = {"processor": processor.SETTINGS, "sink": sink.SETTINGS}[command] if command else [f.name for f in dataclasses.fields(settings)]
+    names = {"processor": processor.SETTINGS, "sink": sink.SETTINGS}.get(command or "", [f.name for f in dataclasses.fields(settings)])
     for name in names:
         value = getattr(settings, name)
         if isinstance(value, dict):

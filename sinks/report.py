@@ -148,10 +148,6 @@ def _e(v: object) -> str:
     return html.escape(str(v), quote=True)
 
 
-def _num(v: float | None) -> str:
-    return number(v)
-
-
 def _sh(text: str) -> str:
     """A shell word: quoted when it needs it (commands shown for copying)."""
     import shlex
@@ -178,7 +174,7 @@ def hbars(rows: list[tuple[str, float, str]], width: int = 1100, bar_h: int = 18
         w = max(1.0, room * max(0.0, val) / top) if math.isfinite(val) else 0.0
         parts.append(
             f'<text x="{label_w - 6}" y="{y + bar_h - 5}" text-anchor="end">{_e(label)}</text>'
-            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{BAD}"><title>{_e(label)}: {_num(val)}</title></rect>'
+            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{BAD}"><title>{_e(label)}: {number(val)}</title></rect>'
             f'<text x="{label_w + w + 6:.1f}" y="{y + bar_h - 5}">{_e(note)}</text>'
         )
     height = 4 + len(rows) * (bar_h + 6)
@@ -454,9 +450,9 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
     inc = r.incidents.get(r.incident_of.get(f.id, ""))
     pages = r.pages.get(inc.id, []) if inc else []
     host = f.hosts[0] if f.hosts else "the host"
-    cost = f"{f.impact.step_time_share:.1%} of every step · {_num(f.impact.gpu_hours_per_day)} GPU-h per day while it lasts"
+    cost = f"{f.impact.step_time_share:.1%} of every step · {number(f.impact.gpu_hours_per_day)} GPU-h per day while it lasts"
     if inc is not None:
-        lost = f"{_num(inc.gpu_hours_lost)} GPU-h lost so far ({'since' if inc.status == 'open' else 'from'} {_when(inc.opened_at)}"
+        lost = f"{number(inc.gpu_hours_lost)} GPU-h lost so far ({'since' if inc.status == 'open' else 'from'} {_when(inc.opened_at)}"
         cost += f" · {lost}{', ' + _ago(inc.opened_at, now) if inc.status == 'open' else ''})"
     out = [
         f'<div class="card finding" data-finding="{_e(f.id)}"><h3><span class="cause">{_e(f.cause)}</span> · {_e(f.function)} · '
@@ -559,11 +555,11 @@ def render(r: Report, *, title: str = "Lockstep report", scope: str = "", genera
         f"<div class=\"meta\">{_e(scope or 'every job')} · generated {now.strftime('%Y-%m-%d %H:%M:%S UTC')} · "
         f"{plural(len(r.findings), 'finding')} · {plural(len(r.windows), 'window')}</div>",
         f'<div class="summary"><div><b>{open_inc}</b>open {"incident" if open_inc == 1 else "incidents"}</div>'
-        f"<div><b>{_e(_num(per_day))}</b>GPU-h per day being lost now</div><div><b>{_e(_num(lost))}</b>GPU-h lost so far</div>"
+        f"<div><b>{_e(number(per_day))}</b>GPU-h per day being lost now</div><div><b>{_e(number(lost))}</b>GPU-h lost so far</div>"
         f"<div><b>{_e(f'{sum(cov) / len(cov):.0%}' if cov else '-')}</b>mean coverage of the windows</div></div>",
     ]
     if r.causes:
-        rows = [(c.cause, c.gpu_hours_lost, f"{_num(c.gpu_hours_lost)} GPU-h lost · {_num(c.gpu_hours_per_day)} GPU-h/day now · "
+        rows = [(c.cause, c.gpu_hours_lost, f"{number(c.gpu_hours_lost)} GPU-h lost · {number(c.gpu_hours_per_day)} GPU-h/day now · "
                  f"{c.open_incidents} of {plural(c.incidents, 'incident')} open") for c in r.causes]  # fmt: skip
         body += ["<h2>GPU-hours lost by cause</h2>", hbars(rows)]
     jobs = sorted(set(r.series) | {f.job for f in r.findings})

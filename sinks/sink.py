@@ -106,11 +106,8 @@ class Sink:
         log.warning("the store refused a batch of %d record(s) (%s: %s); writing them one by one", len(accepted), type(exc).__name__, exc)
         events = []
         for msg, rec in accepted:
-            one = Batch(findings=[rec] if isinstance(rec, Finding) else [], windows=[rec] if isinstance(rec, WindowReport) else [],
-                        offsets={}, triggers=[rec] if isinstance(rec, ProfileTrigger) else [],
-                        series=[rec] if isinstance(rec, StepSeries) else [], maps=[rec] if isinstance(rec, DeviationMap) else [])  # fmt: skip
             try:
-                events += self.store.write(one)
+                events += self.store.write(Batch.of([rec], {}))
             except Exception as err:
                 log.exception("the store refused %s[%d]@%d; it goes to the dead-letter topic", msg.topic(), msg.partition(), msg.offset())
                 self._dead(msg, RecordError("processing_failed", f"the findings store refused it ({type(err).__name__}: {err})"))
@@ -118,11 +115,6 @@ class Sink:
         return events + self.store.write(Batch(findings=[], windows=[], offsets=offsets))
 
     def write(self, msgs) -> Batch:
-        findings: list[Finding] = []
-        windows: list[WindowReport] = []
-        triggers: list[ProfileTrigger] = []
-        series: list[StepSeries] = []
-        maps: list[DeviationMap] = []
         accepted = []  # (message, record)
         offsets: dict[tuple[str, int], int] = {}
         dead = 0
@@ -147,11 +139,10 @@ class Sink:
                 self._dead(msg, err)
                 dead += 1
                 continue
-            {Finding: findings, WindowReport: windows, ProfileTrigger: triggers, StepSeries: series, DeviationMap: maps}[type(rec)].append(rec)
             accepted.append((msg, rec))
         if dead:
             self.publisher.flush()  # dead letters are durable before the offsets move past them
-        batch = Batch(findings=findings, windows=windows, offsets=offsets, triggers=triggers, series=series, maps=maps)
+        batch = Batch.of([rec for _, rec in accepted], offsets)
         t0 = time.perf_counter()
         try:
             events = self.store.write(batch)
@@ -168,11 +159,11 @@ class Sink:
             if high >= 0:
                 m.set("consumer_lag_records", max(0, high - pos), topic=topic, partition=str(partition),
                       help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
-        for f in findings:
-            m.inc("findings_written_total", cause=f.cause, help="finding rows upserted, by cause")
-        m.inc("windows_written_total", len(windows), help="window rows upserted")
-        m.inc("triggers_written_total", len(triggers), help="profiling trigger rows upserted")
-        m.inc("step_series_written_total", sum(len(s.steps) for s in series))
+        for f in batch.findings:
+            m.inc("findings_written_total", cause=f.cause)
+        m.inc("windows_written_total", len(batch.windows))
+        m.inc("triggers_written_total", len(batch.triggers))
+        m.inc("step_series_written_total", sum(len(s.steps) for s in batch.series))
         self._after(events)
         return batch
 

@@ -428,6 +428,15 @@ class Batch:
     series: list[StepSeries] = field(default_factory=list)
     maps: list[DeviationMap] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, records: list, offsets: dict[tuple[str, int], int]) -> Batch:
+        """Decoded records, each into its list by type."""
+        b = cls(findings=[], windows=[], offsets=offsets)
+        lists = {Finding: b.findings, WindowReport: b.windows, ProfileTrigger: b.triggers, StepSeries: b.series, DeviationMap: b.maps}
+        for rec in records:
+            lists[type(rec)].append(rec)
+        return b
+
 
 class FindingsStore:
     """The read-write owner of the DuckDB file (the sink)."""

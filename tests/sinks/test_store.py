@@ -9,7 +9,7 @@ import pytest
 
 from lockstep.schemas.records import Evidence, Finding, Impact, WindowReport
 from lockstep.sinks.sink import query, sidecar
-from lockstep.sinks.store import MIGRATIONS, Batch, FindingsStore, StoreError, open_read_only, tenant_sandbox
+from lockstep.sinks.store import Batch, FindingsStore, StoreError, open_read_only, tenant_sandbox
 
 
 def finding(fid="f1", conf=0.9, steps=(1, 2, 3), cause="gpu_slow", job="j"):
