@@ -11,11 +11,13 @@ documents, which must show the simulated fault's finding.
 
 from __future__ import annotations
 
+import http.cookiejar
 import os
 import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,16 @@ def test_every_compose_service_runs_as_its_container_would(tmp_path):
                 time.sleep(1)
             row = next(line for line in r.stdout.splitlines() if "gpu_throttle_thermal" in line)
             assert "node0001/gpu5" in row  # worker 13 of scenarios/demo.yaml
+
+            # the documented way to the live page: its address, with the token, from inside the sink's container
+            (url_cmd,) = [c for c in documented_commands() if c[:2] == ["exec", "sink"] and "--live-url" in c]
+            r = run("sink", url_cmd[2:], 60)
+            assert r.returncode == 0, r.stderr
+            url = r.stdout.strip().replace(":8080/", f":{rt.ports['8080']}/")  # the port compose publishes
+            browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+            with browser.open(url, timeout=30) as page:
+                body = page.read().decode()
+            assert page.status == 200 and "demo-job" in body and 'class="heatmap"' in body
         finally:
             for proc in procs.values():
                 proc.terminate()
