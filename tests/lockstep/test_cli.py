@@ -1,6 +1,7 @@
 """The command line: one-line errors, never a traceback."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -120,3 +121,21 @@ def test_every_agent_setting_the_readme_lists_is_a_flag_of_agent_run(tmp_path):
     assert env["LOCKSTEP_AGENT_LABELS"] == "pp=1" and env["LOCKSTEP_AGENT_JOB"] == "j"
     help_text = lockstep("agent", "run", "--help").stdout
     assert "AGENTCFG" not in help_text and "--rank RANK" in help_text
+
+
+def test_each_commands_help_lists_the_settings_it_reads_only():
+    def flags(*command):
+        r = lockstep(*command, "--help")
+        assert r.returncode == 0, r.stderr
+        return set(re.findall(r"(--[a-z][a-z-]+)", r.stdout))
+
+    processor, sink, demo, query = flags("processor"), flags("sink"), flags("demo"), flags("query")
+    assert {"--policy", "--faust-config", "--processor-id", "--step-timeout-s", "--log-format"} <= processor
+    assert not {"--db", "--routes", "--sink-group", "--series-keep-steps"} & processor
+    assert {"--db", "--routes", "--sink-group", "--resolve-after-s", "--series-keep-steps"} <= sink
+    assert not {"--policy", "--faust-config", "--processor-id", "--step-timeout-s"} & sink
+    assert "--config" not in demo and not {"--processor-id", "--sink-group", "--routes"} & demo  # the demo's groups are its own
+    assert query == {"--help", "--db", "--tenant", "--json"}
+    # the flags the help leaves out are still accepted where they are settings (one set of flags for every process)
+    r = lockstep("processor", "--db", "x.duckdb", "--partitions", "zero")
+    assert "partitions" in r.stderr and "unrecognized" not in r.stderr
