@@ -107,7 +107,8 @@ class HttpServer:
         except (ValueError, UnicodeDecodeError) as exc:
             raise web.HTTPBadRequest(text=f"the body is not JSON ({exc})") from None
         if not isinstance(value, dict):
-            raise web.HTTPBadRequest(text=f"the body must be a JSON object, got {type(value).__name__}")
+            kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(type(value), "null")
+            raise web.HTTPBadRequest(text=f"the body must be a JSON object, got {kind}")
         return value
 
     @property
