@@ -102,6 +102,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._lock = threading.Lock()
         self._metrics: dict[str, object] = {}
+        self._children: dict[tuple, object] = {}
         if process is not None:
             for name, spec in CATALOGUE.items():
                 if spec.process in (process, _BOTH):
@@ -126,8 +127,12 @@ class Metrics:
             return m
 
     def _child(self, name: str, kind: str, labels: dict[str, str], help: str):
-        m = self._metric(name, kind, tuple(sorted(labels)), help)
-        return m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m
+        key = (name, *labels.items())  # the hot path (a few calls per record): one dict lookup when seen before
+        child = self._children.get(key)
+        if child is None:
+            m = self._metric(name, kind, tuple(sorted(labels)), help)
+            child = self._children[key] = m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m
+        return child
 
     def inc(self, name: str, value: float = 1.0, help: str = "", **labels: str) -> None:
         self._child(name, "counter", labels, help).inc(value)
@@ -139,6 +144,7 @@ class Metrics:
         """Set a gauge's whole family at once: series absent from ``series`` disappear (jobs gone)."""
         m = self._metric(name, "gauge", tuple(sorted(k for k, _ in next(iter(series), ()))), help)
         with self._lock:
+            self._children = {k: c for k, c in self._children.items() if k[0] != name}  # cleared below
             m.clear()
             for key, value in series.items():
                 m.labels(**dict(key)).set(value)
