@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .broker import EmbeddedBroker
+from .broker import EmbeddedBroker, parent_death_signal
 from .config import Settings
 
 log = logging.getLogger("lockstep")
@@ -67,7 +67,8 @@ class Child:
         self.health_url = health_url
         self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", *args], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", *args], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     preexec_fn=parent_death_signal(signal.SIGTERM))  # fmt: skip - a killed parent leaves no child behind
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -7,11 +7,10 @@ sandbox when asked) and the sink's live page (its own connection, or a sandbox o
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import msgspec
 
@@ -112,18 +111,3 @@ def gather(run: Run, job: str | None = None, since: str | None = None, open_only
         for r in rows:
             report.pages.setdefault(r[0], []).append(PageRow(*r[1:]))
     return report
-
-
-@contextlib.contextmanager
-def sandboxed(con, tenant: str | None) -> Iterator:
-    """``con`` itself, or (with a tenant) a sandbox holding only that tenant's rows (:func:`.store.tenant_sandbox`)."""
-    if tenant is None:
-        yield con
-        return
-    from .store import tenant_sandbox
-
-    box = tenant_sandbox(con, tenant)
-    try:
-        yield box
-    finally:
-        box.close()

@@ -320,11 +320,15 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ("detect", "
             try:
                 batch = decode(event.value, FeatureBatch)
                 table = ft.read(batch.functions, batch.functions_codec)  # values: checked per step (finish_step)
+                closed, late = st.steps.add(batch, table, len(event.value), h, time.time())
             except RecordError as err:
                 await dead(event, err, "steps")
                 await release_steps([h])
                 continue
-            closed, late = st.steps.add(batch, table, len(event.value), h, time.time())
+            except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
+                await failed([event], exc, "steps")
+                await release_steps([h])
+                continue
             if late:
                 m.inc("late_records_total", stage="steps", help="records for steps or windows already closed")
                 await release_steps([h])
@@ -405,6 +409,10 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ("detect", "
                     closed = st.windows.add(rec, step_result(rec), h, time.time())
             except RecordError as err:
                 await dead(event, err, "windows")
+                await release_windows([h])
+                continue
+            except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
+                await failed([event], exc, "windows")
                 await release_windows([h])
                 continue
             if closed:

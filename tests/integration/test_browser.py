@@ -18,7 +18,7 @@ from lockstep.runtime import Child, settings_flags
 from lockstep.schemas.records import DeviationMap, Evidence, Finding, Impact, ProfileTrigger, StepSeries, WindowReport
 from lockstep.sinks.report import render
 from lockstep.sinks.reportdata import gather
-from lockstep.sinks.sink import direct
+from lockstep.sinks.sink import query
 from lockstep.sinks.store import Batch, FindingsStore
 
 pytestmark = pytest.mark.integration
@@ -88,12 +88,8 @@ def test_the_report_renders_in_a_browser(tmp_path):
 
     db = tmp_path / "f.duckdb"
     build_store(db, time.time())
-    from lockstep.sinks.store import open_read_only
-
-    con = open_read_only(db)
     page = tmp_path / "report.html"
-    page.write_text(render(gather(direct(con)), title="Lockstep report"))
-    con.close()
+    page.write_text(render(gather(lambda sql, params=None: query(db, sql, params)), title="Lockstep report"))
     r = chromium("--dump-dom", page.as_uri())
     assert r.returncode == 0, r.stderr[-2000:]
     dom_checks(r.stdout)
