@@ -134,7 +134,7 @@ def test_an_unknown_flag_is_one_line_naming_the_help(command):
 
 def test_a_closed_pipe_ends_the_command_quietly(files):
     # many rows, read by a reader that stops after the first line (`lockstep query ... | head -1`)
-    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "query", "SELECT range AS n FROM range(200000)", "--db", files["{db}"]],
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "query", "SELECT range AS n FROM range(50000)", "--db", files["{db}"]],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     first = proc.stdout.readline()
     proc.stdout.close()
