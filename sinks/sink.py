@@ -32,7 +32,7 @@ from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..metrics import CONTENT_TYPE, Metrics
-from ..schemas.records import CAUSES, RecordError, dead_letter, decode, encode, DeviationMap, Finding, ProfileTrigger, StepSeries, WindowReport
+from ..schemas.records import CAUSES, DeviationMap, Finding, ProfileTrigger, RecordError, StepSeries, WindowReport, dead_letter, decode, encode
 from ..web import HttpServer, Limits, error, json_response
 from .store import Batch, FindingsStore, QueryBusy, StoreError, StoreLocked, jsonable, open_read_only, run_query
 
