@@ -28,7 +28,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from ..schemas.records import Finding, ProfileTrigger, WindowReport
+from ..schemas.records import DeviationMap, Finding, ProfileTrigger, StepSeries, WindowReport
 from .incidents import ClosedWindow, Event, Incident, IncidentPolicy, incident_key, on_clock, on_finding, on_window
 
 log = logging.getLogger(__name__)
@@ -268,6 +268,36 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         UPDATE triggers SET kind = nullif(regexp_extract(reason, '^(slowdown|hang|manual|baseline)', 1), '');
         """,
     ),
+    (
+        4,
+        "step_series (per-job step times) and window_deviations (per-window heatmaps), for the pictures",
+        """
+        CREATE TABLE step_series (
+            job VARCHAR NOT NULL,
+            tenant VARCHAR NOT NULL,
+            step BIGINT NOT NULL,
+            step_time_us DOUBLE,
+            median_us DOUBLE,
+            workers INTEGER,
+            received_at TIMESTAMP,
+            PRIMARY KEY (job, step)
+        );
+        CREATE TABLE window_deviations (
+            job VARCHAR NOT NULL,
+            window_id VARCHAR NOT NULL,
+            tenant VARCHAR NOT NULL,
+            worker INTEGER NOT NULL,
+            function VARCHAR NOT NULL,
+            worker_rank INTEGER,
+            function_rank INTEGER,
+            z DOUBLE,
+            flagged_steps INTEGER,
+            workers_total INTEGER,
+            functions_total INTEGER,
+            PRIMARY KEY (job, window_id, worker, function)
+        );
+        """,
+    ),
 ]
 
 
@@ -324,6 +354,42 @@ _EVENT_SCHEMA = pa.schema(
 _INCIDENT_TIMES = ("opened_at", "last_seen_at", "resolved_at")
 #: the incidents columns as Incident fields (timestamps as epoch seconds)
 _INCIDENT_SELECT = ", ".join(f"epoch({c}) AS {c}" if c in _INCIDENT_TIMES else c for c in _INCIDENT_SCHEMA.names)
+
+
+_SERIES_SCHEMA = pa.schema(
+    [
+        ("job", pa.string()), ("tenant", pa.string()), ("step", pa.int64()), ("step_time_us", pa.float64()),
+        ("median_us", pa.float64()), ("workers", pa.int32()), ("received_at", pa.timestamp("us")),
+    ]
+)  # fmt: skip
+_DEVIATION_SCHEMA = pa.schema(
+    [
+        ("job", pa.string()), ("window_id", pa.string()), ("tenant", pa.string()), ("worker", pa.int32()), ("function", pa.string()),
+        ("worker_rank", pa.int32()), ("function_rank", pa.int32()), ("z", pa.float64()), ("flagged_steps", pa.int32()),
+        ("workers_total", pa.int32()), ("functions_total", pa.int32()),
+    ]
+)  # fmt: skip
+
+
+def series_table(series: list[StepSeries], now: float) -> pa.Table:
+    """Step-time points, one row per job and step (a step sent twice: the last one wins)."""
+    rows = {(s.job, step): (s.tenant, t, m, n) for s in series for step, t, m, n in zip(s.steps, s.step_time_us, s.median_us, s.workers)}
+    return pa.Table.from_pydict(
+        {"job": [k[0] for k in rows], "tenant": [v[0] for v in rows.values()], "step": [k[1] for k in rows],
+         "step_time_us": [v[1] for v in rows.values()], "median_us": [v[2] for v in rows.values()],
+         "workers": [v[3] for v in rows.values()], "received_at": [epoch_us(now)] * len(rows)},
+        schema=_SERIES_SCHEMA,
+    )  # fmt: skip
+
+
+def deviations_table(maps: list[DeviationMap]) -> pa.Table:
+    """Heatmap cells, one row per (job, window, worker, function) of each map; never-flagged cells have no z."""
+    rows = [
+        {"job": d.job, "window_id": d.window, "tenant": d.tenant, "worker": w, "function": f, "worker_rank": i, "function_rank": j,
+         "z": d.z[i][j], "flagged_steps": d.flagged[i][j], "workers_total": d.workers_total, "functions_total": d.functions_total}
+        for d in maps for i, w in enumerate(d.workers) for j, f in enumerate(d.functions)
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=_DEVIATION_SCHEMA)
 
 
 def findings_table(findings: list[Finding], now: float, incident_ids: dict[str, str] | None = None) -> pa.Table:
@@ -404,15 +470,28 @@ class Batch:
     windows: list[WindowReport]
     offsets: dict[tuple[str, int], int]  # (topic, partition) -> next offset to read
     triggers: list[ProfileTrigger] = field(default_factory=list)
+    series: list[StepSeries] = field(default_factory=list)
+    maps: list[DeviationMap] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, records: list, offsets: dict[tuple[str, int], int]) -> Batch:
+        """Decoded records, each into its list by type."""
+        b = cls(findings=[], windows=[], offsets=offsets)
+        lists = {Finding: b.findings, WindowReport: b.windows, ProfileTrigger: b.triggers, StepSeries: b.series, DeviationMap: b.maps}
+        for rec in records:
+            lists[type(rec)].append(rec)
+        return b
 
 
 class FindingsStore:
     """The read-write owner of the DuckDB file (the sink)."""
 
-    def __init__(self, path: Path | str, policy: IncidentPolicy | None = None, limits: QueryLimits = QUERY_LIMITS):
+    def __init__(self, path: Path | str, policy: IncidentPolicy | None = None, limits: QueryLimits = QUERY_LIMITS,
+                 series_keep_steps: int = 20_000):  # fmt: skip
         self.path = Path(path)
         self.policy = policy or IncidentPolicy()
         self.limits = limits
+        self.series_keep_steps = series_keep_steps
         self._slots = threading.BoundedSemaphore(limits.concurrent)
         self._running: set[duckdb.DuckDBPyConnection] = set()
         self._closing = False
@@ -426,6 +505,10 @@ class FindingsStore:
 
     def migrate(self) -> int:
         con = self.con
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+        if tables and "schema_migrations" not in tables:  # someone else's DuckDB file: never add our tables to it
+            con.close()
+            raise StoreError(f"{self.path} is a DuckDB file but not a findings store (it has tables {', '.join(sorted(tables)[:5])}); name another file")
         con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, description VARCHAR, applied_at TIMESTAMP)")
         done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
         for version, description, sql in MIGRATIONS:
@@ -476,6 +559,14 @@ class FindingsStore:
                 upsert(con, "windows", windows_table(windows), ("job", "window_id"))
             if triggers:
                 upsert(con, "triggers", triggers_table(triggers), ("job", "window_id"))
+            if batch.series:
+                upsert(con, "step_series", series_table(batch.series, now), ("job", "step"))
+            if batch.maps:
+                maps = list({(d.job, d.window): d for d in batch.maps}.values())
+                with registered(con, "_done", pa.table({"job": [d.job for d in maps], "window_id": [d.window for d in maps]})):
+                    con.execute("DELETE FROM window_deviations USING _done d WHERE window_deviations.job = d.job AND window_deviations.window_id = d.window_id")
+                with registered(con, "_rows", deviations_table(maps)):
+                    con.execute("INSERT INTO window_deviations SELECT * FROM _rows")
             if batch.offsets:
                 offsets = {"topic": [t for t, _ in batch.offsets], "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
                            "next_offset": list(batch.offsets.values())}  # fmt: skip
@@ -494,6 +585,9 @@ class FindingsStore:
             incidents = {inc.id: inc for inc, _ in changes}
             events = [ev for _, ev in changes]
             self._save(incidents, events)
+            # each job's step-time series keeps its last series_keep_steps steps
+            con.execute("DELETE FROM step_series s USING (SELECT job, max(step) AS last FROM step_series GROUP BY job) l "
+                        "WHERE s.job = l.job AND s.step <= l.last - ?", [self.series_keep_steps])  # fmt: skip
         return events
 
     # -------------------------------------------------------------- incidents (inside the caller's transaction)
