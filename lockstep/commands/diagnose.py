@@ -66,7 +66,7 @@ def register(sub) -> None:
                         "default: distributedInfo.rank, else the file name (rank-3, rank3, worker3), else the order of the files")  # fmt: skip
     p.add_argument("--max-input-mb", type=float, default=MAX_INPUT_MB, metavar="MB",
                    help=f"largest input file, after decompression (default {MAX_INPUT_MB:g})")  # fmt: skip
-    config.add_arguments(p, ["policy"])
+    config.add_arguments(p, ["policy"], only=True)
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.set_defaults(func=run)
@@ -85,17 +85,24 @@ class Inputs:
 
 
 def run(args) -> int:
-    from ..output import findings_table, print_json
+    from ..output import findings_table, plural, print_json
+    from ..progress import Progress, wanted
     from ..schemas.records import to_builtins
     from ..streams.policy import load_policy
 
     policy = load_policy(config.load(args).policy)
     if not args.max_input_mb > 0:
         raise DiagnoseError(f"--max-input-mb must be positive, got {args.max_input_mb:g}")
-    inputs = load_inputs(args.files, args.peer_group or None, args.samples, policy.diagnosis.peer_group_keys,
-                         ranks=_given_ranks(args.rank, args.files), max_bytes=int(args.max_input_mb * 2**20))  # fmt: skip
+    with Progress(wanted(args.json), "reading", total=len(args.files), unit="file") as bar:
+        inputs = load_inputs(args.files, args.peer_group or None, args.samples, policy.diagnosis.peer_group_keys,
+                             ranks=_given_ranks(args.rank, args.files), max_bytes=int(args.max_input_mb * 2**20), progress=lambda _: bar.update())  # fmt: skip
     for note in inputs.notes:
         print(f"lockstep diagnose: {note}", file=sys.stderr)
+    labels = sorted({k for w in inputs.workers.values() for k in w.labels})
+    missing = [k for k in args.peer_group if k not in labels]
+    if missing:
+        raise DiagnoseError(f"--peer-group: no worker has the label {', '.join(missing)} (labels: {', '.join(labels) or 'none'}; "
+                            "Chrome traces carry none: peer groups need label columns of op-event tables)")  # fmt: skip
     keys = tuple(args.peer_group) or tuple(k for k in policy.diagnosis.peer_group_keys if any(k in w.labels for w in inputs.workers.values()))
     policy = dataclasses.replace(policy, diagnosis=dataclasses.replace(policy.diagnosis, peer_group_keys=keys))
     d = diagnose(inputs, policy, args.job, now=time.time())
@@ -106,8 +113,8 @@ def run(args) -> int:
     print(findings_table(found))
     r = d.report
     steps = sorted({s.step for s in inputs.summaries})
-    print(f"\n{r.workers_seen} workers x {r.steps_seen} steps ({steps[0]}..{steps[-1]}) from {inputs.files} file(s); "
-          f"coverage {r.coverage:.0%} of {inputs.expected_workers} workers; peer groups by {', '.join(keys) or 'nothing (one group)'}")  # fmt: skip
+    print(f"\n{r.workers_seen} workers x {r.steps_seen} steps ({steps[0]}..{steps[-1]}) from {plural(inputs.files, 'file')}; "
+          f"coverage {r.coverage:.0%} of {plural(inputs.expected_workers, 'worker')}; peer groups by {', '.join(keys) or 'nothing (one group)'}")  # fmt: skip
     return 0
 
 
@@ -143,7 +150,9 @@ def load_inputs(
     *,
     ranks: dict[Path, int] | None = None,
     max_bytes: int = int(MAX_INPUT_MB * 2**20),
+    progress=None,
 ) -> Inputs:
+    """``progress(path)`` hears every file read (the CLI's progress bar)."""
     from ..producers.agent.summarise import summarise
     from ..producers.agent.trace import TraceEvents, read_chrome_trace
     from ..schemas.records import WorkerMeta
@@ -177,6 +186,8 @@ def load_inputs(
             else:
                 table = _read_table(path, max_bytes)
                 add(path, _table_workers(path, table, peer_cols, policy_keys), summarise(table, samples))
+        if progress:
+            progress(path)
     # traces that name no rank: the next free numbers, in the order given
     taken = set(owner) | {te.worker for _, te in traces if te.worker is not None}
     free = (n for n in range(len(taken) + len(traces) + 1) if n not in taken)

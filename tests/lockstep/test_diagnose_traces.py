@@ -47,7 +47,7 @@ def test_two_ranks_of_a_128_rank_job(capsys):
     assert code == 0 and err == "", err
     json.loads(out)
     code, out, _ = run(capsys, *PAIR)
-    assert "2 workers x 2 steps (551..552) from 2 file(s); coverage 2% of 128 workers" in out
+    assert "2 workers x 2 steps (551..552) from 2 files; coverage 2% of 128 workers" in out
 
 
 def test_a_kernel_one_and_a_half_times_slower_on_one_worker_is_found(tmp_path, capsys):
