@@ -270,25 +270,30 @@ def sampler(args) -> None:
     steps = {"torch": model_step(), "python": python_step()}
     print(f"hardware sampler (host only on this machine, no GPU); blocks of {args.seconds:.1f} s, {args.repeats} x each mode in"
           f" rotating order; training steps: an 8-layer transformer on CPU (torch ops release the GIL) and a pure-Python step"
-          f" (holds it)")  # fmt: skip
+          f" (holds it); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
     order = ("none", "process", "thread", "thread", "process", "none")
     for hz in args.hz:
         for kind, step in steps.items():
-            times: dict[str, list[list[float]]] = {m: [] for m in order}
-            rates: dict[str, list[tuple[float, float, float]]] = {m: [] for m in order}
+            ratios: dict[str, list[float]] = {"process": [], "thread": []}  # per repeat: median step / median step without
+            rates: dict[str, list[tuple[float, float, float]]] = {"process": [], "thread": []}
+            base: list[float] = []
             for _ in range(args.repeats):
+                times: dict[str, list[float]] = {m: [] for m in order}
                 for mode in order:
                     t, fast, slow, cpu = _sampled_block(mode, hz, step, args.seconds)
-                    times[mode].append(t)
-                    rates[mode].append((fast, slow, cpu))
-            base = statistics.median(x for b in times["none"] for x in b)
+                    times[mode] += t
+                    if mode != "none":
+                        rates[mode].append((fast, slow, cpu))
+                b = statistics.median(times["none"])
+                base.append(b)
+                for mode in ratios:
+                    ratios[mode].append(statistics.median(times[mode]) / b)
             for mode in ("process", "thread"):
                 fast, slow, cpu = (statistics.median(r[i] for r in rates[mode]) for i in range(3))
-                ratio = statistics.median(x for b in times[mode] for x in b) / base
                 where = "sampler process" if mode == "process" else "thread in the training process"
-                print(f"  {hz:6.0f} Hz asked, {kind:6s} step ({1e3 * base:5.1f} ms), {where:31s}: achieved {fast:7.0f} Hz NIC + process CPU,"
-                      f" {slow:4.0f} Hz /proc; sampler CPU {100 * cpu:5.1f}% of one core ({1e6 * cpu / max(fast, 1e-9):4.0f} us per reading);"
-                      f" median step x{ratio:.3f} of without")  # fmt: skip
+                print(f"  {hz:6.0f} Hz asked, {kind:6s} step ({1e3 * statistics.median(base):6.1f} ms), {where:31s}: achieved {fast:6.0f} Hz"
+                      f" NIC + process CPU, {slow:4.0f} Hz /proc; sampler CPU {100 * cpu:5.1f}% of one core ({1e6 * cpu / max(fast, 1e-9):3.0f} us"
+                      f" per reading); median step x{statistics.median(ratios[mode]):.3f} of without")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- outage

@@ -16,7 +16,7 @@ changes:
 * **slow** (at most 100 Hz, ``SLOW_HZ``): ``/proc/stat`` (busy time on the worker's cores,
   which the kernel reports in 1/100 s: reading it faster only repeats values), memory, disk.
 * **gpu** (NVML, at most ``NVML_HZ``; utilisation, power and temperature, which the driver
-  averages over 1/6 s to 1 s, every ``NVML_FULL_EVERY``-th reading) and **pcie** (NVML
+  averages over 1/6 s to 1 s, at most ``NVML_FULL_HZ``) and **pcie** (NVML
   measures PCIe for 20 ms per query: a thread of its own at about 20 Hz).
 
 Protocol (pipes): the parent writes one JSON line of settings, then ``go``, then ``stop``
@@ -38,7 +38,7 @@ from pathlib import Path
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SLOW_HZ = 100.0  # /proc/stat counts in 1/CLK_TCK s
 NVML_HZ = 1000.0
-NVML_FULL_EVERY = 50  # utilisation, power, temperature: every 50th NVML reading (20 Hz at 1 kHz)
+NVML_FULL_HZ = 20.0  # utilisation, power, temperature: the driver averages them over 1/6 s to 1 s
 NAN = float("nan")
 
 FAST = ("t", "t_end", "nic_bytes", "proc_cpu_s")  # the reads happened between t and t_end
@@ -273,8 +273,9 @@ class Probe:
         self._paced(self.hz, body)
 
     def _gpu_loop(self) -> None:
-        out, gpu = self.cols["gpu"], self.gpu
-        self._paced(min(self.hz, NVML_HZ), lambda i: (out.append(time.time()), out.extend(gpu.read(full=i % NVML_FULL_EVERY == 0))))
+        out, gpu, hz = self.cols["gpu"], self.gpu, min(self.hz, NVML_HZ)
+        every = max(1, round(hz / NVML_FULL_HZ))
+        self._paced(hz, lambda i: (out.append(time.time()), out.extend(gpu.read(full=i % every == 0))))
 
     def _pcie_loop(self) -> None:
         out = self.cols["pcie"]
@@ -303,7 +304,11 @@ class Probe:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Killed when the training process ends, however it ends (the parent is the process sampled)."""
+    """Killed when the training process ends, however it ends (the parent is the process sampled).
+
+    Armed here, not with a ``preexec_fn`` (``lockstep.broker.parent_death_signal``): that would make the
+    training process ``fork`` instead of ``vfork``.  Also, the pipe's end of file stops the probe.
+    """
     try:
         import ctypes
         import signal
@@ -322,8 +327,10 @@ def main() -> int:
         return 0
     cfg = json.loads(line)
     _die_with_parent(int(cfg["pid"]))
-    try:  # run on any core, not only on those the training process is pinned to (and may share with a noisy neighbour)
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    try:  # on cores the training process is not pinned to, if it is pinned (its own cores may be all it has, or shared
+        # with a noisy neighbour); else on any
+        every = set(range(os.cpu_count() or 1))
+        os.sched_setaffinity(0, (every - os.sched_getaffinity(int(cfg["pid"]))) or every)
     except OSError:
         pass
     probe = Probe(cfg)
@@ -335,8 +342,8 @@ def main() -> int:
     stdin.readline()  # "stop", or end of file when the parent closes the pipe
     head = probe.finish(t0, cpu0)
     stdout.write(json.dumps(head).encode() + b"\n")
-    for k in head["tiers"]:
-        stdout.write(probe.cols[k].tobytes())
+    for k, spec in head["tiers"].items():  # as many rows as the header says (a thread that did not stop may add more)
+        stdout.write(probe.cols[k][: spec["rows"] * spec["width"]].tobytes())
     stdout.flush()
     return 0
 

@@ -155,7 +155,7 @@ class HardwareSampler:
         self.source = "nvml" if use_gpu else "host"  # until the sampler process says otherwise
         self._settings = {"pid": os.getpid(), "hz": hz, "nic": nic, "use_gpu": use_gpu, "gpu_uuid": gpu_uuid, "gpu_index": gpu_index}
         self._proc: subprocess.Popen | None = None
-        self._ready: dict | None = None  # the probe's first line, when wait_ready() read it
+        self._early = b""  # what wait_ready() read of the sampler process's output (its first line)
         self._t0 = 0.0
 
     def prepare(self) -> HardwareSampler:
@@ -171,18 +171,16 @@ class HardwareSampler:
     def wait_ready(self, timeout_s: float = 30.0) -> bool:
         """Prepare and wait until the sampler process has opened its counters (benchmarks, tests; the agent never waits)."""
         self.prepare()
-        if self._ready is not None or self._proc is None or self._proc.stdout is None:
-            return self._ready is not None
-        fd, line = self._proc.stdout.fileno(), b""
+        if self._proc is None or self._proc.stdout is None:
+            return False
+        fd = self._proc.stdout.fileno()
         deadline = time.monotonic() + timeout_s
-        while not line.endswith(b"\n") and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        while not self._early.endswith(b"\n") and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
             chunk = os.read(fd, 4096)  # the probe writes nothing else before it is stopped
             if not chunk:
                 break
-            line += chunk
-        if line.endswith(b"\n"):
-            self._ready = json.loads(line)
-        return self._ready is not None
+            self._early += chunk
+        return self._early.endswith(b"\n")
 
     def start(self) -> HardwareSampler:
         self.prepare()
@@ -224,7 +222,7 @@ class HardwareSampler:
             log.warning("hardware sampler: the sampler process did not answer within %.0f s; no hardware samples", COLLECT_TIMEOUT_S)
             return empty
         try:
-            ready, head, tiers = _parse(out if self._ready is None else json.dumps(self._ready).encode() + b"\n" + out)
+            ready, head, tiers = _parse(self._early + out)
         except (ValueError, KeyError):
             tail = err.decode(errors="replace").strip().splitlines()
             log.warning("hardware sampler: the sampler process ended with %s (%s); no hardware samples", proc.returncode, tail[-1] if tail else "no message")

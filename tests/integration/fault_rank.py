@@ -101,7 +101,7 @@ def main() -> int:
     culprit = args.rank == args.culprit
     addr, port = args.master.rsplit(":", 1)
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=args.rank, world_size=args.world)
-    model = DistributedDataParallel(Net(extra=48 if culprit and args.case == "compute" else 0))
+    model = DistributedDataParallel(Net(extra=200 if culprit and args.case == "compute" else 0))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     steps = WARMUP + args.steps
     data = DataLoader(Samples(args.batch * steps, 0.048 / args.batch if culprit and args.case == "dataloader" else 0.0), batch_size=args.batch, num_workers=0)
@@ -131,9 +131,9 @@ def main() -> int:
         if WARMUP <= step < steps - 1:  # the boundary into the next step, where the agent's step() would be
             boundaries[step + 1] = time.time() * 1e6
             window.step()
+    pin(every_cpu)  # the fault's window is over: the profiler's and the sampler's stop run at full speed
     prof = window.stop()
     samples, stats = sampler.stop()
-    pin(every_cpu)  # the fault's window is over: write the results at full speed
     dist.barrier()
     dist.destroy_process_group()
 

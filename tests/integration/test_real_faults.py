@@ -3,7 +3,7 @@
 Each case (see ``real_faults.py``) runs four ranks with a fault on rank 2 and checks that the
 diagnosis names worker 2, the function the fault slowed and the cause.  Where the rules of the
 diagnosis cannot tell the cause yet, the case is an expected failure that says what it printed
-(``AWAITING``); everything before the naming (the job, the fault, the samples) must still work.
+(``real_faults.AWAITING``); everything before the naming (the job, the fault, the samples) must still work.
 """
 
 from __future__ import annotations
@@ -21,30 +21,11 @@ import real_faults as rf  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-#: cases today's diagnosis cannot name yet, and what it lacks
-AWAITING = {
-    "link": "a rule that names the member of a ring whose link is saturated (steady, low peak) while the others burst",
-    "contention": "a cause rule that reads the host samples (the culprit's CPU taken by another process) before rank_specific_code",
-    "dataloader": "a storage cause that asks for evidence of slow reads: here every rank shares one disk, and whether the culprit's "
-    "disk reads look lower than its peers' is chance",
-}
-
-
 def run(case: str, out: Path) -> Path:
     try:
         return rf.run_job(case, out)
     except rf.Unavailable as exc:
         pytest.skip(str(exc))
-
-
-def check_named(case: str, findings: list[dict]) -> None:
-    expect = rf.EXPECT[case]
-    found = rf.named(findings, expect)
-    if found is None and case in AWAITING:
-        pytest.xfail(f"{AWAITING[case]}; today: {rf.summary(findings)}")
-    assert found is not None, f"expected worker {expect.worker}, {expect.function}, {expect.cause}; got {rf.summary(findings)}"
-    # no healthy worker is blamed with any confidence
-    assert all(f["workers"] in ([], [expect.worker]) or f["confidence"] < 0.5 for f in findings), rf.summary(findings)
 
 
 def nic_of(out: Path, worker: int) -> np.ndarray:
@@ -70,19 +51,19 @@ def test_a_rate_limited_link(tmp_path):
                 rel_sd.setdefault(s.worker, []).append(r["nic_gbps_sd"] / r["nic_gbps"])
     culprit = np.median(rel_sd.pop(rf.CULPRIT))
     assert all(culprit < np.median(v) / 2 for v in rel_sd.values()), (culprit, {w: np.median(v) for w, v in rel_sd.items()})
-    check_named("link", rf.diagnose_cli(out))
+    rf.check_named("link", rf.diagnose_cli(out))
 
 
 def test_cpu_contention_from_another_process(tmp_path):
     out = run("contention", tmp_path)
-    check_named("contention", rf.diagnose_cli(out))
+    rf.check_named("contention", rf.diagnose_cli(out))
 
 
 def test_a_slow_data_loader(tmp_path):
     out = run("dataloader", tmp_path)
-    check_named("dataloader", rf.diagnose_cli(out))
+    rf.check_named("dataloader", rf.diagnose_cli(out))
 
 
 def test_extra_compute_in_one_ranks_forward(tmp_path):
     out = run("compute", tmp_path)
-    check_named("compute", rf.diagnose_cli(out))
+    rf.check_named("compute", rf.diagnose_cli(out))

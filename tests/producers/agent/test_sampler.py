@@ -15,6 +15,7 @@ from lockstep.producers.agent.sampler import (
     HardwareSampler,
     fast_host_metrics,
     host_metrics,
+    metrics as sampler_metrics,
     parse_cpu_jiffies,
     parse_disk_read_bytes,
     parse_meminfo,
@@ -175,3 +176,20 @@ def test_in_another_network_namespace_the_probe_reads_that_namespaces_counters()
     assert out == ["/proc/net/dev", "-", "0.0"]  # only loopback in there, not the host's eth0 through sysfs
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "sysfs" and "lo" not in out[1].split(",")
+
+
+def test_the_sampler_process_tiers_become_metrics():
+    # what the probe sends: a GPU tier (time, then NvmlReading's fields) where utilisation, power and temperature
+    # were read only every other reading, and a PCIe tier
+    nan = np.nan
+    gpu = np.array([[10.0, 1980, 90, 700_000, 60, 0, nan, nan],
+                    [10.1, 1500, nan, nan, nan, 0x40, nan, nan],
+                    [10.2, 1500, 80, 650_000, 61, 0x40, nan, nan]])  # fmt: skip
+    pcie = np.array([[10.05, 2e6, 1e6]])
+    fast = np.array([[10.0, 10.00001, 0.0, 1.0], [10.1, 10.10001, 1e8, 1.05]])  # t, t_end, NIC bytes, process CPU s
+    table = to_table(1, sampler_metrics({"fast": fast, "gpu": gpu, "pcie": pcie}, n_cores=4))
+    got = {m: table.filter(pc.equal(table.column("metric"), m)).column("value").to_pylist() for m in set(table.column("metric").to_pylist())}
+    assert got["sm_clock_mhz"] == [1980, 1500, 1500] and got["clock_events"] == [0, 0x40, 0x40]
+    assert got["sm_active"] == [0.9, 0.8] and got["gpu_power_w"] == [700, 650]  # the readings that had them
+    assert got["pcie_gbps"] == [pytest.approx(3.0)] and "nvlink_gbps" not in got
+    assert got["nic_gbps"] == [pytest.approx(1.0, rel=1e-3)] and got["cpu_self"] == [pytest.approx(0.5, rel=1e-3)]
