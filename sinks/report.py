@@ -462,11 +462,10 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
         f'<span><b>hosts</b> {_e(joined(f.hosts) or "-")}</span><span><b>confidence</b> {f.confidence:.2f}</span></div>',
         f'<div class="kv"><span><b>cost</b> {_e(cost)}</span></div>',
         evidence_table(f),
+        *([f'<div class="kv"><span><b>not measured</b> {_e(joined(unmeasured))}: the samples that would tell the cause</span></div>']
+          if (unmeasured := [e.feature for e in f.evidence if e.value is None]) else []),  # fmt: skip
         f'<div class="kv"><span><b>held in</b> {len(f.steps)} of {f.window_steps or steps} steps</span>{step_strip(list(f.steps), start, steps)}</div>',
     ]
-    unmeasured = [e.feature for e in f.evidence if e.value is None]  # an undetermined cause: the samples that would tell
-    if unmeasured:
-        out.insert(5, f'<div class="kv"><span><b>not measured</b> {_e(", ".join(unmeasured))}</span></div>')
     if trig is not None:
         out.append(f'<div class="kv"><span><b>window opened by</b> {_e(_reason(trig))} '
                    f"(steps {trig.start_step:,}..{trig.start_step + trig.steps - 1:,}, {_e(_when(trig.created_at))})</span></div>")  # fmt: skip

@@ -108,7 +108,8 @@ UNDETERMINED_CERTAINTY = 0.5
 
 
 def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
-    ev = [Evidence(feature="work_us", value=_round(s.work_us), peer_value=_round(s.peer_work_us), deviation=_round(s.z))]
+    # the deviation of work is its robust z; a comparison by ratio has none (the ratio is value / peer value)
+    ev = [Evidence(feature="work_us", value=_round(s.work_us), peer_value=_round(s.peer_work_us), deviation=None if s.signal == "ratio" else _round(s.z))]
     dev_gpu = _unique(s.devices)
     dev_host = _unique(s.hosts)
     r = s.resource

@@ -19,10 +19,10 @@ slowest link) cannot show a culprit by time, nor by the *mean* throughput of
 their links: every member carries the same bytes in the same time.  What shows
 the culprit is the shape of its link's samples: the slowest link is saturated
 (steady, low sd/mean) while its ring-mates' links burst at their own capacity
-and idle (sd/mean 1 and more).  Ring-mates are
-found without knowing the communicators: the links of one collective whose mean
+and idle (sd/mean 1 and more, or peaks far above).  Ring-mates are found
+without knowing the communicators: the links of one collective whose mean
 throughputs agree (the members of one ring share its rate).  The what-if
-excess is the transfer at the ring-mates' peak rate.
+excess is the transfer at the ring-mates' capacity.
 
 The result is small: the flagged entries with their hardware characteristics
 and their peers' medians, plus per-(group, function) aggregates for the
