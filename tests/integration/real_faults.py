@@ -172,7 +172,8 @@ def run_job(case: str, out: Path, *, steps: int = 8, hz: float = 2000.0, timeout
                     for r in range(WORLD)]  # fmt: skip
         else:
             master = f"127.0.0.1:{free_port()}"
-            cmds = [[*base, "--rank", str(r), "--master", master] for r in range(WORLD)]
+            # the NIC the agent would sample: GLOO_SOCKET_IFNAME's (the loopback, shared by the ranks here), not the host's eth0
+            cmds = [[*base, "--rank", str(r), "--master", master, "--nic", "lo"] for r in range(WORLD)]
             env["GLOO_SOCKET_IFNAME"] = "lo"
         go = out / "go"
         if case == "contention":
