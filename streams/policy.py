@@ -95,6 +95,7 @@ class DiagnosisPolicy:
     link_burst_cv: float = 0.5  # a collective's links burst when their spread (sd/mean) is at least this ...
     link_steady_ratio: float = 0.5  # ... and one of them, with a spread below this share of its ring-mates', is saturated ...
     link_min_samples: int = 5  # ... judged only on links with at least this many samples while the function ran
+    ring_rate_spread: float = 0.5  # links of one collective whose mean rates lie within this (relative, chained) are ring-mates
     ratio_peers_max: int = 4  # peer groups of 2 to this many workers are also compared by ratio (too few for a robust z) ...
     ratio_rise: float = 0.15  # ... a worker's work this much above the slowest other worker's deviates
     disk_read_min_mbps: float = 1.0  # lower disk reads are storage only where the peers read at least this
@@ -171,6 +172,7 @@ _RANGES = (
     ("diagnosis", "link_burst_cv", lambda v: v > 0, "> 0"),
     ("diagnosis", "cpu_self_drop", lambda v: 0 < v < 1, "in (0, 1)"),
     ("diagnosis", "link_min_samples", lambda v: v >= 2, ">= 2 (a spread needs two samples)"),
+    ("diagnosis", "ring_rate_spread", lambda v: v > 0, "> 0"),
     ("diagnosis", "ratio_peers_max", lambda v: v >= 2, ">= 2"),
     ("diagnosis", "ratio_rise", lambda v: v > 0, "> 0"),
 )

@@ -210,7 +210,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     for metric in metrics:
         link = LINK_METRICS[metric]
         mean, sd, peak = (_dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column(c)[rows], np.nan) for c in (metric, f"{metric}_sd", f"{metric}_p95"))
-        ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop, policy.link_burst_cv)
+        ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop, policy.link_burst_cv, policy.ring_rate_spread)
         if ring is None:
             continue
         link_ref[metric] = (cols, {metric: ref["mean"], f"{metric}_sd": ref["sd"], f"{metric}_p95": ref["peak"]})
@@ -275,12 +275,14 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float, burst_cv: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float, burst_cv: float, spread: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
     """Ring-mates of each (worker, column) link and their typical shape, without knowing the communicators.
 
     The members of one ring share its rate, so links of one column (function) whose mean throughputs lie within
-    ``drop / 2`` (relative) of each other, chained, form one ring (rings at the same rate merge, which changes
-    nothing: their links burst alike).  Returns the size of each link's ring (0 where the link had no usable shape:
+    ``spread`` (relative) of each other, chained, form one ring (rings at similar rates merge, which changes
+    nothing: their links burst alike).  Not much closer: a member's mean is over its own executions, and its
+    ring-mates' include waiting for the slow hop (on a real ring the culprit's mean is the highest, by up to
+    half again under load).  Returns the size of each link's ring (0 where the link had no usable shape:
     no mean, spread or peak, or too few samples) and per link its ring's upper median of mean, sd, peak and sd/mean
     (``cv``; the upper one: in a ring of two, the other link, not the average of both); NaN for rings where nobody
     bursts (no link's sd/mean reaches ``burst_cv``, no link's peak lies ``drop`` below the ring's highest: the usual
@@ -294,7 +296,7 @@ def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarr
     lv = np.log(mean[w, c])
     order = np.argsort(c * 1e4 + np.clip(lv, -1e3, 1e3), kind="stable")  # by column, then by mean (one key: |log| < 1e3)
     new = np.ones(w.size, dtype=bool)
-    new[1:] = (np.diff(c[order]) != 0) | (np.diff(lv[order]) > np.log1p(drop / 2))
+    new[1:] = (np.diff(c[order]) != 0) | (np.diff(lv[order]) > np.log1p(spread))
     ring = np.empty(w.size, dtype=np.intp)
     ring[order] = np.cumsum(new) - 1
     n_rings = int(ring.max()) + 1

@@ -232,10 +232,6 @@ def named(findings: list[dict], expect: Expect) -> dict | None:
 
 #: cases today's rules do not name in every run on this machine, and why (their tests are expected failures when they miss)
 AWAITING = {
-    "link": "the ring rule takes as ring-mates the links whose means lie within 10% of each other; on a real ring the "
-    "culprit's mean is the highest (its link is busy all through its all-reduce, its ring-mates' spans include waiting for "
-    "it: 23 vs 15-19 MB/s), so in some runs it has no ring-mate and nobody is named, though its sd/mean (0.2-0.3) is a "
-    "tenth of theirs (2.3-6.5) in every step",
     "contention": "three healthy ranks share the other CPU of this 2-CPU machine and its load, so how much less CPU the "
     "culprit got than they did varies from run to run; the costliest slowed function may be backward, whose CPU share "
     "includes the all-reduce waits on every rank, and then 4x the peers' time reads as rank_specific_code",
