@@ -2,7 +2,7 @@
 
 Fed records and the current time, they say when a step or a window is complete
 (or has waited too long) and which input records may now be acknowledged.
-The faust wiring in :mod:`lockstep.streams.app` is a thin shell around them;
+The step and window stages (:mod:`lockstep.streams.stages`) are built on them;
 the tests drive them entirely in memory.
 
 Crash safety rests on :class:`InOrderAcks`: a record is acknowledged only when
@@ -14,40 +14,46 @@ processor replays from the committed offset and rebuilds what was open.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import pyarrow as pa
 
 from ..schemas.records import FeatureBatch, StepReport
 from .diagnosis.step import StepResult
 
+if TYPE_CHECKING:
+    from .stages.base import RecordIn
 
-class Handle:
-    """One held input record; ``event`` is whatever the caller acks (a faust event)."""
+T = TypeVar("T")
 
-    __slots__ = ("partition", "offset", "event", "done")
 
-    def __init__(self, partition: Hashable, offset: int, event: Any):
+class Handle(Generic[T]):
+    """One held input record; ``item`` is what the caller acknowledges (the stages: a ``RecordIn``)."""
+
+    __slots__ = ("partition", "offset", "item", "done")
+
+    def __init__(self, partition: Hashable, offset: int, item: T):
         self.partition = partition
         self.offset = offset
-        self.event = event
+        self.item = item
         self.done = False
 
 
-class InOrderAcks:
+class InOrderAcks(Generic[T]):
     """Releases held records for acknowledgement strictly in offset order per partition."""
 
     def __init__(self) -> None:
-        self._queues: dict[Hashable, deque[Handle]] = {}
+        self._queues: dict[Hashable, deque[Handle[T]]] = {}
 
-    def hold(self, partition: Hashable, offset: int, event: Any) -> Handle:
-        h = Handle(partition, offset, event)
+    def hold(self, partition: Hashable, offset: int, item: T) -> Handle[T]:
+        h = Handle(partition, offset, item)
         self._queues.setdefault(partition, deque()).append(h)
         return h
 
-    def release(self, handles: list[Handle]) -> list[Any]:
-        """Mark handles done; return the events that can be acked now, in order."""
+    def release(self, handles: Iterable[Handle[T]]) -> list[T]:
+        """Mark handles done; return the items that can be acknowledged now, in order."""
         touched = set()
         for h in handles:
             h.done = True
@@ -56,10 +62,10 @@ class InOrderAcks:
         for p in touched:
             q = self._queues.get(p)
             while q and q[0].done:
-                out.append(q.popleft().event)
+                out.append(q.popleft().item)
         return out
 
-    def drop(self, partitions: set) -> None:
+    def drop(self, partitions: Collection[Hashable]) -> None:
         """Partitions revoked: forget them (the new owner replays from the committed offset)."""
         for p in partitions:
             self._queues.pop(p, None)
@@ -83,9 +89,9 @@ class PendingStep:
     tenant: str
     partition: Hashable
     opened_at: float
-    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle]] = field(default_factory=dict)  # rank -> (record, table, its handle)
-    replaced: list[tuple[FeatureBatch, pa.Table, Handle]] = field(default_factory=list)  # twins a later record of the rank replaced
-    handles: list[Handle] = field(default_factory=list)
+    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle[RecordIn]]] = field(default_factory=dict)  # rank -> (record, table, its handle)
+    replaced: list[tuple[FeatureBatch, pa.Table, Handle[RecordIn]]] = field(default_factory=list)  # twins a later record of the rank replaced
+    handles: list[Handle[RecordIn]] = field(default_factory=list)
     bytes_in: int = 0
 
 
@@ -105,7 +111,7 @@ class StepAssembler:
         self._remember = remember
         self.late = 0  # records for steps already closed
 
-    def add(self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle, now: float) -> tuple[ClosedStep | None, bool]:
+    def add(self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[RecordIn], now: float) -> tuple[ClosedStep | None, bool]:
         """Returns (the step if this record completed it, whether the record was late)."""
         key = (batch.job, batch.step)
         if key in self._closed:
@@ -146,7 +152,7 @@ class StepAssembler:
             self._closed.popitem(last=False)
         return ClosedStep(p, reason)
 
-    def drop(self, partitions: set) -> None:
+    def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, p in self._open.items() if p.partition in partitions]:
             del self._open[k]
 
@@ -170,7 +176,7 @@ class PendingWindow:
     partition: Hashable
     opened_at: float
     results: dict[int, StepResult] = field(default_factory=dict)  # step -> result (first wins)
-    handles: list[Handle] = field(default_factory=list)
+    handles: list[Handle[RecordIn]] = field(default_factory=list)
     bytes_in: int = 0
     timeout_requested: bool = False
 
@@ -188,7 +194,7 @@ class WindowAssembler:
         self.timeout_s = timeout_s
         self._open: dict[tuple[str, str], PendingWindow] = {}
 
-    def add(self, report: StepReport, result: StepResult, handle: Handle, now: float) -> ClosedWindow | None:
+    def add(self, report: StepReport, result: StepResult, handle: Handle[RecordIn], now: float) -> ClosedWindow | None:
         key = (report.job, report.window)
         w = self._open.get(key)
         if w is None:
@@ -211,7 +217,7 @@ class WindowAssembler:
             return self.close(key, "complete")
         return None
 
-    def hold(self, key: tuple[str, str], handle: Handle) -> bool:
+    def hold(self, key: tuple[str, str], handle: Handle[RecordIn]) -> bool:
         """Attach a record (e.g. a timeout request) to an open window; False if none is open."""
         w = self._open.get(key)
         if w is None:
@@ -232,7 +238,7 @@ class WindowAssembler:
         w = self._open.pop(key, None)
         return ClosedWindow(w, reason) if w else None
 
-    def drop(self, partitions: set) -> None:
+    def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, w in self._open.items() if w.partition in partitions]:
             del self._open[k]
 
