@@ -97,3 +97,11 @@ def batches() -> dict[int, list[FeatureBatch]]:
     """Step -> the 8 workers' feature batches of window w60 (2 steps) of job j, worker 3's GPU slow."""
     trigger = SIM.trigger(WINDOW)
     return {s: SIM.feature_batches(SIM.step(s), trigger, sent_at=1.8e9) for s in WINDOW.range}
+
+
+@pytest.fixture(scope="session")
+def healthy_batches() -> dict[int, list[FeatureBatch]]:
+    """The same window of a job without a fault (its diagnosis leaves the job's history)."""
+    sim = FleetSimulator(Scenario(job="j", topology=Topology(workers=8, gpus_per_host=8)))
+    trigger = sim.trigger(WINDOW)
+    return {s: sim.feature_batches(sim.step(s), trigger, sent_at=1.8e9) for s in WINDOW.range}
