@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 
 import faust
-from faust.types import EventT, StreamT, TP
+from faust.types import TP, EventT, StreamT, TableT
 
 from ..kafka import Topics, faust_broker_kwargs
 from ..metrics import Metrics
@@ -121,7 +121,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
     output = FaustOutput({name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
                                           partitions=settings.partitions) for name in topics.all()})  # fmt: skip
 
-    def table(name: str, value_type: type) -> faust.Table:
+    def table(name: str, value_type: type) -> TableT:
         return app.Table(name, key_type=str, value_type=value_type, partitions=settings.partitions)
 
     tables = Tables(closed_windows=table("closed_windows", float), detector=table("detector", str), job_history=table("job_history", str))
@@ -143,7 +143,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         """The agent: every record to the stage.  One that dies (an I/O error, a bug outside the stages' guards)
         fails /healthz, so that the process is restarted and replays instead of idling while it looks healthy."""
 
-        async def agent(stream: StreamT) -> None:
+        async def agent(stream: faust.Stream) -> None:
             s = stream.noack()  # the stage acknowledges, through the Output
             try:
                 async for event in s.events():
