@@ -49,25 +49,29 @@ class FaustOutput:
 
     def __init__(self, topics: dict[str, faust.TopicT]):
         self.topics = topics
-        self._held: dict[tuple[str, int, int], tuple[StreamT, EventT]] = {}  # (topic, partition, offset) -> its event
+        self._held: dict[tuple[Partition, int], tuple[StreamT, EventT]] = {}  # (partition, offset) -> its event
+        self._partitions: dict[TP, Partition] = {}  # one object per partition, shared by its records
 
     def received(self, stream: StreamT, event: EventT) -> RecordIn:
         msg = event.message
-        self._held[(msg.topic, msg.partition, msg.offset)] = (stream, event)
-        return RecordIn(msg.topic, msg.partition, msg.offset, msg.key, event.value or b"", msg.timestamp or None)
+        source = self._partitions.get(msg.tp)
+        if source is None:
+            source = self._partitions[msg.tp] = Partition(msg.topic, msg.partition)
+        self._held[(source, msg.offset)] = (stream, event)
+        return RecordIn(source, msg.offset, msg.key, event.value or b"", msg.timestamp or None)
 
     async def send(self, topic: str, key: bytes | None, value: bytes) -> Awaitable[object]:
         return await self.topics[topic].send(key=key, value=value)
 
     async def acknowledge(self, records: Sequence[RecordIn]) -> None:
         for r in records:
-            held = self._held.pop((r.topic, r.partition, r.offset), None)
+            held = self._held.pop((r.source, r.offset), None)
             if held is not None:
                 await held[0].ack(held[1])
 
     def forget(self, partitions: Collection[Partition]) -> None:
         """Partitions revoked: their events will not be acknowledged here (the new owner replays them)."""
-        for k in [k for k in self._held if Partition(k[0], k[1]) in partitions]:
+        for k in [k for k in self._held if k[0] in partitions]:
             del self._held[k]
 
 

@@ -34,20 +34,26 @@ class Partition(NamedTuple):
     partition: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RecordIn:
-    """One input record as a stage sees it; acknowledging it is the Output's business."""
+    """One input record as a stage sees it (treat it as immutable); acknowledging it is the Output's business.
 
-    topic: str
-    partition: int
+    Its partition is one shared :class:`Partition` object (the adapter keeps one per partition): a
+    stage keys what it holds by it, per record, without building a new one."""
+
+    source: Partition
     offset: int
     key: bytes | None
     value: bytes
     timestamp: float | None = None  # the producer's CreateTime, seconds
 
     @property
-    def source(self) -> Partition:
-        return Partition(self.topic, self.partition)
+    def topic(self) -> str:
+        return self.source.topic
+
+    @property
+    def partition(self) -> int:
+        return self.source.partition
 
 
 class Output(Protocol):

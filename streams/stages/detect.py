@@ -50,33 +50,32 @@ class DetectStage(Stage):
 
     async def on_records(self, records: Sequence[RecordIn]) -> None:
         for record in records:
-            await self._one(record)
+            try:
+                decisions = self._decide(record)
+            except RecordError as err:
+                await self.dead_letter(record, err)
+                continue
+            except Exception as exc:
+                await self.failed([record], exc)
+                continue
+            for decision in decisions:
+                await self._decided(decision)
         await self.out.acknowledge(records)  # each record is done once it has been processed
 
-    async def _one(self, record: RecordIn) -> None:
-        try:
-            rec = decode(record.value, (StepHeartbeat, DetectorTick, TriggerRequest))
-            self.job_partition[rec.job] = record.source
-            if rec.job not in self.detector.jobs and rec.job in self.table:
-                last_start, last_end = map(int, self.table[rec.job].split(","))
-                self.detector.restore(rec.job, last_start, last_end)
-            now = self.clock()
-            decisions: Sequence[ProfileTrigger | TriggerRefused]
-            if isinstance(rec, StepHeartbeat):
-                decisions = self.detector.observe(rec, now)  # raises RecordError('from_the_future')
-                self.series.add(rec, now)
-            elif isinstance(rec, DetectorTick):
-                decisions = self.detector.tick(rec.job, now)
-            else:
-                decisions = [self.detector.request(rec, now)]
-        except RecordError as err:
-            await self.dead_letter(record, err)
-            return
-        except Exception as exc:
-            await self.failed([record], exc)
-            return
-        for decision in decisions:
-            await self._decided(decision)
+    def _decide(self, record: RecordIn) -> Sequence[ProfileTrigger | TriggerRefused]:
+        rec = decode(record.value, (StepHeartbeat, DetectorTick, TriggerRequest))
+        self.job_partition[rec.job] = record.source
+        if rec.job not in self.detector.jobs and rec.job in self.table:
+            last_start, last_end = map(int, self.table[rec.job].split(","))
+            self.detector.restore(rec.job, last_start, last_end)
+        now = self.clock()
+        if isinstance(rec, StepHeartbeat):
+            decisions = self.detector.observe(rec, now)  # raises RecordError('from_the_future')
+            self.series.add(rec, now)
+            return decisions
+        if isinstance(rec, DetectorTick):
+            return self.detector.tick(rec.job, now)
+        return [self.detector.request(rec, now)]
 
     async def _decided(self, decision: ProfileTrigger | TriggerRefused) -> None:
         m = self.metrics

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from ...schemas.records import Record, decode
-from .base import RecordIn
+from .base import Partition, RecordIn
 
 
 @dataclass
@@ -37,7 +37,7 @@ class MemoryOutput:
         partition = zlib.crc32(key or b"") % self.partitions
         offset = self._next[(topic, partition)]
         self._next[(topic, partition)] += 1
-        return RecordIn(topic, partition, offset, key, value)
+        return RecordIn(Partition(topic, partition), offset, key, value)
 
     async def send(self, topic: str, key: bytes | None, value: bytes) -> Awaitable[object]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
