@@ -4,8 +4,13 @@ Pure: fed heartbeats, ticks, operator requests and the current time, it returns
 the triggers (and refusals) to publish; the faust agent around it does the I/O.
 
 - **Slowdown.** Per job the synchronised step time (the slowest worker of each
-  step); when a step completes, the median of the most recent steps is compared
-  with a robust baseline (a low percentile of the earlier steps: the recent best).
+  step).  When a step completes, :class:`StepTimeChange` (policy ``rule: cusum``)
+  adds the step's excess over the job's baseline, in units of the job's own
+  step-to-step spread, to a one-sided CUSUM on log step time; enough evidence,
+  over at least ``recent_steps`` steps whose median is ``slowdown_threshold``
+  above the baseline, is a slowdown.  Periodic slow steps (checkpoints,
+  evaluation) are recognised and ignored.  ``rule: median`` is the rule before:
+  the median of the most recent steps against a low percentile of the earlier ones.
 - **Hang.** No progress for ``hang_factor`` usual step intervals (and at least
   ``hang_min_s``).  No heartbeat arrives during a hang, so the processor's timer
   asks for a check (:meth:`SlowdownDetector.due_ticks`, then :meth:`tick` inside
@@ -24,10 +29,14 @@ control topic's latency (measured from agents' echoes, else the policy's value).
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import time
+from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
@@ -52,6 +61,200 @@ FUTURE_STEPS = 1000
 FUTURE_PACE = 10.0
 #: a heartbeat whose clock is more than this ahead of the processor's is from a broken clock
 FUTURE_CLOCK_S = 86_400.0
+#: the cusum rule's baseline (median and spread) is recomputed every this many steps once it is full
+REFRESH_STEPS = 8
+#: slow steps remembered to recognise periodic ones
+SPIKE_MEMORY = 32
+#: log step times the cusum rule keeps per job (at least; the reference and the current excursion must fit)
+LOG_STEPS = 2048
+_NORMAL = NormalDist()
+
+
+@functools.lru_cache(maxsize=8192)
+def _normal_score(twice_rank: int, n: int) -> float:
+    """The normal score of a value with ``twice_rank / 2`` of ``n`` reference values below it (ties count half)."""
+    return _NORMAL.inv_cdf((0.5 * twice_rank + 0.5) / (n + 1))
+
+
+def _median_sorted(v) -> float:
+    m = len(v) // 2
+    return float(v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m]))
+
+
+def _np_median(a: np.ndarray) -> float:
+    """np.median without its overhead (a few hundred values, no NaN)."""
+    m = a.size // 2
+    if a.size % 2:
+        return float(np.partition(a, m)[m])
+    p = np.partition(a, (m - 1, m))
+    return 0.5 * float(p[m - 1] + p[m])
+
+
+@dataclass
+class Alarm:
+    """A sustained slowdown the cusum rule found: since ``since_step``, ``level_s`` against ``baseline_s``."""
+
+    since_step: int
+    steps: int  # steps judged since it began
+    level_s: float  # their median step time
+    baseline_s: float
+    spread: float  # the job's step-to-step spread (robust sd of log step time)
+    evidence: float  # the CUSUM, in spreads
+
+    @property
+    def shift(self) -> float:
+        return self.level_s / self.baseline_s - 1.0
+
+
+class StepTimeChange:
+    """The cusum rule on one job's synchronised step times (pure; O(1) per step, amortised).
+
+    **Baseline.** A reference of up to ``reference_steps`` earlier steps, ending where the
+    current excursion began (below): its median log step time is the baseline, 1.4826 x the
+    MAD the job's step-to-step spread.  Recomputed every :data:`REFRESH_STEPS` steps.
+
+    **Score.** Each step's place in the reference, as a normal score: ``Phi^-1`` of its rank
+    (ties halved) among the reference's steps.  On a Gaussian job this is the step's excess in
+    spreads; on a skewed one (the slowest of many workers, mixture-of-experts routing, variable
+    sequence lengths) it is still centred and of unit spread, where a z-score would drift up with
+    the skew.  A step beyond every reference step scores about 2.5 (80 steps) to 2.9 (400): one
+    hiccup adds little.  On a job whose spread is below ``spread_floor`` the score is the excess
+    over the floor instead.  Scores are capped at ``step_cap`` and divided by
+    ``sqrt((1 + r) / (1 - r))``, r the reference's lag-1 autocorrelation (robust; 0..0.9):
+    correlated noise has wider sums, and the CUSUM is a sum.
+
+    **Evidence.** ``S = max(0, S + score - k)``, ``k`` = ``cusum_k`` + 1/sqrt(reference size) (the
+    reference's own uncertainty): noise drifts it down, a shift of more than ``k`` spreads up.
+    The steps since ``S`` last was 0 (the excursion) never enter the reference, so a slowdown
+    does not become its own baseline while the evidence builds.  An alarm needs ``S >= cusum_h``,
+    at least ``recent_steps`` steps since the excursion began, and their median
+    ``slowdown_threshold`` above the baseline.  An excursion that stays below that size for
+    longer than the reference becomes the new normal (drift); so does a slowdown once a window
+    was opened for it.
+
+    **Periodic steps.** A step beyond every reference step is a spike; a spike with two earlier
+    ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and none half way (so not a
+    sustained slowdown) is a periodic step (a checkpoint, an evaluation) and is ignored.
+    """
+
+    __slots__ = ("log", "n", "ref_from", "s", "start", "start_step", "mu", "sigma", "raw_sigma", "inflation", "ref", "cached_hi", "spikes", "ignored")
+
+    def __init__(self) -> None:
+        self.log = array("d")  # log step times of the steps judged, oldest first (trimmed to LOG_STEPS..2 x LOG_STEPS)
+        self.n = 0  # steps appended so far: log[i] is step index n - len(log) + i
+        self.ref_from = 0  # the reference starts at this index at the earliest (after a change was accepted)
+        self.s = 0.0  # the evidence (CUSUM), in spreads
+        self.start = 0  # index of the first step of the current excursion (valid while s > 0) ...
+        self.start_step = -1  # ... and its step number
+        self.mu = math.nan  # baseline: median log step time of the reference
+        self.sigma = math.nan  # spread: robust sd of log step time of the reference (at least spread_floor) ...
+        self.raw_sigma = 0.0  # ... and as measured
+        self.inflation = 1.0  # sqrt((1 + r) / (1 - r)) for the reference's lag-1 autocorrelation r
+        self.ref: list[float] = []  # the reference, sorted
+        self.cached_hi = -1  # the reference's end when it was last computed
+        self.spikes: deque = deque(maxlen=SPIKE_MEMORY)  # step numbers of recent spikes
+        self.ignored = 0  # periodic steps ignored
+
+    def _window(self, lo: int, hi: int) -> array:
+        base = self.n - len(self.log)
+        return self.log[lo - base : hi - base]
+
+    def _append(self, x: float) -> None:
+        log = self.log
+        log.append(x)
+        self.n += 1
+        if len(log) >= 2 * LOG_STEPS:
+            del log[: len(log) - LOG_STEPS]
+
+    def reference(self, dp) -> tuple[int, int]:
+        """Index range of the reference: up to ``reference_steps`` steps before the current excursion."""
+        hi = self.start if self.s > 0 else self.n
+        return max(self.ref_from, hi - dp.reference_steps, self.n - len(self.log)), hi
+
+    def _refresh(self, lo: int, hi: int, dp) -> None:
+        window = np.frombuffer(self._window(lo, hi), dtype=np.float64)
+        ref = np.sort(window)
+        mu = self.mu = _median_sorted(ref)
+        self.raw_sigma = 1.4826 * _np_median(np.abs(window - mu))
+        self.sigma = max(self.raw_sigma, dp.spread_floor)
+        # lag-1 autocorrelation, robustly: the spread of step-to-step differences is sqrt(2 (1 - r)) spreads
+        d = np.diff(window)
+        dmad = 1.4826 * _np_median(np.abs(d - _np_median(d))) if d.size else 0.0
+        r = 1.0 - 0.5 * (dmad / self.raw_sigma) ** 2 if self.raw_sigma > 0 else 0.0
+        r = min(max(r, 0.0), 0.9)
+        self.inflation = math.sqrt((1.0 + r) / (1.0 - r))
+        self.ref = ref.tolist()
+        self.cached_hi = hi
+
+    def _score(self, x: float, dp) -> float:
+        if self.raw_sigma < dp.spread_floor:
+            z = (x - self.mu) / dp.spread_floor
+        else:
+            ref = self.ref
+            z = _normal_score(bisect.bisect_left(ref, x) + bisect.bisect_right(ref, x), len(ref))
+        return max(-dp.step_cap, min(z, dp.step_cap)) / self.inflation
+
+    def _periodic(self, step: int, min_gap: int) -> bool:
+        spikes = self.spikes
+        for q in spikes:
+            gap = step - q
+            if gap >= min_gap and (q - gap) in spikes and (step - gap // 2) not in spikes:
+                return True
+        return False
+
+    def update(self, step: int, step_time_s: float, dp) -> Alarm | None:
+        """Judge one completed step; an :class:`Alarm` while a slowdown worth a window is seen."""
+        x = math.log(max(step_time_s, 1e-9))
+        lo, hi = self.reference(dp)
+        if hi - lo < dp.baseline_steps and self.s > 0:  # the reference left the buffer during a long excursion
+            self.rebaseline()
+            lo, hi = self.reference(dp)
+        if hi - lo < dp.baseline_steps:  # learning the baseline
+            self._append(x)
+            return None
+        if self.cached_hi < 0 or hi - self.cached_hi >= min(REFRESH_STEPS, max(1, (hi - lo) // 16)):
+            self._refresh(lo, hi, dp)
+        spike = x > self.ref[-1] and x - self.mu > 3.0 * self.sigma
+        if spike and dp.periodic_min_gap and self._periodic(step, dp.periodic_min_gap):
+            self.ignored += 1
+            return None
+        if spike:
+            self.spikes.append(step)
+        s = max(0.0, self.s + self._score(x, dp) - dp.cusum_k - 1.0 / math.sqrt(len(self.ref)))
+        if s > 0.0 and self.s == 0.0:
+            self.start, self.start_step = self.n, step
+        self.s = min(s, 2.0 * dp.cusum_h)  # bounded: a job that recovers drops below the alarm within a few steps
+        self._append(x)
+        run = self.n - self.start
+        if self.s < dp.cusum_h or run < dp.recent_steps:
+            return None
+        level = _median_sorted(sorted(self._window(max(self.start, self.n - dp.reference_steps), self.n)))
+        alarm = Alarm(self.start_step, run, math.exp(level), math.exp(self.mu), self.sigma, self.s)
+        if alarm.shift >= dp.slowdown_threshold:
+            return alarm
+        if run > dp.reference_steps:
+            self.rebaseline()  # a change too small to matter that lasted: the new normal
+        return None
+
+    def rebaseline(self) -> None:
+        """The current excursion's level becomes the baseline (a window was opened for it, or it is too small)."""
+        if self.s > 0.0:
+            self.ref_from = self.start
+        self.s = 0.0
+        self.cached_hi = -1
+
+    def describe(self, dp) -> str:
+        """What the rule sees, for people: the recent median against the baseline, and the evidence."""
+        if not self.log:
+            return "no complete step yet"
+        recent_n = min(len(self.log), dp.reference_steps)
+        recent = math.exp(_median_sorted(sorted(self._window(self.n - recent_n, self.n))))
+        if math.isnan(self.mu):
+            return f"median step time {recent * 1e3:.1f} ms; still learning the baseline ({self.n} of {dp.baseline_steps} steps)"
+        base = math.exp(self.mu)
+        return (f"median step time {recent * 1e3:.1f} ms over the last {recent_n} steps vs baseline {base * 1e3:.1f} ms "
+                f"({(recent / base - 1) * 100:+.1f}%; step-to-step spread {self.sigma * 100:.1f}%, slowdown_threshold "
+                f"{dp.slowdown_threshold * 100:g}%); evidence {self.s:.1f} of {dp.cusum_h:g} spreads")  # fmt: skip
 
 
 @dataclass
@@ -75,6 +278,8 @@ class JobState:
     selected: bool = True  # by the policy's job selectors
     steps: dict[int, _StepAgg] = field(default_factory=dict)  # steps not yet complete
     history: deque = field(default_factory=lambda: deque(maxlen=512))  # synchronised step times (s) of complete steps
+    change: StepTimeChange = field(default_factory=StepTimeChange)  # the cusum rule's state
+    alarm: Alarm | None = None  # what the cusum rule said after the last complete step
     counts: deque = field(default_factory=lambda: deque(maxlen=16))  # workers of recent complete steps
     expected: int = 0  # workers a step waits for before it is complete (most of recent steps)
     last_step_of: dict[int, int] = field(default_factory=dict)  # worker -> last step seen
@@ -208,13 +413,17 @@ class SlowdownDetector:
             del lat[next(iter(lat))]
 
     def _complete_steps(self, st: JobState) -> bool:
-        """Move complete steps to the history; True if any completed."""
+        """Move complete steps to the history (and through the cusum rule); True if any completed."""
         done = False
+        dp = self.policy.detector
+        cusum = dp.rule == "cusum" and st.selected
         for s in sorted(st.steps):
             agg = st.steps[s]
             # complete when as many workers reported as in recent steps, or two later steps have started
             if (st.expected and len(agg.workers) >= st.expected) or s <= st.max_step - 2:
                 st.history.append(agg.slowest_s)
+                if cusum:
+                    st.alarm = st.change.update(s, agg.slowest_s, dp)
                 st.counts.append(len(agg.workers))
                 st.expected = max(st.counts)
                 st.last_complete = max(st.last_complete, s)
@@ -224,14 +433,29 @@ class SlowdownDetector:
                 done = True
             else:
                 break
-        if done:
-            for s in [s for s in st.sent_at if s < st.max_step - 64]:
-                del st.sent_at[s]
+        if done:  # keep one host's clock for the last 64 steps (oldest first: the dict is in arrival order)
+            sent_at, oldest = st.sent_at, st.max_step - 64
+            while sent_at and (first := next(iter(sent_at))) < oldest:
+                del sent_at[first]
         return done
 
     def _judge(self, st: JobState, now: float) -> list[ProfileTrigger]:
         dp = self.policy.detector
-        if not st.selected or len(st.history) < dp.baseline_steps + dp.recent_steps:
+        if not st.selected:
+            return []
+        if dp.rule == "cusum":
+            alarm = st.alarm
+            if alarm is None:
+                return self._baseline(st, now)
+            reason = (f"slowdown: median of the {alarm.steps} steps since step {alarm.since_step} {alarm.level_s * 1e3:.1f} ms "
+                      f"vs baseline {alarm.baseline_s * 1e3:.1f} ms (+{alarm.shift * 100:.1f}%; step-to-step spread {alarm.spread * 100:.1f}%, "
+                      f"evidence {alarm.evidence:.0f} spreads)")  # fmt: skip
+            out = self._automatic(st, now, "slowdown", reason, st.max_step + self.margin_steps(st))
+            if out:
+                st.change.rebaseline()  # profiled: the level it runs at now is the job's new normal
+                st.alarm = None
+            return out
+        if len(st.history) < dp.baseline_steps + dp.recent_steps:
             return []
         h = list(st.history)
         earlier = np.asarray(h[: -dp.recent_steps][-4 * dp.baseline_steps :])
