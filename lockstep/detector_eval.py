@@ -267,3 +267,18 @@ def report(summary: dict) -> str:
         + f" of runs (>= 95%); at most {t['max_false_per_day']:.2f} false triggers per job-day (<= 1): {'met' if t['met'] else 'NOT met'}.",
     ]
     return "\n".join(lines)
+
+
+def detector_view(scenario: Scenario, steps: int, policy: Policy) -> str:
+    """What the detector saw of a simulated job's first ``steps`` steps: the demo says it when no window came.
+
+    The simulator is deterministic per step, so re-simulating gives the very step times the live
+    fleet published; the detector is fed every worker's heartbeat, as in the processor."""
+    fleet, det = FleetSimulator(scenario), SlowdownDetector(policy)
+    sent = T0
+    for step in range(steps):
+        sim = fleet.step(step, readings=False)
+        sent += sim.sync_step_us / 1e6
+        for hb in fleet.heartbeats(sim, sent):
+            det.observe(hb, now=sent)
+    return det.describe(scenario.job)

@@ -63,7 +63,12 @@ FUTURE_PACE = 10.0
 FUTURE_CLOCK_S = 86_400.0
 #: the cusum rule's baseline (median and spread) is recomputed every this many steps once it is full
 REFRESH_STEPS = 8
-#: slow steps remembered to recognise periodic ones
+#: an alarm's size is the median of the excursion's last this many steps (at least recent_steps): the level now,
+#: not that of a long excursion too small to matter that a slowdown came on top of
+LEVEL_STEPS = 50
+#: a step this many spreads above the baseline is a spike (a candidate periodic step) ...
+SPIKE_SPREADS = 4.0
+#: ... and this many spikes are remembered to recognise periodic ones
 SPIKE_MEMORY = 32
 #: log step times the cusum rule keeps per job (at least; the reference and the current excursion must fit)
 LOG_STEPS = 2048
@@ -127,14 +132,14 @@ class StepTimeChange:
     reference's own uncertainty): noise drifts it down, a shift of more than ``k`` spreads up.
     The steps since ``S`` last was 0 (the excursion) never enter the reference, so a slowdown
     does not become its own baseline while the evidence builds.  An alarm needs ``S >= cusum_h``,
-    at least ``recent_steps`` steps since the excursion began, and their median
-    ``slowdown_threshold`` above the baseline.  An excursion that stays below that size for
+    at least ``recent_steps`` steps since the excursion began, and the median of its last
+    :data:`LEVEL_STEPS` steps ``slowdown_threshold`` above the baseline.  An excursion that stays below that size for
     longer than the reference becomes the new normal (drift); so does a slowdown once a window
     was opened for it.
 
-    **Periodic steps.** A step beyond every reference step is a spike; a spike with two earlier
-    ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and none half way (so not a
-    sustained slowdown) is a periodic step (a checkpoint, an evaluation) and is ignored.
+    **Periodic steps.** A step :data:`SPIKE_SPREADS` spreads above the baseline is a spike; a spike with two earlier
+    ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and at most ``P / 4`` spikes in between
+    (so not a sustained slowdown) is a periodic step (a checkpoint, an evaluation) and is ignored.
     """
 
     __slots__ = ("log", "n", "ref_from", "s", "start", "start_step", "mu", "sigma", "raw_sigma", "inflation", "ref", "cached_hi", "spikes", "ignored")
@@ -195,10 +200,14 @@ class StepTimeChange:
         return max(-dp.step_cap, min(z, dp.step_cap)) / self.inflation
 
     def _periodic(self, step: int, min_gap: int) -> bool:
-        spikes = self.spikes
-        for q in spikes:
+        spikes = self.spikes  # ascending step numbers
+        m = len(spikes)
+        for i, q in enumerate(spikes):
             gap = step - q
-            if gap >= min_gap and (q - gap) in spikes and (step - gap // 2) not in spikes:
+            if gap < min_gap:
+                break
+            # spikes at step - gap and step - 2 gap, and few in between: a pattern, not a sustained slowdown
+            if m - i - 1 <= (gap - 1) // 4 and (q - gap) in spikes:
                 return True
         return False
 
@@ -214,7 +223,7 @@ class StepTimeChange:
             return None
         if self.cached_hi < 0 or hi - self.cached_hi >= min(REFRESH_STEPS, max(1, (hi - lo) // 16)):
             self._refresh(lo, hi, dp)
-        spike = x > self.ref[-1] and x - self.mu > 3.0 * self.sigma
+        spike = x - self.mu > SPIKE_SPREADS * self.sigma
         if spike and dp.periodic_min_gap and self._periodic(step, dp.periodic_min_gap):
             self.ignored += 1
             return None
@@ -228,7 +237,7 @@ class StepTimeChange:
         run = self.n - self.start
         if self.s < dp.cusum_h or run < dp.recent_steps:
             return None
-        level = _median_sorted(sorted(self._window(max(self.start, self.n - dp.reference_steps), self.n)))
+        level = _median_sorted(sorted(self._window(max(self.start, self.n - max(LEVEL_STEPS, dp.recent_steps)), self.n)))
         alarm = Alarm(self.start_step, run, math.exp(level), math.exp(self.mu), self.sigma, self.s)
         if alarm.shift >= dp.slowdown_threshold:
             return alarm
@@ -247,7 +256,8 @@ class StepTimeChange:
         """What the rule sees, for people: the recent median against the baseline, and the evidence."""
         if not self.log:
             return "no complete step yet"
-        recent_n = min(len(self.log), dp.reference_steps)
+        # the current excursion if there is one, else the last quarter of a reference
+        recent_n = self.n - self.start if self.s > 0 else min(len(self.log), max(1, dp.reference_steps // 4))
         recent = math.exp(_median_sorted(sorted(self._window(self.n - recent_n, self.n))))
         if math.isnan(self.mu):
             return f"median step time {recent * 1e3:.1f} ms; still learning the baseline ({self.n} of {dp.baseline_steps} steps)"
@@ -255,6 +265,16 @@ class StepTimeChange:
         return (f"median step time {recent * 1e3:.1f} ms over the last {recent_n} steps vs baseline {base * 1e3:.1f} ms "
                 f"({(recent / base - 1) * 100:+.1f}%; step-to-step spread {self.sigma * 100:.1f}%, slowdown_threshold "
                 f"{dp.slowdown_threshold * 100:g}%); evidence {self.s:.1f} of {dp.cusum_h:g} spreads")  # fmt: skip
+
+
+def _median_rule(st: JobState, dp) -> tuple[float, float] | None:
+    """The rule before issue 15 (``rule: median``): the median of the last ``recent_steps`` step times (one
+    hiccup is not a slowdown) and the 25th percentile of up to 4 x ``baseline_steps`` earlier ones (the
+    recent best); None until there are enough steps."""
+    if len(st.history) < dp.baseline_steps + dp.recent_steps:
+        return None
+    h = list(st.history)
+    return float(np.median(h[-dp.recent_steps :])), float(np.percentile(h[: -dp.recent_steps][-4 * dp.baseline_steps :], 25))
 
 
 @dataclass
@@ -330,6 +350,24 @@ class SlowdownDetector:
         """Partitions revoked: their jobs now belong to another processor."""
         for job in jobs:
             self.jobs.pop(job, None)
+
+    def describe(self, job: str) -> str:
+        """What the detector sees of a job, for people (a demo that did not trigger says it)."""
+        st = self.jobs.get(job)
+        if st is None or not st.history:
+            return f"no complete step of job {job!r} yet"
+        dp = self.policy.detector
+        where = f"at step {st.last_complete}: "
+        if not st.selected:
+            return where + "not selected by the policy's job selectors"
+        if dp.rule == "cusum":
+            return where + st.change.describe(dp)
+        seen = _median_rule(st, dp)
+        if seen is None:
+            return where + f"still learning the baseline ({len(st.history)} of {dp.baseline_steps + dp.recent_steps} steps)"
+        recent, baseline = seen
+        return where + (f"median of the last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms "
+                        f"({(recent / baseline - 1) * 100:+.1f}%; slowdown_threshold {dp.slowdown_threshold * 100:g}%)")  # fmt: skip
 
     def agent_counters(self) -> dict[str, AgentCounters]:
         """Per job, its agents' counters summed over the workers that reported any (agents send them on change)."""
@@ -455,12 +493,10 @@ class SlowdownDetector:
                 st.change.rebaseline()  # profiled: the level it runs at now is the job's new normal
                 st.alarm = None
             return out
-        if len(st.history) < dp.baseline_steps + dp.recent_steps:
+        seen = _median_rule(st, dp)
+        if seen is None:
             return []
-        h = list(st.history)
-        earlier = np.asarray(h[: -dp.recent_steps][-4 * dp.baseline_steps :])
-        baseline = float(np.percentile(earlier, 25))
-        recent = float(np.median(h[-dp.recent_steps :]))  # a median: one hiccup is not a slowdown
+        recent, baseline = seen
         if not recent > baseline * (1.0 + dp.slowdown_threshold):
             return self._baseline(st, now)
         reason = f"slowdown: median of last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms (+{(recent / baseline - 1) * 100:.0f}%)"
