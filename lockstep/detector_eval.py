@@ -117,19 +117,28 @@ def detrend(x: np.ndarray, width: int = DETREND) -> np.ndarray:
     return x / level * np.median(x)
 
 
-def families(seed: int = 0, sim_steps: int = 3000, recordings: Path = STEPTIMES) -> list[Family]:
-    out = [_steady(s, seed) for s in (0.005, 0.01, 0.02, 0.05)]
-    out += [
-        _simulated("sim-dp-16w", "simulator: 16 workers, data parallel (nic-00-16w's job)", Topology(workers=16, gpus_per_host=8), Workload(), sim_steps),
-        _simulated("sim-dp-64w", "simulator: 64 workers, data parallel (the demo's job)", Topology(workers=64, gpus_per_host=8), Workload(), sim_steps),
-        _simulated("sim-seqlen", "simulator: 64 workers, sequence lengths varying 10% per step", Topology(workers=64, gpus_per_host=8), Workload(seq_jitter=0.10), sim_steps),
-        _simulated("sim-moe", "simulator: 64 workers, 2 pipeline stages, mixture of experts (routing skew 0.3)",
-                   Topology(workers=64, gpus_per_host=8, pp=2), Workload(moe=True, moe_skew=0.3, layers_per_stage=4), sim_steps),
-    ]  # fmt: skip
+def families(seed: int = 0, sim_steps: int = 3000, recordings: Path = STEPTIMES, only: tuple[str, ...] = ()) -> list[Family]:
+    """The series families (those named in ``only``, or all), noisiest last within each kind."""
+    sim = {
+        "sim-dp-16w": ("simulator: 16 workers, data parallel (nic-00-16w's job)", Topology(workers=16, gpus_per_host=8), Workload()),
+        "sim-dp-64w": ("simulator: 64 workers, data parallel (the demo's job)", Topology(workers=64, gpus_per_host=8), Workload()),
+        "sim-seqlen": ("simulator: 64 workers, sequence lengths varying 10% per step", Topology(workers=64, gpus_per_host=8), Workload(seq_jitter=0.10)),
+        "sim-moe": ("simulator: 64 workers, 2 pipeline stages, mixture of experts (routing skew 0.3)",
+                    Topology(workers=64, gpus_per_host=8, pp=2), Workload(moe=True, moe_skew=0.3, layers_per_stage=4)),
+    }  # fmt: skip
+    builders: dict[str, Callable[[], Family]] = {f"steady-{s * 100:g}%": (lambda s=s: _steady(s, seed)) for s in (0.005, 0.01, 0.02, 0.05)}
+    builders.update({name: (lambda name=name, v=v: _simulated(name, *v, sim_steps)) for name, v in sim.items()})
     for path in sorted(recordings.glob("*.csv.gz")):
-        raw = read_recording(path)
-        out.append(Family(path.name.removesuffix(".csv.gz"), f"recorded: {path.name}, {len(raw)} steps, level divided out", detrend(raw), contiguous=True))
-    return out
+        builders[path.name.removesuffix(".csv.gz")] = lambda path=path: _recorded(path)
+    unknown = set(only) - set(builders)
+    if unknown:
+        raise ValueError(f"unknown series {sorted(unknown)}; known: {', '.join(builders)}")
+    return [build() for name, build in builders.items() if not only or name in only]
+
+
+def _recorded(path: Path) -> Family:
+    raw = read_recording(path)
+    return Family(path.name.removesuffix(".csv.gz"), f"recorded: {path.name}, {len(raw)} steps, level divided out", detrend(raw), contiguous=True)
 
 
 def disturb(x: np.ndarray, rng: np.random.Generator, kinds: tuple[str, ...]) -> np.ndarray:

@@ -134,8 +134,8 @@ class StepTimeChange:
     does not become its own baseline while the evidence builds.  An alarm needs ``S >= cusum_h``,
     at least ``recent_steps`` steps since the excursion began, and the median of its last
     :data:`LEVEL_STEPS` steps ``slowdown_threshold`` above the baseline.  An excursion that stays below that size for
-    longer than the reference becomes the new normal (drift); so does a slowdown once a window
-    was opened for it.
+    longer than the reference becomes the new normal (drift); so does a slowdown a window was
+    opened for, once its cool-down is over (:meth:`SlowdownDetector._judge`; unless it got worse).
 
     **Periodic steps.** A step :data:`SPIKE_SPREADS` spreads above the baseline is a spike; a spike with two earlier
     ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and at most ``P / 4`` spikes in between
@@ -245,9 +245,12 @@ class StepTimeChange:
             self.rebaseline()  # a change too small to matter that lasted: the new normal
         return None
 
-    def rebaseline(self) -> None:
-        """The current excursion's level becomes the baseline (a window was opened for it, or it is too small)."""
-        if self.s > 0.0:
+    def rebaseline(self, fresh: bool = False) -> None:
+        """The current excursion's level becomes the baseline (it lasted, too small to matter); ``fresh``: the
+        steps from now on do (a window was opened for a slowdown: its level now is the job's new normal)."""
+        if fresh:
+            self.ref_from = self.n
+        elif self.s > 0.0:
             self.ref_from = self.start
         self.s = 0.0
         self.cached_hi = -1
@@ -300,6 +303,7 @@ class JobState:
     history: deque = field(default_factory=lambda: deque(maxlen=512))  # synchronised step times (s) of complete steps
     change: StepTimeChange = field(default_factory=StepTimeChange)  # the cusum rule's state
     alarm: Alarm | None = None  # what the cusum rule said after the last complete step
+    profiled: tuple[int, float, int] | None = None  # the slowdown a window was opened for: (first step, level, step its cool-down ends)
     counts: deque = field(default_factory=lambda: deque(maxlen=16))  # workers of recent complete steps
     expected: int = 0  # workers a step waits for before it is complete (most of recent steps)
     last_step_of: dict[int, int] = field(default_factory=dict)  # worker -> last step seen
@@ -485,13 +489,18 @@ class SlowdownDetector:
             alarm = st.alarm
             if alarm is None:
                 return self._baseline(st, now)
+            seen = st.profiled
+            if seen and seen[0] == alarm.since_step and st.max_step >= seen[2] and alarm.level_s < seen[1] * (1.0 + dp.slowdown_threshold):
+                # profiled, the cool-down is over and it got no worse: its level is the job's new normal
+                st.change.rebaseline(fresh=True)
+                st.alarm = st.profiled = None
+                return []
             reason = (f"slowdown: median of the {alarm.steps} steps since step {alarm.since_step} {alarm.level_s * 1e3:.1f} ms "
                       f"vs baseline {alarm.baseline_s * 1e3:.1f} ms (+{alarm.shift * 100:.1f}%; step-to-step spread {alarm.spread * 100:.1f}%, "
                       f"evidence {alarm.evidence:.0f} spreads)")  # fmt: skip
             out = self._automatic(st, now, "slowdown", reason, st.max_step + self.margin_steps(st))
-            if out:
-                st.change.rebaseline()  # profiled: the level it runs at now is the job's new normal
-                st.alarm = None
+            if out:  # until its cool-down ends, the same slowdown asks again (refused and counted, as a worse one would be)
+                st.profiled = (alarm.since_step, alarm.level_s, out[0].start_step + out[0].steps + dp.cooldown_steps)
             return out
         seen = _median_rule(st, dp)
         if seen is None:

@@ -24,6 +24,7 @@ def register(sub) -> None:
     d.add_argument("--runs", type=_positive, default=40, help="runs per series and slowdown size (default 40)")
     d.add_argument("--days", type=float, default=1.0, help="job-days (86,400 steps) of each healthy series per disturbance (default 1)")
     d.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    d.add_argument("--series", action="append", metavar="NAME", help="evaluate only this series (repeatable; default: all)")
     p.set_defaults(func=run)
 
 
@@ -51,8 +52,8 @@ def run(args) -> int:
     policy = load_policy(settings.policy)
     if args.detector:
         return run_detector(args, policy)
-    if args.rule or args.days != 1.0 or args.runs != 40 or args.seed != 0:
-        raise config.ConfigError("--rule, --runs, --days and --seed apply to --detector only")
+    if args.rule or args.days != 1.0 or args.runs != 40 or args.seed != 0 or args.series:
+        raise config.ConfigError("--rule, --runs, --days, --seed and --series apply to --detector only")
     scenarios = load_suite(args.suite) if args.suite else standard_suite()
     interactive = sys.stderr.isatty() and not args.json
 
@@ -80,7 +81,7 @@ def run_detector(args, policy) -> int:
     import dataclasses
     import sys
 
-    from ..detector_eval import evaluate_detector, report as detector_report
+    from ..detector_eval import evaluate_detector, families, report as detector_report
 
     if args.suite or args.scenarios:
         raise config.ConfigError("--detector takes no SUITE and no --scenarios: its series are built in (lockstep/detector_eval.py)")
@@ -94,7 +95,11 @@ def run_detector(args, policy) -> int:
         if interactive:
             print(f"\r{name:30s}", end="", file=sys.stderr, flush=True)
 
-    summary = evaluate_detector(policy, runs=args.runs, days=args.days, seed=args.seed, progress=progress)
+    try:
+        fams = families(args.seed, only=tuple(args.series or ()))
+    except ValueError as exc:
+        raise config.ConfigError(f"--series: {exc}") from None
+    summary = evaluate_detector(policy, runs=args.runs, days=args.days, seed=args.seed, fams=fams, progress=progress)
     if interactive:
         print("\r" + " " * 30 + "\r", end="", file=sys.stderr)
     print(json.dumps(summary, indent=2) if args.json else detector_report(summary))
