@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 from .. import config
-from ..streams.policy import RULES
 
 
 def register(sub) -> None:
@@ -20,7 +19,6 @@ def register(sub) -> None:
     p.add_argument("--scenarios", action="store_true", help="also list every scenario with its findings (table) or outcome (JSON)")
     d = p.add_argument_group("detector evaluation")
     d.add_argument("--detector", action="store_true", help="evaluate the slowdown detector on step-time series instead of the diagnosis on a suite")
-    d.add_argument("--rule", choices=RULES, help="the detector rule to evaluate (default: the policy's detector.rule)")
     d.add_argument("--runs", type=_positive, default=40, help="runs per series and slowdown size (default 40)")
     d.add_argument("--days", type=float, default=1.0, help="job-days (86,400 steps) of each healthy series per disturbance (default 1)")
     d.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
@@ -52,8 +50,8 @@ def run(args) -> int:
     policy = load_policy(settings.policy)
     if args.detector:
         return run_detector(args, policy)
-    if args.rule or args.days != 1.0 or args.runs != 40 or args.seed != 0 or args.series:
-        raise config.ConfigError("--rule, --runs, --days, --seed and --series apply to --detector only")
+    if args.days != 1.0 or args.runs != 40 or args.seed != 0 or args.series:
+        raise config.ConfigError("--runs, --days, --seed and --series apply to --detector only")
     scenarios = load_suite(args.suite) if args.suite else standard_suite()
     interactive = sys.stderr.isatty() and not args.json
 
@@ -78,7 +76,6 @@ def run(args) -> int:
 
 
 def run_detector(args, policy) -> int:
-    import dataclasses
     import sys
 
     from ..detector_eval import evaluate_detector, families, report as detector_report
@@ -87,8 +84,6 @@ def run_detector(args, policy) -> int:
         raise config.ConfigError("--detector takes no SUITE and no --scenarios: its series are built in (lockstep/detector_eval.py)")
     if not args.days > 0:
         raise config.ConfigError(f"--days must be > 0, got {args.days}")
-    if args.rule:
-        policy = dataclasses.replace(policy, detector=dataclasses.replace(policy.detector, rule=args.rule))
     interactive = sys.stderr.isatty() and not args.json
 
     def progress(name: str) -> None:
