@@ -498,7 +498,7 @@ class SlowdownDetector:
             reason = (f"slowdown: median of the {alarm.steps} steps since step {alarm.since_step} {alarm.level_s * 1e3:.1f} ms "
                       f"vs baseline {alarm.baseline_s * 1e3:.1f} ms (+{alarm.shift * 100:.1f}%; step-to-step spread {alarm.spread * 100:.1f}%, "
                       f"evidence {alarm.evidence:.0f} spreads)")  # fmt: skip
-            out = self._automatic(st, now, "slowdown", reason, st.max_step + self.margin_steps(st))
+            out = self._automatic(st, now, "slowdown", reason)
             if out:  # until its cool-down ends, the same slowdown asks again (refused and counted, as a worse one would be)
                 st.profiled = (alarm.since_step, alarm.level_s, out[0].start_step + out[0].steps + dp.cooldown_steps)
             return out
@@ -509,7 +509,7 @@ class SlowdownDetector:
         if not recent > baseline * (1.0 + dp.slowdown_threshold):
             return self._baseline(st, now)
         reason = f"slowdown: median of last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms (+{(recent / baseline - 1) * 100:.0f}%)"
-        return self._automatic(st, now, "slowdown", reason, st.max_step + self.margin_steps(st))
+        return self._automatic(st, now, "slowdown", reason)
 
     def _baseline(self, st: JobState, now: float) -> list[ProfileTrigger]:
         """A healthy job is profiled now and then, so that the window stage has the job's own healthy past
@@ -521,13 +521,13 @@ class SlowdownDetector:
         if every <= 0 or st.max_step - since < every or st.max_step < st.baseline_after:
             return []
         reason = f"baseline: {st.max_step - since} steps since " + ("the last window" if st.windows else "the detector first saw the job")
-        decision = self._decide(st, now, "baseline", reason, st.max_step + self.margin_steps(st), self.policy.detector.window_steps)
+        decision = self._decide(st, now, "baseline", reason, None, self.policy.detector.window_steps)
         if isinstance(decision, ProfileTrigger):
             return [decision]
         st.baseline_after = st.max_step + max(1, every // 10)
         return []
 
-    def _automatic(self, st: JobState, now: float, kind: str, reason: str, start: int) -> list[ProfileTrigger]:
+    def _automatic(self, st: JobState, now: float, kind: str, reason: str, start: int | None = None) -> list[ProfileTrigger]:
         decision = self._decide(st, now, kind, reason, start, self.policy.detector.window_steps)
         if isinstance(decision, TriggerRefused):
             self.suppressed[decision.code] += 1
@@ -599,7 +599,7 @@ class SlowdownDetector:
         if steps > dp.max_window_steps:
             return self._refuse(st.job, "too_long", f"{steps} steps exceed the policy's max_window_steps ({dp.max_window_steps})", now, req.request)
         reason = "manual" + (f": {req.reason}" if req.reason else "") + (f" (by {req.requested_by})" if req.requested_by else "")
-        return self._decide(st, now, "manual", reason, st.max_step + self.margin_steps(st), steps, req.request)
+        return self._decide(st, now, "manual", reason, None, steps, req.request)
 
     # ------------------------------------------------------------------ policy checks
 
@@ -614,7 +614,8 @@ class SlowdownDetector:
         p = self.policy
         return TriggerRefused(job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now)  # type: ignore[arg-type]
 
-    def _decide(self, st: JobState, now: float, kind: str, reason: str, start: int, steps: int, request: str = "") -> ProfileTrigger | TriggerRefused:
+    def _decide(self, st: JobState, now: float, kind: str, reason: str, start: int | None, steps: int, request: str = "") -> ProfileTrigger | TriggerRefused:
+        """``start``: the window's first step; None: a margin ahead (computed only if the checks pass)."""
         p, dp = self.policy, self.policy.detector
         if not st.selected:
             j = p.jobs
@@ -632,6 +633,8 @@ class SlowdownDetector:
         n_open = self.open_windows(now)
         if n_open >= dp.max_windows_fleet:
             return self._refuse(st.job, "fleet_limit", f"{n_open} windows are open on this processor; policy allows {dp.max_windows_fleet} (max_windows_fleet)", now, request)
+        if start is None:
+            start = st.max_step + self.margin_steps(st)
         start = max([start] + [w.end for w in is_open])  # queued behind open windows: they never overlap
         interval = self.step_interval_s(st)
         expiry = max(WINDOW_EXPIRY_MIN_S, 3.0 * (start + steps - st.max_step) * interval) if math.isfinite(interval) else WINDOW_EXPIRY_MIN_S

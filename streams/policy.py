@@ -10,6 +10,7 @@ a broken new file keeps the policy in force and logs one error.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import logging
@@ -113,7 +114,7 @@ class Policy:
     diagnosis: DiagnosisPolicy = field(default_factory=DiagnosisPolicy)
     jobs: JobSelector = field(default_factory=JobSelector)
 
-    @property
+    @functools.cached_property  # frozen: computed once (every refused trigger records it)
     def hash(self) -> str:
         canon = json.dumps(asdict(self), sort_keys=True, default=list)
         return hashlib.sha256(canon.encode()).hexdigest()[:12]
