@@ -114,7 +114,7 @@ def read_recording(path: Path) -> np.ndarray:
 def detrend(x: np.ndarray, width: int = DETREND) -> np.ndarray:
     """The step-to-step noise of ``x`` around its rolling median, at the recording's overall median level."""
     half = width // 2
-    padded = np.pad(x, half, mode="edge")
+    padded = np.pad(x, half, mode="reflect")  # (edge padding would make the first value the level of the first hundred)
     level = np.median(np.lib.stride_tricks.sliding_window_view(padded, width), axis=1)
     return x / level * np.median(x)
 
