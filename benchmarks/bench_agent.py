@@ -4,6 +4,7 @@
     python benchmarks/bench_agent.py bytes       # bytes per worker per window vs the raw profiler trace
     python benchmarks/bench_agent.py summarise   # time to turn one window's trace into feature batches
     python benchmarks/bench_agent.py sampler     # hardware sampler: achieved rate and CPU cost
+    python benchmarks/bench_agent.py outage      # step time while Kafka is away, with agent.step() vs without (ABBA)
 
 The model is a transformer encoder (d_model 256, batch 4 x 32 tokens, AdamW): 8 layers, about
 100 ms a step on this machine's CPU, for ``overhead`` and ``sampler``; 24 layers (the depth of
@@ -235,6 +236,66 @@ def sampler(args) -> None:
               f"{1e6 * stats.cpu_s / max(stats.samples, 1):5.0f} us CPU per sample = {100 * stats.cpu_share:.2f}% of one core")  # fmt: skip
 
 
+# --------------------------------------------------------------------------- outage
+
+
+def outage(args) -> None:
+    """The outage test's loop (a small model's step plus a 4 ms wait, as for a GPU) while Kafka is away: blocks of
+    steps with ``agent.step()`` against blocks of the same loop without it, interleaved ABBA in the same process
+    (the machine's load drifts; a before/during comparison measured the drift, x0.96 to x1.6)."""
+    from lockstep.broker import free_port
+
+    logging.getLogger("lockstep.librdkafka").setLevel(logging.CRITICAL)  # the outage is the point: no line per reconnect
+    logging.getLogger("lockstep.agent").setLevel(logging.ERROR)
+    model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def run(agent, steps: int, calls: list[float]) -> float:
+        """Median step time of ``steps`` steps; ``agent.step()`` after each unless ``agent`` is None."""
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            model(torch.randn(32, 128)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.004)
+            if agent is not None:
+                t1 = time.perf_counter()
+                agent.step()
+                calls.append(time.perf_counter() - t1)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    port = free_port()
+    settings = Settings(bootstrap_servers=f"127.0.0.1:{port}", topic_prefix="bench-outage", partitions=1)
+    broker = EmbeddedBroker(port=port).start()
+    calls: list[float] = []
+    ratios: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            ensure_topics(settings)
+            agent = attach(job="bench-outage", bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, rank=0,
+                           world_size=1, host="h0", spool_dir=Path(tmp) / "spool", spool_max_bytes=256 << 10, delivery_timeout_s=1.0,
+                           flush_interval_s=0.05)  # fmt: skip
+            run(agent, args.steps, [])  # connected, warm
+            broker.stop()
+            run(agent, args.steps, [])  # until the agent has noticed and spools
+            for block in range(args.blocks):
+                medians = {}
+                for mode in (("bare", "agent") if block % 2 == 0 else ("agent", "bare")):  # ABBA: drift cancels
+                    medians[mode] = run(agent if mode == "agent" else None, args.steps, calls)
+                ratios.append(medians["agent"] / medians["bare"])
+            spooling = agent.report().kafka_down
+            agent.close()
+        finally:
+            broker.stop()
+    calls.sort()
+    print(f"training loop while Kafka is away (agent spooling: {spooling}), {args.blocks} block pairs of {args.steps} steps, ABBA:")
+    print(f"  step time with agent.step() / without: median x{statistics.median(ratios):.3f} (pairs x{min(ratios):.3f} to x{max(ratios):.3f})")
+    print(f"  agent.step(): p50 {statistics.median(calls) * 1e6:.0f} us, p99 {calls[int(0.99 * (len(calls) - 1))] * 1e6:.0f} us, "
+          f"max {calls[-1] * 1e3:.2f} ms (wall clock, {len(calls)} calls)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -255,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--hz", type=float, nargs="+", default=[50, 100, 200])
     s.add_argument("--seconds", type=float, default=3.0)
     s.set_defaults(func=sampler)
+    g = sub.add_parser("outage")
+    g.add_argument("--blocks", type=int, default=8, help="block pairs while the broker is stopped")
+    g.add_argument("--steps", type=int, default=150, help="steps per block")
+    g.set_defaults(func=outage)
     args = p.parse_args(argv)
     args.func(args)
     return 0

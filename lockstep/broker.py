@@ -7,6 +7,8 @@ restart loses every topic: durability is Kafka's promise in production, not ours
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
@@ -21,6 +23,26 @@ log = logging.getLogger(__name__)
 
 class BrokerError(RuntimeError):
     """The embedded broker could not be found or started."""
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def parent_death_signal(sig: int):
+    """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies, even by SIGKILL (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing).  Linux sends it when the *thread* that started the child
+    ends: start long-lived children from a thread that lives as long as they should (the main thread)."""
+    libc_name = ctypes.util.find_library("c")
+    prctl = getattr(ctypes.CDLL(libc_name, use_errno=True), "prctl", None) if libc_name else None  # resolved before the fork
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return preexec
 
 
 def free_port() -> int:
@@ -64,6 +86,7 @@ class EmbeddedBroker:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # our Ctrl-C handling stops it, not the terminal's
+            preexec_fn=parent_death_signal(signal.SIGKILL),  # a parent killed with SIGKILL leaves no broker behind (memory storage: nothing to flush)
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

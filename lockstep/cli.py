@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
+import time
 
 from . import __version__
 from .broker import BrokerError
@@ -32,37 +35,110 @@ def known_errors() -> tuple[type[BaseException], ...]:
             DeliveryError, RuntimeFailure, TriggerError, DiagnoseError, RawError)  # fmt: skip
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with usage errors in one line (``lockstep findings: error: ... (see lockstep findings --help)``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .commands import COMMANDS
 
-    parser = argparse.ArgumentParser(prog="lockstep", description="Diagnose slowdowns of synchronous training jobs online.")
+    parser = Parser(prog="lockstep", description="Diagnose slowdowns of synchronous training jobs online.")
     parser.add_argument("--version", action="version", version=f"lockstep {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in COMMANDS:
         mod.register(sub)
+    _name_leaves(parser)
     return parser
 
 
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    for noisy in ("faust", "mode", "aiokafka", "kafka", "lockstep.librdkafka"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+def _name_leaves(parser: argparse.ArgumentParser) -> None:
+    """Every subcommand's parser knows itself (``args.parser``), so that an unknown flag is reported by it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                p.set_defaults(parser=p)
+                _name_leaves(p)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (ISO, UTC), level, logger, message, and the traceback when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """Every command's logging, the processor's included: ``text`` lines or ``json`` objects on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT, datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level, logging.INFO))
+    for noisy in ("faust", "mode", "aiokafka", "kafka", "lockstep.librdkafka", "aiohttp"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    name = getattr(args, "parser", parser).prog  # "lockstep agent env"
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return closed_pipe()
     except known_errors() as exc:
-        print(f"lockstep {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else 1
+    except OSError as exc:  # a file or socket the command was given: name it, say what is wrong
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{name}: error: {where}{exc.strerror or one_line(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        print(f"lockstep {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if os.environ.get("LOCKSTEP_TRACEBACK"):
+            raise
+        print(f"{name}: internal error: {type(exc).__name__}: {one_line(exc)} "
+              "(a bug; LOCKSTEP_TRACEBACK=1 shows where)", file=sys.stderr)  # fmt: skip
+        return 70  # EX_SOFTWARE
+
+
+def one_line(exc: BaseException) -> str:
+    """The message's first line (details that follow, such as a log's tail, are in the file it names)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0].rstrip(":") if lines else type(exc).__name__
+
+
+def closed_pipe() -> int:
+    """The reader of stdout went away (``lockstep query ... | head``): stop quietly, as ``cat`` does.
+
+    Python would print an error when it flushes stdout at exit; point stdout at /dev/null first."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
 
 
 if __name__ == "__main__":

@@ -120,10 +120,16 @@ class Settings:
     processor_id: str = field(default="lockstep-processor", metadata={"help": "faust app id (consumer group) of the processors", "parse": str})
     sink_group: str = field(default="lockstep-sink", metadata={"help": "consumer group of the DuckDB sink", "parse": str})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR", "parse": lambda v: str(v).upper()})
+    log_format: str = field(default="text", metadata={"help": "text (one line per record) or json (one JSON object per line)", "parse": lambda v: str(v).lower()})
+    series_keep_steps: int = field(
+        default=20_000, metadata={"help": "steps of each job's step-time series the sink keeps (older points are pruned)", "parse": _pos_int}
+    )
 
     def validate(self) -> Settings:
         if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level: {self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"log_format: {self.log_format!r} is not one of text, json")
         if not self.topic_prefix or any(c in self.topic_prefix for c in " /\\:"):
             raise ConfigError(f"topic_prefix: {self.topic_prefix!r} must be a non-empty Kafka topic name part")
         if "bootstrap.servers" in self.kafka:
@@ -139,21 +145,41 @@ class Settings:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
+_METAVARS = {"bootstrap_servers": "HOST:PORT[,...]", "topic_prefix": "PREFIX", "db": "FILE", "routes": "FILE", "policy": "FILE",
+             "processor_id": "GROUP", "sink_group": "GROUP", "log_level": "LEVEL", "log_format": "text|json"}  # fmt: skip
 
-def _flag(name: str) -> str:
+#: settings every command that talks to Kafka reads
+KAFKA = ["bootstrap_servers", "kafka", "topic_prefix", "session_timeout_ms", "fetch_wait_ms", "log_level", "log_format"]
+#: ... and those that create topics (the partition count is also checked against existing topics)
+TOPICS = ["partitions", "replication_factor"]
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of a setting (``kafka`` -> ``--kafka-config``)."""
     return "--" + _FIELDS[name].metadata.get("flag", name.replace("_", "-"))
 
 
-def add_arguments(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
-    """Add ``--config`` and one flag per setting (default None, so that unset flags are known)."""
-    parser.add_argument("--config", type=Path, default=None, help="YAML settings file (also LOCKSTEP_CONFIG)")
-    for name in names or list(_FIELDS):
+def add_arguments(parser: argparse.ArgumentParser, names: list[str] | None = None, config_file: bool = True, only: bool = False,
+                  title: str = "settings (flag > LOCKSTEP_<NAME> environment > --config file > default)") -> None:
+    """Add ``--config`` and one flag per setting (default None, so that unset flags are known), in a group of
+    their own so that ``--help`` shows the command's own options first.
+
+    ``--help`` lists ``names``, the settings the command reads.  The other settings' flags are accepted too,
+    unlisted (one set of flags serves every process, as one file does), unless ``only``."""
+    group = parser.add_argument_group(title)
+    if config_file:
+        group.add_argument("--config", type=Path, default=None, metavar="FILE", help="YAML settings file (also LOCKSTEP_CONFIG)")
+    listed = list(names or _FIELDS)
+    for name in listed + ([] if only else [n for n in _FIELDS if n not in listed]):
         f = _FIELDS[name]
-        help_ = f"{f.metadata['help']} (env LOCKSTEP_{name.upper()})"
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
+        shown = "" if default in (None, {}, "") else f"; default {default}"
+        help_ = f"{f.metadata['help']} (env LOCKSTEP_{name.upper()}{shown})" if name in listed else argparse.SUPPRESS
+        metavar = _METAVARS.get(name) or ("SECONDS" if name.endswith("_s") else "N" if isinstance(default, (int, float)) else "VALUE")
         if isinstance(f.default_factory, type) and f.default_factory is dict:  # type: ignore[misc]
-            parser.add_argument(_flag(name), dest=name, action="append", default=None, metavar="KEY=VALUE", help=help_)
+            group.add_argument(flag_name(name), dest=name, action="append", default=None, metavar="KEY=VALUE", help=help_)
         else:
-            parser.add_argument(_flag(name), dest=name, default=None, help=help_)
+            group.add_argument(flag_name(name), dest=name, default=None, metavar=metavar, help=help_)
 
 
 def _parse(name: str, value: Any, source: str) -> Any:
@@ -164,7 +190,9 @@ def _parse(name: str, value: Any, source: str) -> Any:
 
 
 def load(args: argparse.Namespace | None = None, env: dict[str, str] | None = None) -> Settings:
-    """Merge defaults < file < environment < flags, then validate."""
+    """Merge defaults < file < environment < flags, then validate.
+
+    File and environment may set any setting, so that one file serves every command."""
     env = dict(os.environ if env is None else env)
     values: dict[str, Any] = {}
     dict_values: dict[str, dict[str, str]] = {n: {} for n, f in _FIELDS.items() if f.default_factory is dict}  # type: ignore[comparison-overlap]
@@ -193,5 +221,5 @@ def load(args: argparse.Namespace | None = None, env: dict[str, str] | None = No
         for name in _FIELDS:
             raw = getattr(args, name, None)
             if raw is not None:
-                put(name, raw, _flag(name))
+                put(name, raw, flag_name(name))
     return Settings(**values, **dict_values).validate()

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from .broker import free_port
-from .config import Settings
+from . import config
+from .config import ConfigError, Settings
 from .kafka import consumer_config, ensure_topics, producer_config, read_all
 from .producers.publisher import Publisher
 from .producers.simulator.faults import Fault
@@ -75,29 +79,70 @@ def detector_saw(settings: Settings, scenario: Scenario, steps: int) -> str:
     return detector_view(scenario, steps, load_policy(settings.policy))
 
 
+def demo_settings(args) -> Settings:
+    """The demo's settings from its flags alone: no ``LOCKSTEP_*`` variable, no settings file.
+
+    Consumer groups are always the demo's own; on a Kafka given with ``--bootstrap-servers`` the topics
+    are too (a fresh prefix unless ``--topic-prefix``); without ``--db`` the store is a new file in a
+    new temporary folder, kept afterwards for ``lockstep query`` and the report."""
+    s = config.load(args, env={})
+    tag = uuid.uuid4().hex[:8]
+    prefix = args.topic_prefix or (f"lockstep-demo-{tag}" if s.bootstrap_servers else s.topic_prefix)
+    db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="lockstep-demo-")) / "lockstep.duckdb"
+    return dataclasses.replace(s, topic_prefix=prefix, db=db, processor_id=f"lockstep-demo-{tag}", sink_group=f"lockstep-demo-{tag}-sink")
+
+
+def report_path(db: Path) -> Path:
+    return Path(db).with_name(f"{Path(db).stem}-report.html")
+
+
+def claim_store(db: Path, *, explicit: bool) -> Path:
+    """Make ``db`` the demo's, never touching a file it did not create; return the report's path.
+
+    A file there (the store, its WAL, the sink's address file, the report) is replaced only when the
+    marker ``<db>.demo`` says a demo wrote it; otherwise the demo stops with one line.  The marker is
+    written before anything else, so a failed demo leaves nothing another demo cannot clean up."""
+    db = Path(db)
+    page = report_path(db)
+    files = [db, Path(f"{db}.wal"), Path(f"{db}.sink.json"), page]
+    marker = Path(f"{db}.demo")
+    present = [f for f in files if f.exists() or f.is_symlink()]
+    if present and not marker.is_file():
+        flag = "--db" if explicit else "the demo's store"
+        raise ConfigError(f"{flag}: {present[0]} exists and was not written by `lockstep demo`; the demo writes only files it "
+                          "created: name a new file (or leave out --db for a temporary one)")  # fmt: skip
+    if not db.parent.is_dir():
+        raise ConfigError(f"--db: folder {db.parent} does not exist")
+    for f in present:
+        log.info("removing the previous demo's %s", f)
+        f.unlink()
+    marker.write_text(json.dumps({"written_by": "lockstep demo", "pid": os.getpid(), "at": time.time(), "files": [str(f) for f in files]}) + "\n")
+    return page
+
+
 def topic_stats(settings: Settings, topics: list[str]) -> list[TopicStat]:
     """Count every record and byte in each topic by reading it end to end."""
     records = read_all(settings, topics)
     return [TopicStat(t, len(records[t]), sum(len(v or b"") for _, v in records[t])) for t in topics]
 
 
-def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0, steps_per_s: float = 10.0, keep_logs: Path | None = None) -> DemoResult:
+def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0, steps_per_s: float = 10.0, keep_logs: Path | None = None,
+             status=lambda text: None) -> DemoResult:  # fmt: skip
+    """Broker (unless ``settings`` names one), processor and sink, the simulated fleet, until the first window's
+    findings are in ``settings.db``.  ``status(text)`` hears what it is doing (the progress line)."""
     t0 = time.monotonic()
-    log_dir = keep_logs or Path(tempfile.mkdtemp(prefix="lockstep-demo-"))
+    log_dir = keep_logs or Path(tempfile.mkdtemp(prefix="lockstep-demo-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     db = Path(settings.db)
-    for stale in (db, Path(f"{db}.wal"), Path(f"{db}.sink.json")):
-        if stale.exists():
-            log.info("removing the previous demo's %s", stale)
-            stale.unlink()
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka(settings))
         topics = ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
         processor_port, sink_port = free_port(), free_port()
-        flags = settings_flags(s)
-        processor = Child("processor", ["processor", *flags, "--http-port", str(processor_port)], log_dir, f"http://127.0.0.1:{processor_port}/healthz")
+        status("starting the stream processor and the sink")
+        processor = Child("processor", ["processor", *settings_flags(s, "processor"), "--http-port", str(processor_port)], log_dir,
+                          f"http://127.0.0.1:{processor_port}/healthz")  # fmt: skip
         stack.callback(processor.stop)
-        sink = Child("sink", ["sink", *flags, "--http-port", str(sink_port)], log_dir, f"http://127.0.0.1:{sink_port}/healthz")
+        sink = Child("sink", ["sink", *settings_flags(s, "sink"), "--http-port", str(sink_port)], log_dir, f"http://127.0.0.1:{sink_port}/healthz")
         stack.callback(sink.stop)
         log.info("started the stream processor (pid %d) and the DuckDB sink (pid %d); logs in %s", processor.proc.pid, sink.proc.pid, log_dir)
         sink.wait_healthy(30)
@@ -116,6 +161,7 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
         )  # fmt: skip
 
         def progress(step, res):
+            status(f"fleet at step {step}, {'window ' + res.triggers[0].window + ' profiling' if res.triggers else 'waiting for the detector'}")
             if step % 25 == 0:
                 log.info("fleet at step %d (%d trigger(s) received)", step, len(res.triggers))
             if time.monotonic() - t0 > timeout_s:
@@ -127,6 +173,7 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
             raise RuntimeFailure(f"the detector never triggered a profiling window; it saw {detector_saw(s, scenario, live.steps)}; see {processor.log_path}")
         trig = live.triggers[0]
         log.info("window %s delivered (steps %d..%d); waiting for the diagnosis", trig.window, trig.start_step, trig.start_step + trig.steps - 1)
+        status(f"window {trig.window} delivered; waiting for its findings")
 
         def window_stored() -> bool:
             _, rows = query(db, "SELECT count(*) FROM windows WHERE job = ? AND window_id = ?", [scenario.job, trig.window])
@@ -134,6 +181,13 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
 
         if not wait_for(window_stored, max(5.0, timeout_s - (time.monotonic() - t0))):
             raise RuntimeFailure(f"window {trig.window} did not reach {db} in time; see {log_dir}")
+
+        def series_stored() -> bool:  # the step times come every second or so: the picture should show the whole window
+            _, rows = query(db, "SELECT coalesce(max(step), -1) FROM step_series WHERE job = ?", [scenario.job])
+            return rows[0][0] >= trig.start_step + trig.steps - 1
+
+        status(f"window {trig.window} stored; waiting for its step times")
+        wait_for(series_stored, 10.0)
         _, rows = query(db, "SELECT record FROM findings WHERE job = ? ORDER BY step_time_share DESC", [scenario.job])
         findings = [r[0] for r in rows]
         cols, wrows = query(db, "SELECT * FROM windows WHERE job = ?", [scenario.job])
@@ -143,6 +197,7 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
         processor.stop()
         log.info("processes stopped in %.1fs", time.monotonic() - t1)
         t1 = time.monotonic()
+        status("counting the records in Kafka")
         stats = topic_stats(s, topics.all())
         log.info("topics counted in %.1fs", time.monotonic() - t1)
     return DemoResult(scenario, findings, windows, stats, time.monotonic() - t0, db, log_dir)

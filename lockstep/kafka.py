@@ -32,6 +32,7 @@ class Topics:
     windows: str  # WindowReport, key job
     deadletter: str  # DeadLetter, key: the original key
     raw: str  # RawTrace (answers to a RawRequest on control), key job
+    series: str  # StepSeries, DeviationMap (the pictures: step times, deviation maps), key job
 
     @classmethod
     def named(cls, prefix: str = "lockstep") -> Topics:

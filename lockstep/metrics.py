@@ -1,136 +1,181 @@
-"""Process metrics in the Prometheus text format, without a client library.
+"""Process metrics, exposed through the official Prometheus client (``prometheus_client``).
 
-Every long-running process (processor, sink) keeps one :class:`Metrics` and
-serves ``render()`` at ``/metrics`` beside a ``/healthz`` endpoint.  Counters,
-gauges and histograms (cumulative ``_bucket{le=...}``, ``_sum``, ``_count``);
-:func:`parse` reads the text back (tests, the load run).
+Every metric either process exports is declared once in :data:`CATALOGUE` (name without the
+``lockstep_`` prefix, kind, labels, help, which process exports it): the README's table, the
+Prometheus alert rules and the Grafana dashboard under ``deploy/`` are checked against it.  The
+names are a contract: add, never rename.
+
+Each long-running process keeps one :class:`Metrics` (its own registry) and serves
+:meth:`Metrics.render` at ``/metrics`` beside ``/healthz``.  Call sites name a metric and its
+labels (``metrics.inc("records_in_total", topic=t)``); a metric missing from the catalogue is
+created on first use from the call.  :func:`parse` reads the text format back with the client's
+own parser (tests, the load run).
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import re
 import threading
-from collections import defaultdict
+from dataclasses import dataclass
 
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+prometheus_client.disable_created_metrics()  # no *_created series: counters are what the README lists
+
+PREFIX = "lockstep"
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 #: seconds: from a few milliseconds (a hop through Kafka) to minutes (a window)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in sorted(labels.items()))
-    return "{" + inner + "}"
+@dataclass(frozen=True)
+class Spec:
+    kind: str  # counter | gauge | histogram
+    labels: tuple[str, ...]
+    help: str
+    process: str  # processor | sink | both
 
 
-class _Histogram:
-    __slots__ = ("bounds", "counts", "sum")
+_BOTH, _PROC, _SINK = "both", "processor", "sink"
+CATALOGUE: dict[str, Spec] = {
+    # records through Kafka
+    "records_in_total": Spec("counter", ("topic",), "records consumed, by topic", _BOTH),
+    "bytes_in_total": Spec("counter", ("topic",), "bytes consumed, by topic", _PROC),
+    "records_out_total": Spec("counter", ("topic",), "records published, by topic", _BOTH),
+    "bytes_out_total": Spec("counter", ("topic",), "bytes published, by topic", _PROC),
+    "dead_letters_total": Spec("counter", ("reason", "stage"), "records sent to the dead-letter topic, by reason", _BOTH),
+    "consumer_lag_seconds": Spec("gauge", ("topic",), "age of the last record consumed, by topic (now - its Kafka timestamp)", _BOTH),
+    "consumer_lag_records": Spec("gauge", ("topic", "partition"),
+                                 "high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)", _BOTH),  # fmt: skip
+    # the processor's stages
+    "open_steps": Spec("gauge", (), "steps waiting for feature batches", _PROC),
+    "open_windows": Spec("gauge", (), "windows waiting for step reports", _PROC),
+    "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout)", _PROC),
+    "windows_closed_total": Spec("counter", ("reason",), "windows closed, by reason (complete, timeout)", _PROC),
+    "step_analysis_seconds": Spec("gauge", (), "time of the last step analysis", _PROC),
+    "step_close_latency_seconds": Spec("histogram", (), "first feature batch of a step to its step report", _PROC),
+    "window_close_latency_seconds": Spec("histogram", (), "first step report of a window to its findings published", _PROC),
+    "findings_total": Spec("counter", ("cause",), "findings published, by cause", _PROC),
+    "late_records_total": Spec("counter", ("stage",), "records for steps or windows already closed", _PROC),
+    # the detector
+    "triggers_total": Spec("counter", ("kind",), "profiling windows triggered, by what opened them", _PROC),
+    "triggers_suppressed": Spec("gauge", ("code",), "automatic windows not opened, by the policy check that stopped them", _PROC),
+    "trigger_refusals_total": Spec("counter", ("code",), "operators' trigger requests refused, by reason", _PROC),
+    "policy_info": Spec("gauge", ("policy",), "1 for the policy in force (id@hash)", _PROC),
+    "detector_jobs": Spec("gauge", (), "jobs the detector follows", _PROC),
+    "detector_open_windows": Spec("gauge", (), "windows open or scheduled by this processor", _PROC),
+    "step_series_points_total": Spec("counter", (), "points of the per-job step-time series published", _PROC),
+    # the host agents' own counters, carried on their heartbeats
+    "agent_dropped_records": Spec("gauge", ("job",), "records the agents dropped because their queue or spool was full, summed over the job's workers", _PROC),
+    "agent_spooled_records": Spec("gauge", ("job",), "records waiting in the agents' spools for Kafka, summed over the job's workers", _PROC),
+    "agent_refused_triggers": Spec("gauge", ("job",), "triggers the agents refused (start step past, or overlapping a window), summed over the job's workers", _PROC),
+    "agent_failed_windows": Spec("gauge", ("job",), "accepted windows the agents could not profile or summarise, summed over the job's workers", _PROC),
+    # the sink
+    "findings_written_total": Spec("counter", ("cause",), "finding rows upserted, by cause", _SINK),
+    "windows_written_total": Spec("counter", (), "window rows upserted", _SINK),
+    "triggers_written_total": Spec("counter", (), "profiling trigger rows upserted", _SINK),
+    "step_series_written_total": Spec("counter", (), "step-time series points upserted", _SINK),
+    "write_seconds": Spec("histogram", (), "one DuckDB transaction (rows, incidents and offsets)", _SINK),
+    "incident_events_total": Spec("counter", ("action",), "incident changes, by action (trigger, update, resolve)", _SINK),
+    "webhook_deliveries_total": Spec("counter", ("route", "receiver", "result"), "page attempts, by result (delivered, retry, failed)", _SINK),
+    # the HTTP endpoints
+    "http_requests_total": Spec("counter", ("path", "code"), "HTTP requests answered, by path and status code", _BOTH),
+    "http_refused_total": Spec("counter", ("reason",), "HTTP connections or requests turned away (connections: over the bound; busy: too many queries at once)", _BOTH),
+}
 
-    def __init__(self, bounds: tuple[float, ...]):
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
+
+def exported_names(spec_name: str) -> set[str]:
+    """The series names a metric puts on /metrics (histograms add _bucket, _sum and _count)."""
+    full = f"{PREFIX}_{spec_name}"
+    if CATALOGUE.get(spec_name, Spec("gauge", (), "", _BOTH)).kind == "histogram":
+        return {full + s for s in ("_bucket", "_sum", "_count")}
+    return {full}
 
 
 class Metrics:
-    def __init__(self, prefix: str = "lockstep"):
+    """One process's metrics.  ``process`` ("processor" or "sink") declares its catalogue entries up front,
+    so that /metrics lists them (unlabelled ones at 0) before anything happened."""
+
+    def __init__(self, process: str | None = None, prefix: str = PREFIX):
         self.prefix = prefix
+        self.registry = CollectorRegistry(auto_describe=True)
         self._lock = threading.Lock()
-        self._counters: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
-        self._gauges: dict[str, dict[tuple, float]] = defaultdict(dict)
-        self._histograms: dict[str, dict[tuple, _Histogram]] = defaultdict(dict)
-        self._help: dict[str, str] = {}
+        self._metrics: dict[str, object] = {}
+        self._children: dict[tuple, object] = {}
+        if process is not None:
+            for name, spec in CATALOGUE.items():
+                if spec.process in (process, _BOTH):
+                    self._metric(name, spec.kind, spec.labels)
+
+    def _metric(self, name: str, kind: str, labels: tuple[str, ...], help: str = ""):
+        m = self._metrics.get(name)
+        if m is not None:
+            return m
+        with self._lock:
+            if name in self._metrics:
+                return self._metrics[name]
+            spec = CATALOGUE.get(name) or Spec(kind, labels, help or name, _BOTH)
+            full, doc = f"{self.prefix}_{name}", spec.help
+            if spec.kind == "counter":
+                m = Counter(full, doc, spec.labels, registry=self.registry)
+            elif spec.kind == "histogram":
+                m = Histogram(full, doc, spec.labels, registry=self.registry, buckets=LATENCY_BUCKETS)
+            else:
+                m = Gauge(full, doc, spec.labels, registry=self.registry)
+            self._metrics[name] = m
+            return m
+
+    def _child(self, name: str, kind: str, labels: dict[str, str], help: str):
+        key = (name, *labels.items())  # the hot path (a few calls per record): one dict lookup when seen before
+        child = self._children.get(key)
+        if child is None:
+            m = self._metric(name, kind, tuple(sorted(labels)), help)
+            child = self._children[key] = m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m
+        return child
 
     def inc(self, name: str, value: float = 1.0, help: str = "", **labels: str) -> None:
-        with self._lock:
-            self._counters[name][tuple(sorted(labels.items()))] += value
-            if help:
-                self._help.setdefault(name, help)
+        self._child(name, "counter", labels, help).inc(value)
 
     def set(self, name: str, value: float, help: str = "", **labels: str) -> None:
-        with self._lock:
-            self._gauges[name][tuple(sorted(labels.items()))] = value
-            if help:
-                self._help.setdefault(name, help)
+        self._child(name, "gauge", labels, help).set(value)
 
     def replace(self, name: str, series: dict[tuple[tuple[str, str], ...], float], help: str = "") -> None:
         """Set a gauge's whole family at once: series absent from ``series`` disappear (jobs gone)."""
+        m = self._metric(name, "gauge", tuple(sorted(k for k, _ in next(iter(series), ()))), help)
         with self._lock:
-            self._gauges[name] = {tuple(sorted(k)): v for k, v in series.items()}
-            if help:
-                self._help.setdefault(name, help)
+            self._children = {k: c for k, c in self._children.items() if k[0] != name}  # cleared below
+            m.clear()
+            for key, value in series.items():
+                m.labels(**dict(key)).set(value)
 
-    def observe(self, name: str, value: float, help: str = "", buckets: tuple[float, ...] = LATENCY_BUCKETS, **labels: str) -> None:
-        """Add one observation to a histogram (buckets are fixed by the first observation)."""
-        with self._lock:
-            series = self._histograms[name]
-            key = tuple(sorted(labels.items()))
-            h = series.get(key)
-            if h is None:
-                h = series[key] = _Histogram(buckets)
-            h.counts[bisect.bisect_left(h.bounds, value)] += 1
-            h.sum += value
-            if help:
-                self._help.setdefault(name, help)
+    def observe(self, name: str, value: float, help: str = "", **labels: str) -> None:
+        """Add one observation to a histogram (buckets: :data:`LATENCY_BUCKETS`)."""
+        self._child(name, "histogram", labels, help).observe(value)
 
     def get(self, name: str, **labels: str) -> float:
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            if name in self._counters:
-                return self._counters[name].get(key, 0.0)
-            if name in self._histograms:
-                h = self._histograms[name].get(key)
-                return float(sum(h.counts)) if h else 0.0
-            return self._gauges.get(name, {}).get(key, 0.0)
+        """A counter's or gauge's value, or a histogram's count (0 when the series does not exist)."""
+        spec = CATALOGUE.get(name)
+        kind = spec.kind if spec else type(self._metrics.get(name)).__name__.lower()
+        full = f"{self.prefix}_{name}" + ("_count" if kind == "histogram" else "")
+        return self.registry.get_sample_value(full, {k: str(v) for k, v in labels.items()}) or 0.0
 
     def total(self, name: str) -> float:
-        with self._lock:
-            return sum(self._counters.get(name, {}).values())
+        """A counter summed over its labels."""
+        full = f"{self.prefix}_{name}"
+        return sum(s.value for fam in self.registry.collect() for s in fam.samples if s.name == full)
 
     def render(self) -> str:
-        lines = []
-        with self._lock:
-            for kind, store in (("counter", self._counters), ("gauge", self._gauges)):
-                for name in sorted(store):
-                    full = f"{self.prefix}_{name}"
-                    if name in self._help:
-                        lines.append(f"# HELP {full} {self._help[name]}")
-                    lines.append(f"# TYPE {full} {kind}")
-                    for key, value in sorted(store[name].items()):
-                        lines.append(f"{full}{_labels(dict(key))} {value:g}")
-            for name in sorted(self._histograms):
-                full = f"{self.prefix}_{name}"
-                if name in self._help:
-                    lines.append(f"# HELP {full} {self._help[name]}")
-                lines.append(f"# TYPE {full} histogram")
-                for key, h in sorted(self._histograms[name].items()):
-                    labels = dict(key)
-                    running = 0
-                    for bound, n in zip((*h.bounds, math.inf), h.counts):
-                        running += n
-                        le = "+Inf" if bound == math.inf else f"{bound:g}"
-                        lines.append(f"{full}_bucket{_labels({**labels, 'le': le})} {running}")
-                    lines.append(f"{full}_sum{_labels(labels)} {h.sum:g}")
-                    lines.append(f"{full}_count{_labels(labels)} {running}")
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode()
 
 
 def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Prometheus text -> {(full name, sorted (label, value) pairs): value}; comments skipped."""
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        series, _, value = line.rpartition(" ")
-        name, _, rest = series.partition("{")
-        labels = tuple(sorted((k, re.sub(r"\\(.)", r"\1", v)) for k, v in _LABEL.findall(rest)))
-        out[(name, labels)] = float(value)
-    return out
-
-
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+    """Prometheus text -> {(series name, sorted (label, value) pairs): value}, by the client's own parser."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .broker import EmbeddedBroker
+from .broker import EmbeddedBroker, parent_death_signal
 from .config import Settings
 
 log = logging.getLogger("lockstep")
@@ -38,30 +38,23 @@ def kafka(settings: Settings):
         broker.stop()
 
 
-def settings_flags(settings: Settings) -> list[str]:
-    """Flags that hand these settings to a child ``lockstep`` process."""
-    flags = [
-        "--bootstrap-servers", str(settings.bootstrap_servers),
-        "--topic-prefix", settings.topic_prefix,
-        "--partitions", str(settings.partitions),
-        "--session-timeout-ms", str(settings.session_timeout_ms),
-        "--fetch-wait-ms", str(settings.fetch_wait_ms),
-        "--db", str(settings.db),
-        "--step-timeout-s", str(settings.step_timeout_s),
-        "--window-timeout-s", str(settings.window_timeout_s),
-        "--processor-id", settings.processor_id,
-        "--sink-group", settings.sink_group,
-        "--log-level", settings.log_level,
-    ]  # fmt: skip
-    for k, v in settings.kafka.items():
-        flags += ["--kafka-config", f"{k}={v}"]
-    for k, v in settings.faust.items():
-        flags += ["--faust-config", f"{k}={v}"]
-    if settings.policy:
-        flags += ["--policy", str(settings.policy)]
-    if settings.routes:
-        flags += ["--routes", str(settings.routes)]
-    flags += ["--resolve-min-coverage", str(settings.resolve_min_coverage), "--resolve-after-s", str(settings.resolve_after_s)]
+def settings_flags(settings: Settings, command: str | None = None) -> list[str]:
+    """Flags that hand these settings to a child ``lockstep processor`` or ``lockstep sink``: the ones it reads,
+    or (another or no ``command``) every setting, which every command accepts."""
+    import dataclasses
+
+    from .commands import processor, sink
+    from .config import flag_name
+
+    flags: list[str] = []
+    names = {"processor": processor.SETTINGS, "sink": sink.SETTINGS}.get(command or "", [f.name for f in dataclasses.fields(settings)])
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                flags += [flag_name(name), f"{k}={v}"]
+        elif value is not None:
+            flags += [flag_name(name), str(value)]
     return flags
 
 
@@ -74,7 +67,8 @@ class Child:
         self.health_url = health_url
         self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", *args], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", *args], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     preexec_fn=parent_death_signal(signal.SIGTERM))  # fmt: skip - a killed parent leaves no child behind
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -141,7 +135,8 @@ class Pipeline:
     def start(self, name: str, timeout_s: float = 60.0, command: str | None = None) -> Child:
         """Start ``processor`` or ``sink`` (``command``, default ``name``) and wait until its /healthz answers ok."""
         port = self.ports.setdefault(name, self._free_port())
-        child = Child(name, [command or name, *settings_flags(self.settings), "--http-port", str(port)], self.log_dir, f"http://127.0.0.1:{port}/healthz")
+        command = command or name
+        child = Child(name, [command, *settings_flags(self.settings, command), "--http-port", str(port)], self.log_dir, f"http://127.0.0.1:{port}/healthz")
         self.children[name] = child
         child.wait_healthy(timeout_s)
         return child

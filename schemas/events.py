@@ -31,6 +31,12 @@ OP_EVENT_SCHEMA = pa.schema(
     ]
 )
 OP_EVENT_REQUIRED = ("worker", "step", "function", "kind", "start_us", "duration_us")
+#: bounds of an op event's values: what records can carry (schemas.records Rank, Step) and what a profiler
+#: measures (an event of more than about 11.6 days, or a time beyond the year 5000, is a broken input)
+MAX_WORKER = 10_000_000
+MAX_STEP = 2**31 - 1
+MAX_DURATION_US = 1e12
+MAX_TIME_US = 1e17
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -42,4 +48,4 @@ SAMPLE_SCHEMA = pa.schema(
 )
 SAMPLE_REQUIRED = ("worker", "t_us", "metric", "value")
 
-__all__ = ["FUNCTION_KINDS", "OP_EVENT_REQUIRED", "OP_EVENT_SCHEMA", "SAMPLE_REQUIRED", "SAMPLE_SCHEMA"]
+__all__ = ["FUNCTION_KINDS", "MAX_DURATION_US", "MAX_STEP", "MAX_TIME_US", "MAX_WORKER", "OP_EVENT_REQUIRED", "OP_EVENT_SCHEMA", "SAMPLE_REQUIRED", "SAMPLE_SCHEMA"]

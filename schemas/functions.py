@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .compression import CompressionError, read_ipc_stream, zstd_decompress
 from .records import FUNCTION_KINDS, RecordError
 
 VERSION = 2
@@ -32,7 +33,8 @@ RESOURCES = ("gpu", "pcie", "nvlink", "nic", "cpu", "storage", "none")
 #: column -> (arrow type, meaning).  Order is the order on the wire.
 COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "function": (pa.string(), "stable function key, identical across workers"),
-    "kind": (pa.string(), "compute | memcpy | collective | p2p | python | dataloader | optimizer | other"),
+    "kind": (pa.string(), "compute | memcpy | collective | p2p | python | dataloader | optimizer | other | sync "
+             "(the host blocked until the device caught up: synchronize, a blocking copy)"),
     "resource": (pa.string(), "hardware the function depends on: gpu | pcie | nvlink | nic | cpu | storage | none"),
     "calls": (pa.int32(), "executions in the step"),
     "total_us": (pa.float32(), "sum of execution durations, waits included"),
@@ -97,6 +99,7 @@ def default_resource(kind: str) -> str:
         "python": "cpu",
         "dataloader": "cpu",
         "optimizer": "gpu",
+        "sync": "none",  # a wait, not work: the device work it waits for is credited to that work
     }.get(kind, "none")
 
 
@@ -138,15 +141,23 @@ def pack(table: pa.Table, codec: str = "zstd") -> bytes:
     raise ValueError(f"unknown codec {codec!r}")
 
 
-def unpack_ipc(data: bytes, codec: str = "zstd", max_bytes: int = 64 << 20) -> pa.Table:
-    """Decompress and read an Arrow IPC stream; raises RecordError('bad_function_table')."""
+#: the most an Arrow payload (a function table, a step report's table) may expand to; a function table
+#: of this size holds about 100,000 functions, thousands of times what an agent sends
+MAX_TABLE_BYTES = 64 << 20
+
+
+def unpack_ipc(data: bytes, codec: str = "zstd", max_bytes: int = MAX_TABLE_BYTES) -> pa.Table:
+    """Decompress (bounded: :func:`~.compression.zstd_decompress`) and read an Arrow IPC stream;
+    raises RecordError('bad_function_table')."""
     try:
-        raw = bytes(cramjam.zstd.decompress(data)) if codec == "zstd" else data
-        if len(raw) > max_bytes:
-            raise RecordError("bad_function_table", f"payload expands to {len(raw)} bytes, over {max_bytes}")
-        return pa.ipc.open_stream(raw).read_all()
+        if len(data) > max_bytes:
+            raise RecordError("bad_function_table", f"payload of {len(data)} bytes, over {max_bytes}")
+        raw = zstd_decompress(data, max_bytes) if codec == "zstd" else data
+        return read_ipc_stream(raw)
     except RecordError:
         raise
+    except CompressionError as exc:
+        raise RecordError("bad_function_table", str(exc)) from None
     except Exception as exc:  # cramjam / arrow raise many types for garbage
         raise RecordError("bad_function_table", f"unreadable Arrow payload ({type(exc).__name__}: {exc})") from None
 

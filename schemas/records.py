@@ -60,7 +60,7 @@ Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=4_102_444_800.0)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
-FUNCTION_KINDS = ("compute", "memcpy", "collective", "p2p", "python", "dataloader", "optimizer", "other")
+FUNCTION_KINDS = ("compute", "memcpy", "collective", "p2p", "python", "dataloader", "optimizer", "other", "sync")
 SCOPES = ("worker", "group", "job")
 
 #: cause categories of a finding (brief 5), with what each means
@@ -408,6 +408,73 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
             _finite("profiling_overhead", self.profiling_overhead)
 
 
+#: points of a StepSeries, cells of a DeviationMap: bounds that keep either record small
+MAX_SERIES_POINTS = 4096
+MAX_MAP_WORKERS = 64
+MAX_MAP_FUNCTIONS = 32
+
+
+class StepSeries(_Record, tag="StepSeries", kw_only=True):
+    """A job's step times for the pictures, compact: per step, the synchronised step time (the slowest
+    worker's), the workers' median and how many workers reported it.  Key: ``job``; topic ``<prefix>.series``.
+
+    The processor publishes the steps it saw every few seconds; the sink keeps them in ``step_series``.
+    """
+
+    job: Name
+    tenant: str = ""
+    steps: Annotated[list[Step], msgspec.Meta(min_length=1, max_length=MAX_SERIES_POINTS)]
+    step_time_us: list[float]  # the slowest worker's step time
+    median_us: list[float]  # the workers' median step time
+    workers: list[Count]  # workers that reported the step
+    sent_at: Timestamp = 0.0
+
+    def validate(self) -> None:
+        n = len(self.steps)
+        if not len(self.step_time_us) == len(self.median_us) == len(self.workers) == n:
+            raise RecordError("invalid", "steps, step_time_us, median_us and workers must have the same length")
+        for name in ("step_time_us", "median_us"):
+            for x in getattr(self, name):
+                _finite(name, x)
+                if not 0 < x < 1e15:
+                    raise RecordError("invalid", f"{name} must be in (0, 1e15) µs, got {x}")
+
+
+class DeviationMap(_Record, tag="DeviationMap", kw_only=True):
+    """A window's worst workers x functions by deviation from their peers, for the heatmap.  Key: ``job``;
+    topic ``<prefix>.series``.
+
+    ``z[i][j]`` is the median, over the steps in which worker ``workers[i]`` was flagged in function
+    ``functions[j]``, of its robust z-score against its peer group (positive: slower than its peers);
+    None where it was never flagged (within its peers' spread).  ``flagged[i][j]`` counts those steps.
+    At most 64 workers and 32 functions: the worst, of ``workers_total`` and ``functions_total``.
+    """
+
+    job: Name
+    window: Name
+    tenant: str = ""
+    start_step: Step
+    steps: WindowSteps
+    workers: Annotated[list[Rank], msgspec.Meta(max_length=MAX_MAP_WORKERS)]
+    functions: Annotated[list[Annotated[str, msgspec.Meta(max_length=512)]], msgspec.Meta(max_length=MAX_MAP_FUNCTIONS)]
+    z: list[list[float | None]]
+    flagged: list[list[NonNegInt]]
+    workers_total: Count = 0  # workers with a flagged cell in the window
+    functions_total: Count = 0  # functions with a flagged cell in the window
+    created_at: Timestamp = 0.0
+
+    def validate(self) -> None:
+        shape = (len(self.workers), len(self.functions))
+        for name in ("z", "flagged"):
+            rows = getattr(self, name)
+            if len(rows) != shape[0] or any(len(r) != shape[1] for r in rows):
+                raise RecordError("invalid", f"{name} must be {shape[0]} rows of {shape[1]} values")
+        for row in self.z:
+            for x in row:
+                if x is not None:
+                    _finite("z", x)
+
+
 class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
     """A record a stage could not accept, with the reason. Key: the original key."""
 
@@ -437,6 +504,8 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         DetectorTick,
         RawRequest,
         RawTrace,
+        StepSeries,
+        DeviationMap,
     )
 }
 #: versions of each record this build reads
@@ -445,7 +514,7 @@ BINARY_RECORDS = frozenset({"FeatureBatch", "StepReport", "RawTrace"})
 
 Record = (
     StepHeartbeat | ProfileTrigger | FeatureBatch | Finding | StepReport | WindowTimeout | WindowReport | DeadLetter
-    | TriggerRequest | TriggerRefused | DetectorTick | RawRequest | RawTrace
+    | TriggerRequest | TriggerRefused | DetectorTick | RawRequest | RawTrace | StepSeries | DeviationMap
 )
 
 

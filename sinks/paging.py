@@ -108,14 +108,20 @@ def pagerduty(p: Page) -> dict:
 _EMOJI = {"critical": ":red_circle:", "error": ":large_orange_circle:", "warning": ":large_yellow_circle:", "info": ":large_blue_circle:"}
 
 
+def slack_escape(text: str) -> str:
+    """Slack's control characters as entities: a function or job name cannot mention (``<!channel>``), link
+    (``<https://evil|click>``) or format through them.  Our own templates use none of the three."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def slack(p: Page) -> dict:
-    """Slack incoming webhook: ``text`` (notifications, fallback) and Block Kit ``blocks``."""
+    """Slack incoming webhook: ``text`` (notifications, fallback) and Block Kit ``blocks``; every text escaped."""
     f = p.finding
     if p.action == "resolve":
         why = "nothing has seen it for a while" if p.reason == "stale" else f"window {p.reason} closed without it"
-        text = f":white_check_mark: Resolved {_headline(p)} ({why})"
+        text = slack_escape(f":white_check_mark: Resolved {_headline(p)} ({why})")
         return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]}
-    text = f"{_EMOJI.get(p.severity, '')} {p.severity.upper()} {_headline(p)}"
+    text = slack_escape(f"{_EMOJI.get(p.severity, '')} {p.severity.upper()} {_headline(p)}")
     fields = [
         ("Job", f"{f['job']} (tenant {f.get('tenant') or '-'})"), ("Where", _where(f)),
         ("Function", f"{f['function']} ({f['function_kind']})"), ("Cause", f"{f['cause']}: {CAUSES.get(f['cause'], '')}"),
@@ -128,9 +134,9 @@ def slack(p: Page) -> dict:
     return {
         "text": text,
         "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"*{text}*\n{f.get('summary', '')}"}},
-            {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in fields]},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"evidence: {evidence}"}]},
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"*{text}*\n{slack_escape(f.get('summary', ''))}"}},
+            {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{slack_escape(v)}"} for k, v in fields]},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"evidence: {slack_escape(evidence)}"}]},
         ],
     }
 

@@ -1,14 +1,22 @@
-"""The findings store as one HTML page with pictures (``lockstep report``).
+"""The findings store as one HTML page with pictures (``lockstep report``, and the sink's live page).
 
-Pure: typed rows in, a self-contained HTML document out (inline SVG and CSS, no script, nothing
-fetched), so the page can be mailed, attached to a ticket or opened from a laptop.  What it shows:
+Pure: typed rows in (:class:`Report`), one self-contained HTML document out (inline SVG and CSS,
+nothing fetched), so the page can be mailed, attached to a ticket or opened from a laptop.  What it
+shows, for an on-call engineer:
 
-- GPU-hours lost by cause (bars): where the money goes;
-- per finding, the evidence as paired bars (the culprit's value beside its peers' median, each
-  feature on its own scale) and the window's steps with those the deviation held in filled;
-- per window, the coverage (bars) with how it closed and what it found.
+- what is being lost now (open incidents, GPU-hours per day) and by which causes;
+- per job, the step time over time (the slowest worker's and the median), the profiling windows
+  and the step where the slowdown began;
+- per finding: the cause in words, where (workers, devices), what it costs (per step, per day, lost
+  so far), the evidence in its units against the peers' median *and* spread, the steps it held in,
+  why the window was opened, the incident and its pages, and the commands to run next;
+- per window, a worker x function heatmap of the deviation from the peers (the worst cells only: a
+  window of 10,000 workers shows its 32 worst workers and 16 worst functions);
+- the windows' coverage, and what each evidence feature means.
 
-Every string from the store is escaped: function names and summaries can hold customers' code.
+The live page (``refresh_s``) adds one inline script that fetches the page again every few seconds,
+swaps the content in place and says when it could not.  Every string from the store is escaped:
+function names, summaries and reasons can hold customers' code.
 """
 
 from __future__ import annotations
@@ -16,11 +24,15 @@ from __future__ import annotations
 import datetime as dt
 import html
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..schemas.records import Finding
+from ..schemas.records import CAUSES, Finding
+from ..units import feature, joined, number, plural, value, with_unit
 
-BAD, PEER, EMPTY = "#c0392b", "#95a5a6", "#ecf0f1"  # the culprit (and the steps it held in), its peers, steps it did not
+BAD, PEER, SPREAD, EMPTY, WINDOW, ACCENT = "#c0392b", "#7f8c8d", "#d5dbdb", "#ecf0f1", "#f5cba7", "#2471a3"
+
+
+# --------------------------------------------------------------------------- typed rows
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,9 @@ class WindowRow:
     findings: int
     closed: str
     closed_at: str
+    expected_workers: int = 0
+    workers_seen: int = 0
+    bytes_per_worker: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -48,59 +63,161 @@ class CauseRow:
     gpu_hours_lost: float
 
 
+@dataclass(frozen=True)
+class SeriesPoint:
+    """A row of ``step_series``: one step of a job."""
+
+    step: int
+    step_time_us: float  # the slowest worker's
+    median_us: float
+    workers: int
+
+
+@dataclass(frozen=True)
+class HeatCell:
+    """A row of ``window_deviations``: one worker x function of a window's heatmap."""
+
+    worker: int
+    function: str
+    worker_rank: int
+    function_rank: int
+    z: float | None  # None: never flagged (within the peers' spread)
+    flagged_steps: int
+    workers_total: int
+    functions_total: int
+
+
+@dataclass(frozen=True)
+class TriggerRow:
+    job: str
+    window: str
+    kind: str | None
+    reason: str
+    start_step: int
+    steps: int
+    created_at: str
+
+
+@dataclass(frozen=True)
+class IncidentRow:
+    id: str
+    status: str
+    occurrence: int
+    opened_at: str
+    last_seen_at: str
+    resolved_at: str | None
+    resolved_by: str | None
+    windows: int
+    gpu_hours_per_day: float
+    gpu_hours_lost: float  # from its opening until it resolved, or until now
+
+
+@dataclass(frozen=True)
+class PageRow:
+    """A row of ``webhook_deliveries``: one page (trigger or resolve) on one route."""
+
+    route: str
+    receiver: str
+    action: str
+    status: str
+    attempts: int
+    last_status: int | None
+    last_error: str | None
+    delivered_at: str | None
+
+
+@dataclass
+class Report:
+    """Everything the page shows (read by :func:`lockstep.sinks.reportdata.gather`)."""
+
+    findings: list[Finding]
+    windows: list[WindowRow]
+    causes: list[CauseRow]
+    series: dict[str, list[SeriesPoint]] = field(default_factory=dict)  # job -> points, in step order
+    heatmaps: dict[tuple[str, str], list[HeatCell]] = field(default_factory=dict)  # (job, window) -> cells
+    triggers: dict[tuple[str, str], TriggerRow] = field(default_factory=dict)
+    incidents: dict[str, IncidentRow] = field(default_factory=dict)
+    pages: dict[str, list[PageRow]] = field(default_factory=dict)  # incident id -> its pages
+    incident_of: dict[str, str] = field(default_factory=dict)  # finding id -> incident id
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
 def _e(v: object) -> str:
     return html.escape(str(v), quote=True)
 
 
-def _num(v: float | None) -> str:
-    if v is None or not math.isfinite(v):
-        return "-"
-    a = abs(v)
-    if a >= 100:
-        return f"{v:,.0f}"
-    return f"{v:.3g}" if a >= 0.01 or a == 0 else f"{v:.2e}"
+def _sh(text: str) -> str:
+    """A shell word: quoted when it needs it (commands shown for copying)."""
+    import shlex
+
+    return shlex.quote(str(text))
 
 
-def hbars(rows: list[tuple[str, float, str]], width: int = 900, bar_h: int = 18, label_w: int = 220) -> str:
+def _ms(us: float) -> str:
+    return f"{us / 1000:,.1f} ms" if us < 1e6 else f"{us / 1e6:.2f} s"
+
+
+# --------------------------------------------------------------------------- pictures
+
+
+def hbars(rows: list[tuple[str, float, str]], width: int = 1100, bar_h: int = 18, label_w: int = 240) -> str:
     """Horizontal bars, one per (label, value, note), scaled to the largest value."""
     if not rows:
         return ""
     top = max((v for _, v, _ in rows if math.isfinite(v)), default=0.0) or 1.0
-    room = width - label_w - 330
+    room = width - label_w - 420
     parts = []
-    for i, (label, value, note) in enumerate(rows):
+    for i, (label, val, note) in enumerate(rows):
         y = 2 + i * (bar_h + 6)
-        w = max(1.0, room * max(0.0, value) / top) if math.isfinite(value) else 0.0
+        w = max(1.0, room * max(0.0, val) / top) if math.isfinite(val) else 0.0
         parts.append(
             f'<text x="{label_w - 6}" y="{y + bar_h - 5}" text-anchor="end">{_e(label)}</text>'
-            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{BAD}"><title>{_e(label)}: {_num(value)}</title></rect>'
+            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{BAD}"><title>{_e(label)}: {number(val)}</title></rect>'
             f'<text x="{label_w + w + 6:.1f}" y="{y + bar_h - 5}">{_e(note)}</text>'
         )
     height = 4 + len(rows) * (bar_h + 6)
-    return f'<svg width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
+    return f'<svg class="bars" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
 
 
-def evidence_bars(f: Finding, width: int = 900, label_w: int = 220) -> str:
-    """Per evidence feature: the culprit's value (red) above its peers' median (grey), on the feature's own scale."""
-    items = [e for e in f.evidence if e.value is not None and e.peer_value is not None and math.isfinite(e.value) and math.isfinite(e.peer_value)]
-    if not items:
-        return ""
-    room, bar_h, gap = width - label_w - 200, 12, 14
-    parts = []
-    for i, e in enumerate(items):
-        y = 4 + i * (2 * bar_h + gap)
-        top = max(abs(e.value), abs(e.peer_value)) or 1.0
-        wv, wp = (max(1.0, room * abs(x) / top) for x in (e.value, e.peer_value))
-        dev = f"×{e.value / e.peer_value:.2f}" if e.peer_value else ""  # the deviation field's unit differs by feature
-        parts.append(
-            f'<text x="{label_w - 6}" y="{y + bar_h}" text-anchor="end">{_e(e.feature)}</text>'
-            f'<rect x="{label_w}" y="{y}" width="{wv:.1f}" height="{bar_h}" fill="{BAD}"><title>this finding: {_num(e.value)}</title></rect>'
-            f'<text x="{label_w + wv + 6:.1f}" y="{y + bar_h - 2}">{_num(e.value)} {_e(dev)}</text>'
-            f'<rect x="{label_w}" y="{y + bar_h}" width="{wp:.1f}" height="{bar_h}" fill="{PEER}"><title>peers: {_num(e.peer_value)}</title></rect>'
-            f'<text x="{label_w + wp + 6:.1f}" y="{y + 2 * bar_h - 2}" fill="#7f8c8d">peers {_num(e.peer_value)}</text>'
+def peer_spread(f: Finding, e) -> float | None:
+    """The peers' spread of an evidence feature, where the finding carries it: work features of a worker or a
+    group are compared by robust z = (value - median) / spread, so spread = |value - median| / |z|."""
+    if f.scope == "job" or not e.feature.startswith("work_us") or not e.deviation:
+        return None
+    if e.value is None or e.peer_value is None or not math.isfinite(e.deviation):
+        return None
+    return abs(e.value - e.peer_value) / abs(e.deviation)
+
+
+def evidence_bars(f: Finding, width: int = 240) -> dict[int, str]:
+    """Per evidence item (by index): the culprit's value (red) above its peers' median (grey), the peers'
+    spread as a band around the median where known; each feature on its own scale."""
+    out = {}
+    bar_h = 11
+    for i, e in enumerate(f.evidence):
+        if e.value is None or e.peer_value is None or not (math.isfinite(e.value) and math.isfinite(e.peer_value)):
+            continue
+        if feature(e.feature).unit == "bits":  # a set of flags has no length to draw
+            continue
+        spread = peer_spread(f, e) or 0.0
+        top = max(abs(e.value), abs(e.peer_value) + spread) or 1.0
+        sx = (width - 4) / top
+        wv, wp = max(1.0, abs(e.value) * sx), max(1.0, abs(e.peer_value) * sx)
+        band = ""
+        if spread:
+            lo, hi = max(0.0, abs(e.peer_value) - spread) * sx, (abs(e.peer_value) + spread) * sx
+            band = (f'<rect class="spread" x="{lo:.1f}" y="{bar_h}" width="{max(1.0, hi - lo):.1f}" height="{bar_h}" fill="{SPREAD}">'
+                    f"<title>peers: median ± spread {_e(value(e.feature, e.peer_value))} ± {_e(value(e.feature, spread))}</title></rect>")  # fmt: skip
+        out[i] = (
+            f'<svg width="{width}" height="{2 * bar_h + 2}" role="img">'
+            f'<rect x="0" y="0" width="{wv:.1f}" height="{bar_h}" fill="{BAD}"><title>this finding: {_e(value(e.feature, e.value))}</title></rect>'
+            f"{band}"
+            f'<rect x="0" y="{bar_h + 3}" width="{wp:.1f}" height="{bar_h - 6}" fill="{PEER}"><title>peers: {_e(value(e.feature, e.peer_value))}</title></rect>'
+            "</svg>"
         )
-    height = 4 + len(items) * (2 * bar_h + gap)
-    return f'<svg width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
+    return out
 
 
 def step_strip(held: list[int], start: int, steps: int, cell: int = 16) -> str:
@@ -114,60 +231,377 @@ def step_strip(held: list[int], start: int, steps: int, cell: int = 16) -> str:
         f"<title>step {start + i}: {'held' if start + i in marked else 'not seen'}</title></rect>"
         for i in range(steps)
     )
-    return f'<svg width="{steps * (cell + 2)}" height="{cell}" role="img">{boxes}</svg>'
+    return f'<svg class="strip" width="{steps * (cell + 2)}" height="{cell}" role="img">{boxes}</svg>'
+
+
+def _rolling_median(xs: list[float], k: int = 5) -> list[float]:
+    out = []
+    for i in range(len(xs)):
+        w = sorted(xs[max(0, i - k + 1) : i + 1])
+        out.append(w[len(w) // 2])
+    return out
+
+
+def first_bad_step(points: list[SeriesPoint], before_step: int, rise: float = 0.10) -> tuple[int, float, float] | None:
+    """Where a slowdown that led to a window began: the first step of the run, ending just before
+    ``before_step``, in which the rolling median of the synchronised step time stays more than ``rise``
+    above the baseline (the 25th percentile of the rolling median before it, as the detector's).
+    Returns (step, baseline µs, step time µs at the end of the run), or None when there was no such run."""
+    pts = [p for p in points if p.step < before_step]
+    if len(pts) < 10:
+        return None
+    r = _rolling_median([p.step_time_us for p in pts])
+    base = sorted(r)[len(r) // 4]
+    i = len(r) - 1
+    if r[i] <= base * (1 + rise):
+        return None
+    while i > 0 and r[i - 1] > base * (1 + rise):
+        i -= 1
+    if i == 0:  # slow from the first point on: the start is not in the series
+        return None
+    # the rolling median lags by up to half its width: the first raw step above the threshold near there
+    j = next((k for k in range(max(0, i - 4), i + 1) if pts[k].step_time_us > base * (1 + rise)), i)
+    return pts[j].step, base, r[-1]
+
+
+def step_chart(job: str, points: list[SeriesPoint], windows: list[WindowRow], triggers: dict, findings: list[Finding],
+               width: int = 1100, height: int = 230) -> str:  # fmt: skip
+    """A job's step time per step: the slowest worker (red) and the median worker (grey), the profiling
+    windows as bands (labelled; darker where they found something) and where the slowdown began."""
+    if not points:
+        return ""
+    left, right, top, bottom = 64, 12, 14, 34
+    pw, ph = width - left - right, height - top - bottom
+    s0, s1 = points[0].step, points[-1].step
+    wins = [w for w in windows if w.job == job]
+    s0 = min([s0] + [w.start_step for w in wins if w.start_step + w.steps >= s0 - 50])
+    s1 = max([s1] + [w.start_step + w.steps - 1 for w in wins if w.start_step <= s1 + 50])
+    span = max(1, s1 - s0)
+    ymax = max(p.step_time_us for p in points) * 1.12 or 1.0
+
+    def x(step: float) -> float:
+        return left + pw * (step - s0) / span
+
+    def y(us: float) -> float:
+        return top + ph * (1 - us / ymax)
+
+    parts = []
+    for k in range(5):  # horizontal grid, in ms
+        v = ymax * k / 4
+        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
+                     f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="axis">{_e(_ms(v))}</text>')  # fmt: skip
+    for k in range(6):
+        st = round(s0 + span * k / 5)
+        parts.append(f'<text x="{x(st):.1f}" y="{height - 16}" text-anchor="middle" class="axis">{st:,}</text>')
+    parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 2}" text-anchor="middle" class="axis">step</text>')
+    found = {(f.job, f.window) for f in findings}
+    for w in wins:
+        x0, x1 = x(w.start_step - 0.5), x(w.start_step + w.steps - 0.5)
+        t = triggers.get((w.job, w.window))
+        why = f" · {_reason(t)}" if t else ""
+        hit = w.findings > 0 or (w.job, w.window) in found
+        parts.append(f'<rect class="window" x="{x0:.1f}" y="{top}" width="{max(2.0, x1 - x0):.1f}" height="{ph}" fill="{WINDOW if hit else EMPTY}" '
+                     f'opacity="0.8"><title>window {_e(w.window)}: steps {w.start_step}..{w.start_step + w.steps - 1}, '
+                     f'{plural(w.findings, "finding")}{_e(why)}</title></rect>'
+                     f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 11}" text-anchor="middle" class="label">{_e(w.window)}</text>')  # fmt: skip
+    line = " ".join(f"{x(p.step):.1f},{y(p.step_time_us):.1f}" for p in _thin(points, pw))
+    med = " ".join(f"{x(p.step):.1f},{y(p.median_us):.1f}" for p in _thin(points, pw))
+    parts.append(f'<polyline class="median" points="{med}" fill="none" stroke="{PEER}" stroke-width="1.2"/>')
+    parts.append(f'<polyline class="slowest" points="{line}" fill="none" stroke="{BAD}" stroke-width="1.6"/>')
+    first_window = min((w.start_step for w in wins if w.findings > 0 or (w.job, w.window) in found), default=None)
+    if first_window is not None:
+        bad = first_bad_step(points, first_window)
+        if bad is not None:
+            step, base, now = bad
+            parts.append(f'<line class="onset" x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{top}" y2="{top + ph}" stroke="{ACCENT}" '
+                         f'stroke-dasharray="4 3" stroke-width="1.5"><title>slower from step {step}: {_e(_ms(now))} against {_e(_ms(base))} before'
+                         f"</title></line><text x=\"{x(step) + 4:.1f}\" y=\"{top + ph - 6}\" class=\"label\" fill=\"{ACCENT}\">"
+                         f"slower from step {step:,} ({_e(_ms(base))} → {_e(_ms(now))})</text>")  # fmt: skip
+    legend = (f'<text x="{left + 6}" y="{top + 11}" class="axis"><tspan fill="{BAD}">━ slowest worker</tspan>'
+              f'  <tspan fill="{PEER}">━ median worker</tspan></text>')  # fmt: skip
+    return f'<svg class="steps" data-job="{_e(job)}" width="{width}" height="{height}" role="img">{"".join(parts)}{legend}</svg>'
+
+
+def _thin(points: list[SeriesPoint], pixels: float) -> list[SeriesPoint]:
+    """At most about two points per pixel: keep each bucket's slowest step (peaks must stay visible)."""
+    k = max(1, int(len(points) / max(1.0, 2 * pixels)))
+    if k == 1:
+        return points
+    return [max(points[i : i + k], key=lambda p: p.step_time_us) for i in range(0, len(points), k)]
+
+
+def _heat_colour(z: float | None) -> str:
+    if z is None:
+        return "#f4f6f7"
+    a = min(1.0, abs(z) / 12.0) * 0.85 + 0.15
+    return f"rgba(192,57,43,{a:.2f})" if z > 0 else f"rgba(36,113,163,{a:.2f})"
+
+
+def heatmap(job: str, window: str, cells: list[HeatCell], cell: int = 34, label_w: int = 110, head_h: int = 120) -> str:
+    """Workers (rows) x functions (columns) of a window, coloured by robust z against the peers (red: slower,
+    blue: faster, pale: within the peers' spread in every step); the worst first."""
+    if not cells:
+        return ""
+    workers = sorted({(c.worker_rank, c.worker) for c in cells})
+    functions = sorted({(c.function_rank, c.function) for c in cells})
+    by = {(c.worker, c.function): c for c in cells}
+    width, height = label_w + cell * len(functions) + 90, head_h + cell * len(workers) + 4  # room for the last slanted name
+    parts = []
+    for j, (_, fn) in enumerate(functions):
+        cx = label_w + j * cell + cell / 2
+        parts.append(f'<text transform="translate({cx + 4:.1f},{head_h - 6}) rotate(-55)" class="axis">{_e(fn[:28])}</text>')
+    for i, (_, w) in enumerate(workers):
+        y0 = head_h + i * cell
+        parts.append(f'<text x="{label_w - 6}" y="{y0 + cell / 2 + 4:.1f}" text-anchor="end" class="axis">worker {w}</text>')
+        for j, (_, fn) in enumerate(functions):
+            c = by.get((w, fn))
+            z = c.z if c else None
+            tip = (f"worker {w} · {fn}: z {z:+.1f} against its peers in {c.flagged_steps} step(s)" if c and z is not None
+                   else f"worker {w} · {fn}: within its peers' spread")  # fmt: skip
+            parts.append(f'<rect class="cell" x="{label_w + j * cell}" y="{y0}" width="{cell - 2}" height="{cell - 2}" fill="{_heat_colour(z)}">'
+                         f"<title>{_e(tip)}</title></rect>")  # fmt: skip
+            if z is not None:
+                parts.append(f'<text x="{label_w + j * cell + (cell - 2) / 2:.1f}" y="{y0 + cell / 2 + 3:.1f}" text-anchor="middle" '
+                             f'class="z" fill="{"#fff" if abs(z) > 6 else "#2c3e50"}">{z:+.0f}</text>')  # fmt: skip
+    return f'<svg class="heatmap" data-window="{_e(job)}/{_e(window)}" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
+
+
+# --------------------------------------------------------------------------- words
+
+#: what an on-call engineer does about each cause, first
+ADVICE = {
+    "gpu_throttle_thermal": "Check the GPU's cooling (fans, airflow, inlet temperature): nvidia-smi -q -d TEMPERATURE,PERFORMANCE on {host}. Drain the node if it stays hot.",
+    "gpu_throttle_power": "Check the power cap and the power supply: nvidia-smi -q -d POWER,PERFORMANCE on {host}.",
+    "gpu_throttle": "The GPU's clock is down without a reported reason: nvidia-smi -q -d PERFORMANCE,CLOCK on {host}.",
+    "gpu_slow": "Slow at full clock: drain {host}, run the vendor diagnostics (dcgmi diag -r 3), reset or replace the GPU.",
+    "nvlink": "Check the GPU's NVLink state and error counters: nvidia-smi nvlink -s / -e on {host}.",
+    "pcie": "Check the GPU's PCIe link width and speed (lspci -vv) and AER errors (dmesg) on {host}.",
+    "nic": "Check the NIC or bond: ethtool -S (errors, drops), the bond's members, the switch port's counters.",
+    "switch": "Check the switch's port counters and congestion; move jobs off it if it persists.",
+    "host_cpu_contention": "Find what takes the CPU on {host} (top, pidstat); stop or pin it away from the training cores.",
+    "host_memory": "Check memory pressure on {host} (free, page cache, swap).",
+    "storage": "Check the storage's latency and throughput from {host}; cache or prefetch the data.",
+    "dataloader": "Give the data loader more workers, pin_memory and prefetch; check the decoding cost.",
+    "input_imbalance": "Balance the input across ranks (sequence-length bucketing, packing, routing capacity).",
+    "pipeline_imbalance": "Rebalance layers across the pipeline stages.",
+    "rank_specific_code": "Move the rank-specific work (logging, evaluation, checkpoints) off the training step or make it asynchronous.",
+    "framework_config": "Compare the framework and communication-library settings across ranks.",
+    "python_overhead": "Reduce Python overhead: gc.freeze() after start-up, CUDA graphs, fewer small kernels.",
+    "regression": "Compare with the job's earlier healthy windows: what changed in this function (code, library, input)?",
+    "unknown": "Read the evidence and the raw trace of the workers named.",
+}
+
+
+def next_commands(f: Finding) -> list[tuple[str, str]]:
+    """(command, why) an on-call engineer runs next for this finding."""
+    out = []
+    if f.workers and f.scope != "job":
+        out.append((f"lockstep raw {_sh(f.job)} --workers {','.join(map(str, f.workers[:8]))} --window {_sh(f.window)}",
+                    "the raw profiler trace of those workers in this window (opens in Perfetto)"))  # fmt: skip
+    out.append((f"lockstep findings --job {_sh(f.job)} --open", "is the problem still open?"))
+    out.append((f'lockstep trigger {_sh(f.job)} --reason "after the fix"', "profile again after acting: a complete window without it resolves the incident"))
+    return out
+
+
+def _reason(t: TriggerRow) -> str:
+    """``slowdown: median of ...`` (the reason names its kind already, except for old triggers)."""
+    kind = t.kind or "trigger"
+    return t.reason if t.reason.startswith(kind) else f"{kind}: {t.reason}"
+
+
+def _ago(t: str | None, now: dt.datetime) -> str:
+    if not t:
+        return ""
+    try:
+        then = dt.datetime.fromisoformat(str(t).replace(" ", "T")).replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return ""
+    s = max(0.0, (now - then).total_seconds())
+    return f"{s:.0f} s ago" if s < 120 else f"{s / 60:.0f} min ago" if s < 7200 else f"{s / 3600:.1f} h ago" if s < 172800 else f"{s / 86400:.0f} days ago"
+
+
+def _when(t: str | None) -> str:
+    return str(t)[:19].replace("T", " ") + " UTC" if t else ""
+
+
+def evidence_table(f: Finding) -> str:
+    bars = evidence_bars(f)
+    rows = []
+    for i, e in enumerate(f.evidence):
+        ft = feature(e.feature)
+        spread = peer_spread(f, e)
+        ratio = f"×{e.value / e.peer_value:.2f}" if e.value is not None and e.peer_value not in (None, 0) else ""
+        peers = value(e.feature, e.peer_value) if e.peer_value is not None else "-"
+        rows.append(
+            f'<tr><td><abbr title="{_e(ft.meaning)}">{_e(ft.label)}</abbr></td><td class="v bad">{_e(value(e.feature, e.value))}</td>'
+            f'<td class="v">{_e(peers)}</td><td class="v">{"± " + _e(value(e.feature, spread)) if spread else ""}</td>'
+            f'<td class="v">{_e(ratio)}</td><td>{bars.get(i, "")}</td></tr>'
+        )
+    return ('<table class="evidence"><tr><th>evidence</th><th>this</th><th>peers (median)</th><th>peers\' spread</th><th>ratio</th>'
+            f'<th><span class="key bad"></span> this <span class="key peer"></span> peers <span class="key spread"></span> spread</th></tr>{"".join(rows)}</table>')  # fmt: skip
+
+
+def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
+    window = next((w for w in r.windows if (w.job, w.window) == (f.job, f.window)), None)
+    who = f"workers {joined(f.workers, 16)}" if f.workers else f"the {f.scope}"
+    group = f" · group {', '.join(f'{k}={v}' for k, v in f.group.items())}" if f.group else ""
+    start, steps = (window.start_step, window.steps) if window else (min(f.steps, default=0), f.window_steps or len(f.steps))
+    trig = r.triggers.get((f.job, f.window))
+    inc = r.incidents.get(r.incident_of.get(f.id, ""))
+    pages = r.pages.get(inc.id, []) if inc else []
+    host = f.hosts[0] if f.hosts else "the host"
+    cost = f"{f.impact.step_time_share:.1%} of every step · {number(f.impact.gpu_hours_per_day)} GPU-h per day while it lasts"
+    if inc is not None:
+        lost = f"{number(inc.gpu_hours_lost)} GPU-h lost so far ({'since' if inc.status == 'open' else 'from'} {_when(inc.opened_at)}"
+        cost += f" · {lost}{', ' + _ago(inc.opened_at, now) if inc.status == 'open' else ''})"
+    out = [
+        f'<div class="card finding" data-finding="{_e(f.id)}"><h3><span class="cause">{_e(f.cause)}</span> · {_e(f.function)} · '
+        f"{_e(f.job)} / {_e(f.window)}</h3>",
+        f'<div class="why">{_e(CAUSES.get(f.cause, ""))}</div><div>{_e(f.summary)}</div>',
+        f'<div class="kv"><span><b>where</b> {_e(who)}{_e(group)}</span><span><b>devices</b> {_e(joined(f.devices) or "-")}</span>'
+        f'<span><b>hosts</b> {_e(joined(f.hosts) or "-")}</span><span><b>confidence</b> {f.confidence:.2f}</span></div>',
+        f'<div class="kv"><span><b>cost</b> {_e(cost)}</span></div>',
+        evidence_table(f),
+        f'<div class="kv"><span><b>held in</b> {len(f.steps)} of {f.window_steps or steps} steps</span>{step_strip(list(f.steps), start, steps)}</div>',
+    ]
+    if trig is not None:
+        out.append(f'<div class="kv"><span><b>window opened by</b> {_e(_reason(trig))} '
+                   f"(steps {trig.start_step:,}..{trig.start_step + trig.steps - 1:,}, {_e(_when(trig.created_at))})</span></div>")  # fmt: skip
+    if inc is not None:
+        state = (f"open since {_when(inc.opened_at)}, seen in {plural(inc.windows, 'window')}" if inc.status == "open"
+                 else f"resolved {_when(inc.resolved_at)} by {inc.resolved_by or '-'}")  # fmt: skip
+        page_items = "".join(
+            f"<li>{_e(p.route)} ({_e(p.receiver)}): {_e(p.action)} {_e(p.status)}"
+            f"{', HTTP ' + str(p.last_status) if p.last_status else ''}{', ' + _e(p.last_error) if p.last_error and p.status != 'delivered' else ''}"
+            f"{' after ' + plural(p.attempts, 'attempt') if p.attempts > 1 else ''}</li>"
+            for p in pages
+        )  # fmt: skip
+        out.append(f'<div class="kv incident"><span><b>incident</b> <code>{_e(inc.id)}</code> {_e(state)}'
+                   f"{'' if inc.occurrence <= 1 else f' (occurrence {inc.occurrence})'}</span></div>"
+                   f'<ul class="pages">{page_items or "<li>not paged (no route matched, or paging is off)</li>"}</ul>')  # fmt: skip
+    advice = ADVICE.get(f.cause, ADVICE["unknown"]).format(host=host)
+    cmds = "".join(f"<li><code>{_e(c)}</code> <span class=\"meta\">{_e(why)}</span></li>" for c, why in next_commands(f))
+    out.append(f'<div class="next"><b>next</b> {_e(advice)}<ul>{cmds}</ul></div></div>')
+    return "".join(out)
+
+
+def _heat_section(r: Report) -> list[str]:
+    out = []
+    for (job, window), cells in sorted(r.heatmaps.items()):
+        w = next((x for x in r.windows if (x.job, x.window) == (job, window)), None)
+        shown_w, shown_f = len({c.worker for c in cells}), len({c.function for c in cells})
+        total_w, total_f = cells[0].workers_total, cells[0].functions_total
+        seen = f" of the window's {plural(w.workers_seen, 'worker')}" if w and w.workers_seen else ""
+        out.append(f'<div class="card"><h3>{_e(job)} / {_e(window)}</h3><div class="meta">The {shown_w} of {plural(total_w, "worker")} '
+                   f"that deviated in some step{_e(seen)}, and {shown_f} of their {plural(total_f, 'function')}, worst first: robust z of the "
+                   "work against the peer group's median (red: slower, blue: faster; pale: within the peers' spread in every step).</div>"
+                   f"{heatmap(job, window, cells)}</div>")  # fmt: skip
+    return out
 
 
 _CSS = """
-body{font:14px/1.45 system-ui,sans-serif;color:#2c3e50;max-width:980px;margin:2em auto;padding:0 1em}
-h1{font-size:1.5em;margin-bottom:.2em} h2{margin-top:1.8em;border-bottom:1px solid #ddd}
-.meta{color:#7f8c8d} .card{border:1px solid #ddd;border-radius:6px;padding:.8em 1em;margin:1em 0}
-.card h3{margin:.1em 0 .4em;font-size:1.05em} .kv{display:flex;flex-wrap:wrap;gap:.3em 1.6em;margin:.4em 0}
-.kv b{font-weight:600} svg{display:block;margin:.4em 0;font:12px system-ui,sans-serif}
-table{border-collapse:collapse} td,th{padding:.2em .8em;text-align:left;border-bottom:1px solid #eee}
+body{font:14px/1.45 system-ui,sans-serif;color:#2c3e50;max-width:1180px;margin:1.5em auto;padding:0 1em}
+h1{font-size:1.5em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd}
+.meta{color:#7f8c8d} .card{border:1px solid #ddd;border-radius:6px;padding:.7em 1em;margin:.8em 0}
+.card h3{margin:.1em 0 .3em;font-size:1.05em} .cause{color:#c0392b} .why{color:#7f8c8d;font-style:italic}
+.kv{display:flex;flex-wrap:wrap;align-items:center;gap:.3em 1.6em;margin:.35em 0} .kv b{font-weight:600}
+svg{display:block;margin:.3em 0;font:12px system-ui,sans-serif} svg.strip{display:inline-block;margin:0}
+svg .axis{fill:#7f8c8d;font-size:11px} svg .label{font-size:11px;fill:#6e2c00} svg .z{font-size:10px}
+table{border-collapse:collapse} td,th{padding:.15em .7em;text-align:left;border-bottom:1px solid #eee;vertical-align:middle}
+td.v{text-align:right;white-space:nowrap} td.bad{color:#c0392b;font-weight:600} abbr{text-decoration:underline dotted}
+.key{display:inline-block;width:.9em;height:.7em;margin:0 .2em 0 .6em} .key.bad{background:#c0392b} .key.peer{background:#7f8c8d}
+.key.spread{background:#d5dbdb} code{background:#f4f6f7;padding:0 .3em;border-radius:3px}
+.next ul,.pages{margin:.2em 0 .2em 1.2em;padding:0} .summary{display:flex;gap:2.5em;margin:.8em 0}
+.summary div b{display:block;font-size:1.6em} #live{font-size:.9em} #live.stale{color:#c0392b;font-weight:600}
+"""
+
+_SCRIPT = """
+(function(){
+  var every = %d, n = 0, last = new Date();
+  window.addEventListener('error', function(e){ document.body.setAttribute('data-script-error', String(e.message)); });
+  function say(cls, text){ var el = document.getElementById('live'); el.className = cls; el.textContent = text; }
+  function tick(){
+    fetch(location.href, {credentials: 'same-origin', cache: 'no-store'}).then(function(r){
+      if (!r.ok) { throw new Error('the sink answered HTTP ' + r.status); }
+      return r.text();
+    }).then(function(text){
+      var fresh = new DOMParser().parseFromString(text, 'text/html').getElementById('content');
+      if (!fresh) { throw new Error('the answer was not the page'); }
+      document.getElementById('content').replaceWith(fresh);
+      last = new Date(); n += 1;
+      document.body.setAttribute('data-refreshed', String(n));
+      say('ok', 'live: updated ' + last.toLocaleTimeString() + ', every ' + every / 1000 + ' s');
+    }).catch(function(err){
+      say('stale', 'not updated since ' + last.toLocaleTimeString() + ': ' + err.message);
+    }).then(function(){ setTimeout(tick, every); });
+  }
+  say('ok', 'live: updated ' + last.toLocaleTimeString() + ', every ' + every / 1000 + ' s');
+  setTimeout(tick, every);
+})();
 """
 
 
-def _finding_card(f: Finding, window: WindowRow | None) -> str:
-    who = f"workers {', '.join(map(str, f.workers[:16]))}{' …' if len(f.workers) > 16 else ''}" if f.workers else f"{f.scope} scope"
-    group = f" · group {', '.join(f'{k}={v}' for k, v in f.group.items())}" if f.group else ""
-    start, steps = (window.start_step, window.steps) if window else (min(f.steps, default=0), f.window_steps or len(f.steps))
-    held = f"{len(f.steps)} of {f.window_steps or steps} steps"
-    return (
-        f'<div class="card"><h3>{_e(f.cause)} · {_e(f.function)} · {_e(f.job)} / {_e(f.window)}</h3>'
-        f"<div>{_e(f.summary)}</div>"
-        f'<div class="kv"><span><b>where</b> {_e(who)}{_e(group)}</span>'
-        f"<span><b>devices</b> {_e(', '.join(f.devices) or '-')}</span>"
-        f"<span><b>confidence</b> {f.confidence:.2f}</span>"
-        f"<span><b>cost</b> {f.impact.step_time_share:.1%} of the step, {_num(f.impact.gpu_hours_per_day)} GPU-h/day</span>"
-        f"<span><b>held in</b> {held}</span></div>"
-        f"{evidence_bars(f)}{step_strip(list(f.steps), start, steps)}</div>"
-    )
-
-
-def render(findings: list[Finding], windows: list[WindowRow], causes: list[CauseRow], *, title: str = "Lockstep report",
-           scope: str = "", generated_at: dt.datetime | None = None) -> str:  # fmt: skip
-    """The whole page.  ``findings`` in the order to show (costliest first); ``scope`` says what was selected."""
-    now = (generated_at or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
-    by_window = {(w.job, w.window): w for w in windows}
-    out = [
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{_CSS}</style></head><body>',
-        f"<h1>{_e(title)}</h1><div class=\"meta\">{_e(scope or 'every job')} · generated {now} · "
-        f"{len(findings)} finding(s) · {len(windows)} window(s)</div>",
+def render(r: Report, *, title: str = "Lockstep report", scope: str = "", generated_at: dt.datetime | None = None,
+           refresh_s: float | None = None) -> str:  # fmt: skip
+    """The whole page.  ``r.findings`` in the order to show (costliest first); ``scope`` says what was selected;
+    ``refresh_s``: the live page (refreshes itself that often)."""
+    now = generated_at or dt.datetime.now(dt.timezone.utc)
+    open_inc = sum(c.open_incidents for c in r.causes)
+    per_day = sum(c.gpu_hours_per_day for c in r.causes)
+    lost = sum(c.gpu_hours_lost for c in r.causes)
+    cov = [w.coverage for w in r.windows]
+    body = [
+        '<main id="content">',
+        f"<div class=\"meta\">{_e(scope or 'every job')} · generated {now.strftime('%Y-%m-%d %H:%M:%S UTC')} · "
+        f"{plural(len(r.findings), 'finding')} · {plural(len(r.windows), 'window')}</div>",
+        f'<div class="summary"><div><b>{open_inc}</b>open {"incident" if open_inc == 1 else "incidents"}</div>'
+        f"<div><b>{_e(number(per_day))}</b>GPU-h per day being lost now</div><div><b>{_e(number(lost))}</b>GPU-h lost so far</div>"
+        f"<div><b>{_e(f'{sum(cov) / len(cov):.0%}' if cov else '-')}</b>mean coverage of the windows</div></div>",
     ]
-    if causes:
-        rows = [(c.cause, c.gpu_hours_lost, f"{_num(c.gpu_hours_lost)} GPU-h lost · {c.open_incidents} of {c.incidents} incident(s) open") for c in causes]
-        out += ["<h2>GPU-hours lost by cause</h2>", hbars(rows)]
-    out.append("<h2>Findings</h2>")
-    out += [_finding_card(f, by_window.get((f.job, f.window))) for f in findings] or ["<p>No findings.</p>"]
-    if windows:
-        rows = [(f"{w.job} / {w.window}", w.coverage, f"coverage {w.coverage:.0%} · {w.findings} finding(s) · {w.closed}") for w in windows]
-        out += ["<h2>Profiling windows</h2>", hbars(rows)]
-        out.append("<table><tr><th>job</th><th>window</th><th>steps</th><th>coverage</th><th>findings</th><th>closed</th><th>at</th></tr>")
-        out += [
-            f"<tr><td>{_e(w.job)}</td><td>{_e(w.window)}</td><td>{w.start_step}..{w.start_step + w.steps - 1}</td>"
-            f"<td>{w.coverage:.0%}</td><td>{w.findings}</td><td>{_e(w.closed)}</td><td>{_e(w.closed_at)}</td></tr>"
-            for w in windows
+    if r.causes:
+        rows = [(c.cause, c.gpu_hours_lost, f"{number(c.gpu_hours_lost)} GPU-h lost · {number(c.gpu_hours_per_day)} GPU-h/day now · "
+                 f"{c.open_incidents} of {plural(c.incidents, 'incident')} open") for c in r.causes]  # fmt: skip
+        body += ["<h2>GPU-hours lost by cause</h2>", hbars(rows)]
+    jobs = sorted(set(r.series) | {f.job for f in r.findings})
+    if jobs:
+        body.append("<h2>Step time</h2>")
+        for job in jobs:
+            pts = r.series.get(job, [])
+            chart = step_chart(job, pts, r.windows, r.triggers, r.findings) if pts else '<p class="meta">No step times stored for this job.</p>'
+            n = f"steps {pts[0].step:,}..{pts[-1].step:,}, {plural(max(p.workers for p in pts), 'worker')}" if pts else ""
+            body.append(f'<div class="card"><h3>{_e(job)}</h3><div class="meta">{_e(n)}; shaded: profiling windows</div>{chart}</div>')
+    body.append("<h2>Findings</h2>")
+    body += [_finding_card(f, r, now) for f in r.findings] or ["<p>No findings.</p>"]
+    heat = _heat_section(r)
+    if heat:
+        body += ["<h2>Deviation from the peers, per window</h2>", *heat]
+    if r.windows:
+        rows = [(f"{w.job} / {w.window}", w.coverage, f"coverage {w.coverage:.0%} · {plural(w.findings, 'finding')} · closed {w.closed}") for w in r.windows]
+        body += ["<h2>Profiling windows</h2>", hbars(rows)]
+        body.append("<table><tr><th>job</th><th>window</th><th>steps</th><th>workers</th><th>coverage</th><th>per worker</th>"
+                    "<th>findings</th><th>closed</th><th>at</th></tr>")  # fmt: skip
+        body += [
+            f"<tr><td>{_e(w.job)}</td><td>{_e(w.window)}</td><td>{w.start_step:,}..{w.start_step + w.steps - 1:,}</td>"
+            f"<td>{w.workers_seen or '-'} of {w.expected_workers or '-'}</td><td>{w.coverage:.0%}</td>"
+            f"<td>{_e(with_unit('B', w.bytes_per_worker))}</td><td>{w.findings}</td><td>{_e(w.closed)}</td><td>{_e(_when(w.closed_at))}</td></tr>"
+            for w in r.windows
         ]
-        out.append("</table>")
-    out.append("</body></html>\n")
-    return "\n".join(out)
+        body.append("</table>")
+    used = sorted({e.feature.partition("[")[0] for f in r.findings for e in f.evidence})
+    if used:
+        body.append("<h2>What the evidence means</h2><table>")
+        body += [f"<tr><td>{_e(feature(u).label)}</td><td>{_e(feature(u).unit or 'count')}</td><td>{_e(feature(u).meaning)}</td></tr>" for u in used]
+        body.append("</table>")
+    body.append("</main>")
+    live = ""
+    script = ""
+    if refresh_s:
+        live = '<div id="live" class="ok">live</div>'
+        script = f"<script>{_SCRIPT % int(refresh_s * 1000)}</script>"
+    return "\n".join([
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{_e(title)}</h1>{live}",
+        *body,
+        f"{script}</body></html>\n",
+    ])  # fmt: skip

@@ -26,14 +26,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ..metrics import Metrics
-from ..schemas.records import Finding, ProfileTrigger, RecordError, WindowReport, dead_letter, decode, encode
-from .store import Batch, FindingsStore, StoreError, StoreLocked, jsonable, open_read_only, run_query
+from ..metrics import CONTENT_TYPE, Metrics
+from ..schemas.records import CAUSES, DeviationMap, Finding, ProfileTrigger, RecordError, StepSeries, WindowReport, dead_letter, decode, encode
+from ..web import HttpServer, Limits, error, json_response
+from .store import Batch, FindingsStore, QueryBusy, StoreError, StoreLocked, jsonable, open_read_only, run_query
 
 log = logging.getLogger("lockstep.sink")
 
@@ -105,10 +106,8 @@ class Sink:
         log.warning("the store refused a batch of %d record(s) (%s: %s); writing them one by one", len(accepted), type(exc).__name__, exc)
         events = []
         for msg, rec in accepted:
-            one = Batch(findings=[rec] if isinstance(rec, Finding) else [], windows=[rec] if isinstance(rec, WindowReport) else [],
-                        offsets={}, triggers=[rec] if isinstance(rec, ProfileTrigger) else [])  # fmt: skip
             try:
-                events += self.store.write(one)
+                events += self.store.write(Batch.of([rec], {}))
             except Exception as err:
                 log.exception("the store refused %s[%d]@%d; it goes to the dead-letter topic", msg.topic(), msg.partition(), msg.offset())
                 self._dead(msg, RecordError("processing_failed", f"the findings store refused it ({type(err).__name__}: {err})"))
@@ -116,9 +115,6 @@ class Sink:
         return events + self.store.write(Batch(findings=[], windows=[], offsets=offsets))
 
     def write(self, msgs) -> Batch:
-        findings: list[Finding] = []
-        windows: list[WindowReport] = []
-        triggers: list[ProfileTrigger] = []
         accepted = []  # (message, record)
         offsets: dict[tuple[str, int], int] = {}
         dead = 0
@@ -136,18 +132,17 @@ class Sink:
             if kind != TIMESTAMP_NOT_AVAILABLE:
                 lag_s[msg.topic()] = max(0.0, now - ts_ms / 1000.0)
             try:
-                rec = decode(msg.value(), (Finding, WindowReport, ProfileTrigger))
+                rec = decode(msg.value(), (Finding, WindowReport, ProfileTrigger, StepSeries, DeviationMap))
             except RecordError as err:
                 if err.reason == "wrong_record" and msg.topic() == self.control_topic:
                     continue  # another control record (not a trigger): not the sink's business
                 self._dead(msg, err)
                 dead += 1
                 continue
-            {Finding: findings, WindowReport: windows, ProfileTrigger: triggers}[type(rec)].append(rec)
             accepted.append((msg, rec))
         if dead:
             self.publisher.flush()  # dead letters are durable before the offsets move past them
-        batch = Batch(findings=findings, windows=windows, offsets=offsets, triggers=triggers)
+        batch = Batch.of([rec for _, rec in accepted], offsets)
         t0 = time.perf_counter()
         try:
             events = self.store.write(batch)
@@ -164,10 +159,12 @@ class Sink:
             if high >= 0:
                 m.set("consumer_lag_records", max(0, high - pos), topic=topic, partition=str(partition),
                       help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
-        for f in findings:
-            m.inc("findings_written_total", cause=f.cause, help="finding rows upserted, by cause")
-        m.inc("windows_written_total", len(windows), help="window rows upserted")
-        m.inc("triggers_written_total", len(triggers), help="profiling trigger rows upserted")
+        for f in batch.findings:
+            # a label per cause this build knows: a record's free text must not grow the metrics without bound
+            m.inc("findings_written_total", cause=f.cause if f.cause in CAUSES else "other")
+        m.inc("windows_written_total", len(batch.windows))
+        m.inc("triggers_written_total", len(batch.triggers))
+        m.inc("step_series_written_total", sum(len(s.steps) for s in batch.series))
         self._after(events)
         return batch
 
@@ -176,81 +173,126 @@ class Sink:
 
 
 class QueryServer:
-    """HTTP: GET /healthz, GET /metrics, POST /query {"sql", "params", "tenant"} -> {"columns", "rows"}.
+    """HTTP (aiohttp, :class:`lockstep.web.HttpServer`): ``GET /healthz``, ``GET /metrics``,
+    ``POST /query`` ``{"sql", "params", "tenant"}`` -> ``{"columns", "rows"}``, and ``GET /``, the live page.
 
-    /query needs ``Authorization: Bearer <token>``; the token is in the sidecar file, which only the
-    database file's owner can read, so the endpoint grants what the file's permissions grant.
+    ``/query`` needs ``Authorization: Bearer <token>``; the token is in the sidecar file, which only the
+    database file's owner can read, so the endpoint grants what the file's permissions grant.  The page
+    takes the same token, also as ``?token=`` once (it answers with a cookie and a redirect to the URL
+    without it, so that the token leaves the address bar and the history), and the same tenant rule:
+    ``?tenant=T`` shows that tenant's rows only.
     """
 
-    def __init__(self, sink: Sink, db: Path, port: int = 0, host: str = "127.0.0.1"):
-        store = sink.store
-        metrics = sink.metrics
-        token = secrets.token_urlsafe(32)
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, fmt, *args):  # route to logging, not stderr
-                log.debug(fmt, *args)
-
-            def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):  # noqa: N802
-                if self.path == "/healthz":
-                    ok = sink.assigned
-                    self._send(200 if ok else 503, json.dumps({"status": "ok" if ok else "starting"}).encode())
-                elif self.path == "/metrics":
-                    self._send(200, metrics.render().encode(), "text/plain; version=0.0.4")
-                else:
-                    self._send(404, b'{"error": "not found"}')
-
-            def do_POST(self):  # noqa: N802
-                if self.path != "/query":
-                    self._send(404, b'{"error": "not found"}')
-                    return
-                if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), f"Bearer {token}".encode()):
-                    self._send(401, json.dumps({"error": f"/query needs the bearer token from {sidecar(db)}"}).encode())
-                    return
-                try:
-                    n = int(self.headers.get("Content-Length", "0"))
-                    req = json.loads(self.rfile.read(n) or b"{}")
-                    tenant = req.get("tenant")
-                    if tenant is not None and not isinstance(tenant, str):
-                        raise ValueError("tenant must be a string")
-                    cur = store.con.cursor()
-                    try:
-                        cols, rows = run_query(cur, str(req.get("sql", "")), req.get("params"), tenant)
-                    finally:
-                        cur.close()
-                    body = json.dumps({"columns": cols, "rows": [[jsonable(v) for v in r] for r in rows]}, default=str)
-                    self._send(200, body.encode())
-                except StoreError as exc:
-                    self._send(400, json.dumps({"error": str(exc)}).encode())
-                except (ValueError, TypeError) as exc:
-                    self._send(400, json.dumps({"error": f"bad request: {exc}"}).encode())
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.url = f"http://{host if host not in ('0.0.0.0', '') else '127.0.0.1'}:{self.httpd.server_address[1]}"
+    def __init__(self, sink: Sink, db: Path, port: int = 0, host: str = "127.0.0.1", limits: Limits = Limits(), refresh_s: float = 10.0):
+        self.store = sink.store
+        self.sink = sink
+        self.db = Path(db)
+        self.refresh_s = refresh_s
+        self._token = secrets.token_urlsafe(32)
+        self.http = HttpServer(host, port, sink.metrics, limits, name="sink-http")
+        self.http.get("/healthz", self._healthz)
+        self.http.get("/metrics", self._metrics)
+        self.http.post("/query", self._query)
+        self.http.get("/", self._page)
         self.sidecar = sidecar(db)
-        self._token = token
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="sink-http", daemon=True)
+        self.url = ""
+
+    # ------------------------------------------------------------------ handlers
+
+    async def _healthz(self, request: web.Request) -> web.Response:  # noqa: ARG002
+        ok = self.sink.assigned
+        return json_response({"status": "ok" if ok else "starting"}, status=200 if ok else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:  # noqa: ARG002
+        return web.Response(body=self.sink.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    def _bearer(self, request: web.Request) -> bool:
+        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), f"Bearer {self._token}".encode())
+
+    async def _query(self, request: web.Request) -> web.Response:
+        if not self._bearer(request):
+            return error(401, f"/query needs the bearer token from {self.sidecar}")
+        req = await self.http.read_json(request)
+        sql, params, tenant = req.get("sql", ""), req.get("params"), req.get("tenant")
+        if not isinstance(sql, str) or not (params is None or isinstance(params, list)) or not (tenant is None or isinstance(tenant, str)):
+            return error(400, "bad request: sql must be a string, params a list, tenant a string")
+        try:
+            cols, rows = await self.http.blocking(self._run_query, sql, params, tenant)
+        except QueryBusy as exc:
+            return error(503, str(exc), headers={"Retry-After": "1"})
+        except StoreError as exc:
+            return error(400, str(exc))
+        return json_response({"columns": cols, "rows": rows})
+
+    def _run_query(self, sql: str, params: list | None, tenant: str | None) -> tuple[list[str], list[list]]:
+        try:
+            cols, rows = self.store.query(sql, params, tenant)  # the store's checks and limits
+        except (TypeError, ValueError, OverflowError) as exc:  # parameters DuckDB cannot bind
+            raise StoreError(f"bad request: {exc}") from None
+        return cols, [[jsonable(v) for v in r] for r in rows]
+
+    async def _page(self, request: web.Request) -> web.Response:
+        token = request.query.get("token")
+        if token is not None:
+            if not hmac.compare_digest(token.encode(), self._token.encode()):
+                return web.Response(status=401, text="wrong token", content_type="text/plain")
+            rest = {k: v for k, v in request.query.items() if k != "token"}
+            resp = web.Response(status=303, headers={"Location": str(request.rel_url.with_query(rest))})
+            resp.set_cookie(COOKIE, self._token, httponly=True, samesite="Strict", path="/")
+            return resp
+        if not (self._bearer(request) or hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), self._token.encode())):
+            return web.Response(status=401, content_type="text/html", text=login_page(str(self.sidecar)))
+        tenant = request.query.get("tenant") or None
+        job = request.query.get("job") or None
+        page = await self.http.blocking(self._render, tenant, job)
+        return web.Response(text=page, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    def _render(self, tenant: str | None, job: str | None) -> str:
+        from .report import render
+        from .reportdata import gather
+
+        data = gather(lambda sql, params=None: self.store.query(sql, params, tenant), job=job)  # the same checks and limits as /query
+        scope = ", ".join(x for x in (f"job {job}" if job else "", f"tenant {tenant}" if tenant else "") if x)
+        return render(data, title=f"Lockstep live: {self.db.name}", scope=scope, refresh_s=self.refresh_s)
+
+    # ------------------------------------------------------------------ life cycle
 
     def start(self) -> QueryServer:
-        self._thread.start()
-        fd = os.open(self.sidecar, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"url": self.url, "pid": os.getpid(), "token": self._token}, f)
+        self.http.start()
+        self.url = self.http.url
+        write_private(self.sidecar, json.dumps({"url": self.url, "pid": os.getpid(), "token": self._token}))
         return self
 
+    def live_url(self) -> str:
+        return f"{self.url}/?token={self._token}"
+
     def stop(self) -> None:
-        self.httpd.shutdown()
+        self.http.stop()
         try:
             self.sidecar.unlink()
         except FileNotFoundError:
             pass
+
+
+COOKIE = "lockstep_token"
+
+
+def login_page(side: str) -> str:
+    import html
+
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Lockstep: token needed</title></head><body>"
+            "<h1>Lockstep live page</h1><p>This page needs the sink's token. Open the address that "
+            f"<code>lockstep report --live-url</code> prints (it reads the token from <code>{html.escape(side)}</code>).</p></body></html>")  # fmt: skip
+
+
+def write_private(path: Path, text: str) -> None:
+    """A new file only its owner can read: what was at ``path`` (a stale file, a link planted there) is removed
+    first, and the file is created exclusively, never through a link, mode 0600 whatever its predecessor's."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
 
 
 def query(db: Path | str, sql: str, params: list | None = None, tenant: str | None = None,

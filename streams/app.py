@@ -46,6 +46,7 @@ from ..schemas.records import (
     encode,
 )
 from .detector import SlowdownDetector
+from .pictures import SeriesBuilder, deviation_map
 from .diagnosis import HistoryError, JobHistory, StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
 from .policy import Policy, PolicyFile
 from .windows import ClosedStep, ClosedWindow, InOrderAcks, StepAssembler, WindowAssembler
@@ -84,6 +85,7 @@ class ProcessorState:
     job_partition: dict[str, object] = field(default_factory=dict)  # job -> heartbeats partition (TP) seen
     positions: dict[object, int] = field(default_factory=dict)  # TP -> next offset to consume (for the lag)
     crashed: dict[str, str] = field(default_factory=dict)  # agent -> why it died (fails /healthz)
+    series: SeriesBuilder = field(default_factory=SeriesBuilder)  # per-job step times for the pictures
 
     def __post_init__(self) -> None:
         self.detector = SlowdownDetector(self.policy)
@@ -124,7 +126,8 @@ def limit_fetch_wait(ms: int) -> None:
     driver.AIOKafkaConsumerThread._create_worker_consumer = create
 
 
-def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str = "127.0.0.1", roles: tuple[str, ...] = ("detect", "steps", "windows")) -> tuple[faust.App, ProcessorState]:
+def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ("detect", "steps", "windows")) -> tuple[faust.App, ProcessorState]:
+    """The faust app and its state.  Its HTTP endpoints are :func:`serve_http`'s, not faust's web server."""
     topics = Topics.named(settings.topic_prefix)
     limit_fetch_wait(settings.fetch_wait_ms)
     datadir = os.path.join(tempfile.gettempdir(), "lockstep-faust", settings.processor_id)  # not the cwd
@@ -147,13 +150,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         # never ends while a window is open.  The new owner replays them from the committed offset instead.
         stream_wait_empty=False,
         datadir=datadir,
-        web_enabled=True,
-        web_port=http_port,
-        web_bind=http_host,
-        web_host=http_host,
+        web_enabled=False,  # /healthz and /metrics: serve_http (the same bounded server as the sink's)
         **{k: _coerce(v) for k, v in settings.faust.items()},
     )
-    st = ProcessorState(policy=policy, step_timeout_s=settings.step_timeout_s, window_timeout_s=settings.window_timeout_s)
+    st = ProcessorState(policy=policy, step_timeout_s=settings.step_timeout_s, window_timeout_s=settings.window_timeout_s, metrics=Metrics("processor"))
     policy_file = PolicyFile(settings.policy, policy)  # watched: edits apply without a restart
     m = st.metrics
 
@@ -162,6 +162,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
 
     heartbeats, control, features = t(topics.heartbeats), t(topics.control), t(topics.features)
     stepreports, findings, windows, deadletter = t(topics.stepreports), t(topics.findings), t(topics.windows), t(topics.deadletter)
+    series = t(topics.series)
     closed_windows = app.Table("closed_windows", key_type=str, value_type=float, partitions=settings.partitions)
     detector_table = app.Table("detector", key_type=str, value_type=str, partitions=settings.partitions)
     # per job: the baseline of its earlier healthy windows (JobHistory JSON), for job-wide regressions
@@ -222,6 +223,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
                 now = time.time()
                 if isinstance(rec, StepHeartbeat):
                     decisions = st.detector.observe(rec, now)  # raises RecordError('from_the_future')
+                    st.series.add(rec, now)
                 elif isinstance(rec, DetectorTick):
                     decisions = st.detector.tick(rec.job, now)
                 else:
@@ -243,6 +245,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             await send(heartbeats, job, DetectorTick(job=job, at=now))
         for job in st.detector.forget_idle(now):
             st.job_partition.pop(job, None)
+            st.series.drop([job])
+        for rec in st.series.due(now):
+            await send(series, rec.job, rec)
+            m.inc("step_series_points_total", len(rec.steps))
         for code, n in st.detector.suppressed.items():
             m.set("triggers_suppressed", n, code=code, help="automatic windows not opened, by the policy check that stopped them")
         m.set("detector_jobs", len(st.detector.jobs), help="jobs the detector follows")
@@ -314,11 +320,15 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
             try:
                 batch = decode(event.value, FeatureBatch)
                 table = ft.read(batch.functions, batch.functions_codec)  # values: checked per step (finish_step)
+                closed, late = st.steps.add(batch, table, len(event.value), h, time.time())
             except RecordError as err:
                 await dead(event, err, "steps")
                 await release_steps([h])
                 continue
-            closed, late = st.steps.add(batch, table, len(event.value), h, time.time())
+            except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
+                await failed([event], exc, "steps")
+                await release_steps([h])
+                continue
             if late:
                 m.inc("late_records_total", stage="steps", help="records for steps or windows already closed")
                 await release_steps([h])
@@ -364,6 +374,11 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         # the tables' changelogs travel apart from the findings: mark the window closed (which makes a replay
         # skip it) only once its findings and report are in Kafka, or a crash in between would lose them
         await asyncio.gather(*sent)
+        try:  # the window's heatmap: for people, so it must never hold up the window
+            dmap = deviation_map(w.job, w.window, w.tenant, w.window_start, w.window_steps, list(w.results.values()), now)
+            await send(series, w.job, dmap)
+        except Exception:
+            log.exception("window %s/%s: no deviation map", w.job, w.window)
         if new_history is not None:
             job_history[w.job] = new_history
         closed_windows[f"{w.job}:{w.window}"] = now
@@ -394,6 +409,10 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
                     closed = st.windows.add(rec, step_result(rec), h, time.time())
             except RecordError as err:
                 await dead(event, err, "windows")
+                await release_windows([h])
+                continue
+            except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
+                await failed([event], exc, "windows")
                 await release_windows([h])
                 continue
             if closed:
@@ -435,6 +454,7 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
     async def on_revoked(app_, revoked, **kwargs) -> None:  # noqa: ARG001
         gone = [job for job, tp in st.job_partition.items() if tp in revoked]
         st.detector.drop(gone)
+        st.series.drop(gone)
         for job in gone:
             del st.job_partition[job]
         st.steps.drop(set(revoked))
@@ -443,22 +463,44 @@ def build_app(settings, policy: Policy, *, http_port: int = 6066, http_host: str
         st.window_acks.drop(set(revoked))
         for tp in revoked:
             st.positions.pop(tp, None)
+        log.info("partitions revoked: %s", describe_partitions(revoked) or "none")
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app_, assigned, **kwargs) -> None:  # noqa: ARG001
         st.assigned = True
-
-    @app.page("/healthz")
-    async def healthz(web, request):  # noqa: ARG001
-        status = "failed" if st.crashed else "ok" if st.assigned else "starting"
-        body = {"status": status, "open_steps": st.steps.open_steps, "open_windows": st.windows.open_windows, "crashed": st.crashed}
-        return web.json(body, status=200 if status == "ok" else 503)
-
-    @app.page("/metrics")
-    async def metrics(web, request):  # noqa: ARG001
-        return web.text(st.metrics.render(), content_type="text/plain")
+        log.info("partitions assigned: %s", describe_partitions(assigned) or "none")
 
     return app, st
+
+
+def describe_partitions(tps) -> str:
+    """``heartbeats 0,1,2; features 0,1`` for a set of topic partitions."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in tps:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return "; ".join(f"{t} {','.join(map(str, sorted(p)))}" for t, p in sorted(by_topic.items()))
+
+
+def serve_http(st: ProcessorState, host: str, port: int):
+    """``GET /healthz`` (200 once partitions are assigned; 503 ``starting``, or ``failed`` when a stage died)
+    and ``GET /metrics``, on :class:`lockstep.web.HttpServer` (bounded connections, timeouts)."""
+    from aiohttp import web
+
+    from ..metrics import CONTENT_TYPE
+    from ..web import HttpServer, json_response
+
+    async def healthz(request):  # noqa: ARG001
+        status = "failed" if st.crashed else "ok" if st.assigned else "starting"
+        body = {"status": status, "open_steps": st.steps.open_steps, "open_windows": st.windows.open_windows, "crashed": dict(st.crashed)}
+        return json_response(body, status=200 if status == "ok" else 503)
+
+    async def metrics(request):  # noqa: ARG001
+        return web.Response(body=st.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    server = HttpServer(host, port, st.metrics, name="processor-http")
+    server.get("/healthz", healthz)
+    server.get("/metrics", metrics)
+    return server.start()
 
 
 def _coerce(v: str):
@@ -470,10 +512,21 @@ def _coerce(v: str):
     return {"true": True, "false": False}.get(v.lower(), v)
 
 
-def run_worker(app: faust.App, loglevel: str = "INFO") -> None:
-    """Run the faust worker in this process until SIGTERM/SIGINT."""
+def run_worker(app: faust.App, loglevel: str = "INFO", log_format: str = "text") -> None:
+    """Run the faust worker in this process until SIGTERM/SIGINT, logging in the format of every other
+    command (:func:`lockstep.cli.setup_logging`), not faust's own."""
     from faust.worker import Worker
 
+    from ..cli import setup_logging
+
+    class _Worker(Worker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.spinner = None  # faust's terminal spinner writes escape codes into the log
+
+        def _setup_logging(self) -> None:
+            setup_logging(loglevel, log_format)
+
     asyncio.set_event_loop(asyncio.new_event_loop())
-    worker = Worker(app, loglevel=loglevel.lower() if loglevel != "WARNING" else "warn", quiet=True, redirect_stdouts=False)
+    worker = _Worker(app, loglevel=loglevel.lower() if loglevel != "WARNING" else "warn", quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()

@@ -58,3 +58,19 @@ def settings(kafka_bootstrap, tmp_path) -> Settings:
         step_timeout_s=5.0,
         window_timeout_s=10.0,
     )
+
+
+def _voluntary_switches() -> int:
+    """How often the calling thread has slept so far (waited for a lock, a socket, a timer): a count, which
+    other processes' load does not change, unlike a duration (Linux: /proc/thread-self/status)."""
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise RuntimeError("no voluntary_ctxt_switches in /proc/thread-self/status")
+
+
+@pytest.fixture
+def thread_waits():
+    """``thread_waits()``: how often this thread has slept so far (see :func:`_voluntary_switches`)."""
+    return _voluntary_switches

@@ -16,8 +16,10 @@ import sys
 from .. import config
 
 PIPELINE_SETTINGS = ["bootstrap_servers", "kafka", "topic_prefix", "log_level"]
-#: per-process identity is discovered in each process, not fixed by the launcher
-PER_PROCESS = ("rank", "local_rank", "host", "device", "bootstrap_servers", "topic_prefix", "kafka")
+#: the agent's Kafka settings are the pipeline's flags above
+PIPELINE_FIELDS = ("bootstrap_servers", "topic_prefix", "kafka")
+#: a worker's identity, discovered in each process; a flag fixes it for every process the command starts
+IDENTITY = ("rank", "local_rank", "world_size", "host", "device", "nic")
 
 
 def register(sub) -> None:
@@ -29,12 +31,16 @@ def register(sub) -> None:
                                  description="Everything after -- is the command.")  # fmt: skip
     env_p = agent_sub.add_parser("env", help="print the environment that attaches the agent (for launchers that cannot wrap)")
     for q in (run_p, env_p):
-        config.add_arguments(q, PIPELINE_SETTINGS)
+        config.add_arguments(q, PIPELINE_SETTINGS, only=True)
+        group = q.add_argument_group("agent settings (flag > LOCKSTEP_AGENT_<NAME> environment > LOCKSTEP_AGENT_CONFIG file > default)")
         for name, f in FIELDS.items():
-            if name in PER_PROCESS:
+            if name in PIPELINE_FIELDS:
                 continue
-            q.add_argument(f"--{name.replace('_', '-')}", dest=f"agentcfg_{name}", default=None,
-                           action="append" if name == "labels" else None, help=f"{f.metadata['help']} (env LOCKSTEP_AGENT_{name.upper()})")  # fmt: skip
+            fixed = (" Fixes it for every process the command starts: for launchers that run one process per command "
+                     "(srun, mpirun wrappers), not torchrun") if name in IDENTITY else ""  # fmt: skip
+            group.add_argument(f"--{name.replace('_', '-')}", dest=f"agentcfg_{name}", default=None, metavar=name.upper(),
+                               action="append" if name == "labels" else None,
+                               help=f"{f.metadata['help']} (env LOCKSTEP_AGENT_{name.upper()}).{fixed}")  # fmt: skip
     run_p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     run_p.set_defaults(func=run)
     env_p.add_argument("--json", action="store_true", help="a JSON object instead of shell export lines")

@@ -1,4 +1,11 @@
-"""``lockstep demo``: a simulated 64-worker job with one injected fault, diagnosed end to end."""
+"""``lockstep demo``: a simulated 64-worker job with one injected fault, diagnosed end to end.
+
+Safe by construction: it reads no environment variable and no settings file (a production
+``LOCKSTEP_CONFIG`` must not point it at production Kafka, consumer groups or stores), starts its own
+embedded broker unless ``--bootstrap-servers`` is given, uses consumer groups of its own, and writes
+into a new temporary folder unless ``--db`` names a file, which it writes only if it does not exist or
+a previous demo created it.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,14 @@ from pathlib import Path
 
 from .. import config
 
+#: the settings the demo takes, from its flags only
+SETTINGS = ["bootstrap_servers", "kafka", "topic_prefix", "partitions", "db", "policy", "log_level", "log_format"]
+
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the whole pipeline on the embedded broker and diagnose an injected fault")
-    config.add_arguments(p)
+    p = sub.add_parser("demo", help="run the whole pipeline on the embedded broker and diagnose an injected fault",
+                       description="Reads flags only (no LOCKSTEP_* variable, no settings file): its own embedded broker, consumer "
+                                   "groups and temporary store unless told otherwise here.")  # fmt: skip
     p.add_argument("--workers", type=int, default=64, help="workers in the simulated job (default 64: 8 hosts x 8 GPUs)")
     p.add_argument("--fault", default="gpu_throttle_thermal", help="fault to inject (default gpu_throttle_thermal)")
     p.add_argument("--culprit", type=int, default=13, help="worker the fault hits (default 13)")
@@ -17,6 +28,8 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=90.0, help="give up after this many seconds (default 90)")
     p.add_argument("--logs", type=Path, help="keep the processes' logs in this folder")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list of Finding records")
+    config.add_arguments(p, SETTINGS, config_file=False, only=True,
+                         title="settings (flags only; --db: a new file, or one a previous demo wrote; default: a new temporary folder)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -24,15 +37,17 @@ def run(args) -> int:
     import logging
 
     from ..cli import setup_logging
-    from ..demo import default_scenario, run_demo
-    from ..output import findings_table, print_json, table
+    from ..demo import claim_store, default_scenario, demo_settings, run_demo
+    from ..output import findings_table, plural, print_json, table
     from ..producers.simulator.faults import CATALOGUE
     from ..producers.simulator.fleet import Scenario
+    from ..progress import Progress, wanted
     from ..sinks.report import render
-    from .report import gather
+    from ..sinks.reportdata import gather
 
-    settings = config.load(args)
-    setup_logging("WARNING" if args.json else settings.log_level)
+    settings = demo_settings(args)
+    show = wanted(args.json)
+    setup_logging("WARNING" if args.json else settings.log_level, settings.log_format)
     logging.getLogger("lockstep.simulator").setLevel(logging.WARNING)
     if args.scenario:
         scenario = Scenario.load(args.scenario)
@@ -40,26 +55,38 @@ def run(args) -> int:
         worker_faults = [name for name, kind in CATALOGUE.items() if kind.target == "workers" and kind.cause]
         if args.fault not in worker_faults:
             raise config.ConfigError(f"--fault: {args.fault!r} is not one of {', '.join(worker_faults)} (other faults: --scenario FILE)")
+        if args.workers < 1:
+            raise config.ConfigError(f"--workers: {args.workers} must be at least 1")
         if not 0 <= args.culprit < args.workers:
             raise config.ConfigError(f"--culprit: {args.culprit} is not a worker of 0..{args.workers - 1}")
         scenario = default_scenario(args.workers, args.fault, args.culprit)
-    res = run_demo(settings, scenario, timeout_s=args.timeout, keep_logs=args.logs)
+    if args.timeout <= 0:
+        raise config.ConfigError(f"--timeout: {args.timeout:g} must be > 0")
+    page = claim_store(settings.db, explicit=args.db is not None)
+    with Progress(show, "starting the pipeline") as bar:
+        res = run_demo(settings, scenario, timeout_s=args.timeout, keep_logs=args.logs, status=bar.status)
+        bar.status("writing the report")
+        page.write_text(render(gather_store(gather, res.db), title=f"Lockstep demo: {scenario.job}", scope=f"the demo's {res.db}"))
     if args.json:
         print_json(res.findings)
         return 0
     f = scenario.faults[0] if scenario.faults else None
     print()
     if f:
-        print(f"Injected: {f.type} on worker(s) {', '.join(map(str, f.workers))} of {scenario.job} from step {f.start_step}.")
+        print(f"Injected: {f.type} on {'worker' if len(f.workers) == 1 else 'workers'} {', '.join(map(str, f.workers))} of {scenario.job} from step {f.start_step}.")
     print(f"Findings in {res.db}:\n")
     print(findings_table(res.findings))
     for w in res.windows:
         print(f"\nWindow {w['window_id']}: steps {w['start_step']}..{w['start_step'] + w['steps'] - 1}, "
-              f"coverage {w['coverage']:.0%} of {w['expected_workers']} workers, {w['bytes_per_worker'] / 1024:.1f} KiB per worker, closed {w['closed']}.")  # fmt: skip
+              f"coverage {w['coverage']:.0%} of {plural(w['expected_workers'], 'worker')}, {w['bytes_per_worker'] / 1024:.1f} KiB per worker, closed {w['closed']}.")  # fmt: skip
     print("\nThrough Kafka:\n")
     print(table(["topic", "records", "bytes"], [(t.topic, t.records, t.bytes) for t in res.topics]))
-    page = Path(res.db).with_name(f"{Path(res.db).stem}-report.html")
-    page.write_text(render(*gather(res.db), title=f"Lockstep demo: {scenario.job}", scope=f"the demo's {res.db}"))
-    print(f"\nDone in {res.seconds:.1f}s. Pictures of the finding: open {page}")
-    print(f"Try: lockstep findings --db {res.db}   or   lockstep query \"SELECT cause, count(*) FROM findings GROUP BY cause\"")
+    print(f"\nDone in {res.seconds:.1f} s. Pictures of the finding: open {page}")
+    print(f"Try: lockstep findings --db {res.db}   or   lockstep query --db {res.db} \"SELECT cause, count(*) FROM findings GROUP BY cause\"")
     return 0
+
+
+def gather_store(gather, db):
+    from ..sinks.sink import query
+
+    return gather(lambda sql, params=None: query(db, sql, params))

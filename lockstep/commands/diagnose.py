@@ -3,7 +3,12 @@
 Inputs (any mix):
 
 1. PyTorch profiler Chrome traces, one file per worker (``.json`` / ``.json.gz``),
-   as ``torch.profiler`` writes them; CPU-only traces included.
+   as ``torch.profiler`` writes them, CPU-only or with GPU (CUDA, ROCm) or MTIA
+   activity.  The rank comes from the trace, ``--rank FILE=N``, the file name
+   (``rank-3``, ``worker3``), or the order of the files; steps from
+   ``ProfilerStep#N`` or, without them, inferred (``producers/agent/trace.py``).
+   How a rank or the steps were found, when not from the trace, is one line on
+   stderr.
 2. Op-event tables (``.parquet`` / ``.csv``), one row per executed function:
    ``worker, step, function, kind, start_us, duration_us``, optional ``host``,
    ``device`` and label columns (peer-group keys: ``--peer-group COL``).
@@ -11,12 +16,19 @@ Inputs (any mix):
 
 Every worker's events go through the host-side summariser, every step through
 the step stage, the whole set through the window stage: the same code the
-processor runs, so the same findings.
+processor runs, so the same findings.  Coverage counts the workers of the job
+(``distributedInfo.world_size`` where a trace says it), not only those given.
+
+Every input is opened without blocking and must be a regular file of at most
+``--max-input-mb`` (after decompression, read in chunks): a FIFO, a device, a
+gzip bomb or a nested or out-of-range trace is a one-line error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +46,7 @@ if TYPE_CHECKING:
 
 TRACE_SUFFIXES = (".json", ".gz")
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+MAX_INPUT_MB = 2048.0
 
 
 class DiagnoseError(ValueError):
@@ -48,7 +61,12 @@ def register(sub) -> None:
                    help="label column of the op-event tables that defines peer groups (repeatable); "
                         "default: the policy's peer_group_keys that exist as columns")  # fmt: skip
     p.add_argument("--samples", type=Path, default=None, help="hardware-sample table (.parquet, .csv): worker, t_us, metric, value")
-    config.add_arguments(p, ["policy"])
+    p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
+                   help="the rank of a trace file that does not say it (repeatable); "
+                        "default: distributedInfo.rank, else the file name (rank-3, rank3, worker3), else the order of the files")  # fmt: skip
+    p.add_argument("--max-input-mb", type=float, default=MAX_INPUT_MB, metavar="MB",
+                   help=f"largest input file, after decompression (default {MAX_INPUT_MB:g})")  # fmt: skip
+    config.add_arguments(p, ["policy"], only=True)
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.set_defaults(func=run)
@@ -62,15 +80,29 @@ class Inputs:
     hardware: dict[int, str] = field(default_factory=dict)  # "host" where hardware samples came with it, else "none"
     summaries: list[StepSummary] = field(default_factory=list)
     files: int = 0
+    expected_workers: int = 0  # the job's workers: the largest world_size a trace gives, at least those read
+    notes: list[str] = field(default_factory=list)  # how ranks or steps were found where the files did not say
 
 
 def run(args) -> int:
-    from ..output import findings_table, print_json
+    from ..output import findings_table, plural, print_json
+    from ..progress import Progress, wanted
     from ..schemas.records import to_builtins
     from ..streams.policy import load_policy
 
     policy = load_policy(config.load(args).policy)
-    inputs = load_inputs(args.files, args.peer_group or None, args.samples, policy.diagnosis.peer_group_keys)
+    if not args.max_input_mb > 0:
+        raise DiagnoseError(f"--max-input-mb must be positive, got {args.max_input_mb:g}")
+    with Progress(wanted(args.json), "reading", total=len(args.files), unit="file") as bar:
+        inputs = load_inputs(args.files, args.peer_group or None, args.samples, policy.diagnosis.peer_group_keys,
+                             ranks=_given_ranks(args.rank, args.files), max_bytes=int(args.max_input_mb * 2**20), progress=lambda _: bar.update())  # fmt: skip
+    for note in inputs.notes:
+        print(f"lockstep diagnose: {note}", file=sys.stderr)
+    labels = sorted({k for w in inputs.workers.values() for k in w.labels})
+    missing = [k for k in args.peer_group if k not in labels]
+    if missing:
+        raise DiagnoseError(f"--peer-group: no worker has the label {', '.join(missing)} (labels: {', '.join(labels) or 'none'}; "
+                            "Chrome traces carry none: peer groups need label columns of op-event tables)")  # fmt: skip
     keys = tuple(args.peer_group) or tuple(k for k in policy.diagnosis.peer_group_keys if any(k in w.labels for w in inputs.workers.values()))
     policy = dataclasses.replace(policy, diagnosis=dataclasses.replace(policy.diagnosis, peer_group_keys=keys))
     d = diagnose(inputs, policy, args.job, now=time.time())
@@ -81,8 +113,8 @@ def run(args) -> int:
     print(findings_table(found))
     r = d.report
     steps = sorted({s.step for s in inputs.summaries})
-    print(f"\n{r.workers_seen} workers x {r.steps_seen} steps ({steps[0]}..{steps[-1]}) from {inputs.files} file(s); "
-          f"coverage {r.coverage:.0%}; peer groups by {', '.join(keys) or 'nothing (one group)'}")  # fmt: skip
+    print(f"\n{r.workers_seen} workers x {r.steps_seen} steps ({steps[0]}..{steps[-1]}) from {plural(inputs.files, 'file')}; "
+          f"coverage {r.coverage:.0%} of {plural(inputs.expected_workers, 'worker')}; peer groups by {', '.join(keys) or 'nothing (one group)'}")  # fmt: skip
     return 0
 
 
@@ -103,19 +135,30 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float):
             policy.diagnosis.peer_group_keys, [inputs.hardware.get(s.worker, "none") for s in ss],
         )  # fmt: skip
         results.append(analyze_step(frame, policy.diagnosis))
-    info = WindowInfo(job=job, window=window, start_step=steps[0], steps=len(steps), expected_workers=len(inputs.workers))
+    info = WindowInfo(job=job, window=window, start_step=steps[0], steps=len(steps), expected_workers=max(inputs.expected_workers, len(inputs.workers)))
     return diagnose_window(info, results, policy, now=now)
 
 
 # --------------------------------------------------------------------------- files
 
 
-def load_inputs(files: list[Path], peer_cols: list[str] | None, samples_path: Path | None, policy_keys: tuple[str, ...] = ()) -> Inputs:
-    from ..producers.agent.summarise import SummaryError, summarise
-    from ..producers.agent.trace import TraceError, read_chrome_trace
+def load_inputs(
+    files: list[Path],
+    peer_cols: list[str] | None,
+    samples_path: Path | None,
+    policy_keys: tuple[str, ...] = (),
+    *,
+    ranks: dict[Path, int] | None = None,
+    max_bytes: int = int(MAX_INPUT_MB * 2**20),
+    progress=None,
+) -> Inputs:
+    """``progress(path)`` hears every file read (the CLI's progress bar)."""
+    from ..producers.agent.summarise import summarise
+    from ..producers.agent.trace import TraceEvents, read_chrome_trace
     from ..schemas.records import WorkerMeta
 
-    samples = _read_table(samples_path) if samples_path else None
+    ranks = ranks or {}
+    samples = _read_table(samples_path, max_bytes) if samples_path else None
     sampled: set[int] = set()
     if samples is not None:
         if "worker" not in samples.column_names:
@@ -133,56 +176,119 @@ def load_inputs(files: list[Path], peer_cols: list[str] | None, samples_path: Pa
             inputs.hardware[rank] = "host" if rank in sampled else "none"
         inputs.summaries += summaries
 
+    traces: list[tuple[Path, TraceEvents]] = []
     for path in files:
-        try:
-            if _is_trace(path):
-                tr = read_chrome_trace(path)
-                host = tr.meta.host or f"worker{tr.worker}"
-                meta = WorkerMeta(rank=tr.worker, host=host, device=tr.meta.device or f"{host}/cpu")
-                add(path, {tr.worker: meta}, summarise(tr.events, samples, tr.step_bounds))
+        with _about(path, samples_path):
+            if _is_trace(path, max_bytes):
+                traces.append((path, read_chrome_trace(path, ranks.get(path), max_bytes=max_bytes)))
+            elif path in ranks:
+                raise DiagnoseError(f"{path}: --rank is for trace files; an op-event table names its workers in its worker column")
             else:
-                table = _read_table(path)
+                table = _read_table(path, max_bytes)
                 add(path, _table_workers(path, table, peer_cols, policy_keys), summarise(table, samples))
-        except (TraceError, SummaryError) as exc:
-            where = samples_path if str(exc).startswith("sample") else path
-            raise DiagnoseError(f"{where}: {exc}") from None
+        if progress:
+            progress(path)
+    # traces that name no rank: the next free numbers, in the order given
+    taken = set(owner) | {te.worker for _, te in traces if te.worker is not None}
+    free = (n for n in range(len(taken) + len(traces) + 1) if n not in taken)
+    unranked = [i for i, (_, te) in enumerate(traces) if te.worker is None]
+    for i in unranked:
+        traces[i] = (traces[i][0], traces[i][1].with_worker(next(free), "numbered"))
+    if unranked:
+        inputs.notes.append(_note("no rank in the trace or its file name", [traces[i] for i in unranked], lambda te: f"numbered {te.worker} in the order given") +
+                            " (--rank FILE=N to set one)")  # fmt: skip
+    by_name = [(p, te) for p, te in traces if te.meta.rank_from == "file name"]
+    if by_name:
+        inputs.notes.append(_note("no distributedInfo.rank", by_name, lambda te: f"rank {te.worker} from the file name"))
+    for how in sorted({te.meta.steps_from for _, te in traces} - {"ProfilerStep"}):
+        which = [(p, te) for p, te in traces if te.meta.steps_from == how]
+        what = ("the whole trace is one step (no optimizer step or repeating region to tell iterations by)" if how == "whole trace"
+                else f"{{n}} iterations inferred, each ending with an {how}" if how == "Optimizer.step"
+                else f"{{n}} iterations inferred from the repeating top-level {how}")  # fmt: skip
+        inputs.notes.append(_note("no ProfilerStep#N", which, lambda te, what=what: what.format(n=len(te.step_bounds))))
+    for path, te in traces:
+        with _about(path, samples_path):
+            host = te.meta.host or f"worker{te.worker}"
+            meta = WorkerMeta(rank=te.worker, host=host, device=te.meta.device or f"{host}/cpu")
+            add(path, {te.worker: meta}, summarise(te.events, samples, te.step_bounds))
+            if te.meta.world_size:
+                inputs.expected_workers = max(inputs.expected_workers, te.meta.world_size)
     if not inputs.summaries:
         raise DiagnoseError(f"{files[0]}{' ...' if len(files) > 1 else ''}: no events inside any step")
+    inputs.expected_workers = max(inputs.expected_workers, len(inputs.workers))
     return inputs
 
 
-def _is_trace(path: Path) -> bool:
+@contextlib.contextmanager
+def _about(path: Path, samples_path: Path | None):
+    """A reader's or the summariser's error as the command's, naming the file it is about."""
+    from ..producers.agent.summarise import SummaryError
+    from ..producers.agent.trace import TraceError
+
+    try:
+        yield
+    except (TraceError, SummaryError) as exc:
+        raise DiagnoseError(f"{samples_path if str(exc).startswith('sample') else path}: {exc}") from None
+
+
+def _note(what: str, traces: list, how) -> str:
+    """One line for the traces read the same way: ``what: a.json: how; b.json: how`` (at most 4 named)."""
+    named = "; ".join(f"{p.name}: {how(te)}" for p, te in traces[:4])
+    more = f"; and {len(traces) - 4} more file(s)" if len(traces) > 4 else ""
+    return f"{what}: {named}{more}"
+
+
+def _given_ranks(specs: list[str], files: list[Path]) -> dict[Path, int]:
+    """``--rank FILE=N`` options, each naming one of the files."""
+    from ..schemas.events import MAX_WORKER
+
+    out: dict[Path, int] = {}
+    for spec in specs:
+        name, sep, value = spec.rpartition("=")
+        match = [f for f in files if f.resolve() == Path(name).resolve()] or [f for f in files if f.name == name]
+        if not sep or not value.isdigit() or len(value) > 8 or int(value) > MAX_WORKER:
+            raise DiagnoseError(f"--rank {spec}: expected FILE=N with N a rank 0..{MAX_WORKER}")
+        if len(match) != 1:
+            raise DiagnoseError(f"--rank {spec}: {name} is {'not one of the files given' if not match else 'more than one of the files given'}")
+        out[match[0]] = int(value)
+    return out
+
+
+def _is_trace(path: Path, max_bytes: int) -> bool:
+    """By its name, else by its first byte (opened as a regular file only: ``open_regular`` raises otherwise)."""
+    from ..producers.agent.trace import open_regular
+
     name = path.name.lower()
     if name.endswith(TABLE_SUFFIXES):
         return False
     if name.endswith(TRACE_SUFFIXES):
         return True
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(4)
-    except OSError as exc:
-        raise DiagnoseError(f"{path}: cannot read it: {exc.strerror}") from None
-    return head[:1] in (b"{", b"\x1f")
+    with open_regular(path, max_bytes) as fh:
+        return fh.read(1) in (b"{", b"\x1f")
 
 
-def _read_table(path: Path) -> pa.Table:
+def _read_table(path: Path, max_bytes: int) -> pa.Table:
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
+    from ..producers.agent.trace import TraceError, open_regular
+
     try:
-        with path.open("rb") as fh:
-            head = fh.read(4)
-    except OSError as exc:
-        raise DiagnoseError(f"{path}: cannot read it: {exc.strerror}") from None
-    try:
-        if head == b"PAR1":
-            return pq.read_table(path)
-        types = {"worker": pa.int64(), "step": pa.int64(), "start_us": pa.float64(), "duration_us": pa.float64(),
-                 "t_us": pa.float64(), "value": pa.float64(), "bytes": pa.float64()}  # fmt: skip
-        return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-        kind = "Parquet" if head == b"PAR1" else "CSV"
-        raise DiagnoseError(f"{path}: not a readable {kind} table ({str(exc).splitlines()[0]})") from None
+        fh = open_regular(path, max_bytes, "table")
+    except TraceError as exc:
+        raise DiagnoseError(f"{path}: {exc}") from None
+    with fh:
+        head = fh.read(4)
+        fh.seek(0)
+        try:
+            if head == b"PAR1":
+                return pq.read_table(fh)
+            types = {"worker": pa.int64(), "step": pa.int64(), "start_us": pa.float64(), "duration_us": pa.float64(),
+                     "t_us": pa.float64(), "value": pa.float64(), "bytes": pa.float64()}  # fmt: skip
+            return pcsv.read_csv(fh, convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+            kind = "Parquet" if head == b"PAR1" else "CSV"
+            raise DiagnoseError(f"{path}: not a readable {kind} table ({str(exc).splitlines()[0]})") from None
 
 
 def _table_workers(path: Path, t: pa.Table, peer_cols: list[str] | None, policy_keys: tuple[str, ...]) -> dict:

@@ -13,7 +13,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="run a suite of simulated scenarios through the diagnosis and score it")
-    config.add_arguments(p, ["policy", "log_level"])
+    config.add_arguments(p, ["policy", "log_level", "log_format"], only=True)
     p.add_argument("suite", type=Path, nargs="?", help="a scenario file or a folder of them (default: the standard suite)")
     p.add_argument("--json", action="store_true", help='print {"overall": {...}, "by_fault": {...}, "calibration": [...]}')
     p.add_argument("--scenarios", action="store_true", help="also list every scenario with its findings (table) or outcome (JSON)")
@@ -37,15 +37,15 @@ def _positive(value: str) -> int:
 
 def run(args) -> int:
     import logging
-    import sys
 
     from ..cli import setup_logging
+    from ..progress import Progress, wanted
     from ..evaluate import evaluate, load_suite
     from ..producers.simulator.suite import standard_suite
     from ..streams.policy import load_policy
 
     settings = config.load(args)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     log = logging.getLogger("lockstep.evaluate")
     policy = load_policy(settings.policy)
     if args.detector:
@@ -53,16 +53,15 @@ def run(args) -> int:
     if args.days != 1.0 or args.runs != 40 or args.seed != 0 or args.series:
         raise config.ConfigError("--runs, --days, --seed and --series apply to --detector only")
     scenarios = load_suite(args.suite) if args.suite else standard_suite()
-    interactive = sys.stderr.isatty() and not args.json
 
-    def progress(i: int, n: int, r) -> None:
-        if interactive:
-            print(f"\r{i}/{n} {r.name:40s}", end="", file=sys.stderr, flush=True)
-        log.debug("%s: %d findings in %.2fs", r.name, len(r.findings), r.seconds)
+    with Progress(wanted(args.json), "scenarios", total=len(scenarios), unit="scenario") as bar:
 
-    summary, results = evaluate(scenarios, policy, progress)
-    if interactive:
-        print("\r" + " " * 50 + "\r", end="", file=sys.stderr)
+        def progress(i: int, n: int, r) -> None:  # noqa: ARG001
+            bar.status(r.name)
+            bar.update()
+            log.debug("%s: %d findings in %.2fs", r.name, len(r.findings), r.seconds)
+
+        summary, results = evaluate(scenarios, policy, progress)
     if args.json:
         if args.scenarios:
             summary["scenarios"] = [scenario_json(r) for r in results]
@@ -106,7 +105,7 @@ def _pct(x) -> str:
 
 
 def report(summary: dict, policy_ref: str, suite: str) -> str:
-    from ..output import table
+    from ..output import plural, table
 
     rows = []
     for name, f in [*summary["by_fault"].items(), ("overall", summary["overall"])]:
@@ -119,7 +118,7 @@ def report(summary: dict, policy_ref: str, suite: str) -> str:
     headers = ["fault", "scen", "faults", "accuracy", "recall", "precision", "worker", "host", "device", "function", "cause", "false", "conf", "impact err"]
     o = summary["overall"]
     lines = [
-        f"Suite: {suite}, {o['scenarios']} scenarios; policy {policy_ref}; {o['seconds']:.0f}s of diagnosis and simulation.",
+        f"Suite: {suite}, {plural(o['scenarios'], 'scenario')}; policy {policy_ref}; {o['seconds']:.0f} s of diagnosis and simulation.",
         "",
         table(headers, rows),
         "",

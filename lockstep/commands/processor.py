@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+
 from .. import config
+
+log = logging.getLogger("lockstep.processor")
+
+
+#: the settings the processor reads (its --help lists these)
+SETTINGS = [*config.KAFKA, *config.TOPICS, "faust", "processor_id", "policy", "step_timeout_s", "window_timeout_s"]
 
 
 def register(sub) -> None:
     p = sub.add_parser("processor", help="run the stream processor (faust worker: detector, step and window stages)")
-    config.add_arguments(p)
     p.add_argument("--http-port", type=int, default=6066, help="port of /healthz and /metrics (default 6066)")
     p.add_argument("--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)")
     p.add_argument("--roles", default="detect,steps,windows", help="comma-separated agents to run (default: all)")
+    config.add_arguments(p, SETTINGS)
     p.set_defaults(func=run)
 
 
@@ -18,11 +26,11 @@ def run(args) -> int:
     from ..cli import setup_logging
     from ..kafka import ensure_topics
     from ..runtime import kafka
-    from ..streams.app import build_app, changelog_topics, run_worker
+    from ..streams.app import build_app, changelog_topics, run_worker, serve_http
     from ..streams.policy import load_policy
 
     settings = config.load(args)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     policy = load_policy(settings.policy)
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
     unknown = set(roles) - {"detect", "steps", "windows"}
@@ -30,6 +38,13 @@ def run(args) -> int:
         raise config.ConfigError(f"--roles: unknown role(s) {sorted(unknown)}; known: detect, steps, windows")
     with kafka(settings) as s:
         ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
-        app, _ = build_app(s, policy, http_port=args.http_port, http_host=args.http_host, roles=roles)
-        run_worker(app, s.log_level)
+        app, st = build_app(s, policy, roles=roles)
+        http = serve_http(st, args.http_host, args.http_port)
+        log.info("processor %s starting: Kafka %s, topics %s.* (%d partitions), roles %s, policy %s (%s); /healthz and /metrics at %s",
+                 s.processor_id, s.bootstrap_servers, s.topic_prefix, s.partitions, ",".join(roles), policy.ref,
+                 s.policy or "built in", http.url)  # fmt: skip
+        try:
+            run_worker(app, s.log_level, s.log_format)
+        finally:
+            http.stop()
     return 0

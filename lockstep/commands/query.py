@@ -17,10 +17,11 @@ def register(sub) -> None:
 def run(args) -> int:
     from .. import config
     from ..output import print_json, table
-    from ..sinks.sink import query
+    from ..progress import wanted
+    from .findings import store_runner
 
     db = args.db or config.load(None).db
-    cols, rows = query(db, args.sql, tenant=args.tenant)
+    cols, rows = store_runner(db, args.tenant, wanted(args.json))(args.sql)
     if args.json:
         print_json([dict(zip(cols, r)) for r in rows])
     else:

@@ -3,12 +3,20 @@
 Sends a ``RawRequest`` on the control topic; each named worker's agent answers
 with a ``RawTrace`` on the raw topic: a bounded, redacted, zstd-compressed slice
 of its last window's Chrome trace (or the reason it has none).  The slices are
-written as ``<out>/<job>.<window>.rank<N>.trace.json``, which Perfetto and
-chrome://tracing open.
+written as ``<out>/<job>.<window>.rank<N>.trace.json`` (``last`` for the window
+when none was named), which Perfetto and chrome://tracing open.
+
+Anything that can write to the raw topic (every training process) can answer, so an
+answer counts only when it carries this request's id, job, window and one of its
+workers; file names are built from the request's own values only, never from an
+answer's; and an answer's trace may expand to at most :data:`EXPANSION` times the
+request's byte bound.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 import uuid
 from pathlib import Path
@@ -16,8 +24,26 @@ from pathlib import Path
 from .. import config
 
 
+log = logging.getLogger("lockstep.raw")
+
+#: an answer's trace may expand to this many times the request's ``max_bytes`` (JSON traces compress ~10x)
+EXPANSION = 32
+
+
 class RawError(RuntimeError):
     """No worker answered a raw request in time."""
+
+
+def answers_request(req, rec) -> bool:
+    """Whether a RawTrace answers this RawRequest: its id, job, window (when one was named) and a worker it named."""
+    return rec.request == req.request and rec.job == req.job and rec.worker in req.workers and (not req.window or rec.window == req.window)
+
+
+def trace_file(out: Path, req, worker: int) -> Path:
+    """Where a worker's slice is written: from the request's values only (an answer names no path)."""
+    from ..producers.agent.retention import safe_file_name
+
+    return out / f"{safe_file_name(req.job)}.{safe_file_name(req.window or 'last')}.rank{int(worker)}.trace.json"
 
 
 def _ints(text: str) -> list[int]:
@@ -29,7 +55,7 @@ def _ints(text: str) -> list[int]:
 
 def register(sub) -> None:
     p = sub.add_parser("raw", help="fetch a slice of the raw profiler trace that named workers kept")
-    config.add_arguments(p)
+    config.add_arguments(p, config.KAFKA)
     p.add_argument("job", help="the job")
     p.add_argument("--workers", required=True, help="ranks that should send their slice, e.g. 2,5")
     p.add_argument("--window", default="", help="the window (default: the last one each worker kept)")
@@ -71,7 +97,10 @@ def request_raw(settings, req, timeout_s: float) -> dict[int, object]:
                     rec = decode(msg.value(), RawTrace)
                 except RecordError:
                     continue
-                if rec.request == req.request:
+                if not answers_request(req, rec):
+                    log.warning("ignored a raw-trace answer that is not for request %s (request %.64r, job %.64r, window %.64r, worker %d)",
+                                req.request, rec.request, rec.job, rec.window, rec.worker)  # fmt: skip
+                elif rec.worker not in answers:  # the first answer of a worker counts
                     answers[rec.worker] = rec
     finally:
         consumer.close()
@@ -81,6 +110,7 @@ def request_raw(settings, req, timeout_s: float) -> dict[int, object]:
 def run(args) -> int:
     from ..output import print_json, table
     from ..producers.agent.retention import decompress
+    from ..schemas.compression import CompressionError
     from ..schemas.records import RawRequest, to_builtins
 
     settings = config.load(args)
@@ -98,20 +128,34 @@ def run(args) -> int:
         raise RawError(f"no worker of {args.job} answered within {args.timeout:g}s (are the agents running, with this --topic-prefix?)")
     args.out.mkdir(parents=True, exist_ok=True)
     rows, out = [], []
+    unreadable = 0
     for w in workers:
         a = answers.get(w)
         if a is None:
             rows.append([w, "-", "-", "-", "-", "no answer"])
             continue
-        path = ""
+        path, error = "", a.error
         if a.trace:
-            path = str(args.out / f"{a.job}.{a.window}.rank{w}.trace.json")
-            Path(path).write_bytes(decompress(a.trace))
+            try:
+                data = decompress(a.trace, EXPANSION * req.max_bytes)
+            except CompressionError as exc:
+                unreadable += 1
+                error = f"unreadable answer: {exc}"
+            else:
+                path = str(trace_file(args.out, req, w))
+                _write_new(Path(path), data)
         rows.append([w, a.window or "-", ",".join(map(str, a.steps)) or "-", f"{a.events}/{a.events_total}" + (" (cut)" if a.truncated else ""),
-                     len(a.trace), path or a.error])  # fmt: skip
-        out.append({**{k: v for k, v in to_builtins(a).items() if k != "trace"}, "bytes": len(a.trace), "file": path})
+                     len(a.trace), path or error])  # fmt: skip
+        out.append({**{k: v for k, v in to_builtins(a).items() if k not in ("trace", "error")}, "error": error, "bytes": len(a.trace), "file": path})
     if args.json:
         print_json(out)
     else:
         print(table(["worker", "window", "steps", "events", "bytes", "file / error"], rows, max_width=90))
-    return 0 if len(answers) == len(workers) else 1
+    return 0 if len(answers) == len(workers) and not unreadable else 1
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path``, replacing a file there but never following a link planted in its place."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

@@ -9,7 +9,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="run a simulated fleet from a scenario file")
-    config.add_arguments(p)
+    config.add_arguments(p, [*config.KAFKA, *config.TOPICS])
     p.add_argument("scenario", type=Path, help="scenario file (YAML or JSON)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, metavar="DIR", help="write the records (Parquet) and the ground truth (truth.json) to DIR")
@@ -23,15 +23,19 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..cli import setup_logging
     from ..producers.simulator.fleet import Scenario
+    from ..progress import Progress, wanted
+    from ..units import number
 
     settings = config.load(args)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     scenario = Scenario.load(args.scenario)
+    show = wanted()
     if args.out:
         from ..producers.simulator.files import write_records
 
-        w = write_records(scenario, args.out)
-        print(f"{w.heartbeats} heartbeats, {w.feature_batches} feature batches ({w.feature_rows} function rows) "
+        with Progress(show, "simulating", total=0, unit="step") as bar:
+            w = write_records(scenario, args.out, progress=lambda step, last: (bar.set_total(last), bar.update()))
+        print(f"{number(w.heartbeats)} heartbeats, {number(w.feature_batches)} feature batches ({number(w.feature_rows)} function rows) "
               f"of window(s) {', '.join(w.windows)} and the ground truth written to {w.folder}")  # fmt: skip
         return 0
     if not args.publish:
@@ -48,8 +52,13 @@ def run(args) -> int:
         topics = ensure_topics(s)
         control = ControlFollower(consumer_config(s, None), topics.control, scenario.job)
         try:
-            res = run_live(FleetSimulator(scenario), Publisher(producer_config(s)), control, topics,
-                           steps_per_s=args.steps_per_s, max_steps=args.max_steps, stop_after_windows=args.windows)  # fmt: skip
+            with Progress(show, "publishing") as bar:
+
+                def progress(step, res) -> None:
+                    bar.status(f"step {step}, {len(res.windows_done)} of {args.windows} window(s) delivered")
+
+                res = run_live(FleetSimulator(scenario), Publisher(producer_config(s)), control, topics, steps_per_s=args.steps_per_s,
+                               max_steps=args.max_steps, stop_after_windows=args.windows, progress=progress)  # fmt: skip
         finally:
             control.close()
     print(f"{res.steps} steps; windows delivered: {', '.join(res.windows_done) or 'none'}; refused triggers: {len(res.refused)}")

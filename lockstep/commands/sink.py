@@ -10,11 +10,15 @@ from .. import config
 log = logging.getLogger("lockstep.sink")
 
 
+#: the settings the sink reads (its --help lists these)
+SETTINGS = [*config.KAFKA, *config.TOPICS, "sink_group", "db", "routes", "resolve_min_coverage", "resolve_after_s", "series_keep_steps"]
+
+
 def register(sub) -> None:
-    p = sub.add_parser("sink", help="run the DuckDB sink (findings, windows, triggers, incidents; pages; serves read-only SQL)")
-    config.add_arguments(p)
-    p.add_argument("--http-port", type=int, default=0, help="port of /healthz, /metrics and /query (default: any free port)")
+    p = sub.add_parser("sink", help="run the DuckDB sink (findings, windows, triggers, incidents; pages; serves read-only SQL and the live page)")
+    p.add_argument("--http-port", type=int, default=0, help="port of the live page (/), /healthz, /metrics and /query (default: any free port)")
     p.add_argument("--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)")
+    config.add_arguments(p, SETTINGS)
     p.set_defaults(func=run)
 
 
@@ -31,31 +35,36 @@ def run(args) -> int:
     from ..sinks.store import FindingsStore
 
     settings = config.load(args)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     paging = routes.load(settings.routes) if settings.routes else None  # validated before anything starts
-    with kafka(settings) as s:
-        topics = ensure_topics(s)
-        store = FindingsStore(s.db, IncidentPolicy(resolve_min_coverage=s.resolve_min_coverage, stale_after_s=s.resolve_after_s))
-        publisher = Publisher(producer_config(s))
-        metrics = Metrics()
-        pager = Pager(store, paging, metrics).start() if paging else None
-        sink = Sink(store, consumer_config(s, s.sink_group), [topics.findings, topics.windows, topics.control], topics.deadletter,
-                    publisher, metrics, control_topic=topics.control, pager=pager)  # fmt: skip
-        server = QueryServer(sink, s.db, port=args.http_port, host=args.http_host).start()
-        log.info("sink writing %s; read-only SQL at %s/query; paging %s", s.db, server.url,
-                 f"{len(paging.routes)} route(s) from {s.routes}" if paging else "off (no --routes)")  # fmt: skip
+    # the store next: a file that is not a findings store, or one another sink holds, stops it before Kafka is asked
+    store = FindingsStore(settings.db, IncidentPolicy(resolve_min_coverage=settings.resolve_min_coverage, stale_after_s=settings.resolve_after_s),
+                          series_keep_steps=settings.series_keep_steps)  # fmt: skip
+    try:
+        with kafka(settings) as s:
+            topics = ensure_topics(s)
+            publisher = Publisher(producer_config(s))
+            metrics = Metrics("sink")
+            pager = Pager(store, paging, metrics).start() if paging else None
+            sink = Sink(store, consumer_config(s, s.sink_group), [topics.findings, topics.windows, topics.control, topics.series], topics.deadletter,
+                        publisher, metrics, control_topic=topics.control, pager=pager)  # fmt: skip
+            server = QueryServer(sink, s.db, port=args.http_port, host=args.http_host).start()
+            log.info("sink writing %s; live page at %s/ and read-only SQL at %s/query (token in %s; `lockstep report --live-url` "
+                     "prints the page's address with it); paging %s", s.db, server.url, server.url, server.sidecar,
+                     f"{len(paging.routes)} route(s) from {s.routes}" if paging else "off (no --routes)")  # fmt: skip
 
-        def stop(signum, frame):  # noqa: ARG001
-            sink.stop()
+            def stop(signum, frame):  # noqa: ARG001
+                sink.stop()
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        try:
-            sink.run()
-        finally:
-            if pager:
-                pager.stop()
-            server.stop()
-            publisher.close()
-            store.close()
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
+            try:
+                sink.run()
+            finally:
+                if pager:
+                    pager.stop()
+                server.stop()
+                publisher.close()
+    finally:
+        store.close()
     return 0

@@ -19,6 +19,8 @@ import cramjam
 import msgspec
 import numpy as np
 
+from ...schemas.compression import CompressionError, zstd_decompress
+
 log = logging.getLogger("lockstep.agent")
 
 Bounds = dict[int, tuple[float, float]]
@@ -28,8 +30,14 @@ def compress(data: bytes) -> bytes:
     return bytes(cramjam.zstd.compress(data, level=3))
 
 
-def decompress(data: bytes) -> bytes:
-    return bytes(cramjam.zstd.decompress(data))
+#: the most a kept raw trace may expand to when it is read back (a window of a busy job's profiler
+#: output; a file that expands further is not one the agent wrote)
+MAX_TRACE_BYTES = 2 << 30
+
+
+def decompress(data: bytes, max_bytes: int = MAX_TRACE_BYTES) -> bytes:
+    """A zstd-compressed trace, bounded (:func:`~lockstep.schemas.compression.zstd_decompress`)."""
+    return zstd_decompress(data, max_bytes)
 
 
 @dataclass
@@ -85,7 +93,8 @@ def slice_trace(trace: dict, bounds: Bounds, steps: list[int] | None, max_bytes:
     return Slice(best, wanted, lo, len(by_length), True)
 
 
-def _safe(name: str) -> str:
+def safe_file_name(name: str) -> str:
+    """``name`` as one file-name component: letters, digits, ``-_.`` (others become ``_``), at most 200."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:200] or "_"
 
 
@@ -105,14 +114,14 @@ class RawStore:
             log.warning("raw trace of window %s is %d bytes compressed, over the %d-byte bound: keeping its %d longest of %d events",
                         window, len(data), self.max_bytes, sl.events, sl.events_total)  # fmt: skip
             data = sl.data
-        path = self.dir / f"{_safe(window)}.trace.json.zst"
+        path = self.dir / f"{safe_file_name(window)}.trace.json.zst"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(data)
         meta = {"window": window, "bounds": {str(k): list(v) for k, v in bounds.items()}}
-        (self.dir / f"{_safe(window)}.meta.json").write_text(json.dumps(meta))
+        (self.dir / f"{safe_file_name(window)}.meta.json").write_text(json.dumps(meta))
         tmp.replace(path)
         for old in self.dir.iterdir():
-            if not old.name.startswith(f"{_safe(window)}."):
+            if not old.name.startswith(f"{safe_file_name(window)}."):
                 old.unlink(missing_ok=True)
         return path
 
@@ -120,12 +129,15 @@ class RawStore:
         """(window, trace, step bounds) of the kept window if it is ``window`` (or any, for ""), else None."""
         metas = sorted(self.dir.glob("*.meta.json")) if self.dir.is_dir() else []
         for meta_path in metas:
-            meta = json.loads(meta_path.read_text())
-            if window and meta["window"] != window:
-                continue
-            trace_path = self.dir / f"{_safe(meta['window'])}.trace.json.zst"
-            if not trace_path.exists():
-                continue
-            trace = msgspec.json.decode(decompress(trace_path.read_bytes()))
-            return meta["window"], trace, {int(k): (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}
+            try:
+                meta = json.loads(meta_path.read_text())
+                if window and meta["window"] != window:
+                    continue
+                trace_path = self.dir / f"{safe_file_name(meta['window'])}.trace.json.zst"
+                if not trace_path.exists():
+                    continue
+                trace = msgspec.json.decode(decompress(trace_path.read_bytes()))
+                return meta["window"], trace, {int(k): (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}
+            except (OSError, ValueError, KeyError, TypeError, CompressionError, msgspec.DecodeError) as exc:
+                log.warning("raw trace %s cannot be read back (%s); it is not sent", meta_path, exc)
         return None

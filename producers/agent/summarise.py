@@ -3,9 +3,13 @@
 Pure and vectorised (numpy / pyarrow), for every (worker, step) of the input at once.
 
 **Critical path.**  Within a worker's step every instant counts for at most one
-function: GPU kernels > memory copies > communication > CPU / Python, and among
-events of the same class the one that started last (the innermost of nested
-regions).  ``critical_us`` is the time so credited; ``critical_us / step time``
+function: GPU kernels > memory copies > communication > sync waits > CPU /
+Python, and among events of the same class the one that started last (the
+innermost of nested regions).  A sync wait (kind ``sync``: the host blocked in a
+synchronize or a blocking copy) outranks the CPU work around it, so the region
+that called it is never charged for the wait; device work of the step that runs
+meanwhile outranks the wait, so what is left to it is time the device spent on
+something else (work an earlier step launched) or idle.  ``critical_us`` is the time so credited; ``critical_us / step time``
 is the function's share beta.  Instants where nothing ran are idle.  Events are
 clipped to their step's bounds for this.
 
@@ -30,11 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas import functions as ft
-from ...schemas.events import OP_EVENT_REQUIRED, SAMPLE_REQUIRED
+from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_REQUIRED, SAMPLE_REQUIRED
 from ...schemas.records import FUNCTION_KINDS
 
 #: critical-path classes, higher wins
-GPU, COPY, COMM, CPU = 3, 2, 1, 0
+GPU, COPY, COMM, SYNC, CPU = 4, 3, 2, 1, 0
 #: sample metric -> resources whose functions it describes (None: every function)
 METRIC_RESOURCES: dict[str, tuple[str, ...] | None] = {
     "sm_clock_mhz": ("gpu",),
@@ -177,8 +181,12 @@ def _events(t: pa.Table) -> dict[str, np.ndarray]:
     }
     if not (np.all(np.isfinite(out["start"])) and np.all(np.isfinite(out["dur"]))) or np.any(out["dur"] < 0):
         raise SummaryError("op-event start_us and duration_us must be finite, duration_us >= 0")
+    if np.any(out["dur"] > MAX_DURATION_US) or np.any(np.abs(out["start"]) > MAX_TIME_US):
+        raise SummaryError(f"op-event duration_us {out['dur'].max():g} or start_us beyond what a profiler measures (at most {MAX_DURATION_US:g} and {MAX_TIME_US:g})")
     if np.any(out["worker"] < 0) or np.any(out["step"] < 0):
         raise SummaryError("op-event worker and step must be >= 0")
+    if np.any(out["worker"] > MAX_WORKER) or np.any(out["step"] > MAX_STEP):
+        raise SummaryError(f"op-event worker {out['worker'].max()} or step {out['step'].max()} out of range (worker 0..{MAX_WORKER}, step 0..{MAX_STEP})")
     fenc = _column(t, "function", pa.string(), "op-event").dictionary_encode()
     out["fcode"] = fenc.indices.to_numpy().astype(np.int64)
     out["fnames"] = np.asarray(fenc.dictionary.to_pylist(), dtype=object)
@@ -217,6 +225,7 @@ def _first_index(groups: np.ndarray, n: int) -> np.ndarray:
 def _priority(kind: np.ndarray, resource: np.ndarray) -> np.ndarray:
     p = np.where(resource == "gpu", GPU, CPU)
     p = np.where(np.isin(kind, ("collective", "p2p")), COMM, p)
+    p = np.where(kind == "sync", SYNC, p)
     return np.where(kind == "memcpy", COPY, p)
 
 

@@ -1,18 +1,47 @@
 """PyTorch profiler Chrome-trace JSON -> op-event table (:data:`lockstep.schemas.events.OP_EVENT_SCHEMA`).
 
 One trace file is one worker, as ``torch.profiler`` writes it
-(``export_chrome_trace`` or ``tensorboard_trace_handler``, optionally gzipped):
-the rank comes from ``distributedInfo.rank``, the steps from the
-``ProfilerStep#N`` annotations, and traces without any GPU activity (CPU-only
-jobs) are read the same way.
+(``export_chrome_trace`` or ``tensorboard_trace_handler``, optionally gzipped),
+CPU-only or with device activity (CUDA, ROCm, MTIA), in today's Kineto format or
+the older one (``Operator`` / ``Runtime`` / ``Kernel`` categories).
+
+**Who.**  The rank comes from ``distributedInfo.rank``, else from the file name
+(``rank-3``, ``rank3``, ``rank_3``, ``worker3``), else it is left to the caller
+(``worker`` is None).  The host is the trace's ``hostName`` / ``host_name``, else
+the file name up to its first dot (``tensorboard_trace_handler`` writes
+``<host>_<pid>.<time>.pt.trace.json``; the ``_<pid>`` is dropped); the device is
+``<host>/gpu<N>`` (``mtia<N>``) for the accelerator that ran most device events.
+
+**Steps.**  ``ProfilerStep#N`` annotations give the steps.  Without them the
+iterations are inferred: each ``Optimizer.step`` ends one (the first begins with
+the trace), else each occurrence of the top-level annotation that repeats and
+covers at least half the trace is one, else the whole trace is step 0;
+``meta.steps_from`` says which.  CPU events belong to the step whose span holds
+their start (of overlapping spans, the one begun last).
+Device events (kernels, copies, memsets, device-side NCCL kernels) belong to the
+step that *launched* them: the runtime call with the same ``correlation``, else
+the ``ac2g`` flow that ends on them, gives the launch time (a device event with
+neither falls back to its own start).  A step spans from its start to the end of
+the last device work it launched, so GPU work that runs after the CPU moved on,
+and the last step's, stays with its step.
 
 Which events become functions, and under which stable name:
 
-- **GPU kernels** (``kernel``): each one, named by its normalised kernel name
-  (no return type, no argument list).  NCCL kernels are collectives (``p2p``
-  for send/recv), everything else ``compute`` on the ``gpu``.
+- **Device kernels** (``kernel``, ROCm's and other ``gpu_*`` device categories,
+  MTIA's ``mtia_ccp_events``): each one by its normalised kernel name (no return
+  type, no argument list).  NCCL kernels are collectives (``p2p`` for send/recv),
+  everything else ``compute`` on the ``gpu``.
 - **Copies** (``gpu_memcpy``, ``gpu_memset``): ``memcpy``; host<->device over
-  ``pcie``, peer-to-peer over ``nvlink``, on-device on the ``gpu``.
+  ``pcie``, peer-to-peer over ``nvlink``, on-device on the ``gpu``.  Only
+  host-to-device copies carry ``bytes``: the worker's input.
+- **Sync waits** (``sync``): runtime calls that block the host until the device
+  catches up: device / stream / event synchronize, synchronous copies, and an
+  asynchronous copy call still running when its copy began (it waited for the
+  stream to get there and for the copy: ``cudaMemcpyAsync`` from or to pageable
+  memory); ``cuda_sync`` records of a call the trace
+  does not hold; a device's own event waits (MTIA ``event_wait``).  Named by
+  the call.  Other runtime calls (launches) stay part of the CPU function that
+  made them.
 - **Communication on CPU threads** (``nccl:*``, ``gloo:*``, ``c10d::*``):
   collectives by name and process group, e.g. ``gloo:all_reduce[default_pg]``.
 - **CPU regions**: ``record_function`` annotations and Python frames
@@ -23,26 +52,36 @@ Which events become functions, and under which stable name:
   it; operators outside every region (top-level ``aten::*``) are functions of
   their own (``compute`` on the ``cpu``).
 
-Regions nest; the summariser credits each instant to the innermost one.  An
-event belongs to the step whose ``ProfilerStep#N`` span holds its start.
+Regions nest; the summariser credits each instant to the innermost one.
+
+**Bounds.**  A file larger than ``max_bytes`` (after decompression, read in
+chunks), nested deeper than the decoder allows, a step number or rank beyond
+what records can carry, or an event lasting more than ``MAX_DURATION_US`` is a
+:class:`TraceError` that says so; nothing is read without a limit.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import re
-from dataclasses import dataclass, field
+import stat
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from ...schemas.events import OP_EVENT_SCHEMA
+from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_SCHEMA
 
 MAX_NAME = 200
+#: largest trace accepted, after decompression (a JSON trace decodes to a few times its size in memory)
+MAX_TRACE_BYTES = 2 << 30
+_CHUNK = 16 << 20
 
 
 class TraceError(ValueError):
@@ -59,20 +98,39 @@ class ProcessGroup:
 @dataclass
 class TraceMeta:
     host: str = ""
-    device: str = ""  # "<host>/gpu<N>" when the trace holds GPU activity, else ""
+    device: str = ""  # "<host>/gpu<N>" when the trace holds device activity, else ""
     backend: str = ""  # distributed backend: nccl, gloo, ...
     world_size: int | None = None
     process_groups: tuple[ProcessGroup, ...] = ()
-    gpu: str = ""  # GPU model from deviceProperties
+    gpu: str = ""  # device model from deviceProperties
     trace_id: str = ""
+    rank_from: str = ""  # "given" | "trace" (distributedInfo.rank) | "file name" | "" (unknown: worker is None)
+    steps_from: str = ""  # "ProfilerStep" | "Optimizer.step" | "region <name>" | "whole trace"
 
 
 @dataclass
 class TraceEvents:
-    worker: int
+    worker: int | None  # None: neither the caller, the trace nor the file name said (events carry worker -1)
     events: pa.Table  # OP_EVENT_SCHEMA
     step_bounds: dict[int, tuple[float, float]]  # step -> (start_us, end_us) on this worker's clock
     meta: TraceMeta = field(default_factory=TraceMeta)
+
+    def with_worker(self, worker: int, rank_from: str = "given") -> TraceEvents:
+        """The same events as another worker's (a rank the caller decided)."""
+        col = pa.array(np.full(self.events.num_rows, worker, dtype=np.int64))
+        events = self.events.set_column(0, OP_EVENT_SCHEMA.field("worker"), col)
+        return replace(self, worker=worker, events=events, meta=replace(self.meta, rank_from=rank_from))
+
+
+class _Args(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    correlation: Any = None
+    device: Any = None
+    bytes: Any = None
+    pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+
+
+_NO_ARGS = _Args()
 
 
 class _Event(msgspec.Struct, forbid_unknown_fields=False):
@@ -83,7 +141,8 @@ class _Event(msgspec.Struct, forbid_unknown_fields=False):
     tid: int | str = 0
     ts: float = 0.0
     dur: float = 0.0
-    args: dict[str, Any] = {}
+    id: int | str | None = None
+    args: _Args = _NO_ARGS
 
 
 class _Trace(msgspec.Struct, forbid_unknown_fields=False):
@@ -91,108 +150,280 @@ class _Trace(msgspec.Struct, forbid_unknown_fields=False):
     distributedInfo: dict[str, Any] = {}  # noqa: N815
     deviceProperties: list[dict[str, Any]] = []  # noqa: N815
     host_name: str = ""
+    hostName: str = ""  # noqa: N815
     trace_id: str = ""
 
 
 _decoder = msgspec.json.Decoder(_Trace)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _CALL_SITE = re.compile(r"^(?P<path>.*?)\((?P<line>\d+)\): (?P<func>.*)$")
+_FILE_RANK = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d{1,8})(?!\d)", re.I)
 _COMM_PREFIXES = ("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")
 _P2P = re.compile(r"send|recv", re.I)
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: calls that block the host until the device is done: synchronize, synchronous copies (no "Async")
+_BLOCKING_CALL = re.compile(r"synchronize|^(?:cuda|hip|cu)Memcpy(?!.*Async)", re.I)
+#: the Kineto format before 1.9 named the categories differently
+_LEGACY_CATS = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}
 CPU_CATS = ("cpu_op", "user_annotation", "python_function")
+COPY_CATS = ("gpu_memcpy", "gpu_memset")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "mtia_runtime", "xpu_runtime", "xpu_driver", "privateuse1_runtime", "privateuse1_driver")
+SYNC_CATS = ("cuda_sync", "xpu_sync")
+MTIA_CATS = ("mtia_ccp_events",)
+FLOW_CATS = ("ac2g", "async")
+#: device categories that are not work: annotations mirrored on the device's timeline
+_NOT_DEVICE_WORK = ("gpu_user_annotation",)
 
 
-def read_chrome_trace(source: str | Path | dict, worker: int | None = None) -> TraceEvents:
+def read_chrome_trace(source: str | Path | dict, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES) -> TraceEvents:
     """Read one worker's trace: a file path (``.json`` or ``.json.gz``) or the parsed JSON object."""
-    trace = _load(source)
-    dist = trace.distributedInfo or {}
+    trace = _load(source, max_bytes)
+    path = None if isinstance(source, dict) else Path(source)
+    dist = trace.distributedInfo
+    rank_from = "given"
     if worker is None:
-        rank = dist.get("rank")
-        if not isinstance(rank, int) or rank < 0:
-            raise TraceError("no distributedInfo.rank in the trace (not a torch.distributed job?); give the worker's rank explicitly")
-        worker = rank
-    host = trace.host_name or ""
+        worker, rank_from = _rank(dist.get("rank"), path)
+    elif not 0 <= worker <= MAX_WORKER:
+        raise TraceError(f"rank {worker} is out of range (0..{MAX_WORKER})")
+    host = trace.hostName or trace.host_name or (_file_host(path) if path else "")
     groups = tuple(
-        ProcessGroup(str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), tuple(int(r) for r in pg.get("ranks", []) or []))
+        ProcessGroup(str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), tuple(int(r) for r in pg.get("ranks", []) or [] if isinstance(r, int)))
         for pg in dist.get("pg_config", []) or []
         if isinstance(pg, dict)
     )
-    ev = [e for e in trace.traceEvents if e.ph == "X" and (e.cat in GPU_CATS or e.cat in CPU_CATS)]
-    bounds: dict[int, tuple[float, float]] = {}
-    for e in ev:
-        m = _STEP.match(e.name) if e.cat == "user_annotation" else None
-        if m and int(m.group(1)) not in bounds:
-            bounds[int(m.group(1))] = (float(e.ts), float(e.ts) + float(e.dur))
-    if not bounds:
-        raise TraceError("no ProfilerStep#N annotations: profile with torch.profiler.profile(schedule=...) and call prof.step() every step")
-    gpu_pids = [e.pid for e in ev if e.cat in GPU_CATS]
-    gpu_id = max(set(gpu_pids), key=gpu_pids.count) if gpu_pids else None
+    world = dist.get("world_size")
+    events, bounds, steps_from, dev = _read_events(trace.traceEvents, -1 if worker is None else worker, host, f"[{groups[0].desc or groups[0].name}]" if len(groups) == 1 else "")
+    props = {p.get("id"): str(p.get("name", "")) for p in trace.deviceProperties or [] if isinstance(p, dict)}
     meta = TraceMeta(
         host=host,
-        device=f"{host}/gpu{gpu_id}" if gpu_id is not None else "",
+        device=f"{host}/{dev[0]}{dev[1]}" if dev else "",
         backend=str(dist.get("backend", "")),
-        world_size=dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+        world_size=world if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORKER else None,
         process_groups=groups,
-        gpu=str((trace.deviceProperties or [{}])[0].get("name", "")) if trace.deviceProperties else "",
+        gpu=props.get(dev[1], "") if dev else next(iter(props.values()), ""),
         trace_id=trace.trace_id,
+        rank_from=rank_from if worker is not None else "",
+        steps_from=steps_from,
     )
-    pg_suffix = f"[{groups[0].desc or groups[0].name}]" if len(groups) == 1 else ""
-    return TraceEvents(worker=worker, events=_events(ev, worker, bounds, host, pg_suffix), step_bounds=dict(sorted(bounds.items())), meta=meta)
+    return TraceEvents(worker=worker, events=events, step_bounds=bounds, meta=meta)
 
 
-def _load(source: str | Path | dict) -> _Trace:
+def file_rank(path: Path) -> int | None:
+    """The rank a file name carries (``rank-3``, ``rank3``, ``rank_3``, ``worker3``), or None."""
+    m = _FILE_RANK.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _rank(rank: object, path: Path | None) -> tuple[int | None, str]:
+    if rank is not None:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= MAX_WORKER:
+            raise TraceError(f"distributedInfo.rank {rank!r} is not a rank (an integer 0..{MAX_WORKER})")
+        return rank, "trace"
+    r = file_rank(path) if path else None
+    return (r, "file name") if r is not None else (None, "")
+
+
+def _file_host(path: Path) -> str:
+    return re.sub(r"_\d+$", "", path.name.split(".", 1)[0])
+
+
+# --------------------------------------------------------------------------- bounded reading
+
+
+def open_regular(source: str | Path, max_bytes: int, what: str = "file") -> BinaryIO:
+    """A regular file opened for reading, refused when it is larger than ``max_bytes``.
+
+    Opened without blocking (a FIFO never hangs the reader) and checked to be a
+    regular file, not a device such as ``/dev/zero`` (through a symlink or not),
+    a FIFO or a directory, before anything is read.
+    """
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise TraceError(f"cannot read it: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        os.close(fd)
+        mode = st.st_mode
+        if stat.S_ISREG(mode):
+            raise TraceError(f"{what} of {st.st_size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)")
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise TraceError(f"not a regular file ({kind})")
+    return os.fdopen(fd, "rb")
+
+
+def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> bytes | bytearray:
+    """A regular file's bytes (:func:`open_regular`), gunzipped when it is gzip, in chunks, never more than ``max_bytes``."""
+    with open_regular(source, max_bytes, what) as fh:
+        head = fh.read(2)
+        if head != b"\x1f\x8b":
+            raw = head + fh.read(max_bytes + 1 - len(head))
+            if len(raw) > max_bytes:  # it grew since it was opened
+                raise TraceError(f"{what} is larger than the limit of {max_bytes:,} bytes (--max-input-mb)")
+            return raw
+        size = os.fstat(fh.fileno()).st_size
+        if size >= 4:  # gzip's trailer holds the size modulo 2^32: refuse an announced bomb before inflating it
+            fh.seek(size - 4)
+            announced = int.from_bytes(fh.read(4), "little")
+            if announced > max_bytes:
+                raise TraceError(f"gzip {what} unpacks to {announced:,} bytes, more than the limit of {max_bytes:,} (--max-input-mb)")
+        fh.seek(0)
+        out = bytearray()
+        try:
+            with gzip.GzipFile(fileobj=fh) as gz:
+                while chunk := gz.read(min(_CHUNK, max_bytes + 1 - len(out))):
+                    out += chunk
+                    if len(out) > max_bytes:
+                        raise TraceError(f"gzip {what} unpacks to more than the limit of {max_bytes:,} bytes (--max-input-mb)")
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"not a readable gzip file ({exc})") from None
+        return out
+
+
+def _load(source: str | Path | dict, max_bytes: int) -> _Trace:
     try:
         if isinstance(source, dict):
             return msgspec.convert(source, _Trace)
-        path = Path(source)
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        return _decoder.decode(raw)
-    except OSError as exc:
-        raise TraceError(f"cannot read it: {exc.strerror or exc}") from None
-    except (msgspec.DecodeError, msgspec.ValidationError, EOFError, gzip.BadGzipFile) as exc:
+        return _decoder.decode(read_bounded(source, max_bytes))
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise TraceError(f"not a Chrome-trace JSON object with traceEvents ({exc})") from None
+    except RecursionError:
+        raise TraceError("not a Chrome-trace JSON object with traceEvents (nested too deeply)") from None
 
 
-def _events(ev: list[_Event], worker: int, bounds: dict[int, tuple[float, float]], host: str, pg_suffix: str) -> pa.Table:
-    n = len(ev)
-    cat = np.array([e.cat for e in ev], dtype=object)
-    name = np.array([e.name for e in ev], dtype=object)
-    ts = np.fromiter((e.ts for e in ev), dtype=np.float64, count=n)
-    dur = np.fromiter((e.dur for e in ev), dtype=np.float64, count=n)
-    stream = np.array([f"{e.pid}/{e.tid}" for e in ev], dtype=object)
+# --------------------------------------------------------------------------- events
 
-    # the step whose ProfilerStep span holds the event's start
+
+def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tuple[pa.Table, dict[int, tuple[float, float]], str, tuple[str, int] | None]:
+    x = [e for e in ev if e.ph == "X"]
+    n = len(x)
+    cat = np.array([e.cat for e in x], dtype="U32")  # categories are short identifiers: fixed width compares in C
+    for old, new in _LEGACY_CATS.items():
+        cat[cat == old] = new
+    name = np.array([e.name for e in x], dtype=object)
+    ts = np.fromiter((e.ts for e in x), dtype=np.float64, count=n)
+    dur = np.fromiter((e.dur for e in x), dtype=np.float64, count=n)
+    stream = np.array([f"{e.pid}/{e.tid}" for e in x], dtype=object)
+    names = pa.array(name.tolist(), pa.string())  # string predicates in Arrow: kernel names run to thousands of characters
+
+    is_cpu = np.isin(cat, CPU_CATS)
+    ops = np.flatnonzero(cat == "cpu_op")  # old traces wrote record_function regions as operators too
+    op_names = names.take(pa.array(ops))
+    cat[ops[_starts(op_names, "ProfilerStep#") | _starts(op_names, "Optimizer.") | _has(op_names, "DataLoader")]] = "user_annotation"
+    is_runtime = np.isin(cat, RUNTIME_CATS)
+    is_sync_rec = np.isin(cat, SYNC_CATS)
+    is_copy = np.isin(cat, COPY_CATS)
+    is_dev = is_copy | (cat == "kernel") | np.isin(cat, MTIA_CATS) | (np.char.startswith(cat, "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
+
+    used = is_cpu | is_runtime | is_sync_rec | is_dev
+    broken = used & (~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > MAX_TIME_US) | (dur > MAX_DURATION_US))
+    if broken.any():
+        i = int(np.flatnonzero(broken)[0])
+        raise TraceError(f"event {_cap(str(name[i]))!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)")
+    dur = np.maximum(dur, 0.0)
+
+    corr = _ints([x[i].args.correlation for i in np.flatnonzero(is_dev | is_runtime | is_sync_rec)], n, is_dev | is_runtime | is_sync_rec)
+
+    # ---- steps
+    bounds, steps_from = _profiler_steps(name, names, cat, ts, dur)
+    if not bounds:
+        bounds, steps_from = _inferred_steps(name, names, cat, ts, dur, stream, is_cpu, is_dev)
+    if not bounds:
+        return OP_EVENT_SCHEMA.empty_table(), {}, steps_from, None
     steps = np.array(sorted(bounds), dtype=np.int64)
-    starts = np.array([bounds[s][0] for s in steps])
-    ends = np.array([bounds[s][1] for s in steps])
-    k = np.searchsorted(starts, ts, side="right") - 1
-    in_step = (k >= 0) & (ts < ends[np.clip(k, 0, None)])
-    is_step = np.array([bool(_STEP.match(x)) for x in name]) & (cat == "user_annotation")
+    starts = np.array([bounds[s][0] for s in steps], dtype=np.float64)
+    ends = np.array([bounds[s][1] for s in steps], dtype=np.float64)
 
-    gpu = np.isin(cat, GPU_CATS)
-    cpu = ~gpu & ~is_step
-    comm = cpu & np.array([x.startswith(_COMM_PREFIXES) for x in name])
+    # ---- launches: the runtime call with the same correlation id, else the flow that ends on the device event
+    rt_idx = np.flatnonzero(is_runtime & (corr >= 0))
+    launch = ts.copy()
+    runtime_of = np.full(n, -1, dtype=np.int64)
+    dev_idx = np.flatnonzero(is_dev)
+    if dev_idx.size and rt_idx.size:
+        runtime_of[dev_idx] = _lookup(corr[rt_idx], rt_idx, corr[dev_idx])
+    found = runtime_of[dev_idx] >= 0
+    launch[dev_idx[found]] = ts[runtime_of[dev_idx[found]]]
+    missing = dev_idx[~found]
+    if missing.size:
+        via_flow = _flow_launch(ev, stream[missing], ts[missing])
+        ok = np.isfinite(via_flow)
+        launch[missing[ok]] = via_flow[ok]
+
+    # ---- sync waits: blocking runtime calls, sync records of calls the trace lacks, device-side waits
+    blocking = np.zeros(n, dtype=bool)
+    if rt_idx.size:
+        calls = names.take(pa.array(rt_idx)).dictionary_encode()  # a few distinct calls, thousands of times each
+        blocks = np.array([bool(_BLOCKING_CALL.search(c)) for c in calls.dictionary.to_pylist()], dtype=bool)
+        blocking[rt_idx] = blocks[calls.indices.to_numpy(zero_copy_only=False)]
+    waited = dev_idx[found & is_copy[dev_idx]]  # an async copy call still running when its copy began: it waited for it
+    if waited.size:
+        r = runtime_of[waited]
+        copy_call = _has(names.take(pa.array(r)), "memcpy", ignore_case=True)
+        hit = copy_call & (ts[r] + dur[r] > ts[waited])
+        blocking[r[hit]] = True
+    sync_rec = np.flatnonzero(is_sync_rec & (name != "Stream Wait Event"))
+    if sync_rec.size:
+        blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = True  # the call itself is not in the trace
+    dev_wait = np.isin(cat, MTIA_CATS)
+    dev_wait[dev_wait] = _has(names.filter(pa.array(dev_wait)), "wait", ignore_case=True)
+    is_dev &= ~dev_wait
+    sync = blocking | dev_wait
+
+    # ---- the step of each event: CPU work by its start, device work by its launch
+    when = np.where(is_dev, launch, ts)
+    k = np.searchsorted(starts, when, side="right") - 1
+    in_step = (k >= 0) & (when < ends[np.clip(k, 0, None)])
+    is_step = is_cpu & (cat == "user_annotation") & _starts(names, "ProfilerStep#")
+
+    cpu = is_cpu & ~is_step
+    comm = cpu & np.logical_or.reduce([_starts(names, p) for p in _COMM_PREFIXES])
     region = cpu & ~comm & (cat != "cpu_op")
-    keep = in_step & (gpu | comm | region | (cpu & (cat == "cpu_op") & ~_nested(stream, ts, dur, cpu)))
+    keep = in_step & (is_dev | sync | comm | region | (cpu & (cat == "cpu_op") & ~_nested(stream, ts, dur, cpu)))
     idx = np.flatnonzero(keep)
 
-    # name each distinct (category, name, process group) once; traces repeat the same kernels thousands of times
-    named: dict[tuple[str, str, str], tuple[str, str, str]] = {}
-    keys = [(cat[i], name[i], (_pg(ev[i]) if comm[i] else "") or pg_suffix) for i in idx]
-    fn, kind, res = (list(x) for x in zip(*[named.get(k) or named.setdefault(k, _classify(*k)) for k in keys])) if keys else ([], [], [])
-    nbytes = np.array([_bytes(ev[i]) if cat[i] == "gpu_memcpy" else np.nan for i in idx], dtype=np.float64)
-    device = np.array([f"{host}/gpu{ev[i].pid}" if gpu[i] else None for i in idx], dtype=object)
-    return pa.Table.from_pydict(
+    # a step lasts until the last device work it launched ended
+    d = idx[is_dev[idx]]
+    np.maximum.at(ends, k[d], ts[d] + dur[d])
+    out_bounds = {int(s): (float(a), float(b)) for s, a, b in zip(steps, starts, ends)}
+
+    # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
+    # (kind of accelerator, number), named once
+    dev_no = np.full(n, -1, dtype=np.int64)
+    dev_no[dev_idx] = _ints([x[i].args.device if x[i].args.device is not None else x[i].pid for i in dev_idx], dev_idx.size, None)
+    mtia = np.isin(cat, MTIA_CATS)
+    code = np.where(dev_no >= 0, 2 * dev_no + mtia, -1)
+    codes, counts = np.unique(code[dev_idx][code[dev_idx] >= 0], return_counts=True)
+    labels = np.array([f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes], dtype=object)
+    main = int(codes[np.argmax(counts)]) if codes.size else None  # the accelerator that ran most device events
+    device = np.full(idx.size, None, dtype=object)
+    on_dev = is_dev[idx] & (code[idx] >= 0)
+    device[on_dev] = labels[np.searchsorted(codes, code[idx][on_dev])]
+    device[sync[idx]] = labels[np.searchsorted(codes, main)] if main is not None else None
+    dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
+
+    # name each distinct (category, name, process group, sync) once: traces repeat the same kernels thousands of times
+    pg = np.full(idx.size, pg_suffix, dtype=object)
+    on_comm = np.flatnonzero(comm[idx])
+    pg[on_comm] = [_pg(x[i]) or pg_suffix for i in idx[on_comm]]
+    key = pc.binary_join_element_wise(pa.array(cat[idx].tolist(), pa.string()), names.take(pa.array(idx)), pa.array(pg.tolist(), pa.string()),
+                                      pa.array(np.where(sync[idx], "s", "").tolist(), pa.string()), "\x00").dictionary_encode()  # fmt: skip
+    which = key.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    first = np.full(len(key.dictionary), -1, dtype=np.int64)
+    first[which[::-1]] = np.arange(which.size - 1, -1, -1)
+    named = [_classify(cat[idx[j]], name[idx[j]], pg[j], bool(sync[idx[j]])) for j in first]
+    fn, kind, res = (np.array([t[c] for t in named], dtype=object)[which].tolist() for c in range(3)) if named else ([], [], [])
+    htod = cat[idx] == "gpu_memcpy"
+    htod[htod] = _has(names.take(pa.array(idx[htod])), "HtoD")
+    nbytes = np.full(idx.size, np.nan)
+    if htod.any():
+        nbytes[htod] = [_bytes(x[i].args.bytes) for i in idx[htod]]
+    table = pa.Table.from_pydict(
         {
             "worker": np.full(idx.size, worker, dtype=np.int64),
             "step": steps[k[idx]],
             "function": fn,
             "kind": kind,
             "start_us": ts[idx],
-            "duration_us": np.maximum(dur[idx], 0.0),
+            "duration_us": dur[idx],
             "host": [host or None] * idx.size,
             "device": device.tolist(),
             "resource": res,
@@ -201,6 +432,120 @@ def _events(ev: list[_Event], worker: int, bounds: dict[int, tuple[float, float]
         },
         schema=OP_EVENT_SCHEMA,
     )
+    return table, out_bounds, steps_from, dev_main
+
+
+def _ints(values: list, n: int, where: np.ndarray | None) -> np.ndarray:
+    """Non-negative integers (ids, device numbers) of some events; -1 where absent or not an integer."""
+    try:  # the usual case, integers and nulls, converted in C
+        a = pa.array(values)
+        if not (pa.types.is_integer(a.type) or pa.types.is_null(a.type)):
+            raise TypeError(a.type)
+        v = a.cast(pa.int64()).fill_null(-1).to_numpy()
+        v = np.where((v >= 0) & (v < 2**62), v, -1)
+    except (pa.ArrowException, TypeError, OverflowError):  # strings, floats, booleans, huge numbers: one by one
+        v = np.array([int(a) if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 2**62 else -1 for a in values], dtype=np.int64)
+    if where is None:
+        return v
+    out = np.full(n, -1, dtype=np.int64)
+    out[np.flatnonzero(where)] = v
+    return out
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``values`` at the first position of each query in ``keys``; -1 where absent (or the query is -1)."""
+    out = np.full(queries.size, -1, dtype=np.int64)
+    if keys.size == 0:
+        return out
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    pos = np.minimum(np.searchsorted(sk, queries), sk.size - 1)
+    hit = (queries >= 0) & (sk[pos] == queries)
+    out[hit] = values[order][pos[hit]]
+    return out
+
+
+def _flow_launch(ev: list[_Event], dev_stream: np.ndarray, dev_ts: np.ndarray) -> np.ndarray:
+    """Launch time of device events from flow events: a flow starts (``s``) at the launch and ends (``f``) where
+    the device event starts, on its timeline; NaN where no flow ends on the event."""
+    out = np.full(dev_ts.size, np.nan)
+    fl = [e for e in ev if e.ph in ("s", "f") and e.cat in FLOW_CATS and e.id is not None]
+    if not fl:
+        return out
+    is_f = np.array([e.ph == "f" for e in fl], dtype=bool)
+    fid = np.array([str(e.id) for e in fl])
+    fts = np.fromiter((e.ts for e in fl), dtype=np.float64, count=len(fl))
+    fstream = np.array([f"{e.pid}/{e.tid}" for e in fl], dtype=object)
+    # (timeline, start) of each flow end and each device event, as one comparable number
+    _, code = np.unique(np.concatenate([fstream[is_f], dev_stream]).astype(str), return_inverse=True)
+    n_f = int(is_f.sum())
+    t0 = float(min(fts.min(), dev_ts.min()))
+    span = float(max(fts.max(), dev_ts.max()) - t0) + 1.0
+    f_key = code[:n_f] * span + (fts[is_f] - t0)
+    d_key = code[n_f:] * span + (dev_ts - t0)
+    if n_f == 0:
+        return out
+    order = np.argsort(f_key, kind="stable")
+    pos = np.minimum(np.searchsorted(f_key[order], d_key), n_f - 1)
+    hit = np.flatnonzero(f_key[order][pos] == d_key)
+    if hit.size == 0:
+        return out
+    starts_id, first = np.unique(fid[~is_f], return_index=True)
+    if starts_id.size == 0:
+        return out
+    want = fid[is_f][order][pos[hit]]
+    p = np.minimum(np.searchsorted(starts_id, want), starts_id.size - 1)
+    ok = starts_id[p] == want
+    out[hit[ok]] = fts[~is_f][first][p[ok]]
+    return out
+
+
+def _profiler_steps(name, names, cat, ts, dur) -> tuple[dict[int, tuple[float, float]], str]:
+    bounds: dict[int, tuple[float, float]] = {}
+    for i in np.flatnonzero((cat == "user_annotation") & _starts(names, "ProfilerStep#")):
+        m = _STEP.match(name[i])
+        if not m:
+            continue
+        digits = m.group(1)
+        if len(digits) > 10 or int(digits) > MAX_STEP:
+            raise TraceError(f"{_cap(name[i])}: a step number beyond {MAX_STEP}")
+        bounds.setdefault(int(digits), (float(ts[i]), float(ts[i] + dur[i])))
+    return bounds, "ProfilerStep"
+
+
+def _inferred_steps(name, names, cat, ts, dur, stream, is_cpu, is_dev) -> tuple[dict[int, tuple[float, float]], str]:
+    """Iterations of a trace without ``ProfilerStep#N``: optimizer steps, else a repeating top-level region, else one step."""
+    work = is_cpu | is_dev
+    if not work.any():
+        return {}, "whole trace"
+    t_first = float(ts[work].min())
+    t_last = float((ts + dur)[work].max())
+    opt = np.flatnonzero(is_cpu & _starts(names, "Optimizer.step"))
+    opt = opt[~_nested(stream, ts, dur, np.isin(np.arange(name.size), opt))[opt]]  # a wrapping optimizer's inner step is not another
+    if opt.size >= 2:
+        opt_end = np.sort(ts[opt] + dur[opt])
+        begin = np.concatenate([[t_first], opt_end[:-1]])
+        return {i: (float(b), float(e)) for i, (b, e) in enumerate(zip(begin, opt_end))}, "Optimizer.step"
+    ann = is_cpu & (cat == "user_annotation")
+    top = np.flatnonzero(ann & ~_nested(stream, ts, dur, is_cpu))
+    if top.size:
+        u, inv, counts = np.unique(name[top], return_inverse=True, return_counts=True)
+        total = np.bincount(inv, weights=dur[top])
+        total[counts < 2] = 0.0
+        best = int(np.argmax(total))
+        if total[best] >= 0.5 * (t_last - t_first):
+            occ = np.sort(top[inv == best], kind="stable")
+            occ = occ[np.argsort(ts[occ], kind="stable")]
+            return {i: (float(ts[j]), float(ts[j] + dur[j])) for i, j in enumerate(occ)}, f"region {u[best]}"
+    return {0: (t_first, t_last)}, "whole trace"
+
+
+def _starts(names: pa.Array, prefix: str) -> np.ndarray:
+    return pc.starts_with(names, prefix).to_numpy(zero_copy_only=False)
+
+
+def _has(names: pa.Array, sub: str, ignore_case: bool = False) -> np.ndarray:
+    return pc.match_substring(names, sub, ignore_case=ignore_case).to_numpy(zero_copy_only=False)
 
 
 def _nested(stream: np.ndarray, ts: np.ndarray, dur: np.ndarray, among: np.ndarray) -> np.ndarray:
@@ -221,36 +566,37 @@ def _nested(stream: np.ndarray, ts: np.ndarray, dur: np.ndarray, among: np.ndarr
 
 
 def _pg(e: _Event) -> str:
-    return str(e.args.get("Process Group Description") or e.args.get("Process Group Name") or "")
+    return str(e.args.pg_desc or e.args.pg_name or "")
 
 
-def _bytes(e: _Event) -> float:
-    b = e.args.get("bytes")
-    return float(b) if isinstance(b, (int, float)) and not isinstance(b, bool) else np.nan
+def _bytes(b: object) -> float:
+    return float(b) if isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1e18 else np.nan
 
 
-def _classify(cat: str, name: str, pg: str) -> tuple[str, str, str]:
+def _classify(cat: str, name: str, pg: str, sync: bool) -> tuple[str, str, str]:
     """(function, kind, resource) of a kept event; ``pg`` names its process group ("[default_pg]" or "")."""
-    if cat == "kernel":
-        key = kernel_key(name)
-        if "nccl" in name.lower():
-            return key, "p2p" if _P2P.search(key) else "collective", "nic"
-        return key, "compute", "gpu"
-    if cat in ("gpu_memcpy", "gpu_memset"):
+    if sync:
+        return _cap(name), "sync", "none"
+    if cat in COPY_CATS:
         resource = "pcie" if ("HtoD" in name or "DtoH" in name) else "nvlink" if "PtoP" in name else "gpu"
         return _cap(name), "memcpy", resource
-    if name.startswith(_COMM_PREFIXES):
-        suffix = pg if pg.startswith("[") or not pg else f"[{pg}]"
-        return _cap(name + suffix), "p2p" if _P2P.search(name) else "collective", "nic"
-    if cat == "python_function":
-        return _cap(call_site(name)), "python", "cpu"
-    if cat == "user_annotation":
-        if name.startswith("Optimizer."):
-            return _cap(name), "optimizer", "cpu"
-        if "dataloader" in name.lower():
-            return _cap(name), "dataloader", "cpu"
-        return _cap(call_site(name)), "python", "cpu"
-    return _cap(name.removeprefix("autograd::engine::evaluate_function: ")), "compute", "cpu"
+    if cat in CPU_CATS:
+        if name.startswith(_COMM_PREFIXES):
+            suffix = pg if pg.startswith("[") or not pg else f"[{pg}]"
+            return _cap(name + suffix), "p2p" if _P2P.search(name) else "collective", "nic"
+        if cat == "python_function":
+            return _cap(call_site(name)), "python", "cpu"
+        if cat == "user_annotation":
+            if name.startswith("Optimizer."):
+                return _cap(name), "optimizer", "cpu"
+            if "dataloader" in name.lower():
+                return _cap(name), "dataloader", "cpu"
+            return _cap(call_site(name)), "python", "cpu"
+        return _cap(name.removeprefix("autograd::engine::evaluate_function: ")), "compute", "cpu"
+    key = kernel_key(name)  # device work: kernels, and other accelerators' device events
+    if "nccl" in name.lower():
+        return key, "p2p" if _P2P.search(key) else "collective", "nic"
+    return key, "compute", "gpu"
 
 
 def kernel_key(name: str) -> str:

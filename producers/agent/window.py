@@ -1,8 +1,8 @@
 """From a finished profiling window to feature batches, on the agent's window thread.
 
 Chrome trace -> :func:`read_chrome_trace` (op events and step bounds) -> hardware
-samples moved onto the trace's clock -> :func:`summarise` (one function table per
-step) -> redaction -> one :class:`FeatureBatch` per step of the window.  The raw
+samples moved onto the trace's clock -> redaction of the events' names -> :func:`summarise`
+(one function table per step) -> one :class:`FeatureBatch` per step of the window.  The raw
 trace is kept by the :class:`~lockstep.producers.agent.retention.RawStore`.
 
 The trace reader and the summariser are ``trace.py`` and ``summarise.py``, the same
@@ -74,15 +74,16 @@ def to_trace_clock(samples: pa.Table, offset_us: float) -> pa.Table:
 
 
 def feature_batches(
-    summaries: list, trigger: ProfileTrigger, meta: WorkerMeta, hardware: str, redaction: Redaction, *, tenant: str = "", now: float | None = None
+    summaries: list, trigger: ProfileTrigger, meta: WorkerMeta, hardware: str, *, tenant: str = "", now: float | None = None
 ) -> list[FeatureBatch]:
-    """One FeatureBatch per summarised step of the window (steps outside it are dropped)."""
+    """One FeatureBatch per summarised step of the window (steps outside it are dropped).  The summaries were made
+    from redacted op events (:func:`process_window`): two names that redact alike are one function."""
     now = time.time() if now is None else now
     out = []
     for s in summaries:
         if not trigger.start_step <= s.step < trigger.start_step + trigger.steps or not s.step_time_us > 0:
             continue
-        table = redaction.table(s.functions)
+        table = s.functions
         out.append(
             FeatureBatch(
                 job=trigger.job, window=trigger.window, step=s.step, window_start=trigger.start_step,
@@ -126,10 +127,10 @@ def process_window(
         del prof
     try:
         te = read_chrome_trace(path, worker=meta.rank)  # from the file: the reader's typed decoding is the fastest
-        events = without_thread_events(te.events, own_threads)
+        events = redaction.table(without_thread_events(te.events, own_threads))  # names as they may leave the host
         samples = to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries_unix_us))
         summaries = summarise(events, samples if samples.num_rows else None, te.step_bounds, min_share=min_share)
-        batches = feature_batches(summaries, trigger, meta, hardware, redaction, tenant=tenant)
+        batches = feature_batches(summaries, trigger, meta, hardware, tenant=tenant)
         store.keep(trigger.window, raw, te.step_bounds)
     finally:
         Path(path).unlink(missing_ok=True)

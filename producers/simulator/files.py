@@ -40,7 +40,8 @@ class Written:
     folder: Path
 
 
-def write_records(scenario: Scenario, folder: Path) -> Written:
+def write_records(scenario: Scenario, folder: Path, progress=None) -> Written:
+    """``progress(step, last)`` hears every simulated step (the CLI's progress bar)."""
     folder.mkdir(parents=True, exist_ok=True)
     fleet = FleetSimulator(scenario)
     topo = fleet.topology
@@ -64,6 +65,8 @@ def write_records(scenario: Scenario, folder: Path) -> Written:
     batches = 0
     clock = EPOCH
     for step in range(last):
+        if progress:
+            progress(step, last)
         sim = fleet.step(step, readings=step in profiled)
         clock += sim.sync_step_us / 1e6
         for w in windows:

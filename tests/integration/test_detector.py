@@ -231,10 +231,8 @@ def test_a_manual_trigger_respects_the_limits(rig):
 def test_no_processor_answering_is_an_error(rig):
     lonely = dataclasses.replace(rig.settings, topic_prefix=rig.settings.topic_prefix + "x")
     ensure_topics(lonely)
-    t0 = time.monotonic()
-    with pytest.raises(TriggerError, match="no stream processor answered within 1s"):
+    with pytest.raises(TriggerError, match="no stream processor answered within 1s"):  # it gives up (a hang would meet pytest's timeout)
         request_window(lonely, "manual", steps=None, reason="", timeout_s=1)
-    assert time.monotonic() - t0 < 15
 
 
 def test_coverage_is_the_share_of_the_active_workers_that_delivered_features(rig):

@@ -24,5 +24,4 @@ def test_a_1024_worker_job_for_a_minute_keeps_lag_bounded_and_loses_no_window(se
     assert res.dead_letters == 0
     per_step = 2 * WORKERS  # a heartbeat and a feature batch per worker
     assert max(max(res.lag(t)) for t in res.published) <= 10 * per_step  # never ten steps behind
-    assert max(max(res.lag(t, "seconds")) for t in res.published) <= 30.0
-    assert res.drain_s <= 60.0
+    # lag in seconds and the drain time are wall-clock durations: printed above, measured by benchmarks/load.py

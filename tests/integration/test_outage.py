@@ -3,6 +3,10 @@
 The agent spools to disk (bounded: the oldest records go first and are counted), the training step
 does not wait for it, and what was not dropped arrives once Kafka answers again; the drops are reported
 to the pipeline in the heartbeats' ``agent`` counters.  RELIABILITY.md quotes the figures it prints.
+
+No wall-clock duration is compared here (on a shared machine one flakes): ``agent.step()`` is held to
+the training thread's own CPU time and to how often it slept (waited for anything), both unaffected by
+other processes.  The step-time ratio before/during the outage is ``benchmarks/outage.py``'s figure.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ class Training:
         self.agent = agent
         self.model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
-        self.step_s: list[float] = []  # the whole iteration, agent included
-        self.agent_s: list[float] = []  # agent.step() alone
+        self.step_s: list[float] = []  # the whole iteration, agent included (wall clock: printed, never compared)
+        self.agent_cpu_s: list[float] = []  # agent.step() alone: the training thread's own CPU time
+        self.agent_waits: list[int] = []  # agent.step() alone: how often the training thread slept in it
 
-    def run(self, steps: int, during=None) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, steps: int, during=None, waits=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         first = len(self.step_s)
         for i in range(steps):
             t0 = time.perf_counter()
@@ -43,21 +48,21 @@ class Training:
             self.opt.step()
             self.opt.zero_grad()
             time.sleep(0.004)
-            t1 = time.perf_counter()
+            w1, c1 = waits(), time.thread_time()
             self.agent.step()
-            t2 = time.perf_counter()
-            self.step_s.append(t2 - t0)
-            self.agent_s.append(t2 - t1)
+            self.agent_cpu_s.append(time.thread_time() - c1)
+            self.agent_waits.append(waits() - w1)
+            self.step_s.append(time.perf_counter() - t0)
             if during and i % 50 == 0:
                 during()
-        return np.array(self.step_s[first:]), np.array(self.agent_s[first:])
+        return tuple(np.array(x[first:]) for x in (self.step_s, self.agent_cpu_s, self.agent_waits))  # type: ignore[return-value]
 
 
 def spool_bytes(path) -> int:
     return sum(p.stat().st_size for p in path.glob("*.spool"))
 
 
-def test_broker_outage_spools_without_slowing_training_and_reports_what_the_bound_dropped(tmp_path):
+def test_broker_outage_spools_without_blocking_training_and_reports_what_the_bound_dropped(tmp_path, thread_waits):
     port = free_port()
     settings = Settings(bootstrap_servers=f"127.0.0.1:{port}", topic_prefix="outage", partitions=1)
     broker = EmbeddedBroker(port=port).start()
@@ -67,16 +72,16 @@ def test_broker_outage_spools_without_slowing_training_and_reports_what_the_boun
         agent = attach(job="outage-job", bootstrap_servers=settings.bootstrap_servers, topic_prefix="outage", rank=0, world_size=1,
                        host="h0", spool_dir=spool, spool_max_bytes=SPOOL_MAX, delivery_timeout_s=1.0, flush_interval_s=0.05)  # fmt: skip
         train = Training(agent)
-        before, _ = train.run(300)
+        before, _, _ = train.run(300, waits=thread_waits)
         broker.stop()  # Kafka is gone (memory storage: its topics and records with it)
         down_at = agent.current_step
         sizes: list[int] = []  # the spool's bytes on disk, every 50 steps
-        during, agent_during = train.run(2500, during=lambda: sizes.append(spool_bytes(spool)))
+        during, agent_cpu, agent_waits = train.run(2500, during=lambda: sizes.append(spool_bytes(spool)), waits=thread_waits)
         assert agent.report().kafka_down
         broker = EmbeddedBroker(port=port).start()  # Kafka is back, empty
         ensure_topics(settings)
         back_at, t_back = agent.current_step, time.monotonic()
-        after, _ = train.run(300)
+        train.run(300, waits=thread_waits)
         assert wait_for(lambda: agent.report().spooled_now == 0 and not agent.report().kafka_down, 60), agent.report()
         drain_s = time.monotonic() - t_back
         dropped = agent.report().counters.dropped_records  # records still in flight at the outage's end are counted by now
@@ -86,10 +91,11 @@ def test_broker_outage_spools_without_slowing_training_and_reports_what_the_boun
     finally:
         broker.stop()
 
-    # training was not slowed while Kafka was away, and agent.step() never waited for it
-    slowdown = float(np.median(during) / np.median(before))
-    assert slowdown < 1.25, (np.median(before), np.median(during))
-    assert np.percentile(agent_during, 99) < 0.002 and agent_during.max() < 0.1
+    # agent.step() never waited for Kafka while it was away: the training thread hardly ever slept in it (a GIL
+    # hand-over to the agent's own thread can make it sleep once in a while), and its own CPU time stayed small
+    slept = int(np.count_nonzero(agent_waits))
+    assert slept <= 0.05 * agent_waits.size, f"agent.step() slept in {slept} of {agent_waits.size} steps"
+    assert np.percentile(agent_cpu, 99) < 0.002 and agent_cpu.max() < 0.1, (np.percentile(agent_cpu, 99), agent_cpu.max())
     # the spool stayed within its bound and dropped its oldest records, and said how many
     assert max(sizes) <= SPOOL_MAX and dropped > 0
     steps = {b.step for b in beats if not b.final}
@@ -100,7 +106,8 @@ def test_broker_outage_spools_without_slowing_training_and_reports_what_the_boun
     reported = [b.agent.dropped_records for b in beats if b.agent]
     assert reported and max(reported) == dropped  # the pipeline hears of the drops
     print(f"\nRELIABILITY outage: {back_at - down_at} steps without Kafka; step time p50 {np.median(before) * 1e3:.2f} ms before, "
-          f"{np.median(during) * 1e3:.2f} ms during (x{slowdown:.3f}); agent.step() p50 {np.median(agent_during) * 1e6:.0f} us, "
-          f"p99 {np.percentile(agent_during, 99) * 1e6:.0f} us, max {agent_during.max() * 1e3:.2f} ms; spool at most {max(sizes)} bytes on disk, bound {SPOOL_MAX}; "
+          f"{np.median(during) * 1e3:.2f} ms during (wall clock; the benchmark measures the ratio); agent.step() CPU p50 {np.median(agent_cpu) * 1e6:.0f} us, "
+          f"p99 {np.percentile(agent_cpu, 99) * 1e6:.0f} us, max {agent_cpu.max() * 1e3:.2f} ms, slept in {slept} of {agent_waits.size} steps; "
+          f"spool at most {max(sizes)} bytes on disk, bound {SPOOL_MAX}; "
           f"{dropped} oldest heartbeats dropped and reported, {back_at - down_at - dropped} delivered after the return, spool empty "
           f"{drain_s:.1f} s after it")  # fmt: skip

@@ -50,12 +50,26 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     assert by_view["top_culprits"][0][:2] == ("node0001", "node0001/gpu5")
     assert by_view["gpu_hours_lost_by_cause"][0][0] == "gpu_throttle_thermal"
 
-    # the HTML report reads the same file: the finding's evidence and the window, as pictures
-    from lockstep.commands.report import gather
+    # the HTML report reads the same file: the finding's evidence, the job's step time, the window's heatmap
     from lockstep.sinks.report import render
+    from lockstep.sinks.reportdata import gather
+    from lockstep.sinks.sink import query
 
     con.close()
-    found, windows, causes = gather(settings.db)
-    assert [f.devices for f in found] == [["node0001/gpu5"]] and len(windows) == 1 and causes[0].cause == "gpu_throttle_thermal"
-    page = render(found, windows, causes)
-    assert page.count("<svg") == 4 and "node0001/gpu5" in page
+    data = gather(lambda sql, params=None: query(settings.db, sql, params))
+    assert [f.devices for f in data.findings] == [["node0001/gpu5"]] and len(data.windows) == 1 and data.causes[0].cause == "gpu_throttle_thermal"
+    # the processor published the job's step times: every step the fleet ran up to the window's end, each from all 32 workers
+    points = data.series["demo-job"]
+    steps = [p.step for p in points]
+    assert steps == list(range(steps[0], steps[-1] + 1)) and steps[0] <= 5 and steps[-1] >= trigger.start_step + trigger.steps - 1
+    assert all(p.workers == 32 for p in points[:-3])
+    slow = [p.step_time_us for p in points if trigger.start_step <= p.step < trigger.start_step + trigger.steps]
+    healthy = [p.step_time_us for p in points if p.step < 35]
+    assert min(slow) > max(healthy)  # the throttled GPU (from step 40) makes every step slower
+    # ... and the window's heatmap: worker 13 is the worst row, slower than its peers in a compute kernel
+    cells = data.heatmaps[("demo-job", trigger.window)]
+    top = min(cells, key=lambda c: (c.worker_rank, c.function_rank))
+    assert top.worker == 13 and top.z > 4 and top.flagged_steps == 8
+    page = render(data)
+    assert "node0001/gpu5" in page and 'class="steps"' in page and 'class="heatmap"' in page
+    assert "slower from step" in page  # the onset of the slowdown, from the series

@@ -1,5 +1,7 @@
 """The command line: one-line errors, never a traceback."""
 
+import json
+import re
 import subprocess
 import sys
 
@@ -85,7 +87,7 @@ def test_tenant_flag_limits_query_and_findings(tmp_path):
     r = lockstep("report", "--db", str(db), "--job", "job-globex", "--out", str(page), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["findings"] == 1 and "job-globex" in page.read_text() and "job-acme" not in page.read_text()
-    assert "1 of 1 incident(s) open" in page.read_text()  # the cost by cause counts the selected job's incidents only
+    assert "1 of 1 incident open" in page.read_text()  # the cost by cause counts the selected job's incidents only
 
 
 def test_a_bad_routes_file_stops_the_sink_with_one_line(tmp_path):
@@ -96,3 +98,44 @@ def test_a_bad_routes_file_stops_the_sink_with_one_line(tmp_path):
         assert r.returncode != 0 and "Traceback" not in r.stderr
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_every_agent_setting_the_readme_lists_is_a_flag_of_agent_run(tmp_path):
+    """README: "the same names are flags of `lockstep agent run`" - identity flags included."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("| setting | default | meaning |", readme.index("Agent settings")):]
+    table = table[: table.index("\n\n")]
+    names = {n for row in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert {"rank", "host", "device", "labels", "redact", "spool_dir"} <= names
+    values = {"labels": "pp=1", "redact": "paths=strip", "spool_dir": str(tmp_path), "raw_dir": str(tmp_path), "host": "hx", "device": "hx/gpu3",
+              "nic": "hx/bond0", "switch": "leaf1", "job": "j", "tenant": "acme", "min_share": "0.01"}  # fmt: skip
+    flags = [x for n in sorted(names) for x in (f"--{n.replace('_', '-')}", values.get(n, "3"))]
+    show = "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('LOCKSTEP_AGENT_')}))"
+    r = lockstep("agent", "run", *flags, "--bootstrap-servers", "127.0.0.1:1", "--", sys.executable, "-c", show)
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)
+    assert env["LOCKSTEP_AGENT_RANK"] == "3" and env["LOCKSTEP_AGENT_HOST"] == "hx" and env["LOCKSTEP_AGENT_DEVICE"] == "hx/gpu3"
+    assert env["LOCKSTEP_AGENT_LABELS"] == "pp=1" and env["LOCKSTEP_AGENT_JOB"] == "j"
+    help_text = lockstep("agent", "run", "--help").stdout
+    assert "AGENTCFG" not in help_text and "--rank RANK" in help_text
+
+
+def test_each_commands_help_lists_the_settings_it_reads_only():
+    def flags(*command):
+        r = lockstep(*command, "--help")
+        assert r.returncode == 0, r.stderr
+        return set(re.findall(r"(--[a-z][a-z-]+)", r.stdout))
+
+    processor, sink, demo, query = flags("processor"), flags("sink"), flags("demo"), flags("query")
+    assert {"--policy", "--faust-config", "--processor-id", "--step-timeout-s", "--log-format"} <= processor
+    assert not {"--db", "--routes", "--sink-group", "--series-keep-steps"} & processor
+    assert {"--db", "--routes", "--sink-group", "--resolve-after-s", "--series-keep-steps"} <= sink
+    assert not {"--policy", "--faust-config", "--processor-id", "--step-timeout-s"} & sink
+    assert "--config" not in demo and not {"--processor-id", "--sink-group", "--routes"} & demo  # the demo's groups are its own
+    assert query == {"--help", "--db", "--tenant", "--json"}
+    # the flags the help leaves out are still accepted where they are settings (one set of flags for every process)
+    r = lockstep("processor", "--db", "x.duckdb", "--partitions", "zero")
+    assert "partitions" in r.stderr and "unrecognized" not in r.stderr

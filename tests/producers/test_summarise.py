@@ -53,6 +53,22 @@ def test_each_instant_counts_once_gpu_over_copies_over_communication_over_cpu():
     assert all(r["total_us"] >= r["critical_us"] for r in f.values())
 
 
+def test_a_sync_wait_outranks_the_cpu_around_it_and_yields_to_device_work():
+    s = summarise(events([
+        ("## data_dist ##", "python", 0, 100),  # the region that called it
+        ("aten::copy_", "compute", 5, 90, "cpu"),  # the operator inside it
+        ("cudaMemcpyAsync", "sync", 10, 80),  # blocked until the device got to the copy
+        ("gemm", "compute", 30, 20),  # device work of this step meanwhile
+        ("Memcpy DtoH", "memcpy", 88, 2),
+    ]))[0]
+    f = by_fn(s)
+    assert f["cudaMemcpyAsync"]["kind"] == "sync" and f["cudaMemcpyAsync"]["resource"] == "none"
+    assert f["cudaMemcpyAsync"]["critical_us"] == pytest.approx(58)  # 10..30, 50..88
+    assert f["gemm"]["critical_us"] == pytest.approx(20) and f["Memcpy DtoH"]["critical_us"] == pytest.approx(2)
+    assert f["aten::copy_"]["critical_us"] == pytest.approx(5 + 5)  # 5..10 and 90..95, never the wait
+    assert f["## data_dist ##"]["critical_us"] == pytest.approx(5 + 5)
+
+
 def test_nested_regions_credit_the_innermost_and_idle_time_nobody():
     s = summarise(events([("train_step", "python", 0, 100), ("slow_function", "python", 10, 50), ("log", "python", 20, 5), ("opt", "optimizer", 200, 10, "cpu")]))[0]
     f = by_fn(s)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -132,8 +135,10 @@ def test_files_plain_and_gzipped(tmp_path):
     [
         (b"not json", "not a Chrome-trace JSON"),
         (b'{"x": 1}', "not a Chrome-trace JSON"),
-        (json.dumps(trace([X("aten::mm", 1, 1)])).encode(), "no ProfilerStep#N"),
-        (json.dumps({"traceEvents": STEPS}).encode(), "no distributedInfo.rank"),
+        (b'{"traceEvents": [{"args": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001 + b"]}", "nested too deeply"),
+        (json.dumps(trace([X("ProfilerStep#99999999999999999999", 1, 10, cat="user_annotation")])).encode(), "step number beyond 2147483647"),
+        (json.dumps(trace([*STEPS, X("aten::mm", 1100, 1e300)])).encode(), "lasts 1e\\+300 µs"),
+        (json.dumps(trace([*STEPS], rank=2**63 - 1)).encode(), "distributedInfo.rank 9223372036854775807 is not a rank"),
     ],
 )
 def test_bad_traces_say_what_is_wrong(tmp_path, data, match):
@@ -143,3 +148,91 @@ def test_bad_traces_say_what_is_wrong(tmp_path, data, match):
         read_chrome_trace(p)
     with pytest.raises(TraceError, match="cannot read"):
         read_chrome_trace(tmp_path / "missing.json")
+
+
+def test_the_rank_from_the_file_name_when_the_trace_has_none(tmp_path):
+    from lockstep.producers.agent.trace import file_rank
+
+    names = {"rank-3.json": 3, "rank3.pt.trace.json.gz": 3, "trainer_rank_12.json": 12, "worker7.1623143089861.pt.trace.json": 7,
+             "sampled_rank-1.json.gz": 1, "myworker3.json": None, "framework3.json": None, "trace.json": None}  # fmt: skip
+    assert {n: file_rank(Path(n)) for n in names} == names
+    data = trace([*STEPS, X("aten::mm", 1100, 50)])
+    del data["distributedInfo"]["rank"]
+    (tmp_path / "rank-5.json").write_text(json.dumps(data))
+    t = read_chrome_trace(tmp_path / "rank-5.json")
+    assert (t.worker, t.meta.rank_from, set(t.events.column("worker").to_pylist())) == (5, "file name", {5})
+    (tmp_path / "trace.json").write_text(json.dumps(data))
+    assert read_chrome_trace(tmp_path / "trace.json").worker is None
+    assert read_chrome_trace(tmp_path / "trace.json", worker=9).meta.rank_from == "given"
+
+
+def test_host_from_the_trace_else_the_file_name(tmp_path):
+    data = trace([*STEPS, X("k", 1100, 5, cat="kernel", pid=3, tid=7)])
+    assert read_chrome_trace({**data, "hostName": "gpu-node-4"}).meta.device == "gpu-node-4/gpu3"
+    del data["host_name"]
+    (tmp_path / "node12_4711.1700000000000.pt.trace.json").write_text(json.dumps(data))  # tensorboard_trace_handler: <host>_<pid>.<ms>
+    t = read_chrome_trace(tmp_path / "node12_4711.1700000000000.pt.trace.json")
+    assert (t.meta.host, t.meta.device, t.events.column("device").to_pylist()) == ("node12", "node12/gpu3", ["node12/gpu3"])
+
+
+def test_steps_without_profiler_step_annotations():
+    opt = [X("fwd", 100, 300, cat="user_annotation"), X("Optimizer.step#AdamW.step", 400, 50, cat="user_annotation"),
+           X("fwd", 500, 300, cat="user_annotation"), X("Optimizer.step#AdamW.step", 800, 50, cat="user_annotation"),
+           X("fwd", 900, 100, cat="user_annotation")]  # fmt: skip
+    t = read_chrome_trace(trace(opt))
+    assert t.meta.steps_from == "Optimizer.step" and t.step_bounds == {0: (100.0, 450.0), 1: (450.0, 850.0)}  # the tail after the last one is no step
+    assert sorted((s, f) for s, f in rows(t)) == [(0, "Optimizer.step#AdamW.step"), (0, "fwd"), (1, "Optimizer.step#AdamW.step"), (1, "fwd")]
+    region = [X("serve", 100, 300, cat="user_annotation"), X("aten::mm", 150, 10), X("serve", 600, 300, cat="user_annotation"), X("gc", 950, 10, cat="user_annotation")]
+    t = read_chrome_trace(trace(region))
+    assert t.meta.steps_from == "region serve" and t.step_bounds == {0: (100.0, 400.0), 1: (600.0, 900.0)}
+    t = read_chrome_trace(trace([X("main", 100, 900, cat="user_annotation"), X("aten::mm", 150, 10)]))
+    assert t.meta.steps_from == "whole trace" and t.step_bounds == {0: (100.0, 1000.0)}
+
+
+def test_device_work_by_launch_through_correlation_or_flows():
+    launch = lambda ts, corr: X("cudaLaunchKernel", ts, 5, cat="cuda_runtime", correlation=corr)  # noqa: E731
+    ev = [
+        *STEPS,
+        launch(1900, 11), X("late", 2100, 700, cat="kernel", pid=0, tid=7, correlation=11),  # launched in 7, runs in 8
+        launch(2950, 12), X("last", 3000, 400, cat="kernel", pid=0, tid=7, correlation=12),  # the last step's, after its span
+        {"ph": "s", "cat": "ac2g", "id": 13, "pid": 100, "tid": 1, "ts": 1950, "name": "ac2g"},
+        {"ph": "f", "cat": "ac2g", "id": 13, "pid": 0, "tid": 9, "ts": 2200, "name": "ac2g", "bp": "e"},
+        X("flowed", 2200, 50, cat="kernel", pid=0, tid=9),  # no correlation: its flow says it was launched in 7
+        X("orphan", 2300, 10, cat="kernel", pid=0, tid=9),  # neither: the step holding its start
+        launch(1200, 14), X("Memcpy DtoH (Device -> Pageable)", 1210, 2, cat="gpu_memcpy", pid=0, tid=7, correlation=14, bytes=4),
+        X("cudaMemcpyAsync", 1300, 80, cat="cuda_runtime", correlation=15),
+        X("Memcpy DtoH (Device -> Pageable)", 1370, 2, cat="gpu_memcpy", pid=0, tid=7, correlation=15, bytes=4),  # its call waited
+        X("cudaStreamSynchronize", 1400, 30, cat="cuda_runtime", correlation=16),
+    ]
+    t = read_chrome_trace(trace(ev))
+    r = rows(t)
+    assert {(s, f) for s, f in r if f in ("late", "last", "flowed", "orphan")} == {(7, "late"), (8, "last"), (7, "flowed"), (8, "orphan")}
+    assert t.step_bounds == {7: (1000.0, 2800.0), 8: (2000.0, 3400.0)}
+    assert r[(7, "cudaMemcpyAsync")]["kind"] == "sync" and r[(7, "cudaStreamSynchronize")]["kind"] == "sync"
+    assert (7, "cudaLaunchKernel") not in r  # a launch is part of the CPU function around it
+    assert r[(7, "Memcpy DtoH (Device -> Pageable)")]["resource"] == "pcie" and math.isnan(r[(7, "Memcpy DtoH (Device -> Pageable)")]["bytes"])
+
+
+def test_reading_is_bounded(tmp_path):
+    from lockstep.producers.agent.trace import read_bounded
+
+    body = json.dumps(trace([*STEPS, X("aten::mm", 1100, 50)])).encode()
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(body))
+    assert read_bounded(tmp_path / "t.json.gz", 1 << 20) == body
+    with pytest.raises(TraceError, match=f"unpacks to {len(body):,} bytes, more than the limit of 500"):
+        read_bounded(tmp_path / "t.json.gz", 500)  # announced in the gzip trailer: refused before inflating
+    member = gzip.compress(b" " * (1 << 20))
+    (tmp_path / "multi.json.gz").write_bytes(member * 40)  # 40 MiB in 40 members, the trailer says 1 MiB
+    with pytest.raises(TraceError, match="unpacks to more than the limit of 4,194,304 bytes"):
+        read_bounded(tmp_path / "multi.json.gz", 4 << 20)
+    (tmp_path / "big.json").write_bytes(b" " * 5000)
+    with pytest.raises(TraceError, match="5,000 bytes is larger than the limit of 4,096"):
+        read_bounded(tmp_path / "big.json", 4096)
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(TraceError, match=r"not a regular file \(a FIFO\)"):
+        read_bounded(tmp_path / "fifo.json", 1 << 20)  # and no hang waiting for a writer
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    with pytest.raises(TraceError, match=r"not a regular file \(a device\)"):
+        read_bounded(tmp_path / "zero.json", 1 << 20)
+    with pytest.raises(TraceError, match=r"not a regular file \(a directory\)"):
+        read_bounded(tmp_path, 1 << 20)

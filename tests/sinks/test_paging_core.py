@@ -98,3 +98,28 @@ def test_routes_file_is_validated_at_start_up(tmp_path):
     path.write_text("routes: [{name: pd, type: pagerduty, routing_key_env: LOCKSTEP_TEST_PD}]\n")
     with pytest.raises(routes.RoutesError, match="LOCKSTEP_TEST_PD"):
         routes.load(path, env={k: v for k, v in os.environ.items() if k != "LOCKSTEP_TEST_PD"})
+
+
+def test_slack_pages_escape_what_a_function_or_job_name_could_do_there():
+    import msgspec
+
+    from lockstep.sinks.paging import Page, slack
+
+    hostile = f(function="<!channel> <https://evil.example|click> & co", job="<@U0ADMIN>")
+    hostile.summary = "worker 3: <!here> slower"
+    for action in ("trigger", "resolve"):
+        body = slack(Page(action, "inc", 1, msgspec.to_builtins(hostile), "critical", "w2", 0.0))
+        texts = []
+
+        def walk(v):
+            if isinstance(v, str):
+                texts.append(v)
+            elif isinstance(v, dict):
+                [walk(x) for x in v.values()]
+            elif isinstance(v, list):
+                [walk(x) for x in v]
+
+        walk(body)
+        assert texts and not any("<" in t or ">" in t for t in texts), texts  # no mention, no link, nothing Slack parses
+        joined = " ".join(texts)
+        assert "&lt;!channel&gt;" in joined and "&amp; co" in joined and "&lt;@U0ADMIN&gt;" in joined

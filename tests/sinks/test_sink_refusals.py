@@ -85,3 +85,20 @@ def test_a_refused_record_becomes_a_dead_letter_and_the_rest_is_stored(tmp_path)
     assert "findings store refused it" in dl.detail and msgspec.json.decode(dl.payload)["id"] == fs[2].id
     assert sink.metrics.get("dead_letters_total", reason="processing_failed", stage="sink") == 1
     store.close()
+
+
+def test_record_text_cannot_grow_or_break_the_metrics(tmp_path):
+    store = FindingsStore(tmp_path / "f.duckdb")
+    sink = Sink(store, {"bootstrap.servers": "127.0.0.1:9", "group.id": "g"}, ["t.findings"], "t.deadletter", Outbox())
+    odd = [msgspec.structs.replace(finding(w), id=f"odd{w}", cause=f'made-up-{w}"}}\nlockstep_fake 1') for w in range(50)]
+    try:
+        sink.write([Message(i, encode(f)) for i, f in enumerate([finding(1), *odd])])
+    finally:
+        sink.consumer.close()
+    assert sink.metrics.get("findings_written_total", cause="gpu_slow") == 1
+    assert sink.metrics.get("findings_written_total", cause="other") == 50  # one label, not one per cause string
+    sink.metrics.inc("agent_dropped_records", job='evil"}\nlockstep_fake 1')  # a job name is a record's text too
+    rendered = sink.metrics.render()
+    assert "lockstep_fake" not in [line.split("{")[0].split(" ")[0] for line in rendered.splitlines()]
+    assert 'job="evil\\"}\\nlockstep_fake 1"' in rendered
+    store.close()

@@ -9,7 +9,7 @@ import pytest
 
 from lockstep.schemas.records import Evidence, Finding, Impact, WindowReport
 from lockstep.sinks.sink import query, sidecar
-from lockstep.sinks.store import Batch, FindingsStore, StoreError, open_read_only
+from lockstep.sinks.store import Batch, FindingsStore, StoreError, open_read_only, tenant_sandbox
 
 
 def finding(fid="f1", conf=0.9, steps=(1, 2, 3), cause="gpu_slow", job="j"):
@@ -51,7 +51,7 @@ def test_migrations_are_versioned_and_idempotent(tmp_path):
     path = tmp_path / "f.duckdb"
     FindingsStore(path).close()
     store = FindingsStore(path)
-    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,), (3,)]
+    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,)]
 
 
 def test_query_refuses_writes(tmp_path):
@@ -150,7 +150,7 @@ def test_migrates_a_version_1_file_and_builds_its_incidents(tmp_path):
     con.close()
 
     store = FindingsStore(path)
-    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,), (3,)]
+    assert store.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,)]
     inc = store.con.execute("SELECT id, status, first_finding, windows FROM incidents").fetchall()
     assert len(inc) == 1 and inc[0][1:] == ("open", "f1", 1)
     assert store.con.execute("SELECT incident_id FROM findings").fetchall() == [(inc[0][0],)]
@@ -159,7 +159,7 @@ def test_migrates_a_version_1_file_and_builds_its_incidents(tmp_path):
     assert store.con.execute("SELECT id FROM open_findings").fetchall() == [("f1",)]
     store.write(Batch([finding(fid="f2")], [], {}))  # and it keeps working
     store.close()
-    assert FindingsStore(path).con.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == 3
+    assert FindingsStore(path).con.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == len(MIGRATIONS)
 
 
 def test_profiling_triggers_are_stored(tmp_path):
@@ -270,12 +270,12 @@ def test_views(tmp_path):
 
 BYPASSES = [
     "SELECT * FROM findings WHERE tenant <> 'acme'",
-    "SELECT * FROM query('SELECT * FROM findings') WHERE tenant <> 'acme'",
     "SELECT * FROM top_culprits WHERE tenant <> 'acme'",
     "SELECT * FROM incidents WHERE tenant <> 'acme'",
 ]
 REFUSED = [
     ("SELECT * FROM sink_offsets", "sink_offsets"),
+    ("SELECT * FROM query('SELECT * FROM findings') WHERE tenant <> 'acme'", "disabled"),
     ("SELECT * FROM read_blob('{path}')", "disabled"),
     ("SELECT * FROM read_csv('{path}')", "disabled"),
     ("ATTACH '{path}' AS other", "read-only"),
@@ -359,3 +359,37 @@ def test_tenant_restriction_through_the_running_sink(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_step_series_upserts_by_job_and_step_and_keeps_each_jobs_last_steps(tmp_path):
+    from lockstep.schemas.records import StepSeries
+
+    store = FindingsStore(tmp_path / "f.duckdb", series_keep_steps=10)
+
+    def points(job, steps, t=100.0, tenant=""):
+        return StepSeries(job=job, tenant=tenant, steps=list(steps), step_time_us=[t] * len(steps), median_us=[t / 2] * len(steps), workers=[4] * len(steps))
+
+    store.write(Batch([], [], {}, series=[points("a", range(30)), points("b", range(5), tenant="acme")]))
+    store.write(Batch([], [], {}, series=[points("a", [29], t=250.0)]))  # a step sent again (a replay): the last one wins
+    rows = dict(store.con.execute("SELECT step, step_time_us FROM step_series WHERE job = 'a'").fetchall())
+    assert len(rows) == 30 and rows[29] == 250.0 and rows[28] == 100.0
+    store.expire()
+    assert store.con.execute("SELECT job, min(step), max(step), count(*) FROM step_series GROUP BY job ORDER BY job").fetchall() == [
+        ("a", 20, 29, 10), ("b", 0, 4, 5)]  # fmt: skip
+    box = tenant_sandbox(store.con, "acme")  # the series carries its tenant like every other table
+    assert box.execute("SELECT DISTINCT job FROM step_series").fetchall() == [("b",)]
+
+
+def test_a_windows_deviation_map_replaces_its_previous_one(tmp_path):
+    from lockstep.schemas.records import DeviationMap
+
+    store = FindingsStore(tmp_path / "f.duckdb")
+
+    def dmap(workers, z):
+        return DeviationMap(job="j", window="w1", start_step=8, steps=8, workers=workers, functions=["f", "g"], z=z,
+                            flagged=[[8 if x is not None else 0 for x in row] for row in z], workers_total=len(workers), functions_total=2)  # fmt: skip
+
+    store.write(Batch([], [], {}, maps=[dmap([3, 5], [[9.0, None], [None, -4.5]])]))
+    store.write(Batch([], [], {}, maps=[dmap([3], [[7.0, 1.5]])]))
+    assert store.con.execute("SELECT worker, function, worker_rank, function_rank, z, flagged_steps FROM window_deviations ORDER BY 3, 4").fetchall() == [
+        (3, "f", 0, 0, 7.0, 8), (3, "g", 0, 1, 1.5, 8)]  # fmt: skip

@@ -82,7 +82,7 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
         assert (b.worker.rank, b.worker.labels) == (5, {"pp": "1"})
         table = ft.unpack(b.functions)
         assert table.num_rows > 0 and all(n.startswith("fn:") for n in table.column("function").to_pylist())
-        assert 0 < b.step_time_us < 5e6
+        assert b.step_time_us > 0  # how long depends on the machine's load: not compared
     heartbeats = [decode(v, StepHeartbeat) for _, v in recs[topics.heartbeats]]
     *beats, final = heartbeats
     assert [h.step for h in beats] == list(range(len(beats))) and all(not h.final for h in beats)

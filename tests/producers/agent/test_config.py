@@ -32,6 +32,7 @@ def test_the_job_falls_back_to_the_launchers_run_id():
         ({"job": "j"}, {}, "bootstrap_servers: the agent needs a Kafka"),
         ({"job": "j", "queue_max": 0}, BASE, "queue_max (from attach(queue_max=...))"),
         ({"job": "j"}, {**BASE, "LOCKSTEP_AGENT_REDACT": "names=maybe"}, "redact (from LOCKSTEP_AGENT_REDACT)"),
+        ({"job": "j"}, {**BASE, "LOCKSTEP_AGENT_REDACT": "paths=hash"}, "redact (from LOCKSTEP_AGENT_REDACT): 'paths=hash' is not valid: hashing (paths=hash or names=hash) needs a secret salt"),
         ({"job": "j", "colour": "red"}, BASE, "unknown agent setting"),
     ],
 )

@@ -1,9 +1,8 @@
-"""From summaries to feature batches: clock alignment, window bounds, redaction, the agent's own threads."""
+"""From summaries to feature batches: clock alignment, window bounds, the agent's own threads."""
 
 import numpy as np
 import pyarrow as pa
 
-from lockstep.producers.agent.redact import Redaction
 from lockstep.producers.agent.window import clock_offset_us, feature_batches, to_trace_clock, without_thread_events, without_threads
 from lockstep.schemas.events import OP_EVENT_SCHEMA
 from lockstep.schemas import functions as ft
@@ -31,17 +30,15 @@ def test_samples_move_onto_the_traces_clock():
     assert to_trace_clock(samples, clock_offset_us(bounds, {})).num_rows == 0  # no common step: no samples rather than wrong ones
 
 
-def test_one_batch_per_step_of_the_window_redacted():
+def test_one_batch_per_step_of_the_window():
     trig = ProfileTrigger(job="j", window="w", start_step=5, steps=2, expected_workers=4, sampling=Sampling(), policy="p", policy_hash="h")
     meta = WorkerMeta(rank=1, host="h1")
-    summaries = [Summary(4, table(["a"])), Summary(5, table(["/home/u/train.py(3): f", "aten::mm"])), Summary(6, table(["a"])), Summary(7, table(["a"]))]
-    out = feature_batches(summaries, trig, meta, "host", Redaction(names="hash", salt="s"), now=1.0)
+    summaries = [Summary(4, table(["a"])), Summary(5, table(["train.py(3): f", "aten::mm"])), Summary(6, table(["a"])), Summary(7, table(["a"]))]
+    out = feature_batches(summaries, trig, meta, "host", now=1.0)
     assert [b.step for b in out] == [5, 6]
     b = out[0]
     assert (b.job, b.window, b.window_start, b.window_steps, b.expected_workers, b.policy, b.hardware) == ("j", "w", 5, 2, 4, "p@h", "host")
-    names = ft.unpack(b.functions).column("function").to_pylist()
-    assert names == [Redaction(names="hash", salt="s").name("train.py(3): f"), Redaction(names="hash", salt="s").name("aten::mm")]
-    assert not any("train" in n or "home" in n for n in names)
+    assert ft.unpack(b.functions).column("function").to_pylist() == ["train.py(3): f", "aten::mm"]
 
 
 def test_the_agents_own_threads_leave_the_trace():

@@ -1,0 +1,136 @@
+"""What the processor publishes for the pictures (pure: records in, records out; no Kafka).
+
+- :class:`SeriesBuilder`: each job's step time per step from the heartbeats the detector reads (the
+  slowest worker's, the workers' median, how many reported), emitted as compact ``StepSeries``
+  records once a step is complete: a later step has been seen ``lag_steps`` ahead, or the step is
+  ``max_age_s`` old.  A heartbeat for a step already emitted is late and only counted.
+- :func:`deviation_map`: a window's worst workers x functions by robust z against their peers, from
+  the step results the window stage already holds (their flagged rows), as a ``DeviationMap``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow.compute as pc
+
+from ..schemas.records import MAX_MAP_FUNCTIONS, MAX_MAP_WORKERS, MAX_SERIES_POINTS, DeviationMap, StepHeartbeat, StepSeries
+
+
+@dataclass
+class _Job:
+    tenant: str = ""
+    open: dict[int, list[float]] = field(default_factory=dict)  # step -> step times (s) of the workers that reported it
+    opened: dict[int, float] = field(default_factory=dict)  # step -> when its first heartbeat came
+    done: list[tuple[int, float, float, int]] = field(default_factory=list)  # (step, max us, median us, workers), to emit
+    emitted_upto: int = -1  # steps at or below were emitted (or dropped as too late)
+    highest: int = -1
+
+
+class SeriesBuilder:
+    def __init__(self, lag_steps: int = 2, max_age_s: float = 10.0, flush_s: float = 1.0, max_open_steps: int = 64):
+        self.lag_steps = lag_steps
+        self.max_age_s = max_age_s
+        self.flush_s = flush_s
+        self.max_open_steps = max_open_steps
+        self.jobs: dict[str, _Job] = {}
+        self.late = 0
+        self._last_flush = -math.inf
+
+    def add(self, hb: StepHeartbeat, now: float) -> None:
+        j = self.jobs.get(hb.job)
+        if j is None:
+            j = self.jobs[hb.job] = _Job(tenant=hb.tenant)
+        if hb.step <= j.emitted_upto:
+            self.late += 1
+            return
+        times = j.open.get(hb.step)
+        if times is None:
+            if len(j.open) >= self.max_open_steps:  # a job far behind or reporting scattered steps: close its oldest
+                self._close(j, min(j.open))
+            times = j.open[hb.step] = []
+            j.opened[hb.step] = now
+        times.append(hb.step_time_s)
+        j.highest = max(j.highest, hb.step)
+
+    def _close(self, j: _Job, step: int) -> None:
+        t = np.asarray(j.open.pop(step), dtype=np.float64) * 1e6
+        j.opened.pop(step, None)
+        j.done.append((step, round(float(t.max()), 1), round(float(np.median(t)), 1), int(t.size)))  # 0.1 µs is plenty
+        j.emitted_upto = max(j.emitted_upto, step)
+
+    def due(self, now: float, force: bool = False) -> list[StepSeries]:
+        """Close complete steps; every ``flush_s`` (or when ``force``) return one record per job with new points."""
+        for j in self.jobs.values():
+            for step in sorted(j.open):
+                if step <= j.highest - self.lag_steps or now - j.opened[step] >= self.max_age_s or force:
+                    self._close(j, step)
+        if not force and now - self._last_flush < self.flush_s:
+            return []
+        self._last_flush = now
+        out = []
+        for job, j in self.jobs.items():
+            while j.done:
+                chunk, j.done = j.done[:MAX_SERIES_POINTS], j.done[MAX_SERIES_POINTS:]
+                chunk.sort()
+                out.append(StepSeries(job=job, tenant=j.tenant, steps=[c[0] for c in chunk], step_time_us=[c[1] for c in chunk],
+                                      median_us=[c[2] for c in chunk], workers=[c[3] for c in chunk], sent_at=now))  # fmt: skip
+        return out
+
+    def drop(self, jobs) -> None:
+        """Jobs whose partition went to another processor, or that the detector forgot (idle)."""
+        for job in jobs:
+            self.jobs.pop(job, None)
+
+
+def deviation_map(job: str, window: str, tenant: str, start_step: int, steps: int, results, now: float,
+                  max_workers: int = 32, max_functions: int = 16) -> DeviationMap:  # fmt: skip
+    """The worst ``max_workers`` x ``max_functions`` cells of a window by robust z against the peers.
+
+    ``results`` are the window's step results (``StepResult``: ``outliers`` holds the flagged rows of a
+    step with their ``z``).  A cell's value is the median of its z over the steps it was flagged in.
+    Workers are ranked by the sum over their cells of |z| (capped at 20) times the steps flagged, so that a
+    deviation that persisted outranks one step's spike; functions likewise among the chosen workers."""
+    max_workers, max_functions = min(max_workers, MAX_MAP_WORKERS), min(max_functions, MAX_MAP_FUNCTIONS)
+    ws, fs, zs = [], [], []
+    for r in results:
+        t = r.outliers
+        if t.num_rows:
+            ws.append(t.column("worker").to_numpy(zero_copy_only=False))
+            fs.append(np.asarray(t.column("function").to_pylist(), dtype=object))
+            zs.append(pc.fill_null(t.column("z"), math.nan).to_numpy(zero_copy_only=False))
+    empty = DeviationMap(job=job, window=window, tenant=tenant, start_step=start_step, steps=steps, workers=[], functions=[], z=[], flagged=[],
+                         created_at=now)  # fmt: skip
+    if not ws:
+        return empty
+    w, f, z = np.concatenate(ws), np.concatenate(fs).astype(str), np.concatenate(zs).astype(np.float64)
+    keep = np.isfinite(z)
+    w, f, z = w[keep], f[keep], z[keep]
+    if not w.size:
+        return empty
+    wu, wi = np.unique(w, return_inverse=True)
+    fu, fi = np.unique(f, return_inverse=True)
+    cell = wi * fu.size + fi
+    order = np.lexsort((z, cell))  # by cell, then z: each cell's values sorted, for its median
+    cell_s, z_s = cell[order], z[order]
+    starts = np.flatnonzero(np.r_[True, cell_s[1:] != cell_s[:-1]])
+    counts = np.diff(np.r_[starts, cell_s.size])
+    med = (z_s[starts + (counts - 1) // 2] + z_s[starts + counts // 2]) / 2
+    cells = cell_s[starts]
+    grid = np.full((wu.size, fu.size), np.nan)
+    n = np.zeros((wu.size, fu.size), dtype=np.int64)
+    grid[cells // fu.size, cells % fu.size] = med
+    n[cells // fu.size, cells % fu.size] = counts
+    score = np.where(np.isnan(grid), 0.0, np.minimum(np.abs(grid), 20.0)) * n
+    top_w = np.argsort(-score.sum(axis=1), kind="stable")[:max_workers]
+    top_f = np.argsort(-score[top_w].sum(axis=0), kind="stable")[:max_functions]
+    sub, subn = grid[np.ix_(top_w, top_f)], n[np.ix_(top_w, top_f)]
+    return DeviationMap(
+        job=job, window=window, tenant=tenant, start_step=start_step, steps=steps,
+        workers=[int(x) for x in wu[top_w]], functions=[str(x) for x in fu[top_f]],
+        z=[[None if math.isnan(x) else round(float(x), 2) for x in row] for row in sub],
+        flagged=[[int(x) for x in row] for row in subn],
+        workers_total=int(wu.size), functions_total=int(fu.size), created_at=now,
+    )  # fmt: skip

@@ -1,0 +1,143 @@
+"""Every subcommand, given bad arguments or bad files, answers with one line on stderr and a non-zero exit: no traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from lockstep.cli import build_parser
+
+NOKAFKA = ["--bootstrap-servers", "127.0.0.1:1"]  # nothing listens there: the command must fail before it matters
+
+#: (args, what the one line must say); {tmp}: a scratch folder, {text}: a file of plain text, {db}: an empty
+#: findings store, {other}: a DuckDB file that is not a findings store, {yaml}: YAML that is a list
+CASES = [
+    (["demo", "--workers", "0"], "--workers"),
+    (["demo", "--fault", "meteor"], "--fault"),
+    (["demo", "--culprit", "64"], "--culprit"),
+    (["demo", "--timeout", "0"], "--timeout"),
+    (["demo", "--scenario", "{text}"], "{text}"),
+    (["demo", "--db", "{text}"], "was not written by `lockstep demo`"),
+    (["demo", "--db", "{tmp}/no/such/folder/x.duckdb"], "does not exist"),
+    (["processor", "--partitions", "zero"], "partitions"),
+    (["processor", "--policy", "{tmp}/none.yaml"], "does not exist"),
+    (["processor", "--policy", "{yaml}"], "mapping"),
+    (["processor", "--roles", "detect,dance"], "--roles"),
+    (["processor", "--log-format", "xml"], "log_format"),
+    (["sink", "--db", "{text}", *NOKAFKA], "not a valid DuckDB"),
+    (["sink", "--db", "{other}", *NOKAFKA], "not a findings store"),
+    (["sink", "--routes", "{yaml}", "--db", "{tmp}/s.duckdb", *NOKAFKA], "{yaml}"),
+    (["test-page", "--routes", "{tmp}/none.yaml"], "No such file"),
+    (["test-page", "--routes", "{text}"], "{text}"),
+    (["agent", "run", "--job", "j", *NOKAFKA], "give the command after --"),
+    (["agent", "run", "--job", "j", *NOKAFKA, "--", "no-such-command-anywhere"], "not found"),
+    (["agent", "env", "--job", "j", *NOKAFKA, "--min-share", "2"], "min_share"),
+    (["agent", "env", "--job", "j", *NOKAFKA, "--rank", "-1"], "rank"),
+    (["broker", "--port", "seventy"], "--port"),
+    (["topics"], "needs a running Kafka"),
+    (["simulate", "{tmp}/none.yaml", "--out", "{tmp}/o"], "{tmp}/none.yaml"),
+    (["simulate", "{text}", "--out", "{tmp}/o"], "{text}"),
+    (["simulate", "{yaml}", "--publish"], "{yaml}"),
+    (["trigger", "j"], "--bootstrap-servers"),
+    (["trigger", "j", "--steps", "0", *NOKAFKA], "--steps"),
+    (["raw", "j", "--workers", "a,b", *NOKAFKA], "comma-separated numbers"),
+    (["raw", "j", "--workers", "1", "--max-bytes", "5", *NOKAFKA], "--max-bytes"),
+    (["diagnose", "{tmp}/none.json"], "none.json"),
+    (["diagnose", "{text}"], "{text}"),
+    (["diagnose", "{csv}", "--peer-group", "nosuchcol"], "nosuchcol"),
+    (["evaluate", "{tmp}/none"], "no such file"),
+    (["evaluate", "{text}"], "{text}"),
+    (["findings", "--db", "{text}"], "not a valid DuckDB"),
+    (["findings", "--db", "{db}", "--limit", "-1"], "--limit"),
+    (["findings", "--db", "{db}", "--since", "yesterday-ish"], "--since"),
+    (["findings", "--db", "{other}"], "findings"),
+    (["query", "SELECT 1", "--db", "{text}"], "not a valid DuckDB"),
+    (["query", "DELETE FROM findings", "--db", "{db}"], "read-only"),
+    (["query", "SELEC nonsense", "--db", "{db}"], "does not parse"),
+    (["report", "--db", "{text}"], "not a valid DuckDB"),
+    (["report", "--db", "{db}", "--out", "{tmp}/no/such/folder/r.html"], "--out"),
+    (["report", "--db", "{db}", "--live-url"], "no sink is running"),
+    (["report", "--db", "{db}", "--limit", "0"], "--limit"),
+    (["schemas", "--write"], "unrecognized arguments"),
+]
+
+
+def subcommands() -> list[str]:
+    """Every leaf command (``agent run`` and ``agent env`` included)."""
+    import argparse
+
+    out = []
+    for name, p in next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices.items():
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        out += [f"{name} {s}" for s in subs[0].choices] if subs else [name]
+    return out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    import duckdb
+
+    from lockstep.sinks.store import FindingsStore
+
+    tmp = tmp_path_factory.mktemp("bad")
+    (tmp / "text.txt").write_text("not what you think\n")
+    (tmp / "list.yaml").write_text("- a\n- b\n")
+    (tmp / "ops.csv").write_text("worker,step,function,kind,start_us,duration_us\n0,1,f,compute,0,10\n1,1,f,compute,0,12\n")
+    FindingsStore(tmp / "f.duckdb").close()
+    con = duckdb.connect(str(tmp / "other.duckdb"))
+    con.execute("CREATE TABLE sales (x INTEGER)")
+    con.close()
+    return {"{tmp}": str(tmp), "{text}": str(tmp / "text.txt"), "{yaml}": str(tmp / "list.yaml"), "{csv}": str(tmp / "ops.csv"),
+            "{db}": str(tmp / "f.duckdb"), "{other}": str(tmp / "other.duckdb")}  # fmt: skip
+
+
+def fill(s: str, files: dict) -> str:
+    for k, v in files.items():
+        s = s.replace(k, v)
+    return s
+
+
+def lockstep(*args, cwd=None):
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("LOCKSTEP_")}
+    return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, cwd=cwd, timeout=60, env=env)
+
+
+def one_line_error(r) -> str:
+    assert r.returncode not in (0, 70), (r.returncode, r.stderr)  # 70: an internal error, i.e. a bug
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_every_subcommand_has_a_bad_input_case():
+    covered = {" ".join(a[:2]) if a[0] == "agent" else a[0] for a, _ in CASES}
+    assert set(subcommands()) <= covered, set(subcommands()) - covered
+
+
+@pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(a[:3]) for a, _ in CASES])
+def test_bad_input_is_one_line(files, tmp_path, args, needle):
+    line = one_line_error(lockstep(*[fill(a, files) for a in args], cwd=tmp_path))
+    assert line.startswith("lockstep ") and fill(needle, files) in line, line
+
+
+#: what a command needs before an unknown flag is the first thing wrong
+REQUIRED = {"test-page": ["--routes", "r.yaml"], "simulate": ["s.yaml"], "trigger": ["j"], "raw": ["j", "--workers", "1"], "diagnose": ["t.json"],
+            "query": ["SELECT 1"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", subcommands())
+def test_an_unknown_flag_is_one_line_naming_the_help(command):
+    line = one_line_error(lockstep(*command.split(), *REQUIRED.get(command, []), "--no-such-flag"))
+    assert "unrecognized arguments: --no-such-flag" in line and f"lockstep {command} --help" in line
+
+
+def test_a_closed_pipe_ends_the_command_quietly(files):
+    # many rows, read by a reader that stops after the first line (`lockstep query ... | head -1`)
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "query", "SELECT range AS n FROM range(50000)", "--db", files["{db}"]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert first.split() == [b"n"] and err == "" and proc.returncode == 141
