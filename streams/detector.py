@@ -457,14 +457,13 @@ class SlowdownDetector:
     def _complete_steps(self, st: JobState) -> bool:
         """Move complete steps to the history (and through the cusum rule); True if any completed."""
         done = False
-        dp = self.policy.detector
-        cusum = dp.rule == "cusum" and st.selected
         for s in sorted(st.steps):
             agg = st.steps[s]
             # complete when as many workers reported as in recent steps, or two later steps have started
             if (st.expected and len(agg.workers) >= st.expected) or s <= st.max_step - 2:
                 st.history.append(agg.slowest_s)
-                if cusum:
+                dp = self.policy.detector
+                if dp.rule == "cusum" and st.selected:
                     st.alarm = st.change.update(s, agg.slowest_s, dp)
                 st.counts.append(len(agg.workers))
                 st.expected = max(st.counts)
