@@ -99,9 +99,10 @@ def _np_median(a: np.ndarray) -> float:
 class Alarm:
     """A sustained slowdown the cusum rule found: since ``since_step``, ``level_s`` against ``baseline_s``."""
 
-    since_step: int
-    steps: int  # steps judged since it began
-    level_s: float  # their median step time
+    excursion: int  # which excursion of the evidence it is (the index of its first step)
+    since_step: int  # where the slowdown began (the step after the excursion's lowest evidence)
+    steps: int  # steps judged since
+    level_s: float  # the median step time of the last LEVEL_STEPS of them
     baseline_s: float
     spread: float  # the job's step-to-step spread (robust sd of log step time)
     evidence: float  # the CUSUM, in spreads
@@ -132,25 +133,26 @@ class StepTimeChange:
     reference's own uncertainty): noise drifts it down, a shift of more than ``k`` spreads up.
     The steps since ``S`` last was 0 (the excursion) never enter the reference, so a slowdown
     does not become its own baseline while the evidence builds.  An alarm needs ``S >= cusum_h``,
-    at least ``recent_steps`` steps since the excursion began, and the median of its last
-    :data:`LEVEL_STEPS` steps ``slowdown_threshold`` above the baseline.  An excursion that stays below that size for
+    and the median of the last :data:`LEVEL_STEPS` (at least ``recent_steps``) steps since the
+    change began ``slowdown_threshold`` above the baseline; the change began where the mean of
+    the excursion rises most (:meth:`_onset`: an excursion can start with noise).  An excursion that stays below that size for
     longer than the reference becomes the new normal (drift); so does a slowdown a window was
     opened for, once its cool-down is over (:meth:`SlowdownDetector._judge`; unless it got worse).
 
     **Periodic steps.** A step :data:`SPIKE_SPREADS` spreads above the baseline is a spike; a spike with two earlier
-    ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and at most ``P / 4`` spikes in between
+    ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and at most ``P / 2`` other spikes in between
     (so not a sustained slowdown) is a periodic step (a checkpoint, an evaluation) and is ignored.
     """
 
-    __slots__ = ("log", "n", "ref_from", "s", "start", "start_step", "mu", "sigma", "raw_sigma", "inflation", "ref", "cached_hi", "spikes", "ignored")
+    __slots__ = ("log", "steps", "n", "ref_from", "s", "start", "mu", "sigma", "raw_sigma", "inflation", "ref", "cached_hi", "spikes", "ignored")
 
     def __init__(self) -> None:
-        self.log = array("d")  # log step times of the steps judged, oldest first (trimmed to LOG_STEPS..2 x LOG_STEPS)
+        self.log = array("d")  # log step times of the steps judged, oldest first (trimmed to LOG_STEPS..2 x LOG_STEPS) ...
+        self.steps = array("q")  # ... and their step numbers
         self.n = 0  # steps appended so far: log[i] is step index n - len(log) + i
         self.ref_from = 0  # the reference starts at this index at the earliest (after a change was accepted)
         self.s = 0.0  # the evidence (CUSUM), in spreads
-        self.start = 0  # index of the first step of the current excursion (valid while s > 0) ...
-        self.start_step = -1  # ... and its step number
+        self.start = 0  # index of the first step of the current excursion (valid while s > 0)
         self.mu = math.nan  # baseline: median log step time of the reference
         self.sigma = math.nan  # spread: robust sd of log step time of the reference (at least spread_floor) ...
         self.raw_sigma = 0.0  # ... and as measured
@@ -164,12 +166,14 @@ class StepTimeChange:
         base = self.n - len(self.log)
         return self.log[lo - base : hi - base]
 
-    def _append(self, x: float) -> None:
+    def _append(self, step: int, x: float) -> None:
         log = self.log
         log.append(x)
+        self.steps.append(step)
         self.n += 1
         if len(log) >= 2 * LOG_STEPS:
             del log[: len(log) - LOG_STEPS]
+            del self.steps[: len(self.steps) - LOG_STEPS]
 
     def reference(self, dp) -> tuple[int, int]:
         """Index range of the reference: up to ``reference_steps`` steps before the current excursion."""
@@ -206,8 +210,15 @@ class StepTimeChange:
             gap = step - q
             if gap < min_gap:
                 break
-            # spikes at step - gap and step - 2 gap, and few in between: a pattern, not a sustained slowdown
-            if m - i - 1 <= (gap - 1) // 4 and (q - gap) in spikes:
+            # spikes at step - gap and step - 2 gap, and few others since (a quarter of the steps at most): a
+            # pattern, not a sustained slowdown
+            if m - i - 1 > (gap - 1) // 4:
+                continue
+            try:
+                j = spikes.index(q - gap)
+            except ValueError:
+                continue
+            if m - j - 2 <= (2 * gap - 2) // 4:
                 return True
         return False
 
@@ -219,7 +230,7 @@ class StepTimeChange:
             self.rebaseline()
             lo, hi = self.reference(dp)
         if hi - lo < dp.baseline_steps:  # learning the baseline
-            self._append(x)
+            self._append(step, x)
             return None
         if self.cached_hi < 0 or hi - self.cached_hi >= min(REFRESH_STEPS, max(1, (hi - lo) // 16)):
             self._refresh(lo, hi, dp)
@@ -231,19 +242,37 @@ class StepTimeChange:
             self.spikes.append(step)
         s = max(0.0, self.s + self._score(x, dp) - dp.cusum_k - 1.0 / math.sqrt(len(self.ref)))
         if s > 0.0 and self.s == 0.0:
-            self.start, self.start_step = self.n, step
+            self.start = self.n
         self.s = min(s, 2.0 * dp.cusum_h)  # bounded: a job that recovers drops below the alarm within a few steps
-        self._append(x)
-        run = self.n - self.start
-        if self.s < dp.cusum_h or run < dp.recent_steps:
+        self._append(step, x)
+        if self.s < dp.cusum_h or self.n - self.start < dp.recent_steps:
             return None
-        level = _median_sorted(sorted(self._window(max(self.start, self.n - max(LEVEL_STEPS, dp.recent_steps)), self.n)))
-        alarm = Alarm(self.start_step, run, math.exp(level), math.exp(self.mu), self.sigma, self.s)
+        onset = self._onset(dp)
+        level = _median_sorted(sorted(self._window(max(onset, self.n - max(LEVEL_STEPS, dp.recent_steps)), self.n)))
+        alarm = Alarm(self.start, self.steps[onset - self.n], self.n - onset, math.exp(level), math.exp(self.mu), self.sigma, self.s)
         if alarm.shift >= dp.slowdown_threshold:
             return alarm
-        if run > dp.reference_steps:
+        if self.n - self.start > dp.reference_steps:
             self.rebaseline()  # a change too small to matter that lasted: the new normal
         return None
+
+    def _onset(self, dp) -> int:
+        """Where in the excursion the change began: the split with the largest standardised rise of the mean
+        (the reference, at its median, before it; hiccups clipped), leaving at least ``recent_steps`` after
+        it.  An excursion can begin with noise before the slowdown; its level is that of the steps after."""
+        v = np.frombuffer(self._window(self.start, self.n), dtype=np.float64)
+        m = v.size
+        if m <= dp.recent_steps:
+            return self.start
+        # hiccups clipped: at twice the recent level's excess, at least step_cap spreads
+        c = max(dp.step_cap * self.sigma, 2.0 * (_np_median(v[-min(m, LEVEL_STEPS) :]) - self.mu))
+        excess = np.clip(v - self.mu, -c, c)
+        a = np.arange(m - dp.recent_steps + 1)  # excursion steps before the split
+        after = np.cumsum(excess[::-1])[::-1][a]  # the excess of the steps from the split on ...
+        before = np.concatenate(([0.0], np.cumsum(excess[: m - dp.recent_steps])))  # ... and of those before it
+        nb, na = len(self.ref) + a, m - a
+        gain = (after / na - before / nb) * np.sqrt(nb * na / (nb + na))
+        return self.start + int(np.argmax(gain))
 
     def rebaseline(self, fresh: bool = False) -> None:
         """The current excursion's level becomes the baseline (it lasted, too small to matter); ``fresh``: the
@@ -260,7 +289,7 @@ class StepTimeChange:
         if not self.log:
             return "no complete step yet"
         # the current excursion if there is one, else the last quarter of a reference
-        recent_n = self.n - self.start if self.s > 0 else min(len(self.log), max(1, dp.reference_steps // 4))
+        recent_n = max(1, self.n - self.start) if self.s > 0 else min(len(self.log), max(1, dp.reference_steps // 4))
         recent = math.exp(_median_sorted(sorted(self._window(self.n - recent_n, self.n))))
         if math.isnan(self.mu):
             return f"median step time {recent * 1e3:.1f} ms; still learning the baseline ({self.n} of {dp.baseline_steps} steps)"
@@ -303,7 +332,7 @@ class JobState:
     history: deque = field(default_factory=lambda: deque(maxlen=512))  # synchronised step times (s) of complete steps
     change: StepTimeChange = field(default_factory=StepTimeChange)  # the cusum rule's state
     alarm: Alarm | None = None  # what the cusum rule said after the last complete step
-    profiled: tuple[int, float, int] | None = None  # the slowdown a window was opened for: (first step, level, step its cool-down ends)
+    profiled: tuple[int, float, int] | None = None  # the slowdown a window was opened for: (excursion, level, step its cool-down ends)
     counts: deque = field(default_factory=lambda: deque(maxlen=16))  # workers of recent complete steps
     expected: int = 0  # workers a step waits for before it is complete (most of recent steps)
     last_step_of: dict[int, int] = field(default_factory=dict)  # worker -> last step seen
@@ -489,17 +518,17 @@ class SlowdownDetector:
             if alarm is None:
                 return self._baseline(st, now)
             seen = st.profiled
-            if seen and seen[0] == alarm.since_step and st.max_step >= seen[2] and alarm.level_s < seen[1] * (1.0 + dp.slowdown_threshold):
+            if seen and seen[0] == alarm.excursion and st.max_step >= seen[2] and alarm.level_s < seen[1] * (1.0 + dp.slowdown_threshold):
                 # profiled, the cool-down is over and it got no worse: its level is the job's new normal
                 st.change.rebaseline(fresh=True)
                 st.alarm = st.profiled = None
                 return []
-            reason = (f"slowdown: median of the {alarm.steps} steps since step {alarm.since_step} {alarm.level_s * 1e3:.1f} ms "
+            reason = (f"slowdown since step {alarm.since_step}: median of its last {min(alarm.steps, LEVEL_STEPS)} steps {alarm.level_s * 1e3:.1f} ms "
                       f"vs baseline {alarm.baseline_s * 1e3:.1f} ms (+{alarm.shift * 100:.1f}%; step-to-step spread {alarm.spread * 100:.1f}%, "
                       f"evidence {alarm.evidence:.0f} spreads)")  # fmt: skip
             out = self._automatic(st, now, "slowdown", reason)
             if out:  # until its cool-down ends, the same slowdown asks again (refused and counted, as a worse one would be)
-                st.profiled = (alarm.since_step, alarm.level_s, out[0].start_step + out[0].steps + dp.cooldown_steps)
+                st.profiled = (alarm.excursion, alarm.level_s, out[0].start_step + out[0].steps + dp.cooldown_steps)
             return out
         seen = _median_rule(st, dp)
         if seen is None:
