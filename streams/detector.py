@@ -140,7 +140,7 @@ class StepTimeChange:
     opened for, once its cool-down is over (:meth:`SlowdownDetector._judge`; unless it got worse).
 
     **Periodic steps.** A step :data:`SPIKE_SPREADS` spreads above the baseline is a spike; a spike with two earlier
-    ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and at most ``P / 2`` other spikes in between
+    ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and few other spikes in between (a quarter of the steps)
     (so not a sustained slowdown) is a periodic step (a checkpoint, an evaluation) and is ignored.
     """
 

@@ -38,7 +38,7 @@ class DetectorPolicy:
 
     baseline_steps: int = 20  # judging starts after this many steps (rule median: the baseline is a low percentile of up to 4x this many earlier steps)
     recent_steps: int = 5  # a slowdown has lasted at least this many steps, and their median step time ...
-    slowdown_threshold: float = 0.02  # ... is at least this fraction above the baseline (the smallest slowdown worth a window)
+    slowdown_threshold: float = 0.015  # ... is at least this fraction above the baseline (the smallest slowdown worth a window)
     hang_factor: float = 10.0  # no progress for this many usual step intervals is a hang ...
     hang_min_s: float = 30.0  # ... and for at least this many seconds
     window_steps: int = 8  # steps per profiling window

@@ -72,7 +72,7 @@ def test_a_demo_that_did_not_trigger_can_say_what_the_detector_saw():
     scenario = default_scenario(workers=16, fault="nvlink")
     scenario = dataclasses.replace(scenario, faults=(dataclasses.replace(scenario.faults[0], severity=0.3),))  # +0.3%: below any threshold
     saw = detector_view(scenario, 120, Policy())
-    assert saw.startswith("at step 119: median step time") and "vs baseline" in saw and "slowdown_threshold 2%" in saw
+    assert saw.startswith("at step 119: median step time") and "vs baseline" in saw and "slowdown_threshold 1.5%" in saw
 
 
 def test_the_cli_prints_the_table_as_json_and_checks_its_flags():

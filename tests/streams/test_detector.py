@@ -336,7 +336,7 @@ def test_a_small_lasting_change_becomes_the_new_normal_and_what_the_detector_saw
     one_worker(det, "j", times[:700])
     ch = det.jobs["j"].change
     assert ch.s >= Policy().detector.cusum_h and abs(np.exp(ch.mu) - 1.0) < 0.002  # pending against the old level
-    assert re.search(r"median step time 1010\.\d ms over the last 200 steps vs baseline 999\.\d ms \(\+1\.0%.*slowdown_threshold 2%", det.describe("j"))
+    assert re.search(r"median step time 1010\.\d ms over the last 200 steps vs baseline 999\.\d ms \(\+1\.0%.*slowdown_threshold 1.5%", det.describe("j"))
     assert one_worker(det, "j", times[700:], start=700) == []
     assert abs(np.exp(ch.mu) - 1.01) < 0.002  # after a reference's length: the new normal
     assert det.describe("nobody") == "no complete step of job 'nobody' yet"
