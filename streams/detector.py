@@ -126,10 +126,10 @@ class StepTimeChange:
     the skew.  A step beyond every reference step scores about 2.5 (80 steps) to 2.9 (400): one
     hiccup adds little.  On a job whose spread is below ``spread_floor`` the score is the excess
     over the floor instead.  Scores are capped at ``step_cap`` and divided by
-    ``sqrt((1 + r) / (1 - r))``, r the reference's lag-1 autocorrelation (robust; 0..0.9):
-    correlated noise has wider sums, and the CUSUM is a sum.
+    ``sqrt((1 + r) / (1 - r))``, r the reference's lag-1 autocorrelation (hiccups clipped, less two
+    standard errors, 0..0.9): correlated noise has wider sums, and the CUSUM is a sum.
 
-    **Evidence.** ``S = max(0, S + score - k)``, ``k`` = ``cusum_k`` + 1/sqrt(reference size) (the
+    **Evidence.** ``S = max(0, S + score - k)``, ``k`` = ``cusum_k`` + 2/sqrt(reference size) (the
     reference's own uncertainty): noise drifts it down, a shift of more than ``k`` spreads up.
     The steps since ``S`` last was 0 (the excursion) never enter the reference, so a slowdown
     does not become its own baseline while the evidence builds.  An alarm needs ``S >= cusum_h``,
@@ -186,11 +186,13 @@ class StepTimeChange:
         mu = self.mu = _median_sorted(ref)
         self.raw_sigma = 1.4826 * _np_median(np.abs(window - mu))
         self.sigma = max(self.raw_sigma, dp.spread_floor)
-        # lag-1 autocorrelation, robustly: the spread of step-to-step differences is sqrt(2 (1 - r)) spreads
-        d = np.diff(window)
-        dmad = 1.4826 * _np_median(np.abs(d - _np_median(d))) if d.size else 0.0
-        r = 1.0 - 0.5 * (dmad / self.raw_sigma) ** 2 if self.raw_sigma > 0 else 0.0
-        r = min(max(r, 0.0), 0.9)
+        # lag-1 autocorrelation of the steps (hiccups clipped at 3 spreads), less two of its standard errors
+        # (1/sqrt(n)): a short reference of independent steps would otherwise often look correlated
+        r = 0.0
+        if self.raw_sigma >= dp.spread_floor:  # (below it, steps are scored against the floor: no spread to correlate)
+            w = np.clip(window, mu - 3.0 * self.sigma, mu + 3.0 * self.sigma)
+            w = w - w.mean()
+            r = min(max(float(w[1:] @ w[:-1]) / float(w @ w) - 2.0 / math.sqrt(window.size), 0.0), 0.9)
         self.inflation = math.sqrt((1.0 + r) / (1.0 - r))
         self.ref = ref.tolist()
         self.cached_hi = hi
@@ -240,7 +242,7 @@ class StepTimeChange:
             return None
         if spike:
             self.spikes.append(step)
-        s = max(0.0, self.s + self._score(x, dp) - dp.cusum_k - 1.0 / math.sqrt(len(self.ref)))
+        s = max(0.0, self.s + self._score(x, dp) - dp.cusum_k - 2.0 / math.sqrt(len(self.ref)))
         if s > 0.0 and self.s == 0.0:
             self.start = self.n
         self.s = min(s, 2.0 * dp.cusum_h)  # bounded: a job that recovers drops below the alarm within a few steps

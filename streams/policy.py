@@ -56,7 +56,7 @@ class DetectorPolicy:
     rule: str = "cusum"  # cusum: change detection on log step time scaled by the job's own spread; median: the rule before (median of recent_steps vs the 25th percentile)
     reference_steps: int = 400  # the baseline (median, spread) is formed from up to this many steps before the current excursion
     cusum_h: float = 12.0  # evidence that raises an alarm: the sum of the steps' scores (excess over the baseline, in spreads) less the allowance
-    cusum_k: float = 0.5  # allowance per step, in spreads (plus 1/sqrt(reference size) for the reference's own uncertainty)
+    cusum_k: float = 0.5  # allowance per step, in spreads (plus 2/sqrt(reference size): two standard errors of its median)
     step_cap: float = 3.0  # one step scores at most this many spreads (a hiccup alone cannot raise an alarm)
     spread_floor: float = 0.002  # the job's step-to-step spread (robust, of log step time) counts as at least this
     periodic_min_gap: int = 4  # a slow step that recurs at a fixed interval of at least this many steps is periodic (checkpoint, evaluation) and ignored (0: off)
