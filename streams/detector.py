@@ -66,6 +66,8 @@ REFRESH_STEPS = 8
 #: an alarm's size is the median of the excursion's last this many steps (at least recent_steps): the level now,
 #: not that of a long excursion too small to matter that a slowdown came on top of
 LEVEL_STEPS = 50
+#: the reference's autocorrelation is also read robustly from this many steps on
+AUTOCORR_STEPS = 100
 #: a step this many spreads above the baseline is a spike (a candidate periodic step) ...
 SPIKE_SPREADS = 4.0
 #: ... and this many spikes are remembered to recognise periodic ones
@@ -126,8 +128,7 @@ class StepTimeChange:
     the skew.  A step beyond every reference step scores about 2.5 (80 steps) to 2.9 (400): one
     hiccup adds little.  On a job whose spread is below ``spread_floor`` the score is the excess
     over the floor instead.  Scores are capped at ``step_cap`` and divided by
-    ``sqrt((1 + r) / (1 - r))``, r the reference's lag-1 autocorrelation (hiccups clipped, less two
-    standard errors, 0..0.9): correlated noise has wider sums, and the CUSUM is a sum.
+    ``sqrt((1 + r) / (1 - r))``, r the reference's lag-1 autocorrelation (0..0.9; see :meth:`_refresh`): correlated noise has wider sums, and the CUSUM is a sum.
 
     **Evidence.** ``S = max(0, S + score - k)``, ``k`` = ``cusum_k`` + 2/sqrt(reference size) (the
     reference's own uncertainty): noise drifts it down, a shift of more than ``k`` spreads up.
@@ -186,13 +187,19 @@ class StepTimeChange:
         mu = self.mu = _median_sorted(ref)
         self.raw_sigma = 1.4826 * _np_median(np.abs(window - mu))
         self.sigma = max(self.raw_sigma, dp.spread_floor)
-        # lag-1 autocorrelation of the steps (hiccups clipped at 3 spreads), less two of its standard errors
-        # (1/sqrt(n)): a short reference of independent steps would otherwise often look correlated
+        # lag-1 autocorrelation: the correlation of successive steps (hiccups clipped) less its standard error, or
+        # from AUTOCORR_STEPS steps on, if higher, the robust reading (step-to-step differences spread sqrt(2 (1 - r))
+        # times the steps), which heavy tails and slow wander do not hide; on 30 independent steps it exceeds 0.5
+        # one time in 15
         r = 0.0
-        if self.raw_sigma >= dp.spread_floor:  # (below it, steps are scored against the floor: no spread to correlate)
+        if self.raw_sigma >= dp.spread_floor:  # (below the floor steps are scored against it: no spread to correlate)
             w = np.clip(window, mu - 3.0 * self.sigma, mu + 3.0 * self.sigma)
             w = w - w.mean()
-            r = min(max(float(w[1:] @ w[:-1]) / float(w @ w) - 2.0 / math.sqrt(window.size), 0.0), 0.9)
+            r = float(w[1:] @ w[:-1]) / float(w @ w) - 1.0 / math.sqrt(window.size)
+            if window.size >= AUTOCORR_STEPS:
+                d = np.diff(window)
+                r = max(r, 1.0 - 0.5 * (1.4826 * _np_median(np.abs(d - _np_median(d))) / self.raw_sigma) ** 2)
+            r = min(max(r, 0.0), 0.9)
         self.inflation = math.sqrt((1.0 + r) / (1.0 - r))
         self.ref = ref.tolist()
         self.cached_hi = hi
