@@ -139,13 +139,15 @@ class StepTimeChange:
     the excursion rises most (:meth:`_onset`: an excursion can start with noise).  An excursion that stays below that size for
     longer than the reference becomes the new normal (drift); so does a slowdown a window was
     opened for, once its cool-down is over (:meth:`SlowdownDetector._judge`; unless it got worse).
+    An excursion whose evidence reached the alarm and fell back to 0 (a slowdown that ended on its
+    own) is forgotten: it never enters the reference.
 
     **Periodic steps.** A step :data:`SPIKE_SPREADS` spreads above the baseline is a spike; a spike with two earlier
     ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and few other spikes in between (a quarter of the steps)
     (so not a sustained slowdown) is a periodic step (a checkpoint, an evaluation) and is ignored.
     """
 
-    __slots__ = ("log", "steps", "n", "ref_from", "s", "start", "mu", "sigma", "raw_sigma", "inflation", "ref", "cached_hi", "spikes", "ignored")
+    __slots__ = ("log", "steps", "n", "ref_from", "s", "start", "peak", "mu", "sigma", "raw_sigma", "inflation", "ref", "cached_hi", "spikes", "ignored")
 
     def __init__(self) -> None:
         self.log = array("d")  # log step times of the steps judged, oldest first (trimmed to LOG_STEPS..2 x LOG_STEPS) ...
@@ -153,7 +155,8 @@ class StepTimeChange:
         self.n = 0  # steps appended so far: log[i] is step index n - len(log) + i
         self.ref_from = 0  # the reference starts at this index at the earliest (after a change was accepted)
         self.s = 0.0  # the evidence (CUSUM), in spreads
-        self.start = 0  # index of the first step of the current excursion (valid while s > 0)
+        self.start = 0  # index of the first step of the current excursion (valid while s > 0) ...
+        self.peak = 0.0  # ... and its highest evidence
         self.mu = math.nan  # baseline: median log step time of the reference
         self.sigma = math.nan  # spread: robust sd of log step time of the reference (at least spread_floor) ...
         self.raw_sigma = 0.0  # ... and as measured
@@ -251,8 +254,11 @@ class StepTimeChange:
             self.spikes.append(step)
         s = max(0.0, self.s + self._score(x, dp) - dp.cusum_k - 2.0 / math.sqrt(len(self.ref)))
         if s > 0.0 and self.s == 0.0:
-            self.start = self.n
+            self.start, self.peak = self.n, 0.0
+        elif s == 0.0 and self.s > 0.0 and self.peak >= dp.cusum_h:
+            self._forget_excursion()
         self.s = min(s, 2.0 * dp.cusum_h)  # bounded: a job that recovers drops below the alarm within a few steps
+        self.peak = max(self.peak, self.s)
         self._append(step, x)
         if self.s < dp.cusum_h or self.n - self.start < dp.recent_steps:
             return None
@@ -283,6 +289,18 @@ class StepTimeChange:
         gain = (after / na - before / nb) * np.sqrt(nb * na / (nb + na))
         return self.start + int(np.argmax(gain))
 
+    def _forget_excursion(self) -> None:
+        """A slowdown that ended on its own (the evidence rose to an alarm, then fell back to 0) is not the
+        job's normal: its steps leave the log, so that the reference never holds them (a recurrence at the
+        same level would otherwise rank as ordinary)."""
+        keep = self.start - (self.n - len(self.log))
+        if keep >= 0:
+            del self.log[keep:]
+            del self.steps[keep:]
+            self.n = self.start
+        self.peak = 0.0
+        self.cached_hi = -1
+
     def rebaseline(self, fresh: bool = False) -> None:
         """The current excursion's level becomes the baseline (it lasted, too small to matter); ``fresh``: the
         steps from now on do (a window was opened for a slowdown: its level now is the job's new normal)."""
@@ -290,7 +308,7 @@ class StepTimeChange:
             self.ref_from = self.n
         elif self.s > 0.0:
             self.ref_from = self.start
-        self.s = 0.0
+        self.s = self.peak = 0.0
         self.cached_hi = -1
 
     def describe(self, dp) -> str:

@@ -355,3 +355,16 @@ def test_a_slowdown_that_starts_in_a_cooldown_is_profiled_when_it_ends():
     assert [t.kind for _, t in fired] == ["slowdown"] and 700 <= fired[0][0] <= 720, [(s, t.reason) for s, t in fired]
     assert "since step 45" in fired[0][1].reason  # the excursion it found began at the onset
     assert det.suppressed["cooldown"] > 0
+
+
+def test_a_slowdown_that_ended_on_its_own_does_not_hide_the_next_one():
+    """Twenty steps 20% slower (below a 30% threshold: no window), then normal again: those steps must not
+    become the baseline, or the same slowdown coming back would rank as ordinary."""
+    det = SlowdownDetector(policy(slowdown_threshold=0.3, baseline_every_steps=0))
+    times = np.exp(np.random.default_rng(12).normal(0.0, 0.01, 400))
+    times[100:120] *= 1.2
+    assert one_worker(det, "j", times[:160]) == []
+    det.set_policy(policy(slowdown_threshold=0.1, baseline_every_steps=0))
+    times[160:] *= 1.2
+    fired = one_worker(det, "j", times[160:], start=160, t0=2000.0)
+    assert fired and 160 <= fired[0][0] <= 175 and "since step 16" in fired[0][1].reason, fired
