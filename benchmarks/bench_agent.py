@@ -3,7 +3,7 @@
     python benchmarks/bench_agent.py overhead    # agent cost when not profiling, % of a realistic step
     python benchmarks/bench_agent.py bytes       # bytes per worker per window vs the raw profiler trace
     python benchmarks/bench_agent.py summarise   # time to turn one window's trace into feature batches
-    python benchmarks/bench_agent.py sampler     # hardware sampler: achieved rate and CPU cost
+    python benchmarks/bench_agent.py sampler     # hardware sampler at 1 and 10 kHz: achieved rate, CPU cost, training-step impact
     python benchmarks/bench_agent.py outage      # step time while Kafka is away, with agent.step() vs without (ABBA)
 
 The model is a transformer encoder (d_model 256, batch 4 x 32 tokens, AdamW): 8 layers, about
@@ -35,6 +35,7 @@ from lockstep.producers.agent import attach
 from lockstep.producers.agent.profiler import TorchWindow
 from lockstep.producers.agent.redact import Redaction
 from lockstep.producers.agent.retention import RawStore
+from lockstep.producers.agent.probe import Probe
 from lockstep.producers.agent.sampler import HardwareSampler
 from lockstep.producers.agent.window import process_window, read_chrome_trace, summarise
 from lockstep.schemas.records import ProfileTrigger, Sampling, WorkerMeta, encode
@@ -223,17 +224,76 @@ def summarise_(args) -> None:
 # --------------------------------------------------------------------------- sampler
 
 
+def python_step(n: int = 40_000):
+    """A training step spent in Python (a data loader's collate, a tokenizer): holds the GIL throughout."""
+
+    def step() -> None:
+        d: dict[int, int] = {}
+        for i in range(n):
+            d[i & 1023] = i
+
+    return step
+
+
+def _block(step, seconds: float) -> list[float]:
+    times = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        s0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - s0)
+    return times
+
+
+def _sampled_block(mode: str, hz: float, step, seconds: float) -> tuple[list[float], float, float, float]:
+    """Steps for ``seconds`` with the sampler in ``mode``; (step times, fast-tier Hz, /proc-tier Hz, sampler CPU share of a core)."""
+    if mode == "none":
+        return _block(step, seconds), 0.0, 0.0, 0.0
+    if mode == "process":
+        s = HardwareSampler(0, hz)
+        s.wait_ready()
+        s.start()
+        times = _block(step, seconds)
+        _, st = s.stop()
+        return times, st.hz_achieved, st.tiers["slow"] / st.seconds, st.cpu_share
+    # "thread": the same reads on a thread of the training process (what the sampler process avoids)
+    p = Probe({"pid": os.getpid(), "hz": hz})
+    t0, _ = p.run()
+    cpu0 = thread_cpu_s(p.threads[0])
+    times = _block(step, seconds)
+    cpu = thread_cpu_s(p.threads[0]) - cpu0
+    head = p.finish(t0, 0.0)
+    return times, head["tiers"]["fast"]["rows"] / head["seconds"], head["tiers"]["slow"]["rows"] / head["seconds"], cpu / head["seconds"]
+
+
 def sampler(args) -> None:
-    step = model_step()
-    print(f"hardware sampler while training ({args.seconds:.0f} s per rate; host only on this machine, no GPU):")
+    steps = {"torch": model_step(), "python": python_step()}
+    print(f"hardware sampler (host only on this machine, no GPU); blocks of {args.seconds:.1f} s, {args.repeats} x each mode in"
+          f" rotating order; training steps: an 8-layer transformer on CPU (torch ops release the GIL) and a pure-Python step"
+          f" (holds it); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+    order = ("none", "process", "thread", "thread", "process", "none")
     for hz in args.hz:
-        s = HardwareSampler(0, hz).start()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < args.seconds:
-            step()
-        samples, stats = s.stop()
-        print(f"  asked {hz:5.0f} Hz: achieved {stats.hz_achieved:6.1f} Hz, {stats.samples} samples, "
-              f"{1e6 * stats.cpu_s / max(stats.samples, 1):5.0f} us CPU per sample = {100 * stats.cpu_share:.2f}% of one core")  # fmt: skip
+        for kind, step in steps.items():
+            ratios: dict[str, list[float]] = {"process": [], "thread": []}  # per repeat: median step / median step without
+            rates: dict[str, list[tuple[float, float, float]]] = {"process": [], "thread": []}
+            base: list[float] = []
+            for _ in range(args.repeats):
+                times: dict[str, list[float]] = {m: [] for m in order}
+                for mode in order:
+                    t, fast, slow, cpu = _sampled_block(mode, hz, step, args.seconds)
+                    times[mode] += t
+                    if mode != "none":
+                        rates[mode].append((fast, slow, cpu))
+                b = statistics.median(times["none"])
+                base.append(b)
+                for mode in ratios:
+                    ratios[mode].append(statistics.median(times[mode]) / b)
+            for mode in ("process", "thread"):
+                fast, slow, cpu = (statistics.median(r[i] for r in rates[mode]) for i in range(3))
+                where = "sampler process" if mode == "process" else "thread in the training process"
+                print(f"  {hz:6.0f} Hz asked, {kind:6s} step ({1e3 * statistics.median(base):6.1f} ms), {where:31s}: achieved {fast:6.0f} Hz"
+                      f" NIC + process CPU, {slow:4.0f} Hz /proc; sampler CPU {100 * cpu:5.1f}% of one core ({1e6 * cpu / max(fast, 1e-9):3.0f} us"
+                      f" per reading); median step x{statistics.median(ratios[mode]):.3f} of without")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- outage
@@ -313,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--repeats", type=int, default=5)
         q.set_defaults(func=func)
     s = sub.add_parser("sampler")
-    s.add_argument("--hz", type=float, nargs="+", default=[50, 100, 200])
-    s.add_argument("--seconds", type=float, default=3.0)
+    s.add_argument("--hz", type=float, nargs="+", default=[1000, 10000])
+    s.add_argument("--seconds", type=float, default=2.0, help="length of one block")
+    s.add_argument("--repeats", type=int, default=2, help="blocks per mode and rate (in rotating order)")
     s.set_defaults(func=sampler)
     g = sub.add_parser("outage")
     g.add_argument("--blocks", type=int, default=8, help="block pairs while the broker is stopped")

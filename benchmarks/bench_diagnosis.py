@@ -16,7 +16,7 @@ numpy / Arrow single-threaded):
 
 The window is synthetic: every worker runs ``--functions`` functions (kernels,
 copies, collectives, Python, data loading, optimizer) with realistic jitter and
-hardware readings, workers sit 8 to a host in 4 pipeline stages (peer groups),
+hardware readings (the collectives' NIC mean, spread and peak included), workers sit 8 to a host in 4 pipeline stages (peer groups),
 and one GPU is thermally throttled so that the finding path runs too.
 Rows/s counts function rows (workers x functions x steps) per second.
 """
@@ -58,6 +58,9 @@ def synthetic_step(workers: int, functions: int, step: int, rng: np.random.Gener
     events = np.zeros((workers, functions), dtype=np.uint64)
     events[culprit, gpu] = 0x20
     n = workers * functions
+    # collectives' NIC readings: every link at the ring's mean rate, steady (the shape the ring rule reads)
+    link = np.array([k in ("collective", "p2p") for k in kinds])[None, :]
+    nic = np.where(link, 12.5 * rng.normal(1, 0.01, (workers, functions)), np.nan)
     table = ft.make_table(
         {
             "function": np.tile(np.asarray(names, dtype=object), workers),
@@ -70,6 +73,10 @@ def synthetic_step(workers: int, functions: int, step: int, rng: np.random.Gener
             "sm_clock_mhz": np.where(gpu[None, :], clock, np.nan).ravel(),
             "gpu_temp_c": np.where(gpu[None, :], 65.0, np.nan).repeat(workers, axis=0).ravel(),
             "cpu_other": np.full(n, 0.05),
+            "samples": np.where(link, 20, 1).repeat(workers, axis=0).ravel().astype(np.int32),
+            "nic_gbps": nic.ravel(),
+            "nic_gbps_sd": (nic * 0.1).ravel(),
+            "nic_gbps_p95": (nic * 1.16).ravel(),
             "clock_events": events.ravel(),
         }
     )

@@ -75,6 +75,7 @@ class ScenarioResult:
     findings: list[Finding]
     true_findings: list[bool]  # per finding: it localises an injected fault
     silent_expected: bool  # no fault asks for a finding (healthy, clock skew, missing worker)
+    healthy: bool  # no fault at all
     coverage: float
     seconds: float
 
@@ -109,7 +110,7 @@ class _Renderer:
             group=self.group[live],
             labels=[self.labels[i] for i in live],
             step_time_us=sim.step_time_us[live],
-            has_hardware=np.ones(live.size, dtype=bool),
+            has_hardware=np.full(live.size, self.fleet.scenario.hardware != "none"),
             row_worker=position[row_worker].astype(np.int32),
             functions=table,
         )
@@ -189,6 +190,7 @@ def run_scenario(scenario: Scenario, policy: Policy) -> ScenarioResult:
         findings=findings,
         true_findings=true_findings,
         silent_expected=not expected,
+        healthy=not scenario.faults,
         coverage=coverage,
         seconds=time.perf_counter() - t0,
     )
@@ -279,7 +281,7 @@ def summarise(results: list[ScenarioResult]) -> dict:
         overall.add(r)
         by.setdefault(r.category, _Tally()).add(r)
     o = overall.figures()
-    healthy = [r for r in results if r.category == "healthy"]
+    healthy = [r for r in results if r.healthy]
     o["healthy_false_findings"] = sum(len(r.findings) for r in healthy)
     o["healthy_scenarios"] = len(healthy)
     o["silent_ok"] = _share(overall.silent_ok, overall.silent_scenarios)

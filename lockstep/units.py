@@ -38,6 +38,11 @@ FEATURES: dict[str, Feature] = {
     "share": Feature("share of the step", "share", "the function's share of the step's critical path (median over the steps)"),
     "workers_running_it": Feature("workers running it", "", "workers that ran the function at all, against the peer group's size"),
     "healthy_windows": Feature("healthy windows", "", "earlier healthy windows of the job this one was compared with"),
+    "baseline_work_us": Feature("work vs the job's past", "us", "the worker's work now, against its group's in the job's earlier healthy windows"),
+    "nic_gbps_sd": Feature("NIC spread", "GB/s", "standard deviation of the NIC throughput samples while the function ran: a saturated link is steady, its ring-mates burst"),
+    "nic_gbps_p95": Feature("NIC peak", "GB/s", "95th percentile of the NIC throughput samples while the function ran"),
+    "nvlink_gbps_sd": Feature("NVLink spread", "GB/s", "standard deviation of the NVLink throughput samples while the function ran: a saturated link is steady, its ring-mates burst"),
+    "nvlink_gbps_p95": Feature("NVLink peak", "GB/s", "95th percentile of the NVLink throughput samples while the function ran"),
 }
 
 #: NVML clock-event reason bits (nvmlClocksEventReasons)

@@ -86,6 +86,7 @@ CAUSES: dict[str, str] = {
     "python_overhead": "Python garbage collection or launch overhead",
     "regression": "every worker slower in a function than in the job's earlier healthy windows",
     "unknown": "deviation found, cause not determined; see the evidence",
+    "undetermined": "worker, function and device found; the samples that would tell the cause were not taken (the summary names them)",
 }
 
 
@@ -393,7 +394,7 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     coverage: Fraction  # share of expected workers that delivered features, over all the window's steps (a missing step counts 0)
     bytes_per_worker: float
     findings: Count
-    actionable: bool  # at least one finding with a cause other than ``unknown``
+    actionable: bool  # at least one finding with a cause (not ``unknown``, not ``undetermined``)
     reached_device: bool  # at least one finding names a device
     closed: Literal["complete", "timeout"]
     closed_at: Timestamp

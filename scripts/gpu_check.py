@@ -3,8 +3,8 @@
     python scripts/gpu_check.py            # prints one line per check and a JSON summary; exit 1 if a check fails
 
 1. NVML: the device this process uses is found through CUDA's UUID; one raw reading;
-   PCIe throughput; the sampler at 100 Hz during a CUDA matmul loop: achieved rate,
-   CPU cost, and which metrics came out (SM clock, utilisation, power, temperature,
+   PCIe throughput; the sampler (a process of its own) at 1 kHz during a CUDA matmul loop:
+   readings per second of each source (NVML's ``gpu`` tier included), CPU cost, and which metrics came out (SM clock, utilisation, power, temperature,
    clock-event reasons, PCIe, NVLink where the GPU has links).
 2. CUDA-kernel summarisation: a transformer step on the GPU profiled for a 4-step window
    exactly as the agent does (torch.profiler with CUDA activity, export, trace reader,
@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.compute as pc
 import torch
 
@@ -66,7 +67,9 @@ def main() -> int:
 
     # the sampler while the GPU works
     a = torch.randn(4096, 4096, device="cuda")
-    sampler = HardwareSampler(0, 100.0, gpu_uuid=ident.gpu_uuid).start()
+    sampler = HardwareSampler(0, 1000.0, gpu_uuid=ident.gpu_uuid)
+    sampler.wait_ready()
+    sampler.start()
     t0 = time.monotonic()
     host = torch.randn(64 << 20, pin_memory=True)
     while time.monotonic() - t0 < 3.0:
@@ -76,9 +79,12 @@ def main() -> int:
     samples, stats = sampler.stop()
     metrics = sorted(set(samples.column("metric").to_pylist()))
     check("sampler", stats.source == "nvml" and {"sm_clock_mhz", "sm_active", "gpu_power_w", "gpu_temp_c"} <= set(metrics),
-          {"hz_achieved": round(stats.hz_achieved, 1), "cpu_share_of_a_core": round(stats.cpu_share, 4), "metrics": metrics})  # fmt: skip
+          {"hz_achieved": round(stats.hz_achieved, 1), "readings_per_s": {k: round(n / stats.seconds) for k, n in stats.tiers.items()},
+           "cpu_share_of_a_core": round(stats.cpu_share, 4), "metrics": metrics})  # fmt: skip
     by_metric = {m: samples.filter(pc.equal(samples.column("metric"), m)).column("value").to_numpy() for m in metrics}
     check("sampled values", float(by_metric["sm_active"].mean()) > 0.3, {m: round(float(v.mean()), 3) for m, v in by_metric.items()})
+    # how often each value actually changed between readings: the rate worth sampling it at
+    check("changes per second", True, {m: round(float(np.count_nonzero(np.diff(v))) / stats.seconds, 1) for m, v in by_metric.items()})
 
     # CUDA kernels summarised with the samples, as the agent does it
     model = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True), 4).cuda()

@@ -462,6 +462,8 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
         f'<span><b>hosts</b> {_e(joined(f.hosts) or "-")}</span><span><b>confidence</b> {f.confidence:.2f}</span></div>',
         f'<div class="kv"><span><b>cost</b> {_e(cost)}</span></div>',
         evidence_table(f),
+        *([f'<div class="kv"><span><b>not measured</b> {_e(joined(unmeasured))}: the samples that would tell the cause</span></div>']
+          if (unmeasured := [e.feature for e in f.evidence if e.value is None]) else []),  # fmt: skip
         f'<div class="kv"><span><b>held in</b> {len(f.steps)} of {f.window_steps or steps} steps</span>{step_strip(list(f.steps), start, steps)}</div>',
     ]
     if trig is not None:

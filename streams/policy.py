@@ -49,7 +49,7 @@ class DetectorPolicy:
     min_margin_steps: int = 2  # start at least this many steps ahead
     max_windows_per_job: int = 1  # windows of one job open (or scheduled) at once
     max_windows_fleet: int = 50  # windows open at once in the fleet (per processor instance)
-    hardware_hz: float = 100.0  # hardware sampling rate during windows
+    hardware_hz: float = 1000.0  # hardware sampling rate during windows (NIC and process CPU at this rate; /proc at <= 100 Hz)
     record_shapes: bool = False  # profiler option sent with the trigger
     with_stack: bool = False  # profiler option sent with the trigger
     # --- added with issue 15 (detector sensitivity); METHOD.md "How the detector decides" gives the trade-off
@@ -104,6 +104,15 @@ class DiagnosisPolicy:
     rank_specific_present: float = 0.5  # a function run by at most this share of its peer group is rank-specific code
     # --- added with the issue 4 tuning
     rank_specific_ratio: float = 3.0  # ... so is a CPU function taking this many times its peers' time on a healthy host
+    # --- added with issue 16 (diagnosis on real signals)
+    link_burst_cv: float = 0.5  # a collective's links burst when their spread (sd/mean) is at least this ...
+    link_steady_ratio: float = 0.5  # ... and one of them, with a spread below this share of its ring-mates', is saturated ...
+    link_min_samples: int = 5  # ... judged only on links with at least this many samples while the function ran
+    ring_rate_spread: float = 0.5  # links of one collective whose mean rates lie within this (relative, chained) are ring-mates
+    ratio_peers_max: int = 4  # peer groups of 2 to this many workers are also compared by ratio (too few for a robust z) ...
+    ratio_rise: float = 0.15  # ... a worker's work this much above the slowest other worker's deviates
+    disk_read_min_mbps: float = 1.0  # lower disk reads are storage only where the peers read at least this
+    cpu_self_drop: float = 0.5  # CPU work that got this much less of a core than the peers', others taking as much: contention
 
 
 @dataclass(frozen=True)
@@ -181,6 +190,13 @@ _RANGES = (
     ("detector", "spread_floor", lambda v: 0 < v < 1, "in (0, 1)"),
     ("detector", "periodic_min_gap", lambda v: v == 0 or v >= 2, "0 (off) or >= 2"),
     ("diagnosis", "persistence", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("diagnosis", "link_steady_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("diagnosis", "link_burst_cv", lambda v: v > 0, "> 0"),
+    ("diagnosis", "cpu_self_drop", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("diagnosis", "link_min_samples", lambda v: v >= 2, ">= 2 (a spread needs two samples)"),
+    ("diagnosis", "ring_rate_spread", lambda v: v > 0, "> 0"),
+    ("diagnosis", "ratio_peers_max", lambda v: v >= 2, ">= 2"),
+    ("diagnosis", "ratio_rise", lambda v: v > 0, "> 0"),
 )
 
 

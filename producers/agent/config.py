@@ -71,7 +71,7 @@ class AgentConfig:
     spool_dir: Path | None = field(default=None, metadata={"help": "on-disk spool for when Kafka is unreachable (default: TMPDIR/lockstep-agent/JOB/rankN)", "parse": _opt_path})
     spool_max_bytes: int = field(default=64 << 20, metadata={"help": "bound of the spool; beyond, the oldest records are dropped and counted", "parse": lockstep_config._pos_int})
     # profiling windows
-    hardware_hz_max: float = field(default=100.0, metadata={"help": "upper bound on the hardware sampling rate a trigger may ask for", "parse": lockstep_config._pos_float})
+    hardware_hz_max: float = field(default=10_000.0, metadata={"help": "upper bound on the hardware sampling rate a trigger may ask for", "parse": lockstep_config._pos_float})
     min_share: float = field(default=0.001, metadata={"help": "leave out of feature batches functions below this share of the step (critical path and total)", "parse": float})
     raw_dir: Path | None = field(default=None, metadata={"help": "where the last window's raw trace is kept (default: SPOOL_DIR/raw)", "parse": _opt_path})
     raw_max_bytes: int = field(default=256 << 20, metadata={"help": "bound of the kept raw trace (zstd); a larger one keeps its longest events", "parse": lockstep_config._pos_int})

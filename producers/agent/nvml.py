@@ -113,15 +113,17 @@ class NvmlDevice:
             out.append(float(v.value.ullVal) if v.nvmlReturn == 0 else math.nan)
         return out[0], out[1]
 
-    def read(self) -> NvmlReading:
+    def read(self, full: bool = True) -> NvmlReading:
+        """One reading; ``full=False`` leaves out utilisation, power and temperature (NaN), which the driver
+        averages over 1/6 s to 1 s, so that the clock, its event reasons and NVLink can be read faster."""
         n, h = self.nvml, self.handle
-        util = _call(n.nvmlDeviceGetUtilizationRates, h, default=None)
+        util = _call(n.nvmlDeviceGetUtilizationRates, h, default=None) if full else None
         tx, rx = self._nvlink() if self.has_nvlink else (math.nan, math.nan)
         return NvmlReading(
             sm_clock_mhz=float(_call(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)),
             utilisation_pct=float(util.gpu) if util is not None else math.nan,
-            power_mw=float(_call(n.nvmlDeviceGetPowerUsage, h)),
-            temp_c=float(_call(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)),
+            power_mw=float(_call(n.nvmlDeviceGetPowerUsage, h)) if full else math.nan,
+            temp_c=float(_call(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)) if full else math.nan,
             clock_events=float(_call(self._reasons, h, default=0)),
             nvlink_tx_kib=tx,
             nvlink_rx_kib=rx,

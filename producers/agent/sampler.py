@@ -1,26 +1,32 @@
-"""The hardware sampler: runs only during a profiling window, on its own threads.
+"""The hardware sampler: a process of its own samples the training process's hardware during a window.
 
-A sample stamped ``t`` describes the sampling period before it (rates over the
-interval since the previous sample; gauges as read at ``t``), as the summariser expects.
-Each sample reads raw counters only (a few small /proc files, ``time.process_time``,
-NVML queries) and appends them to lists; rates and units are computed once, after
-the window, by the pure, vectorised :func:`host_metrics` and the NVML conversions.
-PCIe throughput comes from an NVML query that measures for 20 ms inside the
-driver, so it has a thread of its own and its own (lower) rate.
+:class:`HardwareSampler` keeps the interface the agent has always used (``start()``, ``stop()``
+-> samples table and cost), but the sampling itself runs in a separate process
+(``probe.py``, pure Python, spawned with ``vfork``: about 0.3 ms in the calling thread): the
+training process keeps no sampler thread, so no sample waits for or holds its GIL, at 10 kHz as
+at 100 Hz.  The probe reads raw counters only; rates and units are computed here, once,
+vectorised, after the window (:func:`host_metrics`, :func:`fast_host_metrics`, the NVML
+conversions).
 
-Metrics are the hardware columns of the function table (``schemas/functions.py``):
-``sm_clock_mhz sm_active gpu_power_w gpu_temp_c clock_events pcie_gbps nvlink_gbps``
-from NVML, ``nic_gbps cpu_self cpu_other mem_used_frac disk_read_mbps`` from /proc.
-Without a usable GPU the sampler records the host only and says so once.
+A sample stamped ``t`` describes the sampling period before it (rates over the interval since
+the previous sample; gauges as read at ``t``), as the summariser expects.  Metrics are the
+hardware columns of the function table (``schemas/functions.py``): ``sm_clock_mhz sm_active
+gpu_power_w gpu_temp_c clock_events pcie_gbps nvlink_gbps`` from NVML, ``nic_gbps cpu_self`` at
+the asked rate (up to 10 kHz), ``cpu_other mem_used_frac disk_read_mbps`` from /proc at up to
+100 Hz (see ``probe.py`` for why each source has its rate).  Without a usable GPU the sampler
+records the host only and says so once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import threading
+import select
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,146 +34,25 @@ import pyarrow as pa
 
 from ...schemas.events import SAMPLE_SCHEMA
 from . import nvml as nvml_mod
+from .probe import FAST, PCIE, parse_cpu_jiffies, parse_disk_read_bytes, parse_meminfo, parse_net_bytes
 
 log = logging.getLogger("lockstep.agent")
 
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+__all__ = ["HardwareSampler", "SamplerStats", "fast_host_metrics", "host_metrics", "parse_cpu_jiffies", "parse_disk_read_bytes",
+           "parse_meminfo", "parse_net_bytes", "to_table"]  # fmt: skip
+
+PROBE = Path(__file__).with_name("probe.py")
+COLLECT_TIMEOUT_S = 10.0
 _said_host_only = False
-
-
-# --------------------------------------------------------------------------- raw counters (/proc)
-
-
-def parse_cpu_jiffies(stat: bytes, cores: frozenset[int] | None) -> tuple[int, int]:
-    """(busy, total) jiffies summed over ``cores`` (all cores if None) from /proc/stat."""
-    busy = total = 0
-    for line in stat.split(b"\n"):
-        if not line.startswith(b"cpu") or line[3:4] == b" ":
-            continue
-        name, *fields = line.split()
-        if cores is not None and int(name[3:]) not in cores:
-            continue
-        values = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
-        t = sum(values)
-        total += t
-        busy += t - values[3] - values[4]
-    return busy, total
-
-
-def parse_meminfo(meminfo: bytes) -> float:
-    """Share of memory in use (1 - MemAvailable / MemTotal)."""
-    vals = {}
-    for line in meminfo.split(b"\n")[:8]:
-        key, _, rest = line.partition(b":")
-        if key in (b"MemTotal", b"MemAvailable"):
-            vals[key] = int(rest.split()[0])
-    return 1.0 - vals[b"MemAvailable"] / vals[b"MemTotal"] if len(vals) == 2 and vals[b"MemTotal"] else float("nan")
-
-
-def parse_disk_read_bytes(diskstats: bytes, disks: frozenset[str]) -> int:
-    """Bytes read from whole disks (not partitions) from /proc/diskstats."""
-    total = 0
-    for line in diskstats.split(b"\n"):
-        f = line.split()
-        if len(f) > 5 and f[2].decode() in disks:
-            total += int(f[5]) * 512  # sectors read, always 512-byte units
-    return total
-
-
-def parse_net_bytes(netdev: bytes, nics: frozenset[str] | None) -> int:
-    """Received + sent bytes of ``nics`` (all but loopback if None) from /proc/net/dev."""
-    total = 0
-    for line in netdev.split(b"\n")[2:]:
-        name, sep, rest = line.partition(b":")
-        if not sep:
-            continue
-        name_s = name.strip().decode()
-        if (nics is None and name_s != "lo") or (nics is not None and name_s in nics):
-            f = rest.split()
-            total += int(f[0]) + int(f[8])
-    return total
-
-
-PROC_FILES = ("/proc/stat", "/proc/meminfo", "/proc/diskstats", "/proc/net/dev")
-
-
-class HostReader:
-    """Reads the host's raw counters; everything it cannot read is NaN.
-
-    The /proc files stay open and are re-read with ``pread`` at offset 0 (half the cost
-    of opening them for every sample).
-    """
-
-    def __init__(self, nic: str = ""):
-        try:
-            self.cores: frozenset[int] | None = frozenset(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            self.cores = None
-        self.n_cores = len(self.cores) if self.cores else (os.cpu_count() or 1)
-        block = Path("/sys/block")
-        self.disks = frozenset(p.name for p in block.iterdir() if not p.name.startswith(("loop", "ram"))) if block.is_dir() else frozenset()
-        self.ib_counters = self._ib_counters(nic)
-        self.nics = frozenset({nic}) if nic and not self.ib_counters else None
-        self._fds: dict[str, int] = {}
-        for path in PROC_FILES + tuple(map(str, self.ib_counters)):
-            try:
-                self._fds[path] = os.open(path, os.O_RDONLY)
-            except OSError:
-                pass  # that metric stays NaN
-
-    def _read(self, path: str) -> bytes:
-        fd = self._fds.get(path)
-        if fd is None:
-            raise OSError(f"{path} is not readable")
-        data = os.pread(fd, 1 << 16, 0)  # enough: the cpu lines of /proc/stat come first, before the long "intr" line
-        return data if len(data) < 1 << 16 else data[: data.rfind(b"\n")]  # whole lines only
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds = {}
-
-    @staticmethod
-    def _ib_counters(nic: str) -> list[Path]:
-        """InfiniBand HCAs count 4-byte words in sysfs, not in /proc/net/dev."""
-        ports = Path("/sys/class/infiniband") / nic / "ports" if nic else None
-        if ports is None or not ports.is_dir():
-            return []
-        return [c for p in ports.iterdir() for c in (p / "counters" / "port_xmit_data", p / "counters" / "port_rcv_data") if c.exists()]
-
-    def read(self) -> tuple[float, float, float, float, float, float]:
-        """(busy s, total s) on the worker's cores, memory share, disk bytes read, NIC bytes, process CPU s."""
-        nan = float("nan")
-        try:
-            busy, total = parse_cpu_jiffies(self._read("/proc/stat"), self.cores)
-            busy_s, total_s = busy / CLK_TCK, total / CLK_TCK
-        except (OSError, ValueError):
-            busy_s = total_s = nan
-        try:
-            mem = parse_meminfo(self._read("/proc/meminfo"))
-        except (OSError, ValueError):
-            mem = nan
-        try:
-            disk = float(parse_disk_read_bytes(self._read("/proc/diskstats"), self.disks))
-        except (OSError, ValueError):
-            disk = nan
-        try:
-            if self.ib_counters:
-                net = float(sum(int(self._read(str(c))) for c in self.ib_counters) * 4)
-            else:
-                net = float(parse_net_bytes(self._read("/proc/net/dev"), self.nics))
-        except (OSError, ValueError):
-            net = nan
-        return busy_s, total_s, mem, disk, net, time.process_time()
 
 
 def host_metrics(t_s: np.ndarray, raw: np.ndarray, sampler_cpu_s: np.ndarray, n_cores: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Host samples -> metric -> (t_s, value), vectorised over samples.
 
     ``raw`` holds one row per sample: busy s and total s on the worker's cores,
-    memory share, disk bytes read, NIC bytes, this process's CPU s (what
-    :meth:`HostReader.read` returns); ``sampler_cpu_s`` is the sampler thread's own
-    CPU time, taken out of the process's so that the agent does not count itself.
+    memory share, disk bytes read, NIC bytes, the training process's CPU s (the
+    probe's slow tier); ``sampler_cpu_s`` is CPU time of the sampler inside that
+    process, taken out of the process's (zero since the sampler is a process of its own).
     """
     t_s = np.asarray(t_s, dtype=np.float64)
     raw = np.asarray(raw, dtype=np.float64).reshape(-1, 6)
@@ -195,6 +80,22 @@ def host_metrics(t_s: np.ndarray, raw: np.ndarray, sampler_cpu_s: np.ndarray, n_
     return {k: (t, v) for k, (t, v) in out.items() if np.isfinite(v).any()}
 
 
+def fast_host_metrics(t_s: np.ndarray, t_end_s: np.ndarray, nic_bytes: np.ndarray, proc_cpu_s: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The probe's fast tier -> ``nic_gbps`` (GB/s, rx + tx) and ``cpu_self`` (cores) per interval, vectorised.
+
+    Each reading happened between ``t_s`` and ``t_end_s`` and is stamped at the middle.  A reading
+    that took far longer than the usual (more than 4 x the median + 20 us: the sampler process was
+    preempted between the clock and the counters) is left out, so that its interval does not get
+    another interval's bytes; the next interval then spans both.
+    """
+    t_s, t_end_s = np.asarray(t_s, dtype=np.float64), np.asarray(t_end_s, dtype=np.float64)
+    took = t_end_s - t_s
+    ok = took <= 4.0 * np.median(took) + 20e-6 if took.size else np.zeros(0, dtype=bool)
+    t = (t_s[ok] + t_end_s[ok]) / 2
+    out = {"nic_gbps": nvml_mod.rate(t, np.asarray(nic_bytes)[ok], 1e-9), "cpu_self": nvml_mod.rate(t, np.asarray(proc_cpu_s)[ok])}
+    return {k: (t, v) for k, (t, v) in out.items() if v.size and np.isfinite(v).any()}
+
+
 def to_table(worker: int, metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> pa.Table:
     """metric -> (t_s unix, value) -> the hardware-sample table (t_us unix microseconds)."""
     items = [(m, t, v) for m, (t, v) in sorted(metrics.items()) if len(t)]
@@ -219,9 +120,10 @@ def to_table(worker: int, metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> 
 class SamplerStats:
     source: str  # "nvml" or "host"
     hz_requested: float
-    samples: int
+    samples: int  # readings of the fast tier (NIC, process CPU)
     seconds: float
-    cpu_s: float  # CPU time of the sampler's threads
+    cpu_s: float  # CPU time of the sampler process while it sampled
+    tiers: dict[str, int] = field(default_factory=dict)  # readings per tier: fast, slow, gpu, pcie
 
     @property
     def hz_achieved(self) -> float:
@@ -234,82 +136,135 @@ class SamplerStats:
 
 
 class HardwareSampler:
-    """Samples the host (and the worker's GPU through NVML, when there is one) at ``hz`` until stopped."""
+    """Samples this process's host (and its GPU through NVML, when there is one) at ``hz`` from a process of its own.
+
+    ``prepare()`` starts the sampler process (it opens its counters and NVML and waits), ``start()``
+    starts sampling (preparing first if needed); ``halt()`` ends sampling without waiting and
+    ``collect()`` waits for the samples (the agent calls them from its training thread and its window
+    thread); ``stop()`` is both.  Nothing raises: a sampler that cannot run records nothing, logged.
+    """
 
     def __init__(self, worker: int, hz: float, *, nic: str = "", gpu_uuid: str = "", gpu_index: int | None = None, use_gpu: bool = True):
         global _said_host_only
         self.worker = worker
         self.hz = hz
-        self.host = HostReader(nic)
-        self.gpu = nvml_mod.NvmlDevice.open(gpu_uuid, gpu_index) if use_gpu else None
-        if self.gpu is None and not _said_host_only:
+        use_gpu = use_gpu and nvml_mod.load() is not None
+        if not use_gpu and not _said_host_only:
             _said_host_only = True
             log.info("hardware sampler: no GPU through NVML (%s); sampling the host only", nvml_mod.unavailable_reason() or "not requested")
-        self.source = "nvml" if self.gpu is not None else "host"
-        self._stop = threading.Event()
-        self._t: list[float] = []
-        self._host: list[tuple] = []
-        self._self_cpu: list[float] = []
-        self._gpu: list[nvml_mod.NvmlReading] = []
-        self._pcie: list[tuple[float, float, float]] = []
-        self._cpu_main = self._cpu_pcie = 0.0
-        self._threads: list[threading.Thread] = []
-        self._t0 = self._t1 = 0.0
+        self.source = "nvml" if use_gpu else "host"  # until the sampler process says otherwise
+        self._settings = {"pid": os.getpid(), "hz": hz, "nic": nic, "use_gpu": use_gpu, "gpu_uuid": gpu_uuid, "gpu_index": gpu_index}
+        self._proc: subprocess.Popen | None = None
+        self._early = b""  # what wait_ready() read of the sampler process's output (its first line)
+        self._t0 = 0.0
 
-    def start(self) -> HardwareSampler:
-        self._t0 = time.monotonic()
-        self._threads = [threading.Thread(target=self._run, name="lockstep-sampler", daemon=True)]
-        if self.gpu is not None:
-            self._threads.append(threading.Thread(target=self._run_pcie, name="lockstep-sampler-pcie", daemon=True))
-        for t in self._threads:
-            t.start()
+    def prepare(self) -> HardwareSampler:
+        if self._proc is None:
+            try:
+                self._proc = subprocess.Popen([sys.executable, "-P", str(PROBE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, close_fds=True)  # fmt: skip
+                self._send(json.dumps(self._settings).encode())
+            except OSError as exc:
+                log.warning("hardware sampler: cannot start the sampler process (%s); no hardware samples", exc)
         return self
 
-    @property
-    def native_ids(self) -> frozenset[int]:
-        return frozenset(t.native_id for t in self._threads if t.native_id is not None)
+    def wait_ready(self, timeout_s: float = 30.0) -> bool:
+        """Prepare and wait until the sampler process has opened its counters (benchmarks, tests; the agent never waits)."""
+        self.prepare()
+        if self._proc is None or self._proc.stdout is None:
+            return False
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while not self._early.endswith(b"\n") and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(fd, 4096)  # the probe writes nothing else before it is stopped
+            if not chunk:
+                break
+            self._early += chunk
+        return self._early.endswith(b"\n")
 
-    def _run(self) -> None:
-        period = 1.0 / self.hz
-        next_t = time.monotonic()
-        cpu0 = time.thread_time()
-        while not self._stop.is_set():
-            self._t.append(time.time())
-            self._host.append(self.host.read())
-            if self.gpu is not None:
-                self._gpu.append(self.gpu.read())
-            self._self_cpu.append(time.thread_time() - cpu0)
-            next_t += period
-            delay = next_t - time.monotonic()
-            if delay > 0:
-                self._stop.wait(delay)
-            else:
-                next_t = time.monotonic()  # fell behind: do not try to catch up
-        self._cpu_main = time.thread_time() - cpu0
+    def start(self) -> HardwareSampler:
+        self.prepare()
+        self._t0 = time.monotonic()
+        self._send(b"go")
+        return self
 
-    def _run_pcie(self) -> None:
-        cpu0 = time.thread_time()
-        while not self._stop.is_set():
-            tx, rx = self.gpu.read_pcie()  # type: ignore[union-attr]
-            self._pcie.append((time.time(), tx, rx))
-            self._stop.wait(0.05)
-        self._cpu_pcie = time.thread_time() - cpu0
+    def halt(self) -> None:
+        """End sampling; does not wait (a write of a few bytes to a pipe)."""
+        self._send(b"stop")
+
+    def _send(self, line: bytes) -> None:
+        if self._proc is not None and self._proc.stdin is not None:
+            try:
+                self._proc.stdin.write(line + b"\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # the sampler process is gone: collect() says why
+
+    def close(self) -> None:
+        """Stop a sampler process that was prepared but never collected."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.communicate()
+        self._proc = None
+
+    def collect(self) -> tuple[pa.Table, SamplerStats]:
+        """Wait for the samples: a SAMPLE_SCHEMA table (``t_us`` unix microseconds) and the sampler's cost."""
+        seconds = time.monotonic() - self._t0 if self._t0 else 0.0
+        empty = SAMPLE_SCHEMA.empty_table(), SamplerStats(self.source, self.hz, 0, seconds, 0.0)
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return empty
+        try:
+            out, err = proc.communicate(timeout=COLLECT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            log.warning("hardware sampler: the sampler process did not answer within %.0f s; no hardware samples", COLLECT_TIMEOUT_S)
+            return empty
+        try:
+            ready, head, tiers = _parse(self._early + out)
+        except (ValueError, KeyError):
+            tail = err.decode(errors="replace").strip().splitlines()
+            log.warning("hardware sampler: the sampler process ended with %s (%s); no hardware samples", proc.returncode, tail[-1] if tail else "no message")
+            return empty
+        if self.source == "nvml" and not ready["gpu"]:
+            self.source = "host"
+            log.warning("hardware sampler: no GPU in the sampler process (%s); sampling the host only", ready["reason"])
+        stats = SamplerStats(self.source, self.hz, len(tiers["fast"]), head["seconds"], head["cpu_s"], {k: len(v) for k, v in tiers.items()})
+        return to_table(self.worker, metrics(tiers, int(ready["cores"]))), stats
 
     def stop(self) -> tuple[pa.Table, SamplerStats]:
-        """Stop sampling; the samples as a SAMPLE_SCHEMA table (``t_us`` unix microseconds) and the sampler's cost."""
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=5)
-        self.host.close()
-        self._t1 = time.monotonic()
-        t_s = np.asarray(self._t, dtype=np.float64)
-        metrics = host_metrics(t_s, np.asarray(self._host, dtype=np.float64), np.asarray(self._self_cpu), self.host.n_cores)
-        if self._gpu:
-            g = np.asarray(self._gpu, dtype=np.float64)
-            cols = {f: g[:, i] for i, f in enumerate(nvml_mod.NvmlReading._fields)}
-            metrics.update(nvml_mod.fast_metrics(t_s[: len(g)], cols))
-        if self._pcie:
-            p = np.asarray(self._pcie, dtype=np.float64)
-            metrics.update(nvml_mod.pcie_metrics(p[:, 0], p[:, 1], p[:, 2]))
-        stats = SamplerStats(self.source, self.hz, len(self._t), self._t1 - self._t0, self._cpu_main + self._cpu_pcie)
-        return to_table(self.worker, metrics), stats
+        """Stop sampling and return the samples and the sampler's cost."""
+        self.halt()
+        return self.collect()
+
+
+def _parse(out: bytes) -> tuple[dict, dict, dict[str, np.ndarray]]:
+    """The probe's answer: its ready line, its header, and each tier as a (rows, width) float64 array."""
+    a = out.index(b"\n")
+    b = out.index(b"\n", a + 1)
+    ready, head = json.loads(out[:a]), json.loads(out[a + 1 : b])
+    tiers, at = {}, b + 1
+    for name, spec in head["tiers"].items():
+        n = spec["rows"] * spec["width"]
+        tiers[name] = np.frombuffer(out, dtype=np.float64, count=n, offset=at).reshape(spec["rows"], spec["width"])
+        at += 8 * n
+    return ready, head, tiers
+
+
+def metrics(tiers: dict[str, np.ndarray], n_cores: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The probe's raw tiers -> metric -> (t_s, value) in the function table's units."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    slow = tiers.get("slow")
+    if slow is not None and len(slow):
+        out.update(host_metrics(slow[:, 0], slow[:, 1:], np.zeros(len(slow)), n_cores))  # probe.SLOW: t, then host_metrics's columns
+    fast = tiers.get("fast")
+    if fast is not None and len(fast):
+        out.update(fast_host_metrics(*(fast[:, FAST.index(c)] for c in FAST)))
+    gpu = tiers.get("gpu")
+    if gpu is not None and len(gpu):
+        out.update(nvml_mod.fast_metrics(gpu[:, 0], {f: gpu[:, 1 + i] for i, f in enumerate(nvml_mod.NvmlReading._fields)}))
+    pcie = tiers.get("pcie")
+    if pcie is not None and len(pcie):
+        out.update(nvml_mod.pcie_metrics(*(pcie[:, PCIE.index(c)] for c in PCIE)))
+    return out

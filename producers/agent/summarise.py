@@ -20,7 +20,9 @@ step stage estimates it across peers (the last to arrive waits least).
 **Hardware.**  A sample taken at ``t`` describes the sampling period before it,
 ``(t - period, t]``; a function's hardware columns are the means of the samples
 whose period overlaps one of its executions (each sample counted once per
-function), only for metrics of the resource it depends on (SM clock for GPU
+function), with their standard deviation (``<metric>_sd``, n - 1; NaN below two samples)
+and 95th percentile (``<metric>_p95``): the shape, not only the level, of the resource
+while the function ran.  Only for metrics of the resource it depends on (SM clock for GPU
 work, PCIe for host/device copies, NIC or NVLink for collectives, host CPU,
 memory and disk for everything).  ``clock_events`` is the OR of the sampled bits.
 """
@@ -363,12 +365,41 @@ def _hardware(ev, ws, ci, n_c, res_c, samples: pa.Table | None, ws_worker: np.nd
                 hit = (on[hi] - on[lo] > 0) & (cnt > 0)
                 np.bitwise_or.at(cols["clock_events"], c_sorted[hit], np.uint64(1 << bit))
             continue
-        csum = np.concatenate([[0.0], np.cumsum(v)])
-        total = np.bincount(c_sorted, weights=np.where(cnt > 0, csum[hi] - csum[lo], 0.0), minlength=n_c)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cols[metric] = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+        cols[metric], cols[f"{metric}_sd"], cols[f"{metric}_p95"] = _moments(v, lo, hi, cnt, c_sorted, n, n_c)
     cols["samples"] = counted.astype(np.int32)
     return cols
+
+
+def _moments(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, cnt: np.ndarray, cell: np.ndarray, n: np.ndarray, n_c: int):
+    """Mean, standard deviation (n - 1) and 95th percentile per cell of the samples ``v[lo:hi]`` of its ranges.
+
+    The ranges of one cell are disjoint (each sample counted once per function).  Sums come from
+    cumulative sums of the values centred on their mean (so that the squares do not lose the
+    spread to the level); the percentile sorts the cells' samples, expanded from their ranges, once.
+    """
+    ref = float(v.mean()) if v.size else 0.0
+    d = v - ref
+    c1 = np.concatenate([[0.0], np.cumsum(d)])
+    c2 = np.concatenate([[0.0], np.cumsum(d * d)])
+    live = cnt > 0
+    s1 = np.bincount(cell, weights=np.where(live, c1[hi] - c1[lo], 0.0), minlength=n_c)
+    s2 = np.bincount(cell, weights=np.where(live, c2[hi] - c2[lo], 0.0), minlength=n_c)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, ref + s1 / np.maximum(n, 1), np.nan)
+        var = (s2 - s1 * s1 / np.maximum(n, 1)) / np.maximum(n - 1, 1)
+        sd = np.where(n > 1, np.sqrt(np.clip(var, 0.0, None)), np.nan)
+    p95 = np.full(n_c, np.nan)
+    total = int(cnt.sum())
+    if total:
+        # every range expanded to its sample indices, grouped by cell
+        first = np.cumsum(cnt) - cnt
+        idx = np.arange(total) - np.repeat(first - lo, cnt)
+        groups = np.repeat(cell, cnt)
+        has = n > 0
+        dense = np.cumsum(has) - 1  # cells with samples, numbered 0..k-1 in cell order
+        (q,) = _quantiles(v[idx], dense[groups], n[has].astype(np.int64), (0.95,))
+        p95[has] = q
+    return mean, sd, p95
 
 
 def _periods(w: np.ndarray, t: np.ndarray, n_workers: int) -> np.ndarray:

@@ -82,6 +82,7 @@ from .model import (
     CPU_FUNCTIONS,
     IDX,
     LAYER_KERNELS,
+    SAMPLED,
     SW_POWER_CAP,
     SW_THERMAL,
     HW_THERMAL,
@@ -101,6 +102,9 @@ class FaultKind:
     scope: str | None  # expected Finding.scope
     functions: tuple[str, ...] = ()  # acceptable Finding.function ("" : the fault's own ``function``)
     by_device: bool = False  # a finding that names the right device localises it even if it lists more workers
+    #: hardware samples that tell the cause from the others that slow the same function the same way: without
+    #: them a perfect diagnosis names worker, function and device with the cause ``undetermined``
+    needs: tuple[str, ...] = ()
 
 
 _INTER_NODE = ("nccl:all_reduce[dp]", "nccl:send_recv[pp]", "nccl:all_to_all[ep]", "nccl:all_reduce[mp]")
@@ -108,20 +112,21 @@ _INTRA_NODE = ("nccl:all_reduce[tp]", "nccl:all_reduce[dp]", "nccl:all_to_all[ep
 _INPUT = ("fwd.gemm", "fwd.attention", "bwd.gemm", "bwd.attention", "fwd.embedding", "fwd.loss", "moe.expert_gemm", "memcpy.h2d")
 
 CATALOGUE: dict[str, FaultKind] = {
-    "gpu_throttle_thermal": FaultKind("workers", "gpu_throttle_thermal", "worker", COMPUTE_KERNELS),
-    "gpu_throttle_power": FaultKind("workers", "gpu_throttle_power", "worker", COMPUTE_KERNELS),
-    "gpu_slow": FaultKind("workers", "gpu_slow", "worker", COMPUTE_KERNELS),
-    "nvlink": FaultKind("workers", "nvlink", "worker", _INTRA_NODE, by_device=True),
-    "pcie": FaultKind("workers", "pcie", "worker", ("memcpy.h2d",)),
-    "nic": FaultKind("nics", "nic", "worker", _INTER_NODE, by_device=True),
-    "switch": FaultKind("switches", "switch", "worker", _INTER_NODE, by_device=True),
-    "host_cpu_contention": FaultKind("hosts", "host_cpu_contention", "worker", CPU_FUNCTIONS, by_device=True),
-    "host_memory": FaultKind("hosts", "host_memory", "worker", CPU_FUNCTIONS, by_device=True),
-    "storage": FaultKind("hosts", "storage", "worker", ("dataloader.next",), by_device=True),
-    "dataloader": FaultKind("workers", "dataloader", "worker", ("dataloader.next",)),
+    "gpu_throttle_thermal": FaultKind("workers", "gpu_throttle_thermal", "worker", COMPUTE_KERNELS, needs=("sm_clock_mhz",)),
+    "gpu_throttle_power": FaultKind("workers", "gpu_throttle_power", "worker", COMPUTE_KERNELS, needs=("sm_clock_mhz",)),
+    "gpu_slow": FaultKind("workers", "gpu_slow", "worker", COMPUTE_KERNELS, needs=("sm_clock_mhz",)),
+    "nvlink": FaultKind("workers", "nvlink", "worker", _INTRA_NODE, by_device=True, needs=("nvlink_gbps",)),
+    "pcie": FaultKind("workers", "pcie", "worker", ("memcpy.h2d",), needs=("pcie_gbps",)),
+    "nic": FaultKind("nics", "nic", "worker", _INTER_NODE, by_device=True, needs=("nic_gbps",)),
+    "switch": FaultKind("switches", "switch", "worker", _INTER_NODE, by_device=True, needs=("nic_gbps",)),
+    "host_cpu_contention": FaultKind("hosts", "host_cpu_contention", "worker", CPU_FUNCTIONS, by_device=True, needs=("cpu_other",)),
+    "host_memory": FaultKind("hosts", "host_memory", "worker", CPU_FUNCTIONS, by_device=True, needs=("mem_used_frac",)),
+    "storage": FaultKind("hosts", "storage", "worker", ("dataloader.next",), by_device=True, needs=("disk_read_mbps",)),
+    "dataloader": FaultKind("workers", "dataloader", "worker", ("dataloader.next",), needs=("cpu_other", "disk_read_mbps", "mem_used_frac")),
     "input_imbalance": FaultKind("workers", "input_imbalance", "worker", _INPUT),
     "pipeline_imbalance": FaultKind("stage", "pipeline_imbalance", "group", LAYER_KERNELS),
-    "rank_specific_code": FaultKind("workers", "rank_specific_code", "worker", ("",)),
+    # the peers run the function too: only the host's CPU samples rule contention out
+    "rank_specific_code": FaultKind("workers", "rank_specific_code", "worker", ("",), needs=("cpu_other",)),
     "regression": FaultKind("function", "regression", "job", ("",)),
     "clock_skew": FaultKind("hosts", None, None),
     "missing_worker": FaultKind("workers", None, None),
@@ -205,7 +210,8 @@ class Fault:
             mask[:] = True
         return mask
 
-    def truth(self, topo: Topology) -> Truth:
+    def truth(self, topo: Topology, hardware: str = "nvml") -> Truth:
+        """What a perfect diagnosis says, given what the workers' samplers see (``hardware``, :data:`SAMPLED`)."""
         k = self.kind
         m = self.targets(topo)
         workers = [int(w) for w in np.flatnonzero(m)]
@@ -221,9 +227,10 @@ class Fault:
         else:
             devices = []
         functions = [self.function if f == "" else f for f in k.functions]
+        cause = k.cause if k.cause is None or set(k.needs) <= SAMPLED[hardware] else "undetermined"
         return Truth(
             fault=self.type,
-            cause=k.cause,
+            cause=cause,
             scope=k.scope,
             workers=workers if k.scope in ("worker", "group") else [],
             hosts=hosts if k.scope in ("worker", "group") else [],

@@ -94,7 +94,7 @@ def write_records(scenario: Scenario, folder: Path, progress=None) -> Written:
                 "expected_workers": pa.array(np.full(n, topo.workers)),
                 **{k: v.take(pa.array(row_worker)) for k, v in worker_cols.items()},
                 "step_time_us": pa.array(sim.step_time_us[row_worker]),
-                "hardware": pa.array(["nvml"] * n, type=pa.string()),
+                "hardware": pa.array([scenario.hardware] * n, type=pa.string()),
                 "sent_at": pa.array(np.round(clock + sim.clock_offset_s[row_worker], 6)),
                 "tenant": pa.array([scenario.tenant] * n, type=pa.string()),
             }

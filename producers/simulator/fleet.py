@@ -14,7 +14,7 @@ import yaml
 from ...schemas import functions as ft
 from ...schemas.records import FeatureBatch, ProfileTrigger, Sampling, StepHeartbeat, WorkerMeta
 from .faults import Fault, FaultError, Truth, effects
-from .model import KIND, NAMES, SimulatedStep, Static, Workload, simulate_step, step_rng
+from .model import KIND, NAMES, SAMPLED, SimulatedStep, Static, Workload, simulate_step, step_rng
 from .topology import Topology, TopologyError
 
 
@@ -50,12 +50,16 @@ class Scenario:
     window: Window = field(default_factory=Window)
     baseline: Window | None = None  # an earlier window of the same job, before any fault (job-wide regressions)
     hardware_hz: float = 100.0  # hardware samples per second during a window
+    hardware: str = "nvml"  # what the samplers see: nvml (NVML and the host's counters), host (the host's only), none
     tenant: str = ""
     name: str = ""
+    group: str = ""  # the suite category it belongs to, when not its fault's (e.g. small_job)
 
     @property
     def category(self) -> str:
-        """What the scenario tests: ``healthy``, the fault type, or ``two_faults``."""
+        """What the scenario tests: its ``group``, else ``healthy``, the fault type, or ``two_faults``."""
+        if self.group:
+            return self.group
         if not self.faults:
             return "healthy"
         return self.faults[0].type if len(self.faults) == 1 else "two_faults"
@@ -76,7 +80,7 @@ class Scenario:
     def from_dict(cls, data: object, where: str = "scenario", default_name: str = "") -> Scenario:
         if not isinstance(data, dict):
             raise ScenarioError(f"{where}: expected a mapping")
-        known = {"name", "job", "seed", "topology", "workload", "faults", "window", "baseline", "hardware_hz", "tenant"}
+        known = {"name", "group", "job", "seed", "topology", "workload", "faults", "window", "baseline", "hardware_hz", "hardware", "tenant"}
         unknown = set(data) - known
         if unknown:
             raise ScenarioError(f"{where}: unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
@@ -95,8 +99,10 @@ class Scenario:
                 window=window,
                 baseline=baseline,
                 hardware_hz=float(data.get("hardware_hz", 100.0)),
+                hardware=str(data.get("hardware", "nvml")),
                 tenant=str(data.get("tenant", "")),
                 name=str(data.get("name", default_name)),
+                group=str(data.get("group", "")),
             )
             sc.check()
             return sc
@@ -111,6 +117,8 @@ class Scenario:
             raise ValueError("workload.layers_per_stage must be >= 1 and microbatches >= 0")
         if self.window.steps < 1 or self.window.start_step < 0 or not 0 < self.hardware_hz <= 10_000:
             raise ValueError("window needs steps >= 1 and start_step >= 0; hardware_hz in (0, 10000]")
+        if self.hardware not in SAMPLED:
+            raise ValueError(f"hardware must be one of {', '.join(SAMPLED)}, got {self.hardware!r}")
         for f in self.faults:
             f.targets(self.topology)  # raises on targets outside the topology
         if self.baseline and any(f.start_step < self.baseline.start_step + self.baseline.steps for f in self.faults if f.type == "regression"):
@@ -118,6 +126,8 @@ class Scenario:
 
     def to_dict(self) -> dict:
         out: dict = {"name": self.name, "job": self.job, "seed": self.seed}
+        if self.group:
+            out["group"] = self.group
         out["topology"] = {k: getattr(self.topology, k) for k in self.topology.__dataclass_fields__}
         wl = _nondefault(self.workload, Workload())
         if wl:
@@ -127,13 +137,15 @@ class Scenario:
             out["baseline"] = {"start_step": self.baseline.start_step, "steps": self.baseline.steps}
         if self.hardware_hz != 100.0:
             out["hardware_hz"] = self.hardware_hz
+        if self.hardware != "nvml":
+            out["hardware"] = self.hardware
         if self.tenant:
             out["tenant"] = self.tenant
         out["faults"] = [f.to_dict() for f in self.faults]
         return out
 
     def truths(self) -> list[Truth]:
-        return [f.truth(self.topology) for f in self.faults]
+        return [f.truth(self.topology, self.hardware) for f in self.faults]
 
 
 def _nondefault(obj, default) -> dict:
@@ -169,12 +181,14 @@ class FleetSimulator:
         self.meta: list[WorkerMeta] = self.topology.meta()
         self.static = Static.draw(self.topology, scenario.workload, scenario.seed)
 
-    def step(self, step: int, faults: tuple[Fault, ...] | None = None, readings: bool = True) -> SimulatedStep:
+    def step(self, step: int, faults: tuple[Fault, ...] | None = None, readings: bool = True, hardware_hz: float | None = None) -> SimulatedStep:
         """Simulate one step; ``faults`` overrides the scenario's (re-simulation without a fault),
-        ``readings=False`` skips the hardware readings (the times stay the same)."""
+        ``readings=False`` skips the hardware readings (the times stay the same), ``hardware_hz`` the scenario's
+        sampling rate (a live window's trigger asks for its own)."""
         sc = self.scenario
         fx = effects(self.topology, sc.faults if faults is None else faults, step, sc.workload.layers_per_stage)
-        return simulate_step(self.topology, sc.workload, self.static, step, step_rng(sc.seed, step), fx, sc.hardware_hz, readings)
+        hz = sc.hardware_hz if hardware_hz is None else hardware_hz
+        return simulate_step(self.topology, sc.workload, self.static, step, step_rng(sc.seed, step), fx, hz, readings, sc.hardware)
 
     def saving(self, index: int, steps: range | list[int]) -> float:
         """The share of the synchronised step time that removing fault ``index`` saves over ``steps``
@@ -252,7 +266,7 @@ class FleetSimulator:
                 worker=m,
                 step_time_us=float(sim.step_time_us[i]),
                 functions=ft.pack(table.slice(int(offsets[i]), int(counts[i]))),
-                hardware="nvml",
+                hardware=self.scenario.hardware,  # type: ignore[arg-type]
                 policy=trigger.policy_ref,
                 sent_at=now + float(sim.clock_offset_s[i]),
                 tenant=self.scenario.tenant,

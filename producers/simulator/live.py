@@ -93,7 +93,9 @@ def run_live(
                 log.info("accepted trigger %s: steps %d..%d (%s)", trig.window, trig.start_step, trig.start_step + trig.steps - 1, trig.reason)
                 res.triggers.append(trig)
                 active.append(trig)
-        sim = fleet.step(step)
+        # the workers' samplers run at the rate the window's trigger asks for, as agents do
+        rates = [t.sampling.hardware_hz for t in active if t.start_step <= step < t.start_step + t.steps]
+        sim = fleet.step(step, hardware_hz=rates[0] if rates else None)
         now = time.time()
         for hb in fleet.heartbeats(sim, now):
             publisher.send(topics.heartbeats, job, msgspec.structs.replace(hb, **echo) if echo else hb)

@@ -19,17 +19,22 @@ micro-batch; a stage waits in ``nccl:send_recv[pp]`` for its neighbour.
 Arrays are (workers, functions) over the catalogue :data:`FUNCTIONS`; a
 function a worker does not run has ``present`` False (the embedding only on the
 first stage, tensor-parallel collectives only with ``tp > 1``, ...).  Hardware
-readings are what a host agent reports for each function: the mean of the
-samples taken *while it ran*, idle waits filtered out.  So a link's throughput
-is its rate while it moved bytes: a degraded NIC in a ring shows its own low
-rate while the healthy NICs of the same ring show their full rate (they burst,
-then idle until the slow hop catches up), even though the collective takes
-equally long for every member.
+readings are what a host agent reports for each function: the mean, the spread
+(standard deviation) and the peak (95th percentile) of the samples taken *while
+it ran*, idle waits filtered out.  A link's counters show what real ones show:
+in a group that runs at its slowest link every member's link carries the same
+bytes in the same time, so every member's *mean* throughput is the slowest
+link's; what differs is the shape.  The slowest link is busy all the time
+(steady, low peak), the faster ones burst at their own capacity and idle while
+the slow hop drains their buffer (spread 1-3 times the mean, peaks far above)
+-- as far as the sampling rate resolves the bursts: samples longer than a burst
+average it out.  A scenario's ``hardware`` says what the samplers see at all
+(NVML and the host's counters, the host's only, or nothing).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -42,6 +47,20 @@ PCIE_GBPS = 25.0  # host-to-device copies, per GPU
 DISK_MBPS = 2000.0  # host reads while the loader reads
 POWER_IDLE_W, POWER_W = 90.0, 600.0  # board power idle and at the base clock under load
 TEMP_C = 65.0
+
+#: a link faster than its group's slowest runs ahead by a buffer (NCCL's per-channel buffer), then idles until the
+#: slow hop has drained it: its bursts last this many bytes at the slow rate
+BURST_BYTES = 4e6
+SATURATED_CV = 0.1  # spread (sd/mean) of a link busy all the time (protocol gaps, flow control)
+#: spread (sd/mean) of each other metric's samples while a function runs
+METRIC_CV = {
+    "sm_clock_mhz": 0.003, "sm_active": 0.05, "gpu_power_w": 0.03, "gpu_temp_c": 0.005, "pcie_gbps": SATURATED_CV,
+    "cpu_self": 0.15, "cpu_other": 0.3, "mem_used_frac": 0.002, "disk_read_mbps": 0.3,
+}  # fmt: skip
+_HOST = frozenset({"nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps"})
+#: what a worker's sampler sees: NVML and the host's counters (``nvml``), the host's only (``host``: no GPU, or no
+#: NVML), nothing (``none``): the values of a feature batch's ``hardware``
+SAMPLED = {"nvml": _HOST | {"sm_clock_mhz", "sm_active", "gpu_power_w", "gpu_temp_c", "pcie_gbps", "nvlink_gbps"}, "host": _HOST, "none": frozenset()}
 
 # NVML clock-event (throttle) reason bits
 SW_POWER_CAP = 0x04
@@ -257,9 +276,11 @@ def _ring_time(bytes_: float, members: int, bw_gbps: np.ndarray) -> np.ndarray:
 
 
 def simulate_step(
-    topo: Topology, wl: Workload, static: Static, step: int, rng: np.random.Generator, fx: Effects, hardware_hz: float = 100.0, readings: bool = True
+    topo: Topology, wl: Workload, static: Static, step: int, rng: np.random.Generator, fx: Effects, hardware_hz: float = 100.0, readings: bool = True,
+    hardware: str = "nvml",
 ) -> SimulatedStep:
-    """Simulate one step of every worker; ``readings=False`` skips the hardware readings (timing only, same times)."""
+    """Simulate one step of every worker; ``readings=False`` skips the hardware readings (timing only, same times);
+    ``hardware``: what the workers' samplers see (:data:`SAMPLED`)."""
     W, P, D, T = topo.workers, topo.pp, topo.dp, topo.tp
     shape = (P, D, T)
     st = static.structure
@@ -450,11 +471,13 @@ def simulate_step(
     nbytes[:, g("nccl:all_reduce[mp]")] = 8.0 * 2
     nbytes[~present] = np.nan
 
-    samples = np.maximum(1, np.rint(total * hardware_hz / 1e6)).astype(np.int32)
-    samples[~present] = 0
-    hw = _hardware(topo, static, rng, fx, st, samples, clock, pcie_gbps, nvlink, nic, total) if readings else {}
+    sampled = SAMPLED[hardware]
+    samples = np.where(present, np.maximum(1, np.rint(total * hardware_hz / 1e6)), 0).astype(np.int32) if sampled else np.zeros((W, F), dtype=np.int32)
+    hw = _hardware(topo, static, rng, fx, st, samples, clock, pcie_gbps, nvlink, nic, total, hardware_hz, sampled) if readings else {}
     for arr in hw.values():
         arr[~present] = np.nan
+    if "sm_clock_mhz" not in sampled:  # no NVML: no clock-event reasons either
+        fx = replace(fx, clock_events=np.zeros(W, dtype=np.uint64))
     events = np.where(GPU_BOUND[None, :] & present, fx.clock_events[:, None], 0).astype(np.uint64)
     return SimulatedStep(
         step=step,
@@ -476,13 +499,56 @@ def simulate_step(
     )
 
 
-def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvlink, nic, total) -> dict[str, np.ndarray]:
-    """Readings while each function ran: noise shrinks with the number of samples that overlapped it."""
+def _link_rates(topo: Topology, st: dict, nic: np.ndarray, nvlink: np.ndarray) -> dict[str, list[tuple[int, np.ndarray, np.ndarray]]]:
+    """Per link metric: (function, rate every member of the worker's group moves bytes at, the worker's own capacity).
+
+    A collective runs at its slowest link (the timing above): every member's link carries the same bytes in the
+    same time, so its mean throughput is the group's slowest capacity, whatever its own.
+    """
+    shape = (topo.pp, topo.dp, topo.tp)
+    out: dict[str, list] = {"nic_gbps": [], "nvlink_gbps": []}
+    if topo.tp > 1:
+        out["nvlink_gbps"].append((IDX["nccl:all_reduce[tp]"], _group_min(nvlink, shape, (2,)), nvlink))
+    if topo.dp > 1:
+        dp = IDX["nccl:all_reduce[dp]"]
+        if st["dp_per_host"] > 1:  # hierarchical: NVLink inside the host, then the NICs across hosts
+            out["nvlink_gbps"].append((dp, _group_min(nvlink, shape, (1,)), nvlink))
+        if st["dp_hosts"] > 1:
+            out["nic_gbps"].append((dp, _group_min(nic, shape, (1,)), nic))
+        link, metric = (nic, "nic_gbps") if st["dp_hosts"] > 1 else (nvlink, "nvlink_gbps")
+        out[metric].append((IDX["nccl:all_to_all[ep]"], _group_min(link, shape, (1,)), link))
+    if topo.pp > 1:  # send/recv between neighbouring stages (same dp, tp rank): a stage's link carries both hops
+        v = nic.reshape(shape)
+        hop = np.minimum(v[:-1], v[1:]).min(axis=2, keepdims=True)  # (pp - 1, dp, 1), as in the timing
+        inf = np.full((1,) + hop.shape[1:], np.inf)
+        rate = np.minimum(np.concatenate([inf, hop]), np.concatenate([hop, inf]))
+        out["nic_gbps"].append((IDX["nccl:send_recv[pp]"], np.broadcast_to(rate, shape).reshape(-1), nic))
+    return out
+
+
+def _shape(rng, mean: np.ndarray, cv: np.ndarray, samples: np.ndarray, cap: np.ndarray | float = np.inf) -> tuple[np.ndarray, np.ndarray]:
+    """Standard deviation and 95th percentile of ``samples`` readings of mean ``mean`` and spread ``cv`` (sd/mean),
+    with the error an estimate from that many samples has; the spread is NaN below two samples, the peak the one
+    reading; no reading exceeds ``cap``."""
+    n = np.maximum(samples, 1)
+    sd = np.abs(mean) * cv * np.clip(1.0 + rng.normal(0.0, 1.0, mean.shape) / np.sqrt(2.0 * np.maximum(n - 1, 1)), 0.1, None)
+    p95 = np.minimum(mean + 1.645 * sd, np.maximum(cap, mean))
+    return np.where(samples >= 2, sd, np.nan), np.where(samples >= 2, p95, mean)
+
+
+def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvlink, nic, total, hz: float, sampled: frozenset) -> dict[str, np.ndarray]:
+    """Readings while each function ran: mean, spread (sd) and peak (p95) of the samples that overlapped it.
+
+    The level's noise shrinks with the number of samples; the spread is each metric's own (:data:`METRIC_CV`),
+    except on links: see :func:`_link_rates` and :data:`BURST_BYTES`.
+    """
+    if not sampled:
+        return {}
     W = topo.workers
     nan = np.full((W, F), np.nan)
     gpu = GPU_BOUND[None, :]
-    sd = 1.0 / np.sqrt(np.maximum(samples, 1))
-    n = lambda s: 1.0 + rng.normal(0.0, 1.0, size=(W, F)) * s * sd  # noqa: E731
+    level = 1.0 / np.sqrt(np.maximum(samples, 1))
+    n = lambda s: 1.0 + rng.normal(0.0, 1.0, size=(W, F)) * s * level  # noqa: E731
     rel_clock = (clock / BASE_CLOCK_MHZ)[:, None]
     active = np.where(KIND[None, :] == "optimizer", 0.6, 0.88)
     power = POWER_IDLE_W + (POWER_W - POWER_IDLE_W) * rel_clock**2 * static.power[:, None]
@@ -492,8 +558,6 @@ def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvl
         "gpu_power_w": np.where(gpu, power * n(0.02), nan),
         "gpu_temp_c": np.where(gpu, (static.temp_c + fx.temp_delta)[:, None] * n(0.01), nan),
         "pcie_gbps": nan.copy(),
-        "nvlink_gbps": nan.copy(),
-        "nic_gbps": nan.copy(),
         # the worker's process: about a core for the training loop; the loader's workers while it stalls
         "cpu_self": np.where(KIND[None, :] == "dataloader", 6.0 * fx.cpu_self_factor[:, None], 1.0) * n(0.05),
         "cpu_other": np.clip((static.cpu_other + fx.cpu_other_delta)[:, None] * n(0.05), 0, 1),
@@ -502,12 +566,24 @@ def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvl
     }
     h2d = IDX["memcpy.h2d"]
     hw["pcie_gbps"][:, h2d] = pcie_gbps * n(0.02)[:, h2d]
-    res = st["resource"]
+    for m, cv in METRIC_CV.items():
+        hw[f"{m}_sd"], hw[f"{m}_p95"] = _shape(rng, hw[m], cv, samples)
+    # links: every member of a group moves bytes at the group's slowest rate, so every member's mean is that rate.
+    # The slowest link is busy all the time (steady: SATURATED_CV); a faster one sends BURST_BYTES at its own
+    # capacity, then idles until the slow hop drains them (duty d = rate / capacity: sd/mean sqrt((1 - d) / d)).
+    # Samples longer than a burst average bursts out: only sqrt(burst / sample interval) of that spread shows.
     comm = COMM[None, :] & (total > 0)
-    comm[:, IDX["nccl:all_reduce[mp]"]] = False  # a few bytes: latency, no measurable throughput
-    # a link's rate while it moves bytes: its own capacity, not the ring's
-    hw["nic_gbps"] = np.where(comm & (res == "nic"), nic[:, None] * n(0.02), np.nan)
-    intra = comm & ((res == "nvlink") | ((KIND[None, :] == "collective") & (st["dp_per_host"] > 1)))
-    intra[:, IDX["nccl:send_recv[pp]"]] = False
-    hw["nvlink_gbps"] = np.where(intra, nvlink[:, None] * n(0.02), np.nan)
-    return hw
+    for metric, links in _link_rates(topo, st, nic, nvlink).items():
+        for key in (metric, f"{metric}_sd", f"{metric}_p95"):
+            hw[key] = np.full((W, F), np.nan)
+        for f, rate, cap in links:
+            ok = comm[:, f]
+            duty = np.clip(rate / cap, 1e-3, 1.0)
+            burst_us = BURST_BYTES / (rate * 1e3)
+            shows = np.minimum(1.0, np.sqrt(burst_us * hz / 1e6))
+            cv = np.hypot(SATURATED_CV * rng.lognormal(0.0, 0.2, W), np.sqrt((1.0 - duty) / duty) * shows)
+            mean = rate * (1.0 + rng.normal(0.0, 0.02, W) / np.sqrt(np.maximum(samples[:, f], 1)))
+            sd, p95 = _shape(rng, mean, cv, samples[:, f], cap * (1.0 + 1.645 * SATURATED_CV))
+            for key, v in ((metric, mean), (f"{metric}_sd", sd), (f"{metric}_p95", p95)):
+                hw[key][:, f] = np.where(ok, v, np.nan)
+    return {k: v for k, v in hw.items() if k.removesuffix("_sd").removesuffix("_p95") in sampled}

@@ -1,12 +1,14 @@
-"""The standard evaluation suite: scenarios across every fault type, job sizes from 16 to 4,096 workers.
+"""The standard evaluation suite: scenarios across every fault type, job sizes from 2 to 4,096 workers.
 
 Generated, not hand-written, so that it is reproducible and balanced: 12
 scenarios per category (each fault type of the catalogue, two simultaneous
-faults, healthy jobs), each with its own seed, topology (data, tensor and
-pipeline parallelism, mixture-of-experts), hardware sampling rate, culprits and
-a severity in a range where the fault costs the job something real.  The
-repository keeps the files (``suites/standard/*.yaml``); a test checks that they
-are exactly what this module generates.  Regenerate with::
+faults, healthy jobs, small jobs of 2 and 3 workers, and jobs whose samplers
+see only the host or nothing), each with its own seed, topology (data, tensor
+and pipeline parallelism, mixture-of-experts), hardware sampling rate (the
+rates a window's sampler runs at: 1 to 10 kHz), culprits and a severity in a
+range where the fault costs the job something real.  The repository keeps the
+files (``suites/standard/*.yaml``); a test checks that they are exactly what
+this module generates.  Regenerate with::
 
     python -m lockstep.producers.simulator.suite suites/standard
 
@@ -29,7 +31,7 @@ from .model import Workload
 from .topology import Topology
 
 PER_CATEGORY = 12
-CATEGORIES = FAULT_TYPES + ("two_faults", "healthy")
+CATEGORIES = FAULT_TYPES + ("two_faults", "healthy", "small_job", "no_samples")
 SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 WINDOW = Window(start_step=60, steps=8)
 BASELINE = Window(start_step=20, steps=8)
@@ -67,6 +69,17 @@ PAIRS = (
     ("nvlink", "dataloader"),
 )
 REGRESSED = ("fwd.attention", "bwd.gemm", "optimizer.step", "nccl:all_reduce[dp]")
+#: samples per second of a window's sampler (each scenario draws one)
+RATES = (1000.0, 1000.0, 1000.0, 2000.0, 10000.0)
+#: jobs of 2 and 3 workers, one per host (a z-score needs more peers): the fault of each, None for a healthy one
+SMALL_JOBS = ("gpu_slow", "dataloader", "nic", "gpu_throttle_thermal", "rank_specific_code", "host_cpu_contention",
+              "input_imbalance", None, "storage", "pcie", "nic", None)  # fmt: skip
+#: (fault, what the samplers see): without the samples that decide, the expected cause is ``undetermined``
+WITHOUT_SAMPLES = (
+    ("gpu_throttle_thermal", "none"), ("dataloader", "host"), ("gpu_slow", "none"), ("host_cpu_contention", "host"),
+    ("rank_specific_code", "none"), ("nic", "host"), ("pcie", "none"), ("gpu_throttle_power", "host"),
+    ("dataloader", "none"), ("rank_specific_code", "host"), ("host_cpu_contention", "none"), ("input_imbalance", "none"),
+)  # fmt: skip
 
 
 def _topology(rng: np.random.Generator, category: str, workers: int) -> tuple[Topology, Workload]:
@@ -115,6 +128,10 @@ def _fault(rng: np.random.Generator, kind: str, topo: Topology, avoid_hosts: set
 
 def _sizes(category: str) -> list[int]:
     """Job sizes of a category's scenarios: every size, the big ones less often (they cost the most time)."""
+    if category == "small_job":
+        return [2, 3] * (PER_CATEGORY // 2)
+    if category == "no_samples":  # each fault's own sizes, in turn
+        return [_sizes(kind)[i] for i, (kind, _) in enumerate(WITHOUT_SAMPLES)]
     small = [s for s in SIZES if s >= {"switch": 64, "pipeline_imbalance": 256, "two_faults": 32}.get(category, 16)]
     if category in ("host_cpu_contention", "host_memory", "storage"):
         small = [s for s in small if s >= 32]
@@ -131,21 +148,28 @@ def standard_suite(seed: int = STANDARD_SEED) -> list[Scenario]:
     for c_index, category in enumerate(CATEGORIES):
         rng = np.random.default_rng([seed, c_index])
         for i, workers in enumerate(_sizes(category)):
-            topo, workload = _topology(rng, category, workers)
+            hardware, group, kind = "nvml", "", category
+            if category == "small_job":
+                kind, group = SMALL_JOBS[i] or "healthy", category
+                topo, workload = Topology(workers=workers, gpus_per_host=1, nics_per_host=1, hosts_per_switch=4), Workload()
+            else:
+                if category == "no_samples":
+                    (kind, hardware), group = WITHOUT_SAMPLES[i], category
+                topo, workload = _topology(rng, kind, workers)
             start = int(rng.choice([0, 30, 45, WINDOW.start_step, WINDOW.start_step + 2]))
-            if category == "healthy":
+            if kind == "healthy":
                 faults: tuple[Fault, ...] = ()
-            elif category == "two_faults":
+            elif kind == "two_faults":
                 a, b = PAIRS[i % len(PAIRS)]
                 first = _fault(rng, a, topo, set(), start)
                 used = {int(h) for h in topo.arrays["host"][first.targets(topo)]}
                 faults = (first, _fault(rng, b, topo, used, start))
             else:
-                faults = (_fault(rng, category, topo, set(), start),)
-            hz = float(rng.choice([100.0, 100.0, 100.0, 20.0, 1000.0]))
+                faults = (_fault(rng, kind, topo, set(), start),)
+            hz = float(rng.choice(RATES))
             name = f"{category}-{i:02d}-{workers}w"
             sc = Scenario(job=name, seed=int(rng.integers(1 << 31)), topology=topo, workload=workload, faults=faults,
-                          window=WINDOW, baseline=BASELINE, hardware_hz=hz, name=name)  # fmt: skip
+                          window=WINDOW, baseline=BASELINE, hardware_hz=hz, hardware=hardware, name=name, group=group)  # fmt: skip
             scenarios.append(_costly(sc) if len(faults) == 1 and faults[0].kind.cause else sc)
     return scenarios
 

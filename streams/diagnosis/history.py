@@ -46,6 +46,10 @@ class JobHistory(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     # ... and of the work's spread from step to step (1.4826 x MAD); absent in histories written before it
     work_spread_us: list[float] = []
 
+    def work_of(self) -> dict[tuple[str, str], float]:
+        """(peer group, function) -> typical work per step in the healthy windows."""
+        return dict(zip(zip(self.group, self.function), self.work_us))
+
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
 

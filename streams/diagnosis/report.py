@@ -9,8 +9,10 @@ import pyarrow as pa
 
 from ...schemas.functions import float_columns, pack, unpack_ipc
 from ...schemas.records import RecordError, StepReport
-from .step import GROUP_SCHEMA, OUTLIER_SCHEMA, StepResult
+from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, StepResult
 
+#: evidence columns of the step report's tables added after its first release (a missing one reads as NaN)
+_ADDED = LINK_SHAPE + tuple(f"peer_{c}" for c in LINK_SHAPE)
 MAX_VALUE = 1e15  # no measure in a step report is larger (in µs ~31 years); beyond it, corruption that could overflow
 #: the columns of the step report's tables that are times (µs, never NaN), and their lower bound
 TIMES = {"step_time_us": 1.0, "work_us": 0.0, "wait_us": 0.0, "worker_work_us": 0.0, "peer_work_us": 0.0,
@@ -99,6 +101,10 @@ def _table(data: bytes, schema: pa.Schema, what: str) -> pa.Table:
     """An Arrow payload of a step report, cast to its schema (the window stage reads columns by name)."""
     table = unpack_ipc(data)
     if not table.schema.equals(schema, check_metadata=False):
+        # a step stage one release older wrote it (mid-upgrade): evidence columns added since are not measured
+        for f in schema:
+            if f.name in _ADDED and f.name not in table.column_names:
+                table = table.append_column(f.name, pa.array(np.full(table.num_rows, np.nan), f.type))
         try:
             table = table.select(schema.names).cast(schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 
-def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int, upper: bool = False) -> np.ndarray:
     """Median of ``values`` per group id in ``[0, n_groups)``; NaN values are ignored.
 
-    Groups with no (non-NaN) value get NaN.
+    Groups with no (non-NaN) value get NaN.  ``upper``: the upper median (of an even count, the larger of the two
+    middle values; of two values, the larger).
     """
     values = np.asarray(values, dtype=np.float64)
     keep = ~np.isnan(values)
@@ -34,7 +35,7 @@ def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.nd
     has = counts > 0
     lo = starts[has] + (counts[has] - 1) // 2
     hi = starts[has] + counts[has] // 2
-    out[has] = (v[lo] + v[hi]) / 2.0
+    out[has] = v[hi] if upper else (v[lo] + v[hi]) / 2.0
     return out
 
 
@@ -55,6 +56,28 @@ def majority_bits(values: np.ndarray, groups: np.ndarray, n_groups: int, bits: i
         has = ((values >> np.uint64(bit)) & np.uint64(1)).astype(np.int64)
         k = np.bincount(groups, weights=has, minlength=n_groups)
         out |= np.where((n > 0) & (2 * k >= n), np.uint64(1 << bit), np.uint64(0))
+    return out
+
+
+def others_extremes(groups: np.ndarray, n_groups: int, m: np.ndarray, max_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """For workers of groups of 2 to ``max_size`` workers: per column, the largest and the smallest value of the
+    *other* workers of the worker's group (NaN values ignored); NaN for workers of other groups.  ``m`` is
+    (workers x columns)."""
+    groups = np.asarray(groups, dtype=np.intp)
+    counts = np.bincount(groups, minlength=n_groups)
+    sel = ((counts >= 2) & (counts <= max_size))[groups]
+    out = (np.full(m.shape, np.nan), np.full(m.shape, np.nan))
+    if not sel.any():
+        return out
+    ids, sub = np.unique(groups[sel], return_inverse=True)
+    lay = Layout(sub, ids.size)
+    cube = lay.cube(m[sel], lay.width)  # (groups, width, columns), NaN-padded
+    mine = m[sel]
+    for i, (fill, first) in enumerate(((-np.inf, -1), (np.inf, 0))):  # the largest, then the smallest
+        s = np.sort(np.nan_to_num(cube, nan=fill), axis=1)
+        top, second = s[:, first, :][sub], s[:, first - 1 if first else 1, :][sub]
+        other = np.where(mine == top, second, top)
+        out[i][sel] = np.where(np.isfinite(other), other, np.nan)
     return out
 
 

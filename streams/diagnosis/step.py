@@ -15,9 +15,14 @@ the last worker to arrive waits least, so its duration is the pure transfer.
 That keeps the victims of a slow worker from being blamed.
 
 Collectives whose time is shared by everyone (a ring runs at the speed of its
-slowest link) cannot show a culprit by time; there a throughput drop of the
-link behind the function (NIC, NVLink) well below the peers' is flagged
-instead, with the what-if excess of running at the peers' throughput.
+slowest link) cannot show a culprit by time, nor by the *mean* throughput of
+their links: every member carries the same bytes in the same time.  What shows
+the culprit is the shape of its link's samples: the slowest link is saturated
+(steady, low sd/mean) while its ring-mates' links burst at their own capacity
+and idle (sd/mean 1 and more, or peaks far above).  Ring-mates are found
+without knowing the communicators: the links of one collective whose mean
+throughputs agree (the members of one ring share its rate).  The what-if
+excess is the transfer at the ring-mates' capacity.
 
 The result is small: the flagged entries with their hardware characteristics
 and their peers' medians, plus per-(group, function) aggregates for the
@@ -34,15 +39,17 @@ import pyarrow as pa
 from ...schemas import functions as ft
 from ..policy import DiagnosisPolicy
 from .frame import StepFrame
-from .stats import Layout, group_or, majority_bits
+from .stats import Layout, group_median, group_or, majority_bits, others_extremes
 
 WAITING_KINDS = ("collective", "p2p")
 #: link throughputs checked for collectives (their time is shared by the whole ring, so it cannot show the culprit),
 #: and the resource of the collectives that run over that link alone
 LINK_METRICS = {"nic_gbps": "nic", "nvlink_gbps": "nvlink"}
 
+#: the shape (spread, peak) of the link metrics' samples: what tells a ring's culprit from its ring-mates
+LINK_SHAPE = tuple(f"{m}{x}" for m in LINK_METRICS for x in ("_sd", "_p95"))
 #: per-row characteristics carried for flagged rows, with their peers' medians
-EVIDENCE_COLUMNS = ("calls", "total_us", "mean_us", "p95_us", "bytes") + ft.HARDWARE
+EVIDENCE_COLUMNS = ("calls", "total_us", "mean_us", "p95_us", "bytes") + ft.HARDWARE + LINK_SHAPE
 #: peers' medians of the evidence columns come from at most this many workers per group
 EVIDENCE_SAMPLE = 64
 #: per-worker characteristics carried with each flagged row, with their peers' medians: the bytes the worker
@@ -60,7 +67,9 @@ OUTLIER_SCHEMA = pa.schema(
         ("function", pa.string()),
         ("kind", pa.string()),
         ("resource", pa.string()),
-        ("signal", pa.string()),  # work | hardware: what deviated; low: work far *below* the peers' (see analyze_step)
+        # what deviated: work (robust z against the group), ratio (work against the slowest other worker of a small
+        # group; ``z`` is then the rise over it), hardware (a saturated link); low: work far *below* the peers'
+        ("signal", pa.string()),
         ("peers", pa.int32()),  # workers in the peer group (the worker included); hardware: the links compared with
         ("present", pa.int32()),  # ... of which ran the function in this step
         ("work_us", pa.float64()),
@@ -171,33 +180,55 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     excess = work - med[gw]
     enough = (n_g >= policy.min_peers)[gw][:, None]
     flag_work = valid & enough & (z > policy.z_threshold) & (excess > policy.min_excess_share * st[:, None])
-    # links: a collective's link throughputs (NVLink inside a host, the NIC across hosts: a hierarchical all-reduce
-    # reports both) are compared with the same function's on every worker of the job, not only the peer group's (a
-    # degraded switch can take a whole pipeline stage, or half of it, down with it)
+    # groups of 2 to ratio_peers_max workers: a z-score needs more (of two workers, each lies half the gap from the
+    # median, which is the MAD: z never passes 0.67; of three or four, the others must agree closely), so compare
+    # with the slowest of the others by ratio (and far below the fastest of them is low)
+    flag_ratio = low_ratio = np.zeros((n_w, n_f), dtype=bool)
+    other = np.full((n_w, n_f), np.nan)
+    if ((n_g >= 2) & (n_g <= policy.ratio_peers_max)).any():
+        other, fastest = others_extremes(gw, gnames.size, np.where(valid, work, np.nan), policy.ratio_peers_max)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            flag_ratio = valid & ~flag_work & (work > (1.0 + policy.ratio_rise) * other) & (work - other > policy.min_excess_share * st[:, None])
+            low_ratio = present & (work * (1.0 + policy.ratio_rise) < fastest) & (fastest - work > policy.min_excess_share * st[:, None])
+            z = np.where(flag_ratio, work / other - 1.0, z)  # ratio rows: the rise over the slowest other worker
+        excess = np.where(flag_ratio, work - other, excess)
+        flag_work |= flag_ratio
+    # links: a collective's links (NVLink inside a host, the NIC across hosts: a hierarchical all-reduce reports both)
+    # compared with their ring-mates' (links of the same function at the same mean rate, anywhere in the job: a ring
+    # crosses peer groups, and a degraded switch can take a whole pipeline stage down with it)
     signal_hw = np.zeros((n_w, n_f), dtype=bool)
     hw_excess = np.zeros((n_w, n_f))
-    n_seen = np.zeros((n_w, n_f), dtype=np.int64)  # links compared with, for flagged entries
-    link_ref: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # metric -> (columns, job-wide median per column)
-    for metric, link in LINK_METRICS.items():
-        cols = np.flatnonzero(waiting)
-        v = _dense(n_w, n_f, rw, fc, frame.column(metric), np.nan)[:, cols]
-        seen = (~np.isnan(v)).sum(axis=0)
-        cols, v, seen = cols[seen > 0], v[:, seen > 0], seen[seen > 0]
-        if cols.size == 0:
+    n_seen = np.zeros((n_w, n_f), dtype=np.int64)  # ring-mates compared with (the worker included), for flagged entries
+    link_ref: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}  # metric -> (columns, column -> ring-mates' values)
+    cols = np.flatnonzero(waiting)
+    metrics = [m for m in LINK_METRICS if cols.size and not np.isnan(frame.column(f"{m}_sd")).all()]  # shapes measured at all
+    if metrics:  # (workers x collectives) matrices of the rows of collectives only
+        at = np.full(n_f, -1, dtype=np.intp)
+        at[cols] = np.arange(cols.size)
+        rows = np.flatnonzero(at[fc] >= 0)
+        sampled = _dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column("samples")[rows], 0.0) >= policy.link_min_samples
+    for metric in metrics:
+        link = LINK_METRICS[metric]
+        mean, sd, peak = (_dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column(c)[rows], np.nan) for c in (metric, f"{metric}_sd", f"{metric}_p95"))
+        ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop, policy.link_burst_cv, policy.ring_rate_spread)
+        if ring is None:
             continue
-        vm = np.nanmedian(v, axis=0)  # columns nobody measured were dropped
+        link_ref[metric] = (cols, {metric: ref["mean"], f"{metric}_sd": ref["sd"], f"{metric}_p95": ref["peak"]})
         with np.errstate(invalid="ignore", divide="ignore"):
-            vs = np.maximum(1.4826 * np.nanmedian(np.abs(v - vm), axis=0), policy.rel_floor * np.abs(vm))
-            ratio = v / vm
-            drop = (ratio < 1.0 - policy.throughput_drop) & ((v - vm) / vs < -policy.z_threshold)
-        link_ref[metric] = (cols, vm)
-        hw = drop & present[:, cols] & (seen >= policy.min_peers) & ~flag_work[:, cols]
+            cv = sd / mean
+            # saturated while its ring-mates burst: their spread high, or their peaks far above its own
+            bursting = (ref["cv"] >= policy.link_burst_cv) | (peak < (1.0 - policy.throughput_drop) * ref["peak"])
+            drop = (ring >= 2) & bursting & (cv < policy.link_steady_ratio * ref["cv"])
+            # the link's capacity against its ring-mates': theirs is their peak when their bursts fill more than 5% of
+            # the samples, else what an on/off link of that mean and spread reaches, mean x (1 + (sd/mean)^2)
+            r = np.fmin(peak / ref["peak"], (1.0 + cv**2) / (1.0 + ref["cv"] ** 2))
+        hw = drop & present[:, cols] & ~flag_work[:, cols]
         if not hw.any():
             continue
         # the transfer at the slow rate: the work when the wait was measured; else the work is the job's fastest
         # instance (the usual rate, unless the slow rate is everywhere), so the work at the slow rate, but never
         # longer than the shortest time a worker behind a slow link spent in the function
-        r = np.clip(np.nan_to_num(ratio, nan=1.0), 1e-3, 1.0)
+        r = np.clip(np.nan_to_num(r, nan=1.0), 1e-3, 1.0)
         slowest_ring = np.fmin.reduce(np.where(hw, crit[:, cols], np.inf), axis=0)
         slow = np.minimum(np.where(wait_measured[:, cols], work[:, cols], work[:, cols] / r), slowest_ring)
         hw &= slow > policy.hardware_min_share * st[:, None]  # the slow transfer holds a real share of the step
@@ -206,14 +237,14 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         own = res_f[cols] == link
         hw[:, ~own] &= ~hw[:, own].any(axis=1, keepdims=True)
         signal_hw[:, cols] |= hw
-        n_seen[:, cols] = np.where(hw, seen, n_seen[:, cols])
-        # what-if: the transfer at the other links' throughput
+        n_seen[:, cols] = np.where(hw, ring, n_seen[:, cols])
+        # what-if: the transfer at the ring-mates' rate
         hw_excess[:, cols] = np.maximum(hw_excess[:, cols], np.where(hw, slow * (1.0 - r), 0.0))
     excess = np.where(signal_hw, hw_excess, excess)
     flagged = flag_work | signal_hw
     # far below the peers: not a finding, but a worker that is far above its peers in some steps and far below in
     # others is not persistently slow; its group is split from step to step (mixture-of-experts routing)
-    low = present & enough & (z < -policy.z_threshold) & (excess < -policy.min_excess_share * st[:, None])
+    low = (present & enough & (z < -policy.z_threshold) & (excess < -policy.min_excess_share * st[:, None])) | low_ratio
 
     fw = flagged.any(axis=1)
     healthy = ~fw
@@ -228,7 +259,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         b = _dense(n_w, n_f, rw, fc, frame.column("bytes"), np.nan)[:, copies]
         input_bytes = np.where(np.isnan(b).all(axis=1), np.nan, np.nansum(b, axis=1))
     worker_cols = {"input_bytes": input_bytes}
-    outliers = _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
+    outliers = _outliers(frame, lay, flagged, low, signal_hw, flag_ratio, other, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
     groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw)
     return StepResult(
         job=frame.job,
@@ -244,7 +275,48 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     )
 
 
-def _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
+def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float, burst_cv: float, spread: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+    """Ring-mates of each (worker, column) link and their typical shape, without knowing the communicators.
+
+    The members of one ring share its rate, so links of one column (function) whose mean throughputs lie within
+    ``spread`` (relative) of each other, chained, form one ring (rings at similar rates merge, which changes
+    nothing: their links burst alike).  Not much closer: a member's mean is over its own executions, and its
+    ring-mates' include waiting for the slow hop (on a real ring the culprit's mean is the highest, by up to
+    half again under load).  Returns the size of each link's ring (0 where the link had no usable shape:
+    no mean, spread or peak, or too few samples) and per link its ring's upper median of mean, sd, peak and sd/mean
+    (``cv``; the upper one: in a ring of two, the other link, not the average of both); NaN for rings where nobody
+    bursts (no link's sd/mean reaches ``burst_cv``, no link's peak lies ``drop`` below the ring's highest: the usual
+    case, and it skips the sorts).  ``(None, {})`` if nobody bursts anywhere (no link usable, or a healthy job).
+    """
+    usable = sampled & np.isfinite(mean) & np.isfinite(sd) & np.isfinite(peak) & (mean > 0)
+    top = np.max(np.where(usable, peak, -np.inf), axis=0, initial=-np.inf)  # per column
+    if not (usable & ((sd >= burst_cv * mean) | (peak < (1.0 - drop) * top))).any():  # nobody bursts: a healthy job, or no link
+        return None, {}
+    w, c = np.nonzero(usable)
+    lv = np.log(mean[w, c])
+    order = np.argsort(c * 1e4 + np.clip(lv, -1e3, 1e3), kind="stable")  # by column, then by mean (one key: |log| < 1e3)
+    new = np.ones(w.size, dtype=bool)
+    new[1:] = (np.diff(c[order]) != 0) | (np.diff(lv[order]) > np.log1p(spread))
+    ring = np.empty(w.size, dtype=np.intp)
+    ring[order] = np.cumsum(new) - 1
+    n_rings = int(ring.max()) + 1
+    size = np.bincount(ring, minlength=n_rings)
+    start = np.cumsum(size) - size  # in ``order`` a ring's links are consecutive, by mean
+    out_size = np.zeros(mean.shape, dtype=np.int64)
+    out_size[w, c] = size[ring]
+    cv, pk = sd[w, c] / mean[w, c], peak[w, c]
+    judged = np.zeros(n_rings, dtype=bool)
+    judged[ring[(cv >= burst_cv) | (pk < (1.0 - drop) * np.maximum.reduceat(pk[order], start)[ring])]] = True
+    ref = {name: np.full(mean.shape, np.nan) for name in ("mean", "sd", "peak", "cv")}
+    ref["mean"][w, c] = mean[w, c][order][start + size // 2][ring]
+    keep = judged[ring]
+    if keep.any():
+        for name, v in (("sd", sd[w, c]), ("peak", pk), ("cv", cv)):
+            ref[name][w[keep], c[keep]] = group_median(v[keep], ring[keep], n_rings, upper=True)[ring[keep]]
+    return out_size, ref
+
+
+def _outliers(frame, lay, flagged, low, signal_hw, flag_ratio, other, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
     w, f = np.nonzero(flagged | low)
     if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
@@ -261,13 +333,13 @@ def _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_
         "function": fnames[f].astype(str),
         "kind": kind_f[f].astype(str),
         "resource": res_f[f].astype(str),
-        "signal": np.where(signal_hw[w, f], "hardware", np.where(low[w, f], "low", "work")),
-        # a link is compared with every link of the job that carried the function
+        "signal": np.select([signal_hw[w, f], low[w, f], flag_ratio[w, f]], ["hardware", "low", "ratio"], "work"),
+        # a link is compared with its ring-mates (links of the function at the same mean rate)
         "peers": np.where(signal_hw[w, f], n_seen[w, f], lay.counts[g]).astype(np.int32),
         "present": n_present[g, f].astype(np.int32),
         "work_us": work[w, f],
-        "peer_work_us": med[g, f],
-        "peer_mad_us": mad[g, f],
+        "peer_work_us": np.where(flag_ratio[w, f], other[w, f], med[g, f]),  # ratio rows: the slowest other worker
+        "peer_mad_us": np.where(flag_ratio[w, f], np.nan, mad[g, f]),
         "z": z[w, f],
         "excess_us": excess[w, f],
         "wait_us": wait[w, f],
@@ -286,10 +358,13 @@ def _outliers(frame, lay, flagged, low, signal_hw, n_seen, row_of, fnames, kind_
         cols[c] = v[idx].astype(np.float64)
         dense[rw, fc] = v[rows]
         cols[f"peer_{c}"] = lay.median(dense, sample=EVIDENCE_SAMPLE)[g, finv]
-    for metric, (lcols, vm) in link_ref.items():  # links: the peers are every link of the job in that function
-        ref = np.full(fnames.size, np.nan)
-        ref[lcols] = vm
-        cols[f"peer_{metric}"] = np.where(np.isnan(ref[f]), cols[f"peer_{metric}"], ref[f])
+    for lcols, refs in link_ref.values():  # links: the peers are the link's ring-mates
+        at = np.full(fnames.size, -1, dtype=np.intp)
+        at[lcols] = np.arange(lcols.size)
+        j = at[f]
+        for c, ref in refs.items():
+            mine = np.where(j >= 0, ref[w, np.maximum(j, 0)], np.nan)
+            cols[f"peer_{c}"] = np.where(np.isnan(mine), cols[f"peer_{c}"], mine)
     for c, v in worker_cols.items():
         cols[c] = v[w]
         cols[f"peer_{c}"] = lay.median(v[:, None], sample=EVIDENCE_SAMPLE)[g, 0]

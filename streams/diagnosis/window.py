@@ -89,7 +89,7 @@ def diagnose_window(
     if steps_seen:
         need = max(min(dp.min_persistent_steps, steps_seen), math.ceil(dp.persistence * steps_seen))
         ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage)
-        findings += _worker_findings(ctx)
+        findings += _worker_findings(ctx, history)
         findings += _group_findings(ctx, groups)
         explained = {f.function for f in findings}
         findings += [f for f in _job_findings(ctx, groups, history, findings) if f.function not in explained]
@@ -110,7 +110,7 @@ def diagnose_window(
         coverage=round(min(1.0, coverage), 4),
         bytes_per_worker=round(bytes_in / seen, 1) if seen else 0.0,
         findings=len(findings),
-        actionable=any(f.cause != "unknown" for f in findings),
+        actionable=any(f.cause not in ("unknown", "undetermined") for f in findings),
         reached_device=any(f.devices for f in findings),
         closed=closed,  # type: ignore[arg-type]
         closed_at=now,
@@ -147,14 +147,18 @@ def _steps_per_key(inv: np.ndarray, step: np.ndarray, n: int) -> np.ndarray:
 # --------------------------------------------------------------------------- scope: worker
 
 
-def _worker_findings(ctx: _Ctx) -> list[Finding]:
+def _worker_findings(ctx: _Ctx, history: JobHistory | None = None) -> list[Finding]:
     out = _concat([r.outliers for r in ctx.results], ctx.results)
     if out.num_rows == 0:
         return []
-    # a (worker, function) far below its peers in any step is not persistently slow: its group is split from step
-    # to step (mixture-of-experts routing) and it is on the slow side only some of the time
+    # a (worker, function) far below its peers in some steps (two, as one noisy step is no deviation either) is not
+    # persistently slow: its group is split from step to step (mixture-of-experts routing) and it is on the slow side
+    # only some of the time
     low = _np(out, "signal").astype(str) == "low"
-    low_pairs = _keys(_np(out, "worker")[low], _np(out, "function")[low])[0] if low.any() else np.array([], dtype=str)
+    low_pairs = np.array([], dtype=str)
+    if low.any():
+        keys, inv, _ = _keys(_np(out, "worker")[low], _np(out, "function")[low])
+        low_pairs = keys[_steps_per_key(inv, _np(out, "step")[low], keys.size) >= min(ctx.dp.min_persistent_steps, ctx.need)]
     out = out.filter(pa.array(~low))
     if out.num_rows == 0:
         return []
@@ -172,7 +176,8 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
     np.bitwise_or.at(ce_or, pair, _np(out, "clock_events").astype(np.uint64))
     pce_and = np.full(n_pairs, np.iinfo(np.uint64).max, dtype=np.uint64)
     np.bitwise_and.at(pce_and, pair, _np(out, "peer_clock_events").astype(np.uint64))
-    col = {c: _np(out, c)[first] for c in ("worker", "host", "device", "nic", "switch", "function", "kind", "resource", "signal", "has_hardware")}
+    col = {c: _np(out, c)[first] for c in ("worker", "host", "device", "nic", "switch", "group", "function", "kind", "resource", "signal", "has_hardware")}
+    baseline = history.work_of() if history is not None and history.windows else {}
 
     # cluster persistent pairs by the shared element behind the function: a NIC (several hosts behind
     # one switch: the switch) for communication, the host for CPU-bound work, else the worker itself
@@ -211,7 +216,9 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
             peer_clock_events=int(np.bitwise_and.reduce(pce_and[m])),
             values={c: float(cmed[c][k]) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS},
             peer_values={c: float(cmed[f"peer_{c}"][k]) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS},
-            signal="hardware" if np.all(col["signal"][m] == "hardware") else "work",
+            signal=next((x for x in ("hardware", "ratio") if np.all(col["signal"][m] == x)), "work"),
+            baseline_us=baseline.get((str(col["group"][m[0]]), str(col["function"][m[0]])), math.nan),
+            baseline_windows=history.windows if history is not None else 0,
         )
         attributed.append((s, classify(s, ctx.dp), m))
 
@@ -231,7 +238,9 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
         workers = sorted({w for p in parts for w in p[0].workers})
         devices = sorted({d for p in parts for d in p[1].devices})
         functions = list(dict.fromkeys(p[0].function for p in parts))
-        evidence = list(att.evidence) + [
+        history_ev = [Evidence(feature="baseline_work_us", value=round(s.work_us, 1), peer_value=round(s.baseline_us, 1),
+                               deviation=round(s.work_us / s.baseline_us - 1.0, 4))] if s.signal == "ratio" and s.baseline_us > 0 else []  # fmt: skip
+        evidence = list(att.evidence) + history_ev + [
             Evidence(feature=f"work_us[{p[0].function}]", value=round(p[0].work_us, 1), peer_value=round(p[0].peer_work_us, 1), deviation=round(p[0].z, 2))
             for p in parts[1:] if p[0].function != s.function
         ][:8]
@@ -259,7 +268,8 @@ def _worker_findings(ctx: _Ctx) -> list[Finding]:
                 policy=ctx.policy_ref,
                 created_at=ctx.now,
                 tenant=ctx.info.tenant,
-                summary=_summary(s, workers, cause, devices, len(flagged_steps), len(ctx.results), len(functions) - 1, notes),
+                summary=_summary(s, workers, cause, devices, len(flagged_steps), len(ctx.results), len(functions) - 1,
+                                 notes + ([att.undecided] if att.undecided else [])),
                 window_steps=len(ctx.results),
             )
         )
@@ -329,15 +339,30 @@ def _share(saved_us: float, step_time_us: float) -> float:
 
 
 def _confidence(s: Suspect, certainty: float, persistence: float, coverage: float, dp: DiagnosisPolicy) -> tuple[float, list[str]]:
-    """Confidence and the reasons it was lowered (small or noisy peer group, no hardware samples)."""
+    """Confidence and what limits it (small or noisy peer group, a comparison by ratio, no hardware samples)."""
     notes = []
     if s.signal == "work":  # past the threshold in most steps already; twice the threshold leaves no doubt
         strength = 0.8 + 0.2 * min(1.0, max(0.0, (s.z - dp.z_threshold) / dp.z_threshold))
-    else:  # a throughput drop, judged against its own threshold the same way
-        drops = [1.0 - s.values[m] / s.peer_values[m] for m in LINK_METRICS if s.peer_values.get(m, 0.0) > 0 and math.isfinite(s.values.get(m, math.nan))]
-        d = max(drops, default=dp.throughput_drop)
-        strength = 0.8 + 0.2 * min(1.0, max(0.0, (d - dp.throughput_drop) / dp.throughput_drop))
-    if s.peers >= dp.small_group:
+    elif s.signal == "ratio":  # the rise over the slowest other worker, against its own threshold
+        strength = 0.8 + 0.2 * min(1.0, max(0.0, (s.z - dp.ratio_rise) / dp.ratio_rise))
+    else:  # a link steadier than its ring-mates: full when its sd/mean is a quarter of theirs (at the default ratio)
+        steadier = max((1.0 - _div(_cv(s.values, m), _cv(s.peer_values, m), 1.0) for m in LINK_METRICS), default=0.0)
+        limit = 1.0 - dp.link_steady_ratio
+        strength = 0.8 + 0.2 * min(1.0, max(0.0, (steadier - limit) / limit))
+    if s.signal == "ratio":
+        others = "its only peer" if s.peers == 2 else f"the slowest of its {s.peers - 1} peers"
+        notes.append(f"compared by ratio with {others} (too few for a robust z-score)")
+        # against the job's own earlier healthy windows: did this worker get slower, or its peers faster?
+        if not math.isfinite(s.baseline_us) or s.baseline_us <= 0:
+            peers = 0.6
+            notes.append("no earlier healthy window of the job to tell a slow worker from faster peers")
+        elif s.work_us > (1.0 + dp.regression_rise) * s.baseline_us:
+            peers = 0.85
+            notes.append(f"{s.work_us / s.baseline_us - 1:.0%} above the job's {s.baseline_windows} earlier healthy window(s)")
+        else:
+            peers = 0.4
+            notes.append(f"as in the job's {s.baseline_windows} earlier healthy window(s): its peers got faster")
+    elif s.peers >= dp.small_group:
         peers = 1.0
     else:
         peers = 0.85 if s.peers >= 4 else 0.7
@@ -359,18 +384,34 @@ def _persisted(persistence: float) -> float:
 
 
 def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_steps: int, n: int, more: int, notes: list[str]) -> str:
+    """One line: who, where, what deviated against what, in how many steps, the cause and what limits it."""
     who = f"worker {workers[0]}" if len(workers) == 1 else f"{len(workers)} workers ({', '.join(map(str, workers[:6]))}{'...' if len(workers) > 6 else ''})"
     where = f" on {', '.join(devices[:3])}" if devices else ""
     also = f" (and {more} more function{'s' if more > 1 else ''})" if more else ""
-    if s.signal == "hardware":
-        how = "ran at lower link throughput than"
-    elif s.peer_work_us > 0:
+    caveat = f"; {', '.join(notes)}" if notes else ""
+    if s.signal == "hardware":  # the link steadiest against its ring-mates
+        m = min(LINK_METRICS, key=lambda m: _div(_cv(s.values, m), _cv(s.peer_values, m), math.inf))
+        v, p = s.values, s.peer_values
+        how = (f"saturated its link ({m} sd/mean {_cv(v, m):.2f}, peak {v.get(f'{m}_p95', math.nan):.3g}) while its "
+               f"{s.peers - 1} ring-mates' links at the same mean rate ({p.get(m, math.nan):.3g}) burst (sd/mean "
+               f"{_cv(p, m):.2f}, peak {p.get(f'{m}_p95', math.nan):.3g})")
+        return f"{who}{where}: {s.function}{also} {how} in {n_steps}/{n} steps; cause {cause}{caveat}"
+    if s.peer_work_us > 0:
         ratio = s.work_us / s.peer_work_us
         how = f"{ratio:.0f}x as long as" if ratio >= 3 else f"{(ratio - 1) * 100:.0f}% slower than"
     else:
         how = f"took {s.work_us:,.0f} us, not run by"
-    caveat = f"; {', '.join(notes)}" if notes else ""
-    return f"{who}{where}: {s.function}{also} {how} its {s.peers - 1} peers in {n_steps}/{n} steps; cause {cause}{caveat}"
+    peers = "its only peer" if s.peers == 2 else f"its {s.peers - 1} peers"
+    return f"{who}{where}: {s.function}{also} {how} {peers} in {n_steps}/{n} steps; cause {cause}{caveat}"
+
+
+def _div(a: float, b: float, default: float = math.nan) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else default
+
+
+def _cv(values: dict[str, float], metric: str) -> float:
+    """A link's spread relative to its mean (sd/mean) from a suspect's (or its peers') values."""
+    return _div(values.get(f"{metric}_sd", math.nan), values.get(metric, math.nan))
 
 
 def _impact(share: float, workers: int) -> Impact:
@@ -463,14 +504,22 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
     stages, a stage behind one switch) the wait estimate cannot take the wait out
     of its communication, so communication is only judged in windows without such
     findings.  A peer group with a group finding is not judged against its past
-    either: its extra work is that finding.
+    either: its extra work is that finding; nor is a small group (compared by
+    ratio) with a worker finding: its median moves with its culprit (of two
+    workers, by half the culprit's excess).
     """
     if g.num_rows == 0:
         return []
     dp = ctx.dp
     findings = []
     grp, fn, kind = _np(g, "group").astype(str), _np(g, "function").astype(str), _np(g, "kind").astype(str)
-    keep = ~np.isin(grp, [";".join(f"{k}={v}" for k, v in (f.group or {}).items()) for f in found if f.scope == "group"])
+    explained = [";".join(f"{k}={v}" for k, v in (f.group or {}).items()) for f in found if f.scope == "group"]
+    culprits = [w for f in found if f.scope == "worker" for w in f.workers]
+    if culprits:
+        out = _concat([r.outliers for r in ctx.results], ctx.results)
+        small = np.unique(grp[_np(g, "workers") <= dp.ratio_peers_max])
+        explained += [x for x in np.unique(_np(out, "group")[np.isin(_np(out, "worker"), culprits)].astype(str)) if x in small]
+    keep = ~np.isin(grp, explained)
     if found:
         keep &= ~np.isin(kind, WAITING_KINDS)
     g = g.filter(pa.array(keep))

@@ -47,27 +47,64 @@ def test_waits_emerge_at_tensor_parallel_and_pipeline_collectives():
     assert calls[2] == pytest.approx(calls[0] * (16 + 5) / 16)
 
 
+def sim_hz(topology, *faults, hz, step=62, hardware="nvml"):
+    sc = Scenario(job="j", seed=7, topology=topology, faults=faults, hardware_hz=hz, hardware=hardware)
+    return FleetSimulator(sc).step(step)
+
+
 def test_the_slowest_link_bounds_the_ring():
     healthy = sim(Topology(workers=64))
-    slow = sim(Topology(workers=64), Fault(type="nic", nics=("node0003/bond1",), severity=1.0))
+    slow = sim_hz(Topology(workers=64), Fault(type="nic", nics=("node0003/bond1",), severity=1.0), hz=10_000)
     transfer = lambda s: s.total_us[:, AR] - s.true_wait_us[:, AR]  # noqa: E731
     # every member of the ring moves its bytes at the degraded bond's speed ...
     assert np.ptp(transfer(slow)) < 1e-6 * transfer(slow).max()
     assert transfer(slow).min() > 1.3 * transfer(healthy).max()
-    # ... but only the workers behind that bond show a low rate while transferring
+    # ... so every member's mean throughput is the slow bond's (as real counters show) ...
     behind = np.arange(28, 32)
-    nic = slow.hw["nic_gbps"][:, AR]
-    assert nic[behind].max() < 0.6 * np.median(np.delete(nic, behind))
+    nic, sd, peak = (slow.hw[m][:, AR] for m in ("nic_gbps", "nic_gbps_sd", "nic_gbps_p95"))
+    assert np.median(nic[behind]) == pytest.approx(np.median(np.delete(nic, behind)), rel=0.05)
+    # ... and only the shape differs: the slow bond is busy all the time, the others burst and idle
+    cv = sd / nic
+    assert cv[behind].max() < 0.2 and np.median(np.delete(cv, behind)) > 0.8
+    assert peak[behind].max() < 0.6 * np.median(np.delete(peak, behind))
     assert np.all(np.isnan(slow.hw["nic_gbps"][:, IDX["bwd.gemm"]]))
 
 
+def test_bursts_shorter_than_a_sample_are_averaged_out():
+    topo, fault = Topology(workers=64), Fault(type="nic", nics=("node0003/bond1",), severity=1.0)
+    cv = lambda s: np.median(s.hw["nic_gbps_sd"][:32, AR] / s.hw["nic_gbps"][:32, AR])  # noqa: E731  (healthy bonds)
+    fast, slow = sim_hz(topo, fault, hz=10_000), sim_hz(topo, fault, hz=500)
+    assert np.median(slow.samples[:, AR]) >= 5 and cv(slow) < 0.7 * cv(fast)
+    # with fewer than two samples of a function there is no spread at all, only a level
+    coarse = sim_hz(topo, fault, hz=100)
+    one = coarse.samples[:, AR] < 2
+    assert one.any() and np.all(np.isnan(coarse.hw["nic_gbps_sd"][one, AR]))
+    assert np.allclose(coarse.hw["nic_gbps_p95"][one, AR], coarse.hw["nic_gbps"][one, AR])
+
+
+def test_what_the_samplers_see():
+    topo, fault = Topology(workers=16), Fault(type="gpu_throttle_thermal", workers=(3,), severity=0.3)
+    host = sim_hz(topo, fault, hz=1000, hardware="host")
+    assert set(host.hw) == {f"{m}{x}" for m in ("nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps") for x in ("", "_sd", "_p95")}
+    assert not host.clock_events.any()  # no NVML: no clock-event reasons either
+    none = sim_hz(topo, fault, hz=1000, hardware="none")
+    assert none.hw == {} and not none.samples.any()
+    table, _ = FleetSimulator(Scenario(job="j", topology=topo, hardware="none")).table(none)
+    assert all(np.isnan(table.column(m).to_numpy()).all() for m in ft.HARDWARE)
+    # the same job's times do not depend on what was sampled
+    np.testing.assert_array_equal(none.step_time_us, sim_hz(topo, fault, hz=1000).step_time_us)
+
+
 def test_a_degraded_nvlink_slows_its_tensor_parallel_group_only():
-    st = sim(Topology(workers=64, tp=8), Fault(type="nvlink", workers=(13,), severity=2.0))
+    st = sim_hz(Topology(workers=64, tp=8), Fault(type="nvlink", workers=(13,), severity=2.0), hz=10_000)
     tp = IDX["nccl:all_reduce[tp]"]
     xfer = st.total_us[:, tp] - st.true_wait_us[:, tp]
     assert np.ptp(xfer[8:16]) < 1e-6 * xfer.max() and xfer[8] > 2.5 * np.median(xfer[16:])
-    link = st.hw["nvlink_gbps"][:, tp]
-    assert link[13] < 0.4 * np.median(np.delete(link, 13))
+    link, peak = st.hw["nvlink_gbps"][:, tp], st.hw["nvlink_gbps_p95"][:, tp]
+    mates = [w for w in range(8, 16) if w != 13]
+    # the group's links carry its bytes at the slow link's rate; only the slow one never bursts above it
+    assert link[mates] == pytest.approx(np.full(7, link[13]), rel=0.05) and np.median(link[16:]) > 2.5 * link[13]
+    assert peak[13] < 0.4 * np.median(peak[mates])
 
 
 def test_the_critical_path_covers_the_step():

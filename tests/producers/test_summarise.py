@@ -117,6 +117,63 @@ def test_hardware_means_of_the_samples_overlapping_the_function():
     assert f["gemm"]["samples"] == 4
 
 
+def test_spread_and_peak_tell_a_steady_link_from_a_bursty_one():
+    """Two workers' all-reduce at the same mean NIC throughput: one link busy all the time, the other bursting and idle."""
+    t = np.arange(1, 201) * 10.0  # a sample every 10 us over the 2 ms all-reduce
+    steady = np.full(t.size, 1.0)
+    bursty = np.where(np.arange(t.size) % 4 == 0, 4.0, 0.0)  # same mean, 1 in 4 samples at 4 GB/s
+    ev = pa.concat_tables([events([("allreduce", "collective", 0, 2000)], worker=w) for w in (0, 1)])
+    sm = samples([(0, x, "nic_gbps", y) for x, y in zip(t, steady)] + [(1, x, "nic_gbps", y) for x, y in zip(t, bursty)])
+    a, b = (by_fn(s)["allreduce"] for s in summarise(ev, sm))
+    assert a["nic_gbps"] == pytest.approx(1.0) and b["nic_gbps"] == pytest.approx(1.0)  # the level cannot tell them apart
+    assert a["nic_gbps_sd"] == pytest.approx(0.0) and b["nic_gbps_sd"] == pytest.approx(np.std(bursty, ddof=1), rel=1e-6)
+    assert a["nic_gbps_p95"] == pytest.approx(1.0) and b["nic_gbps_p95"] == pytest.approx(np.percentile(bursty, 95))
+    assert np.isnan(a["sm_clock_mhz_sd"]) and np.isnan(a["cpu_other_p95"])  # not sampled
+
+
+def test_spread_and_peak_count_each_overlapping_sample_once_per_function():
+    # two calls of one function whose sample ranges touch: the sample at 20 (period (10, 20]) overlaps both
+    ev = events([("gemm", "compute", 0, 15), ("gemm", "compute", 15, 10), ("py", "python", 40, 5)])
+    vals = {10: 1000.0, 20: 1200.0, 30: 1500.0, 40: 7000.0, 50: 900.0}
+    sm = samples([(0, x, "sm_clock_mhz", y) for x, y in vals.items()] + [(0, 45, "cpu_other", 0.5), (0, 46, "cpu_other", 0.9)])
+    f = by_fn(summarise(ev, sm)[0])
+    seen = [1000.0, 1200.0, 1500.0]  # periods (t-10, t] overlapping 0..25 (and nothing after the end)
+    assert f["gemm"]["samples"] == 3
+    assert f["gemm"]["sm_clock_mhz"] == pytest.approx(np.mean(seen))
+    assert f["gemm"]["sm_clock_mhz_sd"] == pytest.approx(np.std(seen, ddof=1), rel=1e-6)
+    assert f["gemm"]["sm_clock_mhz_p95"] == pytest.approx(np.percentile(seen, 95), rel=1e-6)
+    assert f["py"]["cpu_other"] == 0.5 and np.isnan(f["py"]["cpu_other_sd"])  # one sample (period 1 us: (44, 45]): no spread
+    assert f["py"]["cpu_other_p95"] == 0.5
+
+
+def test_spread_survives_a_large_level():
+    # a clock near 2 GHz wobbling by 1 MHz: the centred sums keep the spread that raw sums of squares would lose
+    t = np.arange(1, 1001) * 1.0
+    v = 1.98e9 + np.where(np.arange(t.size) % 2 == 0, 1e6, -1e6)
+    ev = events([("gemm", "compute", 0, 1000)])
+    f = by_fn(summarise(ev, samples([(0, x, "sm_clock_mhz", y) for x, y in zip(t, v)]))[0])
+    assert f["gemm"]["sm_clock_mhz_sd"] == pytest.approx(np.std(v, ddof=1), rel=1e-3)
+
+
+def test_hardware_moments_match_a_brute_force_count():
+    rng = np.random.default_rng(11)
+    rows = [(f"f{i % 7}", "collective", int(rng.integers(0, 5000)), int(rng.integers(1, 400)), "nic") for i in range(60)]
+    t = np.sort(rng.choice(np.arange(1, 6000), size=700, replace=False)).astype(float)
+    v = rng.gamma(2.0, 1.0, size=t.size)
+    f = by_fn(summarise(events(rows), samples([(0, x, "nic_gbps", y) for x, y in zip(t, v)]))[0])
+    period = (t[-1] - t[0]) / (t.size - 1)
+    for name, got in f.items():
+        hit = np.zeros(t.size, dtype=bool)
+        for fn, _, s_, d, _ in rows:
+            if fn == name:
+                hit |= (t > s_) & (t < s_ + d + period)  # the sample's period (t - period, t] overlaps [s, s + d]
+        seen = v[hit]
+        assert got["samples"] == seen.size
+        assert got["nic_gbps"] == pytest.approx(seen.mean(), rel=1e-5)
+        assert got["nic_gbps_sd"] == pytest.approx(seen.std(ddof=1), rel=1e-5)
+        assert got["nic_gbps_p95"] == pytest.approx(np.percentile(seen, 95), rel=1e-5)
+
+
 def test_samples_of_another_worker_do_not_count():
     ev = pa.concat_tables([events([("k", "compute", 0, 100)], worker=0), events([("k", "compute", 0, 100)], worker=1)])
     sm = samples([(0, t, "sm_clock_mhz", 1000) for t in (20, 40, 60)] + [(1, t, "sm_clock_mhz", 2000) for t in (20, 40, 60)])

@@ -94,6 +94,8 @@ def test_routes_file_is_validated_at_start_up(tmp_path):
     for data, env, needle in cases:
         with pytest.raises(routes.RoutesError, match=needle):
             routes.parse(data, env)
+    # every cause a finding can carry is one a route can match on, the undetermined ones included
+    assert routes.parse({"routes": [{"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["undetermined", "unknown"]}}]}, {})
     path = tmp_path / "routes.yaml"
     path.write_text("routes: [{name: pd, type: pagerduty, routing_key_env: LOCKSTEP_TEST_PD}]\n")
     with pytest.raises(routes.RoutesError, match="LOCKSTEP_TEST_PD"):

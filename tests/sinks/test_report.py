@@ -122,3 +122,12 @@ def test_only_the_live_page_has_a_script_and_it_refreshes_in_place():
     assert "<script" not in render(report(), generated_at=NOW)
     live = render(report(), generated_at=NOW, refresh_s=5)
     assert live.count("<script>") == 1 and "var every = 5000," in live and 'id="content"' in live and 'id="live"' in live
+
+
+def test_an_undetermined_cause_says_what_was_not_measured():
+    f = finding(summary="worker 13: bwd.gemm 30% slower; no sm_clock_mhz samples")
+    f.cause = "undetermined"
+    f.evidence = [f.evidence[0], Evidence(feature="sm_clock_mhz", value=None, peer_value=None, deviation=None)]
+    page = render(report(f), generated_at=NOW)
+    assert "<b>not measured</b> sm_clock_mhz" in page and "the samples that would tell" in page
+    assert "<b>not measured</b>" not in render(report(), generated_at=NOW)

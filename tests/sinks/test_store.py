@@ -36,6 +36,16 @@ def test_replayed_findings_upsert_instead_of_duplicating(tmp_path):
     assert record["schema"] == "Finding" and record["window"] == "w1" and record["group"] == {"pp": "1"}
 
 
+def test_an_undetermined_finding_is_stored_with_its_unmeasured_evidence(tmp_path):
+    store = FindingsStore(tmp_path / "f.duckdb")
+    f = finding(cause="undetermined")
+    f.evidence.append(Evidence(feature="sm_clock_mhz", value=None, peer_value=None, deviation=None))
+    store.write(Batch([f], [window()], {("t.findings", 0): 1}))
+    cause, evidence = store.con.execute("SELECT cause, evidence FROM findings").fetchone()
+    assert cause == "undetermined" and json.loads(evidence)[1] == {"feature": "sm_clock_mhz", "value": None, "peer_value": None, "deviation": None}
+    assert store.con.execute("SELECT count(*) FROM incidents WHERE cause = 'undetermined'").fetchone()[0] == 1
+
+
 def test_rows_and_offsets_commit_together(tmp_path):
     store = FindingsStore(tmp_path / "f.duckdb")
     store.write(Batch([finding()], [], {("t.findings", 0): 1}))

@@ -1,6 +1,7 @@
 """The diagnosis library on simulated steps: culprit, function, cause, and who is not blamed."""
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from lockstep.streams.policy import Policy
 POLICY = Policy()
 
 
-def run_window(scenario: Scenario, start=100, steps=8, drop_workers=()):
+def run_window(scenario: Scenario, start=100, steps=8, drop_workers=(), history=None):
     sim = FleetSimulator(scenario)
     n = scenario.topology.workers
     trig = ProfileTrigger(job=scenario.job, window=f"w{start}", start_step=start, steps=steps, expected_workers=n)
@@ -30,7 +31,7 @@ def run_window(scenario: Scenario, start=100, steps=8, drop_workers=()):
         # through the wire format, as in the processor
         rep = decode(encode(step_report(r, window_start=start, window_steps=steps, expected_workers=n, bytes_in=0, policy="p", tenant="", closed="complete")))
         results.append(step_result(rep))
-    return diagnose_window(WindowInfo(scenario.job, trig.window, start, steps, n), results, POLICY, now=time.time())
+    return diagnose_window(WindowInfo(scenario.job, trig.window, start, steps, n), results, POLICY, now=time.time(), history=history)
 
 
 def scenario(fault=None, workers=64, **kw):
@@ -117,3 +118,100 @@ def test_finding_ids_are_stable_across_reruns():
     a = run_window(scenario(Fault(type="pcie", workers=(2,), severity=0.3)))
     b = run_window(scenario(Fault(type="pcie", workers=(2,), severity=0.3)))
     assert [f.id for f in a.findings] == [f.id for f in b.findings]
+
+
+# --------------------------------------------------------------------------- links: the shape of the samples
+
+
+def test_a_rings_culprit_is_its_saturated_link_while_the_others_burst():
+    # a ring's members share the slowest link's mean: only the shape (sd/mean, peak) tells the culprit
+    sc = scenario(Fault(type="nic", nics=("node0003/bond1",), severity=1.0), hardware_hz=10_000)
+    (f,) = run_window(sc).findings
+    assert (f.cause, f.devices, f.workers, f.function) == ("nic", ["node0003/bond1"], [28, 29, 30, 31], "nccl:all_reduce[dp]")
+    ev = {e.feature: e for e in f.evidence}
+    assert ev["nic_gbps"].value == pytest.approx(ev["nic_gbps"].peer_value, rel=0.05)  # the same mean ...
+    assert ev["nic_gbps_p95"].value < 0.6 * ev["nic_gbps_p95"].peer_value  # ... a lower peak ...
+    assert ev["nic_gbps_sd"].value / ev["nic_gbps"].value < 0.25 * ev["nic_gbps_sd"].peer_value / ev["nic_gbps"].peer_value  # ... steady
+    assert "saturated its link" in f.summary and f.confidence > 0.8
+    assert 0.03 < f.impact.step_time_share < 0.5
+
+
+def test_the_real_case_four_ranks_one_rate_limited_link():
+    # four ranks, one per host, one ring; one rank's link rate-limited: every rank's all-reduce and mean alike
+    topo = Topology(workers=4, gpus_per_host=1, nics_per_host=1)
+    (f,) = run_window(Scenario(job="j", topology=topo, faults=(Fault(type="nic", nics=("node0002/bond0",), severity=3.0),), hardware_hz=1000)).findings
+    assert (f.workers, f.devices, f.cause) == ([2], ["node0002/bond0"], "nic")
+
+
+def test_bursts_the_sampler_cannot_resolve_blame_nobody():
+    # at 100 Hz a function's link gets a sample or two: no shape, and the mean is everyone's: no culprit, no victim blamed
+    d = run_window(scenario(Fault(type="nic", nics=("node0003/bond1",), severity=1.0), hardware_hz=100))
+    assert not [f for f in d.findings if f.scope == "worker"], [f.summary for f in d.findings]
+
+
+# --------------------------------------------------------------------------- small jobs: by ratio, and against the past
+
+
+def small(workers, *faults, **kw):
+    return Scenario(job="small", topology=Topology(workers=workers, gpus_per_host=1, nics_per_host=1), faults=faults, **kw)
+
+
+def test_a_worker_slower_than_its_only_peer_is_found_by_ratio():
+    sc = small(2, Fault(type="gpu_slow", workers=(1,), severity=0.4, start_step=50))
+    (f,) = run_window(sc).findings
+    assert (f.workers, f.cause, f.function_kind) == ([1], "gpu_slow", "compute")
+    assert "compared by ratio with its only peer" in f.summary and "no earlier healthy window" in f.summary
+    # the job's own earlier healthy window tells a slow worker from a fast peer, and the confidence says so
+    baseline = run_window(sc, start=20)
+    assert baseline.findings == [] and baseline.history.windows == 1
+    (g,) = run_window(sc, history=baseline.history).findings
+    assert g.workers == [1] and "above the job's 1 earlier healthy window" in g.summary and g.confidence > f.confidence
+    ev = {e.feature: e for e in g.evidence}
+    assert ev["baseline_work_us"].deviation > 0.2
+
+
+def test_small_healthy_jobs_stay_silent():
+    for workers in (2, 3):
+        for seed in range(3):
+            d = run_window(small(workers, seed=seed))
+            assert d.findings == [], [f.summary for f in d.findings]
+
+
+# --------------------------------------------------------------------------- causes that follow the evidence
+
+
+def test_without_the_samples_that_decide_the_cause_is_undetermined():
+    # no samples: the slow GPU is named, why it is slow is not; the evidence and the summary say which samples would tell
+    (f,) = run_window(scenario(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3), hardware="none")).findings
+    assert (f.workers, f.devices, f.cause) == ([13], ["node0001/gpu5"], "undetermined")
+    ev = {e.feature: e for e in f.evidence}
+    assert ev["sm_clock_mhz"].value is None and "no sm_clock_mhz samples" in f.summary and f.confidence < 0.6
+    # extra code in one rank's Python: without the host's CPU samples it could be contention
+    (f,) = run_window(scenario(Fault(type="rank_specific_code", workers=(13,), severity=0.1), hardware="none")).findings
+    assert f.cause == "undetermined" and "cpu_other" in f.summary
+    # with them, the host is normal: code the worker runs alone, and the evidence shows the host
+    (f,) = run_window(scenario(Fault(type="rank_specific_code", workers=(13,), severity=0.1), hardware="host")).findings
+    ev = {e.feature: e for e in f.evidence}
+    assert f.cause == "rank_specific_code" and "workers_running_it" not in ev
+    assert ev["cpu_other"].value == pytest.approx(ev["cpu_other"].peer_value, abs=0.05)
+    # contention on the host with host samples: named as such
+    (f,) = run_window(scenario(Fault(type="host_cpu_contention", hosts=(3,), severity=0.3), hardware="host")).findings
+    assert f.cause == "host_cpu_contention"
+
+
+def test_a_step_report_of_the_previous_release_is_read():
+    # mid-upgrade, a step stage of the previous release sends outliers without the links' spread and peak
+    sim = FleetSimulator(scenario(Fault(type="gpu_slow", workers=(13,), severity=0.3)))
+    frame = StepFrame.from_tables("j", "w100", 100, *_frame_parts(sim, 100))
+    r = analyze_step(frame, POLICY.diagnosis)
+    old = r.outliers.drop_columns([c for c in r.outliers.column_names if c.endswith(("gbps_sd", "gbps_p95"))])
+    rep = step_report(replace(r, outliers=old), window_start=100, window_steps=8, expected_workers=64, bytes_in=0, policy="p", tenant="", closed="complete")
+    back = step_result(decode(encode(rep)))
+    assert back.outliers.num_rows == r.outliers.num_rows and np.isnan(back.outliers.column("nic_gbps_p95").to_numpy()).all()
+
+
+def _frame_parts(sim, step):
+    trig = ProfileTrigger(job="j", window="w100", start_step=100, steps=8, expected_workers=sim.topology.workers)
+    batches = sim.feature_batches(sim.step(step), trig)
+    return ([b.worker for b in batches], [b.step_time_us for b in batches], [ft.unpack(b.functions) for b in batches],
+            POLICY.diagnosis.peer_group_keys, [b.hardware for b in batches])  # fmt: skip

@@ -88,6 +88,8 @@ def make_step(n: int, step: int, rng: np.random.Generator, extra: tuple[str, ...
     }
     hw["pcie_gbps"][:, IDX["memcpy.h2d"]] = 25.0 * rng.normal(1, 0.02, n)
     hw["nic_gbps"][:, AR] = 45.0 * rng.normal(1, 0.01, n)
+    for m in ("nic_gbps", "nvlink_gbps"):  # a healthy ring's links: busy while it transfers, steady
+        hw[f"{m}_sd"], hw[f"{m}_p95"] = 0.1 * hw[m], 1.16 * hw[m]
     hw["disk_read_mbps"][:, IDX["dataloader.next"]] = 200.0 * rng.normal(1, 0.03, n)
     calls = np.ones(shape, dtype=np.int32)
     calls[:, IDX["fwd.gemm"]], calls[:, IDX["bwd.gemm"]] = 96, 192
@@ -112,7 +114,7 @@ def tables(s: Step, names: list[str], kinds: list[str], resources: list[str]) ->
         p = np.flatnonzero(s.present[w])
         cols = {"function": [names[i] for i in p], "kind": [kinds[i] for i in p], "resource": [resources[i] for i in p],
                 "calls": s.calls[w, p], "total_us": crit[w, p], "critical_us": crit[w, p], "mean_us": crit[w, p] / s.calls[w, p],
-                "p95_us": crit[w, p] / s.calls[w, p], "bytes": s.bytes[w, p], "clock_events": s.clock_events[w, p],
+                "p95_us": crit[w, p] / s.calls[w, p], "bytes": s.bytes[w, p], "clock_events": s.clock_events[w, p], "samples": np.full(p.size, 20),
                 **{k: v[w, p] for k, v in s.hw.items()}}  # fmt: skip
         out.append(ft.make_table(cols))
     return out, step_time
@@ -135,7 +137,7 @@ def run(n=32, *, fault=None, steps=8, start=100, seed=0, labels=None, hardware=T
         keep = [w for w in range(n) if w not in drop]
         hw = ["nvml" if hardware else "none"] * len(keep)
         if not hardware:
-            tabs = [t.drop_columns(list(ft.HARDWARE)) for t in tabs]
+            tabs = [t.drop_columns(list(ft.HARDWARE + ft.SPREAD + ft.PEAK)) for t in tabs]
             tabs = [ft.conform(t) for t in tabs]
         frame = StepFrame.from_tables(job, f"w{start}", k, [metas[w] for w in keep], st[keep], [tabs[w] for w in keep],
                                       policy.diagnosis.peer_group_keys, hw)  # fmt: skip
@@ -150,6 +152,25 @@ def run(n=32, *, fault=None, steps=8, start=100, seed=0, labels=None, hardware=T
 def only(d):
     assert len(d.findings) == 1, [f.summary for f in d.findings]
     return d.findings[0]
+
+
+def slow_link(culprits, factor, metric="nic_gbps", capacity=45.0):
+    """The culprits' link runs at capacity / ``factor``, and so does their ring: every member's mean is the slow rate;
+    the culprits' links are busy all the time (steady), the others burst at their capacity and idle (what real
+    counters show)."""
+
+    def fault(s: Step):
+        s.link = factor
+        rng = np.random.default_rng(s.step)
+        n = s.dur.shape[0]
+        mean = capacity / factor * rng.normal(1, 0.01, n)
+        bursty = np.ones(n, dtype=bool)
+        bursty[list(culprits)] = False
+        s.hw[metric][:, AR] = mean
+        s.hw[f"{metric}_sd"][:, AR] = np.where(bursty, mean * np.sqrt(factor - 1.0), 0.1 * mean)
+        s.hw[f"{metric}_p95"][:, AR] = np.where(bursty, 1.16 * capacity, 1.16 * mean)
+
+    return fault
 
 
 def slower(fn_names, workers_, factor):
@@ -218,59 +239,48 @@ def test_pcie_degradation():
 
 
 def test_nic_of_one_host_reported_once_with_the_bond():
-    # the ring runs at its slowest link: every worker's all-reduce is slower; only the bond's throughput tells who
-    def fault(s):
-        s.link = 1.3
-        s.hw["nic_gbps"][8:16, AR] /= 1.6
-
-    f = only(run(fault=fault))
+    # the ring runs at its slowest link: every worker's all-reduce is slower and every link's mean throughput the
+    # same; only the bond's shape tells who (saturated while the others burst)
+    f = only(run(fault=slow_link(range(8, 16), 1.6)))
     assert f.cause == "nic" and f.workers == list(range(8, 16))
     assert f.devices == ["node001/bond0"] and f.function == "nccl:all_reduce[dp]"
     assert 0.02 < f.impact.step_time_share < 0.2
 
 
 def test_switch_shared_by_two_hosts():
-    def fault(s):
-        s.link = 1.3
-        s.hw["nic_gbps"][16:32, AR] /= 1.6
-
-    f = only(run(64, fault=fault))
+    f = only(run(64, fault=slow_link(range(16, 32), 1.6)))
     assert (f.cause, f.devices, f.workers) == ("switch", ["sw1"], list(range(16, 32)))
     assert f.hosts == ["node002", "node003"]
 
 
 def test_switch_behind_a_whole_peer_group():
     # the switch serves exactly the workers of one pipeline stage: inside the stage nobody is an outlier, so a
-    # link is compared with the same function's links on every worker of the job
-    def fault(s):
-        s.link = 1.3
-        s.hw["nic_gbps"][:16, AR] /= 1.6
-
-    f = only(run(64, fault=fault, labels=lambda w: {"pp": str(w // 16)}))
+    # link is compared with its ring-mates on every worker of the job
+    f = only(run(64, fault=slow_link(range(16), 1.6), labels=lambda w: {"pp": str(w // 16)}))
     assert (f.cause, f.devices, f.workers) == ("switch", ["sw0"], list(range(16)))
-    assert "63 peers" in f.summary
+    assert "63 ring-mates" in f.summary
 
 
 def test_a_slow_link_explains_the_long_communication():
     # the ring at a quarter of its speed: communication is far above its expected share on every worker, but the
     # link says why; no job-wide framework finding beside it
-    def fault(s):
-        s.link = 4.0
-        s.hw["nic_gbps"][8:16, AR] /= 4.0
-
-    f = only(run(fault=fault))
+    f = only(run(fault=slow_link(range(8, 16), 4.0)))
     assert (f.cause, f.devices) == ("nic", ["node001/bond0"])
     assert f.impact.step_time_share > 0.25
 
 
-def test_nvlink_of_a_hierarchical_all_reduce():
-    # the data-parallel all-reduce runs over NVLink inside the host, then over the NICs: its NVLink rate tells
+def test_a_lower_mean_on_its_own_blames_no_link():
+    # a slowed ring's links all carry its lower rate: the mean marks the ring, not its culprit
     def fault(s):
-        s.link = 1.3
-        s.hw["nvlink_gbps"][:, AR] = 150.0 * np.random.default_rng(s.step).normal(1, 0.01, 32)
-        s.hw["nvlink_gbps"][5, AR] = 75.0
+        s.link = 1.6
+        s.hw["nic_gbps"][8:16, AR] /= 1.6
 
-    f = only(run(fault=fault))
+    assert [f for f in run(fault=fault).findings if f.scope == "worker"] == []
+
+
+def test_nvlink_of_a_hierarchical_all_reduce():
+    # the data-parallel all-reduce runs over NVLink inside the host, then over the NICs: its NVLink shape tells
+    f = only(run(fault=slow_link([5], 2.0, metric="nvlink_gbps", capacity=150.0)))
     assert (f.workers, f.cause, f.devices, f.function) == ([5], "nvlink", ["node000/gpu5/nvlink"], "nccl:all_reduce[dp]")
 
 
@@ -292,12 +302,7 @@ def test_a_peer_group_that_waits_as_a_whole_is_not_working():
 
 
 def test_nvlink_collective_throughput_drop():
-    def fault(s):
-        s.link = 1.3
-        s.hw["nvlink_gbps"][:, AR] = 300.0 * np.random.default_rng(s.step).normal(1, 0.01, 32)
-        s.hw["nvlink_gbps"][5, AR] = 150.0
-
-    f = only(run(fault=fault, resource={"nccl:all_reduce[dp]": "nvlink"}))
+    f = only(run(fault=slow_link([5], 2.0, metric="nvlink_gbps", capacity=300.0), resource={"nccl:all_reduce[dp]": "nvlink"}))
     assert (f.workers, f.cause, f.devices) == ([5], "nvlink", ["node000/gpu5/nvlink"])
 
 
@@ -418,8 +423,12 @@ def test_a_function_taking_many_times_its_peers_time_on_one_worker_is_rank_speci
     f = only(run(fault=slower(["python.loop"], [5], 20.0)))
     assert (f.workers, f.function, f.cause) == ([5], "python.loop", "rank_specific_code")
     ev = {e.feature: e for e in f.evidence}
-    assert ev["workers_running_it"].value == ev["workers_running_it"].peer_value == 32
+    # what shows it: many times the peers' time, and the host's CPU as the peers' (not: every peer runs it too)
+    assert "workers_running_it" not in ev and ev["cpu_other"].value == pytest.approx(ev["cpu_other"].peer_value, abs=0.02)
     assert ev["work_us"].value > 15 * ev["work_us"].peer_value
+    # without the host's samples, contention cannot be ruled out
+    g = only(run(fault=slower(["python.loop"], [5], 20.0), hardware=False))
+    assert g.cause == "undetermined" and "no cpu_other, mem_used_frac samples" in g.summary
 
 
 def test_job_wide_python_above_its_expected_share():
@@ -557,10 +566,11 @@ def test_noisy_peer_group_lowers_confidence_and_says_so():
     assert "noisy peer group" in noisy.summary
 
 
-def test_without_hardware_samples_the_cause_comes_from_timing_with_less_confidence():
+def test_without_hardware_samples_the_cause_is_undetermined_with_less_confidence():
     fault = slower(["bwd.gemm", "fwd.gemm"], [3], 1.3)
     with_hw, without = only(run(fault=fault)), only(run(fault=fault, hardware=False))
-    assert without.workers == [3] and without.cause == "gpu_slow"
+    assert with_hw.cause == "gpu_slow" and without.workers == [3] and without.devices == with_hw.devices
+    assert without.cause == "undetermined" and "no sm_clock_mhz samples" in without.summary
     assert without.confidence < with_hw.confidence and "no hardware samples" in without.summary
 
 

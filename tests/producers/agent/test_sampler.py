@@ -1,15 +1,21 @@
 """The hardware sampler: counter parsing and rate conversion (pure), NVML absent, a real host run."""
 
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from lockstep.producers.agent import nvml
 from lockstep.producers.agent.sampler import (
     HardwareSampler,
+    fast_host_metrics,
     host_metrics,
+    metrics as sampler_metrics,
     parse_cpu_jiffies,
     parse_disk_read_bytes,
     parse_meminfo,
@@ -99,7 +105,9 @@ def test_without_nvml_the_sampler_samples_the_host_and_says_so(monkeypatch, capl
     monkeypatch.setattr(nvml, "_state", {})
     monkeypatch.setattr("lockstep.producers.agent.sampler._said_host_only", False)
     with caplog.at_level("INFO", logger="lockstep.agent"):
-        s = HardwareSampler(worker=2, hz=200).start()
+        s = HardwareSampler(worker=2, hz=200)
+        assert s.wait_ready()  # the sampler process has started (slow on a loaded machine)
+        s.start()
         time.sleep(0.3)
         samples, stats = s.stop()
         HardwareSampler(worker=2, hz=200).start().stop()
@@ -112,3 +120,76 @@ def test_without_nvml_the_sampler_samples_the_host_and_says_so(monkeypatch, capl
     assert (samples.column("worker").to_numpy() == 2).all()
     t_us = samples.column("t_us").to_numpy()
     assert abs(t_us.mean() / 1e6 - time.time()) < 60  # unix microseconds
+
+
+def test_fast_tier_rates_leave_out_a_reading_the_sampler_was_preempted_in():
+    t = np.array([0.0, 1e-3, 2e-3, 3e-3, 4e-3])
+    t_end = t + np.array([5e-6, 6e-6, 1.5e-3, 5e-6, 4e-6])  # the third reading took 1.5 ms: its counters are of another instant
+    nic = np.array([0.0, 1e6, 9e9, 3e6, 4e6])
+    cpu = np.array([0.0, 0.5e-3, 7.0, 1.5e-3, 2.5e-3])
+    m = fast_host_metrics(t, t_end, nic, cpu)
+    np.testing.assert_allclose(m["nic_gbps"][1], [1.0, 1.0, 1.0], rtol=1e-3)  # 1 MB per ms; the second interval spans 2 ms
+    np.testing.assert_allclose(m["cpu_self"][1], [0.5, 0.5, 1.0], rtol=1e-3)
+    np.testing.assert_allclose(m["cpu_self"][0], (t[[1, 3, 4]] + t_end[[1, 3, 4]]) / 2)  # stamped at the middle of the reading
+
+
+def test_the_sampler_is_a_process_of_its_own():
+    before = set(os.listdir("/proc/self/task"))
+    s = HardwareSampler(worker=0, hz=1000)
+    assert s.wait_ready()
+    s.start()
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.4:
+        pass  # a busy training thread
+    during = set(os.listdir("/proc/self/task"))
+    samples, stats = s.stop()
+    assert during == before  # no sampler thread in the training process
+    assert stats.tiers["slow"] == -(-stats.tiers["fast"] // 10)  # /proc/stat on every 10th reading at 1 kHz: 100 Hz
+    rows = {m: samples.filter(pc.equal(samples.column("metric"), m)).column("value").to_numpy() for m in ("cpu_self", "nic_gbps", "cpu_other")}
+    assert rows["cpu_self"].size > rows["cpu_other"].size > 0 and rows["nic_gbps"].size == rows["cpu_self"].size
+    assert rows["cpu_self"].max() > 0  # this process's CPU clock, read from the other process
+
+
+def test_the_sampler_process_ends_with_the_training_process():
+    code = ("import sys, time\nfrom lockstep.producers.agent.sampler import HardwareSampler\n"
+            "HardwareSampler(0, 100).start()\nprint('sampling', flush=True)\ntime.sleep(60)\n")  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "sampling"
+        probes = [int(p) for p in Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()]
+        assert len(probes) == 1
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{probes[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{probes[0]}").exists() or "Z" in Path(f"/proc/{probes[0]}/stat").read_text().split()[2]
+
+
+def test_in_another_network_namespace_the_probe_reads_that_namespaces_counters():
+    # `unshare --net` makes a namespace without mounting its sysfs: /sys/class/net still lists the host's interfaces
+    if subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --net is not permitted here (needs CAP_SYS_ADMIN)")
+    code = "import os\nfrom lockstep.producers.agent.probe import Counters\nc = Counters(os.getpid())\nprint(c.nic_source, c.nic_bytes())"
+    out = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["/proc/net/dev", "-", "0.0"]  # only loopback in there, not the host's eth0 through sysfs
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "sysfs" and "lo" not in out[1].split(",")
+
+
+def test_the_sampler_process_tiers_become_metrics():
+    # what the probe sends: a GPU tier (time, then NvmlReading's fields) where utilisation, power and temperature
+    # were read only every other reading, and a PCIe tier
+    nan = np.nan
+    gpu = np.array([[10.0, 1980, 90, 700_000, 60, 0, nan, nan],
+                    [10.1, 1500, nan, nan, nan, 0x40, nan, nan],
+                    [10.2, 1500, 80, 650_000, 61, 0x40, nan, nan]])  # fmt: skip
+    pcie = np.array([[10.05, 2e6, 1e6]])
+    fast = np.array([[10.0, 10.00001, 0.0, 1.0], [10.1, 10.10001, 1e8, 1.05]])  # t, t_end, NIC bytes, process CPU s
+    table = to_table(1, sampler_metrics({"fast": fast, "gpu": gpu, "pcie": pcie}, n_cores=4))
+    got = {m: table.filter(pc.equal(table.column("metric"), m)).column("value").to_pylist() for m in set(table.column("metric").to_pylist())}
+    assert got["sm_clock_mhz"] == [1980, 1500, 1500] and got["clock_events"] == [0, 0x40, 0x40]
+    assert got["sm_active"] == [0.9, 0.8] and got["gpu_power_w"] == [700, 650]  # the readings that had them
+    assert got["pcie_gbps"] == [pytest.approx(3.0)] and "nvlink_gbps" not in got
+    assert got["nic_gbps"] == [pytest.approx(1.0, rel=1e-3)] and got["cpu_self"] == [pytest.approx(0.5, rel=1e-3)]

@@ -1,0 +1,69 @@
+"""Real faults in real multi-process PyTorch jobs (CPU, gloo), sampled by the agent's sampler, named by `lockstep diagnose`.
+
+Each case (see ``real_faults.py``) runs four ranks with a fault on rank 2 and checks that the
+diagnosis names worker 2, the function the fault slowed and the cause.  Where the rules of the
+diagnosis cannot tell the cause yet, the case is an expected failure that says what it printed
+(``real_faults.AWAITING``); everything before the naming (the job, the fault, the samples) must still work.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_faults as rf  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+def run(case: str, out: Path) -> Path:
+    try:
+        return rf.run_job(case, out)
+    except rf.Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+def nic_of(out: Path, worker: int) -> np.ndarray:
+    s = pq.read_table(out / "samples.parquet")
+    s = s.filter(pc.and_(pc.equal(s.column("worker"), worker), pc.equal(s.column("metric"), "nic_gbps")))
+    return s.column("value").to_numpy()
+
+
+def test_a_rate_limited_link(tmp_path):
+    out = run("link", tmp_path)
+    # every namespace's own NIC was sampled; while busy, the culprit's link ran at its limit (rx + tx of 100 Mbit/s)
+    assert all(nic_of(out, w).max() > 0 for w in range(rf.WORLD))
+    busy = nic_of(out, rf.CULPRIT)
+    assert np.median(busy[busy > 1e-3]) == pytest.approx(2 * 100e6 / 8 / 1e9, rel=0.25)
+    # the fingerprint tells the slow link: in the ring all means are alike, but only its peers burst
+    from lockstep.commands.diagnose import load_inputs
+
+    inputs = load_inputs(rf.traces(out), None, out / "samples.parquet")
+    rel_sd: dict[int, list[float]] = {}
+    for s in inputs.summaries:
+        for r in s.functions.to_pylist():
+            if r["function"].startswith("gloo:all_reduce") and r["nic_gbps"] > 0:
+                rel_sd.setdefault(s.worker, []).append(r["nic_gbps_sd"] / r["nic_gbps"])
+    culprit = np.median(rel_sd.pop(rf.CULPRIT))
+    assert all(culprit < np.median(v) / 2 for v in rel_sd.values()), (culprit, {w: np.median(v) for w, v in rel_sd.items()})
+    rf.check_named("link", rf.diagnose_cli(out))
+
+
+def test_cpu_contention_from_another_process(tmp_path):
+    out = run("contention", tmp_path)
+    rf.check_named("contention", rf.diagnose_cli(out))
+
+
+def test_a_slow_data_loader(tmp_path):
+    out = run("dataloader", tmp_path)
+    rf.check_named("dataloader", rf.diagnose_cli(out))
+
+
+def test_extra_compute_in_one_ranks_forward(tmp_path):
+    out = run("compute", tmp_path)
+    rf.check_named("compute", rf.diagnose_cli(out))
