@@ -19,10 +19,10 @@
   not noise, so the level is divided out (a rolling median of :data:`DETREND` steps) and the
   step-to-step noise kept.
 
-**Disturbances**, in every series (healthy or not) unless the healthy breakdown says otherwise:
-single slow steps (``hiccups``: one step in 500, 1.5-3x), ``periodic`` steps (a checkpoint every
-1,000 steps, 5-20x; an evaluation every 250 steps, 2.5x), and ``drift`` (+5% over a job-day plus a
-slow +-1% wander with a period of 3,000 steps).
+**Disturbances**: single slow steps (``hiccups``: one step in 500, 1.5-3x), ``periodic`` steps (a
+checkpoint every 1,000 steps, 5-20x; an evaluation every 250 steps, 2.5x), and ``drift`` (+5% over a
+job-day plus a slow +-1% wander with a period of 3,000 steps).  Healthy series run without any and
+with each one; the slowdown runs carry all three.
 
 **Slowdowns** of :data:`SIZES` multiply every step from a random onset (step 300..1300) on.  A run
 counts as detected when the first slowdown trigger at or after the onset comes within
@@ -39,7 +39,6 @@ Random draws use fixed seeds (``seed``, family, size, run): the same arguments g
 from __future__ import annotations
 
 import csv
-import dataclasses
 import gzip
 import math
 import time
