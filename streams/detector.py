@@ -318,8 +318,9 @@ class StepTimeChange:
         # the current excursion if there is one, else the last quarter of a reference
         recent_n = max(1, self.n - self.start) if self.s > 0 else min(len(self.log), max(1, dp.reference_steps // 4))
         recent = math.exp(_median_sorted(sorted(self._window(self.n - recent_n, self.n))))
-        if math.isnan(self.mu):
-            return f"median step time {recent * 1e3:.1f} ms; still learning the baseline ({self.n} of {dp.baseline_steps} steps)"
+        lo, hi = self.reference(dp)
+        if hi - lo < dp.baseline_steps or math.isnan(self.mu):
+            return f"median step time {recent * 1e3:.1f} ms; still learning the baseline ({hi - lo} of {dp.baseline_steps} steps)"
         base = math.exp(self.mu)
         return (f"median step time {recent * 1e3:.1f} ms over the last {recent_n} steps vs baseline {base * 1e3:.1f} ms "
                 f"({(recent / base - 1) * 100:+.1f}%; step-to-step spread {self.sigma * 100:.1f}%, slowdown_threshold "
