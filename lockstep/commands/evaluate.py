@@ -20,9 +20,9 @@ def register(sub) -> None:
 def run(args) -> int:
     import logging
 
-    from ..cli import setup_logging
-    from ..progress import Progress, wanted
-    from ..evaluate import evaluate, load_suite
+    from ..logs import setup_logging
+    from ..app.progress import Progress, wanted
+    from ..app.evaluate import evaluate, load_suite
     from ..producers.simulator.suite import standard_suite
     from ..streams.policy import load_policy
 
@@ -57,7 +57,7 @@ def _pct(x) -> str:
 
 
 def report(summary: dict, policy_ref: str, suite: str) -> str:
-    from ..output import plural, table
+    from ..app.output import plural, table
 
     rows = []
     for name, f in [*summary["by_fault"].items(), ("overall", summary["overall"])]:
@@ -102,7 +102,7 @@ def scenario_json(r) -> dict:
 
 
 def scenario_table(results) -> str:
-    from ..output import table
+    from ..app.output import table
 
     rows = []
     for r in results:

@@ -1,66 +1,88 @@
-"""Kafka wiring shared by every process: topic names, topic creation, client settings."""
+"""Kafka clients: how they are made (:class:`Clients`) and how each kind is configured.
+
+Every confluent-kafka client of the project is configured here, so that the settings the
+pipeline depends on cannot drift apart:
+
+* producers use ``murmur2_random``, the partitioner faust, aiokafka and Java use, so that every
+  client puts ``job:step`` in the same partition (librdkafka's default is CRC32);
+* producers never auto-create a topic (``allow.auto.create.topics=false``): a broker would create it
+  with its own partition count (Tansu: 4), which :func:`~lockstep.kafka.topics.ensure_topics` refuses;
+* consumers use a short ``fetch.wait.max.ms`` (the embedded broker does not answer a waiting fetch
+  early when data arrives) and a short session timeout (a group forms in about half of it);
+* the pipeline's producers are idempotent (``acks=all``, zstd); the host agent's is not, and uses
+  lz4 (:func:`agent_producer_config`).
+
+Constructors that talk to Kafka (:class:`~lockstep.kafka.Publisher`, :class:`~lockstep.kafka.Tail`, the
+sink, the agent's outbox and control follower) take ``clients``: confluent-kafka's by default,
+:class:`~lockstep.kafka.memory.MemoryKafka`'s in unit tests.
+"""
 
 from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
 
-from .config import ConfigError, Settings
+from ..config import ConfigError, Settings
 
-log = logging.getLogger(__name__)
 #: librdkafka's own log lines go through Python logging (not straight to stderr)
 librdkafka_log = logging.getLogger("lockstep.librdkafka")
 
 
-class TopicError(RuntimeError):
-    """Topics could not be created, or exist with a different partition count."""
+class ProducerClient(Protocol):
+    """The part of ``confluent_kafka.Producer`` the project uses."""
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None: ...
+    def poll(self, timeout: float = ...) -> int: ...
+    def flush(self, timeout: float = ...) -> int: ...
+    def purge(self, in_queue: bool = ..., in_flight: bool = ..., blocking: bool = ...) -> None: ...
+    def list_topics(self, topic: str | None = ..., timeout: float = ...) -> Any: ...
+    def __len__(self) -> int: ...
+
+
+class ConsumerClient(Protocol):
+    """The part of ``confluent_kafka.Consumer`` the project uses."""
+
+    def list_topics(self, topic: str | None = ..., timeout: float = ...) -> Any: ...
+    def get_watermark_offsets(self, partition: Any, timeout: float = ..., cached: bool = ...) -> tuple[int, int]: ...
+    def assign(self, partitions: list[Any]) -> None: ...
+    def subscribe(self, topics: list[str], on_assign: Callable[..., None] = ...) -> None: ...
+    def consume(self, num_messages: int = ..., timeout: float = ...) -> list[Any]: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
-class Topics:
-    """Every topic of the pipeline, with its key."""
+class Clients:
+    """How Kafka clients are made from their configuration: confluent-kafka's by default."""
 
-    heartbeats: str  # StepHeartbeat, key job
-    control: str  # ProfileTrigger, RawRequest, key job
-    features: str  # FeatureBatch, key job:step
-    stepreports: str  # StepReport / WindowTimeout (internal), key job
-    findings: str  # Finding, key job
-    windows: str  # WindowReport, key job
-    deadletter: str  # DeadLetter, key: the original key
-    raw: str  # RawTrace (answers to a RawRequest on control), key job
-    series: str  # StepSeries, DeviationMap (the pictures: step times, deviation maps), key job
-
-    @classmethod
-    def named(cls, prefix: str = "lockstep") -> Topics:
-        return cls(**{f: f"{prefix}.{f}" for f in cls.__dataclass_fields__})
-
-    def all(self) -> list[str]:
-        return [getattr(self, f) for f in self.__dataclass_fields__]
+    producer: Callable[[dict[str, Any]], ProducerClient] = Producer
+    consumer: Callable[[dict[str, Any]], ConsumerClient] = Consumer
 
 
-def features_key(job: str, step: int) -> bytes:
-    return f"{job}:{step}".encode()
+#: the real clients
+CONFLUENT = Clients()
 
 
-def common_config(settings: Settings) -> dict[str, str]:
+def common_config(settings: Settings) -> dict[str, Any]:
     if not settings.bootstrap_servers:
         raise ConfigError("bootstrap_servers: no Kafka to connect to (start the embedded broker or pass --bootstrap-servers)")
     return {"bootstrap.servers": settings.bootstrap_servers, "logger": librdkafka_log, **settings.kafka}
 
 
-def producer_config(settings: Settings, **overrides: object) -> dict:
+def producer_config(settings: Settings, **overrides: object) -> dict[str, Any]:
     """Idempotent, acks=all, zstd, murmur2 (the partitioner faust/aiokafka/Java use).
 
     Never auto-creates a topic: librdkafka's producer asks the broker to by default, and a
     broker then creates it with its own partition count (Tansu: 4), which the pipeline's
-    check refuses.  Topics come from :func:`ensure_topics`; a record for a topic that does
-    not exist yet times out, and an agent keeps it in its spool until the topic appears.
+    check refuses.  Topics come from :func:`~lockstep.kafka.topics.ensure_topics`; a record for a
+    topic that does not exist yet times out, and an agent keeps it in its spool until the topic appears.
     """
-    cfg: dict[str, object] = {
+    cfg: dict[str, Any] = {
         "allow.auto.create.topics": False,
         "enable.idempotence": True,
         "acks": "all",
@@ -74,8 +96,26 @@ def producer_config(settings: Settings, **overrides: object) -> dict:
     return cfg
 
 
-def consumer_config(settings: Settings, group: str | None, **overrides: object) -> dict:
-    cfg: dict[str, object] = {
+def agent_producer_config(settings: Settings, delivery_timeout_s: float) -> dict[str, Any]:
+    """The host agent's producer: what Kafka has not acknowledged within ``delivery_timeout_s`` goes to its spool."""
+    return producer_config(
+        settings,
+        **{
+            # duplicates are tolerated downstream (spool replays make them possible anyway);
+            # a non-idempotent producer has no fatal state the agent would have to recover from
+            "enable.idempotence": False,
+            "message.timeout.ms": int(delivery_timeout_s * 1000),
+            "queue.buffering.max.kbytes": 64 << 10,
+            "linger.ms": 20,
+            # lz4, not zstd: a batch of a few heartbeats costs zstd several times more CPU, on the training host;
+            # feature batches carry their own zstd-compressed tables
+            "compression.type": "lz4",
+        },
+    )
+
+
+def consumer_config(settings: Settings, group: str | None, **overrides: object) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "session.timeout.ms": settings.session_timeout_ms,
@@ -92,48 +132,21 @@ def consumer_config(settings: Settings, group: str | None, **overrides: object) 
     return cfg
 
 
+def agent_consumer_config(settings: Settings, job: str) -> dict[str, Any]:
+    """The host agent's control follower: no group (it reads from the end and commits nothing).
+
+    A long fetch wait costs fewer wake-ups of librdkafka's thread (a third of the agent's idle CPU at
+    250 ms) and no latency against Kafka, which answers a waiting fetch when a record arrives; the
+    embedded broker does not, so there a trigger may take up to a second, which the detector measures
+    (echoes)."""
+    return consumer_config(settings, None, **{"group.id": f"lockstep-agent-{job}", "fetch.wait.max.ms": 1000})
+
+
 def admin(settings: Settings) -> AdminClient:
     return AdminClient(common_config(settings))
 
 
-def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeout_s: float = 15.0) -> Topics:
-    """Create the pipeline's topics (and ``extra`` name -> partitions); check partition counts."""
-    topics = Topics.named(settings.topic_prefix)
-    wanted = {name: settings.partitions for name in topics.all()}
-    wanted.update(extra or {})
-    client = admin(settings)
-    try:
-        existing = client.list_topics(timeout=timeout_s).topics
-    except KafkaException as exc:
-        raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
-    new = [
-        NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor,
-                 config={"cleanup.policy": "compact"} if name.endswith("-changelog") else {})
-        for name, n in wanted.items()
-        if name not in existing
-    ]  # fmt: skip
-    if new:
-        for name, fut in client.create_topics(new, operation_timeout=timeout_s).items():
-            try:
-                fut.result(timeout=timeout_s)
-                log.info("created topic %s", name)
-            except KafkaException as exc:
-                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                    raise TopicError(f"cannot create topic {name}: {exc.args[0].str()}") from None
-    meta = client.list_topics(timeout=timeout_s).topics
-    for name, n in wanted.items():
-        if name not in meta:
-            raise TopicError(f"topic {name} does not exist after creation")
-        have = len(meta[name].partitions)
-        if have != n:
-            raise TopicError(
-                f"topic {name} has {have} partitions but {n} are configured; every topic of the pipeline "
-                "needs the same partition count (set --partitions to match, or recreate the topics)"
-            )
-    return topics
-
-
-def faust_broker_kwargs(settings: Settings) -> dict:
+def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
     """Translate librdkafka security settings into faust's ``broker_credentials``."""
     kwargs: dict[str, object] = {"broker": f"kafka://{settings.bootstrap_servers}"}
     k = settings.kafka
@@ -155,33 +168,3 @@ def faust_broker_kwargs(settings: Settings) -> dict:
     elif ctx is not None:
         kwargs["broker_credentials"] = faust.SSLCredentials(ctx)
     return kwargs
-
-
-def read_all(settings: Settings, topics: list[str], quiet_s: float = 0.3) -> dict[str, list[tuple[bytes | None, bytes | None]]]:
-    """Every (key, value) in the topics, partition by partition in offset order (for demos and tests)."""
-    c = Consumer(consumer_config(settings, None))
-    out: dict[str, list] = {t: [] for t in topics}
-    try:
-        assign, high = [], {}
-        for topic in topics:
-            for p in c.list_topics(topic, timeout=10).topics[topic].partitions:
-                low, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-                if hi > low:
-                    assign.append(TopicPartition(topic, p, low))
-                    high[(topic, p)] = hi
-        c.assign(assign)
-        # Tansu reports the last batch's base offset + 1 as the high watermark, a lower bound
-        # of the real end: read past it until every partition stays quiet
-        pos = {k: 0 for k in high}
-        quiet = 0
-        while quiet < 2:
-            msgs = c.consume(5000, timeout=quiet_s)
-            for msg in msgs:
-                if not msg.error():
-                    out[msg.topic()].append((msg.key(), msg.value()))
-                    pos[(msg.topic(), msg.partition())] = msg.offset() + 1
-            caught_up = all(pos[k] >= h for k, h in high.items())
-            quiet = quiet + 1 if (not msgs and caught_up) else 0
-    finally:
-        c.close()
-    return out

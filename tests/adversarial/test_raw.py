@@ -11,8 +11,7 @@ import cramjam
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from lockstep.kafka import consumer_config, ensure_topics, producer_config
-from lockstep.producers.publisher import Publisher
+from lockstep.kafka import Publisher, consumer_config, ensure_topics, producer_config
 from lockstep.schemas.records import RawRequest, RawTrace, decode
 
 pytestmark = pytest.mark.integration
@@ -21,7 +20,7 @@ GOOD = {"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1, "dur": 2}]}
 
 CLI = """
 import contextlib, io
-from lockstep import cli
+from lockstep.app import cli
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = cli.main({argv!r})

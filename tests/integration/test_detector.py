@@ -21,12 +21,11 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from lockstep.app.operator import TriggerError, request_window
+from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
-from lockstep.commands.trigger import TriggerError, request_window
 from lockstep.config import Settings
-from lockstep.kafka import consumer_config, ensure_topics, features_key, producer_config, read_all
-from lockstep.producers.publisher import Publisher
-from lockstep.runtime import Child, settings_flags
+from lockstep.kafka import Publisher, consumer_config, ensure_topics, features_key, producer_config, read_all
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import AgentCounters, FeatureBatch, ProfileTrigger, StepHeartbeat, WindowReport, WorkerMeta, decode
 from lockstep.streams.app import changelog_topics
