@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import ctypes.util
+import dataclasses
 import logging
 import os
 import signal

@@ -43,7 +43,7 @@ from ..schemas.records import Finding
 from ..streams.diagnosis import JobHistory, StepFrame, WindowDiagnosis, WindowInfo, analyze_step, diagnose_window, peer_group_key
 from ..streams.policy import Policy
 
-STANDARD_SUITE = Path(__file__).resolve().parent.parent / "suites" / "standard"
+STANDARD_SUITE = Path(__file__).resolve().parents[2] / "suites" / "standard"
 CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0)
 
 

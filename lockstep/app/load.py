@@ -222,4 +222,3 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
             culprits=culprits, published=dict(publisher.stats.records), samples=samples, step_latency_s=step_latency,
             window_latency_s=window_latency, drain_s=drain_s, unconsumed=unconsumed, cpu_s=cpu, dead_letters=dead, log_dir=log_dir,
         )  # fmt: skip
-

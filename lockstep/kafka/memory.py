@@ -47,6 +47,7 @@ class MemoryKafka:
             self._log.setdefault(topic, [[] for _ in range(partitions)])
 
     def clients(self) -> Clients:
+        """Clients over these topics (the configuration they are given is ignored)."""
         return Clients(producer=lambda config: MemoryProducer(self), consumer=lambda config: MemoryConsumer(self))
 
     def messages(self, topic: str) -> list[Message]:
