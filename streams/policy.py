@@ -10,6 +10,7 @@ a broken new file keeps the policy in force and logs one error.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import logging
@@ -27,13 +28,17 @@ class PolicyError(ValueError):
     """The policy file is unreadable or a value is out of range."""
 
 
+#: the detector's slowdown rules (``detector.rule``)
+RULES = ("cusum", "median")
+
+
 @dataclass(frozen=True)
 class DetectorPolicy:
     """Slowdown and hang detection on heartbeats, and the windows it opens (brief 2.4)."""
 
-    baseline_steps: int = 20  # steps that form the robust baseline (a low percentile of them: the recent best)
-    recent_steps: int = 5  # the median of the last N synchronised step times ...
-    slowdown_threshold: float = 0.15  # ... more than this fraction above the baseline fires
+    baseline_steps: int = 20  # judging starts after this many steps (rule median: the baseline is a low percentile of up to 4x this many earlier steps)
+    recent_steps: int = 5  # a slowdown has lasted at least this many steps, and their median step time ...
+    slowdown_threshold: float = 0.015  # ... is at least this fraction above the baseline (the smallest slowdown worth a window)
     hang_factor: float = 10.0  # no progress for this many usual step intervals is a hang ...
     hang_min_s: float = 30.0  # ... and for at least this many seconds
     window_steps: int = 8  # steps per profiling window
@@ -47,6 +52,14 @@ class DetectorPolicy:
     hardware_hz: float = 1000.0  # hardware sampling rate during windows (NIC and process CPU at this rate; /proc at <= 100 Hz)
     record_shapes: bool = False  # profiler option sent with the trigger
     with_stack: bool = False  # profiler option sent with the trigger
+    # --- added with issue 15 (detector sensitivity); METHOD.md "How the detector decides" gives the trade-off
+    rule: str = "cusum"  # cusum: change detection on log step time scaled by the job's own spread; median: the rule before (median of recent_steps vs the 25th percentile)
+    reference_steps: int = 400  # the baseline (median, spread) is formed from up to this many steps before the current excursion
+    cusum_h: float = 12.0  # evidence that raises an alarm: the sum of the steps' scores (excess over the baseline, in spreads) less the allowance
+    cusum_k: float = 0.5  # allowance per step, in spreads (plus 2/sqrt(reference size): two standard errors of its median)
+    step_cap: float = 3.0  # one step scores at most this many spreads (a hiccup alone cannot raise an alarm)
+    spread_floor: float = 0.002  # the job's step-to-step spread (robust, of log step time) counts as at least this
+    periodic_min_gap: int = 4  # a slow step that recurs at a fixed interval of at least this many steps is periodic (checkpoint, evaluation) and ignored (0: off)
 
 
 @dataclass(frozen=True)
@@ -110,7 +123,7 @@ class Policy:
     diagnosis: DiagnosisPolicy = field(default_factory=DiagnosisPolicy)
     jobs: JobSelector = field(default_factory=JobSelector)
 
-    @property
+    @functools.cached_property  # frozen: computed once (every refused trigger records it)
     def hash(self) -> str:
         canon = json.dumps(asdict(self), sort_keys=True, default=list)
         return hashlib.sha256(canon.encode()).hexdigest()[:12]
@@ -150,6 +163,9 @@ def _section(cls: type, data: Any, where: str) -> Any:
                 value = float(value)
                 if not value >= 0:
                     raise ValueError("must be >= 0")
+            elif isinstance(default, str):
+                if not isinstance(value, str):
+                    raise ValueError("expected a string")
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"{where}.{key}: {value!r} is not valid: {exc}") from None
         out[key] = value
@@ -167,6 +183,12 @@ _RANGES = (
     ("detector", "max_windows_per_job", lambda v: v >= 1, ">= 1"),
     ("detector", "max_windows_fleet", lambda v: v >= 1, ">= 1"),
     ("detector", "hardware_hz", lambda v: 0 < v <= 10_000, "in (0, 10000]"),
+    ("detector", "rule", lambda v: v in RULES, f"one of {', '.join(RULES)}"),
+    ("detector", "reference_steps", lambda v: 1 <= v <= 1024, "in 1..1024"),
+    ("detector", "cusum_h", lambda v: v > 0, "> 0"),
+    ("detector", "step_cap", lambda v: v > 0, "> 0"),
+    ("detector", "spread_floor", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("detector", "periodic_min_gap", lambda v: v == 0 or v >= 2, "0 (off) or >= 2"),
     ("diagnosis", "persistence", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("diagnosis", "link_steady_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("diagnosis", "link_burst_cv", lambda v: v > 0, "> 0"),
@@ -201,6 +223,8 @@ def load_policy(path: Path | str | None) -> Policy:
         value = getattr(getattr(policy, section), key)
         if not ok(value):
             raise PolicyError(f"policy {path}: {section}.{key} must be {want}, got {value!r}")
+    if policy.detector.baseline_steps > policy.detector.reference_steps:
+        raise PolicyError(f"policy {path}: detector.baseline_steps ({policy.detector.baseline_steps}) exceeds detector.reference_steps ({policy.detector.reference_steps})")
     if policy.detector.window_steps > policy.detector.max_window_steps:
         raise PolicyError(f"policy {path}: detector.window_steps ({policy.detector.window_steps}) exceeds detector.max_window_steps ({policy.detector.max_window_steps})")
     return policy

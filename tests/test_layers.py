@@ -140,4 +140,4 @@ def test_the_checks_see_what_they_check():
     assert "lockstep.app.operator" in g["lockstep.commands.trigger"]  # inside run()
     assert "lockstep.app.cli" in g["lockstep.__main__"]
     assert layer("lockstep") == "infrastructure" and layer("lockstep.kafka.tail") == "infrastructure"
-    assert layer("lockstep.app.demo") == "application" and layer("lockstep.streams.app") == "pipeline" and layer("lockstep.detector_eval") is None
+    assert layer("lockstep.app.demo") == "application" and layer("lockstep.streams.app") == "pipeline" and layer("lockstep.something_new") is None

@@ -1,4 +1,7 @@
-"""``lockstep evaluate [SUITE]``: how well the diagnosis finds injected faults, per fault type."""
+"""``lockstep evaluate [SUITE]``: how well the diagnosis finds injected faults, per fault type.
+
+``lockstep evaluate --detector``: how soon the slowdown detector finds sustained slowdowns, and how
+often it fires on healthy jobs (``lockstep/app/detector_eval.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,22 @@ def register(sub) -> None:
     p.add_argument("suite", type=Path, nargs="?", help="a scenario file or a folder of them (default: the standard suite)")
     p.add_argument("--json", action="store_true", help='print {"overall": {...}, "by_fault": {...}, "calibration": [...]}')
     p.add_argument("--scenarios", action="store_true", help="also list every scenario with its findings (table) or outcome (JSON)")
+    d = p.add_argument_group("detector evaluation")
+    d.add_argument("--detector", action="store_true", help="evaluate the slowdown detector on step-time series instead of the diagnosis on a suite")
+    d.add_argument("--runs", type=_positive, default=40, help="runs per series and slowdown size (default 40)")
+    d.add_argument("--days", type=float, default=1.0, help="job-days (86,400 steps) of each healthy series per disturbance (default 1)")
+    d.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    d.add_argument("--series", action="append", metavar="NAME", help="evaluate only this series (repeatable; default: all)")
     p.set_defaults(func=run)
+
+
+def _positive(value: str) -> int:
+    import argparse
+
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
 
 
 def run(args) -> int:
@@ -30,6 +48,10 @@ def run(args) -> int:
     setup_logging(settings.log_level, settings.log_format)
     log = logging.getLogger("lockstep.evaluate")
     policy = load_policy(settings.policy)
+    if args.detector:
+        return run_detector(args, policy)
+    if args.days != 1.0 or args.runs != 40 or args.seed != 0 or args.series:
+        raise config.ConfigError("--runs, --days, --seed and --series apply to --detector only")
     scenarios = load_suite(args.suite) if args.suite else standard_suite()
 
     with Progress(wanted(args.json), "scenarios", total=len(scenarios), unit="scenario") as bar:
@@ -49,6 +71,32 @@ def run(args) -> int:
     if args.scenarios:
         print()
         print(scenario_table(results))
+    return 0
+
+
+def run_detector(args, policy) -> int:
+    import sys
+
+    from ..app.detector_eval import evaluate_detector, families, report as detector_report
+
+    if args.suite or args.scenarios:
+        raise config.ConfigError("--detector takes no SUITE and no --scenarios: its series are built in (lockstep/app/detector_eval.py)")
+    if not args.days > 0:
+        raise config.ConfigError(f"--days must be > 0, got {args.days}")
+    interactive = sys.stderr.isatty() and not args.json
+
+    def progress(name: str) -> None:
+        if interactive:
+            print(f"\r{name:30s}", end="", file=sys.stderr, flush=True)
+
+    try:
+        fams = families(args.seed, only=tuple(args.series or ()))
+    except ValueError as exc:
+        raise config.ConfigError(f"--series: {exc}") from None
+    summary = evaluate_detector(policy, runs=args.runs, days=args.days, seed=args.seed, fams=fams, progress=progress)
+    if interactive:
+        print("\r" + " " * 30 + "\r", end="", file=sys.stderr)
+    print(json.dumps(summary, indent=2) if args.json else detector_report(summary))
     return 0
 
 

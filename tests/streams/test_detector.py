@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 
 from lockstep.schemas.records import ProfileTrigger, StepHeartbeat, TriggerRefused, TriggerRequest
@@ -250,3 +252,119 @@ def test_a_refused_baseline_window_backs_off_instead_of_asking_at_every_step():
     det._decide = lambda *a, **k: calls.append(a[2]) or decide(*a, **k)  # count the checks (a[2]: the kind)
     assert feed(det, "j", np.full(160, 0.2)) == []  # due from step ~100 on, refused by the fleet limit
     assert 1 <= calls.count("baseline") <= 6  # once per tenth of the interval, not at each of ~60 steps
+
+
+# ---------------------------------------------------------------- the cusum rule (issue 15)
+
+
+def one_worker(det, job, step_times, start=0, t0=1000.0):
+    """One heartbeat per step (a one-worker job: its step time is the synchronised one); returns (step, trigger)."""
+    out, sent = [], t0
+    for i, st in enumerate(step_times):
+        sent += float(st)
+        out += [(start + i, t) for t in det.observe(StepHeartbeat(job=job, worker=0, step=start + i, step_time_s=float(st), host="h0", sent_at=sent), now=sent)]
+    return out
+
+
+def test_a_five_percent_slowdown_on_a_two_percent_spread_is_found_within_a_hundred_steps():
+    rng = np.random.default_rng(5)
+    delays = []
+    for run in range(20):
+        times = np.exp(rng.normal(0.0, 0.02, 900))  # 1 s steps, spread 2%
+        times[600:] *= 1.05
+        fired = one_worker(SlowdownDetector(Policy()), f"j{run}", times)
+        assert all(step >= 600 for step, _ in fired), fired  # nothing before the onset
+        delays.append(fired[0][0] - 600 if fired else None)
+        if fired:
+            assert fired[0][1].kind == "slowdown" and re.search(r"step-to-step spread [12]\.\d%", fired[0][1].reason)
+    assert all(d is not None and d <= 100 for d in delays), delays
+
+
+def test_the_old_rule_is_kept_and_misses_what_the_new_one_finds():
+    times = np.exp(np.random.default_rng(6).normal(0.0, 0.01, 600))
+    times[300:] *= 1.08  # +8%: below the median rule's 15%
+    median = policy(rule="median", slowdown_threshold=0.15)
+    assert one_worker(SlowdownDetector(median), "j", times) == []
+    ((step, t),) = one_worker(SlowdownDetector(Policy()), "j", times)
+    assert 300 <= step <= 330 and re.search(r"since step 30\d: median of its last \d+ steps .* \(\+[78]\.\d%", t.reason)
+    times[300:] *= 1.10  # +19%: the median rule fires too, with its own reason
+    ((step, t),) = one_worker(SlowdownDetector(median), "j", times)
+    assert 300 <= step <= 310 and t.reason.startswith("slowdown: median of last 5 steps")
+
+
+def test_hiccups_and_periodic_steps_do_not_trigger_and_periodic_ones_are_recognised():
+    rng = np.random.default_rng(7)
+    times = np.exp(rng.normal(0.0, 0.01, 3000))
+    times[::100] *= 8.0  # a checkpoint every 100 steps
+    times[37::50] *= 2.5  # an evaluation step every 50 steps
+    times[41::50] *= 2.5  # ... and a second one right after: two slow steps close together
+    hiccups = rng.choice(3000, 10, replace=False)
+    times[hiccups] *= rng.uniform(1.5, 3.0, 10)
+    det = SlowdownDetector(policy(baseline_every_steps=0))
+    assert one_worker(det, "j", times) == []
+    assert det.jobs["j"].change.ignored >= 3 * 3000 // 100 - 10  # from their third occurrence on
+    times[2000:] *= 1.05  # a slowdown is still found among them
+    fired = one_worker(SlowdownDetector(policy(baseline_every_steps=0)), "j", times)
+    assert fired and 2000 <= fired[0][0] <= 2100
+
+
+def test_a_skewed_job_is_judged_on_its_own_spread():
+    """The slowest of 64 workers: skewed to the right, as the synchronised step time of a big job is."""
+    rng = np.random.default_rng(8)
+    times = np.exp(rng.normal(0.0, 0.03, (20_000, 64))).max(axis=1) * np.exp(rng.gamma(1.0, 0.01, 20_000))
+    det = SlowdownDetector(policy(baseline_every_steps=0))
+    assert one_worker(det, "j", times) == []
+    assert 0.01 < det.jobs["j"].change.sigma < 0.03  # its own spread, not the workers'
+
+
+def test_autocorrelated_noise_widens_the_allowance():
+    rng = np.random.default_rng(9)
+    e = rng.normal(0.0, 0.01, 20_000)
+    x = np.empty_like(e)
+    x[0] = 0.0
+    for i in range(1, len(e)):
+        x[i] = 0.7 * x[i - 1] + e[i]  # slow wander: sums of steps spread wider than the steps do
+    det = SlowdownDetector(policy(baseline_every_steps=0))
+    assert one_worker(det, "j", np.exp(x)) == []
+    assert det.jobs["j"].change.inflation > 1.5  # sqrt(1.7 / 0.3) = 2.4 for the true r = 0.7, less two standard errors
+    iid = SlowdownDetector(policy(baseline_every_steps=0))
+    one_worker(iid, "j", np.exp(e))
+    assert iid.jobs["j"].change.inflation < 1.1  # independent steps: (almost) none
+
+
+def test_a_small_lasting_change_becomes_the_new_normal_and_what_the_detector_saw_says_so():
+    det = SlowdownDetector(policy(baseline_every_steps=0))
+    times = np.exp(np.random.default_rng(10).normal(0.0, 0.002, 2000))
+    times[500:] *= 1.01  # +1%: found by the evidence, too small for a window (threshold 2%)
+    one_worker(det, "j", times[:700])
+    ch = det.jobs["j"].change
+    assert ch.s >= Policy().detector.cusum_h and abs(np.exp(ch.mu) - 1.0) < 0.002  # pending against the old level
+    assert re.search(r"median step time 1010\.\d ms over the last 200 steps vs baseline 999\.\d ms \(\+1\.0%.*slowdown_threshold 1.5%", det.describe("j"))
+    assert one_worker(det, "j", times[700:], start=700) == []
+    assert abs(np.exp(ch.mu) - 1.01) < 0.002  # after a reference's length: the new normal
+    assert det.describe("nobody") == "no complete step of job 'nobody' yet"
+
+
+def test_a_slowdown_that_starts_in_a_cooldown_is_profiled_when_it_ends():
+    det = SlowdownDetector(policy(cooldown_steps=300, baseline_every_steps=0))
+    times = np.exp(np.random.default_rng(11).normal(0.0, 0.01, 1200))
+    one_worker(det, "j", times[:400])
+    assert isinstance(det.request(req("j"), now=2e9), ProfileTrigger)  # an operator's window: cool-down until ~step 710
+    times[450:] *= 1.05
+    fired = one_worker(det, "j", times[400:], start=400, t0=1400.0)
+    assert [t.kind for _, t in fired] == ["slowdown"] and 700 <= fired[0][0] <= 720, [(s, t.reason) for s, t in fired]
+    assert "since step 45" in fired[0][1].reason  # the excursion it found began at the onset
+    assert det.suppressed["cooldown"] > 0
+
+
+def test_a_slowdown_that_ended_on_its_own_does_not_hide_the_next_one():
+    """Twenty steps 20% slower (below a 30% threshold: no window), then normal again: those steps must not
+    become the baseline, or the same slowdown coming back would rank as ordinary."""
+    det = SlowdownDetector(policy(slowdown_threshold=0.3, baseline_every_steps=0))
+    times = np.exp(np.random.default_rng(12).normal(0.0, 0.01, 400))
+    times[100:120] *= 1.2
+    assert one_worker(det, "j", times[:160]) == []
+    det.set_policy(policy(slowdown_threshold=0.1, baseline_every_steps=0))
+    times[160:] *= 1.2
+    fired = one_worker(det, "j", times[160:], start=160, t0=2000.0)
+    assert fired and 160 <= fired[0][0] <= 175 and "since step 16" in fired[0][1].reason, fired

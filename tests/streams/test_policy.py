@@ -51,6 +51,12 @@ def test_bad_policy_files_are_rejected_in_one_line(tmp_path, text, needle):
         ("jobs:\n  include: train-*\n", "jobs.include: 'train-*' is not valid: expected a list of strings"),
         ("jobs:\n  tenant: [a]\n", "jobs.tenant: unknown key"),
         ("version: two\n", "version 'two' is not valid"),
+        ("detector:\n  rule: ewma\n", "detector.rule must be one of cusum, median, got 'ewma'"),
+        ("detector:\n  rule: 1\n", "detector.rule: 1 is not valid: expected a string"),
+        ("detector:\n  spread_floor: 0\n", "detector.spread_floor must be in (0, 1), got 0.0"),
+        ("detector:\n  cusum_h: 0\n", "detector.cusum_h must be > 0"),
+        ("detector:\n  periodic_min_gap: 1\n", "detector.periodic_min_gap must be 0 (off) or >= 2, got 1"),
+        ("detector:\n  baseline_steps: 50\n  reference_steps: 40\n", "detector.baseline_steps (50) exceeds detector.reference_steps (40)"),
     ],
 )
 def test_bad_detector_and_selector_values_are_named(tmp_path, text, needle):
