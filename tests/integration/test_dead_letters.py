@@ -7,7 +7,7 @@ import pytest
 
 from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
-from lockstep.kafka import Publisher, Topics, ensure_topics, producer_config, read_all
+from lockstep.kafka import Publisher, ensure_topics, producer_config, read_all
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import DeadLetter, FeatureBatch, StepHeartbeat, StepReport, WorkerMeta, decode, encode
 from lockstep.streams.app import changelog_topics
