@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lockstep.load import run_load
+from lockstep.app.load import run_load
 
 pytestmark = pytest.mark.integration
 
