@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.cli import main
+from lockstep.app.cli import main
 
 DATA = Path(__file__).parents[1] / "data" / "traces"
 A100 = DATA / "a100_rank0_of16.json.gz"
