@@ -29,7 +29,7 @@ class StepStage(HoldingStage):
     def __init__(self, topics: Topics, out: Output, policies: Policies, metrics: Metrics, timeout_s: float, clock: Clock = time.time):
         super().__init__(topics, out, metrics, clock)
         self.policies = policies
-        self.assembler = StepAssembler(timeout_s)
+        self.assembler: StepAssembler[RecordIn] = StepAssembler(timeout_s)
 
     @property
     def open_steps(self) -> int:
@@ -69,7 +69,7 @@ class StepStage(HoldingStage):
         self.assembler.drop(partitions)
         self.acks.drop(partitions)
 
-    async def _finish(self, closed: ClosedStep) -> None:
+    async def _finish(self, closed: ClosedStep[RecordIn]) -> None:
         p = closed.pending
         m = self.metrics
         t0 = time.perf_counter()

@@ -49,7 +49,7 @@ class WindowStage(HoldingStage):
         self.closed_windows = closed_windows  # "job:window" -> when it closed
         self.job_history = job_history  # job -> JobHistory JSON
         self.policies = policies
-        self.assembler = WindowAssembler(timeout_s)
+        self.assembler: WindowAssembler[RecordIn] = WindowAssembler(timeout_s)
 
     @property
     def open_windows(self) -> int:
@@ -105,7 +105,7 @@ class WindowStage(HoldingStage):
             log.warning("job %s: dropping its stored history: %s", job, err)
             return None
 
-    async def _finish(self, closed: ClosedWindow) -> None:
+    async def _finish(self, closed: ClosedWindow[RecordIn]) -> None:
         w = closed.pending
         m = self.metrics
         now = self.clock()
