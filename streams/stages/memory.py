@@ -49,12 +49,11 @@ class MemoryOutput:
     async def acknowledge(self, records: Sequence[RecordIn]) -> None:
         self.acknowledged.extend(records)
 
-    def deliver(self) -> int:
-        """Kafka acknowledged everything sent so far; returns how many deliveries that resolved."""
-        pending = [s.delivered for s in self.sent if not s.delivered.done()]
-        for fut in pending:
-            fut.set_result(None)
-        return len(pending)
+    def deliver(self) -> None:
+        """Kafka acknowledged everything sent so far."""
+        for s in self.sent:
+            if not s.delivered.done():
+                s.delivered.set_result(None)
 
     def records(self, topic: str) -> list[RecordIn]:
         """Everything sent to ``topic``, in the order sent."""
