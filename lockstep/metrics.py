@@ -49,6 +49,8 @@ CATALOGUE: dict[str, Spec] = {
     "consumer_lag_records": Spec("gauge", ("topic", "partition"),
                                  "high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)", _BOTH),  # fmt: skip
     # the processor's stages
+    "open_shards": Spec("gauge", (), "shards of windows waiting for workers' features", _PROC),
+    "shards_closed_total": Spec("counter", ("reason",), "shards of windows closed, by reason (complete, timeout)", _PROC),
     "open_steps": Spec("gauge", (), "steps waiting for feature batches", _PROC),
     "open_windows": Spec("gauge", (), "windows waiting for step reports", _PROC),
     "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout)", _PROC),
