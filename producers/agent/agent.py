@@ -27,8 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, window_features_key
-from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, encode
+from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, heartbeat_key, window_features_key
+from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, batch_heartbeats, encode
 from .config import AgentConfig
 from .control import ControlFollower
 from .meta import Identity, discover
@@ -89,6 +89,7 @@ class Agent:
             queue_max=config.queue_max,
             flush_interval_s=config.flush_interval_s,
             tick=self._io_tick,
+            coalesce=self._coalesce if config.heartbeat_shard_workers else None,
             clients=clients,
         )
         self._schedule = WindowSchedule()
@@ -154,6 +155,16 @@ class Agent:
             (extra["trigger_window"], extra["trigger_latency_s"]), self._echo = self._echo, None
         return StepHeartbeat(job=self.config.job, worker=self.meta.rank, step=step, step_time_s=max(dt, 1e-9), host=self.meta.host,
                              sent_at=time.time(), tenant=self.config.tenant, **extra)  # fmt: skip
+
+    def _coalesce(self, items: list) -> list:
+        """The io thread, at each flush: the heartbeats that accumulated go as one ``HeartbeatBatch`` (key ``job/shard``),
+        ahead of the other records, which are unchanged."""
+        beats = [record for _, _, record in items if isinstance(record, StepHeartbeat)]
+        if not beats:
+            return items
+        batches = [(self.topics.heartbeats, heartbeat_key(self.config.job, shard), batch)
+                   for shard, batch in batch_heartbeats(beats, self.config.heartbeat_shard_workers)]  # fmt: skip
+        return batches + [item for item in items if not isinstance(item[2], StepHeartbeat)]
 
     def _take_triggers(self) -> None:
         while self._inbox:

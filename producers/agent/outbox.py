@@ -68,6 +68,7 @@ class Outbox:
         flush_interval_s: float = 0.2,
         retry_s: float = 2.0,
         tick: Callable[[float], bool] | None = None,
+        coalesce: Callable[[list], list] | None = None,
         name: str = "lockstep-agent-io",
         clients: Clients = CONFLUENT,
     ):
@@ -80,6 +81,7 @@ class Outbox:
         self._flush_interval_s = flush_interval_s
         self._retry_s = retry_s
         self._tick = tick
+        self._coalesce = coalesce  # what accumulated -> what is sent (the agent: heartbeats as one batch)
         self._down = False
         self._next_probe = 0.0
         self._replaying: dict[Path, int] = {}  # segment -> records not yet reported back
@@ -142,6 +144,8 @@ class Outbox:
         """One round: send what is queued, serve callbacks, probe / replay the spool."""
         with self._lock:
             batch, self._queue = self._queue, deque()
+        if self._coalesce is not None and batch:
+            batch = self._coalesce(list(batch))
         for topic, key, record in batch:
             value = record if isinstance(record, bytes) else encode(record)
             self._send(topic, key, value)
