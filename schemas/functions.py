@@ -466,3 +466,15 @@ def describe() -> str:
         req = "required" if name in REQUIRED else "optional"
         lines.append(f"{name:16s} {str(typ):8s} {req:8s} {doc}")
     return "\n".join(lines) + "\n"
+
+
+def describe_window() -> str:
+    """Human-readable window table schema, as published in schemas/arrow/window_table.txt."""
+    lines = [f"# Lockstep window table, version {WINDOW_VERSION}: one worker's steps of a window (WindowFeatures.functions;",
+             "# Arrow IPC stream, zstd-compressed as a whole).  One row per (step, function); names dictionary-encoded;",
+             "# optional columns without any value in the record are left out (readers fill NaN, or 0 for counts).", ""]  # fmt: skip
+    for f in WINDOW_SCHEMA:
+        doc = "the step of the window this row belongs to" if f.name == "step" else COLUMNS[f.name][1]
+        req = "required" if f.name in _WINDOW_REQUIRED else "optional"
+        lines.append(f"{f.name:16s} {'dictionary<string>' if f.type == DICTIONARY else str(f.type):18s} {req:8s} {doc}")
+    return "\n".join(lines) + "\n"
