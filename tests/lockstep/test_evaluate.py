@@ -154,6 +154,7 @@ def test_the_checker_catches_causes_the_evidence_contradicts():
     assert _unsupported(throttled, dp)  # the clock did not drop
 
 
+@pytest.mark.slow  # the whole standard suite
 @pytest.mark.timeout(1200)  # the whole suite: about 90 s of CPU, minutes on a shared machine
 def test_every_finding_of_the_standard_suite_shows_evidence_for_its_cause():
     """The whole standard suite: no finding's evidence contradicts its cause; and the figures the README reports."""

@@ -4,8 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from lockstep.evaluate import STANDARD_SUITE
 
+
+pytestmark = pytest.mark.slow  # `lockstep simulate` runs in subprocesses
 
 def lockstep(*args):
     return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, timeout=120)

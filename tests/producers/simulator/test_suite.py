@@ -1,5 +1,7 @@
 """The standard suite: its files are what the generator writes; a held-out suite has its shape with other jobs."""
 
+import pytest
+
 from lockstep.evaluate import STANDARD_SUITE, load_suite
 from lockstep.producers.simulator.faults import CATALOGUE
 from lockstep.producers.simulator.suite import CATEGORIES, render, standard_suite
@@ -29,6 +31,7 @@ def test_the_standard_suite_files_load_and_are_what_the_generator_writes():
     assert sum(t.cause == "undetermined" for s in blind for t in s.truths()) >= 6
 
 
+@pytest.mark.slow  # generates a second suite: 200+ scenarios, each simulated to calibrate its severity
 def test_a_held_out_suite_has_the_shape_of_the_standard_one_with_other_jobs(tmp_path):
     assert suite_main(["--seed", "7", str(tmp_path)]) == 0
     held_out = load_suite(tmp_path)

@@ -108,15 +108,16 @@ def tables(s: Step, names: list[str], kinds: list[str], resources: list[str]) ->
     crit = s.dur * s.present
     crit[:, AR] = arrival.max() - arrival + transfer
     step_time = arrival.max() + transfer + (s.dur[:, AFTER] * s.present[:, AFTER]).sum(axis=1)
-    out = []
-    for w in range(n):
-        p = np.flatnonzero(s.present[w])
-        cols = {"function": [names[i] for i in p], "kind": [kinds[i] for i in p], "resource": [resources[i] for i in p],
-                "calls": s.calls[w, p], "total_us": crit[w, p], "critical_us": crit[w, p], "mean_us": crit[w, p] / s.calls[w, p],
-                "p95_us": crit[w, p] / s.calls[w, p], "bytes": s.bytes[w, p], "clock_events": s.clock_events[w, p], "samples": np.full(p.size, 20),
-                **{k: v[w, p] for k, v in s.hw.items()}}  # fmt: skip
-        out.append(ft.make_table(cols))
-    return out, step_time
+    # every worker's rows in one table (one make_table per step, not per worker), then one slice per worker
+    w, p = np.nonzero(s.present)  # row-major: worker by worker, each worker's functions in order
+    cols = {"function": [names[i] for i in p], "kind": [kinds[i] for i in p], "resource": [resources[i] for i in p],
+            "calls": s.calls[w, p], "total_us": crit[w, p], "critical_us": crit[w, p], "mean_us": crit[w, p] / s.calls[w, p],
+            "p95_us": crit[w, p] / s.calls[w, p], "bytes": s.bytes[w, p], "clock_events": s.clock_events[w, p], "samples": np.full(p.size, 20),
+            **{k: v[w, p] for k, v in s.hw.items()}}  # fmt: skip
+    whole = ft.make_table(cols)
+    rows = s.present.sum(axis=1)
+    starts = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    return [whole.slice(int(a), int(k)) for a, k in zip(starts, rows)], step_time
 
 
 def run(n=32, *, fault=None, steps=8, start=100, seed=0, labels=None, hardware=True, drop=(), extra=(), history=None,
