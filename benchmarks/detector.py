@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from lockstep.detector_eval import MEDIAN_RULE
+from lockstep.app.detector_eval import MEDIAN_RULE
 from lockstep.schemas.records import StepHeartbeat
 from lockstep.streams.detector import SlowdownDetector
 from lockstep.streams.policy import Policy

@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-from lockstep.load import scenario
+from lockstep.app.load import scenario
 from lockstep.producers.simulator.fleet import FleetSimulator
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import FeatureBatch, decode, encode

@@ -17,8 +17,8 @@ import logging
 import uuid
 from pathlib import Path
 
+from lockstep.app.load import run_load
 from lockstep.config import Settings
-from lockstep.load import run_load
 
 
 def short(topic: str) -> str:

@@ -7,8 +7,10 @@ restart loses every topic: durability is Kafka's promise in production, not ours
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import logging
 import os
 import signal
@@ -16,7 +18,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from .config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +127,17 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def kafka_or_embedded(settings: Settings) -> Iterator[Settings]:
+    """Yield settings with bootstrap servers: the given Kafka, or an embedded broker for the block."""
+    if settings.bootstrap_servers:
+        yield settings
+        return
+    broker = EmbeddedBroker().start()
+    log.info("no --bootstrap-servers: started the embedded broker at %s", broker.bootstrap_servers)
+    try:
+        yield dataclasses.replace(settings, bootstrap_servers=broker.bootstrap_servers)
+    finally:
+        broker.stop()

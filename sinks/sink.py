@@ -29,8 +29,9 @@ import urllib.request
 from pathlib import Path
 
 from aiohttp import web
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, TopicPartition
 
+from ..kafka import CONFLUENT, Clients, ConsumerClient, Publisher
 from ..metrics import CONTENT_TYPE, Metrics
 from ..schemas.records import CAUSES, DeviationMap, Finding, ProfileTrigger, RecordError, StepSeries, WindowReport, dead_letter, decode, encode
 from ..web import HttpServer, Limits, error, json_response
@@ -45,8 +46,8 @@ def sidecar(db: Path | str) -> Path:
 
 class Sink:
     def __init__(self, store: FindingsStore, consumer_config: dict, topics: list[str], deadletter_topic: str,
-                 publisher, metrics: Metrics | None = None, batch_size: int = 500, control_topic: str | None = None,
-                 pager=None, expire_every_s: float = 30.0):  # fmt: skip
+                 publisher: Publisher, metrics: Metrics | None = None, batch_size: int = 500, control_topic: str | None = None,
+                 pager=None, expire_every_s: float = 30.0, clients: Clients = CONFLUENT):  # fmt: skip
         self.store = store
         self.topics = topics
         self.deadletter_topic = deadletter_topic
@@ -56,11 +57,11 @@ class Sink:
         self.batch_size = batch_size
         self.pager = pager
         self.expire_every_s = expire_every_s
-        self.consumer = Consumer(consumer_config)
+        self.consumer = clients.consumer(consumer_config)
         self._stop = threading.Event()
         self.assigned = False
 
-    def _on_assign(self, consumer: Consumer, partitions) -> None:
+    def _on_assign(self, consumer: ConsumerClient, partitions) -> None:
         stored = self.store.offsets()
         for p in partitions:
             p.offset = stored.get((p.topic, p.partition), OFFSET_BEGINNING)

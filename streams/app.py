@@ -514,10 +514,10 @@ def _coerce(v: str):
 
 def run_worker(app: faust.App, loglevel: str = "INFO", log_format: str = "text") -> None:
     """Run the faust worker in this process until SIGTERM/SIGINT, logging in the format of every other
-    command (:func:`lockstep.cli.setup_logging`), not faust's own."""
+    command (:func:`lockstep.logs.setup_logging`), not faust's own."""
     from faust.worker import Worker
 
-    from ..cli import setup_logging
+    from ..logs import setup_logging
 
     class _Worker(Worker):
         def __init__(self, *args, **kwargs):

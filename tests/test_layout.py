@@ -4,7 +4,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from lockstep.cli import build_parser
+from lockstep.app.cli import build_parser
 from tests.compose import container_argv, documented_commands, interpolate, load_compose
 
 ROOT = Path(__file__).resolve().parents[1]

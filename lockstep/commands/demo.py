@@ -36,12 +36,12 @@ def register(sub) -> None:
 def run(args) -> int:
     import logging
 
-    from ..cli import setup_logging
-    from ..demo import claim_store, default_scenario, demo_settings, run_demo
-    from ..output import findings_table, plural, print_json, table
+    from ..app.demo import claim_store, default_scenario, demo_settings, run_demo
+    from ..app.output import findings_table, plural, print_json, table
+    from ..app.progress import Progress, wanted
+    from ..logs import setup_logging
     from ..producers.simulator.faults import CATALOGUE
     from ..producers.simulator.fleet import Scenario
-    from ..progress import Progress, wanted
     from ..sinks.report import render
     from ..sinks.reportdata import gather
 

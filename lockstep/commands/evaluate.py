@@ -1,7 +1,7 @@
 """``lockstep evaluate [SUITE]``: how well the diagnosis finds injected faults, per fault type.
 
 ``lockstep evaluate --detector``: how soon the slowdown detector finds sustained slowdowns, and how
-often it fires on healthy jobs (``lockstep/detector_eval.py``)."""
+often it fires on healthy jobs (``lockstep/app/detector_eval.py``)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def _positive(value: str) -> int:
 def run(args) -> int:
     import logging
 
-    from ..cli import setup_logging
-    from ..progress import Progress, wanted
-    from ..evaluate import evaluate, load_suite
+    from ..logs import setup_logging
+    from ..app.progress import Progress, wanted
+    from ..app.evaluate import evaluate, load_suite
     from ..producers.simulator.suite import standard_suite
     from ..streams.policy import load_policy
 
@@ -77,10 +77,10 @@ def run(args) -> int:
 def run_detector(args, policy) -> int:
     import sys
 
-    from ..detector_eval import evaluate_detector, families, report as detector_report
+    from ..app.detector_eval import evaluate_detector, families, report as detector_report
 
     if args.suite or args.scenarios:
-        raise config.ConfigError("--detector takes no SUITE and no --scenarios: its series are built in (lockstep/detector_eval.py)")
+        raise config.ConfigError("--detector takes no SUITE and no --scenarios: its series are built in (lockstep/app/detector_eval.py)")
     if not args.days > 0:
         raise config.ConfigError(f"--days must be > 0, got {args.days}")
     interactive = sys.stderr.isatty() and not args.json
@@ -105,7 +105,7 @@ def _pct(x) -> str:
 
 
 def report(summary: dict, policy_ref: str, suite: str) -> str:
-    from ..output import plural, table
+    from ..app.output import plural, table
 
     rows = []
     for name, f in [*summary["by_fault"].items(), ("overall", summary["overall"])]:
@@ -150,7 +150,7 @@ def scenario_json(r) -> dict:
 
 
 def scenario_table(results) -> str:
-    from ..output import table
+    from ..app.output import table
 
     rows = []
     for r in results:

@@ -21,7 +21,7 @@ def register(sub) -> None:
 def store_runner(db, tenant=None, show_progress: bool = False):
     """``run(sql, params)`` on the findings file (or the running sink), with the tenant rule, and a status
     line on a terminal while a query takes longer than a second."""
-    from ..progress import Progress
+    from ..app.progress import Progress
     from ..sinks.sink import query
 
     def run(sql: str, params: list | None = None):
@@ -41,8 +41,8 @@ def positive_limit(limit: int) -> int:
 
 def run(args) -> int:
     from .. import config
-    from ..output import findings_table, print_json
-    from ..progress import wanted
+    from ..app.output import findings_table, print_json
+    from ..app.progress import wanted
     from ..sinks.reportdata import fetch_findings
 
     db = args.db or config.load(None).db

@@ -23,9 +23,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cli import setup_logging
+    from ..broker import kafka_or_embedded
     from ..kafka import ensure_topics
-    from ..runtime import kafka
+    from ..logs import setup_logging
     from ..streams.app import build_app, changelog_topics, run_worker, serve_http
     from ..streams.policy import load_policy
 
@@ -36,7 +36,7 @@ def run(args) -> int:
     unknown = set(roles) - {"detect", "steps", "windows"}
     if unknown:
         raise config.ConfigError(f"--roles: unknown role(s) {sorted(unknown)}; known: detect, steps, windows")
-    with kafka(settings) as s:
+    with kafka_or_embedded(settings) as s:
         ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
         app, st = build_app(s, policy, roles=roles)
         http = serve_http(st, args.http_host, args.http_port)

@@ -16,8 +16,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .. import config
-    from ..output import print_json, table
-    from ..progress import wanted
+    from ..app.output import print_json, table
+    from ..app.progress import wanted
     from .findings import store_runner
 
     db = args.db or config.load(None).db

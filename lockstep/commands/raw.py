@@ -8,14 +8,13 @@ when none was named), which Perfetto and chrome://tracing open.
 
 Anything that can write to the raw topic (every training process) can answer, so an
 answer counts only when it carries this request's id, job, window and one of its
-workers; file names are built from the request's own values only, never from an
-answer's; and an answer's trace may expand to at most :data:`EXPANSION` times the
-request's byte bound.
+workers (:func:`lockstep.app.operator.request_raw`); file names are built from the
+request's own values only, never from an answer's; and an answer's trace may expand
+to at most :data:`EXPANSION` times the request's byte bound.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import uuid
@@ -23,20 +22,8 @@ from pathlib import Path
 
 from .. import config
 
-
-log = logging.getLogger("lockstep.raw")
-
 #: an answer's trace may expand to this many times the request's ``max_bytes`` (JSON traces compress ~10x)
 EXPANSION = 32
-
-
-class RawError(RuntimeError):
-    """No worker answered a raw request in time."""
-
-
-def answers_request(req, rec) -> bool:
-    """Whether a RawTrace answers this RawRequest: its id, job, window (when one was named) and a worker it named."""
-    return rec.request == req.request and rec.job == req.job and rec.worker in req.workers and (not req.window or rec.window == req.window)
 
 
 def trace_file(out: Path, req, worker: int) -> Path:
@@ -67,48 +54,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def request_raw(settings, req, timeout_s: float) -> dict[int, object]:
-    """Send ``req`` and collect the named workers' RawTrace answers (worker -> answer) until all came or time is up."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from ..kafka import Topics, consumer_config, producer_config
-    from ..producers.publisher import Publisher
-    from ..schemas.records import RawTrace, RecordError, decode
-
-    topics = Topics.named(settings.topic_prefix)
-    consumer = Consumer(consumer_config(settings, None))
-    answers: dict[int, object] = {}
-    try:
-        meta = consumer.list_topics(topics.raw, timeout=10).topics.get(topics.raw)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise RawError(f"topic {topics.raw} does not exist at {settings.bootstrap_servers} (run `lockstep topics`, or check --topic-prefix)")
-        ends = [TopicPartition(topics.raw, p, consumer.get_watermark_offsets(TopicPartition(topics.raw, p), timeout=10, cached=False)[1])
-                for p in meta.partitions]  # fmt: skip
-        consumer.assign(ends)  # answers come after the request
-        pub = Publisher(producer_config(settings))
-        pub.send(topics.control, req.job, req)
-        pub.flush()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and len(answers) < len(req.workers):
-            for msg in consumer.consume(100, timeout=0.2):
-                if msg.error():
-                    continue
-                try:
-                    rec = decode(msg.value(), RawTrace)
-                except RecordError:
-                    continue
-                if not answers_request(req, rec):
-                    log.warning("ignored a raw-trace answer that is not for request %s (request %.64r, job %.64r, window %.64r, worker %d)",
-                                req.request, rec.request, rec.job, rec.window, rec.worker)  # fmt: skip
-                elif rec.worker not in answers:  # the first answer of a worker counts
-                    answers[rec.worker] = rec
-    finally:
-        consumer.close()
-    return answers
-
-
 def run(args) -> int:
-    from ..output import print_json, table
+    from ..app.operator import RawError, request_raw
+    from ..app.output import print_json, table
     from ..producers.agent.retention import decompress
     from ..schemas.compression import CompressionError
     from ..schemas.records import RawRequest, to_builtins

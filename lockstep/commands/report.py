@@ -47,8 +47,8 @@ def live_url(db: Path, tenant: str | None = None, job: str | None = None) -> str
 
 def run(args) -> int:
     from .. import config
-    from ..output import plural, print_json
-    from ..progress import wanted
+    from ..app.output import plural, print_json
+    from ..app.progress import wanted
     from ..sinks.report import render
     from ..sinks.reportdata import gather
     from .findings import positive_limit, store_runner

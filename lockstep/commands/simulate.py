@@ -21,9 +21,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cli import setup_logging
+    from ..app.progress import Progress, wanted
+    from ..logs import setup_logging
     from ..producers.simulator.fleet import Scenario
-    from ..progress import Progress, wanted
     from ..units import number
 
     settings = config.load(args)
@@ -42,24 +42,19 @@ def run(args) -> int:
         raise config.ConfigError("simulate: say where the records go: --out DIR or --publish")
     if not settings.bootstrap_servers:
         raise config.ConfigError("bootstrap_servers: --publish needs a running Kafka (--bootstrap-servers) with a processor attached")
-    from ..kafka import consumer_config, ensure_topics, producer_config
-    from ..producers.publisher import Publisher
+    from ..broker import kafka_or_embedded
+    from ..kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
     from ..producers.simulator.fleet import FleetSimulator
-    from ..producers.simulator.live import ControlFollower, run_live
-    from ..runtime import kafka
+    from ..producers.simulator.live import run_live
 
-    with kafka(settings) as s:
+    with kafka_or_embedded(settings) as s:
         topics = ensure_topics(s)
-        control = ControlFollower(consumer_config(s, None), topics.control, scenario.job)
-        try:
-            with Progress(show, "publishing") as bar:
+        with Tail(consumer_config(s, None), topics.control).open() as control, Progress(show, "publishing") as bar:
 
-                def progress(step, res) -> None:
-                    bar.status(f"step {step}, {len(res.windows_done)} of {args.windows} window(s) delivered")
+            def progress(step, res) -> None:
+                bar.status(f"step {step}, {len(res.windows_done)} of {args.windows} window(s) delivered")
 
-                res = run_live(FleetSimulator(scenario), Publisher(producer_config(s)), control, topics, steps_per_s=args.steps_per_s,
-                               max_steps=args.max_steps, stop_after_windows=args.windows, progress=progress)  # fmt: skip
-        finally:
-            control.close()
+            res = run_live(FleetSimulator(scenario), Publisher(producer_config(s)), control, topics, steps_per_s=args.steps_per_s,
+                           max_steps=args.max_steps, stop_after_windows=args.windows, progress=progress)  # fmt: skip
     print(f"{res.steps} steps; windows delivered: {', '.join(res.windows_done) or 'none'}; refused triggers: {len(res.refused)}")
     return 0

@@ -23,11 +23,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cli import setup_logging
-    from ..kafka import consumer_config, ensure_topics, producer_config
+    from ..broker import kafka_or_embedded
+    from ..kafka import Publisher, consumer_config, ensure_topics, producer_config
+    from ..logs import setup_logging
     from ..metrics import Metrics
-    from ..producers.publisher import Publisher
-    from ..runtime import kafka
     from ..sinks import routes
     from ..sinks.incidents import IncidentPolicy
     from ..sinks.pager import Pager
@@ -41,7 +40,7 @@ def run(args) -> int:
     store = FindingsStore(settings.db, IncidentPolicy(resolve_min_coverage=settings.resolve_min_coverage, stale_after_s=settings.resolve_after_s),
                           series_keep_steps=settings.series_keep_steps)  # fmt: skip
     try:
-        with kafka(settings) as s:
+        with kafka_or_embedded(settings) as s:
             topics = ensure_topics(s)
             publisher = Publisher(producer_config(s))
             metrics = Metrics("sink")

@@ -17,7 +17,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..config import ConfigError
-    from ..output import print_json, table
+    from ..app.output import print_json, table
     from ..sinks import routes
     from ..sinks.pager import send_test
 

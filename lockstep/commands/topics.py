@@ -13,15 +13,15 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..app.output import print_json, table
+    from ..broker import kafka_or_embedded
     from ..kafka import admin, ensure_topics
-    from ..output import print_json, table
-    from ..runtime import kafka
     from ..streams.app import changelog_topics
 
     settings = config.load(args)
     if not settings.bootstrap_servers:
         raise config.ConfigError("bootstrap_servers: `lockstep topics` needs a running Kafka (--bootstrap-servers)")
-    with kafka(settings) as s:
+    with kafka_or_embedded(settings) as s:
         ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
         meta = admin(s).list_topics(timeout=10).topics
         rows = sorted((n, len(t.partitions)) for n, t in meta.items() if n.startswith(s.topic_prefix + ".") or n.startswith(s.processor_id))

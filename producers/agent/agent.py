@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...kafka import Topics, consumer_config, features_key, producer_config
+from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, features_key
 from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat
 from .config import AgentConfig
 from .control import ControlFollower
@@ -70,7 +70,7 @@ class AgentReport:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, identity: Identity | None = None):
+    def __init__(self, config: AgentConfig, identity: Identity | None = None, clients: Clients = CONFLUENT):
         self.config = config
         ident = identity or discover(config)
         self.meta = ident.meta
@@ -82,34 +82,14 @@ class Agent:
         self._job_key = config.job.encode()
         spool = Spool(config.resolved_spool_dir(self.meta.rank), config.spool_max_bytes)
         self._store = RawStore(config.resolved_raw_dir(self.meta.rank), config.raw_max_bytes)
-        self._control = ControlFollower(
-            # no group: the agent reads from the end and commits nothing.  A long fetch wait costs fewer
-            # wake-ups of librdkafka's thread (a third of the agent's idle CPU at 250 ms) and no latency
-            # against Kafka, which answers a waiting fetch when a record arrives; the embedded broker
-            # does not, so there a trigger may take up to a second, which the detector measures (echoes)
-            consumer_config(settings, None, **{"group.id": f"lockstep-agent-{config.job}", "fetch.wait.max.ms": 1000}),
-            self.topics.control,
-            config.job,
-        )
+        self._control = ControlFollower(agent_consumer_config(settings, config.job), self.topics.control, config.job, clients=clients)
         self._outbox = Outbox(
-            producer_config(
-                settings,
-                **{
-                    # duplicates are tolerated downstream (spool replays make them possible anyway);
-                    # a non-idempotent producer has no fatal state the agent would have to recover from
-                    "enable.idempotence": False,
-                    "message.timeout.ms": int(config.delivery_timeout_s * 1000),
-                    "queue.buffering.max.kbytes": 64 << 10,
-                    "linger.ms": 20,
-                    # lz4, not zstd: a batch of a few heartbeats costs zstd several times more CPU, on the training host;
-                    # feature batches carry their own zstd-compressed tables
-                    "compression.type": "lz4",
-                },
-            ),
+            agent_producer_config(settings, config.delivery_timeout_s),
             spool,
             queue_max=config.queue_max,
             flush_interval_s=config.flush_interval_s,
             tick=self._io_tick,
+            clients=clients,
         )
         self._schedule = WindowSchedule()
         self._inbox: deque[ProfileTrigger] = deque()  # io thread -> training thread

@@ -1,9 +1,9 @@
 """Following the control topic: profiling triggers and raw-trace requests for this job.
 
-Like the simulated fleet's follower, the agent reads the control topic from its
-end as of the moment it connects (an agent acts on what is asked while it runs,
-not on history).  Unlike it, it starts lazily and survives an unreachable broker:
-the consumer is created on the publishing thread, retried every few seconds,
+The agent reads the control topic from its end as of the moment it connects (an
+agent acts on what is asked while it runs, not on history), through a
+:class:`~lockstep.kafka.Tail`.  It connects lazily and survives an unreachable
+broker: the tail is opened on the publishing thread, retried every few seconds,
 and never stands in the training thread's way.  Who sent a record does not
 matter; only the job does.
 """
@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
-from ...schemas.records import ProfileTrigger, RawRequest, RecordError, decode
+from ...kafka import CONFLUENT, Clients, Tail, TopicError
+from ...schemas.records import ProfileTrigger, RawRequest
 
 log = logging.getLogger("lockstep.agent")
 
@@ -23,62 +25,35 @@ ControlRecord = ProfileTrigger | RawRequest
 
 
 class ControlFollower:
-    def __init__(self, consumer_config: dict, topic: str, job: str, retry_s: float = 2.0):
+    def __init__(self, consumer_config: dict[str, Any], topic: str, job: str, retry_s: float = 2.0, clients: Clients = CONFLUENT):
         self.job = job
         self.topic = topic
-        self._config = consumer_config
+        self._tail = Tail(consumer_config, topic, clients=clients)
         self._retry_s = retry_s
-        self._consumer: Consumer | None = None
         self._next_try = 0.0
-        self.bad_records = 0
 
     @property
     def connected(self) -> bool:
-        return self._consumer is not None
+        return self._tail.is_open
 
-    def _connect(self) -> None:
-        consumer = Consumer(self._config)
-        try:
-            meta = consumer.list_topics(self.topic, timeout=2.0).topics[self.topic]
-            if meta.error is not None:
-                raise KafkaException(meta.error)
-            tps = []
-            for p in meta.partitions:
-                _, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=2.0)
-                tps.append(TopicPartition(self.topic, p, high))
-            consumer.assign(tps)
-        except Exception:
-            consumer.close()
-            raise
-        self._consumer = consumer
-        log.info("following %s for job %s", self.topic, self.job)
+    @property
+    def bad_records(self) -> int:
+        return self._tail.bad_records
 
     def poll(self, timeout_s: float = 0.0) -> list[ControlRecord] | None:
         """Records for this job, waiting up to ``timeout_s`` for the first; None (at once) while not connected."""
-        if self._consumer is None:
+        if not self._tail.is_open:
             if time.monotonic() < self._next_try:
                 return None
             try:
-                self._connect()
-            except KafkaException as exc:
+                self._tail.open(timeout_s=2.0)
+            except (KafkaException, TopicError) as exc:
                 self._next_try = time.monotonic() + self._retry_s
                 log.debug("control topic not reachable yet: %s", exc)
                 return None
-        out: list[ControlRecord] = []
-        for msg in self._consumer.consume(100, timeout=timeout_s):  # type: ignore[union-attr]
-            if msg.error():
-                continue
-            try:
-                rec = decode(msg.value())
-            except RecordError as err:
-                self.bad_records += 1
-                log.warning("ignoring a control record the agent cannot read: %s", err)
-                continue
-            if isinstance(rec, (ProfileTrigger, RawRequest)) and rec.job == self.job:  # refusals are for operators
-                out.append(rec)
-        return out
+            log.info("following %s for job %s", self.topic, self.job)
+        # refusals (TriggerRefused) are for operators, and are skipped like any other record type
+        return self._tail.records((ProfileTrigger, RawRequest), where=lambda rec: rec.job == self.job, timeout_s=timeout_s)
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        self._tail.close()

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
+from ...kafka import CONFLUENT, Clients
 from ...schemas.records import encode
 from .spool import Spool
 
@@ -68,8 +69,9 @@ class Outbox:
         retry_s: float = 2.0,
         tick: Callable[[float], bool] | None = None,
         name: str = "lockstep-agent-io",
+        clients: Clients = CONFLUENT,
     ):
-        self._producer = Producer(producer_config)
+        self._producer = clients.producer(producer_config)
         self.spool = spool
         self.counters = OutboxCounters()
         self._queue: deque = deque()

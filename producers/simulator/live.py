@@ -1,9 +1,9 @@
 """Run a simulated fleet live against Kafka, behaving like the real agents.
 
 Every step it publishes the workers' heartbeats; it follows the control topic
-like an agent does, accepts triggers for future steps (refuses those for
-steps already past), and during a window publishes each worker's feature
-batch keyed ``job:step``.
+like an agent does (a :class:`~lockstep.kafka.Tail` opened at the topic's end),
+accepts triggers for future steps (refuses those for steps already past), and
+during a window publishes each worker's feature batch keyed ``job:step``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
-from confluent_kafka import Consumer, TopicPartition
 
-from ...kafka import Topics, features_key
-from ...schemas.records import ProfileTrigger, RecordError, decode
-from ..publisher import Publisher
+from ...kafka import Publisher, Tail, Topics, features_key
+from ...schemas.records import ProfileTrigger
 from .fleet import FleetSimulator
 
 log = logging.getLogger("lockstep.simulator")
@@ -31,41 +29,10 @@ class LiveResult:
     windows_done: list[str] = field(default_factory=list)
 
 
-class ControlFollower:
-    """Reads the control topic from its end at creation, like an agent that just started."""
-
-    def __init__(self, consumer_config: dict, topic: str, job: str):
-        self.job = job
-        self.consumer = Consumer(consumer_config)
-        meta = self.consumer.list_topics(topic, timeout=10).topics[topic]
-        tps = []
-        for p in meta.partitions:
-            _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            tps.append(TopicPartition(topic, p, high))
-        self.consumer.assign(tps)
-
-    def poll(self) -> list[ProfileTrigger]:
-        out = []
-        for msg in self.consumer.consume(100, timeout=0):
-            if msg.error():
-                continue
-            try:
-                trig = decode(msg.value())
-            except RecordError as err:
-                log.warning("ignoring bad control record: %s", err)
-                continue
-            if isinstance(trig, ProfileTrigger) and trig.job == self.job:  # refusals are for operators
-                out.append(trig)
-        return out
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
 def run_live(
     fleet: FleetSimulator,
     publisher: Publisher,
-    control: ControlFollower,
+    control: Tail,
     topics: Topics,
     *,
     steps_per_s: float = 25.0,
@@ -75,7 +42,9 @@ def run_live(
     tail_steps: int = 3,
     progress=None,
 ) -> LiveResult:
-    """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered."""
+    """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered.
+
+    ``control`` is the control topic, open (from its end as it was when the fleet started)."""
     res = LiveResult()
     active: list[ProfileTrigger] = []
     period = 1.0 / steps_per_s
@@ -84,7 +53,7 @@ def run_live(
     job = fleet.scenario.job
     echo: dict = {}  # the last trigger received, echoed in the next heartbeats (control latency)
     for step in range(start_step, start_step + max_steps):
-        for trig in control.poll():
+        for trig in control.records(ProfileTrigger, where=lambda t: t.job == job):  # refusals are for operators
             echo = {"trigger_window": trig.window, "trigger_latency_s": time.time() - trig.created_at}
             if trig.start_step <= step:
                 log.warning("refusing trigger %s: start step %d is not in the future (now at %d)", trig.window, trig.start_step, step)

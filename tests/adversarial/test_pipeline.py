@@ -11,10 +11,9 @@ import msgspec
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from lockstep.app.runtime import Pipeline
 from lockstep.config import Settings
-from lockstep.kafka import consumer_config, ensure_topics, producer_config
-from lockstep.producers.publisher import Publisher
-from lockstep.runtime import Pipeline
+from lockstep.kafka import Publisher, consumer_config, ensure_topics, producer_config
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import DeadLetter, FeatureBatch, StepReport, WorkerMeta, decode, encode
 from lockstep.streams.app import changelog_topics

@@ -55,8 +55,8 @@ def _gone(pid: int) -> bool:
 PARENT = """
 import sys, time
 from pathlib import Path
+from lockstep.app.runtime import Child
 from lockstep.broker import EmbeddedBroker, free_port
-from lockstep.runtime import Child
 broker = EmbeddedBroker().start()
 child = Child("broker", ["broker", "--port", str(free_port())], Path(sys.argv[1]))  # a lockstep child that runs until stopped
 print(broker.pid, child.proc.pid, flush=True)

@@ -9,11 +9,9 @@ import threading
 
 import cramjam
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
-from lockstep.kafka import consumer_config, ensure_topics, producer_config
-from lockstep.producers.publisher import Publisher
-from lockstep.schemas.records import RawRequest, RawTrace, decode
+from lockstep.kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
+from lockstep.schemas.records import RawRequest, RawTrace
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +19,7 @@ GOOD = {"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1, "dur": 2}]}
 
 CLI = """
 import contextlib, io
-from lockstep import cli
+from lockstep.app import cli
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = cli.main({argv!r})
@@ -31,17 +29,11 @@ result = {{"rc": rc, "printed": out.getvalue()}}
 
 def _answer_hostilely(settings, topics, ready: threading.Event, done: threading.Event, bomb: bytes) -> None:
     """A process that can write the raw topic: answers the request for workers 2 and 5 with every trick."""
-    c = Consumer(consumer_config(settings, None))
-    parts = c.list_topics(topics.control, timeout=10).topics[topics.control].partitions
-    c.assign([TopicPartition(topics.control, p, c.get_watermark_offsets(TopicPartition(topics.control, p), timeout=10)[1]) for p in parts])
-    pub = Publisher(producer_config(settings))
-    ready.set()
-    try:
+    with Tail(consumer_config(settings, None), topics.control).open() as control:
+        pub = Publisher(producer_config(settings))
+        ready.set()
         while not done.is_set():
-            for msg in c.consume(10, timeout=0.2):
-                if msg.error():
-                    continue
-                req = decode(msg.value(), RawRequest)
+            for req in control.records(RawRequest, timeout_s=0.2):
                 good = bytes(cramjam.zstd.compress(json.dumps(GOOD).encode()))
                 base = dict(job=req.job, request=req.request, steps=[1], events=1, events_total=1)
                 for rec in [
@@ -55,8 +47,6 @@ def _answer_hostilely(settings, topics, ready: threading.Event, done: threading.
                     pub.send(topics.raw, req.job, rec)
                 pub.flush()
                 return
-    finally:
-        c.close()
 
 
 def test_raw_takes_only_answers_to_its_request_and_writes_only_where_asked(settings, tmp_path, hostile):

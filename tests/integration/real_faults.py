@@ -265,7 +265,7 @@ def write_fixture(out: Path, path: Path, min_share: float = 0.001) -> None:
 
     Functions below ``min_share`` of the step are left out, as the agent leaves them out of its feature batches.
     """
-    from lockstep.commands.diagnose import load_inputs
+    from lockstep.app.offline import load_inputs
 
     inputs = load_inputs(traces(out), None, out / "samples.parquet")
     parts = []
@@ -284,8 +284,8 @@ def write_fixture(out: Path, path: Path, min_share: float = 0.001) -> None:
 
 
 def load_fixture(path: Path):
-    """A fixture -> the inputs of :func:`lockstep.commands.diagnose.diagnose`."""
-    from lockstep.commands.diagnose import Inputs
+    """A fixture -> the inputs of :func:`lockstep.app.offline.diagnose`."""
+    from lockstep.app.offline import Inputs
     from lockstep.producers.agent.summarise import StepSummary
     from lockstep.schemas import functions as ft
     from lockstep.schemas.records import WorkerMeta

@@ -21,14 +21,13 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
+from lockstep.app.runtime import Pipeline
 from lockstep.config import Settings
-from lockstep.kafka import Topics, consumer_config, ensure_topics, features_key, producer_config
+from lockstep.kafka import Publisher, Topics, consumer_config, ensure_topics, features_key, producer_config
 from lockstep.metrics import value
-from lockstep.producers.publisher import Publisher
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
-from lockstep.runtime import Pipeline
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import (
     RECORD_TYPES, DeadLetter, DetectorTick, FeatureBatch, Finding, ProfileTrigger, RecordError, StepHeartbeat, StepReport,
@@ -36,7 +35,7 @@ from lockstep.schemas.records import (
 )  # fmt: skip
 from lockstep.sinks.sink import query
 from lockstep.streams.app import changelog_topics
-from lockstep.streams.diagnosis import analyze_step, StepFrame, step_report, step_result
+from lockstep.streams.diagnosis import StepFrame, analyze_step, step_report, step_result
 from lockstep.streams.policy import load_policy
 
 pytestmark = pytest.mark.integration
@@ -70,7 +69,7 @@ STAGE = {"heartbeats": "detect", "features": "steps", "stepreports": "windows", 
 
 
 def _finding() -> Finding:
-    from lockstep.evaluate import diagnose_one
+    from lockstep.app.evaluate import diagnose_one
 
     return diagnose_one(FLEET, POLICY, WINDOW).findings[0]
 

@@ -9,11 +9,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from lockstep.kafka import consumer_config, ensure_topics, producer_config
-from lockstep.producers.publisher import Publisher
+from lockstep.app.runtime import Pipeline
+from lockstep.kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
-from lockstep.producers.simulator.live import ControlFollower, run_live
-from lockstep.runtime import Pipeline
+from lockstep.producers.simulator.live import run_live
 from lockstep.sinks.sink import query, wait_for
 from lockstep.streams.app import changelog_topics
 
@@ -35,7 +34,7 @@ def test_a_baseline_window_lets_the_processor_find_a_job_wide_regression(setting
     s = dataclasses.replace(settings, policy=policy)
     topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
     pipeline = Pipeline(s, tmp_path)
-    control = ControlFollower(consumer_config(s, None), topics.control, scenario.job)
+    control = Tail(consumer_config(s, None), topics.control).open()
     try:
         pipeline.start("sink", 30)
         pipeline.start("processor", 45)

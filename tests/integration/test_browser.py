@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
 from lockstep.commands.report import live_url
-from lockstep.runtime import Child, settings_flags
 from lockstep.schemas.records import DeviationMap, Evidence, Finding, Impact, ProfileTrigger, StepSeries, WindowReport
 from lockstep.sinks.report import render
 from lockstep.sinks.reportdata import gather

@@ -5,10 +5,9 @@ import urllib.request
 
 import pytest
 
+from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
-from lockstep.kafka import Topics, ensure_topics, producer_config, read_all
-from lockstep.producers.publisher import Publisher
-from lockstep.runtime import Child, settings_flags
+from lockstep.kafka import Publisher, ensure_topics, producer_config, read_all
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import DeadLetter, FeatureBatch, StepHeartbeat, StepReport, WorkerMeta, decode, encode
 from lockstep.streams.app import changelog_topics

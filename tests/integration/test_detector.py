@@ -19,14 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
+from lockstep.app.operator import TriggerError, request_window
+from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
-from lockstep.commands.trigger import TriggerError, request_window
 from lockstep.config import Settings
-from lockstep.kafka import consumer_config, ensure_topics, features_key, producer_config, read_all
-from lockstep.producers.publisher import Publisher
-from lockstep.runtime import Child, settings_flags
+from lockstep.kafka import Publisher, Tail, consumer_config, ensure_topics, features_key, producer_config, read_all
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import AgentCounters, FeatureBatch, ProfileTrigger, StepHeartbeat, WindowReport, WorkerMeta, decode
 from lockstep.streams.app import changelog_topics
@@ -103,20 +101,15 @@ class Driver(threading.Thread):
 
 
 class ControlLog:
-    """Everything published on the control topic since the test module started."""
+    """Every trigger published on the control topic since the test module started."""
 
     def __init__(self, settings: Settings):
-        self.consumer = Consumer(consumer_config(settings, None))
-        topic = f"{settings.topic_prefix}.control"
-        parts = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        self.consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        self.records: list = []
+        self.tail = Tail(consumer_config(settings, None), f"{settings.topic_prefix}.control", from_start=True).open()
+        self.records: list[ProfileTrigger] = []
 
     def triggers(self, job: str) -> list[ProfileTrigger]:
-        for msg in self.consumer.consume(1000, timeout=0.2):
-            if not msg.error():
-                self.records.append(decode(msg.value()))
-        return [r for r in self.records if isinstance(r, ProfileTrigger) and r.job == job]
+        self.records += self.tail.records(ProfileTrigger, timeout_s=0.2)
+        return [r for r in self.records if r.job == job]
 
     def wait(self, job: str, n: int = 1, timeout_s: float = 20.0) -> list[ProfileTrigger]:
         deadline = time.monotonic() + timeout_s
@@ -171,7 +164,7 @@ def rig(kafka_bootstrap, tmp_path_factory):
         driver.halt.set()
         if driver.is_alive():
             driver.join(10)
-        control.consumer.close()
+        control.tail.close()
         proc.kill()  # a graceful faust shutdown takes seconds and is not what this module tests
 
 

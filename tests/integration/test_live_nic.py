@@ -7,11 +7,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from lockstep.kafka import consumer_config, ensure_topics, producer_config
-from lockstep.producers.publisher import Publisher
+from lockstep.app.runtime import Pipeline
+from lockstep.kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
-from lockstep.producers.simulator.live import ControlFollower, run_live
-from lockstep.runtime import Pipeline
+from lockstep.producers.simulator.live import run_live
 from lockstep.sinks.sink import query, wait_for
 from lockstep.streams.app import changelog_topics
 
@@ -26,7 +25,7 @@ def test_a_slow_nic_is_profiled_by_the_default_detector_and_diagnosed(settings, 
     assert settings.policy is None  # the default policy
     topics = ensure_topics(settings, extra={n: settings.partitions for n in changelog_topics(settings.processor_id)})
     pipeline = Pipeline(settings, tmp_path)
-    control = ControlFollower(consumer_config(settings, None), topics.control, scenario.job)
+    control = Tail(consumer_config(settings, None), topics.control).open()
     try:
         pipeline.start("sink", 30)
         pipeline.start("processor", 45)

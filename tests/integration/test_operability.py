@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
 from lockstep.kafka import admin
-from lockstep.runtime import Child, settings_flags
 from lockstep.sinks.store import FindingsStore
 
 pytestmark = pytest.mark.integration

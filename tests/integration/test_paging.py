@@ -324,10 +324,9 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
     import subprocess
     import sys
 
+    from lockstep.app.runtime import Child, settings_flags
     from lockstep.broker import free_port
-    from lockstep.kafka import ensure_topics, producer_config
-    from lockstep.producers.publisher import Publisher
-    from lockstep.runtime import Child, settings_flags
+    from lockstep.kafka import Publisher, ensure_topics, producer_config
     from lockstep.schemas.records import ProfileTrigger
     from lockstep.sinks.sink import query, wait_for
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from lockstep.demo import default_scenario, run_demo
+from lockstep.app.demo import default_scenario, run_demo
 from lockstep.kafka import Topics, features_key, read_all
 from lockstep.schemas.records import FeatureBatch, ProfileTrigger, StepReport, decode
 

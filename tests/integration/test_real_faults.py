@@ -41,7 +41,7 @@ def test_a_rate_limited_link(tmp_path):
     busy = nic_of(out, rf.CULPRIT)
     assert np.median(busy[busy > 1e-3]) == pytest.approx(2 * 100e6 / 8 / 1e9, rel=0.25)
     # the fingerprint tells the slow link: in the ring all means are alike, but only its peers burst
-    from lockstep.commands.diagnose import load_inputs
+    from lockstep.app.offline import load_inputs
 
     inputs = load_inputs(rf.traces(out), None, out / "samples.parquet")
     rel_sd: dict[int, list[float]] = {}

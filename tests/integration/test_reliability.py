@@ -17,14 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from lockstep.evaluate import diagnose_one
-from lockstep.kafka import consumer_config, ensure_topics, features_key, producer_config, read_all
+from lockstep.app.evaluate import diagnose_one
+from lockstep.app.runtime import Pipeline
+from lockstep.kafka import Publisher, consumer_config, ensure_topics, features_key, producer_config, read_all
 from lockstep.metrics import value
-from lockstep.producers.publisher import Publisher
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
-from lockstep.runtime import Pipeline
 from lockstep.schemas.records import Evidence, Finding, Impact, WindowReport, decode, finding_id
 from lockstep.sinks.sink import query
 from lockstep.streams.app import changelog_topics

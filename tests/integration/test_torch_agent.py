@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
-from lockstep.kafka import consumer_config, ensure_topics, features_key, producer_config, read_all
-from lockstep.producers.publisher import Publisher
-from lockstep.runtime import Child, settings_flags
+from lockstep.kafka import Publisher, consumer_config, ensure_topics, features_key, producer_config, read_all
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import FeatureBatch, ProfileTrigger, Sampling, StepHeartbeat, decode
 from lockstep.sinks.sink import query

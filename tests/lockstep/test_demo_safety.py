@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from lockstep.app.demo import claim_store, demo_settings, report_path
 from lockstep.commands.demo import SETTINGS
 from lockstep.config import ConfigError, add_arguments
-from lockstep.demo import claim_store, demo_settings, report_path
 
 
 def demo_args(*argv):

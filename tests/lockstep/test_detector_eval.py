@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from lockstep.detector_eval import DISTURBANCES, MEDIAN_RULE, STEPTIMES, detector_view, detrend, disturb, evaluate_detector, families, read_recording, report
+from lockstep.app.detector_eval import DISTURBANCES, MEDIAN_RULE, STEPTIMES, detector_view, detrend, disturb, evaluate_detector, families, read_recording, report
 from lockstep.streams.policy import Policy
 
 SERIES = ("steady-1%", "sim-dp-16w", "recorded-testjob")
@@ -69,7 +69,7 @@ def test_disturbances_and_recordings():
 
 
 def test_a_demo_that_did_not_trigger_can_say_what_the_detector_saw():
-    from lockstep.demo import default_scenario
+    from lockstep.app.demo import default_scenario
 
     scenario = default_scenario(workers=16, fault="nvlink")
     scenario = dataclasses.replace(scenario, faults=(dataclasses.replace(scenario.faults[0], severity=0.3),))  # +0.3%: below any threshold

@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lockstep.evaluate import STANDARD_SUITE, _Renderer, evaluate, judge, load_suite, run_scenario
+from lockstep.app.evaluate import STANDARD_SUITE, _Renderer, evaluate, judge, load_suite, run_scenario
 from lockstep.producers.simulator.faults import Fault, Truth
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
 from lockstep.producers.simulator.topology import Topology

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lockstep.evaluate import STANDARD_SUITE
+from lockstep.app.evaluate import STANDARD_SUITE
 
 
 pytestmark = pytest.mark.slow  # every test runs `lockstep evaluate` in a subprocess

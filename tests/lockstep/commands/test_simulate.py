@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lockstep.evaluate import STANDARD_SUITE
+from lockstep.app.evaluate import STANDARD_SUITE
 
 
 pytestmark = pytest.mark.slow  # `lockstep simulate` runs in subprocesses

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from lockstep import cli
+from lockstep.app import cli
 
-from lockstep.kafka import ensure_topics, producer_config, read_all
+from lockstep.kafka import Publisher, ensure_topics, producer_config, read_all
 from lockstep.producers.agent import attach
 from lockstep.producers.agent.profiler import profiler_enabled
 from lockstep.producers.agent.redact import Redaction
 from lockstep.producers.agent.retention import decompress
-from lockstep.producers.publisher import Publisher
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import AgentCounters, FeatureBatch, ProfileTrigger, RawRequest, RawTrace, Sampling, StepHeartbeat, decode
 

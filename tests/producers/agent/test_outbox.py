@@ -6,7 +6,7 @@ import pytest
 
 from lockstep.broker import EmbeddedBroker, free_port
 from lockstep.config import Settings
-from lockstep.kafka import admin, ensure_topics, producer_config, read_all
+from lockstep.kafka import MemoryKafka, admin, ensure_topics, producer_config, read_all
 from lockstep.producers.agent.outbox import Outbox
 from lockstep.producers.agent.spool import Spool
 
@@ -41,7 +41,7 @@ def test_records_are_published_in_batches(settings, tmp_path):
 
 
 def test_a_full_queue_drops_the_oldest_and_counts_it(tmp_path):
-    ob = outbox(f"127.0.0.1:{free_port()}", tmp_path / "spool", queue_max=10)  # not started: nothing drains the queue
+    ob = Outbox({}, Spool(tmp_path / "spool", 1 << 20), queue_max=10, clients=MemoryKafka().clients())  # not started: nothing drains the queue
     for i in range(25):
         ob.put("t", None, b"%d" % i)
     assert ob.counters.dropped_queue == 15 and ob.dropped == 15

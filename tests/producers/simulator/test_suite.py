@@ -2,7 +2,7 @@
 
 import pytest
 
-from lockstep.evaluate import STANDARD_SUITE, load_suite
+from lockstep.app.evaluate import STANDARD_SUITE, load_suite
 from lockstep.producers.simulator.faults import CATALOGUE
 from lockstep.producers.simulator.suite import CATEGORIES, render, standard_suite
 from lockstep.producers.simulator.suite import main as suite_main

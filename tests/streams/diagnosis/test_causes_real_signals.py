@@ -19,7 +19,7 @@ REAL = DATA / "real"
 sys.path.insert(0, str(TESTS / "integration"))
 import real_faults as rf  # noqa: E402
 
-from lockstep.commands.diagnose import diagnose  # noqa: E402
+from lockstep.app.offline import diagnose  # noqa: E402
 from lockstep.streams.policy import Policy  # noqa: E402
 
 

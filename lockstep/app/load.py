@@ -34,20 +34,19 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-from confluent_kafka import Consumer, TopicPartition
 
-from .config import Settings
-from .kafka import consumer_config, ensure_topics, producer_config
-from .metrics import value
-from .producers.publisher import Publisher
-from .producers.simulator.faults import Fault
-from .producers.simulator.fleet import FleetSimulator, Scenario
-from .producers.simulator.live import ControlFollower, run_live
-from .producers.simulator.topology import Topology
-from .runtime import Pipeline, kafka
-from .schemas.records import StepReport, TriggerRequest, decode
-from .sinks.sink import query, wait_for
-from .streams.app import changelog_topics
+from ..broker import kafka_or_embedded
+from ..config import Settings
+from ..kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
+from ..metrics import value
+from ..producers.simulator.faults import Fault
+from ..producers.simulator.fleet import FleetSimulator, Scenario
+from ..producers.simulator.live import run_live
+from ..producers.simulator.topology import Topology
+from ..schemas.records import StepReport, TriggerRequest, decode
+from ..sinks.sink import query, wait_for
+from ..streams.app import changelog_topics
+from .runtime import Pipeline
 
 log = logging.getLogger("lockstep.load")
 
@@ -120,20 +119,6 @@ def scenario(workers: int) -> Scenario:
                     faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),))  # fmt: skip
 
 
-def timestamps(settings: Settings, topic: str) -> list[tuple[bytes, float]]:
-    """Every (value, Kafka timestamp in seconds) of a topic, read until it stays quiet."""
-    c = Consumer(consumer_config(settings, None))
-    out = []
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        while msgs := c.consume(2000, timeout=1.0):
-            out += [(m.value(), m.timestamp()[1] / 1000.0) for m in msgs if not m.error()]
-    finally:
-        c.close()
-    return out
-
-
 def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120.0, steps_per_s: float = 1.0,
              log_dir: Path | None = None, drain_timeout_s: float = 120.0, windows: bool = True) -> LoadResult:  # fmt: skip
     """``windows=False``: heartbeats only (the always-on signal's cost)."""
@@ -144,7 +129,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
     settings = dataclasses.replace(settings, policy=policy)
     sc = scenario(workers)
     with contextlib.ExitStack() as stack:
-        s = stack.enter_context(kafka(settings))
+        s = stack.enter_context(kafka_or_embedded(settings))
         topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
         pipeline = Pipeline(s, log_dir)
         stack.callback(pipeline.stop)
@@ -155,8 +140,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
 
         fleet = FleetSimulator(sc)
         publisher = Publisher(producer_config(s))
-        control = ControlFollower(consumer_config(s, None), topics.control, sc.job)
-        stack.callback(control.close)
+        control = stack.enter_context(Tail(consumer_config(s, None), topics.control).open())
         sent_at: dict[int, float] = {}  # step -> its last record handed to the producer
         samples: list[Sample] = []
         t0 = time.time()
@@ -228,13 +212,13 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
                 window_latency.append(first_seen - sent_at[last_step])
             culprits[window] = sorted(named)
         step_latency = []
-        for v, ts in timestamps(s, topics.stepreports):
-            rep = decode(v)
-            if isinstance(rep, StepReport) and rep.job == sc.job and rep.step in sent_at:
-                step_latency.append(ts - sent_at[rep.step])
+        with Tail(consumer_config(s, None), topics.stepreports, from_start=True).open() as reports:
+            for msg in reports.read_to_end():
+                rep = decode(msg.value)
+                if isinstance(rep, StepReport) and rep.job == sc.job and rep.step in sent_at and msg.timestamp_s is not None:
+                    step_latency.append(msg.timestamp_s - sent_at[rep.step])
         return LoadResult(
             workers=workers, steps_per_s=steps_per_s, seconds=seconds, steps=live.steps, windows=done, stored=sorted(culprits),
             culprits=culprits, published=dict(publisher.stats.records), samples=samples, step_latency_s=step_latency,
             window_latency_s=window_latency, drain_s=drain_s, unconsumed=unconsumed, cpu_s=cpu, dead_letters=dead, log_dir=log_dir,
         )  # fmt: skip
-

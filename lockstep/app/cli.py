@@ -3,32 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import sys
-import time
 
-from . import __version__
-from .broker import BrokerError
-from .config import ConfigError
-from .kafka import TopicError
+from .. import __version__
+from ..broker import BrokerError
+from ..config import ConfigError
+from ..kafka import DeliveryError, TopicError
 
 EXIT_USAGE = 2
 
 
 def known_errors() -> tuple[type[BaseException], ...]:
-    from .commands.diagnose import DiagnoseError
-    from .commands.raw import RawError
-    from .commands.trigger import TriggerError
-    from .producers.publisher import DeliveryError
-    from .producers.simulator.faults import FaultError
-    from .producers.simulator.fleet import ScenarioError
-    from .producers.simulator.topology import TopologyError
-    from .schemas.records import RecordError
-    from .sinks.routes import RoutesError
-    from .sinks.store import StoreError
-    from .streams.policy import PolicyError
+    from ..producers.simulator.faults import FaultError
+    from ..producers.simulator.fleet import ScenarioError
+    from ..producers.simulator.topology import TopologyError
+    from ..schemas.records import RecordError
+    from ..sinks.routes import RoutesError
+    from ..sinks.store import StoreError
+    from ..streams.policy import PolicyError
+    from .offline import DiagnoseError
+    from .operator import RawError, TriggerError
     from .runtime import RuntimeFailure
 
     return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, FaultError, TopologyError, StoreError, RoutesError, RecordError,
@@ -43,7 +38,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import COMMANDS
+    from ..commands import COMMANDS
 
     parser = Parser(prog="lockstep", description="Diagnose slowdowns of synchronous training jobs online.")
     parser.add_argument("--version", action="version", version=f"lockstep {__version__}")
@@ -61,36 +56,6 @@ def _name_leaves(parser: argparse.ArgumentParser) -> None:
             for p in action.choices.values():
                 p.set_defaults(parser=p)
                 _name_leaves(p)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts (ISO, UTC), level, logger, message, and the traceback when there is one."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-            "pid": record.process,
-        }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
-    """Every command's logging, the processor's included: ``text`` lines or ``json`` objects on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT, datefmt="%H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level, logging.INFO))
-    for noisy in ("faust", "mode", "aiokafka", "kafka", "lockstep.librdkafka", "aiohttp"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
 def main(argv: list[str] | None = None) -> int:

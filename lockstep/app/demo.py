@@ -18,18 +18,17 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .broker import free_port
-from . import config
-from .config import ConfigError, Settings
-from .kafka import consumer_config, ensure_topics, producer_config, read_all
-from .producers.publisher import Publisher
-from .producers.simulator.faults import Fault
-from .producers.simulator.fleet import FleetSimulator, Scenario
-from .producers.simulator.live import ControlFollower, run_live
-from .producers.simulator.topology import Topology
-from .runtime import Child, RuntimeFailure, kafka, settings_flags
-from .sinks.sink import query, wait_for
-from .streams.app import changelog_topics
+from .. import config
+from ..broker import free_port, kafka_or_embedded
+from ..config import ConfigError, Settings
+from ..kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config, read_all
+from ..producers.simulator.faults import Fault
+from ..producers.simulator.fleet import FleetSimulator, Scenario
+from ..producers.simulator.live import run_live
+from ..producers.simulator.topology import Topology
+from ..sinks.sink import query, wait_for
+from ..streams.app import changelog_topics
+from .runtime import Child, RuntimeFailure, settings_flags
 
 log = logging.getLogger("lockstep.demo")
 
@@ -73,8 +72,8 @@ def default_scenario(workers: int = 64, fault: str = "gpu_throttle_thermal", cul
 
 def detector_saw(settings: Settings, scenario: Scenario, steps: int) -> str:
     """What the detector saw of the demo's job (re-simulated: the same step times), for a demo that did not trigger."""
+    from ..streams.policy import load_policy
     from .detector_eval import detector_view
-    from .streams.policy import load_policy
 
     return detector_view(scenario, steps, load_policy(settings.policy))
 
@@ -135,7 +134,7 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
     log_dir.mkdir(parents=True, exist_ok=True)
     db = Path(settings.db)
     with contextlib.ExitStack() as stack:
-        s = stack.enter_context(kafka(settings))
+        s = stack.enter_context(kafka_or_embedded(settings))
         topics = ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
         processor_port, sink_port = free_port(), free_port()
         status("starting the stream processor and the sink")
@@ -151,8 +150,7 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
 
         fleet = FleetSimulator(scenario)
         publisher = Publisher(producer_config(s))
-        control = ControlFollower(consumer_config(s, None), topics.control, scenario.job)
-        stack.callback(control.close)
+        control = stack.enter_context(Tail(consumer_config(s, None), topics.control).open())  # from its end, as an agent that just started
         f = scenario.faults[0] if scenario.faults else None
         log.info(
             "simulating %s: %d workers on %d hosts; %s",

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any, Iterable, Sequence
 
-from .units import joined, number, plural, value  # noqa: F401 - plural is part of this module's surface
+from ..units import joined, number, plural, value  # noqa: F401 - plural is part of this module's surface
 
 
 def print_json(value: Any) -> None:
@@ -43,7 +43,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], max_width: int 
 
 def evidence_text(e: dict) -> str:
     """``work 105.9 ms vs 80.0 ms``: a feature, the culprit's value and its peers', in the feature's unit."""
-    from .units import feature
+    from ..units import feature
 
     peer = "" if e.get("peer_value") is None else f" vs {value(e['feature'], e['peer_value'])}"
     return f"{feature(e['feature']).label} {value(e['feature'], e['value'])}{peer}"

@@ -36,14 +36,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .producers.simulator.faults import Truth
-from .producers.simulator.fleet import FleetSimulator, Scenario, ScenarioError, Window
-from .producers.simulator.model import SimulatedStep
-from .schemas.records import Finding
-from .streams.diagnosis import JobHistory, StepFrame, WindowDiagnosis, WindowInfo, analyze_step, diagnose_window, peer_group_key
-from .streams.policy import Policy
+from ..producers.simulator.faults import Truth
+from ..producers.simulator.fleet import FleetSimulator, Scenario, ScenarioError, Window
+from ..producers.simulator.model import SimulatedStep
+from ..schemas.records import Finding
+from ..streams.diagnosis import JobHistory, StepFrame, WindowDiagnosis, WindowInfo, analyze_step, diagnose_window, peer_group_key
+from ..streams.policy import Policy
 
-STANDARD_SUITE = Path(__file__).resolve().parent.parent / "suites" / "standard"
+STANDARD_SUITE = Path(__file__).resolve().parents[2] / "suites" / "standard"
 CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0)
 
 

@@ -1,6 +1,6 @@
 """Publishing records to Kafka with confluent-kafka.
 
-Idempotent, ``acks=all``, zstd, murmur2 partitioning (see :func:`lockstep.kafka.producer_config`).
+Idempotent, ``acks=all``, zstd, murmur2 partitioning (see :func:`~lockstep.kafka.clients.producer_config`).
 Delivery errors are counted and kept; :meth:`Publisher.flush` raises
 :class:`DeliveryError` when any record was not delivered, so a caller never
 believes a record arrived that did not.
@@ -13,9 +13,10 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 
 from ..schemas.records import encode
+from .clients import CONFLUENT, Clients
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,11 @@ class PublishStats:
 
 
 class Publisher:
-    """Thin shell over ``confluent_kafka.Producer`` that speaks Lockstep records."""
+    """Thin shell over a Kafka producer that speaks Lockstep records (every process but the host agent,
+    whose :class:`~lockstep.producers.agent.outbox.Outbox` never waits and spools instead)."""
 
-    def __init__(self, config: dict, *, buffer_wait_s: float = 5.0):
-        self._producer = Producer(config)
+    def __init__(self, config: dict, *, buffer_wait_s: float = 5.0, clients: Clients = CONFLUENT):
+        self._producer = clients.producer(config)
         self._buffer_wait_s = buffer_wait_s
         self.stats = PublishStats()
         self._lock = threading.Lock()

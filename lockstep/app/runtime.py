@@ -1,11 +1,9 @@
-"""Runtime wiring shared by the commands: the broker to use, child processes, readiness."""
+"""Runtime wiring shared by the commands: child processes (the processor, the sink), their flags, readiness."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -14,37 +12,18 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .broker import EmbeddedBroker, parent_death_signal
-from .config import Settings
-
-log = logging.getLogger("lockstep")
-
+from ..broker import parent_death_signal
+from ..config import Settings
 
 class RuntimeFailure(RuntimeError):
     """A child process died or did not become ready."""
 
 
-@contextlib.contextmanager
-def kafka(settings: Settings):
-    """Yield settings with bootstrap servers: the given Kafka, or an embedded broker for the block."""
-    if settings.bootstrap_servers:
-        yield settings
-        return
-    broker = EmbeddedBroker().start()
-    log.info("no --bootstrap-servers: started the embedded broker at %s", broker.bootstrap_servers)
-    try:
-        yield dataclasses.replace(settings, bootstrap_servers=broker.bootstrap_servers)
-    finally:
-        broker.stop()
-
-
 def settings_flags(settings: Settings, command: str | None = None) -> list[str]:
     """Flags that hand these settings to a child ``lockstep processor`` or ``lockstep sink``: the ones it reads,
     or (another or no ``command``) every setting, which every command accepts."""
-    import dataclasses
-
-    from .commands import processor, sink
-    from .config import flag_name
+    from ..commands import processor, sink
+    from ..config import flag_name
 
     flags: list[str] = []
     names = {"processor": processor.SETTINGS, "sink": sink.SETTINGS}.get(command or "", [f.name for f in dataclasses.fields(settings)])
@@ -124,7 +103,7 @@ class Pipeline:
     """
 
     def __init__(self, settings: Settings, log_dir: Path):
-        from .broker import free_port
+        from ..broker import free_port
 
         self.settings = settings
         self.log_dir = log_dir
@@ -142,7 +121,7 @@ class Pipeline:
         return child
 
     def metrics(self, name: str) -> dict:
-        from .metrics import scrape
+        from ..metrics import scrape
 
         return scrape(f"http://127.0.0.1:{self.ports[name]}/metrics")
 

@@ -1,0 +1,255 @@
+"""The diagnosis offline, on files (``lockstep diagnose``): profiler traces and op-event tables in, findings out.
+
+Inputs (any mix):
+
+1. PyTorch profiler Chrome traces, one file per worker (``.json`` / ``.json.gz``),
+   as ``torch.profiler`` writes them, CPU-only or with GPU (CUDA, ROCm) or MTIA
+   activity.  The rank comes from the trace, the caller (``--rank FILE=N``), the file
+   name (``rank-3``, ``worker3``), or the order of the files; steps from
+   ``ProfilerStep#N`` or, without them, inferred (``producers/agent/trace.py``).
+   How a rank or the steps were found, when not from the trace, is a note.
+2. Op-event tables (``.parquet`` / ``.csv``), one row per executed function:
+   ``worker, step, function, kind, start_us, duration_us``, optional ``host``,
+   ``device`` and label columns (peer-group keys).
+3. A hardware-sample table ``worker, t_us, metric, value``.
+
+Every worker's events go through the host-side summariser, every step through
+the step stage, the whole set through the window stage: the same code the
+processor runs, so the same findings.  Coverage counts the workers of the job
+(``distributedInfo.world_size`` where a trace says it), not only those given.
+
+Every input is opened without blocking and must be a regular file of at most
+``max_bytes`` (after decompression, read in chunks): a FIFO, a device, a
+gzip bomb or a nested or out-of-range trace is a one-line :class:`DiagnoseError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from ..producers.agent.summarise import StepSummary
+    from ..schemas.records import WorkerMeta
+
+TRACE_SUFFIXES = (".json", ".gz")
+TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+MAX_INPUT_MB = 2048.0
+
+
+class DiagnoseError(ValueError):
+    """An input file is unreadable or breaks its contract; the message names the file."""
+
+
+@dataclass
+class Inputs:
+    """Every worker's step summaries and metadata, read from the files."""
+
+    workers: dict[int, WorkerMeta] = field(default_factory=dict)
+    hardware: dict[int, str] = field(default_factory=dict)  # "host" where hardware samples came with it, else "none"
+    summaries: list[StepSummary] = field(default_factory=list)
+    files: int = 0
+    expected_workers: int = 0  # the job's workers: the largest world_size a trace gives, at least those read
+    notes: list[str] = field(default_factory=list)  # how ranks or steps were found where the files did not say
+
+
+def diagnose(inputs: Inputs, policy, job: str, *, now: float):
+    """Step stage for every step, then the window stage, exactly as in the processor."""
+    from ..streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window
+
+    by_step: dict[int, list] = {}
+    for s in inputs.summaries:
+        by_step.setdefault(s.step, []).append(s)
+    steps = sorted(by_step)
+    window = f"steps{steps[0]}-{steps[-1]}"
+    results = []
+    for step in steps:
+        ss = sorted(by_step[step], key=lambda s: s.worker)
+        frame = StepFrame.from_tables(
+            job, window, step, [inputs.workers[s.worker] for s in ss], [s.step_time_us for s in ss], [s.functions for s in ss],
+            policy.diagnosis.peer_group_keys, [inputs.hardware.get(s.worker, "none") for s in ss],
+        )  # fmt: skip
+        results.append(analyze_step(frame, policy.diagnosis))
+    info = WindowInfo(job=job, window=window, start_step=steps[0], steps=len(steps), expected_workers=max(inputs.expected_workers, len(inputs.workers)))
+    return diagnose_window(info, results, policy, now=now)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def load_inputs(
+    files: list[Path],
+    peer_cols: list[str] | None,
+    samples_path: Path | None,
+    policy_keys: tuple[str, ...] = (),
+    *,
+    ranks: dict[Path, int] | None = None,
+    max_bytes: int = int(MAX_INPUT_MB * 2**20),
+    progress=None,
+) -> Inputs:
+    """``progress(path)`` hears every file read (the CLI's progress bar)."""
+    from ..producers.agent.summarise import summarise
+    from ..producers.agent.trace import TraceEvents, read_chrome_trace
+    from ..schemas.records import WorkerMeta
+
+    ranks = ranks or {}
+    samples = _read_table(samples_path, max_bytes) if samples_path else None
+    sampled: set[int] = set()
+    if samples is not None:
+        if "worker" not in samples.column_names:
+            raise DiagnoseError(f"{samples_path}: sample table lacks column worker; needs worker, t_us, metric, value")
+        sampled = set(pc.unique(samples.column("worker")).to_pylist())
+    inputs = Inputs(files=len(files))
+    owner: dict[int, Path] = {}
+
+    def add(path: Path, metas: dict[int, WorkerMeta], summaries: list) -> None:
+        for rank, meta in metas.items():
+            if rank in owner:
+                raise DiagnoseError(f"{path}: worker {rank} is also in {owner[rank]}")
+            owner[rank] = path
+            inputs.workers[rank] = meta
+            inputs.hardware[rank] = "host" if rank in sampled else "none"
+        inputs.summaries += summaries
+
+    traces: list[tuple[Path, TraceEvents]] = []
+    for path in files:
+        with _about(path, samples_path):
+            if _is_trace(path, max_bytes):
+                traces.append((path, read_chrome_trace(path, ranks.get(path), max_bytes=max_bytes)))
+            elif path in ranks:
+                raise DiagnoseError(f"{path}: --rank is for trace files; an op-event table names its workers in its worker column")
+            else:
+                table = _read_table(path, max_bytes)
+                add(path, _table_workers(path, table, peer_cols, policy_keys), summarise(table, samples))
+        if progress:
+            progress(path)
+    # traces that name no rank: the next free numbers, in the order given
+    taken = set(owner) | {te.worker for _, te in traces if te.worker is not None}
+    free = (n for n in range(len(taken) + len(traces) + 1) if n not in taken)
+    unranked = [i for i, (_, te) in enumerate(traces) if te.worker is None]
+    for i in unranked:
+        traces[i] = (traces[i][0], traces[i][1].with_worker(next(free), "numbered"))
+    if unranked:
+        inputs.notes.append(_note("no rank in the trace or its file name", [traces[i] for i in unranked], lambda te: f"numbered {te.worker} in the order given") +
+                            " (--rank FILE=N to set one)")  # fmt: skip
+    by_name = [(p, te) for p, te in traces if te.meta.rank_from == "file name"]
+    if by_name:
+        inputs.notes.append(_note("no distributedInfo.rank", by_name, lambda te: f"rank {te.worker} from the file name"))
+    for how in sorted({te.meta.steps_from for _, te in traces} - {"ProfilerStep"}):
+        which = [(p, te) for p, te in traces if te.meta.steps_from == how]
+        what = ("the whole trace is one step (no optimizer step or repeating region to tell iterations by)" if how == "whole trace"
+                else f"{{n}} iterations inferred, each ending with an {how}" if how == "Optimizer.step"
+                else f"{{n}} iterations inferred from the repeating top-level {how}")  # fmt: skip
+        inputs.notes.append(_note("no ProfilerStep#N", which, lambda te, what=what: what.format(n=len(te.step_bounds))))
+    for path, te in traces:
+        with _about(path, samples_path):
+            host = te.meta.host or f"worker{te.worker}"
+            meta = WorkerMeta(rank=te.worker, host=host, device=te.meta.device or f"{host}/cpu")
+            add(path, {te.worker: meta}, summarise(te.events, samples, te.step_bounds))
+            if te.meta.world_size:
+                inputs.expected_workers = max(inputs.expected_workers, te.meta.world_size)
+    if not inputs.summaries:
+        raise DiagnoseError(f"{files[0]}{' ...' if len(files) > 1 else ''}: no events inside any step")
+    inputs.expected_workers = max(inputs.expected_workers, len(inputs.workers))
+    return inputs
+
+
+@contextlib.contextmanager
+def _about(path: Path, samples_path: Path | None):
+    """A reader's or the summariser's error as the command's, naming the file it is about."""
+    from ..producers.agent.summarise import SummaryError
+    from ..producers.agent.trace import TraceError
+
+    try:
+        yield
+    except (TraceError, SummaryError) as exc:
+        raise DiagnoseError(f"{samples_path if str(exc).startswith('sample') else path}: {exc}") from None
+
+
+def _note(what: str, traces: list, how) -> str:
+    """One line for the traces read the same way: ``what: a.json: how; b.json: how`` (at most 4 named)."""
+    named = "; ".join(f"{p.name}: {how(te)}" for p, te in traces[:4])
+    more = f"; and {len(traces) - 4} more file(s)" if len(traces) > 4 else ""
+    return f"{what}: {named}{more}"
+
+
+def _is_trace(path: Path, max_bytes: int) -> bool:
+    """By its name, else by its first byte (opened as a regular file only: ``open_regular`` raises otherwise)."""
+    from ..producers.agent.trace import open_regular
+
+    name = path.name.lower()
+    if name.endswith(TABLE_SUFFIXES):
+        return False
+    if name.endswith(TRACE_SUFFIXES):
+        return True
+    with open_regular(path, max_bytes) as fh:
+        return fh.read(1) in (b"{", b"\x1f")
+
+
+def _read_table(path: Path, max_bytes: int) -> pa.Table:
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    from ..producers.agent.trace import TraceError, open_regular
+
+    try:
+        fh = open_regular(path, max_bytes, "table")
+    except TraceError as exc:
+        raise DiagnoseError(f"{path}: {exc}") from None
+    with fh:
+        head = fh.read(4)
+        fh.seek(0)
+        try:
+            if head == b"PAR1":
+                return pq.read_table(fh)
+            types = {"worker": pa.int64(), "step": pa.int64(), "start_us": pa.float64(), "duration_us": pa.float64(),
+                     "t_us": pa.float64(), "value": pa.float64(), "bytes": pa.float64()}  # fmt: skip
+            return pcsv.read_csv(fh, convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+            kind = "Parquet" if head == b"PAR1" else "CSV"
+            raise DiagnoseError(f"{path}: not a readable {kind} table ({str(exc).splitlines()[0]})") from None
+
+
+def _table_workers(path: Path, t: pa.Table, peer_cols: list[str] | None, policy_keys: tuple[str, ...]) -> dict:
+    """Worker metadata from an op-event table: host, device and the peer-group label columns."""
+    from ..schemas.records import WorkerMeta
+
+    if "worker" not in t.column_names:
+        raise DiagnoseError(f"{path}: op-event table lacks column worker")
+    if peer_cols:
+        missing = [c for c in peer_cols if c not in t.column_names]
+        if missing:
+            raise DiagnoseError(f"{path}: no column {', '.join(missing)} for --peer-group; columns: {', '.join(t.column_names)}")
+        label_cols = list(peer_cols)
+    else:
+        label_cols = [c for c in policy_keys if c in t.column_names]
+    worker = t.column("worker").to_numpy(zero_copy_only=False)
+    ranks, inv = np.unique(worker, return_inverse=True)
+    per: dict[str, np.ndarray] = {}
+    for c in ("host", "device", *label_cols):
+        if c not in t.column_names:
+            continue
+        values = np.asarray(t.column(c).cast(pa.string()).to_pylist(), dtype=object)
+        have = np.not_equal(values, None)
+        pairs = np.unique(np.stack([inv[have].astype(str), values[have].astype(str)], axis=1), axis=0) if have.any() else np.empty((0, 2), dtype=str)
+        if c in label_cols:
+            n = np.bincount(pairs[:, 0].astype(np.int64), minlength=ranks.size) if pairs.size else np.zeros(ranks.size, dtype=np.int64)
+            if np.any(n > 1):
+                w = int(ranks[np.flatnonzero(n > 1)[0]])
+                raise DiagnoseError(f"{path}: label column {c} must hold one value per worker; worker {w} has {int(n.max())}")
+        out = np.full(ranks.size, "", dtype=object)
+        if pairs.size:
+            out[pairs[::-1, 0].astype(np.int64)] = pairs[::-1, 1]  # first value (in sort order) per worker
+        per[c] = out
+    metas = {}
+    for i, rank in enumerate(ranks.tolist()):  # one WorkerMeta per worker: the record the processor gets too
+        host = per["host"][i] if "host" in per and per["host"][i] else f"worker{rank}"
+        metas[int(rank)] = WorkerMeta(rank=int(rank), host=host, device=per["device"][i] if "device" in per else "",
+                                      labels={c: per[c][i] for c in label_cols if per[c][i] != ""})  # fmt: skip
+    return metas

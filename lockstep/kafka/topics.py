@@ -1,0 +1,81 @@
+"""The pipeline's topics: their names and keys, and creating them with one partition count."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import NewTopic
+
+from ..config import Settings
+from .clients import admin
+
+log = logging.getLogger("lockstep.kafka")
+
+
+class TopicError(RuntimeError):
+    """Topics could not be created, do not exist, or exist with a different partition count."""
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Every topic of the pipeline, with its key."""
+
+    heartbeats: str  # StepHeartbeat, key job
+    control: str  # ProfileTrigger, RawRequest, key job
+    features: str  # FeatureBatch, key job:step
+    stepreports: str  # StepReport / WindowTimeout (internal), key job
+    findings: str  # Finding, key job
+    windows: str  # WindowReport, key job
+    deadletter: str  # DeadLetter, key: the original key
+    raw: str  # RawTrace (answers to a RawRequest on control), key job
+    series: str  # StepSeries, DeviationMap (the pictures: step times, deviation maps), key job
+
+    @classmethod
+    def named(cls, prefix: str = "lockstep") -> Topics:
+        return cls(**{f: f"{prefix}.{f}" for f in cls.__dataclass_fields__})
+
+    def all(self) -> list[str]:
+        return [getattr(self, f) for f in self.__dataclass_fields__]
+
+
+def features_key(job: str, step: int) -> bytes:
+    return f"{job}:{step}".encode()
+
+
+def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeout_s: float = 15.0) -> Topics:
+    """Create the pipeline's topics (and ``extra`` name -> partitions); check partition counts."""
+    topics = Topics.named(settings.topic_prefix)
+    wanted = {name: settings.partitions for name in topics.all()}
+    wanted.update(extra or {})
+    client = admin(settings)
+    try:
+        existing = client.list_topics(timeout=timeout_s).topics
+    except KafkaException as exc:
+        raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
+    new = [
+        NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor,
+                 config={"cleanup.policy": "compact"} if name.endswith("-changelog") else {})
+        for name, n in wanted.items()
+        if name not in existing
+    ]  # fmt: skip
+    if new:
+        for name, fut in client.create_topics(new, operation_timeout=timeout_s).items():
+            try:
+                fut.result(timeout=timeout_s)
+                log.info("created topic %s", name)
+            except KafkaException as exc:
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                    raise TopicError(f"cannot create topic {name}: {exc.args[0].str()}") from None
+    meta = client.list_topics(timeout=timeout_s).topics
+    for name, n in wanted.items():
+        if name not in meta:
+            raise TopicError(f"topic {name} does not exist after creation")
+        have = len(meta[name].partitions)
+        if have != n:
+            raise TopicError(
+                f"topic {name} has {have} partitions but {n} are configured; every topic of the pipeline "
+                "needs the same partition count (set --partitions to match, or recreate the topics)"
+            )
+    return topics

@@ -1,0 +1,106 @@
+"""The Kafka package's logic in memory (MemoryKafka): tails from the end and the start, decoding and filtering,
+a request and its answers, delivery accounting.  The same code against the embedded broker: the integration
+tests (tests/integration, tests/producers/agent/test_outbox.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lockstep.kafka import Clients, DeliveryError, MemoryKafka, Publisher, Tail, TopicError, ask
+from lockstep.schemas.records import ProfileTrigger, TriggerRefused, TriggerRequest, decode, encode
+
+TOPICS = {"t.control": 3, "t.heartbeats": 3}
+
+
+def trigger(job: str = "j", window: str = "w1") -> ProfileTrigger:
+    return ProfileTrigger(job=job, window=window, start_step=10, steps=4, expected_workers=8)
+
+
+def test_a_tail_sees_what_arrives_after_it_opened_and_from_the_start_everything():
+    kafka = MemoryKafka(TOPICS)
+    pub = Publisher({}, clients=kafka.clients())
+    pub.send("t.control", "j", trigger(window="before"))
+    pub.flush()
+    with Tail({}, "t.control", clients=kafka.clients()).open() as tail, \
+         Tail({}, "t.control", from_start=True, clients=kafka.clients()).open() as whole:  # fmt: skip
+        assert tail.records(ProfileTrigger) == []
+        pub.send("t.control", "j", trigger(window="after"))
+        pub.flush()
+        assert [t.window for t in tail.records(ProfileTrigger)] == ["after"]
+        assert sorted(decode(m.value).window for m in whole.read_to_end(quiet_s=0.01)) == ["after", "before"]
+
+
+def test_a_tail_keeps_the_records_asked_for_skips_other_types_and_counts_unreadable_ones():
+    kafka = MemoryKafka(TOPICS)
+    with Tail({}, "t.control", clients=kafka.clients()).open() as tail:
+        pub = Publisher({}, clients=kafka.clients())
+        pub.send("t.control", "j", trigger(job="j"))
+        pub.send("t.control", "k", trigger(job="k", window="w2"))  # another job
+        pub.send("t.control", "j", TriggerRefused(job="j", request="r", code="cooldown", reason="later"))  # another type
+        pub.send_raw("t.control", b"j", b"{not a record")
+        pub.flush()
+        got = tail.records(ProfileTrigger, where=lambda t: t.job == "j")
+    assert [(t.job, t.window) for t in got] == [("j", "w1")]
+    assert tail.bad_records == 1
+
+
+def test_a_tail_of_a_missing_topic_says_so_and_holds_no_consumer():
+    opened = []
+    kafka = MemoryKafka(TOPICS)
+
+    def consumer(config):
+        opened.append(kafka.clients().consumer(config))
+        return opened[-1]
+
+    tail = Tail({"bootstrap.servers": "k:9092"}, ["t.control", "t.nope"], clients=Clients(consumer=consumer))
+    with pytest.raises(TopicError, match="topic t.nope does not exist at k:9092"):
+        tail.open()
+    assert not tail.is_open and opened[0].closed
+
+
+def test_ask_returns_the_answer_to_its_request_only():
+    kafka = MemoryKafka(TOPICS)
+    clients = kafka.clients()
+    ready = threading.Event()
+
+    def detector() -> None:  # answers the first request on the heartbeats topic, after someone else's answer
+        with Tail({}, "t.heartbeats", clients=clients).open() as requests:
+            ready.set()
+            (req,) = requests.records(TriggerRequest, timeout_s=10)
+            out = Publisher({}, clients=clients)
+            out.send("t.control", req.job, TriggerRefused(job=req.job, request="someone-else", code="cooldown", reason="no"))
+            out.send("t.control", req.job, TriggerRefused(job=req.job, request=req.request, code="cooldown", reason="in cool-down"))
+            out.flush()
+
+    thread = threading.Thread(target=detector, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    req = TriggerRequest(job="j", request="r1")
+    with Tail({}, "t.control", clients=clients) as answers:
+        got = ask(Publisher({}, clients=clients), "t.heartbeats", "j", req, answers, (ProfileTrigger, TriggerRefused),
+                  where=lambda rec: rec.request == req.request, timeout_s=10)  # fmt: skip
+    thread.join(10)
+    assert [(a.request, a.reason) for a in got] == [("r1", "in cool-down")]
+
+
+def test_ask_gives_up_with_no_answer():
+    kafka = MemoryKafka(TOPICS)
+    with Tail({}, "t.control", clients=kafka.clients()) as answers:
+        got = ask(Publisher({}, clients=kafka.clients()), "t.heartbeats", "j", TriggerRequest(job="j", request="r"), answers, TriggerRefused,
+                  where=lambda rec: True, timeout_s=0.1)  # fmt: skip
+    assert got == []
+    assert [decode(m.value()).request for m in kafka.messages("t.heartbeats")] == ["r"]  # it was sent
+
+
+def test_the_publisher_counts_deliveries_and_flush_raises_when_a_record_was_not_delivered():
+    kafka = MemoryKafka(TOPICS)
+    pub = Publisher({}, clients=kafka.clients())
+    size = pub.send("t.control", "j", trigger())
+    pub.flush()
+    assert (pub.stats.records["t.control"], pub.stats.bytes["t.control"]) == (1, size) == (1, len(encode(trigger())))
+    pub.send("t.missing", "j", trigger())
+    with pytest.raises(DeliveryError, match="1 record.s. were not delivered: t.missing: "):
+        pub.flush()
+    assert pub.stats.failed["t.missing"] == 1
