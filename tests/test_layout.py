@@ -71,6 +71,7 @@ NOT_MIRRORED = {
     "tests/test_deploy.py": "deploy/ (alerts, dashboard) against the metrics catalogue and the README",
     "tests/test_layout.py": "packaging, docker-compose, CI and the layout of the tests",
     "tests/test_packaging.py": "the wheel built from the repository",
+    "tests/test_layers.py": "the layers of the whole code and its import graph (ARCHITECTURE.md)",
     "tests/schemas/test_bad_input.py": "the bad-input contract (brief section 7) across records, function tables and the store that keeps them",
     "tests/streams/test_bad_input.py": "the bad-input contract (brief section 7) across the processor's stages: detector, step and window",
 }
@@ -78,22 +79,30 @@ NOT_MIRRORED = {
 CROSSING = {"integration", "adversarial", "data"}
 
 
-def _module_named_by(test: Path) -> tuple[Path | None, str]:
+def _names(test: Path) -> list[str]:
+    """The module names a test file may mean, longest first: ``test_cli_errors.py``: ``cli_errors``, ``cli``."""
+    words = test.stem.removeprefix("test_").split("_")
+    return ["_".join(words[:n]) for n in range(len(words), 0, -1)]
+
+
+def _module_named_by(test: Path) -> Path | None:
     """The module a test file names: ``tests/<folder>/test_<module>[_<aspect>].py`` tests ``<folder>/<module>.py``
     (or the package ``<folder>/<module>/``); the longest ``<module>`` that exists wins."""
-    rel = test.relative_to(ROOT / "tests")
-    folder = ROOT.joinpath(*rel.parts[:-1])
-    words = rel.stem.removeprefix("test_").split("_")
-    for n in range(len(words), 0, -1):
-        name = "_".join(words[:n])
+    folder = ROOT.joinpath(*test.relative_to(ROOT / "tests").parts[:-1])
+    for name in _names(test):
         for candidate in (folder / f"{name}.py", folder / name / "__init__.py"):
             if candidate.is_file():
-                return candidate, name
-    return None, words[0]
+                return candidate
+    return None
 
 
-def _where_it_went(name: str) -> list[str]:
-    return sorted(str(p.relative_to(ROOT)) for top in STAGES for p in (ROOT / top).rglob(f"{name}.py"))
+def _where_it_went(test: Path) -> list[str]:
+    """Where modules of the names the test may mean are now (the longest name found anywhere)."""
+    for name in _names(test):
+        found = sorted(str(p.relative_to(ROOT)) for top in STAGES for p in (ROOT / top).rglob(f"{name}.py"))
+        if found:
+            return found
+    return []
 
 
 def test_every_test_file_names_the_module_it_tests():
@@ -107,11 +116,10 @@ def test_every_test_file_names_the_module_it_tests():
         if len(rel.parts) == 2 or rel.parts[1] not in STAGES:
             wrong.append(f"{rel}: tests no folder of the code ({', '.join(STAGES)}); a check of the whole repository goes in NOT_MIRRORED")
             continue
-        module, name = _module_named_by(test)
-        if module is None:
-            moved = _where_it_went(name)
-            hint = f"; {name}.py is at {', '.join(moved)}: git mv the test to the mirrored folder" if moved else ""
-            wrong.append(f"{rel}: no module {Path(*rel.parts[1:-1]) / name}.py{hint}")
+        if _module_named_by(test) is None:
+            moved = _where_it_went(test)
+            hint = f"; modules of that name: {', '.join(moved)} (git mv the test to the mirrored folder)" if moved else ""
+            wrong.append(f"{rel}: names no module in {Path(*rel.parts[1:-1])}/{hint}")
     assert not wrong, "\n".join(wrong)
 
 
