@@ -8,6 +8,7 @@ from lockstep.producers.simulator.suite import CATEGORIES, render, standard_suit
 from lockstep.producers.simulator.suite import main as suite_main
 
 
+@pytest.mark.slow  # generates the whole standard suite: 250 scenarios, each simulated to calibrate its severity
 def test_the_standard_suite_files_load_and_are_what_the_generator_writes():
     suite = standard_suite()
     files = sorted(STANDARD_SUITE.glob("*.yaml"))
@@ -31,7 +32,7 @@ def test_the_standard_suite_files_load_and_are_what_the_generator_writes():
     assert sum(t.cause == "undetermined" for s in blind for t in s.truths()) >= 6
 
 
-@pytest.mark.slow  # generates a second suite: 200+ scenarios, each simulated to calibrate its severity
+@pytest.mark.slow  # generates a held-out suite of the same size
 def test_a_held_out_suite_has_the_shape_of_the_standard_one_with_other_jobs(tmp_path):
     assert suite_main(["--seed", "7", str(tmp_path)]) == 0
     held_out = load_suite(tmp_path)
