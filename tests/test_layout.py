@@ -1,4 +1,4 @@
-"""Packaging, docker-compose and CI stay consistent with the code."""
+"""Packaging, docker-compose and CI stay consistent with the code; the tests mirror its folders."""
 
 import re
 import tomllib

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-
 pytestmark = pytest.mark.slow  # every test runs `lockstep` in a subprocess
+
 
 def lockstep(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, cwd=cwd, timeout=60)

@@ -9,8 +9,8 @@ import pytest
 
 from lockstep.app.evaluate import STANDARD_SUITE
 
-
 pytestmark = pytest.mark.slow  # every test runs `lockstep evaluate` in a subprocess
+
 
 def lockstep(*args):
     return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, timeout=120)

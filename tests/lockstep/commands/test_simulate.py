@@ -8,8 +8,8 @@ import pytest
 
 from lockstep.app.evaluate import STANDARD_SUITE
 
-
 pytestmark = pytest.mark.slow  # `lockstep simulate` runs in subprocesses
+
 
 def lockstep(*args):
     return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, timeout=120)
