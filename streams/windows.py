@@ -2,7 +2,7 @@
 
 Fed records and the current time, they say when a step or a window is complete
 (or has waited too long) and which input records may now be acknowledged.
-The faust wiring in :mod:`lockstep.streams.app` is a thin shell around them;
+The step and window stages (:mod:`lockstep.streams.stages`) are built on them;
 the tests drive them entirely in memory.
 
 Crash safety rests on :class:`InOrderAcks`: a record is acknowledged only when
@@ -14,40 +14,44 @@ processor replays from the committed offset and rebuilds what was open.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Generic, TypeVar
 
 import pyarrow as pa
 
 from ..schemas.records import FeatureBatch, StepReport
 from .diagnosis.step import StepResult
 
+T = TypeVar("T")
 
-class Handle:
-    """One held input record; ``event`` is whatever the caller acks (a faust event)."""
 
-    __slots__ = ("partition", "offset", "event", "done")
+class Handle(Generic[T]):
+    """One held input record; ``item`` is what the caller acknowledges (the stages: a ``RecordIn``).
+    The assemblers below are generic in it too: they only keep the handles of what they collect."""
 
-    def __init__(self, partition: Hashable, offset: int, event: Any):
+    __slots__ = ("partition", "offset", "item", "done")
+
+    def __init__(self, partition: Hashable, offset: int, item: T):
         self.partition = partition
         self.offset = offset
-        self.event = event
+        self.item = item
         self.done = False
 
 
-class InOrderAcks:
+class InOrderAcks(Generic[T]):
     """Releases held records for acknowledgement strictly in offset order per partition."""
 
     def __init__(self) -> None:
-        self._queues: dict[Hashable, deque[Handle]] = {}
+        self._queues: dict[Hashable, deque[Handle[T]]] = {}
 
-    def hold(self, partition: Hashable, offset: int, event: Any) -> Handle:
-        h = Handle(partition, offset, event)
+    def hold(self, partition: Hashable, offset: int, item: T) -> Handle[T]:
+        h = Handle(partition, offset, item)
         self._queues.setdefault(partition, deque()).append(h)
         return h
 
-    def release(self, handles: list[Handle]) -> list[Any]:
-        """Mark handles done; return the events that can be acked now, in order."""
+    def release(self, handles: Iterable[Handle[T]]) -> list[T]:
+        """Mark handles done; return the items that can be acknowledged now, in order."""
         touched = set()
         for h in handles:
             h.done = True
@@ -56,10 +60,10 @@ class InOrderAcks:
         for p in touched:
             q = self._queues.get(p)
             while q and q[0].done:
-                out.append(q.popleft().event)
+                out.append(q.popleft().item)
         return out
 
-    def drop(self, partitions: set) -> None:
+    def drop(self, partitions: Collection[Hashable]) -> None:
         """Partitions revoked: forget them (the new owner replays from the committed offset)."""
         for p in partitions:
             self._queues.pop(p, None)
@@ -72,7 +76,7 @@ class InOrderAcks:
 
 
 @dataclass
-class PendingStep:
+class PendingStep(Generic[T]):
     job: str
     window: str
     step: int
@@ -83,29 +87,29 @@ class PendingStep:
     tenant: str
     partition: Hashable
     opened_at: float
-    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle]] = field(default_factory=dict)  # rank -> (record, table, its handle)
-    replaced: list[tuple[FeatureBatch, pa.Table, Handle]] = field(default_factory=list)  # twins a later record of the rank replaced
-    handles: list[Handle] = field(default_factory=list)
+    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle[T]]] = field(default_factory=dict)  # rank -> (record, table, its handle)
+    replaced: list[tuple[FeatureBatch, pa.Table, Handle[T]]] = field(default_factory=list)  # twins a later record of the rank replaced
+    handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
 
 
 @dataclass
-class ClosedStep:
-    pending: PendingStep
+class ClosedStep(Generic[T]):
+    pending: PendingStep[T]
     reason: str  # complete | timeout
 
 
-class StepAssembler:
+class StepAssembler(Generic[T]):
     """Collects one FeatureBatch per worker of a step; closes on the expected count or a timeout."""
 
     def __init__(self, timeout_s: float, remember: int = 100_000):
         self.timeout_s = timeout_s
-        self._open: dict[tuple[str, int], PendingStep] = {}
+        self._open: dict[tuple[str, int], PendingStep[T]] = {}
         self._closed: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._remember = remember
         self.late = 0  # records for steps already closed
 
-    def add(self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle, now: float) -> tuple[ClosedStep | None, bool]:
+    def add(self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float) -> tuple[ClosedStep[T] | None, bool]:
         """Returns (the step if this record completed it, whether the record was late)."""
         key = (batch.job, batch.step)
         if key in self._closed:
@@ -135,18 +139,18 @@ class StepAssembler:
             return self._close(key, "complete"), False
         return None, False
 
-    def expire(self, now: float) -> list[ClosedStep]:
+    def expire(self, now: float) -> list[ClosedStep[T]]:
         due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
         return [self._close(k, "timeout") for k in due]
 
-    def _close(self, key: tuple[str, int], reason: str) -> ClosedStep:
+    def _close(self, key: tuple[str, int], reason: str) -> ClosedStep[T]:
         p = self._open.pop(key)
         self._closed[key] = None
         while len(self._closed) > self._remember:
             self._closed.popitem(last=False)
         return ClosedStep(p, reason)
 
-    def drop(self, partitions: set) -> None:
+    def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, p in self._open.items() if p.partition in partitions]:
             del self._open[k]
 
@@ -159,7 +163,7 @@ class StepAssembler:
 
 
 @dataclass
-class PendingWindow:
+class PendingWindow(Generic[T]):
     job: str
     window: str
     window_start: int
@@ -170,25 +174,25 @@ class PendingWindow:
     partition: Hashable
     opened_at: float
     results: dict[int, StepResult] = field(default_factory=dict)  # step -> result (first wins)
-    handles: list[Handle] = field(default_factory=list)
+    handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
     timeout_requested: bool = False
 
 
 @dataclass
-class ClosedWindow:
-    pending: PendingWindow
+class ClosedWindow(Generic[T]):
+    pending: PendingWindow[T]
     reason: str  # complete | timeout
 
 
-class WindowAssembler:
+class WindowAssembler(Generic[T]):
     """Collects the step reports of a window; closes when every step reported, or on request."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
-        self._open: dict[tuple[str, str], PendingWindow] = {}
+        self._open: dict[tuple[str, str], PendingWindow[T]] = {}
 
-    def add(self, report: StepReport, result: StepResult, handle: Handle, now: float) -> ClosedWindow | None:
+    def add(self, report: StepReport, result: StepResult, handle: Handle[T], now: float) -> ClosedWindow[T] | None:
         key = (report.job, report.window)
         w = self._open.get(key)
         if w is None:
@@ -211,7 +215,7 @@ class WindowAssembler:
             return self.close(key, "complete")
         return None
 
-    def hold(self, key: tuple[str, str], handle: Handle) -> bool:
+    def hold(self, key: tuple[str, str], handle: Handle[T]) -> bool:
         """Attach a record (e.g. a timeout request) to an open window; False if none is open."""
         w = self._open.get(key)
         if w is None:
@@ -228,11 +232,11 @@ class WindowAssembler:
                 out.append(k)
         return out
 
-    def close(self, key: tuple[str, str], reason: str) -> ClosedWindow | None:
+    def close(self, key: tuple[str, str], reason: str) -> ClosedWindow[T] | None:
         w = self._open.pop(key, None)
         return ClosedWindow(w, reason) if w else None
 
-    def drop(self, partitions: set) -> None:
+    def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, w in self._open.items() if w.partition in partitions]:
             del self._open[k]
 

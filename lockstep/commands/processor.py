@@ -26,16 +26,16 @@ def run(args) -> int:
     from ..broker import kafka_or_embedded
     from ..kafka import ensure_topics
     from ..logs import setup_logging
-    from ..streams.app import build_app, changelog_topics, run_worker, serve_http
+    from ..streams.app import ROLES, build_app, changelog_topics, run_worker, serve_http
     from ..streams.policy import load_policy
 
     settings = config.load(args)
     setup_logging(settings.log_level, settings.log_format)
     policy = load_policy(settings.policy)
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
-    unknown = set(roles) - {"detect", "steps", "windows"}
+    unknown = set(roles) - set(ROLES)
     if unknown:
-        raise config.ConfigError(f"--roles: unknown role(s) {sorted(unknown)}; known: detect, steps, windows")
+        raise config.ConfigError(f"--roles: unknown role(s) {sorted(unknown)}; known: {', '.join(ROLES)}")
     with kafka_or_embedded(settings) as s:
         ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
         app, st = build_app(s, policy, roles=roles)

@@ -3,6 +3,7 @@ rule), and the property that every stage raises nothing but RecordError on what 
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import msgspec
@@ -10,15 +11,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from lockstep.kafka import Topics
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import FeatureBatch, Finding, RecordError, StepHeartbeat, StepReport, decode, encode
+from lockstep.schemas.records import Finding, RecordError, StepHeartbeat, decode, encode
 from lockstep.streams.detector import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS, SlowdownDetector
-from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
+from lockstep.streams.diagnosis import step_result
 from lockstep.streams.policy import Policy
-from lockstep.streams.windows import InOrderAcks, StepAssembler, WindowAssembler
+from lockstep.streams.stages import MemoryOutput, Processor, Tables
 
 from tests.tiers import examples
 
@@ -80,52 +82,51 @@ def test_a_clock_a_day_ahead_is_from_the_future_a_skewed_one_is_not():
 # ------------------------------------------------------------------------------ the stages are total
 
 POLICY = Policy()
+TOPICS = Topics.named("t")
 FLEET = FleetSimulator(Scenario(job="j", topology=Topology(workers=8, gpus_per_host=8), faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),)))
 WINDOW = Window(60, 2)
 BATCHES = {s: FLEET.feature_batches(FLEET.step(s), FLEET.trigger(WINDOW), sent_at=1.8e9) for s in WINDOW.range}
 ABSURD = st.one_of(st.sampled_from([math.nan, math.inf, -1.0, 0.0, 5e-324, 1e308, 3e38, -(2**31), 2**31 - 1, "", None]), st.floats(allow_nan=True))
 
 
+def _processor() -> tuple[Processor, MemoryOutput]:
+    out = MemoryOutput()
+    return Processor(POLICY, TOPICS, out, Tables(), step_timeout_s=5.0, window_timeout_s=5.0, clock=lambda: 1.8e9), out
+
+
+def _no_bug(out: MemoryOutput) -> None:
+    """Bad input is refused with its reason; ``processing_failed`` would be a bug the stage's guard caught."""
+    assert [d.detail for d in out.decoded(TOPICS.deadletter) if d.reason == "processing_failed"] == []
+
+
 def steps_stage(payloads: list[bytes]) -> list[bytes]:
-    """The processor's step stage (streams/app.py ``steps`` and ``finish_step``) without Kafka."""
-    acks, asm, out = InOrderAcks(), StepAssembler(5.0), []
-    for i, raw in enumerate(payloads):
-        try:
-            b = decode(raw, FeatureBatch)
-            table = ft.read(b.functions, b.functions_codec)
-        except RecordError:
-            continue
-        closed, _ = asm.add(b, table, len(raw), acks.hold(0, i, None), 0.0)
-        for c in [closed] if closed else []:
-            p = c.pending
-            entries = [p.batches[r] for r in sorted(p.batches)]
-            good = [e for e, err in zip(entries, ft.check_tables([t for _, t, _ in entries])) if err is None]
-            recs = [r for r, _, _ in good]
-            frame = StepFrame.from_tables(p.job, p.window, p.step, [r.worker for r in recs], [r.step_time_us for r in recs],
-                                          [t for _, t, _ in good], POLICY.diagnosis.peer_group_keys, [r.hardware for r in recs])  # fmt: skip
-            out.append(encode(step_report(analyze_step(frame, POLICY.diagnosis), window_start=p.window_start, window_steps=p.window_steps,
-                                          expected_workers=p.expected_workers, bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=c.reason)))  # fmt: skip
-    return out
+    """The processor's step stage (:class:`StepStage`) without Kafka: the step reports it publishes."""
+    proc, out = _processor()
+
+    async def run() -> None:
+        for raw in payloads:
+            await proc.steps.on_record(out.append(TOPICS.features, b"j", raw))
+
+    asyncio.run(run())
+    _no_bug(out)
+    return [r.value for r in out.records(TOPICS.stepreports)]
 
 
 def windows_stage(payloads: list[bytes]) -> list[bytes]:
-    """The processor's window stage (``windows_agent`` and ``finish_window``) without Kafka; open windows close by timeout."""
-    acks, asm, out, closed = InOrderAcks(), WindowAssembler(5.0), [], []
-    for i, raw in enumerate(payloads):
-        try:
-            r = decode(raw, StepReport)
-            c = asm.add(r, step_result(r), acks.hold(0, i, None), 0.0)
-        except RecordError:
-            continue
-        closed += [c] if c else []
-    closed += [asm.close(k, "timeout") for k in asm.due(1e12)]
-    for c in closed:
-        w = c.pending
-        info = WindowInfo(job=w.job, window=w.window, start_step=w.window_start, steps=w.window_steps,
-                          expected_workers=w.expected_workers, tenant=w.tenant, policy=POLICY.ref)  # fmt: skip
-        d = diagnose_window(info, list(w.results.values()), POLICY, now=1.8e9, closed=c.reason, bytes_in=w.bytes_in, history=None)
-        out += [encode(f) for f in d.findings] + [encode(d.report)]
-    return out
+    """The processor's window stage (:class:`WindowStage`) without Kafka; open windows close by timeout.
+    Returns the findings and window reports it publishes."""
+    proc, out = _processor()
+
+    async def run() -> None:
+        for raw in payloads:
+            await proc.windows.on_record(out.append(TOPICS.stepreports, b"j", raw))
+        await proc.windows.on_timer(1e12)
+        for timeout in out.records(TOPICS.stepreports):
+            await proc.windows.on_record(timeout)
+
+    asyncio.run(run())
+    _no_bug(out)
+    return [s.record.value for s in out.sent if s.record.topic in (TOPICS.findings, TOPICS.windows)]
 
 
 def test_the_stages_diagnose_the_unspoilt_window():

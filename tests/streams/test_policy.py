@@ -101,15 +101,16 @@ def test_policy_file_reloads_on_change_and_keeps_the_old_one_when_broken(tmp_pat
 
 
 def test_a_reload_applies_to_the_detector_and_the_diagnosis():
-    from lockstep.streams.app import ProcessorState
+    from lockstep.kafka import Topics
     from lockstep.streams.policy import DetectorPolicy, DiagnosisPolicy
+    from lockstep.streams.stages import MemoryOutput, Processor, Tables
 
     old = Policy()
-    st = ProcessorState(policy=old, step_timeout_s=1.0, window_timeout_s=1.0)
+    proc = Processor(old, Topics.named(), MemoryOutput(), Tables(), step_timeout_s=1.0, window_timeout_s=1.0)
     new = Policy(id="new", detector=DetectorPolicy(slowdown_threshold=0.05), diagnosis=DiagnosisPolicy(z_threshold=6.0))
-    st.set_policy(new)
-    assert st.detector.policy is new and st.policy is new
+    proc.set_policy(new)
+    assert proc.detect.detector.policy is new and proc.policies.current is new
     # a window opened under the old policy is judged under it; new windows under the new one
-    assert st.policy_for(old.ref) is old and st.policy_for(new.ref) is new
-    assert st.policy_for("unknown@123") is new
-    assert 'lockstep_policy_info{policy="' + new.ref + '"} 1' in st.metrics.render()
+    assert proc.policies.for_ref(old.ref) is old and proc.policies.for_ref(new.ref) is new
+    assert proc.policies.for_ref("unknown@123") is new
+    assert 'lockstep_policy_info{policy="' + new.ref + '"} 1' in proc.metrics.render()

@@ -1,0 +1,18 @@
+"""The processor's stages as plain objects: fed records, timer ticks and partition changes, writing to an Output.
+
+- :class:`DetectStage`  heartbeats -> slowdown detector -> triggers (and the step-time series)
+- :class:`StepStage`    feature batches -> step assembly + analysis -> step reports
+- :class:`WindowStage`  step reports -> window assembly + diagnosis -> findings, window reports, deviation maps
+
+No faust and no Kafka client in here: :mod:`lockstep.streams.app` is the faust adapter, and
+:class:`MemoryOutput` runs the stages in memory.
+"""
+
+from .base import Output, Partition, Policies, RecordIn, Stage
+from .detect import DetectStage
+from .memory import MemoryOutput
+from .processor import Processor, Tables
+from .step import StepStage
+from .window import WindowStage
+
+__all__ = ["DetectStage", "MemoryOutput", "Output", "Partition", "Policies", "Processor", "RecordIn", "Stage", "StepStage", "Tables", "WindowStage"]

@@ -1,0 +1,117 @@
+"""The detect stage: heartbeats (and the detector's own ticks, operators' requests) -> triggers on control.
+
+Around the pure :class:`~lockstep.streams.detector.SlowdownDetector` it keeps what the processor
+needs: each job's last window in the ``detector`` table (``"start,end"``: the cool-down survives
+restarts), the jobs of each partition (dropped when the partition goes), the step-time series for
+the pictures (:class:`~lockstep.streams.pictures.SeriesBuilder`), and the hang check: no heartbeat
+arrives during a hang, so the timer sends a ``DetectorTick`` into the job's own partition and the
+check happens in order with the heartbeats, where the table can be written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, MutableMapping, Sequence
+
+from ...kafka import Topics
+from ...metrics import Metrics
+from ...schemas.records import DetectorTick, ProfileTrigger, RecordError, StepHeartbeat, TriggerRefused, TriggerRequest, decode
+from ..detector import SlowdownDetector
+from ..pictures import SeriesBuilder
+from ..policy import Policy
+from .base import Clock, Output, Partition, RecordIn, Stage
+
+log = logging.getLogger("lockstep.processor")
+
+#: the host agents' counters (AgentCounters, carried by heartbeats) exported per job as lockstep_agent_<name>
+AGENT_COUNTERS = {
+    "dropped_records": "records the agents dropped because their queue or spool was full",
+    "spooled_records": "records waiting in the agents' spools for Kafka",
+    "refused_triggers": "triggers the agents refused (start step past, or overlapping a window)",
+    "failed_windows": "accepted windows the agents could not profile or summarise",
+}
+
+
+class DetectStage(Stage):
+    """``topics.heartbeats`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries`` -> ``topics.series``)."""
+
+    name = "detect"
+
+    def __init__(self, topics: Topics, out: Output, table: MutableMapping[str, str], policy: Policy, metrics: Metrics, clock: Clock = time.time):
+        super().__init__(topics, out, metrics, clock)
+        self.table = table  # job -> "start,end" of its last window
+        self.detector = SlowdownDetector(policy)
+        self.series = SeriesBuilder()
+        self.job_partition: dict[str, Partition] = {}  # job -> the heartbeats partition it was seen on
+
+    def set_policy(self, policy: Policy) -> None:
+        self.detector.set_policy(policy)
+
+    async def on_records(self, records: Sequence[RecordIn]) -> None:
+        for record in records:
+            try:
+                decisions = self._decide(record)
+            except RecordError as err:
+                await self.dead_letter(record, err)
+                continue
+            except Exception as exc:
+                await self.failed([record], exc)
+                continue
+            for decision in decisions:
+                await self._decided(decision)
+        await self.out.acknowledge(records)  # each record is done once it has been processed
+
+    def _decide(self, record: RecordIn) -> Sequence[ProfileTrigger | TriggerRefused]:
+        rec = decode(record.value, (StepHeartbeat, DetectorTick, TriggerRequest))
+        self.job_partition[rec.job] = record.source
+        if rec.job not in self.detector.jobs and rec.job in self.table:
+            last_start, last_end = map(int, self.table[rec.job].split(","))
+            self.detector.restore(rec.job, last_start, last_end)
+        now = self.clock()
+        if isinstance(rec, StepHeartbeat):
+            decisions = self.detector.observe(rec, now)  # raises RecordError('from_the_future')
+            self.series.add(rec, now)
+            return decisions
+        if isinstance(rec, DetectorTick):
+            return self.detector.tick(rec.job, now)
+        return [self.detector.request(rec, now)]
+
+    async def _decided(self, decision: ProfileTrigger | TriggerRefused) -> None:
+        m = self.metrics
+        if isinstance(decision, ProfileTrigger):
+            self.table[decision.job] = f"{decision.start_step},{decision.start_step + decision.steps}"
+            log.info("trigger %s/%s (%s) at step %d for %d steps: %s", decision.job, decision.window, decision.kind, decision.start_step, decision.steps, decision.reason)
+            m.inc("triggers_total", kind=decision.kind, help="profiling windows triggered, by what opened them")
+        else:
+            log.info("refused a window for %s (request %s): %s", decision.job, decision.request, decision.reason)
+            m.inc("trigger_refusals_total", code=decision.code, help="operators' trigger requests refused, by reason")
+        await self.send(self.topics.control, decision.job, decision)
+
+    async def on_timer(self, now: float) -> None:
+        """Hang checks (a tick into each due job's partition: a timer cannot write the table), idle jobs
+        forgotten, the step-time series published, the detector's gauges."""
+        m = self.metrics
+        for job in self.detector.due_ticks(now):
+            await self.send(self.topics.heartbeats, job, DetectorTick(job=job, at=now))
+        for job in self.detector.forget_idle(now):
+            self.job_partition.pop(job, None)
+            self.series.drop([job])
+        for rec in self.series.due(now):
+            await self.send(self.topics.series, rec.job, rec)
+            m.inc("step_series_points_total", len(rec.steps))
+        for code, n in self.detector.suppressed.items():
+            m.set("triggers_suppressed", n, code=code, help="automatic windows not opened, by the policy check that stopped them")
+        m.set("detector_jobs", len(self.detector.jobs), help="jobs the detector follows")
+        m.set("detector_open_windows", self.detector.open_windows(now), help="windows open or scheduled by this processor")
+        counters = self.detector.agent_counters()
+        for name, what in AGENT_COUNTERS.items():
+            m.replace(f"agent_{name}", {(("job", job),): getattr(c, name) for job, c in counters.items()},
+                      help=f"{what}, summed over the job's workers as their agents last reported (jobs this processor follows)")  # fmt: skip
+
+    def on_revoked(self, partitions: Collection[Partition]) -> None:
+        gone = [job for job, p in self.job_partition.items() if p in partitions]
+        self.detector.drop(gone)
+        self.series.drop(gone)
+        for job in gone:
+            del self.job_partition[job]

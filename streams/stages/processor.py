@@ -1,0 +1,44 @@
+"""The processor without faust: its three stages and what they share (metrics, policies, tables)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+
+from ...kafka import Topics
+from ...metrics import Metrics
+from ..policy import Policy
+from .base import Clock, Output, Policies, Stage
+from .detect import DetectStage
+from .step import StepStage
+from .window import WindowStage
+
+
+@dataclass
+class Tables:
+    """The state that outlives a processor: faust tables (changelog-backed) in the adapter, dicts in memory."""
+
+    closed_windows: MutableMapping[str, float] = field(default_factory=dict)  # "job:window" -> when it closed
+    detector: MutableMapping[str, str] = field(default_factory=dict)  # job -> "start,end" of its last window
+    job_history: MutableMapping[str, str] = field(default_factory=dict)  # job -> JobHistory JSON
+
+
+class Processor:
+    """The detect, step and window stages over one Output, and the process's health (set by the adapter)."""
+
+    def __init__(self, policy: Policy, topics: Topics, out: Output, tables: Tables, *, step_timeout_s: float, window_timeout_s: float,
+                 metrics: Metrics | None = None, clock: Clock = time.time):  # fmt: skip
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.policies = Policies(policy, self.metrics)
+        self.detect = DetectStage(topics, out, tables.detector, policy, self.metrics, clock)
+        self.steps = StepStage(topics, out, self.policies, self.metrics, step_timeout_s, clock)
+        self.windows = WindowStage(topics, out, tables.closed_windows, tables.job_history, self.policies, self.metrics, window_timeout_s, clock)
+        self.stages: tuple[Stage, ...] = (self.detect, self.steps, self.windows)
+        self.assigned = False  # partitions were assigned once (/healthz: ok)
+        self.crashed: dict[str, str] = {}  # agent -> why it died (/healthz: failed)
+
+    def set_policy(self, policy: Policy) -> None:
+        """The policy in force for new windows: the detector's and the diagnosis'."""
+        self.policies.set(policy)
+        self.detect.set_policy(policy)
