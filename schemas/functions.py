@@ -201,7 +201,7 @@ def bad_owners(t: pa.Table, owner: np.ndarray, n_owners: int, part: np.ndarray |
     """Which owners' rows fail the values check of :func:`conform`, in one vectorised pass over ``t`` (the rows of
     many records; ``owner``: the record of each row).  A function may be named once per owner, or once per owner and
     ``part`` (a window table's step).  Reads the columns ``t`` has of :data:`SCHEMA` (a compact table lacks some)."""
-    ok = pc.fill_null(pc.and_(pc.is_in(t.column("kind"), _KINDS_ARRAY), pc.is_in(t.column("resource"), _RESOURCES_ARRAY)), False).to_numpy(zero_copy_only=False)
+    ok = _known(t.column("kind"), _KINDS_ARRAY) & _known(t.column("resource"), _RESOURCES_ARRAY)
     ok &= t.column("function").is_valid().to_numpy(zero_copy_only=False)
     times = float_columns(t, _TIMES)
     ok &= ((times >= 0) & (times < np.inf)).all(axis=0)
@@ -211,15 +211,36 @@ def bad_owners(t: pa.Table, owner: np.ndarray, n_owners: int, part: np.ndarray |
     bad = np.bincount(owner, weights=~ok, minlength=n_owners) > 0
     codes = pc.fill_null(pc.dictionary_encode(t.column("function")).combine_chunks().indices, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
     span = int(codes.max(initial=0)) + 1
-    key = owner.astype(np.int64) * span + codes
-    if part is not None:
-        key = key * (int(part.max(initial=0)) + 1) + part
-    pairs, counts = np.unique(key, return_counts=True)
-    dup = pairs[counts > 1]
+    group = owner.astype(np.int64) if part is None else owner.astype(np.int64) * (int(part.max(initial=0)) + 1) + part
+    if group.size > 1 and (group[1:] >= group[:-1]).all():  # each table's (step's) rows together, as records are read
+        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        key = (np.cumsum(np.r_[True, group[1:] != group[:-1]]) - 1) * span + codes  # (table number, function)
+        if starts.size * span < 8 * key.size + (1 << 20):  # a dense key range: count, no sort
+            dup = np.flatnonzero(np.bincount(key) > 1)
+        else:
+            pairs, counts = np.unique(key, return_counts=True)
+            dup = pairs[counts > 1]
+        bad[owner[starts[dup // span]]] = True  # a function named twice in one table (step)
+        return bad
+    pairs, counts = np.unique(group * span + codes, return_counts=True)
+    dup = pairs[counts > 1] // span
     if part is not None:
         dup //= int(part.max(initial=0)) + 1
-    bad[dup // span] = True  # a function named twice in one table (step)
+    bad[dup] = True
     return bad
+
+
+def _known(col: pa.ChunkedArray, allowed: pa.Array) -> np.ndarray:
+    """Per row: a value of ``allowed`` (False for null).  A dictionary column is checked once per dictionary entry."""
+    if pa.types.is_dictionary(col.type):
+        parts = []
+        for chunk in col.chunks:
+            ok = np.append(pc.fill_null(pc.is_in(chunk.dictionary, allowed), False).to_numpy(zero_copy_only=False), False)  # [-1]: null
+            idx = chunk.indices
+            codes = idx.to_numpy(zero_copy_only=False) if not idx.null_count else pc.fill_null(idx, -1).to_numpy(zero_copy_only=False)
+            parts.append(ok[np.where((codes >= 0) & (codes < ok.size - 1), codes, -1)])  # an index past the dictionary: unknown
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+    return pc.fill_null(pc.is_in(col, allowed), False).to_numpy(zero_copy_only=False)
 
 
 def _refusal(table: pa.Table) -> RecordError | None:
@@ -300,8 +321,9 @@ def _check_values(t: pa.Table) -> None:
     if not ok.all():
         name = present[int(np.flatnonzero(~ok.all(axis=1))[0])]
         raise RecordError("bad_function_table", f"{name} must be >= 0 (NaN for unknown), not negative or infinite")
-    if t.column("calls").to_numpy(zero_copy_only=False).min() < 0:
-        raise RecordError("bad_function_table", "calls must be >= 0")
+    calls = t.column("calls")
+    if calls.null_count or calls.to_numpy(zero_copy_only=False).min() < 0:
+        raise RecordError("bad_function_table", "calls must be >= 0 (and present)")
     if len(set(fn.to_pylist())) != t.num_rows:
         raise RecordError("bad_function_table", "function names must be unique within a step")
 
