@@ -172,7 +172,7 @@ def bytes_(args) -> None:
     step = model_step(layers=args.layers)
     meta = WorkerMeta(rank=0, host="bench-host", device="bench-host/cpu", nic="eth0", labels={"pp": "0"})
     print(f"bytes per worker per window: {args.steps} steps of a {args.layers}-layer transformer, raw Chrome trace vs the record sent "
-          f"(one WindowFeatures; before issue 13, one FeatureBatch per step: 16.5-19.9 KB)")  # fmt: skip
+          f"(one WindowFeatures; before issue 13 one FeatureBatch per step, 26.7 KB default, 69.8 KB with stack+shapes)")  # fmt: skip
     for name, sampling in SETTINGS.items():
         with tempfile.TemporaryDirectory() as tmp:
             store = RawStore(Path(tmp), 1 << 34)

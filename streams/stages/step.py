@@ -111,7 +111,7 @@ def read_slice(sl: StepSlice) -> tuple[pa.Table, pa.Table]:
     workers = ft.unpack_ipc(sl.workers)
     if not workers.schema.equals(WORKER_SCHEMA, check_metadata=False):
         raise RecordError("bad_function_table", f"slice workers table is not {WORKER_SCHEMA.names}")
-    functions = ft.read_compact(sl.functions, window=False)
+    functions = ft.read_compact(sl.functions, sl.functions_codec, window=False, size=sl.functions_size)
     rows = workers.column("rows").to_numpy(zero_copy_only=False)
     if workers.column("rank").null_count or (rows < 0).any() or int(rows.sum()) != functions.num_rows:
         raise RecordError("bad_function_table", f"slice workers claim {int(rows.sum())} rows, its table has {functions.num_rows}")

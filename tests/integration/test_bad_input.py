@@ -360,6 +360,8 @@ def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
         ("windowfeatures", b"w7", encode(msgspec.structs.replace(wf, job="w7", functions=wf.functions[: len(wf.functions) // 2])), "bad_function_table"),
         ("features", b"w8", encode(msgspec.structs.replace(VALID_SLICE, workers=ft.pack(pa.table({"rank": [1]})))), "bad_function_table"),
         ("features", b"w9", _mp(VALID_SLICE, missing=list(range(200_000))), "invalid"),
+        ("features", b"w10", encode(msgspec.structs.replace(VALID_SLICE, functions_size=0)), "bad_function_table"),  # lz4 without its size
+        ("features", b"w11", _mp(VALID_SLICE, functions_size=2**40), "invalid"),  # an lz4 block declaring 1 TiB
         ("stepreports", b"a12", encode(msgspec.structs.replace(rep, outliers=wrong)), "bad_function_table"),
         ("stepreports", b"a13", encode(msgspec.structs.replace(rep, groups=wrong)), "bad_function_table"),
         ("stepreports", b"a14", _mp(rep, step=2**64 - 1, window_start=2**64 - 1), "invalid"),

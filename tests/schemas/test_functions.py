@@ -72,3 +72,23 @@ def test_the_many_records_check_refuses_exactly_the_records_a_part_by_part_check
 def test_a_dictionary_column_is_checked_by_its_entries_and_its_nulls():
     t = ft.concat([record(1), spoil(record(1), "kind", 2, None), spoil(record(1), "resource", 0, "gpu!")])
     assert ft.bad_owners(t, np.repeat(np.arange(3), 4), 3).tolist() == [False, True, True]
+
+
+def test_an_lz4_payload_reads_only_to_the_size_its_record_declares():
+    """The shard stage's slices carry their rows as one LZ4 block; the reader allocates the declared size, bounded."""
+    t = record(2)
+    packed, size = ft.pack_lz4(t)
+    assert ft.pack(ft.read_compact(packed, "lz4", window=False, size=size), "none") == ft.pack(t, "none")  # NaN != NaN for equals
+    for bad_size, why in ((0, "declared size"), (ft.MAX_TABLE_BYTES + 1, "declared size"), (size - 1, "unreadable")):
+        try:
+            ft.read_compact(packed, "lz4", window=False, size=bad_size)
+        except ft.RecordError as err:
+            assert err.reason == "bad_function_table" and why in err.detail, err.detail
+        else:
+            raise AssertionError(f"size {bad_size} was read")
+    try:
+        ft.read_compact(b"\x1f" + bytes(200), "lz4", window=False, size=4096)
+    except ft.RecordError as err:
+        assert err.reason == "bad_function_table"
+    else:
+        raise AssertionError("garbage was read")

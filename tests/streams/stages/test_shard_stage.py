@@ -41,7 +41,7 @@ async def test_a_complete_shard_sends_one_slice_per_step_and_only_then_acknowled
     assert [(s.step, s.shard, s.missing) for s in got] == [(60, 0, []), (61, 0, [])]
     assert [k.key for k in p.out.records(TOPICS.features)] == [b"j:60", b"j:61"]
     workers = ft.unpack_ipc(got[0].workers)
-    assert workers.column("rank").to_pylist() == [0, 1, 2, 3] and sum(workers.column("rows").to_pylist()) == ft.unpack_ipc(got[0].functions).num_rows
+    assert workers.column("rank").to_pylist() == [0, 1, 2, 3] and sum(workers.column("rows").to_pylist()) == ft.unpack_ipc(got[0].functions, got[0].functions_codec, size=got[0].functions_size).num_rows
     assert sum(s.bytes_in for s in got) == pytest.approx(sum(len(r.value) for r in recs), abs=8)  # the agents' bytes, shared out over the steps
     assert p.acked(TOPICS.windowfeatures) == [0, 1, 2, 3] and p.proc.metrics.get("shards_closed_total", reason="complete") == 1
 
