@@ -463,6 +463,8 @@ class StepSlice(_Record, tag="StepSlice", kw_only=True):
     bytes_in: NonNegInt = 0  # the agents' bytes for these workers and this step
     workers: bytes
     functions: bytes
+    functions_codec: Literal["zstd", "lz4"] = "zstd"  # lz4: one block of ``functions_size`` bytes
+    functions_size: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 0
     policy: str = "default"
     tenant: str = ""
 

@@ -168,4 +168,6 @@ def _encoded(base: StepSlice, workers: pa.Table, functions: pa.Table, sizes: np.
 
 
 def _with(base: StepSlice, workers: pa.Table, functions: pa.Table, sizes: np.ndarray) -> StepSlice:
-    return msgspec.structs.replace(base, workers=ft.pack(workers), functions=ft.pack(functions), bytes_in=int(sizes.sum()))
+    packed, size = ft.pack_lz4(functions)
+    return msgspec.structs.replace(base, workers=ft.pack(workers), functions=packed, functions_codec="lz4", functions_size=size,
+                                   bytes_in=int(sizes.sum()))  # fmt: skip

@@ -111,7 +111,7 @@ def read_slice(sl: StepSlice) -> tuple[pa.Table, pa.Table]:
     workers = ft.unpack_ipc(sl.workers)
     if not workers.schema.equals(WORKER_SCHEMA, check_metadata=False):
         raise RecordError("bad_function_table", f"slice workers table is not {WORKER_SCHEMA.names}")
-    functions = ft.read_compact(sl.functions, window=False)
+    functions = ft.read_compact(sl.functions, sl.functions_codec, window=False, size=sl.functions_size)
     rows = workers.column("rows").to_numpy(zero_copy_only=False)
     if workers.column("rank").null_count or (rows < 0).any() or int(rows.sum()) != functions.num_rows:
         raise RecordError("bad_function_table", f"slice workers claim {int(rows.sum())} rows, its table has {functions.num_rows}")
@@ -138,7 +138,7 @@ def step_frame(p: PendingStep[RecordIn], peer_keys: tuple[str, ...]) -> tuple[St
         parts_f.append(ft.compact(pa.concat_tables([t for _, t, _ in good]).combine_chunks()))
     if p.slices:
         slices = sorted(p.slices, key=lambda x: x[1].column("rank")[0].as_py() if x[1].num_rows else -1)  # shards: rank ranges
-        t = ft.concat([f for _, _, f, _ in slices])
+        t = ft.concat([f for _, _, f, _ in slices]).combine_chunks()  # one copy: the check and the analysis read whole columns
         rows = np.concatenate([w.column("rows").to_numpy(zero_copy_only=False) for _, w, _, _ in slices]).astype(np.int64)
         owner = np.repeat(np.repeat(np.arange(len(slices)), [w.num_rows for _, w, _, _ in slices]), rows)
         worker = np.repeat(np.arange(rows.size), rows)

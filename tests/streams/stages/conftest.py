@@ -13,7 +13,9 @@ from lockstep.kafka import Topics
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
-from lockstep.schemas.records import FeatureBatch, Record, encode
+import msgspec
+
+from lockstep.schemas.records import FeatureBatch, Record, WindowFeatures, encode
 from lockstep.streams.policy import Policy
 from lockstep.streams.stages import MemoryOutput, Processor, RecordIn, Tables
 
@@ -106,3 +108,10 @@ def healthy_batches() -> dict[int, list[FeatureBatch]]:
     sim = FleetSimulator(Scenario(job="j", topology=Topology(workers=8, gpus_per_host=8)))
     trigger = sim.trigger(WINDOW)
     return {s: sim.feature_batches(sim.step(s), trigger, sent_at=1.8e9) for s in WINDOW.range}
+
+
+@pytest.fixture(scope="session")
+def window_features() -> list[WindowFeatures]:
+    """The same window as ``batches``, as agents send it since issue 13: one record per worker, shards of 4 workers."""
+    trigger = msgspec.structs.replace(SIM.trigger(WINDOW), shard_workers=4)
+    return SIM.window_features([SIM.step(s) for s in WINDOW.range], trigger, sent_at=1.8e9)
