@@ -7,6 +7,8 @@ restart loses every topic: durability is Kafka's promise in production, not ours
 
 from __future__ import annotations
 
+from .schemas.errors import LockstepError
+
 import contextlib
 import ctypes
 import ctypes.util
@@ -26,7 +28,7 @@ from .config import Settings
 log = logging.getLogger(__name__)
 
 
-class BrokerError(RuntimeError):
+class BrokerError(LockstepError, RuntimeError):
     """The embedded broker could not be found or started."""
 
 

@@ -11,6 +11,8 @@ Library settings pass through untouched: ``kafka`` (librdkafka properties, e.g.
 
 from __future__ import annotations
 
+from .schemas.errors import LockstepError
+
 import argparse
 import dataclasses
 import os
@@ -21,7 +23,7 @@ from typing import Any
 import yaml
 
 
-class ConfigError(ValueError):
+class ConfigError(LockstepError, ValueError):
     """A setting is missing, malformed or out of range."""
 
 

@@ -20,6 +20,8 @@ Handlers are coroutines; they call :meth:`HttpServer.blocking` for anything that
 
 from __future__ import annotations
 
+from .schemas.errors import LockstepError
+
 import asyncio
 import json
 import logging
@@ -37,7 +39,7 @@ log = logging.getLogger("lockstep.web")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Busy(Exception):
+class Busy(LockstepError):
     """More blocking requests than the server takes at once."""
 
 

@@ -13,17 +13,19 @@ the dead-letter topic.
 
 from __future__ import annotations
 
+from .errors import LockstepError
+
 import hashlib
 import math
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import msgspec
 import numpy as np
 
 # --------------------------------------------------------------------------- errors
 
-DEAD_LETTER_REASONS = (
+DeadLetterReason = Literal[
     "malformed",  # not JSON/MessagePack, or no record header
     "unknown_schema",  # the ``schema`` field names no record we know
     "unsupported_version",  # a version of a known record this build cannot read
@@ -32,14 +34,17 @@ DEAD_LETTER_REASONS = (
     "bad_function_table",  # the Arrow payload of a FeatureBatch is unreadable or invalid
     "from_the_future",  # a step or timestamp implausibly far ahead of what was seen
     "processing_failed",  # a record the stage accepted but could not process (a bug: replay it after the fix)
-)
+]
+#: every reason a record can be refused for, in the order above
+DEAD_LETTER_REASONS: tuple[DeadLetterReason, ...] = get_args(DeadLetterReason)
 
 
-class RecordError(ValueError):
+class RecordError(LockstepError, ValueError):
     """A record that cannot be accepted; ``reason`` is a dead-letter reason code."""
 
-    def __init__(self, reason: str, detail: str):
-        assert reason in DEAD_LETTER_REASONS, reason
+    def __init__(self, reason: DeadLetterReason, detail: str) -> None:
+        if reason not in DEAD_LETTER_REASONS:  # a bug in the caller: the reason is a metric label and a contract
+            raise ValueError(f"unknown dead-letter reason {reason!r}; one of {', '.join(DEAD_LETTER_REASONS)}")
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail

@@ -25,6 +25,8 @@ routes:
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import base64
 import binascii
 import fnmatch
@@ -42,7 +44,7 @@ PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SEVERITIES = ("critical", "error", "warning", "info")  # PagerDuty's, most severe first
 
 
-class RoutesError(ValueError):
+class RoutesError(LockstepError, ValueError):
     """The routes file is missing, malformed, or names a secret that is not set."""
 
 

@@ -13,6 +13,8 @@ The tables and views are listed in README.md ("SQL").
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import dataclasses
 import json
 import logging
@@ -34,7 +36,7 @@ from .incidents import ClosedWindow, Event, Incident, IncidentPolicy, incident_k
 log = logging.getLogger(__name__)
 
 
-class StoreError(RuntimeError):
+class StoreError(LockstepError, RuntimeError):
     """The findings file cannot be opened or a query is not allowed."""
 
 

@@ -9,6 +9,8 @@ a broken new file keeps the policy in force and logs one error.
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import fnmatch
 import functools
 import hashlib
@@ -24,7 +26,7 @@ from ..config import read_yaml_mapping
 log = logging.getLogger("lockstep.policy")
 
 
-class PolicyError(ValueError):
+class PolicyError(LockstepError, ValueError):
     """The policy file is unreadable or a value is out of range."""
 
 

@@ -25,6 +25,8 @@ gzip bomb or a nested or out-of-range trace is a one-line :class:`DiagnoseError`
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +45,7 @@ TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 MAX_INPUT_MB = 2048.0
 
 
-class DiagnoseError(ValueError):
+class DiagnoseError(LockstepError, ValueError):
     """An input file is unreadable or breaks its contract; the message names the file."""
 
 

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import getpass
 import logging
 import socket
@@ -25,11 +27,11 @@ from ..schemas.records import ProfileTrigger, RawRequest, RawTrace, TriggerRefus
 log = logging.getLogger("lockstep.raw")
 
 
-class TriggerError(RuntimeError):
+class TriggerError(LockstepError, RuntimeError):
     """The detector refused the window, or no processor answered."""
 
 
-class RawError(RuntimeError):
+class RawError(LockstepError, RuntimeError):
     """No worker answered a raw request in time."""
 
 

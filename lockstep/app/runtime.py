@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import dataclasses
 import json
 import os
@@ -15,7 +17,7 @@ from pathlib import Path
 from ..broker import parent_death_signal
 from ..config import Settings
 
-class RuntimeFailure(RuntimeError):
+class RuntimeFailure(LockstepError, RuntimeError):
     """A child process died or did not become ready."""
 
 

@@ -29,6 +29,8 @@ memory and disk for everything).  ``clock_events`` is the OR of the sampled bits
 
 from __future__ import annotations
 
+from ...schemas.errors import LockstepError
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +61,7 @@ METRIC_RESOURCES: dict[str, tuple[str, ...] | None] = {
 CLOCK_EVENT_BITS = 16
 
 
-class SummaryError(ValueError):
+class SummaryError(LockstepError, ValueError):
     """The op-event or sample table breaks its contract; the message says which column and how."""
 
 
