@@ -18,7 +18,7 @@ from .errors import LockstepError
 import hashlib
 import math
 import time
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, TypeVar, get_args, overload
 
 import msgspec
 import numpy as np
@@ -559,8 +559,33 @@ def encode(record: _Record) -> bytes:
 MAX_RECORD_BYTES = 32 << 20
 
 
-def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...] | None = None) -> Record:
-    """Parse and validate one record.  Raises :class:`RecordError` only, whatever the bytes."""
+R = TypeVar("R", bound=_Record)
+R2 = TypeVar("R2", bound=_Record)
+R3 = TypeVar("R3", bound=_Record)
+R4 = TypeVar("R4", bound=_Record)
+R5 = TypeVar("R5", bound=_Record)
+
+
+# ``decode(data, FeatureBatch)`` is a FeatureBatch, ``decode(data, (StepReport, WindowTimeout))`` one of the two
+@overload
+def decode(data: bytes | None, expect: type[R]) -> R: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R]]) -> R: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], type[R2]]) -> R | R2: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3]]) -> R | R2 | R3: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3], type[R4]]) -> R | R2 | R3 | R4: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3], type[R4], type[R5]]) -> R | R2 | R3 | R4 | R5: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], ...]) -> R: ...
+@overload
+def decode(data: bytes | None, expect: None = None) -> Record: ...
+def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...] | None = None) -> _Record:
+    """Parse and validate one record of the ``expect``-ed type(s) (any without).  Raises :class:`RecordError`
+    only, whatever the bytes: ``wrong_record`` for a valid record of another type."""
     if not data:
         raise RecordError("malformed", "empty value")
     if len(data) > MAX_RECORD_BYTES:
@@ -575,7 +600,7 @@ def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...]
         raise RecordError("malformed", f"unreadable record ({type(exc).__name__}: {exc})") from None
 
 
-def _decode(data: bytes, expect: type[_Record] | tuple[type[_Record], ...] | None) -> Record:
+def _decode(data: bytes, expect: type[_Record] | tuple[type[_Record], ...] | None) -> _Record:
     is_json = data[:1] in (b"{", b" ", b"\n", b"\t", b"\r")
     try:
         header = (_json_header if is_json else _mp_header).decode(data)
@@ -600,7 +625,7 @@ def _decode(data: bytes, expect: type[_Record] | tuple[type[_Record], ...] | Non
         names = [t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,))]
         raise RecordError("wrong_record", f"expected {' or '.join(names)}, got {header.schema}")
     record.validate()
-    return record  # type: ignore[return-value]
+    return record
 
 
 def dead_letter(
