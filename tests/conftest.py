@@ -10,8 +10,16 @@ import subprocess
 import uuid
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from lockstep.config import Settings
+from tests.tiers import quick_tier
+
+
+def pytest_configure(config):
+    """The quick tier runs property tests with fewer examples (tests/tiers.py); ``--hypothesis-profile`` overrides it."""
+    if not config.getoption("--hypothesis-profile", None):
+        hypothesis_settings.load_profile("quick" if quick_tier(config.getoption("markexpr", "") or "") else "full")
 
 
 def _docker_answers() -> bool:

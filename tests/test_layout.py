@@ -1,4 +1,4 @@
-"""Packaging, docker-compose and CI stay consistent with the code."""
+"""Packaging, docker-compose and CI stay consistent with the code; the tests mirror its folders."""
 
 import re
 import tomllib
@@ -62,3 +62,66 @@ def test_ci_runs_the_readme_test_command():
     assert m, "README must mark its test command with <!-- test-command -->"
     command = m.group(1).strip().splitlines()[-1]
     assert command in ci
+
+
+# ------------------------------------------------------------------------------------------ tests mirror the code
+
+# test files that test no single module: what they check instead
+NOT_MIRRORED = {
+    "tests/test_deploy.py": "deploy/ (alerts, dashboard) against the metrics catalogue and the README",
+    "tests/test_layout.py": "packaging, docker-compose, CI and the layout of the tests",
+    "tests/test_packaging.py": "the wheel built from the repository",
+    "tests/test_layers.py": "the layers of the whole code and its import graph (ARCHITECTURE.md)",
+    "tests/schemas/test_bad_input.py": "the bad-input contract (brief section 7) across records, function tables and the store that keeps them",
+    "tests/streams/test_bad_input.py": "the bad-input contract (brief section 7) across the processor's stages: detector, step and window",
+}
+# folders whose tests cross the pipeline, and the tests' own data
+CROSSING = {"integration", "adversarial", "data"}
+
+
+def _names(test: Path) -> list[str]:
+    """The module names a test file may mean, longest first: ``test_cli_errors.py``: ``cli_errors``, ``cli``."""
+    words = test.stem.removeprefix("test_").split("_")
+    return ["_".join(words[:n]) for n in range(len(words), 0, -1)]
+
+
+def _module_named_by(test: Path) -> Path | None:
+    """The module a test file names: ``tests/<folder>/test_<module>[_<aspect>].py`` tests ``<folder>/<module>.py``
+    (or the package ``<folder>/<module>/``); the longest ``<module>`` that exists wins."""
+    folder = ROOT.joinpath(*test.relative_to(ROOT / "tests").parts[:-1])
+    for name in _names(test):
+        for candidate in (folder / f"{name}.py", folder / name / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _where_it_went(test: Path) -> list[str]:
+    """Where modules of the names the test may mean are now (the longest name found anywhere)."""
+    for name in _names(test):
+        found = sorted(str(p.relative_to(ROOT)) for top in STAGES for p in (ROOT / top).rglob(f"{name}.py"))
+        if found:
+            return found
+    return []
+
+
+def test_every_test_file_names_the_module_it_tests():
+    """tests/ mirrors the code: ``tests/streams/diagnosis/test_window.py`` tests ``streams/diagnosis/window.py``.
+    When a module moves, its tests move with it (``git mv``), so that they can be found where the code is."""
+    wrong = []
+    for test in sorted((ROOT / "tests").rglob("test_*.py")):
+        rel = test.relative_to(ROOT)
+        if rel.parts[1] in CROSSING or str(rel) in NOT_MIRRORED:
+            continue
+        if len(rel.parts) == 2 or rel.parts[1] not in STAGES:
+            wrong.append(f"{rel}: tests no folder of the code ({', '.join(STAGES)}); a check of the whole repository goes in NOT_MIRRORED")
+            continue
+        if _module_named_by(test) is None:
+            moved = _where_it_went(test)
+            hint = f"; modules of that name: {', '.join(moved)} (git mv the test to the mirrored folder)" if moved else ""
+            wrong.append(f"{rel}: names no module in {Path(*rel.parts[1:-1])}/{hint}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_files_that_are_not_mirrored_exist():
+    assert [name for name in NOT_MIRRORED if not (ROOT / name).is_file()] == []

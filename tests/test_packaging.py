@@ -6,6 +6,10 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # builds and installs the wheel
+
 ROOT = Path(__file__).resolve().parents[1]
 #: source folder -> the package it installs as (pyproject's package-dir)
 STAGES = {"lockstep": "lockstep", "schemas": "lockstep/schemas", "producers": "lockstep/producers", "streams": "lockstep/streams", "sinks": "lockstep/sinks"}

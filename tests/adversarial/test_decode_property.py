@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from lockstep.schemas import functions as ft
 from lockstep.schemas.compression import CompressionError, zstd_decompress
 from lockstep.schemas.records import DEAD_LETTER_REASONS, MAX_RECORD_BYTES, FeatureBatch, RecordError, WorkerMeta, decode, encode
+from tests.tiers import examples
 
 OPEN = {  # one level of nesting, in each form a record can take
     "json object": b'{"schema":',
@@ -20,7 +21,7 @@ VALID = encode(FeatureBatch(job="j", window="w", step=1, window_start=1, window_
                             worker=WorkerMeta(rank=0, host="h"), step_time_us=1.0, functions=b"x"))  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     form=st.sampled_from(sorted(OPEN)),
     depth=st.one_of(st.integers(0, 64), st.integers(64, 300_000)),
@@ -37,7 +38,7 @@ def test_decode_raises_only_record_errors_at_any_depth(form, depth, tail, head):
     assert decode(VALID).job == "j"
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(extra=st.integers(1, 1 << 20), filler=st.sampled_from([b" ", b"[", b"\x91"]))
 def test_decode_refuses_any_record_over_the_size_bound_before_parsing(extra, filler):
     data = b"{" + filler * (MAX_RECORD_BYTES + extra)
@@ -68,7 +69,7 @@ def compressed(draw) -> bytes:
     return frame * draw(st.integers(2, 5))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=compressed(), bound=st.integers(0, 1 << 16))
 def test_bounded_decompression_returns_at_most_the_bound_or_says_why(data, bound):
     try:
@@ -79,7 +80,7 @@ def test_bounded_decompression_returns_at_most_the_bound_or_says_why(data, bound
         assert len(out) <= bound
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=compressed(), codec=st.sampled_from(["zstd", "none"]))
 def test_function_tables_raise_only_record_errors(data, codec):
     try:

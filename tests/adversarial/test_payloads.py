@@ -13,6 +13,8 @@ import pytest
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import FeatureBatch, StepReport, WorkerMeta, encode
 
+pytestmark = pytest.mark.slow  # every case decodes in a fresh interpreter, to measure its peak memory
+
 GOOD_TABLE = ft.make_table({"function": ["a", "b"], "kind": ["compute", "python"], "calls": [1, 2], "total_us": [5.0, 6.0], "critical_us": [5.0, 6.0]})
 GOOD = FeatureBatch(job="j", window="w", step=3, window_start=3, window_steps=1, expected_workers=1, worker=WorkerMeta(rank=0, host="h"),
                     step_time_us=100.0, functions=ft.pack(GOOD_TABLE))  # fmt: skip

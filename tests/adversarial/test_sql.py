@@ -18,6 +18,8 @@ import pytest
 from lockstep.sinks.sink import query, sidecar
 from lockstep.sinks.store import StoreError
 
+pytestmark = pytest.mark.slow  # a sink in a subprocess; hostile queries run to its 3 s time limit
+
 LIMITS = "QueryLimits(timeout_s=3.0, max_rows=1000, memory_bytes=256 << 20, threads=1, concurrent=2)"
 SINK = """
 import signal, threading

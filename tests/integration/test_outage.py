@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from lockstep.broker import EmbeddedBroker, free_port
 from lockstep.config import Settings
@@ -33,6 +32,8 @@ class Training:
     """A small model's training step (about a millisecond of CPU) plus a 4 ms wait, as for a GPU."""
 
     def __init__(self, agent):
+        import torch  # here, not at the top: collecting the quick tier needs no torch
+
         self.agent = agent
         self.model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
@@ -41,6 +42,8 @@ class Training:
         self.agent_waits: list[int] = []  # agent.step() alone: how often the training thread slept in it
 
     def run(self, steps: int, during=None, waits=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        import torch
+
         first = len(self.step_s)
         for i in range(steps):
             t0 = time.perf_counter()
@@ -63,6 +66,7 @@ def spool_bytes(path) -> int:
 
 
 def test_broker_outage_spools_without_blocking_training_and_reports_what_the_bound_dropped(tmp_path, thread_waits):
+    pytest.importorskip("torch", reason="the agent is tested in a real PyTorch training loop")
     port = free_port()
     settings = Settings(bootstrap_servers=f"127.0.0.1:{port}", topic_prefix="outage", partitions=1)
     broker = EmbeddedBroker(port=port).start()

@@ -393,6 +393,7 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
                     ["hook", "resolve", "delivered", 1], ["pd", "resolve", "delivered", 1]]  # fmt: skip
 
 
+@pytest.mark.slow  # `lockstep test-page` in a subprocess
 def test_test_page_reaches_every_route_signed_and_resolves_what_it_opened(tmp_path, receiver):
     import os
     import subprocess

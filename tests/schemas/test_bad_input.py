@@ -17,6 +17,7 @@ from lockstep.schemas.records import (
     encode, finding_id,
 )  # fmt: skip
 from lockstep.sinks.store import Batch, FindingsStore
+from tests.tiers import examples
 
 ABSURD = st.one_of(
     st.sampled_from([math.nan, math.inf, -math.inf, -1, 0, 2**31, 2**63 - 1, 2**64 - 1, -(2**63), 3.5e16, -9.2e18, "", None, [], {}, True]),
@@ -79,7 +80,7 @@ def store(tmp_path_factory):
     s.close()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(record=st.sampled_from([FINDING, WINDOW, TRIGGER]), data=st.data())
 def test_what_the_sink_decodes_the_store_keeps(store, record, data):
     """A record the sink accepts with a field (or a nested one) set to an absurd value: the DuckDB write succeeds."""
@@ -138,7 +139,7 @@ def test_numpy_scalars_left_in_a_record_encode_as_their_values():
     assert decode(encode(f)) == FINDING
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(spoilt=st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["total_us", "critical_us", "wait_us", "bytes", "calls", "kind", "resource", "function"]),
                                  st.integers(0, 2), st.sampled_from([-1.0, math.inf, math.nan, None, "quantum", "a"])), max_size=4))  # fmt: skip
 def test_the_whole_step_check_finds_exactly_the_tables_the_single_check_refuses(spoilt):

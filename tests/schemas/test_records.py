@@ -22,6 +22,7 @@ from lockstep.schemas.records import (
     finding_id,
 )
 from lockstep.schemas import functions as ft
+from tests.tiers import examples
 
 
 def _table():
@@ -127,7 +128,7 @@ def test_truncated_arrow_payload_is_a_bad_function_table():
     assert exc.value.reason == "bad_function_table"
 
 
-@hsettings(max_examples=300, deadline=None)
+@hsettings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=512))
 def test_garbage_never_escapes_as_another_exception(data):
     try:
@@ -136,7 +137,7 @@ def test_garbage_never_escapes_as_another_exception(data):
         pass
 
 
-@hsettings(max_examples=150, deadline=None)
+@hsettings(max_examples=examples(150), deadline=None)
 @given(st.dictionaries(st.sampled_from(["schema", "v", "job", "worker", "step", "step_time_s", "host", "sent_at", "functions"]),
                        st.one_of(st.integers(-(2**63), 2**63 - 1), st.floats(), st.text(max_size=8), st.none(), st.sampled_from(list(RECORD_TYPES)))))  # fmt: skip
 def test_structured_garbage_is_rejected_cleanly(obj):

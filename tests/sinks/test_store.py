@@ -105,6 +105,7 @@ store.close()
 """
 
 
+@pytest.mark.slow  # a sink in another process
 def test_query_works_while_another_process_holds_the_file(tmp_path):
     import pathlib
     import signal
@@ -345,6 +346,7 @@ store.close()
 """
 
 
+@pytest.mark.slow  # a sink in another process
 def test_tenant_restriction_through_the_running_sink(tmp_path):
     import pathlib
     import signal

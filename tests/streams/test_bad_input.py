@@ -22,6 +22,8 @@ from lockstep.streams.diagnosis import step_result
 from lockstep.streams.policy import Policy
 from lockstep.streams.stages import MemoryOutput, Processor, Tables
 
+from tests.tiers import examples
+
 # ------------------------------------------------------------------------------ from the future
 
 
@@ -150,7 +152,7 @@ def test_a_step_report_whose_table_holds_no_time_is_refused_with_the_column(whic
     assert e.value.reason == "invalid"
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_stage_raises_nothing_but_record_errors(data):
     """One feature batch spoilt (a field, a worker field, a function-table value), then one step report

@@ -23,6 +23,7 @@ def median_rule() -> Policy:
     return Policy(detector=dataclasses.replace(Policy().detector, **MEDIAN_RULE))
 
 
+@pytest.mark.slow  # 10 runs of three families under both rules
 def test_the_cusum_rule_finds_five_percent_within_a_hundred_steps_and_stays_quiet_where_the_old_rule_misses(fams):
     new = evaluate_detector(Policy(), runs=10, days=0.05, fams=fams, sizes=(0.05,))
     old = evaluate_detector(median_rule(), runs=10, days=0.05, fams=fams, sizes=(0.05,))
@@ -76,6 +77,7 @@ def test_a_demo_that_did_not_trigger_can_say_what_the_detector_saw():
     assert saw.startswith("at step 119: median step time") and "vs baseline" in saw and "slowdown_threshold 1.5%" in saw
 
 
+@pytest.mark.slow  # `lockstep evaluate --detector` in subprocesses
 def test_the_cli_prints_the_table_as_json_and_checks_its_flags():
     def lockstep(*args):
         return subprocess.run([sys.executable, "-m", "lockstep", "evaluate", *args], capture_output=True, text=True, timeout=120)

@@ -115,6 +115,7 @@ def test_every_subcommand_has_a_bad_input_case():
     assert set(subcommands()) <= covered, set(subcommands()) - covered
 
 
+@pytest.mark.slow  # a subprocess per case
 @pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(a[:3]) for a, _ in CASES])
 def test_bad_input_is_one_line(files, tmp_path, args, needle):
     line = one_line_error(lockstep(*[fill(a, files) for a in args], cwd=tmp_path))
@@ -126,12 +127,14 @@ REQUIRED = {"test-page": ["--routes", "r.yaml"], "simulate": ["s.yaml"], "trigge
             "query": ["SELECT 1"]}  # fmt: skip
 
 
+@pytest.mark.slow  # a subprocess per case
 @pytest.mark.parametrize("command", subcommands())
 def test_an_unknown_flag_is_one_line_naming_the_help(command):
     line = one_line_error(lockstep(*command.split(), *REQUIRED.get(command, []), "--no-such-flag"))
     assert "unrecognized arguments: --no-such-flag" in line and f"lockstep {command} --help" in line
 
 
+@pytest.mark.slow  # a subprocess per case
 def test_a_closed_pipe_ends_the_command_quietly(files):
     # many rows, read by a reader that stops after the first line (`lockstep query ... | head -1`)
     proc = subprocess.Popen([sys.executable, "-m", "lockstep", "query", "SELECT range AS n FROM range(50000)", "--db", files["{db}"]],

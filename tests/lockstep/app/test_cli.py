@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test runs `lockstep` in a subprocess
+
 
 def lockstep(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
@@ -103,9 +105,10 @@ def test_a_bad_routes_file_stops_the_sink_with_one_line(tmp_path):
 def test_every_agent_setting_the_readme_lists_is_a_flag_of_agent_run(tmp_path):
     """README: "the same names are flags of `lockstep agent run`" - identity flags included."""
     import re
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    from tests.paths import ROOT
+
+    readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("| setting | default | meaning |", readme.index("Agent settings")):]
     table = table[: table.index("\n\n")]
     names = {n for row in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", row.split("|")[1])}

@@ -1,13 +1,11 @@
-"""The pure parts of paging: signatures, redaction, backoff, routing, severity, incident identity, the routes file."""
+"""The pure parts of paging: signatures, redaction, backoff, routing, severity, Slack escaping."""
 
 import base64
-import os
 
 import pytest
 
 from lockstep.schemas.records import Evidence, Finding, Impact
 from lockstep.sinks import routes
-from lockstep.sinks.incidents import incident_key
 from lockstep.sinks.paging import backoff_s, plan, redact_functions, retryable, sign
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -34,14 +32,6 @@ def f(function="fwd.gemm", cause="gpu_throttle_thermal", workers=(3,), window="w
                    evidence=[Evidence(feature=f"work_us[{function}]", value=1.0, peer_value=0.5, deviation=4.0)],
                    impact=Impact(step_time_share=share, gpu_hours_per_day=1.0), policy="p", created_at=0.0, tenant=tenant,
                    summary=f"worker 3: {function} slower")  # fmt: skip
-
-
-def test_incident_key_leaves_out_the_window_and_for_device_causes_the_function():
-    assert incident_key(f(window="w1")) == incident_key(f(window="w9"))
-    assert incident_key(f(function="fwd.gemm")) == incident_key(f(function="bwd.gemm"))  # a throttled GPU slows every kernel
-    assert incident_key(f(cause="dataloader", function="a")) != incident_key(f(cause="dataloader", function="b"))
-    assert incident_key(f(workers=(3,))) != incident_key(f(workers=(4,)))
-    assert incident_key(f(tenant="a")) != incident_key(f(tenant="b"))
 
 
 def test_redaction_hides_every_function_name_and_keeps_the_rest():
@@ -76,30 +66,6 @@ def test_severity_rules_and_routing_plan():
     assert [(r.name, act) for r, act in plan("update", rec(), paging.routes, {"a": "delivered"})] == [("b", "trigger")]
     assert plan("update", rec(), paging.routes, {"a": "delivered", "b": "pending"}) == []
     assert [(r.name, act) for r, act in plan("resolve", low, paging.routes, {"a": "delivered", "b": "failed"})] == [("a", "resolve")]
-
-
-def test_routes_file_is_validated_at_start_up(tmp_path):
-    good = {"routes": [{"name": "pd", "type": "pagerduty", "routing_key_env": "PD_KEY"}]}
-    assert routes.parse(good, {"PD_KEY": "x"}).routes[0].url == routes.PAGERDUTY_EVENTS_URL
-    cases = [
-        (good, {}, "environment variable PD_KEY"),
-        ({"routes": [{"name": "x", "type": "email"}]}, {}, "type"),
-        ({"routes": [{"name": "x", "type": "slack", "url": "https://h", "colour": "red"}]}, {}, "colour"),
-        ({"routes": [{"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["meteor"]}}]}, {}, "meteor"),
-        ({"routes": [{"name": "x", "type": "webhook", "url": "https://h", "secret_env": "S"}]}, {"S": "whsec_c2hvcnQ="}, "24 to 64 bytes"),
-        ({"routes": [{"name": "x", "type": "webhook", "url": "ftp://h", "secret_env": "S"}]}, {"S": SECRET}, r"http\(s\) url"),
-        ({"routes": [{"name": "x", "type": "slack", "url": "https://h"}] * 2}, {}, "unique"),
-        ({"routes": [], "retry": {"max_attempts": 0}}, {}, "max_attempts"),
-    ]
-    for data, env, needle in cases:
-        with pytest.raises(routes.RoutesError, match=needle):
-            routes.parse(data, env)
-    # every cause a finding can carry is one a route can match on, the undetermined ones included
-    assert routes.parse({"routes": [{"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["undetermined", "unknown"]}}]}, {})
-    path = tmp_path / "routes.yaml"
-    path.write_text("routes: [{name: pd, type: pagerduty, routing_key_env: LOCKSTEP_TEST_PD}]\n")
-    with pytest.raises(routes.RoutesError, match="LOCKSTEP_TEST_PD"):
-        routes.load(path, env={k: v for k, v in os.environ.items() if k != "LOCKSTEP_TEST_PD"})
 
 
 def test_slack_pages_escape_what_a_function_or_job_name_could_do_there():

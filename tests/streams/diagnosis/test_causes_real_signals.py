@@ -9,14 +9,14 @@ with ``python tests/integration/real_faults.py tests/data/real``.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import msgspec
 import pytest
 
-HERE = Path(__file__).resolve().parent
-REAL = HERE.parent / "data" / "real"
-sys.path.insert(0, str(HERE.parent / "integration"))
+from tests.paths import DATA, TESTS
+
+REAL = DATA / "real"
+sys.path.insert(0, str(TESTS / "integration"))
 import real_faults as rf  # noqa: E402
 
 from lockstep.app.offline import diagnose  # noqa: E402

@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pytest
 
+pytestmark = pytest.mark.slow  # every case runs `lockstep diagnose` in a subprocess of a wrapper process
+
 WRAPPER = """
 import json, resource, subprocess, sys
 p = subprocess.run([sys.executable, "-m", "lockstep", "diagnose", *sys.argv[1:]], capture_output=True, text=True, timeout=60)

@@ -19,7 +19,6 @@ from lockstep.schemas import functions as ft
 from lockstep.schemas.records import WorkerMeta, decode, encode
 from lockstep.streams.diagnosis import JobHistory, StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
 from lockstep.streams.diagnosis.history import HistoryError
-from lockstep.streams.diagnosis.stats import Layout, group_median
 from lockstep.streams.policy import DiagnosisPolicy, Policy
 
 POLICY = Policy()
@@ -109,15 +108,16 @@ def tables(s: Step, names: list[str], kinds: list[str], resources: list[str]) ->
     crit = s.dur * s.present
     crit[:, AR] = arrival.max() - arrival + transfer
     step_time = arrival.max() + transfer + (s.dur[:, AFTER] * s.present[:, AFTER]).sum(axis=1)
-    out = []
-    for w in range(n):
-        p = np.flatnonzero(s.present[w])
-        cols = {"function": [names[i] for i in p], "kind": [kinds[i] for i in p], "resource": [resources[i] for i in p],
-                "calls": s.calls[w, p], "total_us": crit[w, p], "critical_us": crit[w, p], "mean_us": crit[w, p] / s.calls[w, p],
-                "p95_us": crit[w, p] / s.calls[w, p], "bytes": s.bytes[w, p], "clock_events": s.clock_events[w, p], "samples": np.full(p.size, 20),
-                **{k: v[w, p] for k, v in s.hw.items()}}  # fmt: skip
-        out.append(ft.make_table(cols))
-    return out, step_time
+    # every worker's rows in one table (one make_table per step, not per worker), then one slice per worker
+    w, p = np.nonzero(s.present)  # row-major: worker by worker, each worker's functions in order
+    cols = {"function": [names[i] for i in p], "kind": [kinds[i] for i in p], "resource": [resources[i] for i in p],
+            "calls": s.calls[w, p], "total_us": crit[w, p], "critical_us": crit[w, p], "mean_us": crit[w, p] / s.calls[w, p],
+            "p95_us": crit[w, p] / s.calls[w, p], "bytes": s.bytes[w, p], "clock_events": s.clock_events[w, p], "samples": np.full(p.size, 20),
+            **{k: v[w, p] for k, v in s.hw.items()}}  # fmt: skip
+    whole = ft.make_table(cols)
+    rows = s.present.sum(axis=1)
+    starts = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    return [whole.slice(int(a), int(k)) for a, k in zip(starts, rows)], step_time
 
 
 def run(n=32, *, fault=None, steps=8, start=100, seed=0, labels=None, hardware=True, drop=(), extra=(), history=None,
@@ -579,26 +579,7 @@ def test_finding_ids_are_stable_across_reruns():
     assert [f.id for f in run(fault=fault).findings] == [f.id for f in run(fault=fault).findings]
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def test_layout_median_and_mad_match_numpy():
-    rng = np.random.default_rng(4)
-    for sizes in ([5, 5, 5], [1, 7, 3, 12], [100, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]):  # the last falls back to lexsort
-        groups = np.repeat(np.arange(len(sizes)), sizes)
-        rng.shuffle(groups)
-        m = rng.normal(size=(groups.size, 3))
-        m[rng.random(m.shape) < 0.1] = np.nan
-        lay = Layout(groups, len(sizes))
-        med = lay.median(m)
-        for g in range(len(sizes)):
-            for c in range(3):
-                x = m[groups == g, c]
-                want = np.nanmedian(x) if np.any(~np.isnan(x)) else np.nan
-                assert med[g, c] == pytest.approx(want, nan_ok=True)
-                assert lay.mad(m, med)[g, c] == pytest.approx(np.nanmedian(np.abs(x - want)) if np.any(~np.isnan(x)) else np.nan, nan_ok=True)
-        assert np.allclose(lay.sum(np.nan_to_num(m)), [np.nan_to_num(m[groups == g]).sum(axis=0) for g in range(len(sizes))])
-    assert group_median(np.array([3.0, 1.0, np.nan, 2.0]), np.array([0, 0, 0, 1]), 3).tolist()[:2] == [2.0, 2.0]
+# --------------------------------------------------------------------------- policy
 
 
 def test_policy_thresholds_drive_the_engine():

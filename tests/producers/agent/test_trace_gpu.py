@@ -16,8 +16,9 @@ import pytest
 
 from lockstep.producers.agent.summarise import summarise
 from lockstep.producers.agent.trace import read_chrome_trace
+from tests.paths import DATA as DATA_DIR
 
-DATA = Path(__file__).parents[1] / "data" / "traces"
+DATA = DATA_DIR / "traces"
 A100 = DATA / "a100_rank0_of16.json.gz"
 V100 = DATA / "worker0.1623143089861.pt.trace.json.gz"
 MI250 = DATA / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"

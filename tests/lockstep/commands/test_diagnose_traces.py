@@ -5,13 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 
 from lockstep.app.cli import main
+from tests.paths import DATA as DATA_DIR
 
-DATA = Path(__file__).parents[1] / "data" / "traces"
+DATA = DATA_DIR / "traces"
 A100 = DATA / "a100_rank0_of16.json.gz"
 PAIR = [DATA / "sampled_rank-0.json.gz", DATA / "sampled_rank-1.json.gz"]
 GEMM = "cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_tn_align1>"

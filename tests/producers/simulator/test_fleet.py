@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from lockstep.producers.simulator.faults import CATALOGUE, Fault
+from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.files import write_records
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, ScenarioError, Window
 from lockstep.producers.simulator.model import COMM, IDX, Workload
 from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import CAUSES, ProfileTrigger, decode, encode
+from lockstep.schemas.records import ProfileTrigger, decode, encode
 
 AR = IDX["nccl:all_reduce[dp]"]
 
@@ -174,20 +174,6 @@ def test_a_seed_reproduces_its_records_byte_for_byte(tmp_path):
     other = write_records(Scenario(**{**sc.__dict__, "seed": 12}), tmp_path / "c")
     assert other.heartbeats == a.heartbeats
     assert (tmp_path / "c" / "features.parquet").read_bytes() != (tmp_path / "a" / "features.parquet").read_bytes()
-
-
-def test_every_fault_has_a_ground_truth():
-    topo = Topology(workers=128, pp=4)
-    for name, kind in CATALOGUE.items():
-        target = {"workers": {"workers": (9,)}, "hosts": {"hosts": (1,)}, "nics": {"nics": ("node0001/bond0",)}, "switches": {"switches": ("leaf000",)},
-                  "stage": {"stage": 1}, "function": {"function": "fwd.attention"}}[kind.target]  # fmt: skip
-        t = Fault(type=name, **target).truth(topo)
-        if kind.cause is None:
-            assert t.cause is None and t.workers == []
-            continue
-        assert t.cause in CAUSES and t.functions and all(f in IDX for f in t.functions)
-        assert t.scope in ("worker", "group", "job")
-        assert bool(t.workers) == (t.scope != "job")
 
 
 def test_bad_scenarios_say_what_is_wrong():
