@@ -24,11 +24,10 @@ class RuntimeFailure(LockstepError, RuntimeError):
 def settings_flags(settings: Settings, command: str | None = None) -> list[str]:
     """Flags that hand these settings to a child ``lockstep processor`` or ``lockstep sink``: the ones it reads,
     or (another or no ``command``) every setting, which every command accepts."""
-    from ..commands import processor, sink
-    from ..config import flag_name
+    from ..config import flag_name, read_by
 
     flags: list[str] = []
-    names = {"processor": processor.SETTINGS, "sink": sink.SETTINGS}.get(command or "", [f.name for f in dataclasses.fields(settings)])
+    names = read_by(command) if command in ("processor", "sink") else [f.name for f in dataclasses.fields(settings)]
     for name in names:
         value = getattr(settings, name)
         if isinstance(value, dict):

@@ -9,7 +9,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="run a simulated fleet from a scenario file")
-    config.add_arguments(p, [*config.KAFKA, *config.TOPICS])
+    config.add_arguments(p, config.read_by("simulate"))
     p.add_argument("scenario", type=Path, help="scenario file (YAML or JSON)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, metavar="DIR", help="write the records (Parquet) and the ground truth (truth.json) to DIR")

@@ -7,7 +7,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("topics", help="create the pipeline's topics with the configured partitions, and list them")
-    config.add_arguments(p, [*config.KAFKA, *config.TOPICS, "processor_id"])
+    config.add_arguments(p, config.read_by("topics"))
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 

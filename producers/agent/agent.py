@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, features_key
 from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat
-from .config import AgentConfig
+from .settings import AgentConfig
 from .control import ControlFollower
 from .meta import Identity, discover
 from .outbox import Outbox
@@ -347,6 +347,6 @@ def attach(job: str | None = None, **settings) -> Agent:
     Settings not given here come from ``LOCKSTEP_AGENT_*`` variables, the agent's
     config file and (for Kafka) the pipeline's settings; see :class:`AgentConfig`.
     """
-    from .config import load
+    from .settings import load
 
     return Agent(load({"job": job, **settings}))

@@ -91,7 +91,7 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ARG001 - torch
             return
         try:
             from .agent import Agent
-            from .config import load
+            from .settings import load
 
             cfg = load()
             cfg.start_step += 1  # this optimizer step ended the job's first step, which the agent did not see begin
