@@ -80,7 +80,7 @@ class Event:
 
 
 @dataclass(frozen=True)
-class ClosedWindow:
+class ReportedWindow:
     """What resolving needs of a window report."""
 
     tenant: str
@@ -132,7 +132,7 @@ def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | 
     return inc, Event(inc.id, f.tenant, f.job, "trigger", f.id, f.window, f.created_at)
 
 
-def on_window(open_incidents: list[Incident], w: ClosedWindow, policy: IncidentPolicy) -> list[tuple[Incident, Event]]:
+def on_window(open_incidents: list[Incident], w: ReportedWindow, policy: IncidentPolicy) -> list[tuple[Incident, Event]]:
     """A window of the job closed and every one of its findings is applied: resolve what it did not see."""
     if w.coverage < policy.resolve_min_coverage:
         return []

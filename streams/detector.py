@@ -344,7 +344,7 @@ class _StepAgg:
 
 
 @dataclass
-class Window:
+class OpenedWindow:
     name: str
     start: int
     end: int  # first step after the window
@@ -377,7 +377,7 @@ class JobState:
     ended: bool = False  # a worker sent its final heartbeat and nothing progressed since
     hang_step: int = -1  # max_step at which a hang window was triggered
     tick_at: float = 0.0  # last hang check requested
-    windows: list[Window] = field(default_factory=list)  # open ones and the last closed one
+    windows: list[OpenedWindow] = field(default_factory=list)  # open ones and the last closed one
     trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
     agents: dict[int, AgentCounters] = field(default_factory=dict)  # worker -> its agent's last counters (sent on change)
 
@@ -405,7 +405,7 @@ class SlowdownDetector:
         """Carry the last window (cool-down, open window) across restarts (from the processor's table)."""
         now = time.time() if now is None else now
         st = self._job(job, "", now)
-        st.windows = [Window(f"w{last_trigger_step}", last_trigger_step, last_trigger_end, now + WINDOW_EXPIRY_MIN_S)]
+        st.windows = [OpenedWindow(f"w{last_trigger_step}", last_trigger_step, last_trigger_end, now + WINDOW_EXPIRY_MIN_S)]
 
     def drop(self, jobs) -> None:
         """Partitions revoked: their jobs now belong to another processor."""
@@ -659,7 +659,7 @@ class SlowdownDetector:
 
     # ------------------------------------------------------------------ policy checks
 
-    def is_open(self, st: JobState, w: Window, now: float) -> bool:
+    def is_open(self, st: JobState, w: OpenedWindow, now: float) -> bool:
         return w.end > st.max_step and now < w.expires_at
 
     def open_windows(self, now: float) -> int:
@@ -694,7 +694,7 @@ class SlowdownDetector:
         start = max([start] + [w.end for w in is_open])  # queued behind open windows: they never overlap
         interval = self.step_interval_s(st)
         expiry = max(WINDOW_EXPIRY_MIN_S, 3.0 * (start + steps - st.max_step) * interval) if math.isfinite(interval) else WINDOW_EXPIRY_MIN_S
-        window = Window(f"w{start}", start, start + steps, now + expiry)
+        window = OpenedWindow(f"w{start}", start, start + steps, now + expiry)
         st.windows = is_open + ([last] if last else []) + [window]
         return ProfileTrigger(
             job=st.job,

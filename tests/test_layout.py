@@ -125,3 +125,21 @@ def test_every_test_file_names_the_module_it_tests():
 
 def test_the_files_that_are_not_mirrored_exist():
     assert [name for name in NOT_MIRRORED if not (ROOT / name).is_file()] == []
+
+
+# ------------------------------------------------------------------------------------------ one name per idea
+
+
+def test_no_two_public_classes_share_a_name():
+    """A class name means one thing across the code (``Window`` was three different things): a reader, a grep and
+    a traceback then point at one class."""
+    import ast
+    from collections import defaultdict
+
+    where = defaultdict(list)
+    for top in STAGES:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    where[node.name].append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}

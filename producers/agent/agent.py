@@ -35,7 +35,7 @@ from .meta import Identity, discover
 from .outbox import Outbox
 from .retention import RawStore
 from .sampler import HardwareSampler, SamplerStats
-from .schedule import Window, WindowSchedule
+from .schedule import ScheduledWindow, WindowSchedule
 from .spool import Spool
 
 log = logging.getLogger("lockstep.agent")
@@ -183,7 +183,7 @@ class Agent:
                 log.exception("profiling window %s failed at step %d", window.name, step)
                 self._abort(window, f"{type(exc).__name__}: {exc}")
 
-    def _start_window(self, window: Window, step: int) -> None:
+    def _start_window(self, window: ScheduledWindow, step: int) -> None:
         from .profiler import TorchWindow
 
         trig = window.trigger
@@ -207,7 +207,7 @@ class Agent:
             self._prepared[1].close()
         self._prepared = (trig.window, self._new_sampler(trig).prepare())
 
-    def _stop_window(self, window: Window) -> None:
+    def _stop_window(self, window: ScheduledWindow) -> None:
         prof = self._torch.stop()  # type: ignore[union-attr]
         self._torch = None
         sampler, self._sampler = self._sampler, None
@@ -215,7 +215,7 @@ class Agent:
         record, boundaries = self._record, self._boundaries
         self._work.put(lambda: self._summarise(prof, window.trigger, sampler, boundaries, record))  # type: ignore[arg-type]
 
-    def _abort(self, window: Window, error: str) -> None:
+    def _abort(self, window: ScheduledWindow, error: str) -> None:
         """Detach whatever of the window is running and count it as failed."""
         self._schedule.abort()
         if self._torch is not None:

@@ -13,7 +13,7 @@ import msgspec
 import pyarrow as pa
 
 from ...schemas.records import Finding
-from ..incidents import ClosedWindow, Event, Incident, IncidentPolicy, incident_key, on_clock, on_finding, on_window
+from ..incidents import Event, Incident, IncidentPolicy, ReportedWindow, incident_key, on_clock, on_finding, on_window
 from . import migrations
 from .reads import QUERY_LIMITS, QueryBusy, QueryLimits, StoreError, StoreLocked, duckdb_config, run_query
 from .writes import (
@@ -174,7 +174,7 @@ class FindingsStore:
         ).fetchall()
         if not rows:
             return []
-        closed = [ClosedWindow(*r) for r in rows]
+        closed = [ReportedWindow(*r) for r in rows]
         jobs = sorted({w.job for w in closed})
         state = {inc.id: inc for inc in self._incidents("status = 'open' AND list_contains(?, job)", [jobs])}
         state.update(incidents)  # this transaction's changes are newer

@@ -11,6 +11,6 @@ benchmarks all call it:
 
 from .frame import StepFrame, peer_group_key  # noqa: F401
 from .history import HistoryError, JobHistory  # noqa: F401
-from .report import step_report, step_result  # noqa: F401
+from .handoff import step_report, step_result  # noqa: F401
 from .step import StepResult, analyze_step  # noqa: F401
 from .window import WindowDiagnosis, WindowInfo, diagnose_window  # noqa: F401
