@@ -86,7 +86,7 @@ class EmbeddedBroker:
             fd, name = tempfile.mkstemp(prefix="lockstep-broker-", suffix=".log")
             os.close(fd)
             self._log_path = Path(name)
-        self._log_file = open(self._log_path, "ab")
+        self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - the broker writes into it until stop() closes it
         self._proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
             stdout=self._log_file,

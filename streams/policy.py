@@ -165,9 +165,8 @@ def _section(cls: type, data: Any, where: str) -> Any:
                 value = float(value)
                 if not value >= 0:
                     raise ValueError("must be >= 0")
-            elif isinstance(default, str):
-                if not isinstance(value, str):
-                    raise ValueError("expected a string")
+            elif isinstance(default, str) and not isinstance(value, str):
+                raise ValueError("expected a string")
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"{where}.{key}: {value!r} is not valid: {exc}") from None
         out[key] = value

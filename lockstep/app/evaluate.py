@@ -29,6 +29,7 @@ simulator) to the diagnosis, which neither package may import from the other.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -289,7 +290,7 @@ def summarise(results: list[ScenarioResult]) -> dict:
     right = {id(o_.finding) for r in results for o_ in r.faults if o_.correct}
     pairs = [(f.confidence, id(f) in right) for r in results for f in r.findings]
     calibration = []
-    for lo, hi in zip(CALIBRATION_BINS, CALIBRATION_BINS[1:]):
+    for lo, hi in itertools.pairwise(CALIBRATION_BINS):
         inside = [(c, ok) for c, ok in pairs if lo <= c < hi or c == hi == 1.0]
         calibration.append({"confidence": [lo, hi], "findings": len(inside), "mean_confidence": _mean([c for c, _ in inside]),
                             "right": _share(sum(ok for _, ok in inside), len(inside))})  # fmt: skip

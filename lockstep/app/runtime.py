@@ -45,10 +45,10 @@ class Child:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.health_url = health_url
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes into it until stop() closes it
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", *args], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     preexec_fn=parent_death_signal(signal.SIGTERM))  # fmt: skip - a killed parent leaves no child behind
+                                     preexec_fn=parent_death_signal(signal.SIGTERM))  # a killed parent leaves no child behind
 
     def alive(self) -> bool:
         return self.proc.poll() is None

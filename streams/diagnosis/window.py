@@ -254,8 +254,8 @@ def _suspects(pairs: _Pairs, history: JobHistory | None) -> list[tuple[Suspect, 
             devices=[str(x) for x in col["device"][m]],
             nics=[str(x) for x in col["nic"][m]],
             switches=[str(x) for x in col["switch"][m]],
-            peers=int(round(cmed["peers"][k])),
-            present=int(round(cmed["present"][k])),
+            peers=int(round(cmed["peers"][k])),  # noqa: RUF046 - round() of a numpy integer is one too
+            present=int(round(cmed["present"][k])),  # noqa: RUF046
             z=float(cmed["z"][k]),
             work_us=float(cmed["work_us"][k]),
             peer_work_us=float(cmed["peer_work_us"][k]),
