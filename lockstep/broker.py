@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from .config import Settings
 
@@ -77,7 +78,7 @@ class EmbeddedBroker:
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
         self._log_path = log_path
         self._proc: subprocess.Popen | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         binary = broker_binary()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from ..schemas.records import Finding
 
@@ -113,7 +114,7 @@ def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | 
             current,
             windows=current.windows + 1,
             last_step=max(current.last_step, last),
-            **(dict(last_seen_at=f.created_at, last_finding=f.id, workers=f.workers, hosts=f.hosts, devices=f.devices,
+            **cast("dict[str, Any]", dict(last_seen_at=f.created_at, last_finding=f.id, workers=f.workers, hosts=f.hosts, devices=f.devices,
                     function=f.function, confidence=f.confidence, step_time_share=f.impact.step_time_share,
                     gpu_hours_per_day=f.impact.gpu_hours_per_day) if newer else {}),
         )  # fmt: skip

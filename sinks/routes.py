@@ -179,7 +179,7 @@ def parse(data: object, env: dict[str, str] | None = None, source: str = "routes
             raise RoutesError(f"{source}: route {route.name!r}: environment variable {name} ({field}) is not set")
         return value
 
-    routes = []
+    routes: list[Route] = []
     for rs in spec.routes:
         where = f"{source}: route {rs.name!r}"
         if rs.name in {x.name for x in routes}:

@@ -17,7 +17,7 @@ EXIT_USAGE = 2
 class Parser(argparse.ArgumentParser):
     """argparse, with usage errors in one line (``lockstep findings: error: ... (see lockstep findings --help)``)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -34,7 +34,12 @@ def run(args) -> int:
         from ..producers.simulator.files import write_records
 
         with Progress(show, "simulating", total=0, unit="step") as bar:
-            w = write_records(scenario, args.out, progress=lambda step, last: (bar.set_total(last), bar.update()))
+
+            def on_step(step: int, last: int) -> None:
+                bar.set_total(last)
+                bar.update()
+
+            w = write_records(scenario, args.out, progress=on_step)
         print(f"{number(w.heartbeats)} heartbeats, {number(w.feature_batches)} feature batches ({number(w.feature_rows)} function rows) "
               f"of window(s) {', '.join(w.windows)} and the ground truth written to {w.folder}")  # fmt: skip
         return 0

@@ -15,7 +15,7 @@ import pyarrow as pa
 from ...schemas.records import Finding
 from ..incidents import Event, Incident, IncidentPolicy, ReportedWindow, incident_key, on_clock, on_finding, on_window
 from . import migrations
-from .reads import QUERY_LIMITS, QueryBusy, QueryLimits, StoreError, StoreLocked, duckdb_config, run_query
+from .reads import QUERY_LIMITS, QueryBusy, QueryLimits, StoreError, StoreLocked, duckdb_config, one, run_query
 from .writes import (
     EVENT_SCHEMA,
     INCIDENT_SCHEMA,
@@ -194,7 +194,7 @@ class FindingsStore:
             rows = [dataclasses.asdict(i) | {c: epoch_us(getattr(i, c)) for c in INCIDENT_TIMES} for i in incidents.values()]
             upsert(con, "incidents", pa.Table.from_pylist(rows, schema=INCIDENT_SCHEMA), ("id",))
         if events:
-            seq = con.execute("SELECT coalesce(max(seq), 0) FROM incident_events").fetchone()[0]
+            seq = one(con.execute("SELECT coalesce(max(seq), 0) FROM incident_events").fetchone(), "the last event")[0]
             rows = [dataclasses.asdict(e) | {"seq": seq + i + 1, "occurred_at": epoch_us(e.occurred_at)} for i, e in enumerate(events)]
             upsert(con, "incident_events", pa.Table.from_pylist(rows, schema=EVENT_SCHEMA), ("seq",))
 

@@ -9,6 +9,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -28,6 +29,13 @@ class StoreLocked(StoreError):
 
 class QueryBusy(StoreError):
     """As many queries as the sink allows at once are running; ask again in a moment."""
+
+
+def one(row: tuple[Any, ...] | None, what: str) -> tuple[Any, ...]:
+    """The row of a query that always returns one (an aggregate, a row the migrations insert)."""
+    if row is None:
+        raise StoreError(f"{what}: the store has no row for it; is the file a findings store written by this version?")
+    return row
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ def _check_relations(con: duckdb.DuckDBPyConnection, select: str) -> None:
     """Every relation a SELECT reads (DuckDB's own parse tree) is a table, view or CTE by name, or an allowed
     table function; a quoted name with a dot or a slash would be a file (``FROM 'x.duckdb'``)."""
     try:
-        tree = json.loads(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [select]).fetchone()[0])
+        tree = json.loads(one(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [select]).fetchone(), "the parse tree")[0])
     except (duckdb.Error, RecursionError, ValueError) as exc:
         raise StoreError(f"the query cannot be checked ({type(exc).__name__}); simplify it") from None
     if tree.get("error"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import msgspec
@@ -189,7 +190,7 @@ class Batch:
     def of(cls, records: list, offsets: dict[tuple[str, int], int]) -> Batch:
         """Decoded records, each into its list by type."""
         b = cls(findings=[], windows=[], offsets=offsets)
-        lists = {Finding: b.findings, WindowReport: b.windows, ProfileTrigger: b.triggers, StepSeries: b.series, DeviationMap: b.maps}
+        lists: dict[type, list[Any]] = {Finding: b.findings, WindowReport: b.windows, ProfileTrigger: b.triggers, StepSeries: b.series, DeviationMap: b.maps}
         for rec in records:
             lists[type(rec)].append(rec)
         return b
