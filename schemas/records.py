@@ -18,7 +18,7 @@ from .errors import LockstepError
 import hashlib
 import math
 import time
-from typing import Annotated, Literal, TypeVar, get_args, overload
+from typing import Annotated, Any, Literal, TypeVar, cast, get_args, overload
 
 import msgspec
 import numpy as np
@@ -495,7 +495,7 @@ class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
 
 
 RECORD_TYPES: dict[str, type[_Record]] = {
-    t.__struct_config__.tag: t  # type: ignore[attr-defined]
+    cast(str, t.__struct_config__.tag): t
     for t in (
         StepHeartbeat,
         ProfileTrigger,
@@ -532,7 +532,7 @@ class _Header(msgspec.Struct, forbid_unknown_fields=False):
     v: int = 1
 
 
-def _numpy_scalar(obj):
+def _numpy_scalar(obj: object) -> object:
     """numpy scalars (np.str_, np.int64, ...) that a vectorised stage left in a record encode as their values."""
     if isinstance(obj, np.generic):
         return obj.item()
@@ -549,7 +549,7 @@ _mp_dec = {name: msgspec.msgpack.Decoder(t) for name, t in RECORD_TYPES.items()}
 
 def encode(record: _Record) -> bytes:
     """Serialise a record: MessagePack for records with binary payloads, JSON otherwise."""
-    if record.__struct_config__.tag in BINARY_RECORDS:  # type: ignore[attr-defined]
+    if record.__struct_config__.tag in BINARY_RECORDS:
         return _mp_enc.encode(record)
     return _json_enc.encode(record)
 
@@ -643,7 +643,7 @@ def dead_letter(
     )
 
 
-def finding_id(job: str, window: str, scope: str, workers: list[int], function: str, cause: str, group: dict | None) -> str:
+def finding_id(job: str, window: str, scope: str, workers: list[int], function: str, cause: str, group: dict[str, str] | None) -> str:
     """Deterministic: the same diagnosis of the same window always gets the same id."""
     parts = [job, window, scope, ",".join(map(str, sorted(workers))), function, cause]
     if group:
@@ -651,6 +651,6 @@ def finding_id(job: str, window: str, scope: str, workers: list[int], function: 
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
 
 
-def to_builtins(record: msgspec.Struct) -> dict:
+def to_builtins(record: msgspec.Struct) -> dict[str, Any]:
     """The record as plain JSON-able values (the ``--json`` shape)."""
-    return msgspec.to_builtins(record)
+    return cast("dict[str, Any]", msgspec.to_builtins(record))

@@ -481,7 +481,7 @@ def _outliers(
         j = at[f]
         for c, ref in refs.items():
             mine = np.where(j >= 0, ref[w, np.maximum(j, 0)], np.nan)
-            cols[f"peer_{c}"] = np.where(np.isnan(mine), cols[f"peer_{c}"], mine)
+            cols[f"peer_{c}"] = np.where(np.isnan(mine), np.asarray(cols[f"peer_{c}"]), mine)
     for c, v in worker_cols.items():
         cols[c] = v[w]
         cols[f"peer_{c}"] = lay.median(v[:, None], sample=EVIDENCE_SAMPLE)[g, 0]

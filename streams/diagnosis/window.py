@@ -127,7 +127,8 @@ def _concat(tables: list[pa.Table], results: list[StepResult]) -> pa.Table:
 
 
 def _np(t: pa.Table, name: str) -> np.ndarray:
-    return t.column(name).to_numpy(zero_copy_only=False)
+    column: np.ndarray = t.column(name).to_numpy(zero_copy_only=False)
+    return column
 
 
 def _keys(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -355,7 +356,8 @@ def _switch_elements(fn: np.ndarray, res: np.ndarray, elem: np.ndarray, switch: 
     return out
 
 
-def _what_if(results, out, worker, fn, step, members, functions, shared: bool = False) -> float:
+def _what_if(results: list[StepResult], out: pa.Table, worker: np.ndarray, fn: np.ndarray, step: np.ndarray, members: np.ndarray,
+             functions: list[str], shared: bool = False) -> float:
     """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps).
 
     The finding on its own: the members' work before and after the fix, against
@@ -627,7 +629,8 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
     return findings + regressions
 
 
-def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) -> list[Finding]:
+def _regressions(ctx: _Ctx, grp: np.ndarray, fn: np.ndarray, kind: np.ndarray, step: np.ndarray, work: np.ndarray, st: np.ndarray,
+                 history: JobHistory) -> list[Finding]:
     """Every worker of a group (or of the job) slower in a function than in the job's earlier healthy windows."""
     dp = ctx.dp
     hkeys = np.char.add(np.char.add(np.asarray(history.group, dtype=str), "\x1f"), np.asarray(history.function, dtype=str))
@@ -679,7 +682,7 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
     return findings
 
 
-def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps, evidence: list[Evidence], share: float, conf: float, summary: str = "") -> Finding:
+def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps: np.ndarray, evidence: list[Evidence], share: float, conf: float, summary: str = "") -> Finding:
     n = len(ctx.results)
     return Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "job", [], function, cause, None),
