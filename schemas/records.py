@@ -232,6 +232,10 @@ class DetectorTick(_Record, tag="DetectorTick", kw_only=True):
     at: Timestamp = 0.0
 
 
+#: what a worker's hardware sampler could see: NVML (GPU and host), the host only, or nothing
+HardwareSeen = Literal["nvml", "host", "none"]
+
+
 class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
     """One worker's summary of one step of a window.  Key: ``job:step``.
 
@@ -249,7 +253,7 @@ class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
     step_time_us: float
     functions: bytes
     functions_codec: Literal["zstd", "none"] = "zstd"
-    hardware: Literal["nvml", "host", "none"] = "none"  # what the sampler could see
+    hardware: HardwareSeen = "none"  # what the sampler could see
     policy: str = "default"
     sent_at: Timestamp = 0.0
     tenant: str = ""
