@@ -42,7 +42,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-from ..schemas.records import AgentCounters, ProfileTrigger, RecordError, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
+from ..schemas.records import AgentCounters, ProfileTrigger, RecordError, RefusalCode, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
 from .policy import DetectorPolicy, Policy
 
 #: a window counts as open until the job passes its last step, or at least this long
@@ -668,9 +668,9 @@ class SlowdownDetector:
         """Windows open or scheduled on this processor (the fleet limit counts them)."""
         return sum(self.is_open(st, w, now) for st in self.jobs.values() for w in st.windows)
 
-    def _refuse(self, job: str, code: str, reason: str, now: float, request: str = "") -> TriggerRefused:
+    def _refuse(self, job: str, code: RefusalCode, reason: str, now: float, request: str = "") -> TriggerRefused:
         p = self.policy
-        return TriggerRefused(job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now)  # type: ignore[arg-type]
+        return TriggerRefused(job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now)
 
     def _decide(self, st: JobState, now: float, kind: str, reason: str, start: int | None, steps: int, request: str = "") -> ProfileTrigger | TriggerRefused:
         """``start``: the window's first step; None: a margin ahead (computed only if the checks pass)."""
