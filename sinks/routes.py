@@ -33,7 +33,7 @@ import fnmatch
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import yaml
@@ -110,7 +110,7 @@ class Route:
     routing_key: str | None = None  # PagerDuty
     secret: bytes | None = None  # generic webhook signing key
 
-    def matches(self, finding: dict) -> bool:
+    def matches(self, finding: dict[str, Any]) -> bool:
         m = self.match
         return (
             (not m.jobs or any(fnmatch.fnmatchcase(finding["job"], p) for p in m.jobs))
@@ -119,7 +119,7 @@ class Route:
             and finding["confidence"] >= m.min_confidence
         )
 
-    def severity_of(self, finding: dict) -> str:
+    def severity_of(self, finding: dict[str, Any]) -> str:
         for rule in self.severity:
             if (
                 finding["impact"]["step_time_share"] >= rule.min_step_time_share
