@@ -171,7 +171,10 @@ class Settings:
         read_by=("sink",),
     )
     resolve_after_s: float = setting(
-        43200.0, help="resolve an incident that no window has seen for this long", parse=positive_float, read_by=("sink",)
+        43200.0,
+        help="resolve an incident that no window has seen for this long",
+        parse=positive_float,
+        read_by=("sink",),
     )
     step_timeout_s: float = setting(
         10.0,

@@ -39,8 +39,13 @@ log = logging.getLogger("lockstep.sinks.store")
 class FindingsStore:
     """The read-write owner of the DuckDB file (the sink)."""
 
-    def __init__(self, path: Path | str, policy: IncidentPolicy | None = None, limits: QueryLimits = QUERY_LIMITS,
-                 series_keep_steps: int = 20_000):  # fmt: skip
+    def __init__(
+        self,
+        path: Path | str,
+        policy: IncidentPolicy | None = None,
+        limits: QueryLimits = QUERY_LIMITS,
+        series_keep_steps: int = 20_000,
+    ):
         self.path = Path(path)
         self.policy = policy or IncidentPolicy()
         self.limits = limits
@@ -61,7 +66,10 @@ class FindingsStore:
         return migrations.migrate(self.con, self.path, data={2: self._backfill_incidents})
 
     def offsets(self) -> dict[tuple[str, int], int]:
-        return {(t, p): o for t, p, o in self.con.execute('SELECT topic, "partition", next_offset FROM sink_offsets').fetchall()}
+        return {
+            (t, p): o
+            for t, p, o in self.con.execute('SELECT topic, "partition", next_offset FROM sink_offsets').fetchall()
+        }
 
     def write(self, batch: Batch, now: float | None = None) -> list[Event]:
         """Upsert findings, windows and triggers, keep the incidents, record offsets: one transaction.
@@ -89,10 +97,18 @@ class FindingsStore:
             known = set()
             if findings:
                 ids = [f.id for f in findings]
-                known = {r[0] for r in con.execute("SELECT id FROM findings WHERE list_contains(?, id)", [ids]).fetchall()}
+                known = {
+                    r[0] for r in con.execute("SELECT id FROM findings WHERE list_contains(?, id)", [ids]).fetchall()
+                }
             incidents, events, incident_ids = self._on_findings([f for f in findings if f.id not in known])
             if findings:
-                upsert(con, "findings", findings_table(findings, now, incident_ids), ("id",), keep=("first_seen", "incident_id"))
+                upsert(
+                    con,
+                    "findings",
+                    findings_table(findings, now, incident_ids),
+                    ("id",),
+                    keep=("first_seen", "incident_id"),
+                )
             if windows:
                 upsert(con, "windows", windows_table(windows), ("job", "window_id"))
             if triggers:
@@ -101,13 +117,20 @@ class FindingsStore:
                 upsert(con, "step_series", series_table(batch.series, now), ("job", "step"))
             if batch.maps:
                 maps = list({(d.job, d.window): d for d in batch.maps}.values())
-                with registered(con, "_done", pa.table({"job": [d.job for d in maps], "window_id": [d.window for d in maps]})):
-                    con.execute("DELETE FROM window_deviations USING _done d WHERE window_deviations.job = d.job AND window_deviations.window_id = d.window_id")
+                with registered(
+                    con, "_done", pa.table({"job": [d.job for d in maps], "window_id": [d.window for d in maps]})
+                ):
+                    con.execute(
+                        "DELETE FROM window_deviations USING _done d WHERE window_deviations.job = d.job AND window_deviations.window_id = d.window_id"
+                    )
                 with registered(con, "_rows", deviations_table(maps)):
                     con.execute("INSERT INTO window_deviations SELECT * FROM _rows")
             if batch.offsets:
-                offsets = {"topic": [t for t, _ in batch.offsets], "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
-                           "next_offset": list(batch.offsets.values())}  # fmt: skip
+                offsets = {
+                    "topic": [t for t, _ in batch.offsets],
+                    "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
+                    "next_offset": list(batch.offsets.values()),
+                }
                 upsert(con, "sink_offsets", pa.table(offsets), ("topic", "partition"))
             events += self._on_windows(incidents)
             self._save(incidents, events)
@@ -124,8 +147,11 @@ class FindingsStore:
             events = [ev for _, ev in changes]
             self._save(incidents, events)
             # each job's step-time series keeps its last series_keep_steps steps
-            con.execute("DELETE FROM step_series s USING (SELECT job, max(step) AS last FROM step_series GROUP BY job) l "
-                        "WHERE s.job = l.job AND s.step <= l.last - ?", [self.series_keep_steps])  # fmt: skip
+            con.execute(
+                "DELETE FROM step_series s USING (SELECT job, max(step) AS last FROM step_series GROUP BY job) l "
+                "WHERE s.job = l.job AND s.step <= l.last - ?",
+                [self.series_keep_steps],
+            )
         return events
 
     # -------------------------------------------------------------- incidents (inside the caller's transaction)
@@ -143,7 +169,10 @@ class FindingsStore:
         keys = sorted({incident_key(f) for f in new})
         latest = {
             inc.key: inc
-            for inc in self._incidents("list_contains(?, key) QUALIFY row_number() OVER (PARTITION BY key ORDER BY occurrence DESC) = 1", [keys])
+            for inc in self._incidents(
+                "list_contains(?, key) QUALIFY row_number() OVER (PARTITION BY key ORDER BY occurrence DESC) = 1",
+                [keys],
+            )
         }
         changed: dict[str, Incident] = {}
         events: list[Event] = []
@@ -185,17 +214,24 @@ class FindingsStore:
                 events.append(ev)
         done = pa.table({"job": [w.job for w in closed], "window_id": [w.window for w in closed]})
         with registered(self.con, "_done", done):
-            self.con.execute("UPDATE windows SET incidents_checked = true FROM _done d WHERE windows.job = d.job AND windows.window_id = d.window_id")
+            self.con.execute(
+                "UPDATE windows SET incidents_checked = true FROM _done d WHERE windows.job = d.job AND windows.window_id = d.window_id"
+            )
         return events
 
     def _save(self, incidents: dict[str, Incident], events: list[Event]) -> None:
         con = self.con
         if incidents:
-            rows = [dataclasses.asdict(i) | {c: epoch_us(getattr(i, c)) for c in INCIDENT_TIMES} for i in incidents.values()]
+            rows = [
+                dataclasses.asdict(i) | {c: epoch_us(getattr(i, c)) for c in INCIDENT_TIMES} for i in incidents.values()
+            ]
             upsert(con, "incidents", pa.Table.from_pylist(rows, schema=INCIDENT_SCHEMA), ("id",))
         if events:
             seq = one(con.execute("SELECT coalesce(max(seq), 0) FROM incident_events").fetchone(), "the last event")[0]
-            rows = [dataclasses.asdict(e) | {"seq": seq + i + 1, "occurred_at": epoch_us(e.occurred_at)} for i, e in enumerate(events)]
+            rows = [
+                dataclasses.asdict(e) | {"seq": seq + i + 1, "occurred_at": epoch_us(e.occurred_at)}
+                for i, e in enumerate(events)
+            ]
             upsert(con, "incident_events", pa.Table.from_pylist(rows, schema=EVENT_SCHEMA), ("seq",))
 
     def _backfill_incidents(self) -> None:
@@ -220,7 +256,9 @@ class FindingsStore:
         if self._closing:
             raise QueryBusy("the sink is stopping")
         if not self._slots.acquire(timeout=1.0):
-            raise QueryBusy(f"{self.limits.concurrent} queries are running, the most the sink runs at once; ask again in a moment")
+            raise QueryBusy(
+                f"{self.limits.concurrent} queries are running, the most the sink runs at once; ask again in a moment"
+            )
         try:
             cur = self.con.cursor()
             self._running.add(cur)
@@ -240,4 +278,3 @@ class FindingsStore:
         for _ in range(self.limits.concurrent):
             self._slots.acquire(timeout=self.limits.timeout_s)
         self.con.close()
-

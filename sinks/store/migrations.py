@@ -245,16 +245,24 @@ MIGRATIONS: list[tuple[int, str, str]] = [
 ]
 
 
-
 def migrate(con: duckdb.DuckDBPyConnection, path: Path, data: Mapping[int, Callable[[], None]]) -> int:
     """Bring the file at ``path`` to the latest version: each migration not applied yet, in its own transaction with
     its ``data`` step (rows to fill from the ones already there), recorded in ``schema_migrations``.  Refuses a
     DuckDB file that is not a findings store.  Returns the version."""
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+    tables = {
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+        ).fetchall()
+    }
     if tables and "schema_migrations" not in tables:  # someone else's DuckDB file: never add our tables to it
         con.close()
-        raise StoreError(f"{path} is a DuckDB file but not a findings store (it has tables {', '.join(sorted(tables)[:5])}); name another file")
-    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, description VARCHAR, applied_at TIMESTAMP)")
+        raise StoreError(
+            f"{path} is a DuckDB file but not a findings store (it has tables {', '.join(sorted(tables)[:5])}); name another file"
+        )
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, description VARCHAR, applied_at TIMESTAMP)"
+    )
     done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
     for version, description, sql in MIGRATIONS:
         if version in done:

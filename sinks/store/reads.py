@@ -58,13 +58,16 @@ def duckdb_config(limits: QueryLimits = QUERY_LIMITS) -> dict:
     """Settings of every DuckDB instance that runs someone's SQL, locked once it is open: no files but its
     own, no network, no extensions, no Python objects by name, bounded memory and threads."""
     return {
-        "enable_external_access": False, "autoload_known_extensions": False, "autoinstall_known_extensions": False,
-        "allow_community_extensions": False, "python_enable_replacements": False,
-        "memory_limit": f"{limits.memory_bytes}B", "max_temp_directory_size": "0B", "threads": limits.threads,
+        "enable_external_access": False,
+        "autoload_known_extensions": False,
+        "autoinstall_known_extensions": False,
+        "allow_community_extensions": False,
+        "python_enable_replacements": False,
+        "memory_limit": f"{limits.memory_bytes}B",
+        "max_temp_directory_size": "0B",
+        "threads": limits.threads,
         "lock_configuration": True,
-    }  # fmt: skip
-
-
+    }
 
 
 #: statements someone's SQL may be (DuckDB's parser says which): a query, or EXPLAIN of one
@@ -76,11 +79,26 @@ _EXPLAIN = re.compile(r"\s*EXPLAIN\s*(?:\([^)]*\)\s*)?(?:ANALY[SZ]E\b)?", re.IGN
 #: (``read_blob``, ``read_csv``, ``glob``, ...) would reach the sink's own database file, which DuckDB lets them
 #: read even without external access, and the sink closing a handle of it would drop its lock on the file
 #: (POSIX locks belong to the process); ``query()`` runs SQL that cannot be checked here.
-TABLE_FUNCTIONS = frozenset({
-    "range", "generate_series", "unnest", "json_each", "json_tree", "duckdb_tables", "duckdb_views", "duckdb_columns",
-    "duckdb_constraints", "duckdb_indexes", "duckdb_schemas", "duckdb_databases", "duckdb_types", "duckdb_functions",
-    "duckdb_keywords", "pragma_table_info",
-})  # fmt: skip
+TABLE_FUNCTIONS = frozenset(
+    {
+        "range",
+        "generate_series",
+        "unnest",
+        "json_each",
+        "json_tree",
+        "duckdb_tables",
+        "duckdb_views",
+        "duckdb_columns",
+        "duckdb_constraints",
+        "duckdb_indexes",
+        "duckdb_schemas",
+        "duckdb_databases",
+        "duckdb_types",
+        "duckdb_functions",
+        "duckdb_keywords",
+        "pragma_table_info",
+    }
+)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -88,7 +106,9 @@ def _check_relations(con: duckdb.DuckDBPyConnection, select: str) -> None:
     """Every relation a SELECT reads (DuckDB's own parse tree) is a table, view or CTE by name, or an allowed
     table function; a quoted name with a dot or a slash would be a file (``FROM 'x.duckdb'``)."""
     try:
-        tree = json.loads(one(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [select]).fetchone(), "the parse tree")[0])
+        tree = json.loads(
+            one(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [select]).fetchone(), "the parse tree")[0]
+        )
     except (duckdb.Error, RecursionError, ValueError) as exc:
         raise StoreError(f"the query cannot be checked ({type(exc).__name__}); simplify it") from None
     if tree.get("error"):
@@ -105,10 +125,14 @@ def _check_relations(con: duckdb.DuckDBPyConnection, select: str) -> None:
         if kind == "TABLE_FUNCTION":
             name = str((node.get("function") or {}).get("function_name", ""))
             if name.lower() not in TABLE_FUNCTIONS:
-                raise StoreError(f"table function {name}() is disabled in queries (reading files, running SQL from text); "
-                                 f"allowed: {', '.join(sorted(TABLE_FUNCTIONS))}")  # fmt: skip
+                raise StoreError(
+                    f"table function {name}() is disabled in queries (reading files, running SQL from text); "
+                    f"allowed: {', '.join(sorted(TABLE_FUNCTIONS))}"
+                )
         elif kind == "BASE_TABLE" and not _IDENTIFIER.fullmatch(str(node.get("table_name", ""))):
-            raise StoreError(f"{str(node.get('table_name'))[:80]!r} is not a table name (reading files is disabled in queries)")
+            raise StoreError(
+                f"{str(node.get('table_name'))[:80]!r} is not a table name (reading files is disabled in queries)"
+            )
         stack.extend(node.values())
 
 
@@ -149,7 +173,9 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     _check_relations(con, select)
 
 
-def tenant_sandbox(src: duckdb.DuckDBPyConnection, tenant: str, limits: QueryLimits = QUERY_LIMITS) -> duckdb.DuckDBPyConnection:
+def tenant_sandbox(
+    src: duckdb.DuckDBPyConnection, tenant: str, limits: QueryLimits = QUERY_LIMITS
+) -> duckdb.DuckDBPyConnection:
     """A new in-memory database holding only ``tenant``'s rows, locked down before any user SQL runs.
 
     Every table with a ``tenant`` column is copied with its own DDL and only that tenant's rows; tables
@@ -160,11 +186,20 @@ def tenant_sandbox(src: duckdb.DuckDBPyConnection, tenant: str, limits: QueryLim
     """
     box = duckdb.connect(":memory:", config=duckdb_config(limits))
     here = "table_catalog = current_database() AND table_schema = 'main'"
-    tenanted = {r[0] for r in src.execute(f"SELECT table_name FROM information_schema.columns WHERE {here} AND column_name = 'tenant'").fetchall()}
-    tables = src.execute("SELECT table_name, sql FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main'").fetchall()
+    tenanted = {
+        r[0]
+        for r in src.execute(
+            f"SELECT table_name FROM information_schema.columns WHERE {here} AND column_name = 'tenant'"
+        ).fetchall()
+    }
+    tables = src.execute(
+        "SELECT table_name, sql FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main'"
+    ).fetchall()
     for name, ddl in (t for t in tables if t[0] in tenanted):
         box.execute(ddl)
-        with registered(box, "_rows", src.sql(f'SELECT * FROM "{name}" WHERE tenant = $1', params=[tenant]).to_arrow_table()):
+        with registered(
+            box, "_rows", src.sql(f'SELECT * FROM "{name}" WHERE tenant = $1', params=[tenant]).to_arrow_table()
+        ):
             box.execute(f'INSERT INTO "{name}" SELECT * FROM _rows')
     views = src.execute(
         "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND database_name = current_database() AND schema_name = 'main'"
@@ -204,8 +239,13 @@ class _Deadline:
         self._timer.cancel()
 
 
-def run_query(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None, tenant: str | None = None,
-              limits: QueryLimits = QUERY_LIMITS) -> tuple[list[str], list[tuple]]:  # fmt: skip
+def run_query(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: list | None = None,
+    tenant: str | None = None,
+    limits: QueryLimits = QUERY_LIMITS,
+) -> tuple[list[str], list[tuple]]:
     """Someone's SQL, read-only: one allowed statement (:func:`check_read_only`) in a read-only transaction of
     ``con``; with ``tenant``, inside :func:`tenant_sandbox` (only that tenant's rows exist there).  Interrupted
     after ``limits.timeout_s``; a result of more than ``limits.max_rows`` rows is refused.  Raises StoreError."""
@@ -229,7 +269,9 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = No
             raise StoreError("the query was interrupted (the sink is stopping)") from None
         raise StoreError(f"the query ran longer than {limits.timeout_s:g} s, the most a query may take") from None
     except duckdb.OutOfMemoryException:
-        raise StoreError(f"the query needs more than {limits.memory_bytes >> 20} MiB, the most a query may use") from None
+        raise StoreError(
+            f"the query needs more than {limits.memory_bytes >> 20} MiB, the most a query may use"
+        ) from None
     except duckdb.Error as exc:
         raise StoreError(str(exc).splitlines()[0]) from None
     finally:
@@ -237,7 +279,9 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = No
         if box is not None:
             box.close()
     if len(rows) > limits.max_rows:
-        raise StoreError(f"the result has more than {limits.max_rows} rows, the most a query may return: add a LIMIT or aggregate")
+        raise StoreError(
+            f"the result has more than {limits.max_rows} rows, the most a query may return: add a LIMIT or aggregate"
+        )
     return cols, rows
 
 
