@@ -64,6 +64,15 @@ def test_ci_runs_the_readme_test_command():
     assert command in ci
 
 
+def test_ci_runs_the_pinned_lint_and_type_checks_before_the_tests():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ".ci/lint" in ci and ci.index(".ci/lint") < ci.index("-m pytest")
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert sorted(req.split("==")[0] for req in dev if "==" in req) == ["mypy", "ruff"]
+    lint = (ROOT / ".ci" / "lint").read_text()
+    assert all(check in lint for check in ("ruff check", "ruff format --check", ".ci/typecheck.py"))
+
+
 # ------------------------------------------------------------------------------------------ tests mirror the code
 
 # test files that test no single module: what they check instead
