@@ -1,4 +1,4 @@
-"""Packaging, docker-compose and CI stay consistent with the code; the tests mirror its folders."""
+"""Packaging, docker-compose and CI stay consistent with the code; the tests mirror its folders; a class name means one thing."""
 
 import re
 import tomllib
@@ -78,7 +78,7 @@ def test_ci_runs_the_pinned_lint_and_type_checks_before_the_tests():
 # test files that test no single module: what they check instead
 NOT_MIRRORED = {
     "tests/test_deploy.py": "deploy/ (alerts, dashboard) against the metrics catalogue and the README",
-    "tests/test_layout.py": "packaging, docker-compose, CI and the layout of the tests",
+    "tests/test_layout.py": "packaging, docker-compose, CI, the layout of the tests and one name per class",
     "tests/test_packaging.py": "the wheel built from the repository",
     "tests/test_layers.py": "the layers of the whole code and its import graph (ARCHITECTURE.md)",
     "tests/schemas/test_bad_input.py": "the bad-input contract (brief section 7) across records, function tables and the store that keeps them",
