@@ -31,6 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -144,7 +145,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
         sent_at: dict[int, float] = {}  # step -> its last record handed to the producer
         samples: list[Sample] = []
         t0 = time.time()
-        state = {"step": 0, "asked_at": 0.0, "done": False}
+        state: dict[str, Any] = {"step": 0, "asked_at": 0.0, "done": False}
 
         def progress(step, res) -> None:
             now = time.time()
