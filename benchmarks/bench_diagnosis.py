@@ -41,10 +41,22 @@ from lockstep.schemas.records import StepReport, WorkerMeta, decode, encode  # n
 from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result  # noqa: E402
 from lockstep.streams.policy import Policy  # noqa: E402
 
-KINDS = ["compute"] * 11 + ["memcpy", "memcpy", "collective", "collective", "p2p", "python", "dataloader", "optimizer", "other"]
+KINDS = ["compute"] * 11 + [
+    "memcpy",
+    "memcpy",
+    "collective",
+    "collective",
+    "p2p",
+    "python",
+    "dataloader",
+    "optimizer",
+    "other",
+]
 
 
-def synthetic_step(workers: int, functions: int, step: int, rng: np.random.Generator) -> tuple[np.ndarray, list[pa.Table]]:
+def synthetic_step(
+    workers: int, functions: int, step: int, rng: np.random.Generator
+) -> tuple[np.ndarray, list[pa.Table]]:
     """One step: (step times, one function table per worker)."""
     kinds = (KINDS * (functions // len(KINDS) + 1))[:functions]
     names = [f"{k}.{i:02d}" for i, k in enumerate(kinds)]
@@ -99,20 +111,41 @@ def main(argv: list[str] | None = None) -> int:
 
     policy = Policy()
     rng = np.random.default_rng(0)
-    metas = [WorkerMeta(rank=w, host=f"node{w // 8:05d}", local_rank=w % 8, labels={"pp": str(w % 4)}) for w in range(args.workers)]
+    metas = [
+        WorkerMeta(rank=w, host=f"node{w // 8:05d}", local_rank=w % 8, labels={"pp": str(w % 4)})
+        for w in range(args.workers)
+    ]
     keys = ("pp",)
     steps = [synthetic_step(args.workers, args.functions, s, rng) for s in range(args.steps)]
     hardware = ["nvml"] * args.workers
-    frames = [StepFrame.from_tables("bench", "w0", s, metas, st, tables, keys, hardware) for s, (st, tables) in enumerate(steps)]
+    frames = [
+        StepFrame.from_tables("bench", "w0", s, metas, st, tables, keys, hardware)
+        for s, (st, tables) in enumerate(steps)
+    ]
     info = WindowInfo("bench", "w0", 0, args.steps, args.workers)
 
     def hop(result):
-        report = step_report(result, window_start=0, window_steps=args.steps, expected_workers=args.workers, bytes_in=0,
-                             policy=policy.ref, tenant="", closed="complete")  # fmt: skip
+        report = step_report(
+            result,
+            window_start=0,
+            window_steps=args.steps,
+            expected_workers=args.workers,
+            bytes_in=0,
+            policy=policy.ref,
+            tenant="",
+            closed="complete",
+        )
         return step_result(decode(encode(report), StepReport))
 
     def diagnose(prebuilt: bool):
-        fs = frames if prebuilt else [StepFrame.from_tables("bench", "w0", s, metas, st, tables, keys, hardware) for s, (st, tables) in enumerate(steps)]
+        fs = (
+            frames
+            if prebuilt
+            else [
+                StepFrame.from_tables("bench", "w0", s, metas, st, tables, keys, hardware)
+                for s, (st, tables) in enumerate(steps)
+            ]
+        )
         return diagnose_window(info, [analyze_step(f, policy.diagnosis) for f in fs], policy, now=0.0)
 
     d = diagnose(True)  # warm-up; also the findings to report
@@ -130,14 +163,34 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     found = [f"{f.workers[:3]} {f.function} {f.cause}" for f in d.findings]
     if args.json:
-        print(json.dumps({"workers": args.workers, "functions": args.functions, "steps": args.steps, "rows": rows, "runs": args.runs,
-                          "median_s": med, "rows_per_s": {k: rows / med[k] for k in ("prebuilt", "with_frames")}, "findings": found}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "workers": args.workers,
+                    "functions": args.functions,
+                    "steps": args.steps,
+                    "rows": rows,
+                    "runs": args.runs,
+                    "median_s": med,
+                    "rows_per_s": {k: rows / med[k] for k in ("prebuilt", "with_frames")},
+                    "findings": found,
+                }
+            )
+        )
         return 0
-    print(f"Diagnosis of one window: {args.workers:,} workers x {args.functions} functions x {args.steps} steps = {rows:,} function rows")
+    print(
+        f"Diagnosis of one window: {args.workers:,} workers x {args.functions} functions x {args.steps} steps = {rows:,} function rows"
+    )
     print(f"one CPU core, numpy {np.__version__}, pyarrow {pa.__version__}, median of {args.runs} runs\n")
-    print(f"  analyze_step x {args.steps} + diagnose_window, StepFrames prebuilt:   {med['prebuilt']:.3f} s   {rows / med['prebuilt'] / 1e6:.2f} M rows/s")
-    print(f"  ... plus StepFrame.from_tables ({args.workers:,} tables per step):   {med['with_frames']:.3f} s   {rows / med['with_frames'] / 1e6:.2f} M rows/s")
-    print(f"  the hop between the stages (StepReport built, encoded, decoded, read, checked):   {med['hop'] / args.steps * 1e3:.2f} ms per step")
+    print(
+        f"  analyze_step x {args.steps} + diagnose_window, StepFrames prebuilt:   {med['prebuilt']:.3f} s   {rows / med['prebuilt'] / 1e6:.2f} M rows/s"
+    )
+    print(
+        f"  ... plus StepFrame.from_tables ({args.workers:,} tables per step):   {med['with_frames']:.3f} s   {rows / med['with_frames'] / 1e6:.2f} M rows/s"
+    )
+    print(
+        f"  the hop between the stages (StepReport built, encoded, decoded, read, checked):   {med['hop'] / args.steps * 1e3:.2f} ms per step"
+    )
     print(f"\nfindings: {'; '.join(found) or 'none'}")
     return 0
 

@@ -30,7 +30,7 @@ class Handle(Generic[T]):
     """One held input record; ``item`` is what the caller acknowledges (the stages: a ``RecordIn``).
     The assemblers below are generic in it too: they only keep the handles of what they collect."""
 
-    __slots__ = ("partition", "offset", "item", "done")
+    __slots__ = ("done", "item", "offset", "partition")
 
     def __init__(self, partition: Hashable, offset: int, item: T):
         self.partition = partition
@@ -87,8 +87,12 @@ class PendingStep(Generic[T]):
     tenant: str
     partition: Hashable
     opened_at: float
-    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle[T]]] = field(default_factory=dict)  # rank -> (record, table, its handle)
-    replaced: list[tuple[FeatureBatch, pa.Table, Handle[T]]] = field(default_factory=list)  # twins a later record of the rank replaced
+    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
+        default_factory=dict
+    )  # rank -> (record, table, its handle)
+    replaced: list[tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
+        default_factory=list
+    )  # twins a later record of the rank replaced
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
 
@@ -109,7 +113,9 @@ class StepAssembler(Generic[T]):
         self._remember = remember
         self.late = 0  # records for steps already closed
 
-    def add(self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float) -> tuple[ClosedStep[T] | None, bool]:
+    def add(
+        self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float
+    ) -> tuple[ClosedStep[T] | None, bool]:
         """Returns (the step if this record completed it, whether the record was late)."""
         key = (batch.job, batch.step)
         if key in self._closed:

@@ -75,7 +75,13 @@ def to_trace_clock(samples: pa.Table, offset_us: float) -> pa.Table:
 
 
 def feature_batches(
-    summaries: list, trigger: ProfileTrigger, meta: WorkerMeta, hardware: HardwareSeen, *, tenant: str = "", now: float | None = None
+    summaries: list,
+    trigger: ProfileTrigger,
+    meta: WorkerMeta,
+    hardware: HardwareSeen,
+    *,
+    tenant: str = "",
+    now: float | None = None,
 ) -> list[FeatureBatch]:
     """One FeatureBatch per summarised step of the window (steps outside it are dropped).  The summaries were made
     from redacted op events (:func:`process_window`): two names that redact alike are one function."""
@@ -87,11 +93,20 @@ def feature_batches(
         table = s.functions
         out.append(
             FeatureBatch(
-                job=trigger.job, window=trigger.window, step=s.step, window_start=trigger.start_step,
-                window_steps=trigger.steps, expected_workers=trigger.expected_workers, worker=meta,
-                step_time_us=float(s.step_time_us), functions=ft.pack(ft.conform(table)), hardware=hardware,
-                policy=trigger.policy_ref, sent_at=now, tenant=tenant or trigger.tenant,
-            )  # fmt: skip
+                job=trigger.job,
+                window=trigger.window,
+                step=s.step,
+                window_start=trigger.start_step,
+                window_steps=trigger.steps,
+                expected_workers=trigger.expected_workers,
+                worker=meta,
+                step_time_us=float(s.step_time_us),
+                functions=ft.pack(ft.conform(table)),
+                hardware=hardware,
+                policy=trigger.policy_ref,
+                sent_at=now,
+                tenant=tenant or trigger.tenant,
+            )
         )
     return out
 
@@ -139,19 +154,49 @@ def process_window(
 
 
 def answer_raw_request(
-    req: RawRequest, meta: WorkerMeta, store: RawStore, redaction: Redaction, max_bytes: int, *, own_threads: frozenset[int] = frozenset(), tenant: str = ""
+    req: RawRequest,
+    meta: WorkerMeta,
+    store: RawStore,
+    redaction: Redaction,
+    max_bytes: int,
+    *,
+    own_threads: frozenset[int] = frozenset(),
+    tenant: str = "",
 ) -> RawTrace:
     """This worker's answer to a raw request: a bounded, redacted, compressed slice, or the reason there is none."""
-    common: dict[str, Any] = dict(job=req.job, request=req.request, worker=meta.rank, host=meta.host, redaction=redaction.spec(), tenant=tenant or req.tenant)
+    common: dict[str, Any] = dict(
+        job=req.job,
+        request=req.request,
+        worker=meta.rank,
+        host=meta.host,
+        redaction=redaction.spec(),
+        tenant=tenant or req.tenant,
+    )
     kept = store.load(req.window)
     if kept is None:
         what = f"window {req.window}" if req.window else "any window"
-        return RawTrace(window=req.window, error=f"no raw trace of {what} is kept on this worker", sent_at=time.time(), **common)
+        return RawTrace(
+            window=req.window, error=f"no raw trace of {what} is kept on this worker", sent_at=time.time(), **common
+        )
     window, trace, bounds = kept
     missing = sorted(set(req.steps) - set(bounds))
     if req.steps and len(missing) == len(set(req.steps)):
-        return RawTrace(window=window, error=f"steps {missing} are not in window {window} (steps {min(bounds)}..{max(bounds)})",
-                        sent_at=time.time(), **common)  # fmt: skip
-    sl = slice_trace(redaction.trace(without_threads(trace, own_threads)), bounds, list(req.steps), min(req.max_bytes, max_bytes))
-    return RawTrace(window=window, steps=sl.steps, events=sl.events, events_total=sl.events_total, truncated=sl.truncated,
-                    trace=sl.data, sent_at=time.time(), **common)  # fmt: skip
+        return RawTrace(
+            window=window,
+            error=f"steps {missing} are not in window {window} (steps {min(bounds)}..{max(bounds)})",
+            sent_at=time.time(),
+            **common,
+        )
+    sl = slice_trace(
+        redaction.trace(without_threads(trace, own_threads)), bounds, list(req.steps), min(req.max_bytes, max_bytes)
+    )
+    return RawTrace(
+        window=window,
+        steps=sl.steps,
+        events=sl.events,
+        events_total=sl.events_total,
+        truncated=sl.truncated,
+        trace=sl.data,
+        sent_at=time.time(),
+        **common,
+    )

@@ -15,4 +15,16 @@ from .processor import Processor, Tables
 from .step import StepStage
 from .window import WindowStage
 
-__all__ = ["DetectStage", "MemoryOutput", "Output", "Partition", "Policies", "Processor", "RecordIn", "Stage", "StepStage", "Tables", "WindowStage"]
+__all__ = [
+    "DetectStage",
+    "MemoryOutput",
+    "Output",
+    "Partition",
+    "Policies",
+    "Processor",
+    "RecordIn",
+    "Stage",
+    "StepStage",
+    "Tables",
+    "WindowStage",
+]

@@ -27,13 +27,25 @@ class Tables:
 class Processor:
     """The detect, step and window stages over one Output, and the process's health (set by the adapter)."""
 
-    def __init__(self, policy: Policy, topics: Topics, out: Output, tables: Tables, *, step_timeout_s: float, window_timeout_s: float,
-                 metrics: Metrics | None = None, clock: Clock = time.time):  # fmt: skip
+    def __init__(
+        self,
+        policy: Policy,
+        topics: Topics,
+        out: Output,
+        tables: Tables,
+        *,
+        step_timeout_s: float,
+        window_timeout_s: float,
+        metrics: Metrics | None = None,
+        clock: Clock = time.time,
+    ):
         self.metrics = metrics if metrics is not None else Metrics()
         self.policies = Policies(policy, self.metrics)
         self.detect = DetectStage(topics, out, tables.detector, policy, self.metrics, clock)
         self.steps = StepStage(topics, out, self.policies, self.metrics, step_timeout_s, clock)
-        self.windows = WindowStage(topics, out, tables.closed_windows, tables.job_history, self.policies, self.metrics, window_timeout_s, clock)
+        self.windows = WindowStage(
+            topics, out, tables.closed_windows, tables.job_history, self.policies, self.metrics, window_timeout_s, clock
+        )
         self.stages: tuple[Stage, ...] = (self.detect, self.steps, self.windows)
         self.assigned = False  # partitions were assigned once (/healthz: ok)
         self.crashed: dict[str, str] = {}  # agent -> why it died (/healthz: failed)

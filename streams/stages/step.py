@@ -26,7 +26,15 @@ class StepStage(HoldingStage):
 
     name = "steps"
 
-    def __init__(self, topics: Topics, out: Output, policies: Policies, metrics: Metrics, timeout_s: float, clock: Clock = time.time):
+    def __init__(
+        self,
+        topics: Topics,
+        out: Output,
+        policies: Policies,
+        metrics: Metrics,
+        timeout_s: float,
+        clock: Clock = time.time,
+    ):
         super().__init__(topics, out, metrics, clock)
         self.policies = policies
         self.assembler: StepAssembler[RecordIn] = StepAssembler(timeout_s)
@@ -83,13 +91,27 @@ class StepStage(HoldingStage):
                 recs = [b for b, _, _ in good]
                 diagnosis = self.policies.for_ref(p.policy).diagnosis
                 frame = StepFrame.from_tables(
-                    p.job, p.window, p.step, [b.worker for b in recs], [b.step_time_us for b in recs],
-                    [table for _, table, _ in good], diagnosis.peer_group_keys, [b.hardware for b in recs],
-                )  # fmt: skip
-                report = encode(step_report(
-                    analyze_step(frame, diagnosis), window_start=p.window_start, window_steps=p.window_steps,
-                    expected_workers=p.expected_workers, bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
-                ))  # fmt: skip
+                    p.job,
+                    p.window,
+                    p.step,
+                    [b.worker for b in recs],
+                    [b.step_time_us for b in recs],
+                    [table for _, table, _ in good],
+                    diagnosis.peer_group_keys,
+                    [b.hardware for b in recs],
+                )
+                report = encode(
+                    step_report(
+                        analyze_step(frame, diagnosis),
+                        window_start=p.window_start,
+                        window_steps=p.window_steps,
+                        expected_workers=p.expected_workers,
+                        bytes_in=p.bytes_in,
+                        policy=p.policy,
+                        tenant=p.tenant,
+                        closed=closed.reason,
+                    )
+                )
         except Exception as exc:
             await self.failed([h.item for h in p.handles], exc)
             await self.release(p.handles)
@@ -101,5 +123,9 @@ class StepStage(HoldingStage):
             await self.send(self.topics.stepreports, p.job, report)
             m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
             m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
-            m.observe("step_close_latency_seconds", self.clock() - p.opened_at, help="first feature batch of a step to its step report")
+            m.observe(
+                "step_close_latency_seconds",
+                self.clock() - p.opened_at,
+                help="first feature batch of a step to its step report",
+            )
         await self.release(p.handles)

@@ -19,7 +19,9 @@ import msgspec
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from lockstep.app.runtime import Pipeline
 from lockstep.config import Settings
@@ -30,9 +32,21 @@ from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import (
-    RECORD_TYPES, DeadLetter, DetectorTick, FeatureBatch, Finding, ProfileTrigger, RecordError, StepHeartbeat, StepReport,
-    TriggerRequest, WindowReport, WindowTimeout, decode, encode,
-)  # fmt: skip
+    RECORD_TYPES,
+    DeadLetter,
+    DetectorTick,
+    FeatureBatch,
+    Finding,
+    ProfileTrigger,
+    RecordError,
+    StepHeartbeat,
+    StepReport,
+    TriggerRequest,
+    WindowReport,
+    WindowTimeout,
+    decode,
+    encode,
+)
 from lockstep.sinks.sink import query
 from lockstep.streams.app import changelog_topics
 from lockstep.streams.diagnosis import StepFrame, analyze_step, step_report, step_result
@@ -41,7 +55,11 @@ from lockstep.streams.policy import load_policy
 pytestmark = pytest.mark.integration
 
 POLICY = load_policy(None)
-SCENARIO = Scenario(job="good-job", topology=Topology(workers=8, gpus_per_host=8), faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),))
+SCENARIO = Scenario(
+    job="good-job",
+    topology=Topology(workers=8, gpus_per_host=8),
+    faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),),
+)
 FLEET = FleetSimulator(SCENARIO)
 WINDOW = Window(60, 2)
 BATCHES = {s: FLEET.feature_batches(FLEET.step(s), FLEET.trigger(WINDOW), sent_at=time.time()) for s in WINDOW.range}
@@ -49,10 +67,26 @@ BATCHES = {s: FLEET.feature_batches(FLEET.step(s), FLEET.trigger(WINDOW), sent_a
 
 def good_step_report(step: int) -> StepReport:
     recs = BATCHES[step]
-    frame = StepFrame.from_tables(SCENARIO.job, WINDOW.name, step, [b.worker for b in recs], [b.step_time_us for b in recs],
-                                  [ft.unpack(b.functions) for b in recs], POLICY.diagnosis.peer_group_keys, [b.hardware for b in recs])  # fmt: skip
-    return step_report(analyze_step(frame, POLICY.diagnosis), window_start=WINDOW.start_step, window_steps=WINDOW.steps,
-                       expected_workers=8, bytes_in=1, policy=POLICY.ref, tenant="", closed="complete")  # fmt: skip
+    frame = StepFrame.from_tables(
+        SCENARIO.job,
+        WINDOW.name,
+        step,
+        [b.worker for b in recs],
+        [b.step_time_us for b in recs],
+        [ft.unpack(b.functions) for b in recs],
+        POLICY.diagnosis.peer_group_keys,
+        [b.hardware for b in recs],
+    )
+    return step_report(
+        analyze_step(frame, POLICY.diagnosis),
+        window_start=WINDOW.start_step,
+        window_steps=WINDOW.steps,
+        expected_workers=8,
+        bytes_in=1,
+        policy=POLICY.ref,
+        tenant="",
+        closed="complete",
+    )
 
 
 #: one valid record of what each input topic carries (the field mutations start from these)
@@ -61,11 +95,32 @@ VALID = {
     "features": BATCHES[60][0],
     "stepreports": good_step_report(60),
     "findings": None,  # filled below from the good window's diagnosis
-    "windows": WindowReport(job="j", window="w1", start_step=1, steps=2, steps_seen=2, expected_workers=2, workers_seen=2, coverage=1.0,
-                            bytes_per_worker=1.0, findings=0, actionable=False, reached_device=False, closed="complete", closed_at=time.time()),
+    "windows": WindowReport(
+        job="j",
+        window="w1",
+        start_step=1,
+        steps=2,
+        steps_seen=2,
+        expected_workers=2,
+        workers_seen=2,
+        coverage=1.0,
+        bytes_per_worker=1.0,
+        findings=0,
+        actionable=False,
+        reached_device=False,
+        closed="complete",
+        closed_at=time.time(),
+    ),
     "control": FLEET.trigger(WINDOW, created_at=time.time()),
-}  # fmt: skip
-STAGE = {"heartbeats": "detect", "features": "steps", "stepreports": "windows", "findings": "sink", "windows": "sink", "control": "sink"}
+}
+STAGE = {
+    "heartbeats": "detect",
+    "features": "steps",
+    "stepreports": "windows",
+    "findings": "sink",
+    "windows": "sink",
+    "control": "sink",
+}
 
 
 def _finding() -> Finding:
@@ -104,9 +159,30 @@ def expected_reason(kind: str, payload: bytes) -> str | None:
 # ------------------------------------------------------------------------------------- strategies
 
 ABSURD = st.one_of(
-    st.sampled_from([float("nan"), float("inf"), -float("inf"), -1, -1e9, 0, 2**63 - 1, 2**64 - 1, -(2**63), "", "x" * 300, None, [], {}, True]),
-    st.floats(allow_nan=True), st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.binary(max_size=8),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            -1,
+            -1e9,
+            0,
+            2**63 - 1,
+            2**64 - 1,
+            -(2**63),
+            "",
+            "x" * 300,
+            None,
+            [],
+            {},
+            True,
+        ]
+    ),
+    st.floats(allow_nan=True),
+    st.integers(-(2**63), 2**64 - 1),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
 KINDS = st.sampled_from(sorted(STAGE))
 
 
@@ -138,9 +214,13 @@ def table_mutation(draw) -> bytes:
         t = t.set_column(t.column_names.index(name), name, pa.array([draw(st.text(max_size=4))] * t.num_rows))
     else:
         typ = t.schema.field(name).type
-        v = draw(st.sampled_from([float("nan"), float("inf"), -1.0, -1e30]) if pa.types.is_floating(typ) else
-                 st.sampled_from([-1, -(2**31)]) if pa.types.is_signed_integer(typ) else
-                 st.sampled_from(["", "gpu!", None]))  # fmt: skip
+        v = draw(
+            st.sampled_from([float("nan"), float("inf"), -1.0, -1e30])
+            if pa.types.is_floating(typ)
+            else st.sampled_from([-1, -(2**31)])
+            if pa.types.is_signed_integer(typ)
+            else st.sampled_from(["", "gpu!", None])
+        )
         col = t.column(name).to_pylist()
         col[draw(st.integers(0, len(col) - 1))] = v
         t = t.set_column(t.column_names.index(name), name, pa.array(col, type=typ))
@@ -154,7 +234,9 @@ def truncated_arrow(draw) -> bytes:
     if draw(st.booleans()):
         return encode(msgspec.structs.replace(b, functions=b.functions[: draw(st.integers(0, len(b.functions) - 1))]))
     raw = ft.pack(ft.unpack(b.functions), codec="none")
-    return encode(msgspec.structs.replace(b, functions=raw[: draw(st.integers(0, len(raw) - 1))], functions_codec="none"))
+    return encode(
+        msgspec.structs.replace(b, functions=raw[: draw(st.integers(0, len(raw) - 1))], functions_codec="none")
+    )
 
 
 @st.composite
@@ -167,16 +249,22 @@ def wrong_version(draw) -> bytes:
 @st.composite
 def bad_record(draw) -> tuple[str, bytes]:
     kind = draw(KINDS)
-    payload = draw(st.one_of(
-        st.binary(max_size=64),  # garbage
-        st.from_type(bool).map(lambda _: b"{").flatmap(lambda p: st.text(max_size=40).map(lambda s: p + s.encode())),  # broken JSON
-        st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=4).map(msgspec.json.encode),  # objects without a record header
-        wrong_version(),
-        st.sampled_from([encode(r) for r in VALID.values()]),  # a valid record, on a topic that may not carry it
-        field_mutation(kind),
-        table_mutation() if kind == "features" else field_mutation(kind),
-        truncated_arrow() if kind == "features" else wrong_version(),
-    ))  # fmt: skip
+    payload = draw(
+        st.one_of(
+            st.binary(max_size=64),  # garbage
+            st.from_type(bool)
+            .map(lambda _: b"{")
+            .flatmap(lambda p: st.text(max_size=40).map(lambda s: p + s.encode())),  # broken JSON
+            st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=4).map(
+                msgspec.json.encode
+            ),  # objects without a record header
+            wrong_version(),
+            st.sampled_from([encode(r) for r in VALID.values()]),  # a valid record, on a topic that may not carry it
+            field_mutation(kind),
+            table_mutation() if kind == "features" else field_mutation(kind),
+            truncated_arrow() if kind == "features" else wrong_version(),
+        )
+    )
     return kind, payload
 
 
@@ -213,9 +301,17 @@ class Rig:
 def rig(kafka_bootstrap, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad-input")
     tag = uuid.uuid4().hex[:8]
-    s = Settings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"b{tag}", processor_id=f"proc-{tag}", sink_group=f"sink-{tag}",
-                 partitions=3, db=tmp / "findings.duckdb", step_timeout_s=5.0, window_timeout_s=10.0)  # fmt: skip
-    topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
+    s = Settings(
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"b{tag}",
+        processor_id=f"proc-{tag}",
+        sink_group=f"sink-{tag}",
+        partitions=3,
+        db=tmp / "findings.duckdb",
+        step_timeout_s=5.0,
+        window_timeout_s=10.0,
+    )
+    topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
     pipeline = Pipeline(s, tmp)
     dead: list[tuple[bytes, DeadLetter]] = []
     halt = threading.Event()
@@ -259,15 +355,25 @@ def _own_step(kind: str, payload: bytes, key: bytes) -> bytes:
     return encode(msgspec.structs.replace(b, job=key.decode()))
 
 
-@hsettings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hsettings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(batch=st.lists(bad_record().filter(lambda kp: expected_reason(*kp) is not None), min_size=4, max_size=16))
 def test_generated_bad_records_on_every_input_topic_become_dead_letters(rig, batch):
-    records = [(kind, key, _own_step(kind, payload, key)) for kind, payload in batch for key in [f"bad-{next(_serial)}".encode()]]
+    records = [
+        (kind, key, _own_step(kind, payload, key))
+        for kind, payload in batch
+        for key in [f"bad-{next(_serial)}".encode()]
+    ]
     rig.send(records)
     got = rig.wait_dead({key for _, key, _ in records})
     for kind, key, payload in records:
         d = got[key]
-        assert (d.topic, d.stage, d.reason) == (getattr(rig.topics, kind), STAGE[kind], expected_reason(kind, payload)), (kind, payload[:80], d)
+        assert (d.topic, d.stage, d.reason) == (
+            getattr(rig.topics, kind),
+            STAGE[kind],
+            expected_reason(kind, payload),
+        ), (kind, payload[:80], d)
         assert d.detail and d.payload == payload[:65536]
 
 
@@ -291,37 +397,75 @@ DEEP = {"json": b'{"a":' * 100_000, "msgpack": b"\x81\xa1a" * 100_000 + b"\xc0"}
 
 def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
     hb = VALID["heartbeats"]
-    job = [StepHeartbeat(job="fj", worker=w, step=s, step_time_s=0.1, host="h", sent_at=time.time() - 30 + 0.1 * s)
-           for s in range(40) for w in range(4)]  # fmt: skip
+    job = [
+        StepHeartbeat(job="fj", worker=w, step=s, step_time_s=0.1, host="h", sent_at=time.time() - 30 + 0.1 * s)
+        for s in range(40)
+        for w in range(4)
+    ]
     rig.send([("heartbeats", b"fj", encode(h)) for h in job])  # a job the detector has seen reach step 39
     fb, rep = BATCHES[60][1], VALID["stepreports"]
     wrong = ft.pack(pa.table({"a": [1, 2]}))
-    cases = [  # (topic, key, payload, reason)
-        ("heartbeats", b"a1", encode(msgspec.structs.replace(hb, step_time_s=-0.5)), "invalid"),  # negative duration
-        ("heartbeats", b"a2", _mp(hb, step_time_s=float("nan")), "invalid"),
-        ("heartbeats", b"a3", _mp(hb, sent_at=float("inf")), "invalid"),
-        ("heartbeats", b"a4", _mp(hb, step=2**63), "invalid"),  # beyond any step a store can keep
-        ("heartbeats", b"fj", encode(msgspec.structs.replace(job[-1], step=39 + 1_000_000)), "from_the_future"),
-        ("heartbeats", b"fj", encode(msgspec.structs.replace(job[-1], step=40, sent_at=time.time() + 7 * 86400)), "from_the_future"),
-        ("features", b"a5", encode(msgspec.structs.replace(fb, step_time_us=-3.0)), "invalid"),
-        ("features", b"a6", _mp(fb, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
-        ("features", b"a7", _mp(fb, sent_at=float("nan")), "invalid"),
-        ("features", b"a8", _replace_table(fb, critical_us=-5.0), "bad_function_table"),
-        ("features", b"a9", _replace_table(fb, total_us=float("nan")), "bad_function_table"),
-        ("features", b"a10", _replace_table(fb, kind="quantum"), "bad_function_table"),
-        ("features", b"a11", encode(msgspec.structs.replace(fb, functions=fb.functions[: len(fb.functions) // 2])), "bad_function_table"),
-        ("stepreports", b"a12", encode(msgspec.structs.replace(rep, outliers=wrong)), "bad_function_table"),
-        ("stepreports", b"a13", encode(msgspec.structs.replace(rep, groups=wrong)), "bad_function_table"),
-        ("stepreports", b"a14", _mp(rep, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
-        ("findings", b"a15", _mp(VALID["findings"], created_at=3.5e16), "invalid"),  # a timestamp no store can keep
-        ("findings", b"a16", _mp(VALID["findings"], impact={"step_time_share": float("nan"), "gpu_hours_per_day": 1.0}), "invalid"),
-        ("findings", b"a17", _mp(VALID["findings"], window_steps=2**63 - 1), "invalid"),
-        ("windows", b"a18", _mp(VALID["windows"], workers_seen=9_288_557_845), "invalid"),
-        ("windows", b"a19", _mp(VALID["windows"], closed_at=-9.2e18), "invalid"),
-        ("control", b"a20", _mp(VALID["control"], created_at=float("nan")), "invalid"),
-        ("control", b"a21", _mp(VALID["control"], expected_workers=2**63 - 1), "invalid"),
-    ] + [(kind, f"v-{kind}".encode(), msgspec.json.encode(msgspec.to_builtins(VALID[kind]) | {"v": 2}), "unsupported_version") for kind in STAGE
-    ] + [(kind, f"deep-{form}-{kind}".encode(), payload, "malformed") for kind in STAGE for form, payload in DEEP.items()]
+    cases = (
+        [  # (topic, key, payload, reason)
+            (
+                "heartbeats",
+                b"a1",
+                encode(msgspec.structs.replace(hb, step_time_s=-0.5)),
+                "invalid",
+            ),  # negative duration
+            ("heartbeats", b"a2", _mp(hb, step_time_s=float("nan")), "invalid"),
+            ("heartbeats", b"a3", _mp(hb, sent_at=float("inf")), "invalid"),
+            ("heartbeats", b"a4", _mp(hb, step=2**63), "invalid"),  # beyond any step a store can keep
+            ("heartbeats", b"fj", encode(msgspec.structs.replace(job[-1], step=39 + 1_000_000)), "from_the_future"),
+            (
+                "heartbeats",
+                b"fj",
+                encode(msgspec.structs.replace(job[-1], step=40, sent_at=time.time() + 7 * 86400)),
+                "from_the_future",
+            ),
+            ("features", b"a5", encode(msgspec.structs.replace(fb, step_time_us=-3.0)), "invalid"),
+            ("features", b"a6", _mp(fb, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
+            ("features", b"a7", _mp(fb, sent_at=float("nan")), "invalid"),
+            ("features", b"a8", _replace_table(fb, critical_us=-5.0), "bad_function_table"),
+            ("features", b"a9", _replace_table(fb, total_us=float("nan")), "bad_function_table"),
+            ("features", b"a10", _replace_table(fb, kind="quantum"), "bad_function_table"),
+            (
+                "features",
+                b"a11",
+                encode(msgspec.structs.replace(fb, functions=fb.functions[: len(fb.functions) // 2])),
+                "bad_function_table",
+            ),
+            ("stepreports", b"a12", encode(msgspec.structs.replace(rep, outliers=wrong)), "bad_function_table"),
+            ("stepreports", b"a13", encode(msgspec.structs.replace(rep, groups=wrong)), "bad_function_table"),
+            ("stepreports", b"a14", _mp(rep, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
+            ("findings", b"a15", _mp(VALID["findings"], created_at=3.5e16), "invalid"),  # a timestamp no store can keep
+            (
+                "findings",
+                b"a16",
+                _mp(VALID["findings"], impact={"step_time_share": float("nan"), "gpu_hours_per_day": 1.0}),
+                "invalid",
+            ),
+            ("findings", b"a17", _mp(VALID["findings"], window_steps=2**63 - 1), "invalid"),
+            ("windows", b"a18", _mp(VALID["windows"], workers_seen=9_288_557_845), "invalid"),
+            ("windows", b"a19", _mp(VALID["windows"], closed_at=-9.2e18), "invalid"),
+            ("control", b"a20", _mp(VALID["control"], created_at=float("nan")), "invalid"),
+            ("control", b"a21", _mp(VALID["control"], expected_workers=2**63 - 1), "invalid"),
+        ]
+        + [
+            (
+                kind,
+                f"v-{kind}".encode(),
+                msgspec.json.encode(msgspec.to_builtins(VALID[kind]) | {"v": 2}),
+                "unsupported_version",
+            )
+            for kind in STAGE
+        ]
+        + [
+            (kind, f"deep-{form}-{kind}".encode(), payload, "malformed")
+            for kind in STAGE
+            for form, payload in DEEP.items()
+        ]
+    )
     rig.send([(kind, key, payload) for kind, key, payload, _ in cases])
     deadline = time.monotonic() + 60
     want = Counter((key, payload[:65536], reason) for _, key, payload, reason in cases)

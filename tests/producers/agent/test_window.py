@@ -3,10 +3,15 @@
 import numpy as np
 import pyarrow as pa
 
-from lockstep.producers.agent.window import clock_offset_us, feature_batches, to_trace_clock, without_thread_events, without_threads
-from lockstep.schemas.events import OP_EVENT_SCHEMA
+from lockstep.producers.agent.window import (
+    clock_offset_us,
+    feature_batches,
+    to_trace_clock,
+    without_thread_events,
+    without_threads,
+)
 from lockstep.schemas import functions as ft
-from lockstep.schemas.events import SAMPLE_SCHEMA
+from lockstep.schemas.events import OP_EVENT_SCHEMA, SAMPLE_SCHEMA
 from lockstep.schemas.records import ProfileTrigger, Sampling, WorkerMeta
 
 
@@ -16,8 +21,15 @@ class Summary:  # the shape issue 4's summarise() returns
 
 
 def table(names):
-    return ft.make_table({"function": names, "kind": ["python"] * len(names), "calls": [1] * len(names),
-                          "total_us": [10.0] * len(names), "critical_us": [10.0] * len(names)})  # fmt: skip
+    return ft.make_table(
+        {
+            "function": names,
+            "kind": ["python"] * len(names),
+            "calls": [1] * len(names),
+            "total_us": [10.0] * len(names),
+            "critical_us": [10.0] * len(names),
+        }
+    )
 
 
 def test_samples_move_onto_the_traces_clock():
@@ -25,27 +37,63 @@ def test_samples_move_onto_the_traces_clock():
     unix = {5: 1.7e15 + 10.0, 6: 1.7e15 + 1012.0, 7: 1.7e15 + 2000.0}
     off = clock_offset_us(bounds, unix)
     assert off == np.median([1000.0 - unix[5], 2000.0 - unix[6]])
-    samples = pa.table({"worker": [1], "t_us": [1.7e15 + 500.0], "metric": ["cpu_self"], "value": [1.0]}, schema=SAMPLE_SCHEMA)
+    samples = pa.table(
+        {"worker": [1], "t_us": [1.7e15 + 500.0], "metric": ["cpu_self"], "value": [1.0]}, schema=SAMPLE_SCHEMA
+    )
     assert to_trace_clock(samples, off).column("t_us").to_pylist() == [1.7e15 + 500.0 + off]
-    assert to_trace_clock(samples, clock_offset_us(bounds, {})).num_rows == 0  # no common step: no samples rather than wrong ones
+    assert (
+        to_trace_clock(samples, clock_offset_us(bounds, {})).num_rows == 0
+    )  # no common step: no samples rather than wrong ones
 
 
 def test_one_batch_per_step_of_the_window():
-    trig = ProfileTrigger(job="j", window="w", start_step=5, steps=2, expected_workers=4, sampling=Sampling(), policy="p", policy_hash="h")
+    trig = ProfileTrigger(
+        job="j", window="w", start_step=5, steps=2, expected_workers=4, sampling=Sampling(), policy="p", policy_hash="h"
+    )
     meta = WorkerMeta(rank=1, host="h1")
-    summaries = [Summary(4, table(["a"])), Summary(5, table(["train.py(3): f", "aten::mm"])), Summary(6, table(["a"])), Summary(7, table(["a"]))]
+    summaries = [
+        Summary(4, table(["a"])),
+        Summary(5, table(["train.py(3): f", "aten::mm"])),
+        Summary(6, table(["a"])),
+        Summary(7, table(["a"])),
+    ]
     out = feature_batches(summaries, trig, meta, "host", now=1.0)
     assert [b.step for b in out] == [5, 6]
     b = out[0]
-    assert (b.job, b.window, b.window_start, b.window_steps, b.expected_workers, b.policy, b.hardware) == ("j", "w", 5, 2, 4, "p@h", "host")
+    assert (b.job, b.window, b.window_start, b.window_steps, b.expected_workers, b.policy, b.hardware) == (
+        "j",
+        "w",
+        5,
+        2,
+        4,
+        "p@h",
+        "host",
+    )
     assert ft.unpack(b.functions).column("function").to_pylist() == ["train.py(3): f", "aten::mm"]
 
 
 def test_the_agents_own_threads_leave_the_trace():
-    trace = {"traceEvents": [{"tid": 1, "name": "train"}, {"tid": 2, "name": "lockstep sampler"}, {"tid": 3, "name": "x"}]}
+    trace = {
+        "traceEvents": [{"tid": 1, "name": "train"}, {"tid": 2, "name": "lockstep sampler"}, {"tid": 3, "name": "x"}]
+    }
     assert [e["tid"] for e in without_threads(trace, frozenset({2}))["traceEvents"]] == [1, 3]
     n = 4
-    events = pa.table({"worker": [0] * n, "step": [1] * n, "function": ["a", "b", "c", "d"], "kind": ["python"] * n,
-                       "start_us": [0.0] * n, "duration_us": [1.0] * n, "stream": ["7/1", "7/2", None, "7/12"]}).cast(
-        pa.schema([OP_EVENT_SCHEMA.field(c) for c in ("worker", "step", "function", "kind", "start_us", "duration_us", "stream")]))  # fmt: skip
+    events = pa.table(
+        {
+            "worker": [0] * n,
+            "step": [1] * n,
+            "function": ["a", "b", "c", "d"],
+            "kind": ["python"] * n,
+            "start_us": [0.0] * n,
+            "duration_us": [1.0] * n,
+            "stream": ["7/1", "7/2", None, "7/12"],
+        }
+    ).cast(
+        pa.schema(
+            [
+                OP_EVENT_SCHEMA.field(c)
+                for c in ("worker", "step", "function", "kind", "start_us", "duration_us", "stream")
+            ]
+        )
+    )
     assert without_thread_events(events, frozenset({2})).column("function").to_pylist() == ["a", "c", "d"]
