@@ -27,7 +27,9 @@ class _Job:
     open: dict[int, list[tuple[float, float, int]]] = field(default_factory=dict)  # step -> (slowest s, median s, workers) of what reported it
     shards: dict[int, set[tuple[int, int]]] = field(default_factory=dict)  # step -> the shards counted (partials)
     opened: dict[int, float] = field(default_factory=dict)  # step -> when its first heartbeat came
-    done: list[tuple[int, float, float, int]] = field(default_factory=list)  # (step, max us, median us, workers), to emit
+    done: list[tuple[int, float, float, int]] = field(
+        default_factory=list
+    )  # (step, max us, median us, workers), to emit
     emitted_upto: int = -1  # steps at or below were emitted (or dropped as too late)
     highest: int = -1
 
@@ -92,8 +94,17 @@ class SeriesBuilder:
             while j.done:
                 chunk, j.done = j.done[:MAX_SERIES_POINTS], j.done[MAX_SERIES_POINTS:]
                 chunk.sort()
-                out.append(StepSeries(job=job, tenant=j.tenant, steps=[c[0] for c in chunk], step_time_us=[c[1] for c in chunk],
-                                      median_us=[c[2] for c in chunk], workers=[c[3] for c in chunk], sent_at=now))  # fmt: skip
+                out.append(
+                    StepSeries(
+                        job=job,
+                        tenant=j.tenant,
+                        steps=[c[0] for c in chunk],
+                        step_time_us=[c[1] for c in chunk],
+                        median_us=[c[2] for c in chunk],
+                        workers=[c[3] for c in chunk],
+                        sent_at=now,
+                    )
+                )
         return out
 
     def drop(self, jobs) -> None:
@@ -128,8 +139,18 @@ def deviation_map(job: str, window: str, tenant: str, start_step: int, steps: in
             ws.append(t.column("worker").to_numpy(zero_copy_only=False))
             fs.append(np.asarray(t.column("function").to_pylist(), dtype=object))
             zs.append(pc.fill_null(t.column("z"), math.nan).to_numpy(zero_copy_only=False))
-    empty = DeviationMap(job=job, window=window, tenant=tenant, start_step=start_step, steps=steps, workers=[], functions=[], z=[], flagged=[],
-                         created_at=now)  # fmt: skip
+    empty = DeviationMap(
+        job=job,
+        window=window,
+        tenant=tenant,
+        start_step=start_step,
+        steps=steps,
+        workers=[],
+        functions=[],
+        z=[],
+        flagged=[],
+        created_at=now,
+    )
     if not ws:
         return empty
     w, f, z = np.concatenate(ws), np.concatenate(fs).astype(str), np.concatenate(zs).astype(np.float64)
@@ -155,9 +176,16 @@ def deviation_map(job: str, window: str, tenant: str, start_step: int, steps: in
     top_f = np.argsort(-score[top_w].sum(axis=0), kind="stable")[:max_functions]
     sub, subn = grid[np.ix_(top_w, top_f)], n[np.ix_(top_w, top_f)]
     return DeviationMap(
-        job=job, window=window, tenant=tenant, start_step=start_step, steps=steps,
-        workers=[int(x) for x in wu[top_w]], functions=[str(x) for x in fu[top_f]],
+        job=job,
+        window=window,
+        tenant=tenant,
+        start_step=start_step,
+        steps=steps,
+        workers=[int(x) for x in wu[top_w]],
+        functions=[str(x) for x in fu[top_f]],
         z=[[None if math.isnan(x) else round(float(x), 2) for x in row] for row in sub],
         flagged=[[int(x) for x in row] for row in subn],
-        workers_total=int(wu.size), functions_total=int(fu.size), created_at=now,
-    )  # fmt: skip
+        workers_total=int(wu.size),
+        functions_total=int(fu.size),
+        created_at=now,
+    )
