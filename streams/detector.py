@@ -47,7 +47,18 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-from ..schemas.records import AgentCounters, Echo, ProfileTrigger, RecordError, RefusalCode, Sampling, StepHeartbeat, StepPartial, TriggerRefused, TriggerRequest
+from ..schemas.records import (
+    AgentCounters,
+    Echo,
+    ProfileTrigger,
+    RecordError,
+    RefusalCode,
+    Sampling,
+    StepHeartbeat,
+    StepPartial,
+    TriggerRefused,
+    TriggerRequest,
+)
 from .policy import DetectorPolicy, Policy
 
 #: a window counts as open until the job passes its last step, or at least this long
@@ -437,7 +448,9 @@ class JobState:
     tick_at: float = 0.0  # last hang check requested
     windows: list[OpenedWindow] = field(default_factory=list)  # open ones and the last closed one
     trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
-    agents: dict[tuple[int, int], AgentCounters] = field(default_factory=dict)  # shard -> its agents' last counters (sent on change)
+    agents: dict[tuple[int, int], AgentCounters] = field(
+        default_factory=dict
+    )  # shard -> its agents' last counters (sent on change)
 
 
 class SlowdownDetector:
@@ -519,7 +532,11 @@ class SlowdownDetector:
         now = time.time() if now is None else now
         self._plausible(hb.job, hb.step, hb.sent_at, now, f"worker {hb.worker}", f"host {hb.host!r}")
         final = hb.final is True
-        echo = hb.trigger_window if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float) else None
+        echo = (
+            hb.trigger_window
+            if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
+            else None
+        )
         p = StepPartial(job=hb.job, tenant=hb.tenant, step=hb.step, shard=hb.worker, partition=ONE_WORKER, workers=0 if final else 1,
                         slowest_s=hb.step_time_s, slowest_worker=hb.worker, median_s=hb.step_time_s, clock_worker=hb.worker,
                         clock_sent_at=hb.sent_at, newest_sent_at=hb.sent_at, highest=hb.step, final=int(final),
@@ -555,7 +572,9 @@ class SlowdownDetector:
             view.step, view.workers, view.missing, view.missing_total = p.step, p.workers, p.missing, p.missing_total
         if p.agents is not None:
             st.agents[key] = p.agents
-        out = self._add(st, key, p, now) if p.workers and p.step > st.last_complete else []  # else: late or replayed, judged already
+        out = (
+            self._add(st, key, p, now) if p.workers and p.step > st.last_complete else []
+        )  # else: late or replayed, judged already
         if p.final:
             st.ended = True
         return out
@@ -771,7 +790,11 @@ class SlowdownDetector:
         if not total:
             return ""
         shown = sorted(named)[:8]
-        return f"; {total} worker(s) behind step {st.max_step}" + (f": {', '.join(map(str, shown))}" if shown else "") + (", ..." if total > len(shown) and shown else "")
+        return (
+            f"; {total} worker(s) behind step {st.max_step}"
+            + (f": {', '.join(map(str, shown))}" if shown else "")
+            + (", ..." if total > len(shown) and shown else "")
+        )
 
     # ------------------------------------------------------------------ operators
 
@@ -898,7 +921,11 @@ class SlowdownDetector:
     def active_workers(self, st: JobState) -> int:
         """Workers heard from recently: what a window's coverage is measured against."""
         horizon = st.max_step - 3 * self.policy.detector.recent_steps
-        return sum(1 if partition == ONE_WORKER else v.workers for (_, partition), v in st.shards.items() if v.highest >= horizon)
+        return sum(
+            1 if partition == ONE_WORKER else v.workers
+            for (_, partition), v in st.shards.items()
+            if v.highest >= horizon
+        )
 
     def control_latency_s(self, st: JobState) -> float:
         """The slowest echoed receipt of a trigger among the job's recent windows, else among any

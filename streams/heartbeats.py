@@ -67,7 +67,17 @@ class Rows:
 class _Open:
     """One open step of a shard."""
 
-    __slots__ = ("seen", "n", "slowest_s", "slowest_worker", "times", "lowest", "newest_sent_at", "opened_at", "holders")
+    __slots__ = (
+        "holders",
+        "lowest",
+        "n",
+        "newest_sent_at",
+        "opened_at",
+        "seen",
+        "slowest_s",
+        "slowest_worker",
+        "times",
+    )
 
     def __init__(self, size: int, now: float):
         self.seen = np.zeros(size, dtype=bool)  # by position in the shard's ranks
@@ -177,7 +187,9 @@ class HeartbeatShards(Generic[T]):
         return (f"step {int(step.max())} of job {key[0]!r} is {int(step.max()) - sh.highest} steps beyond the highest its shard "
                 f"{key[1]} has shown ({sh.highest}); at most {FUTURE_STEPS} plus its pace are plausible")  # fmt: skip
 
-    def add(self, key: ShardKey, tenant: str, rows: Rows, holders: list[Held[T]], now: float) -> list[tuple[StepPartial, list[T]]]:
+    def add(
+        self, key: ShardKey, tenant: str, rows: Rows, holders: list[Held[T]], now: float
+    ) -> list[tuple[StepPartial, list[T]]]:
         """A batch's rows of one shard; returns what a restart of the job from a checkpoint sent (the old run's steps)."""
         sh = self._shard(key, tenant)
         sh.last_seen_at = now
@@ -271,7 +283,11 @@ class HeartbeatShards(Generic[T]):
         out = []
         for key, sh in list(self.shards.items()):
             interval = sh.interval_s()
-            timeout = max(self.timeout_min_s, self.timeout_steps * interval) if math.isfinite(interval) else self.timeout_min_s
+            timeout = (
+                max(self.timeout_min_s, self.timeout_steps * interval)
+                if math.isfinite(interval)
+                else self.timeout_min_s
+            )
             for step in sorted(sh.open):
                 if now - sh.open[step].opened_at < timeout:
                     break

@@ -18,7 +18,15 @@ from collections.abc import Collection, MutableMapping, Sequence
 
 from ...kafka import Topics
 from ...metrics import Metrics
-from ...schemas.records import DetectorTick, ProfileTrigger, RecordError, StepPartial, TriggerRefused, TriggerRequest, decode
+from ...schemas.records import (
+    DetectorTick,
+    ProfileTrigger,
+    RecordError,
+    StepPartial,
+    TriggerRefused,
+    TriggerRequest,
+    decode,
+)
 from ..detector import SlowdownDetector
 from ..pictures import SeriesBuilder
 from ..policy import Policy

@@ -22,7 +22,17 @@ import numpy as np
 
 from ...kafka import Topics
 from ...metrics import Metrics
-from ...schemas.records import DetectorTick, Echo, HeartbeatBatch, RecordError, StepHeartbeat, StepPartial, TriggerRequest, WorkerCounters, decode
+from ...schemas.records import (
+    DetectorTick,
+    Echo,
+    HeartbeatBatch,
+    RecordError,
+    StepHeartbeat,
+    StepPartial,
+    TriggerRequest,
+    WorkerCounters,
+    decode,
+)
 from ..heartbeats import HeartbeatShards, Held, Rows, ShardKey
 from ..windows import Handle
 from .base import Clock, HoldingStage, Output, Partition, RecordIn
@@ -34,7 +44,7 @@ RECORDS_SHARD = -1
 class _Group:
     """One shard's rows and news in one batch."""
 
-    __slots__ = ("tenant", "worker", "step", "step_time_s", "sent_at", "holder", "helds", "news")
+    __slots__ = ("helds", "holder", "news", "sent_at", "step", "step_time_s", "tenant", "worker")
 
     def __init__(self, tenant: str):
         self.tenant = tenant
@@ -44,7 +54,9 @@ class _Group:
         self.sent_at: list[float] = []
         self.holder: list[int] = []
         self.helds: list[Held[Handle[RecordIn]]] = []
-        self.news: dict[int, tuple[int, list[Echo], list[WorkerCounters]]] = {}  # held -> (final heartbeats, echoes, counters)
+        self.news: dict[
+            int, tuple[int, list[Echo], list[WorkerCounters]]
+        ] = {}  # held -> (final heartbeats, echoes, counters)
 
     def batch(self, rec: HeartbeatBatch, held: Held[Handle[RecordIn]]) -> None:
         i = len(self.helds)
@@ -53,7 +65,9 @@ class _Group:
         if rec.final:  # a worker's last heartbeat says it shuts down: news, not a step
             final = set(rec.final)
             keep = [j for j in range(len(worker)) if j not in final]
-            worker, step, step_time_s, sent_at = ([col[j] for j in keep] for col in (worker, step, step_time_s, sent_at))
+            worker, step, step_time_s, sent_at = (
+                [col[j] for j in keep] for col in (worker, step, step_time_s, sent_at)
+            )
         self.worker += worker
         self.step += step
         self.step_time_s += step_time_s
@@ -88,7 +102,9 @@ class HeartbeatStage(HoldingStage):
 
     name = "heartbeats"
 
-    def __init__(self, topics: Topics, out: Output, metrics: Metrics, clock: Clock = time.time, timeout_min_s: float = 1.0):
+    def __init__(
+        self, topics: Topics, out: Output, metrics: Metrics, clock: Clock = time.time, timeout_min_s: float = 1.0
+    ):
         super().__init__(topics, out, metrics, clock)
         self.shards: HeartbeatShards[Handle[RecordIn]] = HeartbeatShards(timeout_min_s)
 
@@ -129,13 +145,17 @@ class HeartbeatStage(HoldingStage):
                 await self.failed([held.item.item for held in group.helds], exc)
                 for held in group.helds:
                     held.refs = 0
-        await self.release([held.item for group in groups.values() for held in group.helds if held.refs == 0])  # fed nothing open
+        await self.release(
+            [held.item for group in groups.values() for held in group.helds if held.refs == 0]
+        )  # fed nothing open
         sent += self.shards.ready(groups.keys(), now)
         await self._send(sent)
         if self.shards.late > late:
             self.metrics.inc("late_records_total", self.shards.late - late, stage=self.name)
 
-    async def _aggregate(self, key: ShardKey, group: _Group, now: float) -> list[tuple[StepPartial, list[Handle[RecordIn]]]]:
+    async def _aggregate(
+        self, key: ShardKey, group: _Group, now: float
+    ) -> list[tuple[StepPartial, list[Handle[RecordIn]]]]:
         rows = group.rows()
         bad = self.shards.future(key, rows.step, rows.sent_at, now)
         refused: set[int] = set()
@@ -143,7 +163,9 @@ class HeartbeatStage(HoldingStage):
             refused = set(np.unique(rows.holder[bad]).tolist())
             for i in refused:
                 mine = rows.holder == i
-                err = RecordError("from_the_future", self.shards.future_detail(key, rows.step[mine], rows.sent_at[mine], now))
+                err = RecordError(
+                    "from_the_future", self.shards.future_detail(key, rows.step[mine], rows.sent_at[mine], now)
+                )
                 await self.dead_letter(group.helds[i].item.item, err)
             rows = rows.where(~np.isin(rows.holder, list(refused)))
         self.metrics.inc("heartbeats_total", len(rows))
