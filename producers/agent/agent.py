@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, heartbeat_key, window_features_key
 from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, batch_heartbeats, encode
-from .settings import AgentConfig
 from .control import ControlFollower
 from .meta import Identity, discover
 from .outbox import Outbox

@@ -12,6 +12,7 @@ import pyarrow as pa
 import yaml
 
 from ...schemas import functions as ft
+from ...schemas.errors import LockstepError
 from ...schemas.records import SHARD_WORKERS, Echo, FeatureBatch, HeartbeatBatch, ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, WorkerMeta
 from .faults import Fault, FaultError, Truth, effects
 from .model import KIND, NAMES, SAMPLED, SimulatedStep, Static, Workload, simulate_step, step_rng

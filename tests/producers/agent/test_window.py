@@ -4,7 +4,6 @@ import numpy as np
 import pyarrow as pa
 
 from lockstep.producers.agent.window import clock_offset_us, to_trace_clock, window_features, without_thread_events, without_threads
-from lockstep.schemas.events import OP_EVENT_SCHEMA
 from lockstep.schemas import functions as ft
 from lockstep.schemas.events import OP_EVENT_SCHEMA, SAMPLE_SCHEMA
 from lockstep.schemas.records import ProfileTrigger, Sampling, WorkerMeta

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from lockstep.kafka import Topics
 from lockstep.schemas.records import (
+    DetectorTick,
     ProfileTrigger,
     StepHeartbeat,
     StepSeries,
