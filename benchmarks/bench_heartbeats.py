@@ -55,7 +55,10 @@ def payloads(workers: int, steps: int, job: str, kind: str, topics) -> list[tupl
     for step in range(steps):
         sim = fleet.step(step, readings=False)
         if kind == "batch":
-            out += [(topics.heartbeats, heartbeat_key(job, b.shard), encode(b)) for b in fleet.heartbeat_batches(sim, now + step)]
+            out += [
+                (topics.heartbeats, heartbeat_key(job, b.shard), encode(b))
+                for b in fleet.heartbeat_batches(sim, now + step)
+            ]
         else:
             out += [(topics.heartbeats, job.encode(), encode(hb)) for hb in fleet.heartbeats(sim, now + step)]
     return out
@@ -74,8 +77,12 @@ def run(args) -> dict:
     figures: dict[str, list[dict]] = {"batch": [], "records": []}
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
-        topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
-        jobs = {(kind, r): payloads(args.workers, args.steps, f"bench-{kind}-{r}", kind, topics) for r in range(args.repeats) for kind in figures}
+        topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
+        jobs = {
+            (kind, r): payloads(args.workers, args.steps, f"bench-{kind}-{r}", kind, topics)
+            for r in range(args.repeats)
+            for kind in figures
+        }
         pipeline = Pipeline(s, log_dir)
         stack.callback(pipeline.stop)
         proc = psutil.Process(pipeline.start("processor").proc.pid)
@@ -94,11 +101,11 @@ def run(args) -> dict:
                 publisher.flush(60)
                 beats += args.workers * args.steps
 
-                def done() -> bool:
+                def done(beats: float = beats) -> bool:
                     m = pipeline.metrics("processor")
-                    return value(m, "lockstep_heartbeats_total") >= beats and value(m, "lockstep_records_in_total", topic=topics.partials) >= value(
-                        m, "lockstep_records_out_total", topic=topics.partials
-                    )
+                    return value(m, "lockstep_heartbeats_total") >= beats and value(
+                        m, "lockstep_records_in_total", topic=topics.partials
+                    ) >= value(m, "lockstep_records_out_total", topic=topics.partials)
 
                 while not done():
                     if time.monotonic() - t0 > args.timeout_s:
@@ -106,7 +113,9 @@ def run(args) -> dict:
                     time.sleep(0.25)  # every scrape of /metrics costs the processor CPU: few of them
                 wall = time.monotonic() - t0
                 cpu = cpu_s(proc) - c0 - idle * wall
-                figures[kind].append({"records": len(records), "bytes": sum(len(v) for _, _, v in records), "cpu_s": cpu, "wall_s": wall})
+                figures[kind].append(
+                    {"records": len(records), "bytes": sum(len(v) for _, _, v in records), "cpu_s": cpu, "wall_s": wall}
+                )
         m = pipeline.metrics("processor")
         dead = sum(v for (name, _), v in m.items() if name == "lockstep_dead_letters_total")
         partials = value(m, "lockstep_records_out_total", topic=topics.partials)
@@ -140,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{out['steps']} steps of a {out['workers']:,}-worker job's heartbeats through one processor on the embedded broker "
           f"({out['partitions']} partitions); processor CPU (idle {out['idle_cpu_per_s']:.3f} CPU-s/s subtracted), median of "
           f"{out['repeats']} runs each, alternating")  # fmt: skip
-    for name, x in (("HeartbeatBatch (one per host and shard, key job/shard)", b), ("StepHeartbeat (one per worker and step, before)", rec)):
+    for name, x in (
+        ("HeartbeatBatch (one per host and shard, key job/shard)", b),
+        ("StepHeartbeat (one per worker and step, before)", rec),
+    ):
         print(f"  {name:55s} {x['records']:7,} records {x['bytes'] / x['records']:7,.0f} B each: {x['cpu_s']:6.2f} CPU-s"
               f" ({', '.join(map(str, x['cpu_s_all']))}), {x['heartbeats_per_cpu_s']:9,.0f} heartbeats/CPU-s")  # fmt: skip
     ok = b["heartbeats_per_cpu_s"] >= TARGET
