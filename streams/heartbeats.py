@@ -264,9 +264,9 @@ class HeartbeatShards(Generic[T]):
             sh = self.shards.get(key)
             if sh is None:
                 continue
-            expected = max(sh.counts, default=0)
             for step in sorted(sh.open):
                 op = sh.open[step]
+                expected = max(sh.counts, default=0)  # a step just sent may have taught it
                 if expected and op.n >= expected:
                     out.append(self._emit(sh, step, "complete", now))
                 elif step <= sh.highest - 2:
