@@ -7,6 +7,8 @@ restart loses every topic: durability is Kafka's promise in production, not ours
 
 from __future__ import annotations
 
+from .schemas.errors import LockstepError
+
 import contextlib
 import ctypes
 import ctypes.util
@@ -20,13 +22,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from .config import Settings
 
 log = logging.getLogger(__name__)
 
 
-class BrokerError(RuntimeError):
+class BrokerError(LockstepError, RuntimeError):
     """The embedded broker could not be found or started."""
 
 
@@ -75,7 +78,7 @@ class EmbeddedBroker:
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
         self._log_path = log_path
         self._proc: subprocess.Popen | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         binary = broker_binary()
@@ -84,7 +87,7 @@ class EmbeddedBroker:
             fd, name = tempfile.mkstemp(prefix="lockstep-broker-", suffix=".log")
             os.close(fd)
             self._log_path = Path(name)
-        self._log_file = open(self._log_path, "ab")
+        self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - the broker writes into it until stop() closes it
         self._proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
             stdout=self._log_file,

@@ -14,14 +14,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .schemas.errors import LockstepError
 
-class ConfigError(ValueError):
+
+class ConfigError(LockstepError, ValueError):
     """A setting is missing, malformed or out of range."""
 
 
@@ -39,21 +42,21 @@ def read_yaml_mapping(path: Path, what: str, error: type[Exception] = ConfigErro
     return data
 
 
-def _pos_int(v: Any) -> int:
+def positive_int(v: Any) -> int:
     iv = int(v)
     if iv < 1:
         raise ValueError("must be >= 1")
     return iv
 
 
-def _pos_float(v: Any) -> float:
+def positive_float(v: Any) -> float:
     fv = float(v)
     if not fv > 0:
         raise ValueError("must be > 0")
     return fv
 
 
-def _kv_map(v: Any) -> dict[str, str]:
+def kv_map(v: Any) -> dict[str, str]:
     """'a=1,b=2' or ['a=1', 'b=2'] or a mapping -> dict[str, str]."""
     if v is None:
         return {}
@@ -72,57 +75,152 @@ def _kv_map(v: Any) -> dict[str, str]:
     return out
 
 
+#: the commands that talk to Kafka, and those of them that create topics (the partition count is also
+#: checked against existing topics); a setting's ``read_by`` names the commands that read it
+KAFKA_COMMANDS = ("processor", "sink", "topics", "simulate", "trigger", "raw")
+TOPIC_COMMANDS = ("processor", "sink", "topics", "simulate")
+#: every command that has settings flags
+COMMANDS = (*KAFKA_COMMANDS, "demo", "agent", "evaluate", "diagnose")
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    parse: Callable[[Any], Any],
+    read_by: Iterable[str],
+    flag: str | None = None,
+    metavar: str | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A field of a settings model: its help text, its parser (raw file, environment or flag value -> the value),
+    the commands that read it (their ``--help`` lists it; the others accept it unlisted), and optionally its flag
+    name (default: the field's, dashed) and metavar."""
+    metadata = {"help": help, "parse": parse, "read_by": frozenset(read_by), "flag": flag, "metavar": metavar}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class Settings:
-    """Every setting of every command.  Field metadata: help text and parser."""
+    """Every setting of every command.  Each field says (:func:`setting`) its flag's help, its parser and which
+    commands read it: the flags, the environment variables and the file's keys all derive from these fields."""
 
-    bootstrap_servers: str | None = field(
-        default=None,
-        metadata={"help": "Kafka bootstrap servers; when unset the command starts the embedded broker", "parse": str},
+    bootstrap_servers: str | None = setting(
+        None,
+        help="Kafka bootstrap servers; when unset the command starts the embedded broker",
+        parse=str,
+        read_by=(*KAFKA_COMMANDS, "demo", "agent"),
+        metavar="HOST:PORT[,...]",
     )
-    kafka: dict[str, str] = field(
+    kafka: dict[str, str] = setting(
         default_factory=dict,
-        metadata={"help": "librdkafka properties passed through (KEY=VALUE, repeatable)", "parse": _kv_map, "flag": "kafka-config"},
+        help="librdkafka properties passed through (KEY=VALUE, repeatable)",
+        parse=kv_map,
+        read_by=(*KAFKA_COMMANDS, "demo", "agent"),
+        flag="kafka-config",
     )
-    faust: dict[str, str] = field(
+    faust: dict[str, str] = setting(
         default_factory=dict,
-        metadata={"help": "faust App settings passed through (KEY=VALUE, repeatable)", "parse": _kv_map, "flag": "faust-config"},
+        help="faust App settings passed through (KEY=VALUE, repeatable)",
+        parse=kv_map,
+        read_by=("processor",),
+        flag="faust-config",
     )
-    topic_prefix: str = field(default="lockstep", metadata={"help": "prefix of every topic name", "parse": str})
-    partitions: int = field(default=6, metadata={"help": "partitions per topic when creating topics", "parse": _pos_int})
-    replication_factor: int = field(default=1, metadata={"help": "replication factor when creating topics", "parse": _pos_int})
-    session_timeout_ms: int = field(
-        default=6000,
-        metadata={"help": "consumer-group session timeout (short: groups form in about half of it)", "parse": _pos_int},
+    topic_prefix: str = setting(
+        "lockstep",
+        help="prefix of every topic name",
+        parse=str,
+        read_by=(*KAFKA_COMMANDS, "demo", "agent"),
+        metavar="PREFIX",
     )
-    fetch_wait_ms: int = field(
-        default=100,
-        metadata={"help": "most time a consumer fetch waits for data; keep it short: the embedded broker does not "
-                          "answer a waiting fetch early when data arrives", "parse": _pos_int},
+    partitions: int = setting(
+        6, help="partitions per topic when creating topics", parse=positive_int, read_by=(*TOPIC_COMMANDS, "demo")
     )
-    db: Path = field(default=Path("lockstep.duckdb"), metadata={"help": "DuckDB findings file", "parse": Path})
-    routes: Path | None = field(
-        default=None, metadata={"help": "paging routes file (YAML: PagerDuty, Slack, webhooks); no paging without it", "parse": Path}
+    replication_factor: int = setting(
+        1, help="replication factor when creating topics", parse=positive_int, read_by=TOPIC_COMMANDS
     )
-    resolve_min_coverage: float = field(
-        default=0.9, metadata={"help": "a later window resolves an incident only if it saw at least this share of workers", "parse": float}
+    session_timeout_ms: int = setting(
+        6000,
+        help="consumer-group session timeout (short: groups form in about half of it)",
+        parse=positive_int,
+        read_by=KAFKA_COMMANDS,
     )
-    resolve_after_s: float = field(
-        default=43200.0, metadata={"help": "resolve an incident that no window has seen for this long", "parse": _pos_float}
+    fetch_wait_ms: int = setting(
+        100,
+        help="most time a consumer fetch waits for data; keep it short: the embedded broker does not "
+        "answer a waiting fetch early when data arrives",
+        parse=positive_int,
+        read_by=KAFKA_COMMANDS,
     )
-    step_timeout_s: float = field(
-        default=10.0, metadata={"help": "close a step this long after its first record even if workers are missing", "parse": _pos_float}
+    db: Path = setting(
+        Path("lockstep.duckdb"), help="DuckDB findings file", parse=Path, read_by=("sink", "demo"), metavar="FILE"
     )
-    window_timeout_s: float = field(
-        default=30.0, metadata={"help": "close a window this long after its first step report", "parse": _pos_float}
+    routes: Path | None = setting(
+        None,
+        help="paging routes file (YAML: PagerDuty, Slack, webhooks); no paging without it",
+        parse=Path,
+        read_by=("sink",),
+        metavar="FILE",
     )
-    policy: Path | None = field(default=None, metadata={"help": "trigger/diagnosis policy file (YAML)", "parse": Path})
-    processor_id: str = field(default="lockstep-processor", metadata={"help": "faust app id (consumer group) of the processors", "parse": str})
-    sink_group: str = field(default="lockstep-sink", metadata={"help": "consumer group of the DuckDB sink", "parse": str})
-    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR", "parse": lambda v: str(v).upper()})
-    log_format: str = field(default="text", metadata={"help": "text (one line per record) or json (one JSON object per line)", "parse": lambda v: str(v).lower()})
-    series_keep_steps: int = field(
-        default=20_000, metadata={"help": "steps of each job's step-time series the sink keeps (older points are pruned)", "parse": _pos_int}
+    resolve_min_coverage: float = setting(
+        0.9,
+        help="a later window resolves an incident only if it saw at least this share of workers",
+        parse=float,
+        read_by=("sink",),
+    )
+    resolve_after_s: float = setting(
+        43200.0,
+        help="resolve an incident that no window has seen for this long",
+        parse=positive_float,
+        read_by=("sink",),
+    )
+    step_timeout_s: float = setting(
+        10.0,
+        help="close a step this long after its first record even if workers are missing",
+        parse=positive_float,
+        read_by=("processor",),
+    )
+    window_timeout_s: float = setting(
+        30.0, help="close a window this long after its first step report", parse=positive_float, read_by=("processor",)
+    )
+    policy: Path | None = setting(
+        None,
+        help="trigger/diagnosis policy file (YAML)",
+        parse=Path,
+        read_by=("processor", "demo", "evaluate", "diagnose"),
+        metavar="FILE",
+    )
+    processor_id: str = setting(
+        "lockstep-processor",
+        help="faust app id (consumer group) of the processors",
+        parse=str,
+        read_by=("processor", "topics"),
+        metavar="GROUP",
+    )
+    sink_group: str = setting(
+        "lockstep-sink", help="consumer group of the DuckDB sink", parse=str, read_by=("sink",), metavar="GROUP"
+    )
+    log_level: str = setting(
+        "INFO",
+        help="DEBUG, INFO, WARNING or ERROR",
+        parse=lambda v: str(v).upper(),
+        read_by=(*KAFKA_COMMANDS, "demo", "agent", "evaluate"),
+        metavar="LEVEL",
+    )
+    log_format: str = setting(
+        "text",
+        help="text (one line per record) or json (one JSON object per line)",
+        parse=lambda v: str(v).lower(),
+        read_by=(*KAFKA_COMMANDS, "demo", "evaluate"),
+        metavar="text|json",
+    )
+    series_keep_steps: int = setting(
+        20_000,
+        help="steps of each job's step-time series the sink keeps (older points are pruned)",
+        parse=positive_int,
+        read_by=("sink",),
     )
 
     def validate(self) -> Settings:
@@ -145,81 +243,107 @@ class Settings:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
-_METAVARS = {"bootstrap_servers": "HOST:PORT[,...]", "topic_prefix": "PREFIX", "db": "FILE", "routes": "FILE", "policy": "FILE",
-             "processor_id": "GROUP", "sink_group": "GROUP", "log_level": "LEVEL", "log_format": "text|json"}  # fmt: skip
 
-#: settings every command that talks to Kafka reads
-KAFKA = ["bootstrap_servers", "kafka", "topic_prefix", "session_timeout_ms", "fetch_wait_ms", "log_level", "log_format"]
-#: ... and those that create topics (the partition count is also checked against existing topics)
-TOPICS = ["partitions", "replication_factor"]
+def read_by(command: str) -> list[str]:
+    """The settings ``command`` reads (their fields' ``read_by``), in the model's order."""
+    if command not in COMMANDS:
+        raise ValueError(f"{command!r} is not a command with settings; those are {', '.join(COMMANDS)}")
+    return [name for name, f in _FIELDS.items() if command in f.metadata["read_by"]]
 
 
 def flag_name(name: str) -> str:
     """The command-line flag of a setting (``kafka`` -> ``--kafka-config``)."""
-    return "--" + _FIELDS[name].metadata.get("flag", name.replace("_", "-"))
+    return "--" + (_FIELDS[name].metadata["flag"] or name.replace("_", "-"))
 
 
-def add_arguments(parser: argparse.ArgumentParser, names: list[str] | None = None, config_file: bool = True, only: bool = False,
-                  title: str = "settings (flag > LOCKSTEP_<NAME> environment > --config file > default)") -> None:
+def default_of(f: dataclasses.Field[Any]) -> Any:
+    """A field's default value (a fresh one where it has a factory)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    names: list[str] | None = None,
+    config_file: bool = True,
+    only: bool = False,
+    title: str = "settings (flag > LOCKSTEP_<NAME> environment > --config file > default)",
+) -> None:
     """Add ``--config`` and one flag per setting (default None, so that unset flags are known), in a group of
     their own so that ``--help`` shows the command's own options first.
 
-    ``--help`` lists ``names``, the settings the command reads.  The other settings' flags are accepted too,
-    unlisted (one set of flags serves every process, as one file does), unless ``only``."""
+    ``--help`` lists ``names`` (usually :func:`read_by` of the command), the settings the command reads.  The
+    other settings' flags are accepted too, unlisted (one set of flags serves every process, as one file does),
+    unless ``only``."""
     group = parser.add_argument_group(title)
     if config_file:
-        group.add_argument("--config", type=Path, default=None, metavar="FILE", help="YAML settings file (also LOCKSTEP_CONFIG)")
+        group.add_argument(
+            "--config", type=Path, default=None, metavar="FILE", help="YAML settings file (also LOCKSTEP_CONFIG)"
+        )
     listed = list(names or _FIELDS)
     for name in listed + ([] if only else [n for n in _FIELDS if n not in listed]):
         f = _FIELDS[name]
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
+        default = default_of(f)
         shown = "" if default in (None, {}, "") else f"; default {default}"
         help_ = f"{f.metadata['help']} (env LOCKSTEP_{name.upper()}{shown})" if name in listed else argparse.SUPPRESS
-        metavar = _METAVARS.get(name) or ("SECONDS" if name.endswith("_s") else "N" if isinstance(default, (int, float)) else "VALUE")
-        if isinstance(f.default_factory, type) and f.default_factory is dict:  # type: ignore[misc]
-            group.add_argument(flag_name(name), dest=name, action="append", default=None, metavar="KEY=VALUE", help=help_)
+        metavar = f.metadata["metavar"] or (
+            "SECONDS" if name.endswith("_s") else "N" if isinstance(default, (int, float)) else "VALUE"
+        )
+        if isinstance(default, dict):
+            group.add_argument(
+                flag_name(name), dest=name, action="append", default=None, metavar="KEY=VALUE", help=help_
+            )
         else:
             group.add_argument(flag_name(name), dest=name, default=None, metavar=metavar, help=help_)
 
 
-def _parse(name: str, value: Any, source: str) -> Any:
-    try:
-        return _FIELDS[name].metadata["parse"](value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name} (from {source}): {value!r} is not valid: {exc}") from None
+# ------------------------------------------------------------------------------------------ the layered loader
+
+#: one layer's values: (setting, raw value, where it came from, as the error message names it)
+Layer = Iterable[tuple[str, Any, str]]
 
 
-def load(args: argparse.Namespace | None = None, env: dict[str, str] | None = None) -> Settings:
+def file_layer(path: Path, what: str, fields: Mapping[str, dataclasses.Field[Any]]) -> Layer:
+    """The settings of a YAML file (``what``: the file as the user knows it; keys may be dashed)."""
+    data = read_yaml_mapping(path, what)
+    for key, raw in data.items():
+        name = str(key).replace("-", "_")
+        if name not in fields:
+            raise ConfigError(f"{what}: unknown setting {key!r}; known: {', '.join(fields)}")
+        yield name, raw, what
+
+
+def env_layer(env: Mapping[str, str], prefix: str, fields: Mapping[str, dataclasses.Field[Any]]) -> Layer:
+    """The settings of ``<prefix><NAME>`` environment variables (empty ones are unset)."""
+    for name in fields:
+        raw = env.get(prefix + name.upper())
+        if raw not in (None, ""):
+            yield name, raw, prefix + name.upper()
+
+
+def layered(fields: Mapping[str, dataclasses.Field[Any]], *layers: Layer) -> dict[str, Any]:
+    """Parse each layer's values with their fields' parsers, lowest layer first: a later layer's value wins, and
+    mappings (``kafka``, ``labels``) merge key by key.  A bad value raises :class:`ConfigError` naming the setting
+    and where it came from."""
+    values: dict[str, Any] = {}
+    for layer in layers:
+        for name, raw, source in layer:
+            try:
+                parsed = fields[name].metadata["parse"](raw)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{name} (from {source}): {raw!r} is not valid: {exc}") from None
+            previous = values.get(name)
+            values[name] = {**previous, **parsed} if isinstance(previous, dict) and isinstance(parsed, dict) else parsed
+    return values
+
+
+def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Merge defaults < file < environment < flags, then validate.
 
     File and environment may set any setting, so that one file serves every command."""
     env = dict(os.environ if env is None else env)
-    values: dict[str, Any] = {}
-    dict_values: dict[str, dict[str, str]] = {n: {} for n, f in _FIELDS.items() if f.default_factory is dict}  # type: ignore[comparison-overlap]
-
-    def put(name: str, raw: Any, source: str) -> None:
-        parsed = _parse(name, raw, source)
-        if name in dict_values:
-            dict_values[name].update(parsed)
-        else:
-            values[name] = parsed
-
     cfg_path = getattr(args, "config", None) or env.get("LOCKSTEP_CONFIG")
-    if cfg_path:
-        path = Path(cfg_path)
-        data = read_yaml_mapping(path, f"config file {path}")
-        for key, raw in data.items():
-            name = str(key).replace("-", "_")
-            if name not in _FIELDS:
-                raise ConfigError(f"config file {path}: unknown setting {key!r}; known: {', '.join(_FIELDS)}")
-            put(name, raw, f"config file {path}")
-    for name in _FIELDS:
-        raw = env.get(f"LOCKSTEP_{name.upper()}")
-        if raw not in (None, ""):
-            put(name, raw, f"LOCKSTEP_{name.upper()}")
-    if args is not None:
-        for name in _FIELDS:
-            raw = getattr(args, name, None)
-            if raw is not None:
-                put(name, raw, flag_name(name))
-    return Settings(**values, **dict_values).validate()
+    file = file_layer(Path(cfg_path), f"config file {cfg_path}", _FIELDS) if cfg_path else ()
+    flags = ((name, raw, flag_name(name)) for name in _FIELDS if (raw := getattr(args, name, None)) is not None)
+    return Settings(**layered(_FIELDS, file, env_layer(env, "LOCKSTEP_", _FIELDS), flags)).validate()

@@ -7,6 +7,7 @@ diagnosis derives (``work_us``, ``share``, ...); ``work_us[fn]`` is ``work_us`` 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -127,7 +128,7 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{number(n)} {word if n == 1 else many or word + 's'}"
 
 
-def joined(items, limit: int = 8) -> str:
+def joined(items: Iterable[object], limit: int = 8) -> str:
     """``0, 5, 13`` (lists joined; ``… (+12)`` beyond ``limit``)."""
     items = list(items)
     text = ", ".join(str(x) for x in items[:limit])

@@ -20,6 +20,8 @@ Handlers are coroutines; they call :meth:`HttpServer.blocking` for anything that
 
 from __future__ import annotations
 
+from .schemas.errors import LockstepError
+
 import asyncio
 import json
 import logging
@@ -37,7 +39,7 @@ log = logging.getLogger("lockstep.web")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Busy(Exception):
+class Busy(LockstepError):
     """More blocking requests than the server takes at once."""
 
 
@@ -158,7 +160,8 @@ class HttpServer:
             return
         self._ready.set()
         loop.run_forever()
-        loop.run_until_complete(self._runner.cleanup())
+        if self._runner is not None:
+            loop.run_until_complete(self._runner.cleanup())
         loop.close()
 
     async def _setup(self) -> None:
@@ -166,6 +169,8 @@ class HttpServer:
         runner = self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, keepalive_timeout=lim.idle_timeout_s)
         await runner.setup()
         server = runner.server
+        if server is None:  # setup() made it
+            raise RuntimeError("aiohttp's AppRunner.setup() made no server")
         connection_made = server.connection_made
 
         def bounded(handler, transport) -> None:

@@ -13,6 +13,8 @@ reading it; :func:`read_ipc_stream` refuses such streams (Lockstep compresses wh
 
 from __future__ import annotations
 
+from .errors import LockstepError
+
 import struct
 
 import cramjam
@@ -22,7 +24,7 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
 
 
-class CompressionError(ValueError):
+class CompressionError(LockstepError, ValueError):
     """A compressed payload that is unreadable, or expands beyond its bound; the message says which."""
 
 

@@ -18,6 +18,9 @@ columns are ignored.  New columns are only ever added.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import cramjam
 import numpy as np
 import pyarrow as pa
@@ -122,7 +125,7 @@ def make_table(columns: dict[str, object]) -> pa.Table:
         if name in columns:
             arrays.append(pa.array(columns[name], type=typ))
         elif name == "resource":
-            arrays.append(pa.array([default_resource(k) for k in columns["kind"]], type=typ))  # type: ignore[union-attr]
+            arrays.append(pa.array([default_resource(k) for k in cast("Iterable[str]", columns["kind"])], type=typ))
         else:
             arrays.append(_null_array(typ, n))
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
@@ -133,7 +136,7 @@ def pack(table: pa.Table, codec: str = "zstd") -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    raw = sink.getvalue().to_pybytes()
+    raw: bytes = sink.getvalue().to_pybytes()
     if codec == "zstd":
         return bytes(cramjam.zstd.compress(raw, level=3))
     if codec == "none":

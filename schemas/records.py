@@ -13,17 +13,19 @@ the dead-letter topic.
 
 from __future__ import annotations
 
+from .errors import LockstepError
+
 import hashlib
 import math
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar, cast, get_args, overload
 
 import msgspec
 import numpy as np
 
 # --------------------------------------------------------------------------- errors
 
-DEAD_LETTER_REASONS = (
+DeadLetterReason = Literal[
     "malformed",  # not JSON/MessagePack, or no record header
     "unknown_schema",  # the ``schema`` field names no record we know
     "unsupported_version",  # a version of a known record this build cannot read
@@ -32,14 +34,17 @@ DEAD_LETTER_REASONS = (
     "bad_function_table",  # the Arrow payload of a FeatureBatch is unreadable or invalid
     "from_the_future",  # a step or timestamp implausibly far ahead of what was seen
     "processing_failed",  # a record the stage accepted but could not process (a bug: replay it after the fix)
-)
+]
+#: every reason a record can be refused for, in the order above
+DEAD_LETTER_REASONS: tuple[DeadLetterReason, ...] = get_args(DeadLetterReason)
 
 
-class RecordError(ValueError):
+class RecordError(LockstepError, ValueError):
     """A record that cannot be accepted; ``reason`` is a dead-letter reason code."""
 
-    def __init__(self, reason: str, detail: str):
-        assert reason in DEAD_LETTER_REASONS, reason
+    def __init__(self, reason: DeadLetterReason, detail: str) -> None:
+        if reason not in DEAD_LETTER_REASONS:  # a bug in the caller: the reason is a metric label and a contract
+            raise ValueError(f"unknown dead-letter reason {reason!r}; one of {', '.join(DEAD_LETTER_REASONS)}")
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
@@ -231,6 +236,10 @@ class DetectorTick(_Record, tag="DetectorTick", kw_only=True):
     at: Timestamp = 0.0
 
 
+#: what a worker's hardware sampler could see: NVML (GPU and host), the host only, or nothing
+HardwareSeen = Literal["nvml", "host", "none"]
+
+
 class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
     """One worker's summary of one step of a window.  Key: ``job:step``.
 
@@ -248,7 +257,7 @@ class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
     step_time_us: float
     functions: bytes
     functions_codec: Literal["zstd", "none"] = "zstd"
-    hardware: Literal["nvml", "host", "none"] = "none"  # what the sampler could see
+    hardware: HardwareSeen = "none"  # what the sampler could see
     policy: str = "default"
     sent_at: Timestamp = 0.0
     tenant: str = ""
@@ -567,7 +576,7 @@ class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
 
 
 RECORD_TYPES: dict[str, type[_Record]] = {
-    t.__struct_config__.tag: t  # type: ignore[attr-defined]
+    cast(str, t.__struct_config__.tag): t
     for t in (
         StepHeartbeat,
         ProfileTrigger,
@@ -606,7 +615,7 @@ class _Header(msgspec.Struct, forbid_unknown_fields=False):
     v: int = 1
 
 
-def _numpy_scalar(obj):
+def _numpy_scalar(obj: object) -> object:
     """numpy scalars (np.str_, np.int64, ...) that a vectorised stage left in a record encode as their values."""
     if isinstance(obj, np.generic):
         return obj.item()
@@ -623,7 +632,7 @@ _mp_dec = {name: msgspec.msgpack.Decoder(t) for name, t in RECORD_TYPES.items()}
 
 def encode(record: _Record) -> bytes:
     """Serialise a record: MessagePack for records with binary payloads, JSON otherwise."""
-    if record.__struct_config__.tag in BINARY_RECORDS:  # type: ignore[attr-defined]
+    if record.__struct_config__.tag in BINARY_RECORDS:
         return _mp_enc.encode(record)
     return _json_enc.encode(record)
 
@@ -633,8 +642,33 @@ def encode(record: _Record) -> bytes:
 MAX_RECORD_BYTES = 32 << 20
 
 
-def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...] | None = None) -> Record:
-    """Parse and validate one record.  Raises :class:`RecordError` only, whatever the bytes."""
+R = TypeVar("R", bound=_Record)
+R2 = TypeVar("R2", bound=_Record)
+R3 = TypeVar("R3", bound=_Record)
+R4 = TypeVar("R4", bound=_Record)
+R5 = TypeVar("R5", bound=_Record)
+
+
+# ``decode(data, FeatureBatch)`` is a FeatureBatch, ``decode(data, (StepReport, WindowTimeout))`` one of the two
+@overload
+def decode(data: bytes | None, expect: type[R]) -> R: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R]]) -> R: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], type[R2]]) -> R | R2: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3]]) -> R | R2 | R3: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3], type[R4]]) -> R | R2 | R3 | R4: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3], type[R4], type[R5]]) -> R | R2 | R3 | R4 | R5: ...
+@overload
+def decode(data: bytes | None, expect: tuple[type[R], ...]) -> R: ...
+@overload
+def decode(data: bytes | None, expect: None = None) -> Record: ...
+def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...] | None = None) -> _Record:
+    """Parse and validate one record of the ``expect``-ed type(s) (any without).  Raises :class:`RecordError`
+    only, whatever the bytes: ``wrong_record`` for a valid record of another type."""
     if not data:
         raise RecordError("malformed", "empty value")
     if len(data) > MAX_RECORD_BYTES:
@@ -649,7 +683,7 @@ def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...]
         raise RecordError("malformed", f"unreadable record ({type(exc).__name__}: {exc})") from None
 
 
-def _decode(data: bytes, expect: type[_Record] | tuple[type[_Record], ...] | None) -> Record:
+def _decode(data: bytes, expect: type[_Record] | tuple[type[_Record], ...] | None) -> _Record:
     is_json = data[:1] in (b"{", b" ", b"\n", b"\t", b"\r")
     try:
         header = (_json_header if is_json else _mp_header).decode(data)
@@ -674,7 +708,7 @@ def _decode(data: bytes, expect: type[_Record] | tuple[type[_Record], ...] | Non
         names = [t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,))]
         raise RecordError("wrong_record", f"expected {' or '.join(names)}, got {header.schema}")
     record.validate()
-    return record  # type: ignore[return-value]
+    return record
 
 
 def dead_letter(
@@ -692,7 +726,7 @@ def dead_letter(
     )
 
 
-def finding_id(job: str, window: str, scope: str, workers: list[int], function: str, cause: str, group: dict | None) -> str:
+def finding_id(job: str, window: str, scope: str, workers: list[int], function: str, cause: str, group: dict[str, str] | None) -> str:
     """Deterministic: the same diagnosis of the same window always gets the same id."""
     parts = [job, window, scope, ",".join(map(str, sorted(workers))), function, cause]
     if group:
@@ -700,6 +734,6 @@ def finding_id(job: str, window: str, scope: str, workers: list[int], function: 
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
 
 
-def to_builtins(record: msgspec.Struct) -> dict:
+def to_builtins(record: msgspec.Struct) -> dict[str, Any]:
     """The record as plain JSON-able values (the ``--json`` shape)."""
-    return msgspec.to_builtins(record)
+    return cast("dict[str, Any]", msgspec.to_builtins(record))

@@ -27,7 +27,7 @@ import torch
 
 from lockstep.producers.agent import nvml
 from lockstep.producers.agent.meta import discover
-from lockstep.producers.agent.config import AgentConfig
+from lockstep.producers.agent.settings import AgentConfig
 from lockstep.producers.agent.profiler import TorchWindow
 from lockstep.producers.agent.redact import Redaction
 from lockstep.producers.agent.retention import RawStore

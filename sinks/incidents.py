@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from ..schemas.records import Finding
 
@@ -80,7 +81,7 @@ class Event:
 
 
 @dataclass(frozen=True)
-class ClosedWindow:
+class ReportedWindow:
     """What resolving needs of a window report."""
 
     tenant: str
@@ -113,7 +114,7 @@ def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | 
             current,
             windows=current.windows + 1,
             last_step=max(current.last_step, last),
-            **(dict(last_seen_at=f.created_at, last_finding=f.id, workers=f.workers, hosts=f.hosts, devices=f.devices,
+            **cast("dict[str, Any]", dict(last_seen_at=f.created_at, last_finding=f.id, workers=f.workers, hosts=f.hosts, devices=f.devices,
                     function=f.function, confidence=f.confidence, step_time_share=f.impact.step_time_share,
                     gpu_hours_per_day=f.impact.gpu_hours_per_day) if newer else {}),
         )  # fmt: skip
@@ -132,7 +133,7 @@ def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | 
     return inc, Event(inc.id, f.tenant, f.job, "trigger", f.id, f.window, f.created_at)
 
 
-def on_window(open_incidents: list[Incident], w: ClosedWindow, policy: IncidentPolicy) -> list[tuple[Incident, Event]]:
+def on_window(open_incidents: list[Incident], w: ReportedWindow, policy: IncidentPolicy) -> list[tuple[Incident, Event]]:
     """A window of the job closed and every one of its findings is applied: resolve what it did not see."""
     if w.coverage < policy.resolve_min_coverage:
         return []

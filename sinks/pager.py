@@ -37,8 +37,8 @@ import pyarrow as pa
 
 from ..metrics import Metrics
 from .paging import Page, backoff_s, payload, plan, retryable, sign, wire_body
-from .routes import Paging, Route
-from .store import FindingsStore, epoch_us, transaction, upsert
+from .routes import Paging, Route, RoutesError
+from .store import FindingsStore, epoch_us, one, transaction, upsert
 
 log = logging.getLogger("lockstep.pager")
 
@@ -118,6 +118,8 @@ def request(route: Route, delivery: str, stored: dict, now: float) -> tuple[byte
     body = wire_body(route, stored)
     headers = {"Content-Type": "application/json", "User-Agent": "lockstep-pager"}
     if route.receiver == "webhook":
+        if route.secret is None:
+            raise RoutesError(f"route {route.name!r}: a webhook route signs its requests; set its secret_env")
         ts = int(now)
         headers |= {"webhook-id": delivery, "webhook-timestamp": str(ts), "webhook-signature": sign(route.secret, delivery, ts, body)}
     return body, headers
@@ -168,7 +170,7 @@ class Pager:
         con = self.store.con.cursor()
         try:
             with transaction(con):
-                last = con.execute("SELECT last_seq FROM pager_cursor WHERE name = ?", [CURSOR]).fetchone()[0]
+                last = one(con.execute("SELECT last_seq FROM pager_cursor WHERE name = ?", [CURSOR]).fetchone(), "the pager's cursor")[0]
                 events = con.execute(
                     """
                     SELECT e.seq, e.incident_id, e.tenant, e.job, e.action, e.reason, epoch(e.occurred_at), f.record, i.occurrence
@@ -265,7 +267,7 @@ class Pager:
         """Seconds until the route's next pending delivery is due (0: now), None when nothing is pending."""
         con = self.store.con.cursor()
         try:
-            row = con.execute(_NEXT, [route.name]).fetchone()
+            row = one(con.execute(_NEXT, [route.name]).fetchone(), "the next delivery")
         finally:
             con.close()
         return None if row[0] is None else max(0.0, row[0] - self.clock())

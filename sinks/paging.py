@@ -15,6 +15,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..schemas.records import CAUSES
 from .routes import Retry, Route
@@ -26,7 +27,7 @@ class Page:
     action: str  # trigger | resolve
     incident_id: str  # the PagerDuty dedup_key
     occurrence: int
-    finding: dict  # the Finding record (for a resolve: the incident's last finding)
+    finding: dict[str, Any]  # the Finding record (for a resolve: the incident's last finding)
     severity: str
     reason: str  # the window that showed or cleared it; "stale" when nothing saw it for long
     occurred_at: float
@@ -39,7 +40,7 @@ def _iso(epoch: float) -> str:
 _BRACKETED = re.compile(r"\[([^\]]+)\]")
 
 
-def redact_functions(finding: dict) -> dict:
+def redact_functions(finding: dict[str, Any]) -> dict[str, Any]:
     """The finding with every function name (its own and those in the evidence) replaced by a hash."""
     names = {finding["function"]} | {m for e in finding["evidence"] for m in _BRACKETED.findall(e["feature"])}
     token = {n: "fn:" + hashlib.sha256(n.encode()).hexdigest()[:12] for n in names if n}
@@ -56,7 +57,7 @@ def redact_functions(finding: dict) -> dict:
     }
 
 
-def _where(f: dict) -> str:
+def _where(f: dict[str, Any]) -> str:
     if f["devices"]:
         return ", ".join(f["devices"][:3]) + (f" (+{len(f['devices']) - 3})" if len(f["devices"]) > 3 else "")
     if f["hosts"]:
@@ -70,7 +71,7 @@ def _headline(p: Page) -> str:
     return f"[{f['job']}] {f['cause']} on {_where(f)}: {f['function']}, {share:.1f}% of step time"
 
 
-def _details(p: Page) -> dict:
+def _details(p: Page) -> dict[str, Any]:
     f = p.finding
     return {
         "incident": p.incident_id, "occurrence": p.occurrence, "finding": f["id"], "tenant": f.get("tenant", ""),
@@ -83,7 +84,7 @@ def _details(p: Page) -> dict:
     }  # fmt: skip
 
 
-def pagerduty(p: Page) -> dict:
+def pagerduty(p: Page) -> dict[str, Any]:
     """PagerDuty Events API v2, without ``routing_key`` (added when sent: it is a secret)."""
     if p.action == "resolve":
         return {"event_action": "resolve", "dedup_key": p.incident_id}
@@ -114,7 +115,7 @@ def slack_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def slack(p: Page) -> dict:
+def slack(p: Page) -> dict[str, Any]:
     """Slack incoming webhook: ``text`` (notifications, fallback) and Block Kit ``blocks``; every text escaped."""
     f = p.finding
     if p.action == "resolve":
@@ -141,7 +142,7 @@ def slack(p: Page) -> dict:
     }
 
 
-def webhook(p: Page) -> dict:
+def webhook(p: Page) -> dict[str, Any]:
     """Generic JSON (the Standard Webhooks envelope): ``type``, ``timestamp``, ``data``."""
     return {
         "type": f"incident.{'triggered' if p.action == 'trigger' else 'resolved'}",
@@ -156,14 +157,14 @@ def webhook(p: Page) -> dict:
 BUILDERS = {"pagerduty": pagerduty, "slack": slack, "webhook": webhook}
 
 
-def payload(route: Route, p: Page) -> dict:
+def payload(route: Route, p: Page) -> dict[str, Any]:
     """What the route sends for this page, as stored in the delivery log (no secrets in it)."""
     if route.redact_functions:
         p = Page(**{**p.__dict__, "finding": redact_functions(p.finding)})
     return BUILDERS[route.receiver](p)
 
 
-def wire_body(route: Route, stored: dict) -> bytes:
+def wire_body(route: Route, stored: dict[str, Any]) -> bytes:
     """The request body: the stored payload, plus the PagerDuty routing key."""
     if route.receiver == "pagerduty":
         stored = {"routing_key": route.routing_key, **stored}
@@ -176,7 +177,7 @@ def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
-def plan(action: str, finding: dict, routes: tuple[Route, ...], triggered: dict[str, str]) -> list[tuple[Route, str]]:
+def plan(action: str, finding: dict[str, Any], routes: tuple[Route, ...], triggered: dict[str, str]) -> list[tuple[Route, str]]:
     """Deliveries for one incident event.  ``triggered``: route -> status of its trigger for this incident.
 
     A route pages an incident once: on the first finding of it that matches the route (a later, more
@@ -202,4 +203,4 @@ def backoff_s(failures: int, retry: Retry, u: float, retry_after_s: float | None
     delay = cap / 2 + u * cap / 2
     if retry_after_s is not None:
         delay = max(delay, min(retry_after_s, retry.max_backoff_s))
-    return delay
+    return float(delay)

@@ -26,7 +26,7 @@ import html
 import math
 from dataclasses import dataclass, field
 
-from ..schemas.records import CAUSES, Finding
+from ..schemas.records import CAUSES, Evidence, Finding
 from ..units import feature, joined, number, plural, value, with_unit
 
 BAD, PEER, SPREAD, EMPTY, WINDOW, ACCENT = "#c0392b", "#7f8c8d", "#d5dbdb", "#ecf0f1", "#f5cba7", "#2471a3"
@@ -181,14 +181,14 @@ def hbars(rows: list[tuple[str, float, str]], width: int = 1100, bar_h: int = 18
     return f'<svg class="bars" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
 
 
-def peer_spread(f: Finding, e) -> float | None:
+def peer_spread(f: Finding, e: Evidence) -> float | None:
     """The peers' spread of an evidence feature, where the finding carries it: work features of a worker or a
     group are compared by robust z = (value - median) / spread, so spread = |value - median| / |z|."""
     if f.scope == "job" or not e.feature.startswith("work_us") or not e.deviation:
         return None
     if e.value is None or e.peer_value is None or not math.isfinite(e.deviation):
         return None
-    return abs(e.value - e.peer_value) / abs(e.deviation)
+    return float(abs(e.value - e.peer_value) / abs(e.deviation))
 
 
 def evidence_bars(f: Finding, width: int = 240) -> dict[int, str]:
@@ -264,7 +264,7 @@ def first_bad_step(points: list[SeriesPoint], before_step: int, rise: float = 0.
     return pts[j].step, base, r[-1]
 
 
-def step_chart(job: str, points: list[SeriesPoint], windows: list[WindowRow], triggers: dict, findings: list[Finding],
+def step_chart(job: str, points: list[SeriesPoint], windows: list[WindowRow], triggers: dict[tuple[str, str], TriggerRow], findings: list[Finding],
                width: int = 1100, height: int = 230) -> str:  # fmt: skip
     """A job's step time per step: the slowest worker (red) and the median worker (grey), the profiling
     windows as bands (labelled; darker where they found something) and where the slowdown began."""

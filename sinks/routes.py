@@ -25,13 +25,15 @@ routes:
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import base64
 import binascii
 import fnmatch
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import yaml
@@ -42,7 +44,7 @@ PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SEVERITIES = ("critical", "error", "warning", "info")  # PagerDuty's, most severe first
 
 
-class RoutesError(ValueError):
+class RoutesError(LockstepError, ValueError):
     """The routes file is missing, malformed, or names a secret that is not set."""
 
 
@@ -108,7 +110,7 @@ class Route:
     routing_key: str | None = None  # PagerDuty
     secret: bytes | None = None  # generic webhook signing key
 
-    def matches(self, finding: dict) -> bool:
+    def matches(self, finding: dict[str, Any]) -> bool:
         m = self.match
         return (
             (not m.jobs or any(fnmatch.fnmatchcase(finding["job"], p) for p in m.jobs))
@@ -117,7 +119,7 @@ class Route:
             and finding["confidence"] >= m.min_confidence
         )
 
-    def severity_of(self, finding: dict) -> str:
+    def severity_of(self, finding: dict[str, Any]) -> str:
         for rule in self.severity:
             if (
                 finding["impact"]["step_time_share"] >= rule.min_step_time_share
@@ -177,7 +179,7 @@ def parse(data: object, env: dict[str, str] | None = None, source: str = "routes
             raise RoutesError(f"{source}: route {route.name!r}: environment variable {name} ({field}) is not set")
         return value
 
-    routes = []
+    routes: list[Route] = []
     for rs in spec.routes:
         where = f"{source}: route {rs.name!r}"
         if rs.name in {x.name for x in routes}:

@@ -38,6 +38,8 @@ from ..web import HttpServer, Limits, error, json_response
 from .store import Batch, FindingsStore, QueryBusy, StoreError, StoreLocked, jsonable, open_read_only, run_query
 
 log = logging.getLogger("lockstep.sink")
+#: the query server's connection limits unless told otherwise
+HTTP_LIMITS = Limits()
 
 
 def sidecar(db: Path | str) -> Path:
@@ -184,7 +186,7 @@ class QueryServer:
     ``?tenant=T`` shows that tenant's rows only.
     """
 
-    def __init__(self, sink: Sink, db: Path, port: int = 0, host: str = "127.0.0.1", limits: Limits = Limits(), refresh_s: float = 10.0):
+    def __init__(self, sink: Sink, db: Path, port: int = 0, host: str = "127.0.0.1", limits: Limits = HTTP_LIMITS, refresh_s: float = 10.0):
         self.store = sink.store
         self.sink = sink
         self.db = Path(db)

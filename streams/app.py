@@ -93,7 +93,7 @@ def limit_fetch_wait(ms: int) -> None:
         return consumer
 
     create.__wrapped__ = original  # type: ignore[attr-defined]
-    driver.AIOKafkaConsumerThread._create_worker_consumer = create
+    driver.AIOKafkaConsumerThread._create_worker_consumer = create  # type: ignore[method-assign]  # the patch
 
 
 def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tuple[faust.App, Processor]:
@@ -192,7 +192,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         app.agent(output.topics[topic], name=role, concurrency=1)(feed(role, stage))
         every(0.5, timer, stage.on_timer)
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust's stubs: a handler of any signal
     async def on_revoked(app_, revoked: set[TP], **kwargs) -> None:  # noqa: ARG001
         gone = {Partition(tp.topic, tp.partition) for tp in revoked}
         for stage in processor.stages:
@@ -202,7 +202,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
             positions.pop(p, None)
         log.info("partitions revoked: %s", describe_partitions(gone) or "none")
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust's stubs: a handler of any signal
     async def on_assigned(app_, assigned: set[TP], **kwargs) -> None:  # noqa: ARG001
         got = {Partition(tp.topic, tp.partition) for tp in assigned}
         for stage in processor.stages:

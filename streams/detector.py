@@ -35,13 +35,15 @@ import math
 import time
 from array import array
 from collections import Counter, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
+import numpy.typing as npt
 
-from ..schemas.records import AgentCounters, ProfileTrigger, RecordError, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
-from .policy import Policy
+from ..schemas.records import AgentCounters, ProfileTrigger, RecordError, RefusalCode, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
+from .policy import DetectorPolicy, Policy
 
 #: a window counts as open until the job passes its last step, or at least this long
 #: after it was triggered when the job never gets there (a hang, a job that died)
@@ -83,7 +85,7 @@ def _normal_score(twice_rank: int, n: int) -> float:
     return _NORMAL.inv_cdf((0.5 * twice_rank + 0.5) / (n + 1))
 
 
-def _median_sorted(v) -> float:
+def _median_sorted(v: Sequence[float] | npt.NDArray[np.float64]) -> float:
     m = len(v) // 2
     return float(v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m]))
 
@@ -163,10 +165,10 @@ class StepTimeChange:
         self.inflation = 1.0  # sqrt((1 + r) / (1 - r)) for the reference's lag-1 autocorrelation r
         self.ref: list[float] = []  # the reference, sorted
         self.cached_hi = -1  # the reference's end when it was last computed
-        self.spikes: deque = deque(maxlen=SPIKE_MEMORY)  # step numbers of recent spikes
+        self.spikes: deque[int] = deque(maxlen=SPIKE_MEMORY)  # step numbers of recent spikes
         self.ignored = 0  # periodic steps ignored
 
-    def _window(self, lo: int, hi: int) -> array:
+    def _window(self, lo: int, hi: int) -> array[float]:
         base = self.n - len(self.log)
         return self.log[lo - base : hi - base]
 
@@ -179,12 +181,12 @@ class StepTimeChange:
             del log[: len(log) - LOG_STEPS]
             del self.steps[: len(self.steps) - LOG_STEPS]
 
-    def reference(self, dp) -> tuple[int, int]:
+    def reference(self, dp: DetectorPolicy) -> tuple[int, int]:
         """Index range of the reference: up to ``reference_steps`` steps before the current excursion."""
         hi = self.start if self.s > 0 else self.n
         return max(self.ref_from, hi - dp.reference_steps, self.n - len(self.log)), hi
 
-    def _refresh(self, lo: int, hi: int, dp) -> None:
+    def _refresh(self, lo: int, hi: int, dp: DetectorPolicy) -> None:
         window = np.frombuffer(self._window(lo, hi), dtype=np.float64)
         ref = np.sort(window)
         mu = self.mu = _median_sorted(ref)
@@ -207,13 +209,13 @@ class StepTimeChange:
         self.ref = ref.tolist()
         self.cached_hi = hi
 
-    def _score(self, x: float, dp) -> float:
+    def _score(self, x: float, dp: DetectorPolicy) -> float:
         if self.raw_sigma < dp.spread_floor:
             z = (x - self.mu) / dp.spread_floor
         else:
             ref = self.ref
             z = _normal_score(bisect.bisect_left(ref, x) + bisect.bisect_right(ref, x), len(ref))
-        return max(-dp.step_cap, min(z, dp.step_cap)) / self.inflation
+        return float(max(-dp.step_cap, min(z, dp.step_cap)) / self.inflation)
 
     def _periodic(self, step: int, min_gap: int) -> bool:
         spikes = self.spikes  # ascending step numbers
@@ -234,7 +236,7 @@ class StepTimeChange:
                 return True
         return False
 
-    def update(self, step: int, step_time_s: float, dp) -> Alarm | None:
+    def update(self, step: int, step_time_s: float, dp: DetectorPolicy) -> Alarm | None:
         """Judge one completed step; an :class:`Alarm` while a slowdown worth a window is seen."""
         x = math.log(max(step_time_s, 1e-9))
         lo, hi = self.reference(dp)
@@ -271,7 +273,7 @@ class StepTimeChange:
             self.rebaseline()  # a change too small to matter that lasted: the new normal
         return None
 
-    def _onset(self, dp) -> int:
+    def _onset(self, dp: DetectorPolicy) -> int:
         """Where in the excursion the change began: the split with the largest standardised rise of the mean
         (the reference, at its median, before it; hiccups clipped), leaving at least ``recent_steps`` after
         it.  An excursion can begin with noise before the slowdown; its level is that of the steps after."""
@@ -311,7 +313,7 @@ class StepTimeChange:
         self.s = self.peak = 0.0
         self.cached_hi = -1
 
-    def describe(self, dp) -> str:
+    def describe(self, dp: DetectorPolicy) -> str:
         """What the rule sees, for people: the recent median against the baseline, and the evidence."""
         if not self.log:
             return "no complete step yet"
@@ -327,7 +329,7 @@ class StepTimeChange:
                 f"{dp.slowdown_threshold * 100:g}%); evidence {self.s:.1f} of {dp.cusum_h:g} spreads")  # fmt: skip
 
 
-def _median_rule(st: JobState, dp) -> tuple[float, float] | None:
+def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None:
     """The rule before issue 15 (``rule: median``): the median of the last ``recent_steps`` step times (one
     hiccup is not a slowdown) and the 25th percentile of up to 4 x ``baseline_steps`` earlier ones (the
     recent best); None until there are enough steps."""
@@ -344,7 +346,7 @@ class _StepAgg:
 
 
 @dataclass
-class Window:
+class OpenedWindow:
     name: str
     start: int
     end: int  # first step after the window
@@ -357,11 +359,11 @@ class JobState:
     tenant: str = ""
     selected: bool = True  # by the policy's job selectors
     steps: dict[int, _StepAgg] = field(default_factory=dict)  # steps not yet complete
-    history: deque = field(default_factory=lambda: deque(maxlen=512))  # synchronised step times (s) of complete steps
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=512))  # synchronised step times (s) of complete steps
     change: StepTimeChange = field(default_factory=StepTimeChange)  # the cusum rule's state
     alarm: Alarm | None = None  # what the cusum rule said after the last complete step
     profiled: tuple[int, float, int] | None = None  # the slowdown a window was opened for: (excursion, level, step its cool-down ends)
-    counts: deque = field(default_factory=lambda: deque(maxlen=16))  # workers of recent complete steps
+    counts: deque[int] = field(default_factory=lambda: deque(maxlen=16))  # workers of recent complete steps
     expected: int = 0  # workers a step waits for before it is complete (most of recent steps)
     last_step_of: dict[int, int] = field(default_factory=dict)  # worker -> last step seen
     sent_at: dict[int, float] = field(default_factory=dict)  # step -> clock worker's sent_at (one host's clock)
@@ -371,13 +373,13 @@ class JobState:
     first_step: int = -1  # the first step judged: a job that never had a window counts from here
     baseline_after: int = -1  # no baseline window is asked for before this step (backs off after a refusal)
     last_complete: int = -1
-    lag_s: deque = field(default_factory=lambda: deque(maxlen=64))  # heartbeat arrival lag, processor clock - worker clock
+    lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))  # heartbeat arrival lag, processor clock - worker clock
     last_progress_at: float = 0.0  # processor clock when max_step last advanced
     last_seen_at: float = 0.0
     ended: bool = False  # a worker sent its final heartbeat and nothing progressed since
     hang_step: int = -1  # max_step at which a hang window was triggered
     tick_at: float = 0.0  # last hang check requested
-    windows: list[Window] = field(default_factory=list)  # open ones and the last closed one
+    windows: list[OpenedWindow] = field(default_factory=list)  # open ones and the last closed one
     trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
     agents: dict[int, AgentCounters] = field(default_factory=dict)  # worker -> its agent's last counters (sent on change)
 
@@ -386,7 +388,7 @@ class SlowdownDetector:
     def __init__(self, policy: Policy):
         self.policy = policy
         self.jobs: dict[str, JobState] = {}
-        self.suppressed: Counter = Counter()  # automatic windows not opened, by refusal code
+        self.suppressed: Counter[str] = Counter()  # automatic windows not opened, by refusal code
 
     # ------------------------------------------------------------------ state
 
@@ -405,9 +407,9 @@ class SlowdownDetector:
         """Carry the last window (cool-down, open window) across restarts (from the processor's table)."""
         now = time.time() if now is None else now
         st = self._job(job, "", now)
-        st.windows = [Window(f"w{last_trigger_step}", last_trigger_step, last_trigger_end, now + WINDOW_EXPIRY_MIN_S)]
+        st.windows = [OpenedWindow(f"w{last_trigger_step}", last_trigger_step, last_trigger_end, now + WINDOW_EXPIRY_MIN_S)]
 
-    def drop(self, jobs) -> None:
+    def drop(self, jobs: Iterable[str]) -> None:
         """Partitions revoked: their jobs now belong to another processor."""
         for job in jobs:
             self.jobs.pop(job, None)
@@ -558,10 +560,10 @@ class SlowdownDetector:
             if out:  # until its cool-down ends, the same slowdown asks again (refused and counted, as a worse one would be)
                 st.profiled = (alarm.excursion, alarm.level_s, out[0].start_step + out[0].steps + dp.cooldown_steps)
             return out
-        seen = _median_rule(st, dp)
-        if seen is None:
+        medians = _median_rule(st, dp)
+        if medians is None:
             return []
-        recent, baseline = seen
+        recent, baseline = medians
         if not recent > baseline * (1.0 + dp.slowdown_threshold):
             return self._baseline(st, now)
         reason = f"slowdown: median of last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms (+{(recent / baseline - 1) * 100:.0f}%)"
@@ -659,16 +661,16 @@ class SlowdownDetector:
 
     # ------------------------------------------------------------------ policy checks
 
-    def is_open(self, st: JobState, w: Window, now: float) -> bool:
+    def is_open(self, st: JobState, w: OpenedWindow, now: float) -> bool:
         return w.end > st.max_step and now < w.expires_at
 
     def open_windows(self, now: float) -> int:
         """Windows open or scheduled on this processor (the fleet limit counts them)."""
         return sum(self.is_open(st, w, now) for st in self.jobs.values() for w in st.windows)
 
-    def _refuse(self, job: str, code: str, reason: str, now: float, request: str = "") -> TriggerRefused:
+    def _refuse(self, job: str, code: RefusalCode, reason: str, now: float, request: str = "") -> TriggerRefused:
         p = self.policy
-        return TriggerRefused(job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now)  # type: ignore[arg-type]
+        return TriggerRefused(job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now)
 
     def _decide(self, st: JobState, now: float, kind: str, reason: str, start: int | None, steps: int, request: str = "") -> ProfileTrigger | TriggerRefused:
         """``start``: the window's first step; None: a margin ahead (computed only if the checks pass)."""
@@ -694,7 +696,7 @@ class SlowdownDetector:
         start = max([start] + [w.end for w in is_open])  # queued behind open windows: they never overlap
         interval = self.step_interval_s(st)
         expiry = max(WINDOW_EXPIRY_MIN_S, 3.0 * (start + steps - st.max_step) * interval) if math.isfinite(interval) else WINDOW_EXPIRY_MIN_S
-        window = Window(f"w{start}", start, start + steps, now + expiry)
+        window = OpenedWindow(f"w{start}", start, start + steps, now + expiry)
         st.windows = is_open + ([last] if last else []) + [window]
         return ProfileTrigger(
             job=st.job,

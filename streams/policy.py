@@ -9,6 +9,8 @@ a broken new file keeps the policy in force and logs one error.
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import fnmatch
 import functools
 import hashlib
@@ -24,7 +26,7 @@ from ..config import read_yaml_mapping
 log = logging.getLogger("lockstep.policy")
 
 
-class PolicyError(ValueError):
+class PolicyError(LockstepError, ValueError):
     """The policy file is unreadable or a value is out of range."""
 
 
@@ -163,9 +165,8 @@ def _section(cls: type, data: Any, where: str) -> Any:
                 value = float(value)
                 if not value >= 0:
                     raise ValueError("must be >= 0")
-            elif isinstance(default, str):
-                if not isinstance(value, str):
-                    raise ValueError("expected a string")
+            elif isinstance(default, str) and not isinstance(value, str):
+                raise ValueError("expected a string")
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"{where}.{key}: {value!r} is not valid: {exc}") from None
         out[key] = value

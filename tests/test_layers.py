@@ -70,9 +70,9 @@ def layer(name: str) -> str | None:
     best = None
     for lay, prefixes in LAYERS.items():
         for p in prefixes:
-            if name == p or (p != "lockstep" and name.startswith(p + ".")):
-                if best is None or len(p) > len(best[1]):
-                    best = (lay, p)
+            matches = name == p or (p != "lockstep" and name.startswith(p + "."))
+            if matches and (best is None or len(p) > len(best[1])):
+                best = (lay, p)
     return best[0] if best else None
 
 

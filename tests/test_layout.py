@@ -1,4 +1,4 @@
-"""Packaging, docker-compose and CI stay consistent with the code; the tests mirror its folders."""
+"""Packaging, docker-compose and CI stay consistent with the code; the tests mirror its folders; a class name means one thing."""
 
 import re
 import tomllib
@@ -64,12 +64,21 @@ def test_ci_runs_the_readme_test_command():
     assert command in ci
 
 
+def test_ci_runs_the_pinned_lint_and_type_checks_before_the_tests():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ".ci/lint" in ci and ci.index(".ci/lint") < ci.index("-m pytest")
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert sorted(req.split("==")[0] for req in dev if "==" in req) == ["mypy", "ruff"]
+    lint = (ROOT / ".ci" / "lint").read_text()
+    assert all(check in lint for check in ("ruff check", "ruff format --check", ".ci/typecheck.py"))
+
+
 # ------------------------------------------------------------------------------------------ tests mirror the code
 
 # test files that test no single module: what they check instead
 NOT_MIRRORED = {
     "tests/test_deploy.py": "deploy/ (alerts, dashboard) against the metrics catalogue and the README",
-    "tests/test_layout.py": "packaging, docker-compose, CI and the layout of the tests",
+    "tests/test_layout.py": "packaging, docker-compose, CI, the layout of the tests and one name per class",
     "tests/test_packaging.py": "the wheel built from the repository",
     "tests/test_layers.py": "the layers of the whole code and its import graph (ARCHITECTURE.md)",
     "tests/schemas/test_bad_input.py": "the bad-input contract (brief section 7) across records, function tables and the store that keeps them",
@@ -125,3 +134,21 @@ def test_every_test_file_names_the_module_it_tests():
 
 def test_the_files_that_are_not_mirrored_exist():
     assert [name for name in NOT_MIRRORED if not (ROOT / name).is_file()] == []
+
+
+# ------------------------------------------------------------------------------------------ one name per idea
+
+
+def test_no_two_public_classes_share_a_name():
+    """A class name means one thing across the code (``Window`` was three different things): a reader, a grep and
+    a traceback then point at one class."""
+    import ast
+    from collections import defaultdict
+
+    where = defaultdict(list)
+    for top in STAGES:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    where[node.name].append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}

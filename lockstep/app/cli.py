@@ -1,4 +1,5 @@
-"""``lockstep`` command line.  Errors print one line, never a traceback."""
+"""``lockstep`` command line.  Errors print one line, never a traceback: a :class:`LockstepError` its message,
+anything else as an internal error (a bug)."""
 
 from __future__ import annotations
 
@@ -7,33 +8,16 @@ import os
 import sys
 
 from .. import __version__
-from ..broker import BrokerError
 from ..config import ConfigError
-from ..kafka import DeliveryError, TopicError
+from ..schemas.errors import LockstepError
 
 EXIT_USAGE = 2
-
-
-def known_errors() -> tuple[type[BaseException], ...]:
-    from ..producers.simulator.faults import FaultError
-    from ..producers.simulator.fleet import ScenarioError
-    from ..producers.simulator.topology import TopologyError
-    from ..schemas.records import RecordError
-    from ..sinks.routes import RoutesError
-    from ..sinks.store import StoreError
-    from ..streams.policy import PolicyError
-    from .offline import DiagnoseError
-    from .operator import RawError, TriggerError
-    from .runtime import RuntimeFailure
-
-    return (ConfigError, BrokerError, TopicError, PolicyError, ScenarioError, FaultError, TopologyError, StoreError, RoutesError, RecordError,
-            DeliveryError, RuntimeFailure, TriggerError, DiagnoseError, RawError)  # fmt: skip
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, with usage errors in one line (``lockstep findings: error: ... (see lockstep findings --help)``)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -73,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return closed_pipe()
-    except known_errors() as exc:
+    except LockstepError as exc:  # every error a user can cause; its message says what to do
         print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else 1
     except OSError as exc:  # a file or socket the command was given: name it, say what is wrong

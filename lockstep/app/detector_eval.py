@@ -43,6 +43,7 @@ import gzip
 import math
 import time
 from collections import defaultdict
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -127,10 +128,10 @@ def families(seed: int = 0, sim_steps: int = 3000, recordings: Path = STEPTIMES,
         "sim-moe": ("simulator: 64 workers, 2 pipeline stages, mixture of experts (routing skew 0.3)",
                     Topology(workers=64, gpus_per_host=8, pp=2), Workload(moe=True, moe_skew=0.3, layers_per_stage=4)),
     }  # fmt: skip
-    builders: dict[str, Callable[[], Family]] = {f"steady-{s * 100:g}%": (lambda s=s: _steady(s, seed)) for s in (0.005, 0.01, 0.02, 0.05)}
-    builders.update({name: (lambda name=name, v=v: _simulated(name, *v, sim_steps)) for name, v in sim.items()})
+    builders: dict[str, Callable[[], Family]] = {f"steady-{s * 100:g}%": partial(_steady, s, seed) for s in (0.005, 0.01, 0.02, 0.05)}
+    builders.update({name: partial(_simulated, name, what, topo, workload, sim_steps) for name, (what, topo, workload) in sim.items()})
     for path in sorted(recordings.glob("*.csv.gz")):
-        builders[path.name.removesuffix(".csv.gz")] = lambda path=path: _recorded(path)
+        builders[path.name.removesuffix(".csv.gz")] = partial(_recorded, path)
     unknown = set(only) - set(builders)
     if unknown:
         raise ValueError(f"unknown series {sorted(unknown)}; known: {', '.join(builders)}")

@@ -29,10 +29,12 @@ simulator) to the diagnosis, which neither package may import from the other.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -274,7 +276,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def summarise(results: list[ScenarioResult]) -> dict:
     """The ``--json`` shape: {"overall": {...}, "by_fault": {category: {...}}, "calibration": [...]}."""
-    overall, by = _Tally(), {}
+    overall, by = _Tally(), dict[str, _Tally]()
     for r in results:
         overall.add(r)
         by.setdefault(r.category, _Tally()).add(r)
@@ -286,8 +288,8 @@ def summarise(results: list[ScenarioResult]) -> dict:
     # a finding is right when it is the correct answer (culprit, function, cause) for an injected fault
     right = {id(o_.finding) for r in results for o_ in r.faults if o_.correct}
     pairs = [(f.confidence, id(f) in right) for r in results for f in r.findings]
-    calibration = []
-    for lo, hi in zip(CALIBRATION_BINS, CALIBRATION_BINS[1:]):
+    calibration: list[dict[str, Any]] = []
+    for lo, hi in itertools.pairwise(CALIBRATION_BINS):
         inside = [(c, ok) for c, ok in pairs if lo <= c < hi or c == hi == 1.0]
         calibration.append({"confidence": [lo, hi], "findings": len(inside), "mean_confidence": _mean([c for c, _ in inside]),
                             "right": _share(sum(ok for _, ok in inside), len(inside))})  # fmt: skip

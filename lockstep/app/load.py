@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import psutil
@@ -148,7 +148,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
         inputs = (topics.heartbeats, topics.windowfeatures if features == "window" else topics.features)  # what the fleet sends
         samples: list[Sample] = []
         t0 = time.time()
-        state = {"step": 0, "asked_at": 0.0, "done": False}
+        state: dict[str, Any] = {"step": 0, "asked_at": 0.0, "done": False}
 
         def progress(step, res) -> None:
             now = time.time()

@@ -25,10 +25,12 @@ gzip bomb or a nested or out-of-range trace is a one-line :class:`DiagnoseError`
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +45,7 @@ TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 MAX_INPUT_MB = 2048.0
 
 
-class DiagnoseError(ValueError):
+class DiagnoseError(LockstepError, ValueError):
     """An input file is unreadable or breaks its contract; the message names the file."""
 
 
@@ -148,10 +150,11 @@ def load_inputs(
                 else f"{{n}} iterations inferred from the repeating top-level {how}")  # fmt: skip
         inputs.notes.append(_note("no ProfilerStep#N", which, lambda te, what=what: what.format(n=len(te.step_bounds))))
     for path, te in traces:
+        worker = cast(int, te.worker)  # every trace has a rank now (numbered above)
         with _about(path, samples_path):
-            host = te.meta.host or f"worker{te.worker}"
-            meta = WorkerMeta(rank=te.worker, host=host, device=te.meta.device or f"{host}/cpu")
-            add(path, {te.worker: meta}, summarise(te.events, samples, te.step_bounds))
+            host = te.meta.host or f"worker{worker}"
+            meta = WorkerMeta(rank=worker, host=host, device=te.meta.device or f"{host}/cpu")
+            add(path, {worker: meta}, summarise(te.events, samples, te.step_bounds))
             if te.meta.world_size:
                 inputs.expected_workers = max(inputs.expected_workers, te.meta.world_size)
     if not inputs.summaries:
@@ -236,7 +239,7 @@ def _table_workers(path: Path, t: pa.Table, peer_cols: list[str] | None, policy_
         if c not in t.column_names:
             continue
         values = np.asarray(t.column(c).cast(pa.string()).to_pylist(), dtype=object)
-        have = np.not_equal(values, None)
+        have = np.not_equal(values, None)  # type: ignore[call-overload]  # numpy's stubs: an object array against None
         pairs = np.unique(np.stack([inv[have].astype(str), values[have].astype(str)], axis=1), axis=0) if have.any() else np.empty((0, 2), dtype=str)
         if c in label_cols:
             n = np.bincount(pairs[:, 0].astype(np.int64), minlength=ranks.size) if pairs.size else np.zeros(ranks.size, dtype=np.int64)

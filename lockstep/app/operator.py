@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import getpass
 import logging
 import socket
@@ -25,11 +27,11 @@ from ..schemas.records import ProfileTrigger, RawRequest, RawTrace, TriggerRefus
 log = logging.getLogger("lockstep.raw")
 
 
-class TriggerError(RuntimeError):
+class TriggerError(LockstepError, RuntimeError):
     """The detector refused the window, or no processor answered."""
 
 
-class RawError(RuntimeError):
+class RawError(LockstepError, RuntimeError):
     """No worker answered a raw request in time."""
 
 
@@ -44,7 +46,7 @@ def request_window(settings: Settings, job: str, *, steps: int | None, reason: s
     except TopicError as exc:
         raise TriggerError(f"{exc} (wrong --topic-prefix, or no processor ever ran?)") from None
     with answers:
-        got = ask(Publisher(producer_config(settings), clients=clients), topics.heartbeats, job, req, answers, (ProfileTrigger, TriggerRefused),
+        got: list[ProfileTrigger | TriggerRefused] = ask(Publisher(producer_config(settings), clients=clients), topics.heartbeats, job, req, answers, (ProfileTrigger, TriggerRefused),
                   where=lambda rec: rec.request == req.request, timeout_s=timeout_s)  # fmt: skip
     if not got:
         raise TriggerError(f"no stream processor answered within {timeout_s:g}s (is `lockstep processor` running against "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import dataclasses
 import json
 import os
@@ -15,18 +17,17 @@ from pathlib import Path
 from ..broker import parent_death_signal
 from ..config import Settings
 
-class RuntimeFailure(RuntimeError):
+class RuntimeFailure(LockstepError, RuntimeError):
     """A child process died or did not become ready."""
 
 
 def settings_flags(settings: Settings, command: str | None = None) -> list[str]:
     """Flags that hand these settings to a child ``lockstep processor`` or ``lockstep sink``: the ones it reads,
     or (another or no ``command``) every setting, which every command accepts."""
-    from ..commands import processor, sink
-    from ..config import flag_name
+    from ..config import flag_name, read_by
 
     flags: list[str] = []
-    names = {"processor": processor.SETTINGS, "sink": sink.SETTINGS}.get(command or "", [f.name for f in dataclasses.fields(settings)])
+    names = read_by(command) if command in ("processor", "sink") else [f.name for f in dataclasses.fields(settings)]
     for name in names:
         value = getattr(settings, name)
         if isinstance(value, dict):
@@ -44,10 +45,10 @@ class Child:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.health_url = health_url
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes into it until stop() closes it
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", *args], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     preexec_fn=parent_death_signal(signal.SIGTERM))  # fmt: skip - a killed parent leaves no child behind
+                                     preexec_fn=parent_death_signal(signal.SIGTERM))  # a killed parent leaves no child behind
 
     def alive(self) -> bool:
         return self.proc.poll() is None

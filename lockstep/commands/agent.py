@@ -15,15 +15,12 @@ import sys
 
 from .. import config
 
-PIPELINE_SETTINGS = ["bootstrap_servers", "kafka", "topic_prefix", "log_level"]
-#: the agent's Kafka settings are the pipeline's flags above
-PIPELINE_FIELDS = ("bootstrap_servers", "topic_prefix", "kafka")
 #: a worker's identity, discovered in each process; a flag fixes it for every process the command starts
 IDENTITY = ("rank", "local_rank", "world_size", "host", "device", "nic")
 
 
 def register(sub) -> None:
-    from ..producers.agent.config import FIELDS
+    from ..producers.agent.settings import FIELDS
 
     p = sub.add_parser("agent", help="attach the host agent to a training job without editing it")
     agent_sub = p.add_subparsers(dest="agent_command", metavar="SUBCOMMAND")
@@ -31,10 +28,10 @@ def register(sub) -> None:
                                  description="Everything after -- is the command.")  # fmt: skip
     env_p = agent_sub.add_parser("env", help="print the environment that attaches the agent (for launchers that cannot wrap)")
     for q in (run_p, env_p):
-        config.add_arguments(q, PIPELINE_SETTINGS, only=True)
+        config.add_arguments(q, config.read_by("agent"), only=True)
         group = q.add_argument_group("agent settings (flag > LOCKSTEP_AGENT_<NAME> environment > LOCKSTEP_AGENT_CONFIG file > default)")
         for name, f in FIELDS.items():
-            if name in PIPELINE_FIELDS:
+            if f.metadata.get("kafka"):  # the agent's Kafka settings are the pipeline's flags above
                 continue
             fixed = (" Fixes it for every process the command starts: for launchers that run one process per command "
                      "(srun, mpirun wrappers), not torchrun") if name in IDENTITY else ""  # fmt: skip
@@ -50,7 +47,7 @@ def register(sub) -> None:
 
 def agent_env(args) -> dict[str, str]:
     """The variables that attach the agent, checked the way the agent will check them."""
-    from ..producers.agent import config as agent_config
+    from ..producers.agent import settings as agent_settings
     from ..producers.agent.hook import BOOT_DIR
 
     settings = config.load(args)
@@ -58,9 +55,9 @@ def agent_env(args) -> dict[str, str]:
     if isinstance(overrides.get("labels"), list):
         overrides["labels"] = ",".join(overrides["labels"])
     overrides.update(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, kafka=settings.kafka)
-    cfg = agent_config.load(overrides, source="--{flag}")
-    env = agent_config.to_env(cfg)
-    env[agent_config.env_name("job")] = cfg.job  # always: it is what switches the hook on
+    cfg = agent_settings.load(overrides, source="--{flag}")
+    env = agent_settings.to_env(cfg)
+    env[agent_settings.env_name("job")] = cfg.job  # always: it is what switches the hook on
     current = os.environ.get("PYTHONPATH", "")
     env["PYTHONPATH"] = BOOT_DIR + (os.pathsep + current if current else "")
     return env

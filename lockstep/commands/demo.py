@@ -13,9 +13,6 @@ from pathlib import Path
 
 from .. import config
 
-#: the settings the demo takes, from its flags only
-SETTINGS = ["bootstrap_servers", "kafka", "topic_prefix", "partitions", "db", "policy", "log_level", "log_format"]
-
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on the embedded broker and diagnose an injected fault",
@@ -28,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=90.0, help="give up after this many seconds (default 90)")
     p.add_argument("--logs", type=Path, help="keep the processes' logs in this folder")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list of Finding records")
-    config.add_arguments(p, SETTINGS, config_file=False, only=True,
+    config.add_arguments(p, config.read_by("demo"), config_file=False, only=True,
                          title="settings (flags only; --db: a new file, or one a previous demo wrote; default: a new temporary folder)")  # fmt: skip
     p.set_defaults(func=run)
 

@@ -27,7 +27,7 @@ def register(sub) -> None:
                         "default: distributedInfo.rank, else the file name (rank-3, rank3, worker3), else the order of the files")  # fmt: skip
     p.add_argument("--max-input-mb", type=float, default=MAX_INPUT_MB, metavar="MB",
                    help=f"largest input file, after decompression (default {MAX_INPUT_MB:g})")  # fmt: skip
-    config.add_arguments(p, ["policy"], only=True)
+    config.add_arguments(p, config.read_by("diagnose"), only=True)
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.set_defaults(func=run)

@@ -13,7 +13,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="run a suite of simulated scenarios through the diagnosis and score it")
-    config.add_arguments(p, ["policy", "log_level", "log_format"], only=True)
+    config.add_arguments(p, config.read_by("evaluate"), only=True)
     p.add_argument("suite", type=Path, nargs="?", help="a scenario file or a folder of them (default: the standard suite)")
     p.add_argument("--json", action="store_true", help='print {"overall": {...}, "by_fault": {...}, "calibration": [...]}')
     p.add_argument("--scenarios", action="store_true", help="also list every scenario with its findings (table) or outcome (JSON)")

@@ -9,7 +9,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="run a simulated fleet from a scenario file")
-    config.add_arguments(p, [*config.KAFKA, *config.TOPICS])
+    config.add_arguments(p, config.read_by("simulate"))
     p.add_argument("scenario", type=Path, help="scenario file (YAML or JSON)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, metavar="DIR", help="write the records (Parquet) and the ground truth (truth.json) to DIR")
@@ -34,7 +34,12 @@ def run(args) -> int:
         from ..producers.simulator.files import write_records
 
         with Progress(show, "simulating", total=0, unit="step") as bar:
-            w = write_records(scenario, args.out, progress=lambda step, last: (bar.set_total(last), bar.update()))
+
+            def on_step(step: int, last: int) -> None:
+                bar.set_total(last)
+                bar.update()
+
+            w = write_records(scenario, args.out, progress=on_step)
         print(f"{number(w.heartbeats)} heartbeats, {number(w.feature_batches)} feature batches ({number(w.feature_rows)} function rows) "
               f"of window(s) {', '.join(w.windows)} and the ground truth written to {w.folder}")  # fmt: skip
         return 0

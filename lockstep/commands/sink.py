@@ -10,15 +10,11 @@ from .. import config
 log = logging.getLogger("lockstep.sink")
 
 
-#: the settings the sink reads (its --help lists these)
-SETTINGS = [*config.KAFKA, *config.TOPICS, "sink_group", "db", "routes", "resolve_min_coverage", "resolve_after_s", "series_keep_steps"]
-
-
 def register(sub) -> None:
     p = sub.add_parser("sink", help="run the DuckDB sink (findings, windows, triggers, incidents; pages; serves read-only SQL and the live page)")
     p.add_argument("--http-port", type=int, default=0, help="port of the live page (/), /healthz, /metrics and /query (default: any free port)")
     p.add_argument("--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)")
-    config.add_arguments(p, SETTINGS)
+    config.add_arguments(p, config.read_by("sink"))
     p.set_defaults(func=run)
 
 

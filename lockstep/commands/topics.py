@@ -7,7 +7,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("topics", help="create the pipeline's topics with the configured partitions, and list them")
-    config.add_arguments(p, [*config.KAFKA, *config.TOPICS, "processor_id"])
+    config.add_arguments(p, config.read_by("topics"))
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -24,7 +24,7 @@ def run(args) -> int:
     with kafka_or_embedded(settings) as s:
         ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
         meta = admin(s).list_topics(timeout=10).topics
-        rows = sorted((n, len(t.partitions)) for n, t in meta.items() if n.startswith(s.topic_prefix + ".") or n.startswith(s.processor_id))
+        rows = sorted((n, len(t.partitions)) for n, t in meta.items() if n.startswith((s.topic_prefix + ".", s.processor_id)))
     if args.json:
         print_json([{"topic": n, "partitions": p} for n, p in rows])
     else:

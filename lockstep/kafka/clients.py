@@ -37,7 +37,15 @@ librdkafka_log = logging.getLogger("lockstep.librdkafka")
 class ProducerClient(Protocol):
     """The part of ``confluent_kafka.Producer`` the project uses."""
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None: ...
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        *,
+        on_delivery: Callable[[Any, Any], None] | None = None,
+        headers: Any = None,
+    ) -> None: ...
     def poll(self, timeout: float = ...) -> int: ...
     def flush(self, timeout: float = ...) -> int: ...
     def purge(self, in_queue: bool = ..., in_flight: bool = ..., blocking: bool = ...) -> None: ...

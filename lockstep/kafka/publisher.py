@@ -8,6 +8,8 @@ believes a record arrived that did not.
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import logging
 import threading
 from collections import Counter
@@ -21,7 +23,7 @@ from .clients import CONFLUENT, Clients
 log = logging.getLogger(__name__)
 
 
-class DeliveryError(RuntimeError):
+class DeliveryError(LockstepError, RuntimeError):
     """Kafka did not acknowledge some records."""
 
 

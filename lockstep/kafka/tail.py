@@ -107,7 +107,7 @@ class Tail:
         out: list[R] = []
         for msg in self.poll(timeout_s):
             try:
-                rec: R = decode(msg.value, types)  # type: ignore[arg-type,assignment]
+                rec: R = decode(msg.value, types)  # type: ignore[type-var,arg-type]  # R: the record types the caller names
             except RecordError as err:
                 if err.reason != "wrong_record":
                     self.bad_records += 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..schemas.errors import LockstepError
+
 import logging
 from dataclasses import dataclass
 
@@ -14,7 +16,7 @@ from .clients import admin
 log = logging.getLogger("lockstep.kafka")
 
 
-class TopicError(RuntimeError):
+class TopicError(LockstepError, RuntimeError):
     """Topics could not be created, do not exist, or exist with a different partition count."""
 
 

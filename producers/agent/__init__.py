@@ -22,7 +22,7 @@ def __getattr__(name: str):
 
         return getattr(agent, name)
     if name == "AgentConfig":
-        from .config import AgentConfig
+        from .settings import AgentConfig
 
         return AgentConfig
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,17 +26,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
 from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, window_features_key
 from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, encode
-from .config import AgentConfig
+from .settings import AgentConfig
 from .control import ControlFollower
 from .meta import Identity, discover
 from .outbox import Outbox
 from .retention import RawStore
 from .sampler import HardwareSampler, SamplerStats
-from .schedule import Window, WindowSchedule
+from .schedule import ScheduledWindow, WindowSchedule
 from .spool import Spool
+
+if TYPE_CHECKING:  # torch is imported only when a window starts
+    from .profiler import TorchWindow
 
 log = logging.getLogger("lockstep.agent")
 
@@ -103,7 +108,7 @@ class Agent:
         self._last_counters = AgentCounters()
         self._echo: tuple[str, float] | None = None  # (window, receipt latency) of the last trigger, for the next heartbeat
         # the running window
-        self._torch = None
+        self._torch: TorchWindow | None = None
         self._sampler: HardwareSampler | None = None
         self._prepared: tuple[str, HardwareSampler] | None = None  # (window, its sampler process, started at acceptance)
         self._boundaries: dict[int, float] = {}
@@ -116,7 +121,7 @@ class Agent:
         self._outbox.start()
         self._window_thread.start()
         #: the agent's own threads, whose events are taken out of the trace before summarising
-        self._own_threads: frozenset[int] = frozenset({self._outbox.native_id, self._window_thread.native_id})
+        self._own_threads: frozenset[int] = frozenset(t for t in (self._outbox.native_id, self._window_thread.native_id) if t is not None)
         atexit.register(self.close)
         log.info("lockstep agent attached: job %s, worker %d of %d on %s (%s), NIC %s, publishing to %s",
                  config.job, self.meta.rank, self.world_size, self.meta.host, self.meta.device, self.meta.nic or "?",
@@ -174,7 +179,7 @@ class Agent:
                     self._start_window(window, step)
                 elif action == "step":
                     self._boundaries[step] = time.time() * 1e6
-                    self._torch.step()  # type: ignore[union-attr]
+                    self._profiler().step()
                 elif action == "stop":
                     self._stop_window(window)
                 else:  # missed
@@ -183,7 +188,13 @@ class Agent:
                 log.exception("profiling window %s failed at step %d", window.name, step)
                 self._abort(window, f"{type(exc).__name__}: {exc}")
 
-    def _start_window(self, window: Window, step: int) -> None:
+    def _profiler(self) -> TorchWindow:
+        """The running window's profiler; raising (the window is then aborted) when there is none."""
+        if self._torch is None:
+            raise RuntimeError("no profiler runs for this window (its start failed)")
+        return self._torch
+
+    def _start_window(self, window: ScheduledWindow, step: int) -> None:
         from .profiler import TorchWindow
 
         trig = window.trigger
@@ -207,15 +218,15 @@ class Agent:
             self._prepared[1].close()
         self._prepared = (trig.window, self._new_sampler(trig).prepare())
 
-    def _stop_window(self, window: Window) -> None:
-        prof = self._torch.stop()  # type: ignore[union-attr]
+    def _stop_window(self, window: ScheduledWindow) -> None:
+        prof = self._profiler().stop()
         self._torch = None
         sampler, self._sampler = self._sampler, None
         sampler.halt()  # type: ignore[union-attr]
         record, boundaries = self._record, self._boundaries
         self._work.put(lambda: self._summarise(prof, window.trigger, sampler, boundaries, record))  # type: ignore[arg-type]
 
-    def _abort(self, window: Window, error: str) -> None:
+    def _abort(self, window: ScheduledWindow, error: str) -> None:
         """Detach whatever of the window is running and count it as failed."""
         self._schedule.abort()
         if self._torch is not None:
@@ -247,7 +258,7 @@ class Agent:
                 self._echo = (rec.window, time.time() - rec.created_at) if rec.created_at else None
                 self._inbox.append(rec)
             elif isinstance(rec, RawRequest) and self.meta.rank in rec.workers:
-                self._work.put(lambda r=rec: self._answer(r))
+                self._work.put(partial(self._answer, rec))
         return records is not None
 
     # ------------------------------------------------------------------ the window thread
@@ -348,6 +359,6 @@ def attach(job: str | None = None, **settings) -> Agent:
     Settings not given here come from ``LOCKSTEP_AGENT_*`` variables, the agent's
     config file and (for Kafka) the pipeline's settings; see :class:`AgentConfig`.
     """
-    from .config import load
+    from .settings import load
 
     return Agent(load({"job": job, **settings}))

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Mapping
 
 log = logging.getLogger("lockstep.agent")
 
@@ -91,7 +92,7 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ARG001 - torch
             return
         try:
             from .agent import Agent
-            from .config import load
+            from .settings import load
 
             cfg = load()
             cfg.start_step += 1  # this optimizer step ended the job's first step, which the agent did not see begin
@@ -102,7 +103,7 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ARG001 - torch
             log.error("lockstep agent not attached: %s", exc)
 
 
-def install_from_env(env: dict[str, str] | None = None) -> bool:
+def install_from_env(env: Mapping[str, str] | None = None) -> bool:
     """Install the optimizer-step hook when the environment asks for an agent; True if installed."""
     env = os.environ if env is None else env
     if not env.get(ENABLE_VAR) or _state.get("installed"):

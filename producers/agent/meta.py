@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...schemas.records import WorkerMeta
-from .config import AgentConfig
+from .settings import AgentConfig
 
 log = logging.getLogger("lockstep.agent")
 

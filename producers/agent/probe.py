@@ -34,6 +34,10 @@ import threading
 import time
 from array import array
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the sampler process imports it only when it opens a GPU
+    from .nvml import NvmlDevice
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SLOW_HZ = 100.0  # /proc/stat counts in 1/CLK_TCK s
@@ -122,7 +126,7 @@ class Counters:
 
     def __init__(self, pid: int, nic: str = ""):
         self.pid = pid
-        self.clock = process_cpu_clock(pid)
+        self.clock: int | None = process_cpu_clock(pid)
         try:
             time.clock_gettime(self.clock)
         except OSError:
@@ -221,7 +225,7 @@ class Probe:
         self.counters = Counters(int(cfg["pid"]), cfg.get("nic", ""))
         self.stop = threading.Event()
         self.cols: dict[str, array] = {"fast": array("d"), "slow": array("d"), "gpu": array("d"), "pcie": array("d")}
-        self.gpu = None
+        self.gpu: NvmlDevice | None = None
         self.gpu_fields: tuple[str, ...] = ()
         self.reason = "not requested"
         if cfg.get("use_gpu"):
@@ -274,13 +278,22 @@ class Probe:
 
     def _gpu_loop(self) -> None:
         out, gpu, hz = self.cols["gpu"], self.gpu, min(self.hz, NVML_HZ)
+        if gpu is None:
+            return
         every = max(1, round(hz / NVML_FULL_HZ))
-        self._paced(hz, lambda i: (out.append(time.time()), out.extend(gpu.read(full=i % every == 0))))
+
+        def body(i: int) -> None:
+            out.append(time.time())
+            out.extend(gpu.read(full=i % every == 0))
+
+        self._paced(hz, body)
 
     def _pcie_loop(self) -> None:
-        out = self.cols["pcie"]
+        out, gpu = self.cols["pcie"], self.gpu
+        if gpu is None:
+            return
         while not self.stop.is_set():
-            tx, rx = self.gpu.read_pcie()  # two 20 ms measurements inside the driver
+            tx, rx = gpu.read_pcie()  # two 20 ms measurements inside the driver
             out.extend((time.time(), tx, rx))
             self.stop.wait(0.01)
 

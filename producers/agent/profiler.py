@@ -9,6 +9,8 @@ to the caller's background thread.
 
 from __future__ import annotations
 
+from ...schemas.errors import LockstepError
+
 import logging
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from ...schemas.records import Sampling
 log = logging.getLogger("lockstep.agent")
 
 
-class ProfilerBusy(RuntimeError):
+class ProfilerBusy(LockstepError, RuntimeError):
     """Another profiler (the user's own, or a leftover) is already recording in this process."""
 
 

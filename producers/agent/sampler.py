@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from ...schemas.events import SAMPLE_SCHEMA
+from ...schemas.records import HardwareSeen
 from . import nvml as nvml_mod
 from .probe import FAST, PCIE, parse_cpu_jiffies, parse_disk_read_bytes, parse_meminfo, parse_net_bytes
 
@@ -152,7 +153,7 @@ class HardwareSampler:
         if not use_gpu and not _said_host_only:
             _said_host_only = True
             log.info("hardware sampler: no GPU through NVML (%s); sampling the host only", nvml_mod.unavailable_reason() or "not requested")
-        self.source = "nvml" if use_gpu else "host"  # until the sampler process says otherwise
+        self.source: HardwareSeen = "nvml" if use_gpu else "host"  # until the sampler process says otherwise
         self._settings = {"pid": os.getpid(), "hz": hz, "nic": nic, "use_gpu": use_gpu, "gpu_uuid": gpu_uuid, "gpu_index": gpu_index}
         self._proc: subprocess.Popen | None = None
         self._early = b""  # what wait_ready() read of the sampler process's output (its first line)

@@ -18,7 +18,7 @@ Action = Literal["start", "step", "stop", "missed"]
 
 
 @dataclass(frozen=True)
-class Window:
+class ScheduledWindow:
     trigger: ProfileTrigger
 
     @property
@@ -34,7 +34,7 @@ class Window:
         """First step after the window."""
         return self.trigger.start_step + self.trigger.steps
 
-    def overlaps(self, other: Window) -> bool:
+    def overlaps(self, other: ScheduledWindow) -> bool:
         return self.start < other.stop and other.start < self.stop
 
 
@@ -46,8 +46,8 @@ class Offer:
 
 @dataclass
 class WindowSchedule:
-    pending: list[Window] = field(default_factory=list)  # accepted, not started; by start step
-    active: Window | None = None
+    pending: list[ScheduledWindow] = field(default_factory=list)  # accepted, not started; by start step
+    active: ScheduledWindow | None = None
     seen: set[str] = field(default_factory=set)
 
     @property
@@ -60,7 +60,7 @@ class WindowSchedule:
         if trigger.window in self.seen:
             return Offer(False, "duplicate")
         self.seen.add(trigger.window)
-        w = Window(trigger)
+        w = ScheduledWindow(trigger)
         if w.start <= current_step:
             return Offer(False, "past")
         if any(w.overlaps(o) for o in ([self.active] if self.active else []) + self.pending):
@@ -69,9 +69,9 @@ class WindowSchedule:
         self.pending.sort(key=lambda x: x.start)
         return Offer(True, "accepted")
 
-    def boundary(self, step: int) -> list[tuple[Action, Window]]:
+    def boundary(self, step: int) -> list[tuple[Action, ScheduledWindow]]:
         """Step ``step`` is about to begin."""
-        actions: list[tuple[Action, Window]] = []
+        actions: list[tuple[Action, ScheduledWindow]] = []
         if self.active is not None:
             if step >= self.active.stop:
                 actions.append(("stop", self.active))
@@ -85,7 +85,7 @@ class WindowSchedule:
             actions.append(("start", self.active))
         return actions
 
-    def abort(self) -> Window | None:
+    def abort(self) -> ScheduledWindow | None:
         """Give up the running window (the profiler failed); returns it."""
         w, self.active = self.active, None
         return w

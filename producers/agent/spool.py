@@ -11,11 +11,13 @@ survives restarts: records left by a previous run are sent by the next one.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger("lockstep.agent")
 
@@ -40,7 +42,7 @@ class Spool:
             self._counts[seg], self._sizes[seg] = n, seg.stat().st_size
         self._seq = 1 + max((int(p.stem) for p in self._counts), default=0)
         self._current: Path | None = None
-        self._fh = None
+        self._fh: BinaryIO | None = None
         self._current_n = 0
         self._current_size = 0
 
@@ -59,7 +61,7 @@ class Spool:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, topic: str, key: bytes | None, value: bytes) -> int:
+    def append(self, topic: str, key: builtins.bytes | None, value: builtins.bytes) -> int:
         """Store one record; returns how many records were dropped to make room (this one included if too big)."""
         t = topic.encode()
         size = _HEAD.size + len(t) + (len(key) if key is not None else 0) + len(value)

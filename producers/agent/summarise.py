@@ -29,6 +29,8 @@ memory and disk for everything).  ``clock_events`` is the OR of the sampled bits
 
 from __future__ import annotations
 
+from ...schemas.errors import LockstepError
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +61,7 @@ METRIC_RESOURCES: dict[str, tuple[str, ...] | None] = {
 CLOCK_EVENT_BITS = 16
 
 
-class SummaryError(ValueError):
+class SummaryError(LockstepError, ValueError):
     """The op-event or sample table breaks its contract; the message says which column and how."""
 
 
@@ -205,7 +207,7 @@ def _events(t: pa.Table) -> dict[str, np.ndarray]:
         res_np = np.asarray(res.to_pylist(), dtype=object)
     else:
         res_np = np.full(out["kind"].size, None, dtype=object)
-    unset = np.equal(res_np, None)
+    unset = np.equal(res_np, None)  # type: ignore[call-overload]  # numpy's stubs: an object array against None
     if unset.any():
         kinds, inv = np.unique(out["kind"][unset].astype(str), return_inverse=True)
         res_np[unset] = np.array([ft.default_resource(k) for k in kinds], dtype=object)[inv]
@@ -311,7 +313,8 @@ def _samples(t: pa.Table) -> dict[str, np.ndarray]:
     return {k: v[ok] for k, v in out.items()}
 
 
-def _hardware(ev, ws, ci, n_c, res_c, samples: pa.Table | None, ws_worker: np.ndarray) -> dict[str, np.ndarray]:
+def _hardware(ev: dict[str, np.ndarray], ws: np.ndarray, ci: np.ndarray, n_c: int, res_c: np.ndarray, samples: pa.Table | None,
+              ws_worker: np.ndarray) -> dict[str, np.ndarray]:
     cols: dict[str, np.ndarray] = {c: np.full(n_c, np.nan) for c in ft.HARDWARE}
     cols["clock_events"] = np.zeros(n_c, dtype=np.uint64)
     cols["samples"] = np.zeros(n_c, dtype=np.int32)
@@ -370,7 +373,8 @@ def _hardware(ev, ws, ci, n_c, res_c, samples: pa.Table | None, ws_worker: np.nd
     return cols
 
 
-def _moments(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, cnt: np.ndarray, cell: np.ndarray, n: np.ndarray, n_c: int):
+def _moments(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, cnt: np.ndarray, cell: np.ndarray, n: np.ndarray,
+             n_c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean, standard deviation (n - 1) and 95th percentile per cell of the samples ``v[lo:hi]`` of its ranges.
 
     The ranges of one cell are disjoint (each sample counted once per function).  Sums come from

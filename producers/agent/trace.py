@@ -62,6 +62,8 @@ what records can carry, or an event lasting more than ``MAX_DURATION_US`` is a
 
 from __future__ import annotations
 
+from ...schemas.errors import LockstepError
+
 import gzip
 import hashlib
 import os
@@ -84,7 +86,7 @@ MAX_TRACE_BYTES = 2 << 30
 _CHUNK = 16 << 20
 
 
-class TraceError(ValueError):
+class TraceError(LockstepError, ValueError):
     """The trace cannot be read as a PyTorch profiler trace; the message says why."""
 
 

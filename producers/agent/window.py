@@ -16,13 +16,14 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas import functions as ft
-from ...schemas.records import ProfileTrigger, RawRequest, RawTrace, WindowFeatures, WorkerMeta
+from ...schemas.records import HardwareSeen, ProfileTrigger, RawRequest, RawTrace, WindowFeatures, WorkerMeta
 from .redact import Redaction
 from .retention import RawStore, slice_trace
 from .summarise import summarise
@@ -75,7 +76,7 @@ def to_trace_clock(samples: pa.Table, offset_us: float) -> pa.Table:
 
 
 def window_features(
-    summaries: list, trigger: ProfileTrigger, meta: WorkerMeta, hardware: str, *, tenant: str = "", now: float | None = None
+    summaries: list, trigger: ProfileTrigger, meta: WorkerMeta, hardware: HardwareSeen, *, tenant: str = "", now: float | None = None
 ) -> WindowFeatures | None:
     """The worker's summarised steps of the window in one record (steps outside it are dropped; None if none is left).
     The summaries were made from redacted op events (:func:`process_window`): two names that redact alike are one function."""
@@ -113,7 +114,7 @@ def process_window(
     meta: WorkerMeta,
     samples: pa.Table,
     boundaries_unix_us: dict[int, float],
-    hardware: str,
+    hardware: HardwareSeen,
     redaction: Redaction,
     store: RawStore,
     *,
@@ -145,7 +146,7 @@ def answer_raw_request(
     req: RawRequest, meta: WorkerMeta, store: RawStore, redaction: Redaction, max_bytes: int, *, own_threads: frozenset[int] = frozenset(), tenant: str = ""
 ) -> RawTrace:
     """This worker's answer to a raw request: a bounded, redacted, compressed slice, or the reason there is none."""
-    common = dict(job=req.job, request=req.request, worker=meta.rank, host=meta.host, redaction=redaction.spec(), tenant=tenant or req.tenant)
+    common: dict[str, Any] = dict(job=req.job, request=req.request, worker=meta.rank, host=meta.host, redaction=redaction.spec(), tenant=tenant or req.tenant)
     kept = store.load(req.window)
     if kept is None:
         what = f"window {req.window}" if req.window else "any window"

@@ -73,6 +73,8 @@ same peer group, i.e. the same pipeline stage and role, in the same step):
 
 from __future__ import annotations
 
+from ...schemas.errors import LockstepError
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,7 +93,7 @@ from .model import (
 from .topology import Topology, TopologyError
 
 
-class FaultError(ValueError):
+class FaultError(LockstepError, ValueError):
     pass
 
 

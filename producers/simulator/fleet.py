@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ...schemas.errors import LockstepError
+
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ from .model import KIND, NAMES, SAMPLED, SimulatedStep, Static, Workload, simula
 from .topology import Topology, TopologyError
 
 
-class ScenarioError(ValueError):
+class ScenarioError(LockstepError, ValueError):
     """A scenario file is malformed."""
 
 

@@ -34,11 +34,18 @@ average it out.  A scenario's ``hardware`` says what the samplers see at all
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .topology import Topology
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int32]
+BoolArray = npt.NDArray[np.bool_]
+ObjectArray = npt.NDArray[np.object_]
 
 BASE_CLOCK_MHZ = 1980.0
 NVLINK_GBPS = 150.0  # per GPU, GB/s while transferring
@@ -205,7 +212,7 @@ class Static:
     power: np.ndarray
     mem: np.ndarray
     cpu_other: np.ndarray
-    structure: dict = field(default_factory=dict)
+    structure: Structure
 
     @classmethod
     def draw(cls, topo: Topology, workload: Workload, seed: int) -> Static:
@@ -227,8 +234,18 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1, step)))
 
 
-def _structure(topo: Topology, wl: Workload) -> dict:
+@dataclass(frozen=True)
+class Structure:
     """What the topology fixes: who runs what, where each collective's group lives."""
+
+    present: BoolArray  # (W, F): the worker runs the function
+    resource: ObjectArray  # (W, F): the resource each function depends on ("nic" or "nvlink" for collectives)
+    dp_per_host: int  # members of a data-parallel group on one host
+    dp_hosts: int  # hosts a data-parallel group spans
+    mp_hosts: int  # hosts a model-parallel group spans (one per stage)
+
+
+def _structure(topo: Topology, wl: Workload) -> Structure:
     a = topo.arrays
     stage = a["pp"]
     present = np.ones((topo.workers, F), dtype=bool)
@@ -247,7 +264,7 @@ def _structure(topo: Topology, wl: Workload) -> dict:
     resource = np.tile(np.array([f.resource for f in FUNCTIONS], dtype=object), (topo.workers, 1))
     for name, hosts in (("nccl:all_to_all[ep]", dp_hosts), ("nccl:all_reduce[dp]", dp_hosts), ("nccl:all_reduce[mp]", mp_hosts)):
         resource[:, IDX[name]] = "nic" if hosts > 1 else "nvlink"
-    return {"present": present, "resource": resource, "dp_per_host": dp_per_host, "dp_hosts": dp_hosts, "mp_hosts": mp_hosts}
+    return Structure(present=present, resource=resource, dp_per_host=dp_per_host, dp_hosts=dp_hosts, mp_hosts=mp_hosts)
 
 
 def budget_us(topo: Topology, wl: Workload) -> float:
@@ -276,103 +293,244 @@ def _ring_time(bytes_: float, members: int, bw_gbps: np.ndarray) -> np.ndarray:
 
 
 def simulate_step(
-    topo: Topology, wl: Workload, static: Static, step: int, rng: np.random.Generator, fx: Effects, hardware_hz: float = 100.0, readings: bool = True,
+    topo: Topology,
+    wl: Workload,
+    static: Static,
+    step: int,
+    rng: np.random.Generator,
+    fx: Effects,
+    hardware_hz: float = 100.0,
+    readings: bool = True,
     hardware: str = "nvml",
 ) -> SimulatedStep:
     """Simulate one step of every worker; ``readings=False`` skips the hardware readings (timing only, same times);
-    ``hardware``: what the workers' samplers see (:data:`SAMPLED`)."""
-    W, P, D, T = topo.workers, topo.pp, topo.dp, topo.tp
-    shape = (P, D, T)
+    ``hardware``: what the workers' samplers see (:data:`SAMPLED`).
+
+    The phases in the order a worker runs them: its own work (:func:`_work`), the host side before the pipeline
+    (Python, loading, the copy), the pipeline of forward and backward passes (:func:`_pipeline_phase`), the
+    gradient all-reduces (:func:`_gradient_phase`), the optimizer and logging; then what the agent counts
+    (:func:`_calls`, :func:`_bytes`) and the hardware readings (:func:`_hardware`).  Only :func:`_work` and
+    :func:`_hardware` draw from ``rng``, in that order."""
+    W = topo.workers
     st = static.structure
-    a = topo.arrays
-    stage = a["pp"]
-    M = wl.m(topo)
+    work = _work(topo, wl, static, rng, fx)
+    times = _Times(total=work.dur.copy(), wait=np.zeros((W, F)), first=np.zeros((W, F)))
+    links = _Links(nvlink=NVLINK_GBPS * fx.nvlink_factor, nic=NIC_GBPS / topo.gpus_per_nic * fx.nic_factor)
+    ready = _in_order(work.dur, times.first, np.zeros(W), ("python.train_loop", "dataloader.next", "memcpy.h2d"))
+    pipe_end, tp_calls = _pipeline_phase(topo, wl, st, work, fx, links, times, ready)
+    t = _gradient_phase(topo, st, work, fx, links, times, pipe_end)
+    step_time = _in_order(work.dur, times.first, t, ("optimizer.step", "python.log_metrics"))
+
+    present = st.present
+    total = times.total
+    total[~present] = 0.0
+    calls = _calls(topo, work.layers, tp_calls, wl.m(topo), present)
+    nbytes = _bytes(topo, wl.m(topo), work, tp_calls, calls, present)
+    sampled = SAMPLED[hardware]
+    if sampled:
+        samples = np.where(present, np.maximum(1, np.rint(total * hardware_hz / 1e6)), 0).astype(np.int32)
+    else:
+        samples = np.zeros((W, F), dtype=np.int32)
+    hw = _hardware(topo, static, rng, fx, st, samples, work, links, total, hardware_hz, sampled) if readings else {}
+    for arr in hw.values():
+        arr[~present] = np.nan
+    if "sm_clock_mhz" not in sampled:  # no NVML: no clock-event reasons either
+        fx = replace(fx, clock_events=np.zeros(W, dtype=np.uint64))
+    events = np.where(GPU_BOUND[None, :] & present, fx.clock_events[:, None], 0).astype(np.uint64)
+    return SimulatedStep(
+        step=step,
+        present=present,
+        resource=st.resource,
+        total_us=total,
+        critical_us=total.copy(),
+        wait_us=np.full((W, F), np.nan),
+        true_wait_us=times.wait,
+        first_start_us=times.first,
+        calls=calls,
+        bytes=nbytes,
+        samples=samples,
+        hw=hw,
+        clock_events=events,
+        step_time_us=step_time,
+        missing=fx.missing,
+        clock_offset_s=fx.clock_offset_s,
+    )
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What each worker computes this step, before anyone waits for anyone."""
+
+    dur: FloatArray  # (W, F) µs of work per function; 0 where the worker does not run it
+    jitter: FloatArray  # (W, F) the step's natural variability
+    tokens: FloatArray  # (W,) input size this step
+    route: FloatArray  # (W,) tokens routed to the worker's experts
+    clock: FloatArray  # (W,) SM clock, MHz
+    layers: FloatArray  # (W,) layers of the worker's pipeline stage
+    pcie_gbps: FloatArray  # (W,) the host-to-device link's rate
+    input_bytes: FloatArray  # (W,) the batch copied to the device
+
+    def comm(self, fx: Effects, name: str) -> FloatArray:
+        """A collective's time factor on each worker: its fault and its jitter."""
+        i = IDX[name]
+        out: FloatArray = fx.fn_factor[:, i] * self.jitter[:, i]
+        return out
+
+
+@dataclass(frozen=True)
+class _Times:
+    """The step's timeline as the phases build it: per (worker, function) µs."""
+
+    total: FloatArray  # time in the function, waits included
+    wait: FloatArray  # of which waiting for peers
+    first: FloatArray  # start of its first call, from the step's start
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Each worker's link capacities (GB/s while transferring)."""
+
+    nvlink: FloatArray
+    nic: FloatArray  # its share of the bond
+
+
+def _work(topo: Topology, wl: Workload, static: Static, rng: np.random.Generator, fx: Effects) -> _Work:
+    """Every function's own duration on every worker: kernels nearly deterministic and slower as the clock falls,
+    host-side work varies more, rare hiccups; the faults' factors applied."""
+    W, P, D, T = topo.workers, topo.pp, topo.dp, topo.tp
     base = np.array([f.base_us for f in FUNCTIONS])
     budget = budget_us(topo, wl)
-
-    # ---- natural variability: kernels nearly deterministic, host-side work varies more, rare hiccups
     jitter = rng.lognormal(0.0, 1.0, size=(W, F)) ** SIGMA[None, :]
-    hiccup = np.where(rng.random((W, F)) < wl.hiccups, rng.exponential(HICCUP_US, (W, F)), 0.0)  # one call stalls (GC, OS jitter)
+    # one call stalls (GC, OS jitter)
+    hiccup = np.where(rng.random((W, F)) < wl.hiccups, rng.exponential(HICCUP_US, (W, F)), 0.0)
     tokens = rng.lognormal(0.0, wl.seq_jitter, W) * fx.tokens  # variable sequence lengths
     route = rng.lognormal(0.0, wl.moe_skew, (P, D))  # tokens routed to each tensor-parallel group's experts
     route = np.repeat(route.reshape(-1), T) * fx.tokens
     clock = BASE_CLOCK_MHZ * static.clock * fx.clock_factor * rng.normal(1.0, 0.001, W)
     speed = (BASE_CLOCK_MHZ / clock) * fx.gpu_factor  # compute time factor
 
-    layers = (wl.layers_per_stage + fx.extra_layers)[stage].astype(np.float64)
+    layers = (wl.layers_per_stage + fx.extra_layers)[topo.arrays["pp"]].astype(np.float64)
     dur = np.zeros((W, F))
-    g = lambda name: IDX[name]  # noqa: E731
-    dur[:, g("fwd.gemm")] = base[g("fwd.gemm")] * layers * tokens
-    dur[:, g("bwd.gemm")] = base[g("bwd.gemm")] * layers * tokens
-    dur[:, g("fwd.attention")] = base[g("fwd.attention")] * layers * tokens**2  # attention grows with sequence length squared
-    dur[:, g("bwd.attention")] = base[g("bwd.attention")] * layers * tokens**2
-    dur[:, g("fwd.embedding")] = base[g("fwd.embedding")] * tokens
-    dur[:, g("fwd.loss")] = base[g("fwd.loss")] * tokens
-    dur[:, g("moe.expert_gemm")] = base[g("moe.expert_gemm")] * layers * route
-    dur[:, g("optimizer.step")] = base[g("optimizer.step")]
+    i = IDX
+    dur[:, i["fwd.gemm"]] = base[i["fwd.gemm"]] * layers * tokens
+    dur[:, i["bwd.gemm"]] = base[i["bwd.gemm"]] * layers * tokens
+    # attention grows with sequence length squared
+    dur[:, i["fwd.attention"]] = base[i["fwd.attention"]] * layers * tokens**2
+    dur[:, i["bwd.attention"]] = base[i["bwd.attention"]] * layers * tokens**2
+    dur[:, i["fwd.embedding"]] = base[i["fwd.embedding"]] * tokens
+    dur[:, i["fwd.loss"]] = base[i["fwd.loss"]] * tokens
+    dur[:, i["moe.expert_gemm"]] = base[i["moe.expert_gemm"]] * layers * route
+    dur[:, i["optimizer.step"]] = base[i["optimizer.step"]]
     dur[:, GPU_BOUND] *= speed[:, None]
-    dur[:, g("python.train_loop")] = base[g("python.train_loop")] * fx.python_factor
-    dur[:, g("python.log_metrics")] = base[g("python.log_metrics")] * fx.python_factor
+    dur[:, i["python.train_loop"]] = base[i["python.train_loop"]] * fx.python_factor
+    dur[:, i["python.log_metrics"]] = base[i["python.log_metrics"]] * fx.python_factor
     # the copy moves the batch at the link's rate
     pcie_gbps = PCIE_GBPS * fx.pcie_factor
     input_bytes = INPUT_BYTES * tokens
-    dur[:, g("memcpy.h2d")] = input_bytes / (pcie_gbps * 1e3)
+    dur[:, i["memcpy.h2d"]] = input_bytes / (pcie_gbps * 1e3)
     dur *= jitter * fx.fn_factor
     dur += fx.extra_us * budget + hiccup
     # prefetching loaders hide their work unless it exceeds the step's compute
     produce = budget * (LOADER_HEALTHY * rng.lognormal(0.0, 0.05, W) + fx.loader_excess)
-    dur[:, g("dataloader.next")] = base[g("dataloader.next")] * jitter[:, g("dataloader.next")] + np.maximum(0.0, produce - budget)
-    dur[~st["present"]] = 0.0
+    loader = i["dataloader.next"]
+    dur[:, loader] = base[loader] * jitter[:, loader] + np.maximum(0.0, produce - budget)
+    dur[~static.structure.present] = 0.0
+    return _Work(dur, jitter, tokens, route, clock, layers, pcie_gbps, input_bytes)
 
-    total = dur.copy()
-    wait = np.zeros((W, F))
-    first = np.zeros((W, F))
-    comm_factor = lambda name: fx.fn_factor[:, g(name)] * jitter[:, g(name)]  # noqa: E731
 
-    # ---- link capacities per worker (GB/s while transferring)
-    nvlink = NVLINK_GBPS * fx.nvlink_factor
-    nic = NIC_GBPS / topo.gpus_per_nic * fx.nic_factor
+def _in_order(dur: FloatArray, first: FloatArray, t: FloatArray, names: tuple[str, ...]) -> FloatArray:
+    """Functions each worker runs one after the other on its own from ``t``: their starts, and when they end."""
+    for name in names:
+        first[:, IDX[name]] = t
+        t = t + dur[:, IDX[name]]
+    return t
 
-    # ---- before the pipeline: Python, loading, copy (each worker on its own)
-    t = np.zeros(W)
-    for name in ("python.train_loop", "dataloader.next", "memcpy.h2d"):
-        first[:, g(name)] = t
-        t = t + dur[:, g(name)]
-    ready = t
 
-    # ---- pipeline phase, per tensor-parallel group (node = (pp, dp)); members sync at every tp all-reduce
+def _pipeline_phase(
+    topo: Topology, wl: Workload, st: Structure, work: _Work, fx: Effects, links: _Links, times: _Times, ready: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Forward and backward passes per tensor-parallel group (node = (pp, dp)), whose members sync at every tp
+    all-reduce, in a GPipe schedule of micro-batches across the pipeline's stages; the tp all-reduce, the experts'
+    all-to-all and the stages' send/recv take what is not compute.  Returns when each worker's pipeline ends and
+    its tp all-reduce calls."""
+    W, P, D, T = topo.workers, topo.pp, topo.dp, topo.tp
+    shape = (P, D, T)
+    stage = topo.arrays["pp"]
+    M = wl.m(topo)
+    dur, total, wait, first = work.dur, times.total, times.wait, times.first
+    g = IDX
     fwd_names = ("fwd.embedding", "fwd.gemm", "fwd.attention", "fwd.loss")
     bwd_names = ("bwd.gemm", "bwd.attention")
-    f_w = dur[:, [g(n) for n in fwd_names]].sum(axis=1) / M
-    b_w = dur[:, [g(n) for n in bwd_names]].sum(axis=1) / M
-    e_w = dur[:, g("moe.expert_gemm")] / (2 * M)  # per micro-batch, per direction
+    f_w = dur[:, [g[n] for n in fwd_names]].sum(axis=1) / M
+    b_w = dur[:, [g[n] for n in bwd_names]].sum(axis=1) / M
+    e_w = dur[:, g["moe.expert_gemm"]] / (2 * M)  # per micro-batch, per direction
     tp_axis, dp_axis = (2,), (1,)
     start = _group_max(ready, shape, tp_axis)
     f_max, b_max = _group_max(f_w, shape, tp_axis), _group_max(b_w, shape, tp_axis)
-    tp_calls = 2 * layers * M  # per direction: after attention and after the MLP of every layer
+    tp_calls = 2 * work.layers * M  # per direction: after attention and after the MLP of every layer
     tp_xfer = np.zeros(W)
     if T > 1:
-        per_call = _ring_time(ACT_BYTES / M, T, _group_min(nvlink, shape, tp_axis))
-        tp_xfer = tp_calls * per_call * comm_factor("nccl:all_reduce[tp]")
+        per_call = _ring_time(ACT_BYTES / M, T, _group_min(links.nvlink, shape, tp_axis))
+        tp_xfer = tp_calls * per_call * work.comm(fx, "nccl:all_reduce[tp]")
         tp_xfer = _group_max(tp_xfer, shape, tp_axis)
     # experts: every data-parallel replica of a stage exchanges tokens with the others (ep = dp)
     e_max = _group_max(_group_max(e_w, shape, tp_axis), shape, dp_axis) if wl.moe else np.zeros(W)
     a2a_xfer = np.zeros(W)
     if wl.moe and D > 1:
-        link = np.where(st["dp_hosts"] > 1, nic, nvlink)
-        a2a_xfer = 2 * 2 * layers * M * (A2A_BYTES / M) / (_group_min(link, shape, dp_axis) * 1e3) * comm_factor("nccl:all_to_all[ep]")
+        link = np.where(st.dp_hosts > 1, links.nic, links.nvlink)
+        a2a_xfer = (
+            2 * 2 * work.layers * M * (A2A_BYTES / M) / (_group_min(link, shape, dp_axis) * 1e3)
+            * work.comm(fx, "nccl:all_to_all[ep]")
+        )
         a2a_xfer = _group_max(_group_max(a2a_xfer, shape, tp_axis), shape, dp_axis)
     f_node = f_max + e_max + (tp_xfer + a2a_xfer) / (2 * M)
     b_node = b_max + e_max + (tp_xfer + a2a_xfer) / (2 * M)
 
     hop = np.zeros((0, D))  # one send/recv of one micro-batch's activations, stage p -> p + 1
     if P > 1:
-        link = np.minimum(nic.reshape(shape)[:-1], nic.reshape(shape)[1:])  # stage p -> p + 1, same (dp, tp)
+        nic = links.nic.reshape(shape)
+        link = np.minimum(nic[:-1], nic[1:])  # stage p -> p + 1, same (dp, tp)
         hop = ACT_BYTES / M / (link.min(axis=2, keepdims=True) * 1e3)  # (P-1, D, 1)
-        hop = np.broadcast_to(hop, (P - 1, D, T)) * comm_factor("nccl:send_recv[pp]").reshape(shape)[:-1]
+        hop = np.broadcast_to(hop, (P - 1, D, T)) * work.comm(fx, "nccl:send_recv[pp]").reshape(shape)[:-1]
         hop = hop.max(axis=2)  # (P-1, D)
     S = start.reshape(shape)[:, :, 0]
-    fn, bn = f_node.reshape(shape)[:, :, 0], b_node.reshape(shape)[:, :, 0]
+    F_first, B_first, pipe_end = _gpipe(f_node.reshape(shape)[:, :, 0], b_node.reshape(shape)[:, :, 0], S, hop, M)
+
+    def node(x: FloatArray) -> FloatArray:  # (P, D) -> workers
+        return np.repeat(x.reshape(-1), T)
+
+    pipe_end_w, S_w = node(pipe_end), node(S)
+    compute_w = M * (f_node + b_node)
+    # accounting per worker: what is not compute in the pipeline phase is waiting or moving bytes
+    tp_wait = (start - ready) + M * ((f_max - f_w) + (b_max - b_w))
+    a2a_wait = 2 * M * (e_max - e_w)
+    if T > 1:
+        total[:, g["nccl:all_reduce[tp]"]] = tp_xfer + tp_wait
+        wait[:, g["nccl:all_reduce[tp]"]] = tp_wait
+    if wl.moe and D > 1:
+        total[:, g["nccl:all_to_all[ep]"]] = a2a_xfer + a2a_wait
+        wait[:, g["nccl:all_to_all[ep]"]] = a2a_wait
+    if P > 1:
+        p2p = pipe_end_w - S_w - compute_w
+        n_hops = np.where((stage == 0) | (stage == P - 1), 2 * M, 4 * M)
+        hop_w = np.concatenate([hop, hop[-1:]]).reshape(-1)  # the hop each stage sends on (the last: its input)
+        xfer = np.minimum(p2p, n_hops / 2 * np.repeat(hop_w, T))
+        total[:, g["nccl:send_recv[pp]"]] = p2p
+        wait[:, g["nccl:send_recv[pp]"]] = p2p - xfer
+    for n in (*fwd_names, "moe.expert_gemm", "nccl:all_reduce[tp]", "nccl:all_to_all[ep]"):
+        first[:, g[n]] = node(F_first)
+    for n in bwd_names:
+        first[:, g[n]] = node(B_first)
+    first[:, g["nccl:send_recv[pp]"]] = np.where(stage == 0, node(F_first) + f_node, S_w)
+    first[:, g["fwd.loss"]] = node(F_first) + f_node * 0.9
+    return pipe_end_w, tp_calls
+
+
+def _gpipe(fn: FloatArray, bn: FloatArray, S: FloatArray, hop: FloatArray, M: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """A GPipe schedule of ``M`` micro-batches over (stage, replica) nodes that start at ``S``, take ``fn`` / ``bn``
+    per micro-batch forward / backward and ``hop`` per send to the next stage: when each node starts its first
+    forward, its first backward, and when its pipeline ends."""
+    P, D = S.shape
     F_end = np.zeros((P, D))
     F_first = np.zeros((P, D))
     for m in range(M):  # forward, GPipe: stage p starts micro-batch m when it is free and p-1 has sent it
@@ -396,126 +554,90 @@ def simulate_step(
     pipe_end = B_end.copy()
     if P > 1:
         pipe_end[1:] += hop  # the last gradients sent to the previous stage
-    node = lambda x: np.repeat(x.reshape(-1), T)  # noqa: E731  (P, D) -> workers
-    pipe_end_w, S_w = node(pipe_end), node(S)
-    compute_w = M * (f_node + b_node)
-    # accounting per worker: what is not compute in the pipeline phase is waiting or moving bytes
-    tp_wait = (start - ready) + M * ((f_max - f_w) + (b_max - b_w))
-    a2a_wait = 2 * M * (e_max - e_w)
-    if T > 1:
-        total[:, g("nccl:all_reduce[tp]")] = tp_xfer + tp_wait
-        wait[:, g("nccl:all_reduce[tp]")] = tp_wait
-    if wl.moe and D > 1:
-        total[:, g("nccl:all_to_all[ep]")] = a2a_xfer + a2a_wait
-        wait[:, g("nccl:all_to_all[ep]")] = a2a_wait
-    if P > 1:
-        p2p = pipe_end_w - S_w - compute_w
-        n_hops = np.where((stage == 0) | (stage == P - 1), 2 * M, 4 * M)
-        hop_w = np.concatenate([hop, hop[-1:]]).reshape(-1)  # the hop each stage sends on (the last: its input)
-        xfer = np.minimum(p2p, n_hops / 2 * np.repeat(hop_w, T))
-        total[:, g("nccl:send_recv[pp]")] = p2p
-        wait[:, g("nccl:send_recv[pp]")] = p2p - xfer
-    for n in fwd_names + ("moe.expert_gemm", "nccl:all_reduce[tp]", "nccl:all_to_all[ep]"):
-        first[:, g(n)] = node(F_first)
-    for n in bwd_names:
-        first[:, g(n)] = node(B_first)
-    first[:, g("nccl:send_recv[pp]")] = np.where(stage == 0, node(F_first) + f_node, S_w)
-    first[:, g("fwd.loss")] = node(F_first) + f_node * 0.9
+    return F_first, B_first, pipe_end
 
-    # ---- data-parallel gradient all-reduce per (pp, tp): hierarchical, NVLink inside a host then NICs across hosts
-    t = pipe_end_w
+
+def _gradient_phase(
+    topo: Topology, st: Structure, work: _Work, fx: Effects, links: _Links, times: _Times, t: FloatArray
+) -> FloatArray:
+    """The data-parallel gradient all-reduce per (pp, tp), hierarchical (NVLink inside a host, then NICs across
+    hosts), then the model-parallel grad-norm all-reduce (a few bytes) over every stage and tp rank of one replica;
+    each starts when its last member arrives.  Returns when each worker is done with them."""
+    P, D, T = topo.pp, topo.dp, topo.tp
+    shape = (P, D, T)
+    dp_axis = (1,)
     if D > 1:
-        k, h = st["dp_per_host"], st["dp_hosts"]
-        xfer = _ring_time(GRAD_BYTES, k, _group_min(nvlink, shape, dp_axis))
-        xfer = xfer + _ring_time(GRAD_BYTES / k, h, _group_min(nic, shape, dp_axis))
-        xfer = _group_max(xfer * comm_factor("nccl:all_reduce[dp]"), shape, dp_axis)
-        last = _group_max(t, shape, dp_axis)
-        first[:, g("nccl:all_reduce[dp]")] = t
-        wait[:, g("nccl:all_reduce[dp]")] = last - t
-        total[:, g("nccl:all_reduce[dp]")] = last - t + xfer
-        t = last + xfer
-    # ---- model-parallel grad-norm all-reduce (a few bytes) over every stage and tp rank of one replica
+        k, h = st.dp_per_host, st.dp_hosts
+        xfer = _ring_time(GRAD_BYTES, k, _group_min(links.nvlink, shape, dp_axis))
+        xfer = xfer + _ring_time(GRAD_BYTES / k, h, _group_min(links.nic, shape, dp_axis))
+        xfer = _group_max(xfer * work.comm(fx, "nccl:all_reduce[dp]"), shape, dp_axis)
+        t = _collective(times, "nccl:all_reduce[dp]", t, _group_max(t, shape, dp_axis), xfer)
     if P * T > 1:
-        lat = 20.0 * np.log2(P * T) + np.where(st["mp_hosts"] > 1, 30.0 * np.log2(max(2, P)), 0.0)
-        xfer = _group_max(lat * comm_factor("nccl:all_reduce[mp]"), shape, (0, 2))
-        last = _group_max(t, shape, (0, 2))
-        first[:, g("nccl:all_reduce[mp]")] = t
-        wait[:, g("nccl:all_reduce[mp]")] = last - t
-        total[:, g("nccl:all_reduce[mp]")] = last - t + xfer
-        t = last + xfer
-    for name in ("optimizer.step", "python.log_metrics"):
-        first[:, g(name)] = t
-        t = t + dur[:, g(name)]
-    step_time = t
+        lat = 20.0 * np.log2(P * T) + np.where(st.mp_hosts > 1, 30.0 * np.log2(max(2, P)), 0.0)
+        xfer = _group_max(lat * work.comm(fx, "nccl:all_reduce[mp]"), shape, (0, 2))
+        t = _collective(times, "nccl:all_reduce[mp]", t, _group_max(t, shape, (0, 2)), xfer)
+    return t
 
-    present = st["present"]
-    total[~present] = 0.0
-    calls = np.ones((W, F), dtype=np.int32)
+
+def _collective(times: _Times, name: str, arrive: FloatArray, last: FloatArray, xfer: FloatArray) -> FloatArray:
+    """A collective every member enters at ``arrive`` and that moves its bytes once the ``last`` arrived."""
+    f = IDX[name]
+    times.first[:, f] = arrive
+    times.wait[:, f] = last - arrive
+    times.total[:, f] = last - arrive + xfer
+    end: FloatArray = last + xfer
+    return end
+
+
+def _calls(topo: Topology, layers: FloatArray, tp_calls: FloatArray, M: int, present: BoolArray) -> IntArray:
+    """How many times each worker calls each function in the step."""
+    stage, P = topo.arrays["pp"], topo.pp
+    calls = np.ones((topo.workers, F), dtype=np.int32)
     lk = (layers * M).astype(np.int32)
     for name, per in (("fwd.gemm", 3), ("bwd.gemm", 6), ("fwd.attention", 2), ("bwd.attention", 2), ("moe.expert_gemm", 4)):
-        calls[:, g(name)] = per * lk
-    calls[:, g("nccl:all_reduce[tp]")] = 2 * tp_calls.astype(np.int32)
-    calls[:, g("nccl:all_to_all[ep]")] = 4 * lk
-    calls[:, g("nccl:send_recv[pp]")] = np.where((stage == 0) | (stage == P - 1), 2 * M, 4 * M)
-    calls[:, g("fwd.embedding")] = M
-    calls[:, g("fwd.loss")] = M
-    calls[:, g("memcpy.h2d")] = M
+        calls[:, IDX[name]] = per * lk
+    calls[:, IDX["nccl:all_reduce[tp]"]] = 2 * tp_calls.astype(np.int32)
+    calls[:, IDX["nccl:all_to_all[ep]"]] = 4 * lk
+    calls[:, IDX["nccl:send_recv[pp]"]] = np.where((stage == 0) | (stage == P - 1), 2 * M, 4 * M)
+    calls[:, IDX["fwd.embedding"]] = M
+    calls[:, IDX["fwd.loss"]] = M
+    calls[:, IDX["memcpy.h2d"]] = M
     calls[~present] = 0
+    return calls
 
-    nbytes = np.full((W, F), np.nan)
-    nbytes[:, g("memcpy.h2d")] = input_bytes
-    nbytes[:, g("nccl:all_reduce[tp]")] = 2 * tp_calls * 2 * (T - 1) / T * ACT_BYTES / M
-    nbytes[:, g("nccl:all_to_all[ep]")] = 4 * layers * A2A_BYTES * route
-    nbytes[:, g("nccl:send_recv[pp]")] = calls[:, g("nccl:send_recv[pp]")] * ACT_BYTES / M
-    nbytes[:, g("nccl:all_reduce[dp]")] = 2 * (D - 1) / max(D, 1) * GRAD_BYTES
-    nbytes[:, g("nccl:all_reduce[mp]")] = 8.0 * 2
+
+def _bytes(topo: Topology, M: int, work: _Work, tp_calls: FloatArray, calls: IntArray, present: BoolArray) -> FloatArray:
+    """Bytes each worker moves in each copy and collective (NaN for the others)."""
+    D, T = topo.dp, topo.tp
+    nbytes = np.full((topo.workers, F), np.nan)
+    nbytes[:, IDX["memcpy.h2d"]] = work.input_bytes
+    nbytes[:, IDX["nccl:all_reduce[tp]"]] = 2 * tp_calls * 2 * (T - 1) / T * ACT_BYTES / M
+    nbytes[:, IDX["nccl:all_to_all[ep]"]] = 4 * work.layers * A2A_BYTES * work.route
+    nbytes[:, IDX["nccl:send_recv[pp]"]] = calls[:, IDX["nccl:send_recv[pp]"]] * ACT_BYTES / M
+    nbytes[:, IDX["nccl:all_reduce[dp]"]] = 2 * (D - 1) / max(D, 1) * GRAD_BYTES
+    nbytes[:, IDX["nccl:all_reduce[mp]"]] = 8.0 * 2
     nbytes[~present] = np.nan
-
-    sampled = SAMPLED[hardware]
-    samples = np.where(present, np.maximum(1, np.rint(total * hardware_hz / 1e6)), 0).astype(np.int32) if sampled else np.zeros((W, F), dtype=np.int32)
-    hw = _hardware(topo, static, rng, fx, st, samples, clock, pcie_gbps, nvlink, nic, total, hardware_hz, sampled) if readings else {}
-    for arr in hw.values():
-        arr[~present] = np.nan
-    if "sm_clock_mhz" not in sampled:  # no NVML: no clock-event reasons either
-        fx = replace(fx, clock_events=np.zeros(W, dtype=np.uint64))
-    events = np.where(GPU_BOUND[None, :] & present, fx.clock_events[:, None], 0).astype(np.uint64)
-    return SimulatedStep(
-        step=step,
-        present=present,
-        resource=st["resource"],
-        total_us=total,
-        critical_us=total.copy(),
-        wait_us=np.full((W, F), np.nan),
-        true_wait_us=wait,
-        first_start_us=first,
-        calls=calls,
-        bytes=nbytes,
-        samples=samples,
-        hw=hw,
-        clock_events=events,
-        step_time_us=step_time,
-        missing=fx.missing,
-        clock_offset_s=fx.clock_offset_s,
-    )
+    return nbytes
 
 
-def _link_rates(topo: Topology, st: dict, nic: np.ndarray, nvlink: np.ndarray) -> dict[str, list[tuple[int, np.ndarray, np.ndarray]]]:
+def _link_rates(topo: Topology, st: Structure, links: _Links) -> dict[str, list[tuple[int, FloatArray, FloatArray]]]:
     """Per link metric: (function, rate every member of the worker's group moves bytes at, the worker's own capacity).
 
     A collective runs at its slowest link (the timing above): every member's link carries the same bytes in the
     same time, so its mean throughput is the group's slowest capacity, whatever its own.
     """
     shape = (topo.pp, topo.dp, topo.tp)
-    out: dict[str, list] = {"nic_gbps": [], "nvlink_gbps": []}
+    nic, nvlink = links.nic, links.nvlink
+    out: dict[str, list[tuple[int, FloatArray, FloatArray]]] = {"nic_gbps": [], "nvlink_gbps": []}
     if topo.tp > 1:
         out["nvlink_gbps"].append((IDX["nccl:all_reduce[tp]"], _group_min(nvlink, shape, (2,)), nvlink))
     if topo.dp > 1:
         dp = IDX["nccl:all_reduce[dp]"]
-        if st["dp_per_host"] > 1:  # hierarchical: NVLink inside the host, then the NICs across hosts
+        if st.dp_per_host > 1:  # hierarchical: NVLink inside the host, then the NICs across hosts
             out["nvlink_gbps"].append((dp, _group_min(nvlink, shape, (1,)), nvlink))
-        if st["dp_hosts"] > 1:
+        if st.dp_hosts > 1:
             out["nic_gbps"].append((dp, _group_min(nic, shape, (1,)), nic))
-        link, metric = (nic, "nic_gbps") if st["dp_hosts"] > 1 else (nvlink, "nvlink_gbps")
+        link, metric = (nic, "nic_gbps") if st.dp_hosts > 1 else (nvlink, "nvlink_gbps")
         out[metric].append((IDX["nccl:all_to_all[ep]"], _group_min(link, shape, (1,)), link))
     if topo.pp > 1:  # send/recv between neighbouring stages (same dp, tp rank): a stage's link carries both hops
         v = nic.reshape(shape)
@@ -526,7 +648,9 @@ def _link_rates(topo: Topology, st: dict, nic: np.ndarray, nvlink: np.ndarray) -
     return out
 
 
-def _shape(rng, mean: np.ndarray, cv: np.ndarray, samples: np.ndarray, cap: np.ndarray | float = np.inf) -> tuple[np.ndarray, np.ndarray]:
+def _shape(
+    rng: np.random.Generator, mean: FloatArray, cv: FloatArray | float, samples: IntArray, cap: FloatArray | float = np.inf
+) -> tuple[FloatArray, FloatArray]:
     """Standard deviation and 95th percentile of ``samples`` readings of mean ``mean`` and spread ``cv`` (sd/mean),
     with the error an estimate from that many samples has; the spread is NaN below two samples, the peak the one
     reading; no reading exceeds ``cap``."""
@@ -536,7 +660,19 @@ def _shape(rng, mean: np.ndarray, cv: np.ndarray, samples: np.ndarray, cap: np.n
     return np.where(samples >= 2, sd, np.nan), np.where(samples >= 2, p95, mean)
 
 
-def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvlink, nic, total, hz: float, sampled: frozenset) -> dict[str, np.ndarray]:
+def _hardware(
+    topo: Topology,
+    static: Static,
+    rng: np.random.Generator,
+    fx: Effects,
+    st: Structure,
+    samples: IntArray,
+    work: _Work,
+    links: _Links,
+    total: FloatArray,
+    hz: float,
+    sampled: frozenset[str],
+) -> dict[str, FloatArray]:
     """Readings while each function ran: mean, spread (sd) and peak (p95) of the samples that overlapped it.
 
     The level's noise shrinks with the number of samples; the spread is each metric's own (:data:`METRIC_CV`),
@@ -548,7 +684,12 @@ def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvl
     nan = np.full((W, F), np.nan)
     gpu = GPU_BOUND[None, :]
     level = 1.0 / np.sqrt(np.maximum(samples, 1))
-    n = lambda s: 1.0 + rng.normal(0.0, 1.0, size=(W, F)) * s * level  # noqa: E731
+
+    def n(s: float) -> FloatArray:  # readings' noise around their level, smaller with more samples
+        out: FloatArray = 1.0 + rng.normal(0.0, 1.0, size=(W, F)) * s * level
+        return out
+
+    clock = work.clock
     rel_clock = (clock / BASE_CLOCK_MHZ)[:, None]
     active = np.where(KIND[None, :] == "optimizer", 0.6, 0.88)
     power = POWER_IDLE_W + (POWER_W - POWER_IDLE_W) * rel_clock**2 * static.power[:, None]
@@ -565,7 +706,7 @@ def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvl
         "disk_read_mbps": np.where(KIND[None, :] == "dataloader", DISK_MBPS * fx.disk_factor[:, None] * n(0.05), nan),
     }
     h2d = IDX["memcpy.h2d"]
-    hw["pcie_gbps"][:, h2d] = pcie_gbps * n(0.02)[:, h2d]
+    hw["pcie_gbps"][:, h2d] = work.pcie_gbps * n(0.02)[:, h2d]
     for m, cv in METRIC_CV.items():
         hw[f"{m}_sd"], hw[f"{m}_p95"] = _shape(rng, hw[m], cv, samples)
     # links: every member of a group moves bytes at the group's slowest rate, so every member's mean is that rate.
@@ -573,10 +714,10 @@ def _hardware(topo, static, rng, fx: Effects, st, samples, clock, pcie_gbps, nvl
     # capacity, then idles until the slow hop drains them (duty d = rate / capacity: sd/mean sqrt((1 - d) / d)).
     # Samples longer than a burst average bursts out: only sqrt(burst / sample interval) of that spread shows.
     comm = COMM[None, :] & (total > 0)
-    for metric, links in _link_rates(topo, st, nic, nvlink).items():
+    for metric, rates in _link_rates(topo, st, links).items():
         for key in (metric, f"{metric}_sd", f"{metric}_p95"):
             hw[key] = np.full((W, F), np.nan)
-        for f, rate, cap in links:
+        for f, rate, cap in rates:
             ok = comm[:, f]
             duty = np.clip(rate / cap, 1e-3, 1.0)
             burst_us = BURST_BYTES / (rate * 1e3)

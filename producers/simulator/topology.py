@@ -13,6 +13,8 @@ one stage and role do the same work.
 
 from __future__ import annotations
 
+from ...schemas.errors import LockstepError
+
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -21,7 +23,7 @@ import numpy as np
 from ...schemas.records import WorkerMeta
 
 
-class TopologyError(ValueError):
+class TopologyError(LockstepError, ValueError):
     pass
 
 

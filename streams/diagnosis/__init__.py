@@ -9,8 +9,22 @@ benchmarks all call it:
     h = d.history                               # the job's baseline, for its next window
 """
 
-from .frame import StepFrame, peer_group_key  # noqa: F401
-from .history import HistoryError, JobHistory  # noqa: F401
-from .report import step_report, step_result  # noqa: F401
-from .step import StepResult, analyze_step  # noqa: F401
-from .window import WindowDiagnosis, WindowInfo, diagnose_window  # noqa: F401
+from .frame import StepFrame, peer_group_key
+from .handoff import step_report, step_result
+from .history import HistoryError, JobHistory
+from .step import StepResult, analyze_step
+from .window import WindowDiagnosis, WindowInfo, diagnose_window
+
+__all__ = [
+    "HistoryError",
+    "JobHistory",
+    "StepFrame",
+    "StepResult",
+    "WindowDiagnosis",
+    "WindowInfo",
+    "analyze_step",
+    "diagnose_window",
+    "peer_group_key",
+    "step_report",
+    "step_result",
+]

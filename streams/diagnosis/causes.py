@@ -38,6 +38,7 @@ where they were taken and show nothing, ``unknown``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...schemas.records import Evidence
@@ -108,121 +109,196 @@ UNDETERMINED_CERTAINTY = 0.5
 
 
 def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:
-    # the deviation of work is its robust z; a comparison by ratio has none (the ratio is value / peer value)
-    ev = [Evidence(feature="work_us", value=_round(s.work_us), peer_value=_round(s.peer_work_us), deviation=None if s.signal == "ratio" else _round(s.z))]
-    dev_gpu = _unique(s.devices)
-    dev_host = _unique(s.hosts)
-    r = s.resource
-    rank_specific = 0 < s.peers and s.present <= policy.rank_specific_present * s.peers
-    # several times the peers' time in one function: the worker runs code there its peers do not (logging,
-    # evaluation, checkpointing on one rank), if the host is not the reason; interpreter or GC overhead slows Python
-    # by a fraction
-    extra_code = s.peer_work_us > 0 and s.work_us >= policy.rank_specific_ratio * s.peer_work_us
+    """The cause of ``s``, decided by the rules of the function's own resource (the table above, one function per
+    resource)."""
+    return RULES.get(s.resource, _other)(_Facts(s, policy))
 
-    def has(*names: str) -> bool:
-        return all(math.isfinite(s.values.get(n, math.nan)) and math.isfinite(s.peer_values.get(n, math.nan)) for n in names)
 
-    def drop(name: str, limit: float) -> bool:
-        d = _rel(s.values.get(name, math.nan), s.peer_values.get(name, math.nan))
+@dataclass(frozen=True)
+class _Facts:
+    """One suspect's evidence as the rules read it."""
+
+    s: Suspect
+    policy: DiagnosisPolicy
+
+    def work(self) -> list[Evidence]:
+        """The evidence every attribution starts with: the work against the peers' (a new list)."""
+        s = self.s
+        # the deviation of work is its robust z; a comparison by ratio has none (the ratio is value / peer value)
+        z = None if s.signal == "ratio" else _round(s.z)
+        return [Evidence(feature="work_us", value=_round(s.work_us), peer_value=_round(s.peer_work_us), deviation=z)]
+
+    def ev(self, *names: str) -> list[Evidence]:
+        """The work, then these characteristics against the peers'."""
+        return self.work() + [_ev(self.s, n) for n in names]
+
+    @property
+    def gpus(self) -> list[str]:
+        return _unique(self.s.devices)
+
+    @property
+    def hosts(self) -> list[str]:
+        return _unique(self.s.hosts)
+
+    @property
+    def rank_specific(self) -> bool:
+        """Few of the peers run the function at all."""
+        return 0 < self.s.peers and self.s.present <= self.policy.rank_specific_present * self.s.peers
+
+    @property
+    def extra_code(self) -> bool:
+        """Several times the peers' time in one function: the worker runs code there its peers do not (logging,
+        evaluation, checkpointing on one rank), if the host is not the reason; interpreter or GC overhead slows
+        Python by a fraction."""
+        s = self.s
+        return s.peer_work_us > 0 and s.work_us >= self.policy.rank_specific_ratio * s.peer_work_us
+
+    def has(self, *names: str) -> bool:
+        v, p = self.s.values, self.s.peer_values
+        return all(math.isfinite(v.get(n, math.nan)) and math.isfinite(p.get(n, math.nan)) for n in names)
+
+    def drop(self, name: str, limit: float) -> bool:
+        d = _rel(self.s.values.get(name, math.nan), self.s.peer_values.get(name, math.nan))
         return math.isfinite(d) and d < -limit
 
-    def rise(name: str, limit: float) -> bool:
-        v, p = s.values.get(name, math.nan), s.peer_values.get(name, math.nan)
+    def rise(self, name: str, limit: float) -> bool:
+        v, p = self.s.values.get(name, math.nan), self.s.peer_values.get(name, math.nan)
         return math.isfinite(v) and math.isfinite(p) and v - p > limit
 
-    def more_input() -> list[Evidence]:
+    def more_input(self) -> list[Evidence]:
         """The function's calls or bytes, or the worker's input batch, well above the peers': the evidence, else []."""
-        return [_ev(s, c) for c in ("calls", "bytes", "input_bytes") if _rel(s.values.get(c, math.nan), s.peer_values.get(c, math.nan)) > policy.input_rise]
+        s = self.s
+        rising = [c for c in ("calls", "bytes", "input_bytes") if _rel(s.values.get(c, math.nan), s.peer_values.get(c, math.nan)) > self.policy.input_rise]
+        return [_ev(s, c) for c in rising]
 
-    def memory_pressure() -> bool:
-        return s.values.get("mem_used_frac", 0.0) > policy.mem_high and rise("mem_used_frac", 0.05)
+    def memory_pressure(self) -> bool:
+        return self.s.values.get("mem_used_frac", 0.0) > self.policy.mem_high and self.rise("mem_used_frac", 0.05)
 
-    def undetermined(devices: list[str], needs: tuple[str, ...], between: str) -> Attribution:
-        missing = [n for n in needs if not has(n)] or list(needs)
-        return Attribution("undetermined", devices, ev + [_ev(s, n) for n in missing], UNDETERMINED_CERTAINTY,
-                           f"no {', '.join(missing)} samples, which would tell {between}")  # fmt: skip
+    def undetermined(self, devices: list[str], needs: tuple[str, ...], between: str) -> Attribution:
+        missing = [n for n in needs if not self.has(n)] or list(needs)
+        return Attribution("undetermined", devices, self.ev(*missing), UNDETERMINED_CERTAINTY, f"no {', '.join(missing)} samples, which would tell {between}")
 
-    if r == "gpu":
-        if drop("sm_clock_mhz", policy.clock_drop):
-            bits = s.clock_events & ~s.peer_clock_events
-            if bits & THERMAL_BITS:
-                cause, extra = "gpu_throttle_thermal", [_ev(s, "gpu_temp_c")]
-            elif bits & POWER_BITS:
-                cause, extra = "gpu_throttle_power", [_ev(s, "gpu_power_w")]
-            else:
-                cause, extra = "gpu_throttle", []
-            ev += [_ev(s, "sm_clock_mhz"), *extra]
-            ev.append(Evidence(feature="clock_events", value=float(s.clock_events), peer_value=float(s.peer_clock_events), deviation=float(bits)))
-            return Attribution(cause, dev_gpu, ev, 1.0 if bits else 0.85)
-        if more := more_input():
-            return Attribution("input_imbalance", dev_gpu, ev + more, 0.9)
-        if has("sm_clock_mhz"):
-            return Attribution("gpu_slow", dev_gpu, ev + [_ev(s, "sm_clock_mhz"), _ev(s, "sm_active")], 0.9)
-        return undetermined(dev_gpu, ("sm_clock_mhz",), "a throttled GPU (clock and clock-event reasons from NVML) from a slow one")
-    if r == "pcie":
-        pcie = [d + "/pcie" for d in dev_gpu]
-        if drop("pcie_gbps", policy.throughput_drop):
-            return Attribution("pcie", pcie, ev + [_ev(s, "pcie_gbps")], 1.0)
-        if rise("cpu_other", policy.cpu_other_rise):
-            return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_other")], 0.8)
-        if memory_pressure():
-            return Attribution("host_memory", dev_host, ev + [_ev(s, "mem_used_frac")], 0.8)
-        if more := more_input():
-            return Attribution("input_imbalance", dev_gpu, ev + more, 0.75)
-        if has("pcie_gbps", "cpu_other"):
-            return Attribution("unknown", pcie, ev + [_ev(s, "pcie_gbps"), _ev(s, "cpu_other")], 0.4)
-        return undetermined(pcie, ("pcie_gbps", "cpu_other"), "a degraded PCIe link from a busy host")
-    if r in ("nic", "nvlink"):  # a hierarchical collective runs over both: the link that shows it
-        nvlink, nic = _link_down(s, "nvlink_gbps", policy), _link_down(s, "nic_gbps", policy)
-        r = "nvlink" if nvlink and not nic else "nic" if nic and not nvlink else r
-        metric = f"{r}_gbps"
-        shape = [_ev(s, metric), _ev(s, f"{metric}_sd"), _ev(s, f"{metric}_p95")]
-        if not _link_down(s, metric, policy):
-            devices = [d + "/nvlink" for d in dev_gpu] if r == "nvlink" else _unique(s.nics) or dev_host
-            if has(metric, f"{metric}_sd", f"{metric}_p95"):
-                return Attribution("unknown", devices, ev + shape, 0.4)
-            return undetermined(devices, (metric, f"{metric}_sd", f"{metric}_p95"), "whose link held the collective back (its samples steady while its ring-mates' burst)")
-        if r == "nvlink":
-            return Attribution("nvlink", [d + "/nvlink" for d in dev_gpu], ev + shape, 1.0)
-        hosts = _unique(s.hosts)
-        switches = _unique(s.switches)
-        if len(hosts) > 1 and len(switches) == 1:
-            return Attribution("switch", switches, ev + shape, 0.95)
-        return Attribution("nic", _unique(s.nics) or dev_host, ev + shape, 1.0)
-    host = ("cpu_other", "mem_used_frac")  # what tells a host's own problem from the worker's
-    if r in ("cpu", "storage"):
-        if rise("cpu_other", policy.cpu_other_rise):
-            return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_other"), _ev(s, "cpu_self")], 1.0)
-        if memory_pressure():
-            return Attribution("host_memory", dev_host, ev + [_ev(s, "mem_used_frac")], 0.9)
-        reads = s.peer_values.get("disk_read_mbps", 0.0) >= policy.disk_read_min_mbps  # the peers read: a drop means something
-        if reads and drop("disk_read_mbps", policy.throughput_drop) and (r == "storage" or s.kind == "dataloader"):
-            return Attribution("storage", dev_host, ev + [_ev(s, "disk_read_mbps")], 0.85)
-        if r == "storage" or s.kind == "dataloader":
-            if has(*host, "disk_read_mbps"):
-                if r == "storage":
-                    return Attribution("unknown", dev_host, ev + [_ev(s, "disk_read_mbps"), _ev(s, "cpu_other")], 0.4)
-                return Attribution("dataloader", dev_host, ev + [_ev(s, "cpu_other"), _ev(s, "disk_read_mbps"), _ev(s, "cpu_self")], 0.9)
-            return undetermined(dev_host, (*host, "disk_read_mbps"), "a slow loader from a busy host, memory pressure or slow storage")
-        if rank_specific:
-            return Attribution("rank_specific_code", dev_host, ev + [_present(s)], 0.9)
-        if more := more_input():
-            return Attribution("input_imbalance", dev_host, ev + more, 0.75)
-        # CPU work that got far less of a core than on the peers while other processes took at least as much of the
-        # host: the worker waited to run (a host busy anyway hides the rise of cpu_other, not the worker's starvation)
-        if drop("cpu_self", policy.cpu_self_drop) and s.values.get("cpu_other", math.nan) >= s.peer_values.get("cpu_other", math.inf):
-            return Attribution("host_cpu_contention", dev_host, ev + [_ev(s, "cpu_self"), _ev(s, "cpu_other")], 0.75)
-        if not has(*host):
-            what = "code the worker runs alone" if extra_code else "Python overhead" if s.kind == "python" else "the worker's own work"
-            return undetermined(dev_host, host, f"{what} from a busy host")
-        if extra_code:
-            return Attribution("rank_specific_code", dev_host, ev + [_ev(s, "cpu_other"), _ev(s, "mem_used_frac")], 0.85)
-        if s.kind == "python":
-            return Attribution("python_overhead", dev_host, ev + [_ev(s, "calls"), _ev(s, "cpu_other"), _ev(s, "cpu_self")], 0.7)
-        return Attribution("unknown", dev_host, ev + [_ev(s, "cpu_other"), _ev(s, "cpu_self")], 0.4)
-    if rank_specific:
-        return Attribution("rank_specific_code", dev_gpu or dev_host, ev + [_present(s)], 0.7)
-    return Attribution("unknown", dev_gpu or dev_host, ev, 0.4)
+
+def _gpu(f: _Facts) -> Attribution:
+    """Kernels: a throttled clock (and its reasons), more input, or a GPU slow at the same clock."""
+    s, policy = f.s, f.policy
+    if f.drop("sm_clock_mhz", policy.clock_drop):
+        bits = s.clock_events & ~s.peer_clock_events
+        if bits & THERMAL_BITS:
+            cause, extra = "gpu_throttle_thermal", ["gpu_temp_c"]
+        elif bits & POWER_BITS:
+            cause, extra = "gpu_throttle_power", ["gpu_power_w"]
+        else:
+            cause, extra = "gpu_throttle", []
+        events = Evidence(feature="clock_events", value=float(s.clock_events), peer_value=float(s.peer_clock_events), deviation=float(bits))
+        return Attribution(cause, f.gpus, [*f.ev("sm_clock_mhz", *extra), events], 1.0 if bits else 0.85)
+    if more := f.more_input():
+        return Attribution("input_imbalance", f.gpus, f.work() + more, 0.9)
+    if f.has("sm_clock_mhz"):
+        return Attribution("gpu_slow", f.gpus, f.ev("sm_clock_mhz", "sm_active"), 0.9)
+    return f.undetermined(f.gpus, ("sm_clock_mhz",), "a throttled GPU (clock and clock-event reasons from NVML) from a slow one")
+
+
+def _pcie(f: _Facts) -> Attribution:
+    """Host/device copies: the link's throughput, else the host (CPU, memory), else more input."""
+    policy = f.policy
+    pcie = [d + "/pcie" for d in f.gpus]
+    if f.drop("pcie_gbps", policy.throughput_drop):
+        return Attribution("pcie", pcie, f.ev("pcie_gbps"), 1.0)
+    if f.rise("cpu_other", policy.cpu_other_rise):
+        return Attribution("host_cpu_contention", f.hosts, f.ev("cpu_other"), 0.8)
+    if f.memory_pressure():
+        return Attribution("host_memory", f.hosts, f.ev("mem_used_frac"), 0.8)
+    if more := f.more_input():
+        return Attribution("input_imbalance", f.gpus, f.work() + more, 0.75)
+    if f.has("pcie_gbps", "cpu_other"):
+        return Attribution("unknown", pcie, f.ev("pcie_gbps", "cpu_other"), 0.4)
+    return f.undetermined(pcie, ("pcie_gbps", "cpu_other"), "a degraded PCIe link from a busy host")
+
+
+def _link(f: _Facts) -> Attribution:
+    """Collectives: the link saturated while its ring-mates' burst; a hierarchical collective runs over NVLink and
+    the NICs, and the link that shows it decides; several hosts behind one switch name the switch."""
+    s, policy = f.s, f.policy
+    nvlink, nic = _link_down(s, "nvlink_gbps", policy), _link_down(s, "nic_gbps", policy)
+    r = "nvlink" if nvlink and not nic else "nic" if nic and not nvlink else s.resource
+    metric = f"{r}_gbps"
+    shape = (metric, f"{metric}_sd", f"{metric}_p95")
+    if not _link_down(s, metric, policy):
+        devices = [d + "/nvlink" for d in f.gpus] if r == "nvlink" else _unique(s.nics) or f.hosts
+        if f.has(*shape):
+            return Attribution("unknown", devices, f.ev(*shape), 0.4)
+        return f.undetermined(devices, shape, "whose link held the collective back (its samples steady while its ring-mates' burst)")
+    if r == "nvlink":
+        return Attribution("nvlink", [d + "/nvlink" for d in f.gpus], f.ev(*shape), 1.0)
+    switches = _unique(s.switches)
+    if len(f.hosts) > 1 and len(switches) == 1:
+        return Attribution("switch", switches, f.ev(*shape), 0.95)
+    return Attribution("nic", _unique(s.nics) or f.hosts, f.ev(*shape), 1.0)
+
+
+#: what tells a host's own problem from the worker's
+HOST = ("cpu_other", "mem_used_frac")
+
+
+def _host(f: _Facts) -> Attribution:
+    """CPU work and storage: the host (other processes, memory), data loading and storage, then the worker's own
+    code (:func:`_own_code`)."""
+    s, policy = f.s, f.policy
+    if f.rise("cpu_other", policy.cpu_other_rise):
+        return Attribution("host_cpu_contention", f.hosts, f.ev("cpu_other", "cpu_self"), 1.0)
+    if f.memory_pressure():
+        return Attribution("host_memory", f.hosts, f.ev("mem_used_frac"), 0.9)
+    if s.resource != "storage" and s.kind != "dataloader":
+        return _own_code(f)
+    reads = s.peer_values.get("disk_read_mbps", 0.0) >= policy.disk_read_min_mbps  # the peers read: a drop means something
+    if reads and f.drop("disk_read_mbps", policy.throughput_drop):
+        return Attribution("storage", f.hosts, f.ev("disk_read_mbps"), 0.85)
+    if not f.has(*HOST, "disk_read_mbps"):
+        return f.undetermined(f.hosts, (*HOST, "disk_read_mbps"), "a slow loader from a busy host, memory pressure or slow storage")
+    if s.resource == "storage":
+        return Attribution("unknown", f.hosts, f.ev("disk_read_mbps", "cpu_other"), 0.4)
+    return Attribution("dataloader", f.hosts, f.ev("cpu_other", "disk_read_mbps", "cpu_self"), 0.9)
+
+
+def _own_code(f: _Facts) -> Attribution:
+    """CPU work other than loading on a host that is not the reason: code on few ranks, more input, a worker that
+    waited to run, code its peers do not run, Python overhead."""
+    s, policy = f.s, f.policy
+    if f.rank_specific:
+        return Attribution("rank_specific_code", f.hosts, [*f.work(), _present(s)], 0.9)
+    if more := f.more_input():
+        return Attribution("input_imbalance", f.hosts, f.work() + more, 0.75)
+    # CPU work that got far less of a core than on the peers while other processes took at least as much of the
+    # host: the worker waited to run (a host busy anyway hides the rise of cpu_other, not the worker's starvation)
+    if f.drop("cpu_self", policy.cpu_self_drop) and s.values.get("cpu_other", math.nan) >= s.peer_values.get("cpu_other", math.inf):
+        return Attribution("host_cpu_contention", f.hosts, f.ev("cpu_self", "cpu_other"), 0.75)
+    if not f.has(*HOST):
+        what = "code the worker runs alone" if f.extra_code else "Python overhead" if s.kind == "python" else "the worker's own work"
+        return f.undetermined(f.hosts, HOST, f"{what} from a busy host")
+    if f.extra_code:
+        return Attribution("rank_specific_code", f.hosts, f.ev("cpu_other", "mem_used_frac"), 0.85)
+    if s.kind == "python":
+        return Attribution("python_overhead", f.hosts, f.ev("calls", "cpu_other", "cpu_self"), 0.7)
+    return Attribution("unknown", f.hosts, f.ev("cpu_other", "cpu_self"), 0.4)
+
+
+def _other(f: _Facts) -> Attribution:
+    """Any other resource: code few ranks run, else unknown."""
+    if f.rank_specific:
+        return Attribution("rank_specific_code", f.gpus or f.hosts, [*f.work(), _present(f.s)], 0.7)
+    return Attribution("unknown", f.gpus or f.hosts, f.work(), 0.4)
+
+
+#: the function's resource -> the rules that name its cause
+RULES: dict[str, Callable[[_Facts], Attribution]] = {
+    "gpu": _gpu,
+    "pcie": _pcie,
+    "nic": _link,
+    "nvlink": _link,
+    "cpu": _host,
+    "storage": _host,
+}
 
 
 def _link_down(s: Suspect, metric: str, policy: DiagnosisPolicy) -> bool:

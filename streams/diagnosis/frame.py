@@ -74,7 +74,8 @@ class StepFrame:
         return int(self.rank.size)
 
     def column(self, name: str) -> np.ndarray:
-        return self.functions.column(name).to_numpy(zero_copy_only=False)
+        column: np.ndarray = self.functions.column(name).to_numpy(zero_copy_only=False)
+        return column
 
     @classmethod
     def from_tables(

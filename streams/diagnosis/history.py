@@ -16,6 +16,8 @@ processor versions.
 
 from __future__ import annotations
 
+from ...schemas.errors import LockstepError
+
 import msgspec
 import numpy as np
 import pyarrow as pa
@@ -26,7 +28,7 @@ VERSION = 1
 MIN_COVERAGE = 0.9  # a window that saw fewer of the job's workers does not update the baseline
 
 
-class HistoryError(ValueError):
+class HistoryError(LockstepError, ValueError):
     """A stored job history is unreadable or of an unknown version."""
 
 

@@ -141,45 +141,148 @@ def _dense(n_w: int, n_f: int, rw: np.ndarray, fc: np.ndarray, values: np.ndarra
 
 
 def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
+    """Every worker against its peers in one step: work by robust z (small groups by ratio), links by the shape of
+    their samples; the flagged and low entries with their evidence, and per-(group, function) aggregates."""
+    if frame.functions.num_rows == 0 or frame.n_workers == 0:
+        return _empty_result(frame)
+    grid = _grid(frame)
+    work = _work(grid)
+    peers = _compare_work(grid, work, policy)
+    links = _compare_links(grid, work, peers.flagged, policy)
+    st = frame.step_time_us
+    excess = np.where(links.flagged, links.excess, peers.excess)
+    flagged = peers.flagged | links.flagged
+    # far below the peers: not a finding, but a worker that is far above its peers in some steps and far below in
+    # others is not persistently slow; its group is split from step to step (mixture-of-experts routing)
+    far_below = (peers.z < -policy.z_threshold) & (excess < -policy.min_excess_share * st[:, None])
+    low = (grid.present & peers.enough & far_below) | peers.low_ratio
+
+    healthy = ~flagged.any(axis=1)
+    outliers = _outliers(grid, work, peers, links, excess, flagged, low, {"input_bytes": _input_bytes(grid)})
+    return StepResult(
+        job=frame.job,
+        window=frame.window,
+        step=frame.step,
+        workers_seen=frame.n_workers,
+        step_time_us=float(st.max()),
+        step_time_median_us=float(np.median(st)),
+        work_max_us=float(work.worker_work.max()),
+        healthy_work_max_us=float(work.worker_work[healthy].max()) if healthy.any() else float("nan"),
+        outliers=outliers,
+        groups=_groups(grid, work, peers),
+    )
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """One step's function tables as (workers x functions) matrices, and the workers' peer groups."""
+
+    frame: StepFrame
+    rw: np.ndarray  # per row: its worker
+    fc: np.ndarray  # per row: its function's column
+    fnames: np.ndarray  # per function: name, kind, resource
+    kind_f: np.ndarray
+    res_f: np.ndarray
+    gnames: np.ndarray  # per group: its name
+    lay: Layout  # workers by peer group
+    present: np.ndarray  # (W, F) the worker ran the function
+    n_present: np.ndarray  # (groups, F) workers of the group that ran it
+    valid: np.ndarray  # (W, F) the worker's group ran the function: absence means no work
+    crit: np.ndarray  # (W, F) critical-path time
+    row_of: np.ndarray  # (W, F) the table's row, -1 where the worker did not run the function
+
+    @property
+    def n_workers(self) -> int:
+        return self.frame.n_workers
+
+    @property
+    def n_functions(self) -> int:
+        return int(self.fnames.size)
+
+    def dense(self, values: np.ndarray, fill: float) -> np.ndarray:
+        """A per-row column as a (W, F) matrix, ``fill`` where the worker did not run the function."""
+        return _dense(self.n_workers, self.n_functions, self.rw, self.fc, values, fill)
+
+
+def _grid(frame: StepFrame) -> _Grid:
     t = frame.functions
     n_w = frame.n_workers
-    if t.num_rows == 0 or n_w == 0:
-        return _empty_result(frame)
     rw = frame.row_worker.astype(np.intp)
     fc, fnames = _encode(t.column("function"))
     n_f = fnames.size
     first = np.full(n_f, -1, dtype=np.intp)
     first[fc[::-1]] = np.arange(fc.size - 1, -1, -1)
-    kind_f = np.asarray(t.column("kind").take(pa.array(first)).to_pylist(), dtype=object)
-    res_f = np.asarray(t.column("resource").take(pa.array(first)).to_pylist(), dtype=object)
     gnames, gw = np.unique(frame.group.astype(str), return_inverse=True)
-    gw = gw.astype(np.intp)
-    lay = Layout(gw, gnames.size)
-    n_g = lay.counts  # workers per group
-    st = frame.step_time_us
-
+    lay = Layout(gw.astype(np.intp), gnames.size)
     present = np.zeros((n_w, n_f), dtype=bool)
     present[rw, fc] = True
     n_present = lay.sum(present)  # (groups, functions)
-    valid = (n_present > 0)[gw]  # the worker's group ran the function: absence means no work
-    crit = _dense(n_w, n_f, rw, fc, frame.column("critical_us"), 0.0)
+    row_of = np.full((n_w, n_f), -1, dtype=np.intp)
+    row_of[rw, fc] = np.arange(fc.size)
+    return _Grid(
+        frame=frame,
+        rw=rw,
+        fc=fc,
+        fnames=fnames,
+        kind_f=np.asarray(t.column("kind").take(pa.array(first)).to_pylist(), dtype=object),
+        res_f=np.asarray(t.column("resource").take(pa.array(first)).to_pylist(), dtype=object),
+        gnames=gnames,
+        lay=lay,
+        present=present,
+        n_present=n_present,
+        valid=(n_present > 0)[lay.groups],
+        crit=_dense(n_w, n_f, rw, fc, frame.column("critical_us"), 0.0),
+        row_of=row_of,
+    )
 
-    # waits at collectives: measured, or the excess over the job's shortest instance of the function (a
-    # communicator can span peer groups, e.g. a model-parallel all-reduce over every pipeline stage, and then a
-    # whole peer group waits; the last to arrive anywhere waits least)
-    waiting = np.isin(kind_f, WAITING_KINDS)
+
+@dataclass(frozen=True)
+class _Work:
+    """Each worker's work: its critical-path time minus its waits at collectives."""
+
+    wait: np.ndarray  # (W, F)
+    wait_measured: np.ndarray  # (W, F) the summary measured the wait (else: estimated)
+    work: np.ndarray  # (W, F)
+    worker_work: np.ndarray  # (W,) the step minus every wait
+
+
+def _work(grid: _Grid) -> _Work:
+    """Waits at collectives: measured, or the excess over the job's shortest instance of the function (a communicator
+    can span peer groups, e.g. a model-parallel all-reduce over every pipeline stage, and then a whole peer group
+    waits; the last to arrive anywhere waits least)."""
+    n_w, n_f = grid.n_workers, grid.n_functions
+    waiting = np.isin(grid.kind_f, WAITING_KINDS)
     wait = np.zeros((n_w, n_f))
-    wait_measured = np.zeros((n_w, n_f), dtype=bool)  # the summary measured the wait (else: estimated)
+    wait_measured = np.zeros((n_w, n_f), dtype=bool)
     if waiting.any():
-        measured = _dense(n_w, n_f, rw, fc, frame.column("wait_us"), np.nan)[:, waiting]
-        cw = np.where(present[:, waiting], crit[:, waiting], np.nan)
+        measured = grid.dense(grid.frame.column("wait_us"), np.nan)[:, waiting]
+        cw = np.where(grid.present[:, waiting], grid.crit[:, waiting], np.nan)
         shortest = np.fmin.reduce(cw, axis=0)  # every waiting column has at least one worker that ran it
         est = np.clip(cw - shortest, 0.0, None)
         wait[:, waiting] = np.nan_to_num(np.where(np.isnan(measured), est, np.minimum(measured, cw)))
         wait_measured[:, waiting] = ~np.isnan(measured)
-    work = crit - wait
-    worker_work = st - wait.sum(axis=1)
+    return _Work(wait=wait, wait_measured=wait_measured, work=grid.crit - wait, worker_work=grid.frame.step_time_us - wait.sum(axis=1))
 
+
+@dataclass(frozen=True)
+class _WorkComparison:
+    """Each (worker, function)'s work against its peer group's."""
+
+    med: np.ndarray  # (groups, F) the group's median work
+    mad: np.ndarray  # (groups, F)
+    z: np.ndarray  # (W, F) robust z; ratio rows: the rise over the slowest other worker
+    excess: np.ndarray  # (W, F) work over the peers' (ratio rows: over the slowest other worker)
+    enough: np.ndarray  # (W, 1) the worker's group has enough peers for a z
+    flagged: np.ndarray  # (W, F) far above the peers, by z or by ratio
+    ratio: np.ndarray  # (W, F) flagged by ratio
+    low_ratio: np.ndarray  # (W, F) far below the fastest other worker of a small group
+    other: np.ndarray  # (W, F) the slowest other worker of a small group (NaN elsewhere)
+
+
+def _compare_work(grid: _Grid, w: _Work, policy: DiagnosisPolicy) -> _WorkComparison:
+    lay, gw, work, valid = grid.lay, grid.lay.groups, w.work, grid.valid
+    st, n_g = grid.frame.step_time_us, lay.counts
+    n_w, n_f = grid.n_workers, grid.n_functions
     med = lay.median(np.where(valid, work, np.nan))
     mad = lay.mad(np.where(valid, work, np.nan), med)
     scale = np.maximum(np.maximum(1.4826 * mad, policy.rel_floor * np.abs(med)), 1.0)  # never below a microsecond
@@ -193,30 +296,55 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
     flag_ratio = low_ratio = np.zeros((n_w, n_f), dtype=bool)
     other = np.full((n_w, n_f), np.nan)
     if ((n_g >= 2) & (n_g <= policy.ratio_peers_max)).any():
-        other, fastest = others_extremes(gw, gnames.size, np.where(valid, work, np.nan), policy.ratio_peers_max)
+        other, fastest = others_extremes(gw, grid.gnames.size, np.where(valid, work, np.nan), policy.ratio_peers_max)
+        rise = 1.0 + policy.ratio_rise
+        min_excess = policy.min_excess_share * st[:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
-            flag_ratio = valid & ~flag_work & (work > (1.0 + policy.ratio_rise) * other) & (work - other > policy.min_excess_share * st[:, None])
-            low_ratio = present & (work * (1.0 + policy.ratio_rise) < fastest) & (fastest - work > policy.min_excess_share * st[:, None])
+            flag_ratio = valid & ~flag_work & (work > rise * other) & (work - other > min_excess)
+            low_ratio = grid.present & (work * rise < fastest) & (fastest - work > min_excess)
             z = np.where(flag_ratio, work / other - 1.0, z)  # ratio rows: the rise over the slowest other worker
         excess = np.where(flag_ratio, work - other, excess)
         flag_work |= flag_ratio
-    # links: a collective's links (NVLink inside a host, the NIC across hosts: a hierarchical all-reduce reports both)
-    # compared with their ring-mates' (links of the same function at the same mean rate, anywhere in the job: a ring
-    # crosses peer groups, and a degraded switch can take a whole pipeline stage down with it)
+    return _WorkComparison(med, mad, z, excess, enough, flag_work, flag_ratio, low_ratio, other)
+
+
+@dataclass(frozen=True)
+class _LinkComparison:
+    """Collectives' links against their ring-mates'."""
+
+    flagged: np.ndarray  # (W, F) the worker's link held the collective back
+    excess: np.ndarray  # (W, F) what-if: the transfer at the ring-mates' rate
+    ring: np.ndarray  # (W, F) ring-mates compared with (the worker included), for flagged entries
+    #: metric -> (its columns, column -> the ring-mates' values): the peers of a flagged link are its ring-mates
+    ref: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]
+
+
+def _compare_links(grid: _Grid, w: _Work, flag_work: np.ndarray, policy: DiagnosisPolicy) -> _LinkComparison:
+    """A collective's links (NVLink inside a host, the NIC across hosts: a hierarchical all-reduce reports both)
+    compared with their ring-mates' (links of the same function at the same mean rate, anywhere in the job: a ring
+    crosses peer groups, and a degraded switch can take a whole pipeline stage down with it)."""
+    frame, n_w, n_f = grid.frame, grid.n_workers, grid.n_functions
     signal_hw = np.zeros((n_w, n_f), dtype=bool)
     hw_excess = np.zeros((n_w, n_f))
-    n_seen = np.zeros((n_w, n_f), dtype=np.int64)  # ring-mates compared with (the worker included), for flagged entries
-    link_ref: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}  # metric -> (columns, column -> ring-mates' values)
-    cols = np.flatnonzero(waiting)
+    n_seen = np.zeros((n_w, n_f), dtype=np.int64)
+    link_ref: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+    cols = np.flatnonzero(np.isin(grid.kind_f, WAITING_KINDS))
     metrics = [m for m in LINK_METRICS if cols.size and not np.isnan(frame.column(f"{m}_sd")).all()]  # shapes measured at all
-    if metrics:  # (workers x collectives) matrices of the rows of collectives only
-        at = np.full(n_f, -1, dtype=np.intp)
-        at[cols] = np.arange(cols.size)
-        rows = np.flatnonzero(at[fc] >= 0)
-        sampled = _dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column("samples")[rows], 0.0) >= policy.link_min_samples
+    if not metrics:
+        return _LinkComparison(signal_hw, hw_excess, n_seen, link_ref)
+    # (workers x collectives) matrices of the rows of collectives only
+    at = np.full(n_f, -1, dtype=np.intp)
+    at[cols] = np.arange(cols.size)
+    rows = np.flatnonzero(at[grid.fc] >= 0)
+
+    def dense(c: str, fill: float) -> np.ndarray:
+        return _dense(n_w, cols.size, grid.rw[rows], at[grid.fc[rows]], frame.column(c)[rows], fill)
+
+    sampled = dense("samples", 0.0) >= policy.link_min_samples
+    st = frame.step_time_us
+    work, crit = w.work[:, cols], grid.crit[:, cols]
     for metric in metrics:
-        link = LINK_METRICS[metric]
-        mean, sd, peak = (_dense(n_w, cols.size, rw[rows], at[fc[rows]], frame.column(c)[rows], np.nan) for c in (metric, f"{metric}_sd", f"{metric}_p95"))
+        mean, sd, peak = dense(metric, np.nan), dense(f"{metric}_sd", np.nan), dense(f"{metric}_p95", np.nan)
         ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop, policy.link_burst_cv, policy.ring_rate_spread)
         if ring is None:
             continue
@@ -229,57 +357,34 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
             # the link's capacity against its ring-mates': theirs is their peak when their bursts fill more than 5% of
             # the samples, else what an on/off link of that mean and spread reaches, mean x (1 + (sd/mean)^2)
             r = np.fmin(peak / ref["peak"], (1.0 + cv**2) / (1.0 + ref["cv"] ** 2))
-        hw = drop & present[:, cols] & ~flag_work[:, cols]
+        hw = drop & grid.present[:, cols] & ~flag_work[:, cols]
         if not hw.any():
             continue
         # the transfer at the slow rate: the work when the wait was measured; else the work is the job's fastest
         # instance (the usual rate, unless the slow rate is everywhere), so the work at the slow rate, but never
         # longer than the shortest time a worker behind a slow link spent in the function
         r = np.clip(np.nan_to_num(r, nan=1.0), 1e-3, 1.0)
-        slowest_ring = np.fmin.reduce(np.where(hw, crit[:, cols], np.inf), axis=0)
-        slow = np.minimum(np.where(wait_measured[:, cols], work[:, cols], work[:, cols] / r), slowest_ring)
+        slowest_ring = np.fmin.reduce(np.where(hw, crit, np.inf), axis=0)
+        slow = np.minimum(np.where(w.wait_measured[:, cols], work, work / r), slowest_ring)
         hw &= slow > policy.hardware_min_share * st[:, None]  # the slow transfer holds a real share of the step
         # a collective that only partly runs over the link (a hierarchical all-reduce's NVLink phase) counts when no
         # collective of the worker that runs over it alone shows the drop: its what-if is only a bound
-        own = res_f[cols] == link
+        own = grid.res_f[cols] == LINK_METRICS[metric]
         hw[:, ~own] &= ~hw[:, own].any(axis=1, keepdims=True)
         signal_hw[:, cols] |= hw
         n_seen[:, cols] = np.where(hw, ring, n_seen[:, cols])
-        # what-if: the transfer at the ring-mates' rate
         hw_excess[:, cols] = np.maximum(hw_excess[:, cols], np.where(hw, slow * (1.0 - r), 0.0))
-    excess = np.where(signal_hw, hw_excess, excess)
-    flagged = flag_work | signal_hw
-    # far below the peers: not a finding, but a worker that is far above its peers in some steps and far below in
-    # others is not persistently slow; its group is split from step to step (mixture-of-experts routing)
-    low = (present & enough & (z < -policy.z_threshold) & (excess < -policy.min_excess_share * st[:, None])) | low_ratio
+    return _LinkComparison(signal_hw, hw_excess, n_seen, link_ref)
 
-    fw = flagged.any(axis=1)
-    healthy = ~fw
-    work_max = float(worker_work.max())
-    healthy_max = float(worker_work[healthy].max()) if healthy.any() else float("nan")
 
-    row_of = np.full((n_w, n_f), -1, dtype=np.intp)
-    row_of[rw, fc] = np.arange(fc.size)
-    copies = kind_f == "memcpy"
-    input_bytes = np.full(n_w, np.nan)
-    if copies.any():
-        b = _dense(n_w, n_f, rw, fc, frame.column("bytes"), np.nan)[:, copies]
-        input_bytes = np.where(np.isnan(b).all(axis=1), np.nan, np.nansum(b, axis=1))
-    worker_cols = {"input_bytes": input_bytes}
-    outliers = _outliers(frame, lay, flagged, low, signal_hw, flag_ratio, other, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols)
-    groups = _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw)
-    return StepResult(
-        job=frame.job,
-        window=frame.window,
-        step=frame.step,
-        workers_seen=n_w,
-        step_time_us=float(st.max()),
-        step_time_median_us=float(np.median(st)),
-        work_max_us=work_max,
-        healthy_work_max_us=healthy_max,
-        outliers=outliers,
-        groups=groups,
-    )
+def _input_bytes(grid: _Grid) -> np.ndarray:
+    """(W,) the bytes each worker copied to its devices in the step (its input batch), NaN when it reported none."""
+    copies = grid.kind_f == "memcpy"
+    if not copies.any():
+        return np.full(grid.n_workers, np.nan)
+    b = grid.dense(grid.frame.column("bytes"), np.nan)[:, copies]
+    out: np.ndarray = np.where(np.isnan(b).all(axis=1), np.nan, np.nansum(b, axis=1))
+    return out
 
 
 def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float, burst_cv: float, spread: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
@@ -323,10 +428,22 @@ def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarr
     return out_size, ref
 
 
-def _outliers(frame, lay, flagged, low, signal_hw, flag_ratio, other, n_seen, row_of, fnames, kind_f, res_f, n_present, med, mad, z, excess, wait, work, worker_work, present, link_ref, worker_cols) -> pa.Table:
+def _outliers(
+    grid: _Grid,
+    wk: _Work,
+    peers: _WorkComparison,
+    links: _LinkComparison,
+    excess: np.ndarray,
+    flagged: np.ndarray,
+    low: np.ndarray,
+    worker_cols: dict[str, np.ndarray],
+) -> pa.Table:
+    """The flagged and low entries (OUTLIER_SCHEMA): what deviated, against whom, with the evidence."""
     w, f = np.nonzero(flagged | low)
     if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
+    frame, lay, row_of, fnames, kind_f, res_f = grid.frame, grid.lay, grid.row_of, grid.fnames, grid.kind_f, grid.res_f
+    signal_hw, n_seen, flag_ratio, other, med, mad = links.flagged, links.ring, peers.ratio, peers.other, peers.med, peers.mad
     g = lay.groups[w]
     idx = row_of[w, f]  # flagged and low entries always ran the function (no work cannot be an excess)
     t = frame.functions
@@ -343,21 +460,21 @@ def _outliers(frame, lay, flagged, low, signal_hw, flag_ratio, other, n_seen, ro
         "signal": np.select([signal_hw[w, f], low[w, f], flag_ratio[w, f]], ["hardware", "low", "ratio"], "work"),
         # a link is compared with its ring-mates (links of the function at the same mean rate)
         "peers": np.where(signal_hw[w, f], n_seen[w, f], lay.counts[g]).astype(np.int32),
-        "present": n_present[g, f].astype(np.int32),
-        "work_us": work[w, f],
+        "present": grid.n_present[g, f].astype(np.int32),
+        "work_us": wk.work[w, f],
         "peer_work_us": np.where(flag_ratio[w, f], other[w, f], med[g, f]),  # ratio rows: the slowest other worker
         "peer_mad_us": np.where(flag_ratio[w, f], np.nan, mad[g, f]),
-        "z": z[w, f],
+        "z": peers.z[w, f],
         "excess_us": excess[w, f],
-        "wait_us": wait[w, f],
+        "wait_us": wk.wait[w, f],
         "step_time_us": frame.step_time_us[w],
-        "worker_work_us": worker_work[w],
+        "worker_work_us": wk.worker_work[w],
         "has_hardware": frame.has_hardware[w],
     }
     # peers' medians of the evidence columns, for the flagged functions only, from a sample of each group
     fcols, finv = np.unique(f, return_inverse=True)
     sampled = lay.pos < EVIDENCE_SAMPLE
-    rw, fc = np.nonzero(present[:, fcols] & sampled[:, None])
+    rw, fc = np.nonzero(grid.present[:, fcols] & sampled[:, None])
     rows = row_of[rw, fcols[fc]]
     dense = np.full((frame.n_workers, fcols.size), np.nan)
     for c in EVIDENCE_COLUMNS:
@@ -365,13 +482,13 @@ def _outliers(frame, lay, flagged, low, signal_hw, flag_ratio, other, n_seen, ro
         cols[c] = v[idx].astype(np.float64)
         dense[rw, fc] = v[rows]
         cols[f"peer_{c}"] = lay.median(dense, sample=EVIDENCE_SAMPLE)[g, finv]
-    for lcols, refs in link_ref.values():  # links: the peers are the link's ring-mates
+    for lcols, refs in links.ref.values():  # links: the peers are the link's ring-mates
         at = np.full(fnames.size, -1, dtype=np.intp)
         at[lcols] = np.arange(lcols.size)
         j = at[f]
         for c, ref in refs.items():
             mine = np.where(j >= 0, ref[w, np.maximum(j, 0)], np.nan)
-            cols[f"peer_{c}"] = np.where(np.isnan(mine), cols[f"peer_{c}"], mine)
+            cols[f"peer_{c}"] = np.where(np.isnan(mine), np.asarray(cols[f"peer_{c}"]), mine)
     for c, v in worker_cols.items():
         cols[c] = v[w]
         cols[f"peer_{c}"] = lay.median(v[:, None], sample=EVIDENCE_SAMPLE)[g, 0]
@@ -385,7 +502,10 @@ def _outliers(frame, lay, flagged, low, signal_hw, flag_ratio, other, n_seen, ro
     return pa.Table.from_pydict(cols, schema=OUTLIER_SCHEMA)
 
 
-def _groups(frame, lay, gnames, fnames, kind_f, res_f, n_present, med, mad, wait, valid, fc, rw) -> pa.Table:
+def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison) -> pa.Table:
+    """Per (group, function) the group ran: its median work, wait, share and hardware (GROUP_SCHEMA)."""
+    frame, lay, gnames, fnames, kind_f, res_f = grid.frame, grid.lay, grid.gnames, grid.fnames, grid.kind_f, grid.res_f
+    n_present, med, mad, wait, valid, fc, rw = grid.n_present, peers.med, peers.mad, wk.wait, grid.valid, grid.fc, grid.rw
     gi, fi = np.nonzero(n_present > 0)
     n_f = fnames.size
     st = frame.step_time_us

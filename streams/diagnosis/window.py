@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ...schemas.records import Evidence, Finding, Impact, WindowReport, finding_id
 from ..policy import DiagnosisPolicy, Policy
-from .causes import Suspect, classify
+from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
@@ -126,7 +127,8 @@ def _concat(tables: list[pa.Table], results: list[StepResult]) -> pa.Table:
 
 
 def _np(t: pa.Table, name: str) -> np.ndarray:
-    return t.column(name).to_numpy(zero_copy_only=False)
+    column: np.ndarray = t.column(name).to_numpy(zero_copy_only=False)
+    return column
 
 
 def _keys(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -148,9 +150,45 @@ def _steps_per_key(inv: np.ndarray, step: np.ndarray, n: int) -> np.ndarray:
 
 
 def _worker_findings(ctx: _Ctx, history: JobHistory | None = None) -> list[Finding]:
+    """Persistent (worker, function) pairs, clustered by the element they share, attributed, merged by owner."""
+    pairs = _persistent_pairs(ctx)
+    if pairs is None:
+        return []
+    attributed = [(s, classify(s, ctx.dp), m) for s, m in _suspects(pairs, history)]
+    return [_worker_finding(ctx, pairs, cause, parts) for (cause, _owner), parts in _by_owner(attributed).items()]
+
+
+#: outlier columns whose median over a pair's steps describes the pair
+_PAIR_NUMERIC = (
+    "z", "work_us", "peer_work_us", "peer_mad_us", "excess_us", "peers", "present",
+    *EVIDENCE_COLUMNS, *WORKER_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS + WORKER_COLUMNS),
+)
+#: outlier columns that are the same in every step of a pair: taken from its first row
+_PAIR_LABELS = ("worker", "host", "device", "nic", "switch", "group", "function", "kind", "resource", "signal", "has_hardware")
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """The window's outlier rows (those not far below their peers) and their (worker, function) pairs."""
+
+    out: pa.Table
+    worker: np.ndarray  # per row
+    fn: np.ndarray  # per row
+    step: np.ndarray  # per row
+    pair: np.ndarray  # per row: its pair
+    n_steps: np.ndarray  # per pair: steps it was flagged in
+    persistent: np.ndarray  # per pair: flagged in enough steps, and not persistently low too
+    num: dict[str, np.ndarray]  # per pair: the median of each of _PAIR_NUMERIC over its rows
+    label: dict[str, np.ndarray]  # per pair: each of _PAIR_LABELS
+    clock_events: np.ndarray  # per pair: any of its rows' clock-event bits
+    peer_clock_events: np.ndarray  # per pair: the bits every one of its rows' peers had
+
+
+def _persistent_pairs(ctx: _Ctx) -> _Pairs | None:
+    """The outliers by (worker, function); None when no pair deviated persistently."""
     out = _concat([r.outliers for r in ctx.results], ctx.results)
     if out.num_rows == 0:
-        return []
+        return None
     # a (worker, function) far below its peers in some steps (two, as one noisy step is no deviation either) is not
     # persistently slow: its group is split from step to step (mixture-of-experts routing) and it is on the slow side
     # only some of the time
@@ -161,39 +199,52 @@ def _worker_findings(ctx: _Ctx, history: JobHistory | None = None) -> list[Findi
         low_pairs = keys[_steps_per_key(inv, _np(out, "step")[low], keys.size) >= min(ctx.dp.min_persistent_steps, ctx.need)]
     out = out.filter(pa.array(~low))
     if out.num_rows == 0:
-        return []
+        return None
     worker, fn, step = _np(out, "worker"), _np(out, "function").astype(str), _np(out, "step")
     pairs, pair, first = _keys(worker, fn)
     n_pairs = pairs.size
     n_steps = _steps_per_key(pair, step, n_pairs)
     persistent = (n_steps >= ctx.need) & ~np.isin(pairs, low_pairs)
     if not persistent.any():
-        return []
-    numeric = ("z", "work_us", "peer_work_us", "peer_mad_us", "excess_us", "peers", "present",
-               *EVIDENCE_COLUMNS, *WORKER_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS + WORKER_COLUMNS))  # fmt: skip
-    num = {c: group_median(_np(out, c).astype(np.float64), pair, n_pairs) for c in numeric}
+        return None
     ce_or = np.zeros(n_pairs, dtype=np.uint64)
     np.bitwise_or.at(ce_or, pair, _np(out, "clock_events").astype(np.uint64))
     pce_and = np.full(n_pairs, np.iinfo(np.uint64).max, dtype=np.uint64)
     np.bitwise_and.at(pce_and, pair, _np(out, "peer_clock_events").astype(np.uint64))
-    col = {c: _np(out, c)[first] for c in ("worker", "host", "device", "nic", "switch", "group", "function", "kind", "resource", "signal", "has_hardware")}
-    baseline = history.work_of() if history is not None and history.windows else {}
+    return _Pairs(
+        out=out,
+        worker=worker,
+        fn=fn,
+        step=step,
+        pair=pair,
+        n_steps=n_steps,
+        persistent=persistent,
+        num={c: group_median(_np(out, c).astype(np.float64), pair, n_pairs) for c in _PAIR_NUMERIC},
+        label={c: _np(out, c)[first] for c in _PAIR_LABELS},
+        clock_events=ce_or,
+        peer_clock_events=pce_and,
+    )
 
-    # cluster persistent pairs by the shared element behind the function: a NIC (several hosts behind
-    # one switch: the switch) for communication, the host for CPU-bound work, else the worker itself
-    p = np.flatnonzero(persistent)
+
+def _suspects(pairs: _Pairs, history: JobHistory | None) -> list[tuple[Suspect, np.ndarray]]:
+    """One Suspect per cluster of persistent pairs (few) and the pairs in it: pairs of one function that share the
+    element behind it are one (a NIC, or the switch behind several hosts, for communication; the host for CPU-bound
+    work; else the worker itself)."""
+    col = pairs.label
+    p = np.flatnonzero(pairs.persistent)
     fn_p, res, host = col["function"][p].astype(str), col["resource"][p].astype(str), col["host"][p].astype(str)
     nic = col["nic"][p].astype(str)
-    elem = np.where(res == "nic", np.where(nic != "", nic, host),
-                    np.where(np.isin(res, ("cpu", "storage")), host, np.char.add("worker:", col["worker"][p].astype(str))))  # fmt: skip
+    worker_elem = np.char.add("worker:", col["worker"][p].astype(str))
+    elem = np.where(res == "nic", np.where(nic != "", nic, host), np.where(np.isin(res, ("cpu", "storage")), host, worker_elem))
     elem = _switch_elements(fn_p, res, elem, col["switch"][p].astype(str), host)
     _, cl, _ = _keys(fn_p, res, elem)
     n_cl = int(cl.max()) + 1
-    cmed = {c: group_median(num[c][p], cl, n_cl) for c in numeric}
+    cmed = {c: group_median(pairs.num[c][p], cl, n_cl) for c in _PAIR_NUMERIC}
     order = np.argsort(cl, kind="stable")
     bounds = np.searchsorted(cl[order], np.arange(n_cl + 1))
-    attributed = []
-    for k in range(n_cl):  # one Suspect per cluster (few): workers sharing an element are one
+    baseline = history.work_of() if history is not None and history.windows else {}
+    out = []
+    for k in range(n_cl):
         m = p[order[bounds[k] : bounds[k + 1]]]
         s = Suspect(
             function=str(col["function"][m[0]]),
@@ -204,76 +255,87 @@ def _worker_findings(ctx: _Ctx, history: JobHistory | None = None) -> list[Findi
             devices=[str(x) for x in col["device"][m]],
             nics=[str(x) for x in col["nic"][m]],
             switches=[str(x) for x in col["switch"][m]],
-            peers=int(round(cmed["peers"][k])),
-            present=int(round(cmed["present"][k])),
+            peers=int(round(cmed["peers"][k])),  # noqa: RUF046 - round() of a numpy integer is one too
+            present=int(round(cmed["present"][k])),  # noqa: RUF046
             z=float(cmed["z"][k]),
             work_us=float(cmed["work_us"][k]),
             peer_work_us=float(cmed["peer_work_us"][k]),
             peer_mad_us=float(cmed["peer_mad_us"][k]),
             excess_us=float(cmed["excess_us"][k]),
             has_hardware=bool(np.all(col["has_hardware"][m])),
-            clock_events=int(np.bitwise_or.reduce(ce_or[m])),
-            peer_clock_events=int(np.bitwise_and.reduce(pce_and[m])),
+            clock_events=int(np.bitwise_or.reduce(pairs.clock_events[m])),
+            peer_clock_events=int(np.bitwise_and.reduce(pairs.peer_clock_events[m])),
             values={c: float(cmed[c][k]) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS},
             peer_values={c: float(cmed[f"peer_{c}"][k]) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS},
             signal=next((x for x in ("hardware", "ratio") if np.all(col["signal"][m] == x)), "work"),
             baseline_us=baseline.get((str(col["group"][m[0]]), str(col["function"][m[0]])), math.nan),
             baseline_windows=history.windows if history is not None else 0,
         )
-        attributed.append((s, classify(s, ctx.dp), m))
+        out.append((s, m))
+    return out
 
-    # one finding per cause and host set for causes that live in the host's hardware: a throttled GPU
-    # slows every kernel, two GPUs of one host go together. Software causes belong to their ranks:
-    # two ranks of one host running their own extra code are two problems, never one finding.
-    merged: dict[tuple, list] = {}
+
+_Attributed = tuple[Suspect, Attribution, np.ndarray]  # a suspect, its cause, its pairs
+
+
+def _by_owner(attributed: list[_Attributed]) -> dict[tuple[str, tuple[Any, ...]], list[_Attributed]]:
+    """One finding per cause and host set for causes that live in the host's hardware: a throttled GPU slows every
+    kernel, two GPUs of one host go together.  Software causes belong to their ranks: two ranks of one host running
+    their own extra code are two problems, never one finding."""
+    merged: dict[tuple[str, tuple[Any, ...]], list[_Attributed]] = {}
     for s, att, m in attributed:
-        owner = tuple(sorted(set(s.hosts))) if att.cause in HOST_HARDWARE_CAUSES else tuple(s.workers)
+        owner: tuple[Any, ...] = tuple(sorted(set(s.hosts))) if att.cause in HOST_HARDWARE_CAUSES else tuple(s.workers)
         merged.setdefault((att.cause, owner), []).append((s, att, m))
-    findings = []
-    for (cause, _owner), parts in merged.items():
-        hosts = sorted({h for p in parts for h in p[0].hosts})
-        parts.sort(key=lambda p: -p[0].excess_us * len(p[2]))
-        s, att, _ = parts[0]
-        members = np.concatenate([p[2] for p in parts])
-        workers = sorted({w for p in parts for w in p[0].workers})
-        devices = sorted({d for p in parts for d in p[1].devices})
-        functions = list(dict.fromkeys(p[0].function for p in parts))
-        history_ev = [Evidence(feature="baseline_work_us", value=round(s.work_us, 1), peer_value=round(s.baseline_us, 1),
-                               deviation=round(s.work_us / s.baseline_us - 1.0, 4))] if s.signal == "ratio" and s.baseline_us > 0 else []  # fmt: skip
-        evidence = list(att.evidence) + history_ev + [
-            Evidence(feature=f"work_us[{p[0].function}]", value=round(p[0].work_us, 1), peer_value=round(p[0].peer_work_us, 1), deviation=round(p[0].z, 2))
-            for p in parts[1:] if p[0].function != s.function
-        ][:8]
-        flagged_steps = sorted({int(x) for x in step[np.isin(pair, members)]})
-        persistence = float(np.mean(n_steps[members])) / len(ctx.results)
-        share = _what_if(ctx.results, out, worker, fn, step, np.asarray(workers), functions, shared=s.signal == "hardware")
-        conf, notes = _confidence(s, att.certainty, persistence, ctx.coverage, ctx.dp)
-        findings.append(
-            Finding(
-                id=finding_id(ctx.info.job, ctx.info.window, "worker", workers, s.function, cause, None),
-                job=ctx.info.job,
-                window=ctx.info.window,
-                steps=flagged_steps,
-                scope="worker",
-                workers=workers,
-                hosts=hosts,
-                devices=devices,
-                group=None,
-                function=s.function,
-                function_kind=s.kind,
-                cause=cause,
-                confidence=conf,
-                evidence=evidence,
-                impact=_impact(share, ctx.info.expected_workers),
-                policy=ctx.policy_ref,
-                created_at=ctx.now,
-                tenant=ctx.info.tenant,
-                summary=_summary(s, workers, cause, devices, len(flagged_steps), len(ctx.results), len(functions) - 1,
-                                 notes + ([att.undecided] if att.undecided else [])),
-                window_steps=len(ctx.results),
-            )
-        )
-    return findings
+    return merged
+
+
+def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attributed]) -> Finding:
+    """The finding of one cause and owner: the suspect that costs most speaks for the others (its function, its
+    evidence, then the others' work)."""
+    hosts = sorted({h for p in parts for h in p[0].hosts})
+    parts.sort(key=lambda p: -p[0].excess_us * len(p[2]))
+    s, att, _ = parts[0]
+    members = np.concatenate([p[2] for p in parts])
+    workers = sorted({w for p in parts for w in p[0].workers})
+    devices = sorted({d for p in parts for d in p[1].devices})
+    functions = list(dict.fromkeys(p[0].function for p in parts))
+    history_ev = []
+    if s.signal == "ratio" and s.baseline_us > 0:
+        history_ev = [
+            Evidence(feature="baseline_work_us", value=round(s.work_us, 1), peer_value=round(s.baseline_us, 1), deviation=round(s.work_us / s.baseline_us - 1.0, 4))
+        ]
+    others = [
+        Evidence(feature=f"work_us[{p[0].function}]", value=round(p[0].work_us, 1), peer_value=round(p[0].peer_work_us, 1), deviation=round(p[0].z, 2))
+        for p in parts[1:]
+        if p[0].function != s.function
+    ]
+    evidence = list(att.evidence) + history_ev + others[:8]
+    flagged_steps = sorted({int(x) for x in pairs.step[np.isin(pairs.pair, members)]})
+    persistence = float(np.mean(pairs.n_steps[members])) / len(ctx.results)
+    share = _what_if(ctx.results, pairs.out, pairs.worker, pairs.fn, pairs.step, np.asarray(workers), functions, shared=s.signal == "hardware")
+    conf, notes = _confidence(s, att.certainty, persistence, ctx.coverage, ctx.dp)
+    return Finding(
+        id=finding_id(ctx.info.job, ctx.info.window, "worker", workers, s.function, cause, None),
+        job=ctx.info.job,
+        window=ctx.info.window,
+        steps=flagged_steps,
+        scope="worker",
+        workers=workers,
+        hosts=hosts,
+        devices=devices,
+        group=None,
+        function=s.function,
+        function_kind=s.kind,
+        cause=cause,
+        confidence=conf,
+        evidence=evidence,
+        impact=_impact(share, ctx.info.expected_workers),
+        policy=ctx.policy_ref,
+        created_at=ctx.now,
+        tenant=ctx.info.tenant,
+        summary=_summary(s, workers, cause, devices, len(flagged_steps), len(ctx.results), len(functions) - 1, notes + ([att.undecided] if att.undecided else [])),
+        window_steps=len(ctx.results),
+    )
 
 
 def _switch_elements(fn: np.ndarray, res: np.ndarray, elem: np.ndarray, switch: np.ndarray, host: np.ndarray) -> np.ndarray:
@@ -294,7 +356,8 @@ def _switch_elements(fn: np.ndarray, res: np.ndarray, elem: np.ndarray, switch: 
     return out
 
 
-def _what_if(results, out, worker, fn, step, members, functions, shared: bool = False) -> float:
+def _what_if(results: list[StepResult], out: pa.Table, worker: np.ndarray, fn: np.ndarray, step: np.ndarray, members: np.ndarray,
+             functions: list[str], shared: bool = False) -> float:
     """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps).
 
     The finding on its own: the members' work before and after the fix, against
@@ -566,7 +629,8 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
     return findings + regressions
 
 
-def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) -> list[Finding]:
+def _regressions(ctx: _Ctx, grp: np.ndarray, fn: np.ndarray, kind: np.ndarray, step: np.ndarray, work: np.ndarray, st: np.ndarray,
+                 history: JobHistory) -> list[Finding]:
     """Every worker of a group (or of the job) slower in a function than in the job's earlier healthy windows."""
     dp = ctx.dp
     hkeys = np.char.add(np.char.add(np.asarray(history.group, dtype=str), "\x1f"), np.asarray(history.function, dtype=str))
@@ -618,7 +682,7 @@ def _regressions(ctx: _Ctx, grp, fn, kind, step, work, st, history: JobHistory) 
     return findings
 
 
-def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps, evidence: list[Evidence], share: float, conf: float, summary: str = "") -> Finding:
+def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps: np.ndarray, evidence: list[Evidence], share: float, conf: float, summary: str = "") -> Finding:
     n = len(ctx.results)
     return Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "job", [], function, cause, None),

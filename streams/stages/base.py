@@ -145,7 +145,7 @@ class Stage:
         """A bug, not bad input (that is caught on the way in): the stage goes on, and the records it could
         not process go to the dead-letter topic, to be replayed once the bug is fixed."""
         records = list(records)
-        log.exception("%s: processing failed; %d input record(s) go to the dead-letter topic", self.name, len(records), exc_info=exc)
+        log.error("%s: processing failed; %d input record(s) go to the dead-letter topic", self.name, len(records), exc_info=exc)
         err = RecordError("processing_failed", f"{type(exc).__name__}: {exc}")
         for record in records:
             await self.dead_letter(record, err)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -98,7 +99,7 @@ def sink(tmp_path_factory):
 
 
 def _peak_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM")
@@ -106,7 +107,7 @@ def _peak_mb(pid: int) -> float:
 
 @pytest.mark.parametrize(("sql", "tenant", "needle"), REFUSED)
 def test_hostile_sql_is_refused_with_one_line_and_changes_nothing(sink, sql, tenant, needle, tmp_path):
-    path, proc = sink
+    path, _ = sink
     out = tmp_path / "written.csv"
     with pytest.raises(StoreError) as err:
         query(path, sql.format(out=out, db=path), tenant=tenant)
@@ -141,5 +142,5 @@ def test_a_sink_under_hostile_queries_stays_bounded_answers_and_stops_quickly(si
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0  # a bound, not a timing: before, 35 s and an abort
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - whatever the interrupted request raises: it must not answer
             running.result(timeout=20)

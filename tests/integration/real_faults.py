@@ -21,6 +21,7 @@ it back into ``lockstep diagnose``'s inputs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -294,7 +295,7 @@ def load_fixture(path: Path):
     worker, step = t.column("worker").to_numpy(), t.column("step").to_numpy()
     starts = [0, *(i for i in range(1, t.num_rows) if (worker[i], step[i]) != (worker[i - 1], step[i - 1])), t.num_rows]
     inputs = Inputs(files=1)
-    for a, b in zip(starts, starts[1:]):
+    for a, b in itertools.pairwise(starts):
         part = t.slice(a, b - a)
         first = part.slice(0, 1).to_pylist()[0]
         w = int(first["worker"])

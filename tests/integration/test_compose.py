@@ -86,7 +86,7 @@ def test_every_compose_service_runs_as_its_container_would(tmp_path):
         try:
             for name in ("processor", "sink"):
                 svc = services[name]
-                log = open(tmp_path / f"{name}.log", "wb")
+                log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the service writes into it until the end
                 procs[name] = subprocess.Popen(rt.local(svc, container_argv(svc)), env=rt.env(svc), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
             for name, proc in procs.items():
                 check = services[name]["healthcheck"]["test"]

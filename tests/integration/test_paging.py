@@ -388,7 +388,7 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
     assert [json.loads(r["body"])["type"] for r in receiver.to("/hook")] == ["incident.triggered", "incident.resolved"]
     for r in receiver.to("/hook"):
         verify_standard_webhook(SECRET, r["headers"], r["body"], now=time.time())
-    cols, rows = query(settings.db, "SELECT route, action, status, attempts FROM webhook_deliveries ORDER BY event_seq, route")
+    _, rows = query(settings.db, "SELECT route, action, status, attempts FROM webhook_deliveries ORDER BY event_seq, route")
     assert rows == [["hook", "trigger", "delivered", 1], ["pd", "trigger", "delivered", 2],
                     ["hook", "resolve", "delivered", 1], ["pd", "resolve", "delivered", 1]]  # fmt: skip
 

@@ -284,7 +284,7 @@ def test_sink_killed_three_times_mid_stream_loses_and_duplicates_nothing(setting
     written = lambda: value(pipeline.metrics("sink"), "lockstep_findings_written_total", cause="gpu_slow")  # noqa: E731
     kills, restarts = [], []
     for share in (0.2, 0.45, 0.7):  # of the stream, counted by the running sink since it started
-        until(lambda: written() >= share * len(expected) / 3, 120, f"the sink to write {share:.0%} of a third")
+        until(lambda share=share: written() >= share * len(expected) / 3, 120, f"the sink to write {share:.0%} of a third")
         stored = sql(settings, "SELECT count(*) FROM findings")[0][0]
         pipeline.kill("sink")
         kills.append(stored)

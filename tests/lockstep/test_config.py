@@ -1,4 +1,5 @@
 import argparse
+import dataclasses
 
 import pytest
 
@@ -55,3 +56,45 @@ def test_unknown_key_in_file(tmp_path):
     f.write_text("partitoins: 3\n")
     with pytest.raises(ConfigError, match="unknown setting 'partitoins'"):
         config.load(parse(["--config", str(f)]), env={})
+
+
+def test_every_setting_says_which_commands_read_it():
+    for f in dataclasses.fields(config.Settings):
+        assert f.metadata["read_by"], f"{f.name}: read by no command"
+        assert f.metadata["read_by"] <= set(config.COMMANDS), f.name
+
+
+def _subparser(parser: argparse.ArgumentParser, path: list[str]) -> argparse.ArgumentParser:
+    for name in path:
+        (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return parser
+
+
+@pytest.mark.parametrize("command", config.COMMANDS)
+def test_a_commands_help_lists_the_settings_it_reads_and_no_other(command):
+    """The flags come from the model: what ``--help`` lists is the settings whose ``read_by`` names the command."""
+    from lockstep.app.cli import build_parser
+
+    names = {f.name for f in dataclasses.fields(config.Settings)}
+    for path in ([command, "run"], [command, "env"]) if command == "agent" else ([command],):
+        parser = _subparser(build_parser(), path)
+        listed = {a.dest for a in parser._actions if a.dest in names and a.help is not argparse.SUPPRESS}
+        assert listed == set(config.read_by(command)), path
+
+
+def test_read_by_refuses_a_command_without_settings():
+    with pytest.raises(ValueError, match="not a command with settings"):
+        config.read_by("report")
+
+
+def test_the_layers_merge_mappings_key_by_key_and_name_the_source_of_a_bad_value():
+    fields = {f.name: f for f in dataclasses.fields(config.Settings)}
+    values = config.layered(
+        fields,
+        [("kafka", {"a": "1", "b": "1"}, "file"), ("partitions", 3, "file")],
+        [("kafka", "b=2", "env"), ("partitions", "4", "env")],
+    )
+    assert values == {"kafka": {"a": "1", "b": "2"}, "partitions": 4}
+    with pytest.raises(ConfigError, match=r"partitions \(from LOCKSTEP_PARTITIONS\): '0' is not valid"):
+        config.layered(fields, config.env_layer({"LOCKSTEP_PARTITIONS": "0"}, "LOCKSTEP_", fields))

@@ -79,13 +79,13 @@ def test_slack_pages_escape_what_a_function_or_job_name_could_do_there():
         body = slack(Page(action, "inc", 1, msgspec.to_builtins(hostile), "critical", "w2", 0.0))
         texts = []
 
-        def walk(v):
+        def walk(v, texts=texts):
             if isinstance(v, str):
                 texts.append(v)
             elif isinstance(v, dict):
-                [walk(x) for x in v.values()]
+                [walk(x, texts) for x in v.values()]
             elif isinstance(v, list):
-                [walk(x) for x in v]
+                [walk(x, texts) for x in v]
 
         walk(body)
         assert texts and not any("<" in t or ">" in t for t in texts), texts  # no mention, no link, nothing Slack parses

@@ -51,7 +51,7 @@ def test_rows_and_offsets_commit_together(tmp_path):
     store.write(Batch([finding()], [], {("t.findings", 0): 1}))
     bad = finding(fid="f2")
     bad.steps = "not a list"  # makes the Arrow conversion fail mid-transaction
-    with pytest.raises(Exception):
+    with pytest.raises(TypeError):
         store.write(Batch([bad], [], {("t.findings", 0): 2}))
     assert store.offsets() == {("t.findings", 0): 1}
     assert store.con.execute("SELECT count(*) FROM findings").fetchone()[0] == 1
@@ -295,7 +295,7 @@ REFUSED = [
 
 
 def check_tenant_restriction(path, ask):
-    cols, rows = ask("SELECT id, tenant FROM findings ORDER BY id", "acme")
+    _, rows = ask("SELECT id, tenant FROM findings ORDER BY id", "acme")
     assert rows == [["a1", "acme"], ["a2", "acme"], ["a3", "acme"]]
     assert ask("SELECT id FROM findings ORDER BY id", None)[1] == [["a1"], ["a2"], ["a3"], ["b1"]]
     assert ask("SELECT id FROM open_findings", "globex")[1] == [["b1"]]

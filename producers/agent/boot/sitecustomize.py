@@ -25,6 +25,8 @@ def _chain() -> None:
         path = os.path.join(entry or os.curdir, "sitecustomize.py")
         if os.path.isfile(path):
             spec = importlib.util.spec_from_file_location("_sitecustomize_after_lockstep", path)
+            if spec is None or spec.loader is None:
+                continue
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
             spec.loader.exec_module(module)

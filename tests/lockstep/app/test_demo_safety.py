@@ -6,13 +6,12 @@ import json
 import pytest
 
 from lockstep.app.demo import claim_store, demo_settings, report_path
-from lockstep.commands.demo import SETTINGS
-from lockstep.config import ConfigError, add_arguments
+from lockstep.config import ConfigError, add_arguments, read_by
 
 
 def demo_args(*argv):
     p = argparse.ArgumentParser()
-    add_arguments(p, SETTINGS, config_file=False, only=True)
+    add_arguments(p, read_by("demo"), config_file=False, only=True)
     return p.parse_args(list(argv))
 
 

@@ -37,7 +37,9 @@ def answering(kafka: MemoryKafka, topic: str, kind: type, answers) -> threading.
 
 def test_a_window_request_returns_the_detectors_answer_to_it():
     kafka = MemoryKafka({t: 2 for t in TOPICS.all()})
-    refused = lambda req, request: TriggerRefused(job=req.job, request=request, code="cooldown", reason=f"for {request}")  # noqa: E731
+    def refused(req, request):
+        return TriggerRefused(job=req.job, request=request, code="cooldown", reason=f"for {request}")
+
     detector = answering(kafka, TOPICS.heartbeats, TriggerRequest, lambda req: [(TOPICS.control, refused(req, "other")), (TOPICS.control, refused(req, req.request))])
     answer = request_window(SETTINGS, "j", steps=8, reason="test", timeout_s=10, clients=kafka.clients())
     detector.join(10)

@@ -124,7 +124,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
         ((mixed, "--peer-group", "shard"), "label column shard must hold one value per worker"),
     ]
     for args, message in cases:
-        code, out, err = run(capsys, *args)
+        code, _, err = run(capsys, *args)
         assert code == 1 and message in err, (args, err)
         assert err.startswith("lockstep diagnose: error: ") and err.count("\n") == 1, err
 

@@ -81,7 +81,7 @@ def test_ranks_and_steps_the_traces_do_not_give_are_said_in_one_line_each(tmp_pa
     shutil.copy(DATA / "mi250_minitoy_train_ROCm6_2_kineto.json.gz", rocm)
     mtia = tmp_path / "inference.json.gz"  # no rank, no ProfilerStep
     shutil.copy(DATA / "mtia_inference_rank_0.json.gz", mtia)
-    code, out, err = run(capsys, v100, rocm, mtia)
+    code, _, err = run(capsys, v100, rocm, mtia)
     assert code == 0, err
     lines = err.splitlines()
     assert lines == [
@@ -90,7 +90,7 @@ def test_ranks_and_steps_the_traces_do_not_give_are_said_in_one_line_each(tmp_pa
         f"lockstep diagnose: no distributedInfo.rank: {v100.name}: rank 0 from the file name",
         "lockstep diagnose: no ProfilerStep#N: inference.json.gz: 9 iterations inferred from the repeating top-level region Stage::PyTorchMRSGIFTask::run",
     ], lines
-    code, out, err = run(capsys, v100, rocm, "--rank", f"{rocm}=7", "--json")
+    code, _, err = run(capsys, v100, rocm, "--rank", f"{rocm}=7", "--json")
     assert code == 0 and "numbered" not in err and "rank 0 from the file name" in err
 
 
@@ -104,5 +104,5 @@ def test_bad_rank_options(tmp_path, capsys):
         (("--max-input-mb", "0"), "--max-input-mb must be positive"),
     ]
     for args, message in cases:
-        code, out, err = run(capsys, A100, PAIR[0], *args)
+        code, _, err = run(capsys, A100, PAIR[0], *args)
         assert code == 1 and message in err and err.startswith("lockstep diagnose: error: ") and err.count("\n") == 1, (args, err)

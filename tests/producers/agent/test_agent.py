@@ -100,7 +100,7 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
     doc = json.loads(Path(printed["file"]).read_text())  # what `lockstep raw` wrote: a Chrome trace Perfetto opens
     assert doc == json.loads(decompress(r1.trace))
     names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"]
-    assert names and all(n.startswith("fn:") or n.startswith("ProfilerStep#") for n in names)
+    assert names and all(n.startswith(("fn:", "ProfilerStep#")) for n in names)
 
 
 def test_the_launcher_attaches_the_agent_to_an_unedited_script(settings, tmp_path):

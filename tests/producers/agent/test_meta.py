@@ -1,6 +1,6 @@
 """Worker identity from explicit settings, launcher variables and the host."""
 
-from lockstep.producers.agent import config as agent_config
+from lockstep.producers.agent import settings as agent_settings
 from lockstep.producers.agent.meta import default_route_interface, discover, first_int, nic_from_env
 
 ROUTES = """Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
@@ -10,7 +10,7 @@ bond0\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0
 
 
 def cfg(**kw):
-    return agent_config.load({"job": "j", "bootstrap_servers": "k:1", **kw}, {})
+    return agent_settings.load({"job": "j", "bootstrap_servers": "k:1", **kw}, {})
 
 
 def test_ranks_from_torchrun_slurm_or_mpi_variables():

@@ -32,7 +32,7 @@ def test_a_small_bound_keeps_most_of_what_fits(tmp_path):
     """Segments are an eighth of the bound, so dropping the oldest keeps at least 7/8 of it (a 64 KiB floor on
     segments made a bound under 512 KiB drop nearly everything it held at once)."""
     sp = Spool(tmp_path, max_bytes=48 << 10)
-    for i in range(2000):
+    for _ in range(2000):
         sp.append("t", b"k", b"x" * 180)
         if sp.dropped:
             assert sp.bytes >= (48 << 10) * 7 // 8 - 300

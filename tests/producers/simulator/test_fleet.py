@@ -167,7 +167,7 @@ def test_feature_batches_are_valid_records():
 def test_a_seed_reproduces_its_records_byte_for_byte(tmp_path):
     sc = Scenario(job="j", seed=11, topology=Topology(workers=32, tp=2), window=Window(start_step=12, steps=4),
                   baseline=Window(start_step=4, steps=2), faults=(Fault(type="nic", nics=("node0001/bond0",), severity=2.0, start_step=8),))  # fmt: skip
-    a, b = write_records(sc, tmp_path / "a"), write_records(sc, tmp_path / "b")
+    a, _ = write_records(sc, tmp_path / "a"), write_records(sc, tmp_path / "b")
     assert a.heartbeats == 32 * 18 and a.feature_batches == 32 * 6
     for name in ("heartbeats.parquet", "features.parquet", "triggers.parquet", "truth.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

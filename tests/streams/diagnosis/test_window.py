@@ -101,7 +101,6 @@ def make_step(n: int, step: int, rng: np.random.Generator, extra: tuple[str, ...
 
 def tables(s: Step, names: list[str], kinds: list[str], resources: list[str]) -> tuple[list, np.ndarray]:
     """The timeline: waits at the all-reduce emerge from arrivals; one function table per worker."""
-    n = s.dur.shape[0]
     before = [i for i in range(len(names)) if i not in (AR, *AFTER)]
     arrival = (s.dur[:, before] * s.present[:, before]).sum(axis=1)
     transfer = s.dur[:, AR].max() * s.link

@@ -53,7 +53,7 @@ async def test_a_window_is_marked_closed_only_once_kafka_acknowledged_its_findin
     for step in sorted(healthy_batches):
         await p.feed(features(p, healthy_batches[step]))
     closing = asyncio.ensure_future(p.pump())
-    while not window_reports(p):  # the stage sent the window's report and waits for Kafka's acknowledgement
+    while not window_reports(p):  # noqa: ASYNC110 - the stage sent the window's report and waits for Kafka's acknowledgement
         await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert not closing.done()
@@ -69,7 +69,7 @@ async def test_a_crash_before_kafka_acknowledged_replays_the_window_with_the_sam
     for step in sorted(batches):
         await first.feed(features(first, batches[step]))
     closing = asyncio.ensure_future(first.pump())
-    while not window_reports(first):
+    while not window_reports(first):  # noqa: ASYNC110 - the stage runs in the task above: let it
         await asyncio.sleep(0)
     closing.cancel()  # the processor dies here
     assert first.tables.closed_windows == {} and first.acked(TOPICS.stepreports) == []

@@ -3,7 +3,7 @@
 import pytest
 
 from lockstep.config import ConfigError
-from lockstep.producers.agent import config as agent_config
+from lockstep.producers.agent import settings as agent_settings
 from lockstep.producers.agent.redact import Redaction
 
 BASE = {"LOCKSTEP_BOOTSTRAP_SERVERS": "k1:9092"}
@@ -14,15 +14,15 @@ def test_precedence_and_kafka_from_the_pipeline_settings(tmp_path):
     f.write_text("job: from-file\nqueue_max: 7\nlabels: {pp: '1'}\n")
     env = {**BASE, "LOCKSTEP_AGENT_CONFIG": str(f), "LOCKSTEP_AGENT_QUEUE_MAX": "8", "LOCKSTEP_TOPIC_PREFIX": "px",
            "LOCKSTEP_AGENT_LABELS": "role=loss"}  # fmt: skip
-    cfg = agent_config.load({"queue_max": 9}, env)
+    cfg = agent_settings.load({"queue_max": 9}, env)
     assert (cfg.job, cfg.queue_max, cfg.labels) == ("from-file", 9, {"pp": "1", "role": "loss"})
     assert (cfg.bootstrap_servers, cfg.settings().topic_prefix) == ("k1:9092", "px")
-    assert agent_config.load({}, {**env, "LOCKSTEP_AGENT_BOOTSTRAP_SERVERS": "k2:9092"}).bootstrap_servers == "k2:9092"
+    assert agent_settings.load({}, {**env, "LOCKSTEP_AGENT_BOOTSTRAP_SERVERS": "k2:9092"}).bootstrap_servers == "k2:9092"
 
 
 def test_the_job_falls_back_to_the_launchers_run_id():
-    assert agent_config.load({}, {**BASE, "TORCHELASTIC_RUN_ID": "run-42"}).job == "run-42"
-    assert agent_config.load({}, {**BASE, "TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "977"}).job == "977"
+    assert agent_settings.load({}, {**BASE, "TORCHELASTIC_RUN_ID": "run-42"}).job == "run-42"
+    assert agent_settings.load({}, {**BASE, "TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "977"}).job == "977"
 
 
 @pytest.mark.parametrize(
@@ -38,11 +38,11 @@ def test_the_job_falls_back_to_the_launchers_run_id():
 )
 def test_bad_settings_stop_with_one_line_naming_them(overrides, env, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        agent_config.load(overrides, env)
+        agent_settings.load(overrides, env)
 
 
 def test_to_env_reproduces_the_settings_in_a_child_process(tmp_path):
-    cfg = agent_config.load({"job": "j", "labels": "pp=1,tp=2", "redact": "names=hash,salt=s", "spool_dir": tmp_path}, BASE)
-    again = agent_config.load({}, agent_config.to_env(cfg))
+    cfg = agent_settings.load({"job": "j", "labels": "pp=1,tp=2", "redact": "names=hash,salt=s", "spool_dir": tmp_path}, BASE)
+    again = agent_settings.load({}, agent_settings.to_env(cfg))
     assert again == cfg
     assert again.redact == Redaction(names="hash", salt="s")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import config as lockstep_config
-from ...config import ConfigError, read_yaml_mapping
+from ...config import ConfigError
 from .redact import Redaction
 
 ENV_PREFIX = "LOCKSTEP_AGENT_"
@@ -62,25 +62,25 @@ class AgentConfig:
     device: str | None = field(default=None, metadata={"help": "device, e.g. host3/gpu5 (default: from CUDA and NVML)", "parse": _opt_str})
     nic: str | None = field(default=None, metadata={"help": "NIC or bond of inter-node traffic (default: NCCL/Gloo settings, the default route)", "parse": _opt_str})
     switch: str = field(default="", metadata={"help": "leaf switch behind the NIC (not discoverable)", "parse": str})
-    labels: dict[str, str] = field(default_factory=dict, metadata={"help": "peer-group labels, e.g. pp=1,tp=0 (added to discovered ones)", "parse": lockstep_config._kv_map})
+    labels: dict[str, str] = field(default_factory=dict, metadata={"help": "peer-group labels, e.g. pp=1,tp=0 (added to discovered ones)", "parse": lockstep_config.kv_map})
     start_step: int = field(default=0, metadata={"help": "number of the first step (e.g. the step a resumed job starts at)", "parse": _nonneg_int})
     # publishing
-    queue_max: int = field(default=10_000, metadata={"help": "records held in memory for the publishing thread; beyond, the oldest is dropped", "parse": lockstep_config._pos_int})
-    flush_interval_s: float = field(default=0.5, metadata={"help": "how often the publishing thread sends what accumulated (heartbeats go in batches)", "parse": lockstep_config._pos_float})
-    delivery_timeout_s: float = field(default=10.0, metadata={"help": "a record Kafka has not acknowledged by then goes to the spool", "parse": lockstep_config._pos_float})
+    queue_max: int = field(default=10_000, metadata={"help": "records held in memory for the publishing thread; beyond, the oldest is dropped", "parse": lockstep_config.positive_int})
+    flush_interval_s: float = field(default=0.5, metadata={"help": "how often the publishing thread sends what accumulated (heartbeats go in batches)", "parse": lockstep_config.positive_float})
+    delivery_timeout_s: float = field(default=10.0, metadata={"help": "a record Kafka has not acknowledged by then goes to the spool", "parse": lockstep_config.positive_float})
     spool_dir: Path | None = field(default=None, metadata={"help": "on-disk spool for when Kafka is unreachable (default: TMPDIR/lockstep-agent/JOB/rankN)", "parse": _opt_path})
-    spool_max_bytes: int = field(default=64 << 20, metadata={"help": "bound of the spool; beyond, the oldest records are dropped and counted", "parse": lockstep_config._pos_int})
+    spool_max_bytes: int = field(default=64 << 20, metadata={"help": "bound of the spool; beyond, the oldest records are dropped and counted", "parse": lockstep_config.positive_int})
     # profiling windows
-    hardware_hz_max: float = field(default=10_000.0, metadata={"help": "upper bound on the hardware sampling rate a trigger may ask for", "parse": lockstep_config._pos_float})
+    hardware_hz_max: float = field(default=10_000.0, metadata={"help": "upper bound on the hardware sampling rate a trigger may ask for", "parse": lockstep_config.positive_float})
     min_share: float = field(default=0.001, metadata={"help": "leave out of feature batches functions below this share of the step (critical path and total)", "parse": float})
     raw_dir: Path | None = field(default=None, metadata={"help": "where the last window's raw trace is kept (default: SPOOL_DIR/raw)", "parse": _opt_path})
-    raw_max_bytes: int = field(default=256 << 20, metadata={"help": "bound of the kept raw trace (zstd); a larger one keeps its longest events", "parse": lockstep_config._pos_int})
-    raw_upload_max_bytes: int = field(default=900_000, metadata={"help": "bound of one raw-trace answer (Kafka's default record limit is 1 MiB)", "parse": lockstep_config._pos_int})
+    raw_max_bytes: int = field(default=256 << 20, metadata={"help": "bound of the kept raw trace (zstd); a larger one keeps its longest events", "parse": lockstep_config.positive_int})
+    raw_upload_max_bytes: int = field(default=900_000, metadata={"help": "bound of one raw-trace answer (Kafka's default record limit is 1 MiB)", "parse": lockstep_config.positive_int})
     redact: Redaction = field(default_factory=Redaction, metadata={"help": "what leaves the host: paths=keep|strip|hash,stacks=keep|drop,names=keep|hash,salt=S", "parse": _redaction})
     # Kafka (from lockstep.config unless given)
     bootstrap_servers: str | None = field(default=None, metadata={"help": "Kafka (default: LOCKSTEP_BOOTSTRAP_SERVERS)", "parse": _opt_str, "kafka": True})
     topic_prefix: str | None = field(default=None, metadata={"help": "topic prefix (default: LOCKSTEP_TOPIC_PREFIX or lockstep)", "parse": _opt_str, "kafka": True})
-    kafka: dict[str, str] = field(default_factory=dict, metadata={"help": "librdkafka properties (default: LOCKSTEP_KAFKA)", "parse": lockstep_config._kv_map, "kafka": True})
+    kafka: dict[str, str] = field(default_factory=dict, metadata={"help": "librdkafka properties (default: LOCKSTEP_KAFKA)", "parse": lockstep_config.kv_map, "kafka": True})
 
     def settings(self) -> lockstep_config.Settings:
         """The pipeline settings the agent's Kafka clients use."""
@@ -115,15 +115,9 @@ def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
-def _parse(name: str, value: Any, source: str) -> Any:
-    try:
-        return FIELDS[name].metadata["parse"](value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name} (from {source}): {value!r} is not valid: {exc}") from None
-
-
 def load(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None, *, source: str = "attach({name}=...)") -> AgentConfig:
-    """Merge defaults < agent file < environment < ``overrides``, fill Kafka from ``lockstep.config``, validate.
+    """Merge defaults < agent file < environment < ``overrides`` (:func:`lockstep.config.layered`), fill Kafka from
+    ``lockstep.config``, validate.
 
     ``source`` says, in error messages, where the overrides came from.
     """
@@ -132,29 +126,10 @@ def load(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = N
     unknown = set(overrides) - set(FIELDS)
     if unknown:
         raise ConfigError(f"unknown agent setting(s) {sorted(unknown)}; known: {', '.join(FIELDS)}")
-    values: dict[str, Any] = {}
-
-    def put(name: str, raw: Any, source: str) -> None:
-        parsed = _parse(name, raw, source)
-        if isinstance(parsed, dict) and name in values:
-            values[name] = {**values[name], **parsed}
-        else:
-            values[name] = parsed
-
     path = env.get(ENV_PREFIX + "CONFIG")
-    if path:
-        data = read_yaml_mapping(Path(path), f"agent config file {path}")
-        for key, raw in data.items():
-            name = str(key).replace("-", "_")
-            if name not in FIELDS:
-                raise ConfigError(f"agent config file {path}: unknown setting {key!r}; known: {', '.join(FIELDS)}")
-            put(name, raw, f"agent config file {path}")
-    for name in FIELDS:
-        raw = env.get(env_name(name))
-        if raw not in (None, ""):
-            put(name, raw, env_name(name))
-    for name, raw in overrides.items():
-        put(name, raw, source.format(name=name, flag=name.replace("_", "-")))
+    file = lockstep_config.file_layer(Path(path), f"agent config file {path}", FIELDS) if path else ()
+    given = ((name, raw, source.format(name=name, flag=name.replace("_", "-"))) for name, raw in overrides.items())
+    values = lockstep_config.layered(FIELDS, file, lockstep_config.env_layer(env, ENV_PREFIX, FIELDS), given)
     if not values.get("job"):
         values["job"] = next((env[k] for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") if env.get(k) not in (None, "", "none")), "")
     # the Kafka connection: the pipeline's settings, unless given to the agent itself

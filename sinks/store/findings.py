@@ -1,0 +1,280 @@
+"""FindingsStore: the sink's read-write handle on the findings file (writes, incidents, queries through it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+from ...schemas.records import Finding
+from ..incidents import Event, Incident, IncidentPolicy, ReportedWindow, incident_key, on_clock, on_finding, on_window
+from . import migrations
+from .reads import QUERY_LIMITS, QueryBusy, QueryLimits, StoreError, StoreLocked, duckdb_config, one, run_query
+from .writes import (
+    EVENT_SCHEMA,
+    INCIDENT_SCHEMA,
+    INCIDENT_SELECT,
+    INCIDENT_TIMES,
+    Batch,
+    deviations_table,
+    epoch_us,
+    findings_table,
+    registered,
+    series_table,
+    transaction,
+    triggers_table,
+    upsert,
+    windows_table,
+)
+
+log = logging.getLogger("lockstep.sinks.store")
+
+
+class FindingsStore:
+    """The read-write owner of the DuckDB file (the sink)."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        policy: IncidentPolicy | None = None,
+        limits: QueryLimits = QUERY_LIMITS,
+        series_keep_steps: int = 20_000,
+    ):
+        self.path = Path(path)
+        self.policy = policy or IncidentPolicy()
+        self.limits = limits
+        self.series_keep_steps = series_keep_steps
+        self._slots = threading.BoundedSemaphore(limits.concurrent)
+        self._running: set[duckdb.DuckDBPyConnection] = set()
+        self._closing = False
+        try:
+            self.con = duckdb.connect(str(self.path), config=duckdb_config(limits))
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise StoreLocked(f"{self.path} is held by another process (is a sink already running?)") from None
+            raise StoreError(f"cannot open {self.path}: {exc}") from None
+        self.migrate()
+
+    def migrate(self) -> int:
+        """The file at the latest schema version (:func:`.migrations.migrate`); migration 2 builds the incidents."""
+        return migrations.migrate(self.con, self.path, data={2: self._backfill_incidents})
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        return {
+            (t, p): o
+            for t, p, o in self.con.execute('SELECT topic, "partition", next_offset FROM sink_offsets').fetchall()
+        }
+
+    def write(self, batch: Batch, now: float | None = None) -> list[Event]:
+        """Upsert findings, windows and triggers, keep the incidents, record offsets: one transaction.
+
+        Returns the incident events it appended (the pager's input).  Queries share the instance's memory
+        bound: when they hold it, the transaction is tried again until the longest query's time is up."""
+        deadline = time.monotonic() + self.limits.timeout_s
+        while True:
+            try:
+                return self._write(batch, now)
+            except duckdb.OutOfMemoryException:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("the findings store is out of memory (queries hold it); writing again in 0.5 s")
+                time.sleep(0.5)
+
+    def _write(self, batch: Batch, now: float | None) -> list[Event]:
+        now = time.time() if now is None else now
+        con = self.con
+        # the same key twice in one statement is an error for ON CONFLICT: the last one wins
+        findings = list({f.id: f for f in batch.findings}.values())
+        windows = list({(w.job, w.window): w for w in batch.windows}.values())
+        triggers = list({(t.job, t.window): t for t in batch.triggers}.values())
+        with transaction(con):
+            known = set()
+            if findings:
+                ids = [f.id for f in findings]
+                known = {
+                    r[0] for r in con.execute("SELECT id FROM findings WHERE list_contains(?, id)", [ids]).fetchall()
+                }
+            incidents, events, incident_ids = self._on_findings([f for f in findings if f.id not in known])
+            if findings:
+                upsert(
+                    con,
+                    "findings",
+                    findings_table(findings, now, incident_ids),
+                    ("id",),
+                    keep=("first_seen", "incident_id"),
+                )
+            if windows:
+                upsert(con, "windows", windows_table(windows), ("job", "window_id"))
+            if triggers:
+                upsert(con, "triggers", triggers_table(triggers), ("job", "window_id"))
+            if batch.series:
+                upsert(con, "step_series", series_table(batch.series, now), ("job", "step"))
+            if batch.maps:
+                maps = list({(d.job, d.window): d for d in batch.maps}.values())
+                with registered(
+                    con, "_done", pa.table({"job": [d.job for d in maps], "window_id": [d.window for d in maps]})
+                ):
+                    con.execute(
+                        "DELETE FROM window_deviations USING _done d WHERE window_deviations.job = d.job AND window_deviations.window_id = d.window_id"
+                    )
+                with registered(con, "_rows", deviations_table(maps)):
+                    con.execute("INSERT INTO window_deviations SELECT * FROM _rows")
+            if batch.offsets:
+                offsets = {
+                    "topic": [t for t, _ in batch.offsets],
+                    "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
+                    "next_offset": list(batch.offsets.values()),
+                }
+                upsert(con, "sink_offsets", pa.table(offsets), ("topic", "partition"))
+            events += self._on_windows(incidents)
+            self._save(incidents, events)
+        return events
+
+    def expire(self, now: float | None = None) -> list[Event]:
+        """Resolve open incidents that no window has seen for ``policy.stale_after_s`` (one transaction)."""
+        now = time.time() if now is None else now
+        con = self.con
+        with transaction(con):
+            stale = self._incidents("status = 'open' AND epoch(last_seen_at) <= ?", [now - self.policy.stale_after_s])
+            changes = on_clock(stale, now, self.policy)
+            incidents = {inc.id: inc for inc, _ in changes}
+            events = [ev for _, ev in changes]
+            self._save(incidents, events)
+            # each job's step-time series keeps its last series_keep_steps steps
+            con.execute(
+                "DELETE FROM step_series s USING (SELECT job, max(step) AS last FROM step_series GROUP BY job) l "
+                "WHERE s.job = l.job AND s.step <= l.last - ?",
+                [self.series_keep_steps],
+            )
+        return events
+
+    # -------------------------------------------------------------- incidents (inside the caller's transaction)
+
+    def _incidents(self, where: str, params: list) -> list[Incident]:
+        cur = self.con.execute(f"SELECT {INCIDENT_SELECT} FROM incidents WHERE {where}", params)
+        cols = [d[0] for d in cur.description]
+        return [Incident(**dict(zip(cols, r))) for r in cur.fetchall()]
+
+    def _on_findings(self, new: list[Finding]) -> tuple[dict[str, Incident], list[Event], dict[str, str]]:
+        """Apply findings never stored before to the latest occurrence of their incident."""
+        if not new:
+            return {}, [], {}
+        new.sort(key=lambda f: (f.created_at, min(f.steps, default=0)))
+        keys = sorted({incident_key(f) for f in new})
+        latest = {
+            inc.key: inc
+            for inc in self._incidents(
+                "list_contains(?, key) QUALIFY row_number() OVER (PARTITION BY key ORDER BY occurrence DESC) = 1",
+                [keys],
+            )
+        }
+        changed: dict[str, Incident] = {}
+        events: list[Event] = []
+        incident_ids: dict[str, str] = {}
+        for f in new:
+            key = incident_key(f)
+            inc, ev = on_finding(latest.get(key), f)
+            incident_ids[f.id] = inc.id
+            if ev is not None:
+                latest[key] = changed[inc.id] = inc
+                events.append(ev)
+        return changed, events, incident_ids
+
+    def _on_windows(self, incidents: dict[str, Incident]) -> list[Event]:
+        """Resolve, for every window whose findings are all stored, the open incidents it did not see.
+
+        A window counts once all of its findings are in (``windows.findings``), or once a later window
+        of the job is: findings and window reports travel on different topics and may arrive in either order.
+        """
+        rows = self.con.execute(
+            """
+            SELECT tenant, job, window_id, start_step, coverage, epoch(closed_at) FROM windows w
+            WHERE NOT coalesce(incidents_checked, false) AND (
+                (SELECT count(*) FROM findings f WHERE f.job = w.job AND f.window_id = w.window_id) >= w.findings
+                OR EXISTS (SELECT 1 FROM windows l WHERE l.job = w.job AND l.start_step > w.start_step))
+            ORDER BY start_step
+            """
+        ).fetchall()
+        if not rows:
+            return []
+        closed = [ReportedWindow(*r) for r in rows]
+        jobs = sorted({w.job for w in closed})
+        state = {inc.id: inc for inc in self._incidents("status = 'open' AND list_contains(?, job)", [jobs])}
+        state.update(incidents)  # this transaction's changes are newer
+        events = []
+        for w in closed:
+            for inc, ev in on_window([i for i in state.values() if i.job == w.job], w, self.policy):
+                state[inc.id] = incidents[inc.id] = inc
+                events.append(ev)
+        done = pa.table({"job": [w.job for w in closed], "window_id": [w.window for w in closed]})
+        with registered(self.con, "_done", done):
+            self.con.execute(
+                "UPDATE windows SET incidents_checked = true FROM _done d WHERE windows.job = d.job AND windows.window_id = d.window_id"
+            )
+        return events
+
+    def _save(self, incidents: dict[str, Incident], events: list[Event]) -> None:
+        con = self.con
+        if incidents:
+            rows = [
+                dataclasses.asdict(i) | {c: epoch_us(getattr(i, c)) for c in INCIDENT_TIMES} for i in incidents.values()
+            ]
+            upsert(con, "incidents", pa.Table.from_pylist(rows, schema=INCIDENT_SCHEMA), ("id",))
+        if events:
+            seq = one(con.execute("SELECT coalesce(max(seq), 0) FROM incident_events").fetchone(), "the last event")[0]
+            rows = [
+                dataclasses.asdict(e) | {"seq": seq + i + 1, "occurred_at": epoch_us(e.occurred_at)}
+                for i, e in enumerate(events)
+            ]
+            upsert(con, "incident_events", pa.Table.from_pylist(rows, schema=EVENT_SCHEMA), ("seq",))
+
+    def _backfill_incidents(self) -> None:
+        """Migration 2: build the incidents of an existing file from its findings and windows, without events.
+
+        All findings first (in time order), then every window (in step order)."""
+        dec = msgspec.json.Decoder(Finding)
+        records = [dec.decode(r[0]) for r in self.con.execute("SELECT record FROM findings").fetchall()]
+        incidents, _, incident_ids = self._on_findings(records)
+        self._on_windows(incidents)
+        if incident_ids:
+            ids = pa.table({"id": list(incident_ids), "incident_id": list(incident_ids.values())})
+            with registered(self.con, "_ids", ids):
+                self.con.execute("UPDATE findings SET incident_id = i.incident_id FROM _ids i WHERE findings.id = i.id")
+        self._save(incidents, [])
+
+    def query(self, sql: str, params: list | None = None, tenant: str | None = None) -> tuple[list[str], list[tuple]]:
+        """Someone's read-only SQL, on a connection of its own, within :attr:`limits` (:func:`run_query`).
+
+        Raises QueryBusy when ``limits.concurrent`` queries are running already, StoreError when the SQL is
+        not allowed or breaks a limit."""
+        if self._closing:
+            raise QueryBusy("the sink is stopping")
+        if not self._slots.acquire(timeout=1.0):
+            raise QueryBusy(
+                f"{self.limits.concurrent} queries are running, the most the sink runs at once; ask again in a moment"
+            )
+        try:
+            cur = self.con.cursor()
+            self._running.add(cur)
+            try:
+                return run_query(cur, sql, params, tenant, self.limits)
+            finally:
+                self._running.discard(cur)
+                cur.close()
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        """Interrupt the queries that run (a query must not hold up a shutdown), wait for them to end, close."""
+        self._closing = True
+        for cur in list(self._running):
+            cur.interrupt()
+        for _ in range(self.limits.concurrent):
+            self._slots.acquire(timeout=self.limits.timeout_s)
+        self.con.close()
