@@ -22,7 +22,9 @@ TREE = ROOT / "build" / "typecheck"
 
 def build_tree() -> dict[str, str]:
     """Links ``build/typecheck/<package path>`` -> the folder it installs from; returns tree path -> repository path."""
-    package_dir: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    package_dir: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ]
     top = TREE / "lockstep"
     top.mkdir(parents=True, exist_ok=True)
     wanted: dict[Path, Path] = {}
@@ -40,7 +42,11 @@ def build_tree() -> dict[str, str]:
             if link.is_symlink():
                 link.unlink()
             link.symlink_to(target)
-    return {f"{link.relative_to(TREE)}/": f"{target.relative_to(ROOT)}/" for link, target in wanted.items() if target.is_dir()}
+    return {
+        f"{link.relative_to(TREE)}/": f"{target.relative_to(ROOT)}/"
+        for link, target in wanted.items()
+        if target.is_dir()
+    }
 
 
 def main() -> int:

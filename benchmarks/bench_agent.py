@@ -32,10 +32,10 @@ from lockstep.broker import EmbeddedBroker
 from lockstep.config import Settings
 from lockstep.kafka import ensure_topics
 from lockstep.producers.agent import attach
+from lockstep.producers.agent.probe import Probe
 from lockstep.producers.agent.profiler import TorchWindow
 from lockstep.producers.agent.redact import Redaction
 from lockstep.producers.agent.retention import RawStore
-from lockstep.producers.agent.probe import Probe
 from lockstep.producers.agent.sampler import HardwareSampler
 from lockstep.producers.agent.window import process_window, read_chrome_trace, summarise
 from lockstep.schemas import functions as ft
@@ -44,7 +44,9 @@ from lockstep.schemas.records import ProfileTrigger, Sampling, WorkerMeta, encod
 
 def model_step(layers: int = 8, d: int = 256, batch: int = 4, tokens: int = 32):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 8, 4 * d, batch_first=True), layers), nn.Linear(d, 16))
+    model = nn.Sequential(
+        nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 8, 4 * d, batch_first=True), layers), nn.Linear(d, 16)
+    )
     opt = torch.optim.AdamW(model.parameters())
     x = torch.randn(batch, tokens, d)
 
@@ -96,10 +98,20 @@ def overhead(args) -> None:
         bg_cpu_s = 0.0  # the agent's threads and its Kafka clients' (librdkafka) threads, over every agent block
         for block in range(args.blocks):
             medians = {}
-            for mode in (("base", "agent") if block % 2 == 0 else ("agent", "base")):  # ABBA: drift cancels
-                agent = attach(job="bench", bootstrap_servers=broker.bootstrap_servers, topic_prefix="bench",
-                               spool_dir=Path(tmp) / "spool") if mode == "agent" else None  # fmt: skip
-                for _ in range(args.warmup):  # not measured: the agent connects to Kafka and reads the control topic's end
+            for mode in ("base", "agent") if block % 2 == 0 else ("agent", "base"):  # ABBA: drift cancels
+                agent = (
+                    attach(
+                        job="bench",
+                        bootstrap_servers=broker.bootstrap_servers,
+                        topic_prefix="bench",
+                        spool_dir=Path(tmp) / "spool",
+                    )
+                    if mode == "agent"
+                    else None
+                )
+                for _ in range(
+                    args.warmup
+                ):  # not measured: the agent connects to Kafka and reads the control topic's end
                     step()
                     if agent is not None:
                         agent.step()
@@ -133,11 +145,15 @@ def overhead(args) -> None:
     call, io = statistics.median(calls), statistics.median(io_cpu)
     bg = bg_cpu_s / (args.blocks * args.steps)
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    print(f"agent overhead when not profiling: {args.blocks} blocks x {args.steps} steps per mode (after {args.warmup} unmeasured), "
-          f"alternating (ABBA), same process, heartbeats to the embedded broker ({time.monotonic() - t_start:.0f} s)")  # fmt: skip
+    print(
+        f"agent overhead when not profiling: {args.blocks} blocks x {args.steps} steps per mode (after {args.warmup} unmeasured), "
+        f"alternating (ABBA), same process, heartbeats to the embedded broker ({time.monotonic() - t_start:.0f} s)"
+    )
     print(f"  step: 8-layer transformer, median {1e3 * mb:.1f} ms without the agent")
-    print(f"  wall clock: median step with / without the agent, per block pair: {statistics.median(ratios):.4f} "
-          f"(quartiles {q[0]:.4f}..{q[2]:.4f}; this machine's step-to-step noise is larger than the effect)")  # fmt: skip
+    print(
+        f"  wall clock: median step with / without the agent, per block pair: {statistics.median(ratios):.4f} "
+        f"(quartiles {q[0]:.4f}..{q[2]:.4f}; this machine's step-to-step noise is larger than the effect)"
+    )
     print(f"  agent.step() in the training thread: median {1e6 * call:.1f} us = {pct(call / mb)} of the step")
     print(f"  publishing thread CPU per step (batching, encoding, Kafka, control polling): {1e6 * io:.1f} us = {pct(io / mb)}")
     print(f"  all background threads of the agent per step (publishing thread + librdkafka's): {1e6 * bg:.1f} us = {pct(bg / mb)}")
@@ -163,13 +179,22 @@ def profile_window(step, steps: int, sampling: Sampling, tmp: Path, rank: int = 
             window.step()
     prof = window.stop()
     samples, stats = sampler.stop()
-    trig = ProfileTrigger(job="bench", window=f"w{time.monotonic_ns()}", start_step=start, steps=steps, expected_workers=1, sampling=sampling)
+    trig = ProfileTrigger(
+        job="bench",
+        window=f"w{time.monotonic_ns()}",
+        start_step=start,
+        steps=steps,
+        expected_workers=1,
+        sampling=sampling,
+    )
     return prof, samples, boundaries, trig, stats
 
 
 SETTINGS = {
     "default": Sampling(hardware_hz=100),  # what the detector asks for
-    "with_stack+shapes": Sampling(hardware_hz=100, with_stack=True, record_shapes=True),  # what people use to debug by hand
+    "with_stack+shapes": Sampling(
+        hardware_hz=100, with_stack=True, record_shapes=True
+    ),  # what people use to debug by hand
 }
 
 
@@ -182,7 +207,9 @@ def bytes_(args) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             store = RawStore(Path(tmp), 1 << 34)
             prof, samples, boundaries, trig, _ = profile_window(step, args.steps, sampling, Path(tmp))
-            out = process_window(prof, trig, meta, samples, boundaries, "host", Redaction(), store, min_share=args.min_share)
+            out = process_window(
+                prof, trig, meta, samples, boundaries, "host", Redaction(), store, min_share=args.min_share
+            )
             kept = sum(p.stat().st_size for p in Path(tmp).glob("*.zst"))
         assert out.record is not None, "no step of the window was summarised"
         sent = len(encode(out.record))
@@ -199,13 +226,17 @@ def bytes_(args) -> None:
 def summarise_(args) -> None:
     step = model_step(layers=args.layers)
     meta = WorkerMeta(rank=0, host="bench-host")
-    print(f"summariser per window ({args.steps} steps of a {args.layers}-layer transformer), median of {args.repeats} runs on one trace:")
+    print(
+        f"summariser per window ({args.steps} steps of a {args.layers}-layer transformer), median of {args.repeats} runs on one trace:"
+    )
     for name, sampling in SETTINGS.items():
         with tempfile.TemporaryDirectory() as tmp:
             store = RawStore(Path(tmp), 1 << 34)
             prof, samples, boundaries, trig, _ = profile_window(step, args.steps, sampling, Path(tmp))
             t0 = time.perf_counter()
-            out = process_window(prof, trig, meta, samples, boundaries, "host", Redaction(), store, min_share=args.min_share)
+            out = process_window(
+                prof, trig, meta, samples, boundaries, "host", Redaction(), store, min_share=args.min_share
+            )
             whole = time.perf_counter() - t0
             _, trace, _ = store.load()
             path = Path(tmp) / "trace.json"
@@ -219,9 +250,11 @@ def summarise_(args) -> None:
                 t3 = time.perf_counter()
                 read_s.append(t2 - t1)
                 summ_s.append(t3 - t2)
-        print(f"  {name:18s} {out.trace_bytes / 1e6:6.2f} MB trace, {out.events} events: read {1e3 * statistics.median(read_s):7.1f} ms,"
-              f" summarise {1e3 * statistics.median(summ_s):7.1f} ms; whole window on the agent's thread (export, parse,"
-              f" read, summarise, pack, keep raw) {whole:.2f} s")  # fmt: skip
+        print(
+            f"  {name:18s} {out.trace_bytes / 1e6:6.2f} MB trace, {out.events} events: read {1e3 * statistics.median(read_s):7.1f} ms,"
+            f" summarise {1e3 * statistics.median(summ_s):7.1f} ms; whole window on the agent's thread (export, parse,"
+            f" read, summarise, pack, keep raw) {whole:.2f} s"
+        )
 
 
 # --------------------------------------------------------------------------- sampler
@@ -266,18 +299,28 @@ def _sampled_block(mode: str, hz: float, step, seconds: float) -> tuple[list[flo
     times = _block(step, seconds)
     cpu = thread_cpu_s(p.threads[0]) - cpu0
     head = p.finish(t0, 0.0)
-    return times, head["tiers"]["fast"]["rows"] / head["seconds"], head["tiers"]["slow"]["rows"] / head["seconds"], cpu / head["seconds"]
+    return (
+        times,
+        head["tiers"]["fast"]["rows"] / head["seconds"],
+        head["tiers"]["slow"]["rows"] / head["seconds"],
+        cpu / head["seconds"],
+    )
 
 
 def sampler(args) -> None:
     steps = {"torch": model_step(), "python": python_step()}
-    print(f"hardware sampler (host only on this machine, no GPU); blocks of {args.seconds:.1f} s, {args.repeats} x each mode in"
-          f" rotating order; training steps: an 8-layer transformer on CPU (torch ops release the GIL) and a pure-Python step"
-          f" (holds it); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+    print(
+        f"hardware sampler (host only on this machine, no GPU); blocks of {args.seconds:.1f} s, {args.repeats} x each mode in"
+        f" rotating order; training steps: an 8-layer transformer on CPU (torch ops release the GIL) and a pure-Python step"
+        f" (holds it); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     order = ("none", "process", "thread", "thread", "process", "none")
     for hz in args.hz:
         for kind, step in steps.items():
-            ratios: dict[str, list[float]] = {"process": [], "thread": []}  # per repeat: median step / median step without
+            ratios: dict[str, list[float]] = {
+                "process": [],
+                "thread": [],
+            }  # per repeat: median step / median step without
             rates: dict[str, list[tuple[float, float, float]]] = {"process": [], "thread": []}
             base: list[float] = []
             for _ in range(args.repeats):
@@ -294,9 +337,11 @@ def sampler(args) -> None:
             for mode in ("process", "thread"):
                 fast, slow, cpu = (statistics.median(r[i] for r in rates[mode]) for i in range(3))
                 where = "sampler process" if mode == "process" else "thread in the training process"
-                print(f"  {hz:6.0f} Hz asked, {kind:6s} step ({1e3 * statistics.median(base):6.1f} ms), {where:31s}: achieved {fast:6.0f} Hz"
-                      f" NIC + process CPU, {slow:4.0f} Hz /proc; sampler CPU {100 * cpu:5.1f}% of one core ({1e6 * cpu / max(fast, 1e-9):3.0f} us"
-                      f" per reading); median step x{statistics.median(ratios[mode]):.3f} of without")  # fmt: skip
+                print(
+                    f"  {hz:6.0f} Hz asked, {kind:6s} step ({1e3 * statistics.median(base):6.1f} ms), {where:31s}: achieved {fast:6.0f} Hz"
+                    f" NIC + process CPU, {slow:4.0f} Hz /proc; sampler CPU {100 * cpu:5.1f}% of one core ({1e6 * cpu / max(fast, 1e-9):3.0f} us"
+                    f" per reading); median step x{statistics.median(ratios[mode]):.3f} of without"
+                )
 
 
 # --------------------------------------------------------------------------- outage
@@ -308,7 +353,9 @@ def outage(args) -> None:
     (the machine's load drifts; a before/during comparison measured the drift, x0.96 to x1.6)."""
     from lockstep.broker import free_port
 
-    logging.getLogger("lockstep.librdkafka").setLevel(logging.CRITICAL)  # the outage is the point: no line per reconnect
+    logging.getLogger("lockstep.librdkafka").setLevel(
+        logging.CRITICAL
+    )  # the outage is the point: no line per reconnect
     logging.getLogger("lockstep.agent").setLevel(logging.ERROR)
     model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -337,15 +384,24 @@ def outage(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             ensure_topics(settings)
-            agent = attach(job="bench-outage", bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, rank=0,
-                           world_size=1, host="h0", spool_dir=Path(tmp) / "spool", spool_max_bytes=256 << 10, delivery_timeout_s=1.0,
-                           flush_interval_s=0.05)  # fmt: skip
+            agent = attach(
+                job="bench-outage",
+                bootstrap_servers=settings.bootstrap_servers,
+                topic_prefix=settings.topic_prefix,
+                rank=0,
+                world_size=1,
+                host="h0",
+                spool_dir=Path(tmp) / "spool",
+                spool_max_bytes=256 << 10,
+                delivery_timeout_s=1.0,
+                flush_interval_s=0.05,
+            )
             run(agent, args.steps, [])  # connected, warm
             broker.stop()
             run(agent, args.steps, [])  # until the agent has noticed and spools
             for block in range(args.blocks):
                 medians = {}
-                for mode in (("bare", "agent") if block % 2 == 0 else ("agent", "bare")):  # ABBA: drift cancels
+                for mode in ("bare", "agent") if block % 2 == 0 else ("agent", "bare"):  # ABBA: drift cancels
                     medians[mode] = run(agent if mode == "agent" else None, args.steps, calls)
                 ratios.append(medians["agent"] / medians["bare"])
             spooling = agent.report().kafka_down
@@ -353,10 +409,16 @@ def outage(args) -> None:
         finally:
             broker.stop()
     calls.sort()
-    print(f"training loop while Kafka is away (agent spooling: {spooling}), {args.blocks} block pairs of {args.steps} steps, ABBA:")
-    print(f"  step time with agent.step() / without: median x{statistics.median(ratios):.3f} (pairs x{min(ratios):.3f} to x{max(ratios):.3f})")
-    print(f"  agent.step(): p50 {statistics.median(calls) * 1e6:.0f} us, p99 {calls[int(0.99 * (len(calls) - 1))] * 1e6:.0f} us, "
-          f"max {calls[-1] * 1e3:.2f} ms (wall clock, {len(calls)} calls)")  # fmt: skip
+    print(
+        f"training loop while Kafka is away (agent spooling: {spooling}), {args.blocks} block pairs of {args.steps} steps, ABBA:"
+    )
+    print(
+        f"  step time with agent.step() / without: median x{statistics.median(ratios):.3f} (pairs x{min(ratios):.3f} to x{max(ratios):.3f})"
+    )
+    print(
+        f"  agent.step(): p50 {statistics.median(calls) * 1e6:.0f} us, p99 {calls[int(0.99 * (len(calls) - 1))] * 1e6:.0f} us, "
+        f"max {calls[-1] * 1e3:.2f} ms (wall clock, {len(calls)} calls)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,10 +58,22 @@ from lockstep.streams.stages.shard import step_slices  # noqa: E402
 from lockstep.streams.stages.step import read_slice, step_frame  # noqa: E402
 from lockstep.streams.windows import Handle, ShardAssembler, StepAssembler  # noqa: E402
 
-KINDS = ["compute"] * 11 + ["memcpy", "memcpy", "collective", "collective", "p2p", "python", "dataloader", "optimizer", "other"]
+KINDS = ["compute"] * 11 + [
+    "memcpy",
+    "memcpy",
+    "collective",
+    "collective",
+    "p2p",
+    "python",
+    "dataloader",
+    "optimizer",
+    "other",
+]
 
 
-def synthetic_step(workers: int, functions: int, step: int, rng: np.random.Generator) -> tuple[np.ndarray, list[pa.Table]]:
+def synthetic_step(
+    workers: int, functions: int, step: int, rng: np.random.Generator
+) -> tuple[np.ndarray, list[pa.Table]]:
     """One step: (step times, one function table per worker)."""
     kinds = (KINDS * (functions // len(KINDS) + 1))[:functions]
     names = [f"{k}.{i:02d}" for i, k in enumerate(kinds)]
@@ -180,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
 
     policy = Policy()
     rng = np.random.default_rng(0)
-    metas = [WorkerMeta(rank=w, host=f"node{w // 8:05d}", local_rank=w % 8, labels={"pp": str(w % 4)}) for w in range(args.workers)]
+    metas = [
+        WorkerMeta(rank=w, host=f"node{w // 8:05d}", local_rank=w % 8, labels={"pp": str(w % 4)})
+        for w in range(args.workers)
+    ]
     keys = ("pp",)
     steps = [synthetic_step(args.workers, args.functions, s, rng) for s in range(args.steps)]
     hardware = ["nvml"] * args.workers
@@ -190,8 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     info = WindowInfo("bench", "w0", 0, args.steps, args.workers)
 
     def hop(result):
-        report = step_report(result, window_start=0, window_steps=args.steps, expected_workers=args.workers, bytes_in=0,
-                             policy=policy.ref, tenant="", closed="complete")  # fmt: skip
+        report = step_report(
+            result,
+            window_start=0,
+            window_steps=args.steps,
+            expected_workers=args.workers,
+            bytes_in=0,
+            policy=policy.ref,
+            tenant="",
+            closed="complete",
+        )
         return step_result(decode(encode(report), StepReport))
 
     per_step: dict[str, list[float]] = {"frame": [], "analysis": []}

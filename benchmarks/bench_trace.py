@@ -66,9 +66,11 @@ def main() -> None:
             read_s.append(t2 - t1)
             summ_s.append(time.perf_counter() - t2)
     r, s = statistics.median(read_s), statistics.median(summ_s)
-    print(f"{a.copies} copies of {TRACE.name}: {n:,} complete events, {size / 1e6:.0f} MB of JSON, {len(te.step_bounds)} steps, "
-          f"{te.events.num_rows:,} op events; read {r:.2f} s ({n / r / 1e6:.2f} M events/s), summarise {s:.2f} s "
-          f"(median of {a.repeats})")  # fmt: skip
+    print(
+        f"{a.copies} copies of {TRACE.name}: {n:,} complete events, {size / 1e6:.0f} MB of JSON, {len(te.step_bounds)} steps, "
+        f"{te.events.num_rows:,} op events; read {r:.2f} s ({n / r / 1e6:.2f} M events/s), summarise {s:.2f} s "
+        f"(median of {a.repeats})"
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,14 @@ def heartbeats(jobs: int, workers: int, steps: int) -> list[StepHeartbeat]:
     times = 0.5 * rng.normal(1.0, 0.01, (jobs, steps, workers))
     times[:, steps // 2 :] *= 1.3
     return [
-        StepHeartbeat(job=f"bench{j}", worker=w, step=s, step_time_s=float(times[j, s, w]), host=f"h{w // 8}", sent_at=1000.0 + 0.5 * s)
+        StepHeartbeat(
+            job=f"bench{j}",
+            worker=w,
+            step=s,
+            step_time_s=float(times[j, s, w]),
+            host=f"h{w // 8}",
+            sent_at=1000.0 + 0.5 * s,
+        )
         for s in range(steps)
         for j in range(jobs)
         for w in range(workers)
@@ -84,7 +91,9 @@ def main() -> None:
         print(f"detector, {name}, median of {a.repeat} runs on one core:")
         for rule in RULES:
             r = m["rates"][rule]
-            print(f"  {rule:6s}  {m['median'][rule]:>11,.0f} heartbeats/s  ({min(r):,.0f}..{max(r):,.0f}); triggers per run: {m['triggers'][rule]}")
+            print(
+                f"  {rule:6s}  {m['median'][rule]:>11,.0f} heartbeats/s  ({min(r):,.0f}..{max(r):,.0f}); triggers per run: {m['triggers'][rule]}"
+            )
         print(f"  cusum / median: {m['ratio']:.2f}")
 
 

@@ -40,15 +40,23 @@ def main() -> None:
     n = len(batches)
     rows = [
         ("decode (msgspec), per record", median_s(lambda: [decode(v, FeatureBatch) for v in wire], args.runs)),
-        ("each record checked alone: unpack, per record", median_s(lambda: [ft.unpack(b.functions) for b in batches], args.runs)),
-        ("now: read (zstd + Arrow IPC), per record", median_s(lambda: [ft.read(b.functions) for b in batches], args.runs)),
+        (
+            "each record checked alone: unpack, per record",
+            median_s(lambda: [ft.unpack(b.functions) for b in batches], args.runs),
+        ),
+        (
+            "now: read (zstd + Arrow IPC), per record",
+            median_s(lambda: [ft.read(b.functions) for b in batches], args.runs),
+        ),
         ("now: check_tables, the whole step", median_s(lambda: ft.check_tables(tables), args.runs)),
     ]
     print(f"{n} feature batches of {tables[0].num_rows} rows (one step), median of {args.runs} runs, one core")
     for name, s in rows:
         print(f"  {name:52s} {s / n * 1e6:8.1f} us/record  {s * 1e3:8.1f} ms/step")
     before, now = rows[1][1], rows[2][1] + rows[3][1]
-    print(f"  table path per step: each record checked alone {before * 1e3:.0f} ms, the step checked at once {now * 1e3:.0f} ms ({before / now:.1f}x)")
+    print(
+        f"  table path per step: each record checked alone {before * 1e3:.0f} ms, the step checked at once {now * 1e3:.0f} ms ({before / now:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

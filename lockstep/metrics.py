@@ -44,10 +44,18 @@ CATALOGUE: dict[str, Spec] = {
     "bytes_in_total": Spec("counter", ("topic",), "bytes consumed, by topic", _PROC),
     "records_out_total": Spec("counter", ("topic",), "records published, by topic", _BOTH),
     "bytes_out_total": Spec("counter", ("topic",), "bytes published, by topic", _PROC),
-    "dead_letters_total": Spec("counter", ("reason", "stage"), "records sent to the dead-letter topic, by reason", _BOTH),
-    "consumer_lag_seconds": Spec("gauge", ("topic",), "age of the last record consumed, by topic (now - its Kafka timestamp)", _BOTH),
-    "consumer_lag_records": Spec("gauge", ("topic", "partition"),
-                                 "high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)", _BOTH),  # fmt: skip
+    "dead_letters_total": Spec(
+        "counter", ("reason", "stage"), "records sent to the dead-letter topic, by reason", _BOTH
+    ),
+    "consumer_lag_seconds": Spec(
+        "gauge", ("topic",), "age of the last record consumed, by topic (now - its Kafka timestamp)", _BOTH
+    ),
+    "consumer_lag_records": Spec(
+        "gauge",
+        ("topic", "partition"),
+        "high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)",
+        _BOTH,
+    ),
     # the processor's stages
     "open_shards": Spec("gauge", (), "shards of windows waiting for workers' features", _PROC),
     "shards_closed_total": Spec("counter", ("reason",), "shards of windows closed, by reason (complete, timeout)", _PROC),
@@ -57,33 +65,63 @@ CATALOGUE: dict[str, Spec] = {
     "windows_closed_total": Spec("counter", ("reason",), "windows closed, by reason (complete, timeout)", _PROC),
     "step_analysis_seconds": Spec("gauge", (), "time of the last step analysis", _PROC),
     "step_close_latency_seconds": Spec("histogram", (), "first feature batch of a step to its step report", _PROC),
-    "window_close_latency_seconds": Spec("histogram", (), "first step report of a window to its findings published", _PROC),
+    "window_close_latency_seconds": Spec(
+        "histogram", (), "first step report of a window to its findings published", _PROC
+    ),
     "findings_total": Spec("counter", ("cause",), "findings published, by cause", _PROC),
     "late_records_total": Spec("counter", ("stage",), "records for steps or windows already closed", _PROC),
     # the detector
     "triggers_total": Spec("counter", ("kind",), "profiling windows triggered, by what opened them", _PROC),
-    "triggers_suppressed": Spec("gauge", ("code",), "automatic windows not opened, by the policy check that stopped them", _PROC),
+    "triggers_suppressed": Spec(
+        "gauge", ("code",), "automatic windows not opened, by the policy check that stopped them", _PROC
+    ),
     "trigger_refusals_total": Spec("counter", ("code",), "operators' trigger requests refused, by reason", _PROC),
     "policy_info": Spec("gauge", ("policy",), "1 for the policy in force (id@hash)", _PROC),
     "detector_jobs": Spec("gauge", (), "jobs the detector follows", _PROC),
     "detector_open_windows": Spec("gauge", (), "windows open or scheduled by this processor", _PROC),
     "step_series_points_total": Spec("counter", (), "points of the per-job step-time series published", _PROC),
     # the host agents' own counters, carried on their heartbeats
-    "agent_dropped_records": Spec("gauge", ("job",), "records the agents dropped because their queue or spool was full, summed over the job's workers", _PROC),
-    "agent_spooled_records": Spec("gauge", ("job",), "records waiting in the agents' spools for Kafka, summed over the job's workers", _PROC),
-    "agent_refused_triggers": Spec("gauge", ("job",), "triggers the agents refused (start step past, or overlapping a window), summed over the job's workers", _PROC),
-    "agent_failed_windows": Spec("gauge", ("job",), "accepted windows the agents could not profile or summarise, summed over the job's workers", _PROC),
+    "agent_dropped_records": Spec(
+        "gauge",
+        ("job",),
+        "records the agents dropped because their queue or spool was full, summed over the job's workers",
+        _PROC,
+    ),
+    "agent_spooled_records": Spec(
+        "gauge", ("job",), "records waiting in the agents' spools for Kafka, summed over the job's workers", _PROC
+    ),
+    "agent_refused_triggers": Spec(
+        "gauge",
+        ("job",),
+        "triggers the agents refused (start step past, or overlapping a window), summed over the job's workers",
+        _PROC,
+    ),
+    "agent_failed_windows": Spec(
+        "gauge",
+        ("job",),
+        "accepted windows the agents could not profile or summarise, summed over the job's workers",
+        _PROC,
+    ),
     # the sink
     "findings_written_total": Spec("counter", ("cause",), "finding rows upserted, by cause", _SINK),
     "windows_written_total": Spec("counter", (), "window rows upserted", _SINK),
     "triggers_written_total": Spec("counter", (), "profiling trigger rows upserted", _SINK),
     "step_series_written_total": Spec("counter", (), "step-time series points upserted", _SINK),
     "write_seconds": Spec("histogram", (), "one DuckDB transaction (rows, incidents and offsets)", _SINK),
-    "incident_events_total": Spec("counter", ("action",), "incident changes, by action (trigger, update, resolve)", _SINK),
-    "webhook_deliveries_total": Spec("counter", ("route", "receiver", "result"), "page attempts, by result (delivered, retry, failed)", _SINK),
+    "incident_events_total": Spec(
+        "counter", ("action",), "incident changes, by action (trigger, update, resolve)", _SINK
+    ),
+    "webhook_deliveries_total": Spec(
+        "counter", ("route", "receiver", "result"), "page attempts, by result (delivered, retry, failed)", _SINK
+    ),
     # the HTTP endpoints
     "http_requests_total": Spec("counter", ("path", "code"), "HTTP requests answered, by path and status code", _BOTH),
-    "http_refused_total": Spec("counter", ("reason",), "HTTP connections or requests turned away (connections: over the bound; busy: too many queries at once)", _BOTH),
+    "http_refused_total": Spec(
+        "counter",
+        ("reason",),
+        "HTTP connections or requests turned away (connections: over the bound; busy: too many queries at once)",
+        _BOTH,
+    ),
 }
 
 

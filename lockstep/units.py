@@ -19,7 +19,9 @@ class Feature:
 
 
 FEATURES: dict[str, Feature] = {
-    "work_us": Feature("work", "us", "time of the function on the worker's critical path per step, waits for peers excluded"),
+    "work_us": Feature(
+        "work", "us", "time of the function on the worker's critical path per step, waits for peers excluded"
+    ),
     "group_work_us": Feature("group work", "us", "the group's work per step (median over its workers)"),
     "calls": Feature("calls", "", "executions of the function per step"),
     "bytes": Feature("bytes moved", "B", "bytes the function moved per step (collectives, copies, reads)"),
@@ -28,27 +30,60 @@ FEATURES: dict[str, Feature] = {
     "sm_active": Feature("SM active", "share", "share of the time the GPU's SMs were busy while the function ran"),
     "gpu_power_w": Feature("GPU power", "W", "board power while the function ran"),
     "gpu_temp_c": Feature("GPU temperature", "°C", "GPU temperature while the function ran"),
-    "clock_events": Feature("clock events", "bits", "NVML clock-event (throttle) reasons seen while the function ran, not shared by most peers"),
+    "clock_events": Feature(
+        "clock events",
+        "bits",
+        "NVML clock-event (throttle) reasons seen while the function ran, not shared by most peers",
+    ),
     "pcie_gbps": Feature("PCIe", "GB/s", "PCIe throughput of the worker's GPU while the function ran"),
     "nvlink_gbps": Feature("NVLink", "GB/s", "NVLink throughput of the worker's GPU while the function ran"),
     "nic_gbps": Feature("NIC", "GB/s", "throughput of the worker's NIC or bond while the function ran"),
     "cpu_self": Feature("CPU, the worker", "cores", "CPU the worker's own process used while the function ran"),
-    "cpu_other": Feature("CPU, others", "share", "share of the host's cores that other processes used while the function ran"),
+    "cpu_other": Feature(
+        "CPU, others", "share", "share of the host's cores that other processes used while the function ran"
+    ),
     "mem_used_frac": Feature("host memory", "share", "share of the host's memory in use"),
     "disk_read_mbps": Feature("disk reads", "MB/s", "the host's disk reads while the function ran"),
-    "share": Feature("share of the step", "share", "the function's share of the step's critical path (median over the steps)"),
-    "workers_running_it": Feature("workers running it", "", "workers that ran the function at all, against the peer group's size"),
+    "share": Feature(
+        "share of the step", "share", "the function's share of the step's critical path (median over the steps)"
+    ),
+    "workers_running_it": Feature(
+        "workers running it", "", "workers that ran the function at all, against the peer group's size"
+    ),
     "healthy_windows": Feature("healthy windows", "", "earlier healthy windows of the job this one was compared with"),
-    "baseline_work_us": Feature("work vs the job's past", "us", "the worker's work now, against its group's in the job's earlier healthy windows"),
-    "nic_gbps_sd": Feature("NIC spread", "GB/s", "standard deviation of the NIC throughput samples while the function ran: a saturated link is steady, its ring-mates burst"),
+    "baseline_work_us": Feature(
+        "work vs the job's past",
+        "us",
+        "the worker's work now, against its group's in the job's earlier healthy windows",
+    ),
+    "nic_gbps_sd": Feature(
+        "NIC spread",
+        "GB/s",
+        "standard deviation of the NIC throughput samples while the function ran: a saturated link is steady, its ring-mates burst",
+    ),
     "nic_gbps_p95": Feature("NIC peak", "GB/s", "95th percentile of the NIC throughput samples while the function ran"),
-    "nvlink_gbps_sd": Feature("NVLink spread", "GB/s", "standard deviation of the NVLink throughput samples while the function ran: a saturated link is steady, its ring-mates burst"),
-    "nvlink_gbps_p95": Feature("NVLink peak", "GB/s", "95th percentile of the NVLink throughput samples while the function ran"),
+    "nvlink_gbps_sd": Feature(
+        "NVLink spread",
+        "GB/s",
+        "standard deviation of the NVLink throughput samples while the function ran: a saturated link is steady, its ring-mates burst",
+    ),
+    "nvlink_gbps_p95": Feature(
+        "NVLink peak", "GB/s", "95th percentile of the NVLink throughput samples while the function ran"
+    ),
 }
 
 #: NVML clock-event reason bits (nvmlClocksEventReasons)
-CLOCK_EVENTS = {0x1: "GPU idle", 0x2: "applications clocks", 0x4: "SW power cap", 0x8: "HW slowdown", 0x10: "sync boost",
-                0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown", 0x80: "HW power brake", 0x100: "display clock"}  # fmt: skip
+CLOCK_EVENTS = {
+    0x1: "GPU idle",
+    0x2: "applications clocks",
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x10: "sync boost",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake",
+    0x100: "display clock",
+}
 
 
 def feature(name: str) -> Feature:
@@ -67,7 +102,7 @@ def number(v: float | int | None, digits: int = 3) -> str:
         return "-"
     if isinstance(v, bool):
         return str(v).lower()
-    if isinstance(v, int) or float(v).is_integer() and abs(v) < 1e15:
+    if isinstance(v, int) or (float(v).is_integer() and abs(v) < 1e15):
         return f"{int(v):,}"
     a = abs(v)
     if a >= 10 ** (digits - 1):

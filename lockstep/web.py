@@ -20,8 +20,6 @@ Handlers are coroutines; they call :meth:`HttpServer.blocking` for anything that
 
 from __future__ import annotations
 
-from .schemas.errors import LockstepError
-
 import asyncio
 import json
 import logging
@@ -33,6 +31,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from .metrics import Metrics
+from .schemas.errors import LockstepError
 
 log = logging.getLogger("lockstep.web")
 
@@ -64,7 +63,14 @@ def error(status: int, message: str, **kwargs) -> web.Response:
 class HttpServer:
     """``server = HttpServer(host, port, metrics); server.get("/healthz", handler); server.start()``."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics: Metrics | None = None, limits: Limits = Limits(), name: str = "http"):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        metrics: Metrics | None = None,
+        limits: Limits = Limits(),
+        name: str = "http",
+    ):
         self.host = host
         self.limits = limits
         self.metrics = metrics or Metrics()
@@ -102,14 +108,16 @@ class HttpServer:
         """The request body as a JSON object; 400 for anything else, 408 when it does not arrive in time."""
         try:
             body = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise web.HTTPRequestTimeout(text="the request body did not arrive in time") from None
         try:
             value = json.loads(body or b"{}")
         except (ValueError, UnicodeDecodeError) as exc:
             raise web.HTTPBadRequest(text=f"the body is not JSON ({exc})") from None
         if not isinstance(value, dict):
-            kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(type(value), "null")
+            kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+                type(value), "null"
+            )
             raise web.HTTPBadRequest(text=f"the body must be a JSON object, got {kind}")
         return value
 
@@ -128,7 +136,11 @@ class HttpServer:
             if exc.status < 400:
                 raise
             keep = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
-            resp = error(exc.status, exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason, headers=keep)
+            resp = error(
+                exc.status,
+                exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason,
+                headers=keep,
+            )
         except Busy:
             self.metrics.inc("http_refused_total", reason="busy")
             resp = error(503, "busy: too many requests at once; retry shortly", headers={"Retry-After": "1"})
@@ -136,7 +148,9 @@ class HttpServer:
             log.exception("%s %s failed", request.method, request.path)
             resp = error(500, "internal error (see the server's log)")
         route = request.match_info.route.resource
-        self.metrics.inc("http_requests_total", path=route.canonical if route is not None else "other", code=str(resp.status))
+        self.metrics.inc(
+            "http_requests_total", path=route.canonical if route is not None else "other", code=str(resp.status)
+        )
         return resp
 
     # ------------------------------------------------------------------ life cycle
@@ -153,7 +167,7 @@ class HttpServer:
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(self._setup())
-        except BaseException as exc:  # noqa: BLE001 - reported by start()
+        except BaseException as exc:
             self._failed = exc
             self._ready.set()
             loop.close()
@@ -166,7 +180,9 @@ class HttpServer:
 
     async def _setup(self) -> None:
         lim = self.limits
-        runner = self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, keepalive_timeout=lim.idle_timeout_s)
+        runner = self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, keepalive_timeout=lim.idle_timeout_s
+        )
         await runner.setup()
         server = runner.server
         if server is None:  # setup() made it
@@ -178,8 +194,10 @@ class HttpServer:
             if len(server.connections) > lim.max_connections:
                 self.metrics.inc("http_refused_total", reason="connections")
                 body = b'{"error": "too many connections"}'
-                transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                                b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+                transport.write(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                    b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 transport.close()
 
         server.connection_made = bounded  # type: ignore[method-assign]

@@ -13,12 +13,12 @@ reading it; :func:`read_ipc_stream` refuses such streams (Lockstep compresses wh
 
 from __future__ import annotations
 
-from .errors import LockstepError
-
 import struct
 
 import cramjam
 import pyarrow as pa
+
+from .errors import LockstepError
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20

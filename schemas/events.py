@@ -48,4 +48,14 @@ SAMPLE_SCHEMA = pa.schema(
 )
 SAMPLE_REQUIRED = ("worker", "t_us", "metric", "value")
 
-__all__ = ["FUNCTION_KINDS", "MAX_DURATION_US", "MAX_STEP", "MAX_TIME_US", "MAX_WORKER", "OP_EVENT_REQUIRED", "OP_EVENT_SCHEMA", "SAMPLE_REQUIRED", "SAMPLE_SCHEMA"]
+__all__ = [
+    "FUNCTION_KINDS",
+    "MAX_DURATION_US",
+    "MAX_STEP",
+    "MAX_TIME_US",
+    "MAX_WORKER",
+    "OP_EVENT_REQUIRED",
+    "OP_EVENT_SCHEMA",
+    "SAMPLE_REQUIRED",
+    "SAMPLE_SCHEMA",
+]

@@ -36,14 +36,23 @@ RESOURCES = ("gpu", "pcie", "nvlink", "nic", "cpu", "storage", "none")
 #: column -> (arrow type, meaning).  Order is the order on the wire.
 COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "function": (pa.string(), "stable function key, identical across workers"),
-    "kind": (pa.string(), "compute | memcpy | collective | p2p | python | dataloader | optimizer | other | sync "
-             "(the host blocked until the device caught up: synchronize, a blocking copy)"),
+    "kind": (
+        pa.string(),
+        "compute | memcpy | collective | p2p | python | dataloader | optimizer | other | sync "
+        "(the host blocked until the device caught up: synchronize, a blocking copy)",
+    ),
     "resource": (pa.string(), "hardware the function depends on: gpu | pcie | nvlink | nic | cpu | storage | none"),
     "calls": (pa.int32(), "executions in the step"),
     "total_us": (pa.float32(), "sum of execution durations, waits included"),
-    "critical_us": (pa.float32(), "time on the worker's critical path credited to this function "
-                    "(GPU kernels > copies > communication > CPU; overlaps counted once)"),
-    "wait_us": (pa.float32(), "part of critical_us spent waiting for peers (collectives, p2p); NaN if not measured locally"),
+    "critical_us": (
+        pa.float32(),
+        "time on the worker's critical path credited to this function "
+        "(GPU kernels > copies > communication > CPU; overlaps counted once)",
+    ),
+    "wait_us": (
+        pa.float32(),
+        "part of critical_us spent waiting for peers (collectives, p2p); NaN if not measured locally",
+    ),
     "first_start_us": (pa.float32(), "first start relative to the step's start (order within the step)"),
     "mean_us": (pa.float32(), "mean duration per call"),
     "p50_us": (pa.float32(), "median duration per call"),
@@ -67,16 +76,31 @@ COLUMNS: dict[str, tuple[pa.DataType, str]] = {
 #: hardware characteristic columns (NaN = not sampled): the mean of a metric's samples while the function
 #: ran; its spread is ``<metric>_sd`` and its peak ``<metric>_p95``
 HARDWARE = (
-    "sm_clock_mhz", "sm_active", "gpu_power_w", "gpu_temp_c", "pcie_gbps", "nvlink_gbps",
-    "nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps",
-)  # fmt: skip
+    "sm_clock_mhz",
+    "sm_active",
+    "gpu_power_w",
+    "gpu_temp_c",
+    "pcie_gbps",
+    "nvlink_gbps",
+    "nic_gbps",
+    "cpu_self",
+    "cpu_other",
+    "mem_used_frac",
+    "disk_read_mbps",
+)
 # version 2 (additive): the shape of each metric while the function ran, not only its level.  In a ring
 # every member's mean throughput is the slowest link's; the slow link is busy all the time (low spread,
 # low peak) while its peers burst and idle.
 for _m in HARDWARE:
-    COLUMNS[f"{_m}_sd"] = (pa.float32(), f"standard deviation of the {_m} samples that overlapped the function's executions")
+    COLUMNS[f"{_m}_sd"] = (
+        pa.float32(),
+        f"standard deviation of the {_m} samples that overlapped the function's executions",
+    )
 for _m in HARDWARE:
-    COLUMNS[f"{_m}_p95"] = (pa.float32(), f"95th percentile of the {_m} samples that overlapped the function's executions")
+    COLUMNS[f"{_m}_p95"] = (
+        pa.float32(),
+        f"95th percentile of the {_m} samples that overlapped the function's executions",
+    )
 REQUIRED = ("function", "kind", "calls", "total_us", "critical_us")
 SCHEMA = pa.schema(
     [pa.field(name, typ, nullable=name not in REQUIRED) for name, (typ, _doc) in COLUMNS.items()],
@@ -292,7 +316,9 @@ def conform(table: pa.Table) -> pa.Table:
             try:
                 col = col.cast(typ) if col.type != typ else col
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise RecordError("bad_function_table", f"column {name}: cannot read {col.type} as {typ} ({exc})") from None
+                raise RecordError(
+                    "bad_function_table", f"column {name}: cannot read {col.type} as {typ} ({exc})"
+                ) from None
             arrays.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
         elif name == "resource":
             kinds = table.column("kind").to_pylist()
@@ -325,7 +351,9 @@ def _check_values(t: pa.Table) -> None:
     kinds = set(t.column("kind").to_pylist())
     bad = kinds - _KIND_SET
     if bad:
-        raise RecordError("bad_function_table", f"unknown function kind(s) {sorted(map(str, bad))}; allowed: {FUNCTION_KINDS}")
+        raise RecordError(
+            "bad_function_table", f"unknown function kind(s) {sorted(map(str, bad))}; allowed: {FUNCTION_KINDS}"
+        )
     res = set(t.column("resource").to_pylist()) - _RESOURCE_SET
     if res:
         raise RecordError("bad_function_table", f"unknown resource(s) {sorted(map(str, res))}; allowed: {RESOURCES}")
@@ -505,7 +533,7 @@ def describe() -> str:
     lines = [f"# Lockstep function table, version {VERSION} (Arrow IPC stream, zstd-compressed as a whole)", ""]
     for name, (typ, doc) in COLUMNS.items():
         req = "required" if name in REQUIRED else "optional"
-        lines.append(f"{name:16s} {str(typ):8s} {req:8s} {doc}")
+        lines.append(f"{name:16s} {typ!s:8s} {req:8s} {doc}")
     return "\n".join(lines) + "\n"
 
 

@@ -13,8 +13,6 @@ the dead-letter topic.
 
 from __future__ import annotations
 
-from .errors import LockstepError
-
 import hashlib
 import math
 import time
@@ -22,6 +20,8 @@ from typing import Annotated, Any, Literal, TypeVar, cast, get_args, overload
 
 import msgspec
 import numpy as np
+
+from .errors import LockstepError
 
 # --------------------------------------------------------------------------- errors
 
@@ -153,9 +153,13 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     # agents echo the last trigger they received, once, so that the detector measures the
     # control topic's latency instead of assuming it
     trigger_window: str | msgspec.UnsetType = msgspec.UNSET  # the window of that trigger
-    trigger_latency_s: float | None | msgspec.UnsetType = msgspec.UNSET  # its receipt (worker clock) - its created_at (processor clock)
+    trigger_latency_s: float | msgspec.UnsetType | None = (
+        msgspec.UNSET
+    )  # its receipt (worker clock) - its created_at (processor clock)
     final: bool | msgspec.UnsetType = msgspec.UNSET  # true on the worker's last heartbeat: it shuts down (not a hang)
-    agent: AgentCounters | msgspec.UnsetType = msgspec.UNSET  # the agent's counters, on the first heartbeat after one changed
+    agent: AgentCounters | msgspec.UnsetType = (
+        msgspec.UNSET
+    )  # the agent's counters, on the first heartbeat after one changed
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
@@ -425,7 +429,9 @@ class Finding(_Record, tag="Finding", kw_only=True):
     created_at: Timestamp
     tenant: str = ""
     summary: str = ""
-    window_steps: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 0  # how many steps the window had (persistence = len(steps)/window_steps)
+    window_steps: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = (
+        0  # how many steps the window had (persistence = len(steps)/window_steps)
+    )
 
     def validate(self) -> None:
         if self.scope not in SCOPES:
@@ -661,7 +667,9 @@ def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3]]) -> R 
 @overload
 def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3], type[R4]]) -> R | R2 | R3 | R4: ...
 @overload
-def decode(data: bytes | None, expect: tuple[type[R], type[R2], type[R3], type[R4], type[R5]]) -> R | R2 | R3 | R4 | R5: ...
+def decode(
+    data: bytes | None, expect: tuple[type[R], type[R2], type[R3], type[R4], type[R5]]
+) -> R | R2 | R3 | R4 | R5: ...
 @overload
 def decode(data: bytes | None, expect: tuple[type[R], ...]) -> R: ...
 @overload
@@ -672,14 +680,16 @@ def decode(data: bytes | None, expect: type[_Record] | tuple[type[_Record], ...]
     if not data:
         raise RecordError("malformed", "empty value")
     if len(data) > MAX_RECORD_BYTES:
-        raise RecordError("malformed", f"record of {len(data)} bytes, over the {MAX_RECORD_BYTES} bytes any record may have")
+        raise RecordError(
+            "malformed", f"record of {len(data)} bytes, over the {MAX_RECORD_BYTES} bytes any record may have"
+        )
     try:
         return _decode(data, expect)
     except RecordError:
         raise
     except RecursionError:  # msgspec bounds its own recursion: a record nested deeper than any of ours
         raise RecordError("malformed", "nested too deeply to be a Lockstep record") from None
-    except Exception as exc:  # noqa: BLE001 - the contract: any failure of any input is a RecordError
+    except Exception as exc:
         raise RecordError("malformed", f"unreadable record ({type(exc).__name__}: {exc})") from None
 
 
@@ -726,7 +736,9 @@ def dead_letter(
     )
 
 
-def finding_id(job: str, window: str, scope: str, workers: list[int], function: str, cause: str, group: dict[str, str] | None) -> str:
+def finding_id(
+    job: str, window: str, scope: str, workers: list[int], function: str, cause: str, group: dict[str, str] | None
+) -> str:
     """Deterministic: the same diagnosis of the same window always gets the same id."""
     parts = [job, window, scope, ",".join(map(str, sorted(workers))), function, cause]
     if group:

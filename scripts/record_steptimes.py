@@ -41,9 +41,17 @@ def rank_main() -> int:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     if workload in ("mlp", "testjob"):
-        net: nn.Module = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 16))
+        net: nn.Module = nn.Sequential(
+            nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 16)
+        )
     else:
-        net = nn.ModuleDict({"emb": nn.Embedding(1000, 64), "attn": nn.MultiheadAttention(64, 4, batch_first=True), "out": nn.Linear(64, 16)})
+        net = nn.ModuleDict(
+            {
+                "emb": nn.Embedding(1000, 64),
+                "attn": nn.MultiheadAttention(64, 4, batch_first=True),
+                "out": nn.Linear(64, 16),
+            }
+        )
     model = DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     agent = lockstep.producers.agent.attach(job=os.environ["JOB"])
@@ -96,10 +104,22 @@ def main() -> int:
         port, stop = free_port(), Path(tmp) / "stop"
         procs = []
         for rank in range(a.ranks):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(a.ranks), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "JOB": job, "WORKLOAD": a.workload,
-                   "STOP_FILE": str(stop), "LOCKSTEP_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-                   "LOCKSTEP_AGENT_SPOOL_DIR": f"{tmp}/spool{rank}", "LOCKSTEP_AGENT_HOST": f"node{rank}"}  # fmt: skip
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(a.ranks),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "GLOO_SOCKET_IFNAME": "lo",
+                "OMP_NUM_THREADS": "1",
+                "JOB": job,
+                "WORKLOAD": a.workload,
+                "STOP_FILE": str(stop),
+                "LOCKSTEP_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+                "LOCKSTEP_AGENT_SPOOL_DIR": f"{tmp}/spool{rank}",
+                "LOCKSTEP_AGENT_HOST": f"node{rank}",
+            }
             procs.append(subprocess.Popen([sys.executable, __file__, "--rank"], env=env))
         time.sleep(a.seconds)
         stop.touch()

@@ -19,8 +19,28 @@ import gzip
 import json
 import re
 
-KEEP_ARGS = ("correlation", "External id", "external id", "device", "stream", "bytes", "Process Group Description", "Process Group Name")
-CPU = ("cpu_op", "user_annotation", "python_function", "Operator", "cuda_runtime", "cuda_driver", "Runtime", "cuda_sync", "mtia_runtime", "xpu_runtime")
+KEEP_ARGS = (
+    "correlation",
+    "External id",
+    "external id",
+    "device",
+    "stream",
+    "bytes",
+    "Process Group Description",
+    "Process Group Name",
+)
+CPU = (
+    "cpu_op",
+    "user_annotation",
+    "python_function",
+    "Operator",
+    "cuda_runtime",
+    "cuda_driver",
+    "Runtime",
+    "cuda_sync",
+    "mtia_runtime",
+    "xpu_runtime",
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,8 +48,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("src")
     ap.add_argument("dst")
     ap.add_argument("--steps", help="A:B, the ProfilerStep numbers to keep (inclusive)")
-    ap.add_argument("--span-us", help="A:B, keep what starts between A and B microseconds after the trace's first event")
-    ap.add_argument("--no-flows", action="store_true", help="leave out flow events (where correlation ids say the same)")
+    ap.add_argument(
+        "--span-us", help="A:B, keep what starts between A and B microseconds after the trace's first event"
+    )
+    ap.add_argument(
+        "--no-flows", action="store_true", help="leave out flow events (where correlation ids say the same)"
+    )
     a = ap.parse_args(argv)
     with gzip.open(a.src) if a.src.endswith(".gz") else open(a.src, "rb") as fh:
         trace = json.load(fh)
@@ -37,8 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     x = [e for e in events if e.get("ph") == "X"]
     if a.steps:
         lo, hi = (int(v) for v in a.steps.split(":"))
-        spans = [(e["ts"], e["ts"] + e["dur"]) for e in x if re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", "")) and e.get("cat") in ("user_annotation", "Operator", "cpu_op")
-                 and lo <= int(e["name"].split("#")[1]) <= hi]  # fmt: skip
+        spans = [
+            (e["ts"], e["ts"] + e["dur"])
+            for e in x
+            if re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", ""))
+            and e.get("cat") in ("user_annotation", "Operator", "cpu_op")
+            and lo <= int(e["name"].split("#")[1]) <= hi
+        ]
         start, end = min(s for s, _ in spans), max(e for _, e in spans)
     else:
         t0 = min(e["ts"] for e in x)

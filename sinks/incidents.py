@@ -27,10 +27,20 @@ from ..schemas.records import Finding
 
 #: causes that name a device or link: the incident is the device's, whatever function showed it
 DEVICE_CAUSES = frozenset(
-    {"gpu_throttle_thermal", "gpu_throttle_power", "gpu_throttle", "gpu_slow", "nvlink", "pcie", "nic", "switch",
-     "host_cpu_contention", "host_memory", "storage"}
-)  # fmt: skip
-
+    {
+        "gpu_throttle_thermal",
+        "gpu_throttle_power",
+        "gpu_throttle",
+        "gpu_slow",
+        "nvlink",
+        "pcie",
+        "nic",
+        "switch",
+        "host_cpu_contention",
+        "host_memory",
+        "storage",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -114,33 +124,69 @@ def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | 
             current,
             windows=current.windows + 1,
             last_step=max(current.last_step, last),
-            **cast("dict[str, Any]", dict(last_seen_at=f.created_at, last_finding=f.id, workers=f.workers, hosts=f.hosts, devices=f.devices,
-                    function=f.function, confidence=f.confidence, step_time_share=f.impact.step_time_share,
-                    gpu_hours_per_day=f.impact.gpu_hours_per_day) if newer else {}),
-        )  # fmt: skip
+            **cast(
+                "dict[str, Any]",
+                dict(
+                    last_seen_at=f.created_at,
+                    last_finding=f.id,
+                    workers=f.workers,
+                    hosts=f.hosts,
+                    devices=f.devices,
+                    function=f.function,
+                    confidence=f.confidence,
+                    step_time_share=f.impact.step_time_share,
+                    gpu_hours_per_day=f.impact.gpu_hours_per_day,
+                )
+                if newer
+                else {},
+            ),
+        )
         return inc, Event(inc.id, f.tenant, f.job, "update", f.id, f.window, f.created_at)
     if current is not None and current.resolved_step is not None and first < current.resolved_step:
         return current, None  # an older window's finding, arriving after the problem cleared
     key = incident_key(f)
     occurrence = 1 if current is None else current.occurrence + 1
     inc = Incident(
-        id=f"{key}-{occurrence}", key=key, occurrence=occurrence, tenant=f.tenant, job=f.job, scope=f.scope,
-        cause=f.cause, function=f.function, workers=f.workers, hosts=f.hosts, devices=f.devices, status="open",
-        opened_at=f.created_at, last_seen_at=f.created_at, resolved_at=None, resolved_by=None, resolved_step=None,
-        first_finding=f.id, last_finding=f.id, last_step=last, windows=1, confidence=f.confidence,
-        step_time_share=f.impact.step_time_share, gpu_hours_per_day=f.impact.gpu_hours_per_day,
-    )  # fmt: skip
+        id=f"{key}-{occurrence}",
+        key=key,
+        occurrence=occurrence,
+        tenant=f.tenant,
+        job=f.job,
+        scope=f.scope,
+        cause=f.cause,
+        function=f.function,
+        workers=f.workers,
+        hosts=f.hosts,
+        devices=f.devices,
+        status="open",
+        opened_at=f.created_at,
+        last_seen_at=f.created_at,
+        resolved_at=None,
+        resolved_by=None,
+        resolved_step=None,
+        first_finding=f.id,
+        last_finding=f.id,
+        last_step=last,
+        windows=1,
+        confidence=f.confidence,
+        step_time_share=f.impact.step_time_share,
+        gpu_hours_per_day=f.impact.gpu_hours_per_day,
+    )
     return inc, Event(inc.id, f.tenant, f.job, "trigger", f.id, f.window, f.created_at)
 
 
-def on_window(open_incidents: list[Incident], w: ReportedWindow, policy: IncidentPolicy) -> list[tuple[Incident, Event]]:
+def on_window(
+    open_incidents: list[Incident], w: ReportedWindow, policy: IncidentPolicy
+) -> list[tuple[Incident, Event]]:
     """A window of the job closed and every one of its findings is applied: resolve what it did not see."""
     if w.coverage < policy.resolve_min_coverage:
         return []
     out = []
     for inc in open_incidents:
         if inc.status == "open" and inc.tenant == w.tenant and inc.job == w.job and inc.last_step < w.start_step:
-            done = replace(inc, status="resolved", resolved_at=w.closed_at, resolved_by=w.window, resolved_step=w.start_step)
+            done = replace(
+                inc, status="resolved", resolved_at=w.closed_at, resolved_by=w.window, resolved_step=w.start_step
+            )
             out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, w.window, w.closed_at)))
     return out
 
@@ -150,6 +196,8 @@ def on_clock(open_incidents: list[Incident], now: float, policy: IncidentPolicy)
     out = []
     for inc in open_incidents:
         if inc.status == "open" and now - inc.last_seen_at >= policy.stale_after_s:
-            done = replace(inc, status="resolved", resolved_at=now, resolved_by="stale", resolved_step=inc.last_step + 1)
+            done = replace(
+                inc, status="resolved", resolved_at=now, resolved_by="stale", resolved_step=inc.last_step + 1
+            )
             out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, "stale", now)))
     return out

@@ -90,12 +90,22 @@ def _retry_after(value: str | None) -> float | None:
 
 _DELIVERY_SCHEMA = pa.schema(
     [
-        ("id", pa.string()), ("event_seq", pa.int64()), ("route", pa.string()), ("receiver", pa.string()),
-        ("action", pa.string()), ("incident_id", pa.string()), ("tenant", pa.string()), ("job", pa.string()),
-        ("severity", pa.string()), ("status", pa.string()), ("attempts", pa.int32()),
-        ("next_attempt_at", pa.timestamp("us")), ("created_at", pa.timestamp("us")), ("payload", pa.string()),
+        ("id", pa.string()),
+        ("event_seq", pa.int64()),
+        ("route", pa.string()),
+        ("receiver", pa.string()),
+        ("action", pa.string()),
+        ("incident_id", pa.string()),
+        ("tenant", pa.string()),
+        ("job", pa.string()),
+        ("severity", pa.string()),
+        ("status", pa.string()),
+        ("attempts", pa.int32()),
+        ("next_attempt_at", pa.timestamp("us")),
+        ("created_at", pa.timestamp("us")),
+        ("payload", pa.string()),
     ]
-)  # fmt: skip
+)
 
 #: pending deliveries of a route that nothing earlier of the same incident holds back
 _SENDABLE = """
@@ -121,7 +131,11 @@ def request(route: Route, delivery: str, stored: dict, now: float) -> tuple[byte
         if route.secret is None:
             raise RoutesError(f"route {route.name!r}: a webhook route signs its requests; set its secret_env")
         ts = int(now)
-        headers |= {"webhook-id": delivery, "webhook-timestamp": str(ts), "webhook-signature": sign(route.secret, delivery, ts, body)}
+        headers |= {
+            "webhook-id": delivery,
+            "webhook-timestamp": str(ts),
+            "webhook-signature": sign(route.secret, delivery, ts, body),
+        }
     return body, headers
 
 
@@ -129,10 +143,25 @@ def finding_for_test_page(now: float) -> dict:
     """The Finding a test page carries: plainly a test, on no real job or device."""
     from ..schemas.records import Finding, Impact
 
-    f = Finding(id=f"lockstep-test-{int(now)}", job="lockstep-test", window="test", steps=[], scope="job", workers=[], hosts=[],
-                devices=[], function="test", function_kind="other", cause="test", confidence=1.0, evidence=[],
-                impact=Impact(step_time_share=0.0, gpu_hours_per_day=0.0), policy="test", created_at=now,
-                summary="Test page from `lockstep test-page`: this route reaches its receiver. Nothing is wrong.")  # fmt: skip
+    f = Finding(
+        id=f"lockstep-test-{int(now)}",
+        job="lockstep-test",
+        window="test",
+        steps=[],
+        scope="job",
+        workers=[],
+        hosts=[],
+        devices=[],
+        function="test",
+        function_kind="other",
+        cause="test",
+        confidence=1.0,
+        evidence=[],
+        impact=Impact(step_time_share=0.0, gpu_hours_per_day=0.0),
+        policy="test",
+        created_at=now,
+        summary="Test page from `lockstep test-page`: this route reaches its receiver. Nothing is wrong.",
+    )
     return msgspec.to_builtins(f)
 
 
@@ -146,8 +175,16 @@ def send_test(route: Route, paging: Paging, action: str, incident: str, now: flo
 
 
 class Pager:
-    def __init__(self, store: FindingsStore, paging: Paging, metrics: Metrics | None = None, transport=None,
-                 clock=time.time, rng: random.Random | None = None, poll_s: float = 1.0):  # fmt: skip
+    def __init__(
+        self,
+        store: FindingsStore,
+        paging: Paging,
+        metrics: Metrics | None = None,
+        transport=None,
+        clock=time.time,
+        rng: random.Random | None = None,
+        poll_s: float = 1.0,
+    ):
         self.store = store
         self.paging = paging
         self.metrics = metrics or Metrics()
@@ -160,7 +197,8 @@ class Pager:
         self._threads: list[threading.Thread] = []
         # paging starts with the events after it was first enabled on this file: no pages for history
         store.con.execute(
-            "INSERT INTO pager_cursor SELECT ?, coalesce(max(seq), 0) FROM incident_events ON CONFLICT DO NOTHING", [CURSOR]
+            "INSERT INTO pager_cursor SELECT ?, coalesce(max(seq), 0) FROM incident_events ON CONFLICT DO NOTHING",
+            [CURSOR],
         )
 
     # ------------------------------------------------------------------ fan-out
@@ -170,7 +208,10 @@ class Pager:
         con = self.store.con.cursor()
         try:
             with transaction(con):
-                last = one(con.execute("SELECT last_seq FROM pager_cursor WHERE name = ?", [CURSOR]).fetchone(), "the pager's cursor")[0]
+                last = one(
+                    con.execute("SELECT last_seq FROM pager_cursor WHERE name = ?", [CURSOR]).fetchone(),
+                    "the pager's cursor",
+                )[0]
                 events = con.execute(
                     """
                     SELECT e.seq, e.incident_id, e.tenant, e.job, e.action, e.reason, epoch(e.occurred_at), f.record, i.occurrence
@@ -184,7 +225,8 @@ class Pager:
                 ids = sorted({e[1] for e in events})
                 triggered: dict[str, dict[str, str]] = {}
                 for iid, route, status in con.execute(
-                    "SELECT incident_id, route, status FROM webhook_deliveries WHERE action = 'trigger' AND list_contains(?, incident_id)", [ids]
+                    "SELECT incident_id, route, status FROM webhook_deliveries WHERE action = 'trigger' AND list_contains(?, incident_id)",
+                    [ids],
                 ).fetchall():
                     triggered.setdefault(iid, {})[route] = status
                 now = self.clock()
@@ -199,16 +241,32 @@ class Pager:
                         page = Page(what, iid, occurrence, finding, severity, reason, occurred_at)
                         rows.append(
                             {
-                                "id": delivery_id(seq, route.name), "event_seq": seq, "route": route.name, "receiver": route.receiver,
-                                "action": what, "incident_id": iid, "tenant": tenant, "job": job, "severity": severity,
-                                "status": "pending", "attempts": 0, "next_attempt_at": epoch_us(now), "created_at": epoch_us(now),
+                                "id": delivery_id(seq, route.name),
+                                "event_seq": seq,
+                                "route": route.name,
+                                "receiver": route.receiver,
+                                "action": what,
+                                "incident_id": iid,
+                                "tenant": tenant,
+                                "job": job,
+                                "severity": severity,
+                                "status": "pending",
+                                "attempts": 0,
+                                "next_attempt_at": epoch_us(now),
+                                "created_at": epoch_us(now),
                                 "payload": json.dumps(payload(route, page)),
                             }
-                        )  # fmt: skip
+                        )
                         if what == "trigger":
                             triggered.setdefault(iid, {})[route.name] = "pending"
                 if rows:
-                    upsert(con, "webhook_deliveries", pa.Table.from_pylist(rows, schema=_DELIVERY_SCHEMA), ("id",), keep=tuple(_DELIVERY_SCHEMA.names))
+                    upsert(
+                        con,
+                        "webhook_deliveries",
+                        pa.Table.from_pylist(rows, schema=_DELIVERY_SCHEMA),
+                        ("id",),
+                        keep=tuple(_DELIVERY_SCHEMA.names),
+                    )
                 con.execute("UPDATE pager_cursor SET last_seq = ? WHERE name = ?", [events[-1][0], CURSOR])
         finally:
             con.close()
@@ -258,10 +316,22 @@ class Pager:
                 "UPDATE webhook_deliveries SET status = ?, attempts = ?, last_status = ?, last_error = ?, next_attempt_at = make_timestamp(?::BIGINT) WHERE id = ?",
                 ["pending" if result == "retry" else "failed", attempts, resp.status, error, epoch_us(next_at), did],
             )
-            log.log(logging.WARNING if result == "failed" else logging.INFO, "route %s: delivery %s attempt %d: %s (%s)",
-                    route.name, did, attempts, error, "retrying" if result == "retry" else "giving up")  # fmt: skip
-        self.metrics.inc("webhook_deliveries_total", route=route.name, receiver=route.receiver, result=result,
-                         help="webhook delivery attempts, by route and result (delivered, retry, failed)")  # fmt: skip
+            log.log(
+                logging.WARNING if result == "failed" else logging.INFO,
+                "route %s: delivery %s attempt %d: %s (%s)",
+                route.name,
+                did,
+                attempts,
+                error,
+                "retrying" if result == "retry" else "giving up",
+            )
+        self.metrics.inc(
+            "webhook_deliveries_total",
+            route=route.name,
+            receiver=route.receiver,
+            result=result,
+            help="webhook delivery attempts, by route and result (delivered, retry, failed)",
+        )
 
     def next_due_in(self, route: Route) -> float | None:
         """Seconds until the route's next pending delivery is due (0: now), None when nothing is pending."""

@@ -21,7 +21,6 @@ from ..schemas.records import CAUSES
 from .routes import Retry, Route
 
 
-
 @dataclass(frozen=True)
 class Page:
     action: str  # trigger | resolve
@@ -34,7 +33,7 @@ class Page:
 
 
 def _iso(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 _BRACKETED = re.compile(r"\[([^\]]+)\]")
@@ -74,14 +73,28 @@ def _headline(p: Page) -> str:
 def _details(p: Page) -> dict[str, Any]:
     f = p.finding
     return {
-        "incident": p.incident_id, "occurrence": p.occurrence, "finding": f["id"], "tenant": f.get("tenant", ""),
-        "job": f["job"], "window": f["window"], "scope": f["scope"], "workers": f["workers"], "hosts": f["hosts"],
-        "devices": f["devices"], "function": f["function"], "function_kind": f["function_kind"], "cause": f["cause"],
-        "cause_description": CAUSES.get(f["cause"], ""), "confidence": f["confidence"],
-        "step_time_share": f["impact"]["step_time_share"], "gpu_hours_per_day": f["impact"]["gpu_hours_per_day"],
-        "steps": f"{len(f['steps'])}/{f.get('window_steps') or len(f['steps'])}", "evidence": f["evidence"],
-        "summary": f.get("summary", ""), "policy": f["policy"],
-    }  # fmt: skip
+        "incident": p.incident_id,
+        "occurrence": p.occurrence,
+        "finding": f["id"],
+        "tenant": f.get("tenant", ""),
+        "job": f["job"],
+        "window": f["window"],
+        "scope": f["scope"],
+        "workers": f["workers"],
+        "hosts": f["hosts"],
+        "devices": f["devices"],
+        "function": f["function"],
+        "function_kind": f["function_kind"],
+        "cause": f["cause"],
+        "cause_description": CAUSES.get(f["cause"], ""),
+        "confidence": f["confidence"],
+        "step_time_share": f["impact"]["step_time_share"],
+        "gpu_hours_per_day": f["impact"]["gpu_hours_per_day"],
+        "steps": f"{len(f['steps'])}/{f.get('window_steps') or len(f['steps'])}",
+        "evidence": f["evidence"],
+        "summary": f.get("summary", ""),
+        "policy": f["policy"],
+    }
 
 
 def pagerduty(p: Page) -> dict[str, Any]:
@@ -106,7 +119,12 @@ def pagerduty(p: Page) -> dict[str, Any]:
     }
 
 
-_EMOJI = {"critical": ":red_circle:", "error": ":large_orange_circle:", "warning": ":large_yellow_circle:", "info": ":large_blue_circle:"}
+_EMOJI = {
+    "critical": ":red_circle:",
+    "error": ":large_orange_circle:",
+    "warning": ":large_yellow_circle:",
+    "info": ":large_blue_circle:",
+}
 
 
 def slack_escape(text: str) -> str:
@@ -124,13 +142,18 @@ def slack(p: Page) -> dict[str, Any]:
         return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]}
     text = slack_escape(f"{_EMOJI.get(p.severity, '')} {p.severity.upper()} {_headline(p)}")
     fields = [
-        ("Job", f"{f['job']} (tenant {f.get('tenant') or '-'})"), ("Where", _where(f)),
-        ("Function", f"{f['function']} ({f['function_kind']})"), ("Cause", f"{f['cause']}: {CAUSES.get(f['cause'], '')}"),
+        ("Job", f"{f['job']} (tenant {f.get('tenant') or '-'})"),
+        ("Where", _where(f)),
+        ("Function", f"{f['function']} ({f['function_kind']})"),
+        ("Cause", f"{f['cause']}: {CAUSES.get(f['cause'], '')}"),
         ("Confidence", f"{f['confidence']:.2f}"),
-        ("Cost", f"{f['impact']['step_time_share'] * 100:.1f}% of step, {f['impact']['gpu_hours_per_day']:.1f} GPU-h/day"),
+        (
+            "Cost",
+            f"{f['impact']['step_time_share'] * 100:.1f}% of step, {f['impact']['gpu_hours_per_day']:.1f} GPU-h/day",
+        ),
         ("Steps", f"{len(f['steps'])}/{f.get('window_steps') or len(f['steps'])} of window {f['window']}"),
         ("Incident", p.incident_id),
-    ]  # fmt: skip
+    ]
     evidence = "; ".join(f"{e['feature']} {e['value']} vs {e['peer_value']}" for e in f["evidence"][:4])
     return {
         "text": text,
@@ -148,7 +171,13 @@ def webhook(p: Page) -> dict[str, Any]:
         "type": f"incident.{'triggered' if p.action == 'trigger' else 'resolved'}",
         "timestamp": _iso(p.occurred_at),
         "data": {
-            "incident": {"id": p.incident_id, "occurrence": p.occurrence, "action": p.action, "severity": p.severity, "reason": p.reason},
+            "incident": {
+                "id": p.incident_id,
+                "occurrence": p.occurrence,
+                "action": p.action,
+                "severity": p.severity,
+                "reason": p.reason,
+            },
             "finding": p.finding,
         },
     }
@@ -177,7 +206,9 @@ def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
-def plan(action: str, finding: dict[str, Any], routes: tuple[Route, ...], triggered: dict[str, str]) -> list[tuple[Route, str]]:
+def plan(
+    action: str, finding: dict[str, Any], routes: tuple[Route, ...], triggered: dict[str, str]
+) -> list[tuple[Route, str]]:
     """Deliveries for one incident event.  ``triggered``: route -> status of its trigger for this incident.
 
     A route pages an incident once: on the first finding of it that matches the route (a later, more

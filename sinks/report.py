@@ -208,8 +208,10 @@ def evidence_bars(f: Finding, width: int = 240) -> dict[int, str]:
         band = ""
         if spread:
             lo, hi = max(0.0, abs(e.peer_value) - spread) * sx, (abs(e.peer_value) + spread) * sx
-            band = (f'<rect class="spread" x="{lo:.1f}" y="{bar_h}" width="{max(1.0, hi - lo):.1f}" height="{bar_h}" fill="{SPREAD}">'
-                    f"<title>peers: median ± spread {_e(value(e.feature, e.peer_value))} ± {_e(value(e.feature, spread))}</title></rect>")  # fmt: skip
+            band = (
+                f'<rect class="spread" x="{lo:.1f}" y="{bar_h}" width="{max(1.0, hi - lo):.1f}" height="{bar_h}" fill="{SPREAD}">'
+                f"<title>peers: median ± spread {_e(value(e.feature, e.peer_value))} ± {_e(value(e.feature, spread))}</title></rect>"
+            )
         out[i] = (
             f'<svg width="{width}" height="{2 * bar_h + 2}" role="img">'
             f'<rect x="0" y="0" width="{wv:.1f}" height="{bar_h}" fill="{BAD}"><title>this finding: {_e(value(e.feature, e.value))}</title></rect>'
@@ -264,8 +266,15 @@ def first_bad_step(points: list[SeriesPoint], before_step: int, rise: float = 0.
     return pts[j].step, base, r[-1]
 
 
-def step_chart(job: str, points: list[SeriesPoint], windows: list[WindowRow], triggers: dict[tuple[str, str], TriggerRow], findings: list[Finding],
-               width: int = 1100, height: int = 230) -> str:  # fmt: skip
+def step_chart(
+    job: str,
+    points: list[SeriesPoint],
+    windows: list[WindowRow],
+    triggers: dict[tuple[str, str], TriggerRow],
+    findings: list[Finding],
+    width: int = 1100,
+    height: int = 230,
+) -> str:
     """A job's step time per step: the slowest worker (red) and the median worker (grey), the profiling
     windows as bands (labelled; darker where they found something) and where the slowdown began."""
     if not points:
@@ -288,8 +297,10 @@ def step_chart(job: str, points: list[SeriesPoint], windows: list[WindowRow], tr
     parts = []
     for k in range(5):  # horizontal grid, in ms
         v = ymax * k / 4
-        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
-                     f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="axis">{_e(_ms(v))}</text>')  # fmt: skip
+        parts.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
+            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="axis">{_e(_ms(v))}</text>'
+        )
     for k in range(6):
         st = round(s0 + span * k / 5)
         parts.append(f'<text x="{x(st):.1f}" y="{height - 16}" text-anchor="middle" class="axis">{st:,}</text>')
@@ -300,10 +311,12 @@ def step_chart(job: str, points: list[SeriesPoint], windows: list[WindowRow], tr
         t = triggers.get((w.job, w.window))
         why = f" · {_reason(t)}" if t else ""
         hit = w.findings > 0 or (w.job, w.window) in found
-        parts.append(f'<rect class="window" x="{x0:.1f}" y="{top}" width="{max(2.0, x1 - x0):.1f}" height="{ph}" fill="{WINDOW if hit else EMPTY}" '
-                     f'opacity="0.8"><title>window {_e(w.window)}: steps {w.start_step}..{w.start_step + w.steps - 1}, '
-                     f'{plural(w.findings, "finding")}{_e(why)}</title></rect>'
-                     f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 11}" text-anchor="middle" class="label">{_e(w.window)}</text>')  # fmt: skip
+        parts.append(
+            f'<rect class="window" x="{x0:.1f}" y="{top}" width="{max(2.0, x1 - x0):.1f}" height="{ph}" fill="{WINDOW if hit else EMPTY}" '
+            f'opacity="0.8"><title>window {_e(w.window)}: steps {w.start_step}..{w.start_step + w.steps - 1}, '
+            f"{plural(w.findings, 'finding')}{_e(why)}</title></rect>"
+            f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 11}" text-anchor="middle" class="label">{_e(w.window)}</text>'
+        )
     line = " ".join(f"{x(p.step):.1f},{y(p.step_time_us):.1f}" for p in _thin(points, pw))
     med = " ".join(f"{x(p.step):.1f},{y(p.median_us):.1f}" for p in _thin(points, pw))
     parts.append(f'<polyline class="median" points="{med}" fill="none" stroke="{PEER}" stroke-width="1.2"/>')
@@ -313,12 +326,16 @@ def step_chart(job: str, points: list[SeriesPoint], windows: list[WindowRow], tr
         bad = first_bad_step(points, first_window)
         if bad is not None:
             step, base, now = bad
-            parts.append(f'<line class="onset" x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{top}" y2="{top + ph}" stroke="{ACCENT}" '
-                         f'stroke-dasharray="4 3" stroke-width="1.5"><title>slower from step {step}: {_e(_ms(now))} against {_e(_ms(base))} before'
-                         f"</title></line><text x=\"{x(step) + 4:.1f}\" y=\"{top + ph - 6}\" class=\"label\" fill=\"{ACCENT}\">"
-                         f"slower from step {step:,} ({_e(_ms(base))} → {_e(_ms(now))})</text>")  # fmt: skip
-    legend = (f'<text x="{left + 6}" y="{top + 11}" class="axis"><tspan fill="{BAD}">━ slowest worker</tspan>'
-              f'  <tspan fill="{PEER}">━ median worker</tspan></text>')  # fmt: skip
+            parts.append(
+                f'<line class="onset" x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{top}" y2="{top + ph}" stroke="{ACCENT}" '
+                f'stroke-dasharray="4 3" stroke-width="1.5"><title>slower from step {step}: {_e(_ms(now))} against {_e(_ms(base))} before'
+                f'</title></line><text x="{x(step) + 4:.1f}" y="{top + ph - 6}" class="label" fill="{ACCENT}">'
+                f"slower from step {step:,} ({_e(_ms(base))} → {_e(_ms(now))})</text>"
+            )
+    legend = (
+        f'<text x="{left + 6}" y="{top + 11}" class="axis"><tspan fill="{BAD}">━ slowest worker</tspan>'
+        f'  <tspan fill="{PEER}">━ median worker</tspan></text>'
+    )
     return f'<svg class="steps" data-job="{_e(job)}" width="{width}" height="{height}" role="img">{"".join(parts)}{legend}</svg>'
 
 
@@ -345,24 +362,38 @@ def heatmap(job: str, window: str, cells: list[HeatCell], cell: int = 34, label_
     workers = sorted({(c.worker_rank, c.worker) for c in cells})
     functions = sorted({(c.function_rank, c.function) for c in cells})
     by = {(c.worker, c.function): c for c in cells}
-    width, height = label_w + cell * len(functions) + 90, head_h + cell * len(workers) + 4  # room for the last slanted name
+    width, height = (
+        label_w + cell * len(functions) + 90,
+        head_h + cell * len(workers) + 4,
+    )  # room for the last slanted name
     parts = []
     for j, (_, fn) in enumerate(functions):
         cx = label_w + j * cell + cell / 2
-        parts.append(f'<text transform="translate({cx + 4:.1f},{head_h - 6}) rotate(-55)" class="axis">{_e(fn[:28])}</text>')
+        parts.append(
+            f'<text transform="translate({cx + 4:.1f},{head_h - 6}) rotate(-55)" class="axis">{_e(fn[:28])}</text>'
+        )
     for i, (_, w) in enumerate(workers):
         y0 = head_h + i * cell
-        parts.append(f'<text x="{label_w - 6}" y="{y0 + cell / 2 + 4:.1f}" text-anchor="end" class="axis">worker {w}</text>')
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y0 + cell / 2 + 4:.1f}" text-anchor="end" class="axis">worker {w}</text>'
+        )
         for j, (_, fn) in enumerate(functions):
             c = by.get((w, fn))
             z = c.z if c else None
-            tip = (f"worker {w} · {fn}: z {z:+.1f} against its peers in {c.flagged_steps} step(s)" if c and z is not None
-                   else f"worker {w} · {fn}: within its peers' spread")  # fmt: skip
-            parts.append(f'<rect class="cell" x="{label_w + j * cell}" y="{y0}" width="{cell - 2}" height="{cell - 2}" fill="{_heat_colour(z)}">'
-                         f"<title>{_e(tip)}</title></rect>")  # fmt: skip
+            tip = (
+                f"worker {w} · {fn}: z {z:+.1f} against its peers in {c.flagged_steps} step(s)"
+                if c and z is not None
+                else f"worker {w} · {fn}: within its peers' spread"
+            )
+            parts.append(
+                f'<rect class="cell" x="{label_w + j * cell}" y="{y0}" width="{cell - 2}" height="{cell - 2}" fill="{_heat_colour(z)}">'
+                f"<title>{_e(tip)}</title></rect>"
+            )
             if z is not None:
-                parts.append(f'<text x="{label_w + j * cell + (cell - 2) / 2:.1f}" y="{y0 + cell / 2 + 3:.1f}" text-anchor="middle" '
-                             f'class="z" fill="{"#fff" if abs(z) > 6 else "#2c3e50"}">{z:+.0f}</text>')  # fmt: skip
+                parts.append(
+                    f'<text x="{label_w + j * cell + (cell - 2) / 2:.1f}" y="{y0 + cell / 2 + 3:.1f}" text-anchor="middle" '
+                    f'class="z" fill="{"#fff" if abs(z) > 6 else "#2c3e50"}">{z:+.0f}</text>'
+                )
     return f'<svg class="heatmap" data-window="{_e(job)}/{_e(window)}" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
 
 
@@ -396,10 +427,19 @@ def next_commands(f: Finding) -> list[tuple[str, str]]:
     """(command, why) an on-call engineer runs next for this finding."""
     out = []
     if f.workers and f.scope != "job":
-        out.append((f"lockstep raw {_sh(f.job)} --workers {','.join(map(str, f.workers[:8]))} --window {_sh(f.window)}",
-                    "the raw profiler trace of those workers in this window (opens in Perfetto)"))  # fmt: skip
+        out.append(
+            (
+                f"lockstep raw {_sh(f.job)} --workers {','.join(map(str, f.workers[:8]))} --window {_sh(f.window)}",
+                "the raw profiler trace of those workers in this window (opens in Perfetto)",
+            )
+        )
     out.append((f"lockstep findings --job {_sh(f.job)} --open", "is the problem still open?"))
-    out.append((f'lockstep trigger {_sh(f.job)} --reason "after the fix"', "profile again after acting: a complete window without it resolves the incident"))
+    out.append(
+        (
+            f'lockstep trigger {_sh(f.job)} --reason "after the fix"',
+            "profile again after acting: a complete window without it resolves the incident",
+        )
+    )
     return out
 
 
@@ -413,11 +453,19 @@ def _ago(t: str | None, now: dt.datetime) -> str:
     if not t:
         return ""
     try:
-        then = dt.datetime.fromisoformat(str(t).replace(" ", "T")).replace(tzinfo=dt.timezone.utc)
+        then = dt.datetime.fromisoformat(str(t).replace(" ", "T")).replace(tzinfo=dt.UTC)
     except ValueError:
         return ""
     s = max(0.0, (now - then).total_seconds())
-    return f"{s:.0f} s ago" if s < 120 else f"{s / 60:.0f} min ago" if s < 7200 else f"{s / 3600:.1f} h ago" if s < 172800 else f"{s / 86400:.0f} days ago"
+    return (
+        f"{s:.0f} s ago"
+        if s < 120
+        else f"{s / 60:.0f} min ago"
+        if s < 7200
+        else f"{s / 3600:.1f} h ago"
+        if s < 172800
+        else f"{s / 86400:.0f} days ago"
+    )
 
 
 def _when(t: str | None) -> str:
@@ -437,15 +485,19 @@ def evidence_table(f: Finding) -> str:
             f'<td class="v">{_e(peers)}</td><td class="v">{"± " + _e(value(e.feature, spread)) if spread else ""}</td>'
             f'<td class="v">{_e(ratio)}</td><td>{bars.get(i, "")}</td></tr>'
         )
-    return ('<table class="evidence"><tr><th>evidence</th><th>this</th><th>peers (median)</th><th>peers\' spread</th><th>ratio</th>'
-            f'<th><span class="key bad"></span> this <span class="key peer"></span> peers <span class="key spread"></span> spread</th></tr>{"".join(rows)}</table>')  # fmt: skip
+    return (
+        '<table class="evidence"><tr><th>evidence</th><th>this</th><th>peers (median)</th><th>peers\' spread</th><th>ratio</th>'
+        f'<th><span class="key bad"></span> this <span class="key peer"></span> peers <span class="key spread"></span> spread</th></tr>{"".join(rows)}</table>'
+    )
 
 
 def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
     window = next((w for w in r.windows if (w.job, w.window) == (f.job, f.window)), None)
     who = f"workers {joined(f.workers, 16)}" if f.workers else f"the {f.scope}"
     group = f" · group {', '.join(f'{k}={v}' for k, v in f.group.items())}" if f.group else ""
-    start, steps = (window.start_step, window.steps) if window else (min(f.steps, default=0), f.window_steps or len(f.steps))
+    start, steps = (
+        (window.start_step, window.steps) if window else (min(f.steps, default=0), f.window_steps or len(f.steps))
+    )
     trig = r.triggers.get((f.job, f.window))
     inc = r.incidents.get(r.incident_of.get(f.id, ""))
     pages = r.pages.get(inc.id, []) if inc else []
@@ -459,30 +511,42 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
         f"{_e(f.job)} / {_e(f.window)}</h3>",
         f'<div class="why">{_e(CAUSES.get(f.cause, ""))}</div><div>{_e(f.summary)}</div>',
         f'<div class="kv"><span><b>where</b> {_e(who)}{_e(group)}</span><span><b>devices</b> {_e(joined(f.devices) or "-")}</span>'
-        f'<span><b>hosts</b> {_e(joined(f.hosts) or "-")}</span><span><b>confidence</b> {f.confidence:.2f}</span></div>',
+        f"<span><b>hosts</b> {_e(joined(f.hosts) or '-')}</span><span><b>confidence</b> {f.confidence:.2f}</span></div>",
         f'<div class="kv"><span><b>cost</b> {_e(cost)}</span></div>',
         evidence_table(f),
-        *([f'<div class="kv"><span><b>not measured</b> {_e(joined(unmeasured))}: the samples that would tell the cause</span></div>']
-          if (unmeasured := [e.feature for e in f.evidence if e.value is None]) else []),  # fmt: skip
+        *(
+            [
+                f'<div class="kv"><span><b>not measured</b> {_e(joined(unmeasured))}: the samples that would tell the cause</span></div>'
+            ]
+            if (unmeasured := [e.feature for e in f.evidence if e.value is None])
+            else []
+        ),
         f'<div class="kv"><span><b>held in</b> {len(f.steps)} of {f.window_steps or steps} steps</span>{step_strip(list(f.steps), start, steps)}</div>',
     ]
     if trig is not None:
-        out.append(f'<div class="kv"><span><b>window opened by</b> {_e(_reason(trig))} '
-                   f"(steps {trig.start_step:,}..{trig.start_step + trig.steps - 1:,}, {_e(_when(trig.created_at))})</span></div>")  # fmt: skip
+        out.append(
+            f'<div class="kv"><span><b>window opened by</b> {_e(_reason(trig))} '
+            f"(steps {trig.start_step:,}..{trig.start_step + trig.steps - 1:,}, {_e(_when(trig.created_at))})</span></div>"
+        )
     if inc is not None:
-        state = (f"open since {_when(inc.opened_at)}, seen in {plural(inc.windows, 'window')}" if inc.status == "open"
-                 else f"resolved {_when(inc.resolved_at)} by {inc.resolved_by or '-'}")  # fmt: skip
+        state = (
+            f"open since {_when(inc.opened_at)}, seen in {plural(inc.windows, 'window')}"
+            if inc.status == "open"
+            else f"resolved {_when(inc.resolved_at)} by {inc.resolved_by or '-'}"
+        )
         page_items = "".join(
             f"<li>{_e(p.route)} ({_e(p.receiver)}): {_e(p.action)} {_e(p.status)}"
             f"{', HTTP ' + str(p.last_status) if p.last_status else ''}{', ' + _e(p.last_error) if p.last_error and p.status != 'delivered' else ''}"
             f"{' after ' + plural(p.attempts, 'attempt') if p.attempts > 1 else ''}</li>"
             for p in pages
-        )  # fmt: skip
-        out.append(f'<div class="kv incident"><span><b>incident</b> <code>{_e(inc.id)}</code> {_e(state)}'
-                   f"{'' if inc.occurrence <= 1 else f' (occurrence {inc.occurrence})'}</span></div>"
-                   f'<ul class="pages">{page_items or "<li>not paged (no route matched, or paging is off)</li>"}</ul>')  # fmt: skip
+        )
+        out.append(
+            f'<div class="kv incident"><span><b>incident</b> <code>{_e(inc.id)}</code> {_e(state)}'
+            f"{'' if inc.occurrence <= 1 else f' (occurrence {inc.occurrence})'}</span></div>"
+            f'<ul class="pages">{page_items or "<li>not paged (no route matched, or paging is off)</li>"}</ul>'
+        )
     advice = ADVICE.get(f.cause, ADVICE["unknown"]).format(host=host)
-    cmds = "".join(f"<li><code>{_e(c)}</code> <span class=\"meta\">{_e(why)}</span></li>" for c, why in next_commands(f))
+    cmds = "".join(f'<li><code>{_e(c)}</code> <span class="meta">{_e(why)}</span></li>' for c, why in next_commands(f))
     out.append(f'<div class="next"><b>next</b> {_e(advice)}<ul>{cmds}</ul></div></div>')
     return "".join(out)
 
@@ -494,10 +558,12 @@ def _heat_section(r: Report) -> list[str]:
         shown_w, shown_f = len({c.worker for c in cells}), len({c.function for c in cells})
         total_w, total_f = cells[0].workers_total, cells[0].functions_total
         seen = f" of the window's {plural(w.workers_seen, 'worker')}" if w and w.workers_seen else ""
-        out.append(f'<div class="card"><h3>{_e(job)} / {_e(window)}</h3><div class="meta">The {shown_w} of {plural(total_w, "worker")} '
-                   f"that deviated in some step{_e(seen)}, and {shown_f} of their {plural(total_f, 'function')}, worst first: robust z of the "
-                   "work against the peer group's median (red: slower, blue: faster; pale: within the peers' spread in every step).</div>"
-                   f"{heatmap(job, window, cells)}</div>")  # fmt: skip
+        out.append(
+            f'<div class="card"><h3>{_e(job)} / {_e(window)}</h3><div class="meta">The {shown_w} of {plural(total_w, "worker")} '
+            f"that deviated in some step{_e(seen)}, and {shown_f} of their {plural(total_f, 'function')}, worst first: robust z of the "
+            "work against the peer group's median (red: slower, blue: faster; pale: within the peers' spread in every step).</div>"
+            f"{heatmap(job, window, cells)}</div>"
+        )
     return out
 
 
@@ -543,45 +609,77 @@ _SCRIPT = """
 """
 
 
-def render(r: Report, *, title: str = "Lockstep report", scope: str = "", generated_at: dt.datetime | None = None,
-           refresh_s: float | None = None) -> str:  # fmt: skip
+def render(
+    r: Report,
+    *,
+    title: str = "Lockstep report",
+    scope: str = "",
+    generated_at: dt.datetime | None = None,
+    refresh_s: float | None = None,
+) -> str:
     """The whole page.  ``r.findings`` in the order to show (costliest first); ``scope`` says what was selected;
     ``refresh_s``: the live page (refreshes itself that often)."""
-    now = generated_at or dt.datetime.now(dt.timezone.utc)
+    now = generated_at or dt.datetime.now(dt.UTC)
     open_inc = sum(c.open_incidents for c in r.causes)
     per_day = sum(c.gpu_hours_per_day for c in r.causes)
     lost = sum(c.gpu_hours_lost for c in r.causes)
     cov = [w.coverage for w in r.windows]
     body = [
         '<main id="content">',
-        f"<div class=\"meta\">{_e(scope or 'every job')} · generated {now.strftime('%Y-%m-%d %H:%M:%S UTC')} · "
+        f'<div class="meta">{_e(scope or "every job")} · generated {now.strftime("%Y-%m-%d %H:%M:%S UTC")} · '
         f"{plural(len(r.findings), 'finding')} · {plural(len(r.windows), 'window')}</div>",
         f'<div class="summary"><div><b>{open_inc}</b>open {"incident" if open_inc == 1 else "incidents"}</div>'
         f"<div><b>{_e(number(per_day))}</b>GPU-h per day being lost now</div><div><b>{_e(number(lost))}</b>GPU-h lost so far</div>"
         f"<div><b>{_e(f'{sum(cov) / len(cov):.0%}' if cov else '-')}</b>mean coverage of the windows</div></div>",
     ]
     if r.causes:
-        rows = [(c.cause, c.gpu_hours_lost, f"{number(c.gpu_hours_lost)} GPU-h lost · {number(c.gpu_hours_per_day)} GPU-h/day now · "
-                 f"{c.open_incidents} of {plural(c.incidents, 'incident')} open") for c in r.causes]  # fmt: skip
+        rows = [
+            (
+                c.cause,
+                c.gpu_hours_lost,
+                f"{number(c.gpu_hours_lost)} GPU-h lost · {number(c.gpu_hours_per_day)} GPU-h/day now · "
+                f"{c.open_incidents} of {plural(c.incidents, 'incident')} open",
+            )
+            for c in r.causes
+        ]
         body += ["<h2>GPU-hours lost by cause</h2>", hbars(rows)]
     jobs = sorted(set(r.series) | {f.job for f in r.findings})
     if jobs:
         body.append("<h2>Step time</h2>")
         for job in jobs:
             pts = r.series.get(job, [])
-            chart = step_chart(job, pts, r.windows, r.triggers, r.findings) if pts else '<p class="meta">No step times stored for this job.</p>'
-            n = f"steps {pts[0].step:,}..{pts[-1].step:,}, {plural(max(p.workers for p in pts), 'worker')}" if pts else ""
-            body.append(f'<div class="card"><h3>{_e(job)}</h3><div class="meta">{_e(n)}; shaded: profiling windows</div>{chart}</div>')
+            chart = (
+                step_chart(job, pts, r.windows, r.triggers, r.findings)
+                if pts
+                else '<p class="meta">No step times stored for this job.</p>'
+            )
+            n = (
+                f"steps {pts[0].step:,}..{pts[-1].step:,}, {plural(max(p.workers for p in pts), 'worker')}"
+                if pts
+                else ""
+            )
+            body.append(
+                f'<div class="card"><h3>{_e(job)}</h3><div class="meta">{_e(n)}; shaded: profiling windows</div>{chart}</div>'
+            )
     body.append("<h2>Findings</h2>")
     body += [_finding_card(f, r, now) for f in r.findings] or ["<p>No findings.</p>"]
     heat = _heat_section(r)
     if heat:
         body += ["<h2>Deviation from the peers, per window</h2>", *heat]
     if r.windows:
-        rows = [(f"{w.job} / {w.window}", w.coverage, f"coverage {w.coverage:.0%} · {plural(w.findings, 'finding')} · closed {w.closed}") for w in r.windows]
+        rows = [
+            (
+                f"{w.job} / {w.window}",
+                w.coverage,
+                f"coverage {w.coverage:.0%} · {plural(w.findings, 'finding')} · closed {w.closed}",
+            )
+            for w in r.windows
+        ]
         body += ["<h2>Profiling windows</h2>", hbars(rows)]
-        body.append("<table><tr><th>job</th><th>window</th><th>steps</th><th>workers</th><th>coverage</th><th>per worker</th>"
-                    "<th>findings</th><th>closed</th><th>at</th></tr>")  # fmt: skip
+        body.append(
+            "<table><tr><th>job</th><th>window</th><th>steps</th><th>workers</th><th>coverage</th><th>per worker</th>"
+            "<th>findings</th><th>closed</th><th>at</th></tr>"
+        )
         body += [
             f"<tr><td>{_e(w.job)}</td><td>{_e(w.window)}</td><td>{w.start_step:,}..{w.start_step + w.steps - 1:,}</td>"
             f"<td>{w.workers_seen or '-'} of {w.expected_workers or '-'}</td><td>{w.coverage:.0%}</td>"
@@ -592,7 +690,10 @@ def render(r: Report, *, title: str = "Lockstep report", scope: str = "", genera
     used = sorted({e.feature.partition("[")[0] for f in r.findings for e in f.evidence})
     if used:
         body.append("<h2>What the evidence means</h2><table>")
-        body += [f"<tr><td>{_e(feature(u).label)}</td><td>{_e(feature(u).unit or 'count')}</td><td>{_e(feature(u).meaning)}</td></tr>" for u in used]
+        body += [
+            f"<tr><td>{_e(feature(u).label)}</td><td>{_e(feature(u).unit or 'count')}</td><td>{_e(feature(u).meaning)}</td></tr>"
+            for u in used
+        ]
         body.append("</table>")
     body.append("</main>")
     live = ""
@@ -600,10 +701,12 @@ def render(r: Report, *, title: str = "Lockstep report", scope: str = "", genera
     if refresh_s:
         live = '<div id="live" class="ok">live</div>'
         script = f"<script>{_SCRIPT % int(refresh_s * 1000)}</script>"
-    return "\n".join([
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">'
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{_e(title)}</h1>{live}",
-        *body,
-        f"{script}</body></html>\n",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">'
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+            f"<h1>{_e(title)}</h1>{live}",
+            *body,
+            f"{script}</body></html>\n",
+        ]
+    )

@@ -32,18 +32,22 @@ def parse_since(value: str) -> dt.datetime:
     m = re.fullmatch(r"(\d+)([smhd])", value.strip())
     if m:
         secs = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-        return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=secs)
+        return dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(seconds=secs)
     try:
         t = dt.datetime.fromisoformat(value)
     except ValueError:
         raise ConfigError(f"--since: {value!r} is neither an ISO time nor an age like 30m, 6h, 2d") from None
-    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+    return t.astimezone(dt.UTC).replace(tzinfo=None) if t.tzinfo else t
 
 
 def where(job=None, since=None, cause=None, time_column="created_at") -> tuple[str, list]:
     """The `` WHERE ...`` clause (or "") and its parameters for the --job, --since and --cause selections."""
     conds, params = [], []
-    for cond, value in (("job = ?", job), ("cause = ?", cause), (f"{time_column} >= ?", parse_since(since).isoformat() if since else None)):
+    for cond, value in (
+        ("job = ?", job),
+        ("cause = ?", cause),
+        (f"{time_column} >= ?", parse_since(since).isoformat() if since else None),
+    ):
         if value:
             conds.append(cond)
             params.append(value)
@@ -64,19 +68,29 @@ def _in(values: list) -> tuple[str, list]:
     return "(" + ", ".join("?" for _ in values) + ")", list(values)
 
 
-def gather(run: Run, job: str | None = None, since: str | None = None, open_only: bool = False, limit: int = 50) -> Report:
+def gather(
+    run: Run, job: str | None = None, since: str | None = None, open_only: bool = False, limit: int = 50
+) -> Report:
     """Everything the report shows, for the selection (as ``lockstep findings``' --job, --since, --open)."""
     findings = [msgspec.convert(r, Finding) for r in fetch_findings(run, job, since, None, limit, open_only)]
     cond, params = where(job, since, time_column="closed_at")
-    _, rows = run("SELECT job, window_id, start_step, steps, coverage, findings, closed, CAST(closed_at AS VARCHAR), expected_workers, "
-                  f"workers_seen, bytes_per_worker FROM windows{cond} ORDER BY closed_at DESC LIMIT {int(limit)}", params)  # fmt: skip
+    _, rows = run(
+        "SELECT job, window_id, start_step, steps, coverage, findings, closed, CAST(closed_at AS VARCHAR), expected_workers, "
+        f"workers_seen, bytes_per_worker FROM windows{cond} ORDER BY closed_at DESC LIMIT {int(limit)}",
+        params,
+    )
     windows = [WindowRow(*r) for r in rows]
     # the gpu_hours_lost_by_cause view's figures, for the selected job only when one is selected
-    _, rows = run("""
+    _, rows = run(
+        """
         SELECT cause, count(*), count(*) FILTER (WHERE status = 'open'),
                coalesce(sum(gpu_hours_per_day) FILTER (WHERE status = 'open'), 0),
                coalesce(sum(gpu_hours_per_day * epoch(coalesce(resolved_at, timezone('UTC', now())) - opened_at) / 86400), 0)
-        FROM incidents""" + (" WHERE job = ?" if job else "") + " GROUP BY cause ORDER BY 5 DESC", [job] if job else [])  # fmt: skip
+        FROM incidents"""
+        + (" WHERE job = ?" if job else "")
+        + " GROUP BY cause ORDER BY 5 DESC",
+        [job] if job else [],
+    )
     causes = [CauseRow(*r) for r in rows]
 
     keys = sorted({(f.job, f.window) for f in findings} | {(w.job, w.window) for w in windows})
@@ -85,14 +99,23 @@ def gather(run: Run, job: str | None = None, since: str | None = None, open_only
     if keys:
         pairs = " OR ".join("(job = ? AND window_id = ?)" for _ in keys)
         flat = [x for k in keys for x in k]
-        _, rows = run(f"SELECT job, window_id, kind, reason, start_step, steps, CAST(created_at AS VARCHAR) FROM triggers WHERE {pairs}", flat)
+        _, rows = run(
+            f"SELECT job, window_id, kind, reason, start_step, steps, CAST(created_at AS VARCHAR) FROM triggers WHERE {pairs}",
+            flat,
+        )
         report.triggers = {(r[0], r[1]): TriggerRow(*r) for r in rows}
-        _, rows = run("SELECT job, window_id, worker, function, worker_rank, function_rank, z, flagged_steps, workers_total, functions_total "
-                      f"FROM window_deviations WHERE {pairs} ORDER BY worker_rank, function_rank", flat)  # fmt: skip
+        _, rows = run(
+            "SELECT job, window_id, worker, function, worker_rank, function_rank, z, flagged_steps, workers_total, functions_total "
+            f"FROM window_deviations WHERE {pairs} ORDER BY worker_rank, function_rank",
+            flat,
+        )
         for r in rows:
             report.heatmaps.setdefault((r[0], r[1]), []).append(HeatCell(*r[2:]))
     for j in jobs:
-        _, rows = run(f"SELECT step, step_time_us, median_us, workers FROM step_series WHERE job = ? ORDER BY step DESC LIMIT {SERIES_POINTS}", [j])
+        _, rows = run(
+            f"SELECT step, step_time_us, median_us, workers FROM step_series WHERE job = ? ORDER BY step DESC LIMIT {SERIES_POINTS}",
+            [j],
+        )
         if rows:
             report.series[j] = [SeriesPoint(*r) for r in reversed(rows)]
     if findings:
@@ -101,13 +124,19 @@ def gather(run: Run, job: str | None = None, since: str | None = None, open_only
         report.incident_of = {r[0]: r[1] for r in rows if r[1]}
     if report.incident_of:
         clause, ids = _in(sorted(set(report.incident_of.values())))
-        _, rows = run("SELECT id, status, occurrence, CAST(opened_at AS VARCHAR), CAST(last_seen_at AS VARCHAR), CAST(resolved_at AS VARCHAR), "
-                      "resolved_by, windows, gpu_hours_per_day, "
-                      "gpu_hours_per_day * epoch(coalesce(resolved_at, timezone('UTC', now())) - opened_at) / 86400 "
-                      f"FROM incidents WHERE id IN {clause}", ids)  # fmt: skip
+        _, rows = run(
+            "SELECT id, status, occurrence, CAST(opened_at AS VARCHAR), CAST(last_seen_at AS VARCHAR), CAST(resolved_at AS VARCHAR), "
+            "resolved_by, windows, gpu_hours_per_day, "
+            "gpu_hours_per_day * epoch(coalesce(resolved_at, timezone('UTC', now())) - opened_at) / 86400 "
+            f"FROM incidents WHERE id IN {clause}",
+            ids,
+        )
         report.incidents = {r[0]: IncidentRow(*r) for r in rows}
-        _, rows = run("SELECT incident_id, route, receiver, action, status, attempts, last_status, last_error, CAST(delivered_at AS VARCHAR) "
-                      f"FROM webhook_deliveries WHERE incident_id IN {clause} ORDER BY event_seq, route", ids)  # fmt: skip
+        _, rows = run(
+            "SELECT incident_id, route, receiver, action, status, attempts, last_status, last_error, CAST(delivered_at AS VARCHAR) "
+            f"FROM webhook_deliveries WHERE incident_id IN {clause} ORDER BY event_seq, route",
+            ids,
+        )
         for r in rows:
             report.pages.setdefault(r[0], []).append(PageRow(*r[1:]))
     return report

@@ -25,8 +25,6 @@ routes:
 
 from __future__ import annotations
 
-from ..schemas.errors import LockstepError
-
 import base64
 import binascii
 import fnmatch
@@ -38,6 +36,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from ..schemas.errors import LockstepError
 from ..schemas.records import CAUSES
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -167,7 +166,9 @@ def parse(data: object, env: dict[str, str] | None = None, source: str = "routes
         raise RoutesError(f"{source}: version {spec.version} is not supported (this build reads 1)")
     r = spec.retry
     if r.max_attempts < 1 or r.initial_backoff_s <= 0 or r.max_backoff_s < r.initial_backoff_s or r.timeout_s <= 0:
-        raise RoutesError(f"{source}: retry needs max_attempts >= 1, 0 < initial_backoff_s <= max_backoff_s, timeout_s > 0")
+        raise RoutesError(
+            f"{source}: retry needs max_attempts >= 1, 0 < initial_backoff_s <= max_backoff_s, timeout_s > 0"
+        )
     _check_rules(spec.severity, source)
 
     def secret(route: RouteSpec, field: str) -> str:
@@ -189,7 +190,11 @@ def parse(data: object, env: dict[str, str] | None = None, source: str = "routes
             raise RoutesError(f"{where}: unknown cause(s) {bad}; known: {', '.join(CAUSES)}")
         if rs.url and rs.url_env:
             raise RoutesError(f"{where}: give url or url_env, not both")
-        url = secret(rs, "url_env") if rs.url_env else (rs.url or (PAGERDUTY_EVENTS_URL if rs.type == "pagerduty" else ""))
+        url = (
+            secret(rs, "url_env")
+            if rs.url_env
+            else (rs.url or (PAGERDUTY_EVENTS_URL if rs.type == "pagerduty" else ""))
+        )
         if not url.startswith(("http://", "https://")):
             raise RoutesError(f"{where}: needs an http(s) url (url, or url_env naming an environment variable)")
         if rs.severity is not None:
@@ -202,7 +207,9 @@ def parse(data: object, env: dict[str, str] | None = None, source: str = "routes
                 match=rs.match,
                 severity=tuple(rs.severity if rs.severity is not None else spec.severity),
                 redact_functions=rs.redact_functions,
-                min_interval_s=rs.min_interval_s if rs.min_interval_s is not None else (1.0 if rs.type == "slack" else 0.0),
+                min_interval_s=rs.min_interval_s
+                if rs.min_interval_s is not None
+                else (1.0 if rs.type == "slack" else 0.0),
                 routing_key=secret(rs, "routing_key_env") if rs.type == "pagerduty" else None,
                 secret=webhook_secret(secret(rs, "secret_env"), where) if rs.type == "webhook" else None,
             )

@@ -33,7 +33,18 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, KafkaErro
 
 from ..kafka import CONFLUENT, Clients, ConsumerClient, Publisher
 from ..metrics import CONTENT_TYPE, Metrics
-from ..schemas.records import CAUSES, DeviationMap, Finding, ProfileTrigger, RecordError, StepSeries, WindowReport, dead_letter, decode, encode
+from ..schemas.records import (
+    CAUSES,
+    DeviationMap,
+    Finding,
+    ProfileTrigger,
+    RecordError,
+    StepSeries,
+    WindowReport,
+    dead_letter,
+    decode,
+    encode,
+)
 from ..web import HttpServer, Limits, error, json_response
 from .store import Batch, FindingsStore, QueryBusy, StoreError, StoreLocked, jsonable, open_read_only, run_query
 
@@ -47,9 +58,20 @@ def sidecar(db: Path | str) -> Path:
 
 
 class Sink:
-    def __init__(self, store: FindingsStore, consumer_config: dict, topics: list[str], deadletter_topic: str,
-                 publisher: Publisher, metrics: Metrics | None = None, batch_size: int = 500, control_topic: str | None = None,
-                 pager=None, expire_every_s: float = 30.0, clients: Clients = CONFLUENT):  # fmt: skip
+    def __init__(
+        self,
+        store: FindingsStore,
+        consumer_config: dict,
+        topics: list[str],
+        deadletter_topic: str,
+        publisher: Publisher,
+        metrics: Metrics | None = None,
+        batch_size: int = 500,
+        control_topic: str | None = None,
+        pager=None,
+        expire_every_s: float = 30.0,
+        clients: Clients = CONFLUENT,
+    ):
         self.store = store
         self.topics = topics
         self.deadletter_topic = deadletter_topic
@@ -90,7 +112,9 @@ class Sink:
 
     def _after(self, events, always: bool = False) -> None:
         for ev in events:
-            self.metrics.inc("incident_events_total", action=ev.action, help="incident changes, by action (trigger, update, resolve)")
+            self.metrics.inc(
+                "incident_events_total", action=ev.action, help="incident changes, by action (trigger, update, resolve)"
+            )
         if self.pager and (events or always):
             try:
                 self.pager.fan_out()
@@ -98,22 +122,47 @@ class Sink:
                 log.exception("planning pages failed; retrying within %.0fs", self.expire_every_s)
 
     def _dead(self, msg, err: RecordError) -> None:
-        dl = dead_letter(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err, stage="sink", payload=msg.value())
+        dl = dead_letter(
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            error=err,
+            stage="sink",
+            payload=msg.value(),
+        )
         self.publisher.send_raw(self.deadletter_topic, msg.key(), encode(dl))
-        self.metrics.inc("dead_letters_total", reason=err.reason, stage="sink", help="records sent to the dead-letter topic, by reason")
+        self.metrics.inc(
+            "dead_letters_total",
+            reason=err.reason,
+            stage="sink",
+            help="records sent to the dead-letter topic, by reason",
+        )
         self.metrics.inc("records_out_total", topic=self.deadletter_topic, help="records published, by topic")
 
     def _isolate(self, accepted, offsets, exc: Exception) -> list:
         """The store refused a batch: write its records one by one (upserts: a crash in between replays them
         harmlessly), dead-letter those it refuses, then move the offsets."""
-        log.warning("the store refused a batch of %d record(s) (%s: %s); writing them one by one", len(accepted), type(exc).__name__, exc)
+        log.warning(
+            "the store refused a batch of %d record(s) (%s: %s); writing them one by one",
+            len(accepted),
+            type(exc).__name__,
+            exc,
+        )
         events = []
         for msg, rec in accepted:
             try:
                 events += self.store.write(Batch.of([rec], {}))
             except Exception as err:
-                log.exception("the store refused %s[%d]@%d; it goes to the dead-letter topic", msg.topic(), msg.partition(), msg.offset())
-                self._dead(msg, RecordError("processing_failed", f"the findings store refused it ({type(err).__name__}: {err})"))
+                log.exception(
+                    "the store refused %s[%d]@%d; it goes to the dead-letter topic",
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                )
+                self._dead(
+                    msg,
+                    RecordError("processing_failed", f"the findings store refused it ({type(err).__name__}: {err})"),
+                )
         self.publisher.flush()
         return events + self.store.write(Batch(findings=[], windows=[], offsets=offsets))
 
@@ -149,19 +198,33 @@ class Sink:
         t0 = time.perf_counter()
         try:
             events = self.store.write(batch)
-        except Exception as exc:  # a record the store cannot keep must not stop the sink (it would stop again on restart)
+        except (
+            Exception
+        ) as exc:  # a record the store cannot keep must not stop the sink (it would stop again on restart)
             events = self._isolate(accepted, offsets, exc)
-        m.observe("write_seconds", time.perf_counter() - t0, help="one DuckDB transaction (rows, incidents and offsets)")
+        m.observe(
+            "write_seconds", time.perf_counter() - t0, help="one DuckDB transaction (rows, incidents and offsets)"
+        )
         for topic, age in lag_s.items():
-            m.set("consumer_lag_seconds", age, topic=topic, help="age of the last record consumed, by topic (now - its Kafka timestamp)")
+            m.set(
+                "consumer_lag_seconds",
+                age,
+                topic=topic,
+                help="age of the last record consumed, by topic (now - its Kafka timestamp)",
+            )
         for (topic, partition), pos in offsets.items():
             try:
                 _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
             except KafkaException:
                 continue
             if high >= 0:
-                m.set("consumer_lag_records", max(0, high - pos), topic=topic, partition=str(partition),
-                      help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
+                m.set(
+                    "consumer_lag_records",
+                    max(0, high - pos),
+                    topic=topic,
+                    partition=str(partition),
+                    help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)",
+                )
         for f in batch.findings:
             # a label per cause this build knows: a record's free text must not grow the metrics without bound
             m.inc("findings_written_total", cause=f.cause if f.cause in CAUSES else "other")
@@ -186,7 +249,15 @@ class QueryServer:
     ``?tenant=T`` shows that tenant's rows only.
     """
 
-    def __init__(self, sink: Sink, db: Path, port: int = 0, host: str = "127.0.0.1", limits: Limits = HTTP_LIMITS, refresh_s: float = 10.0):
+    def __init__(
+        self,
+        sink: Sink,
+        db: Path,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        limits: Limits = HTTP_LIMITS,
+        refresh_s: float = 10.0,
+    ):
         self.store = sink.store
         self.sink = sink
         self.db = Path(db)
@@ -202,11 +273,11 @@ class QueryServer:
 
     # ------------------------------------------------------------------ handlers
 
-    async def _healthz(self, request: web.Request) -> web.Response:  # noqa: ARG002
+    async def _healthz(self, request: web.Request) -> web.Response:
         ok = self.sink.assigned
         return json_response({"status": "ok" if ok else "starting"}, status=200 if ok else 503)
 
-    async def _metrics(self, request: web.Request) -> web.Response:  # noqa: ARG002
+    async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.sink.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     def _bearer(self, request: web.Request) -> bool:
@@ -217,7 +288,11 @@ class QueryServer:
             return error(401, f"/query needs the bearer token from {self.sidecar}")
         req = await self.http.read_json(request)
         sql, params, tenant = req.get("sql", ""), req.get("params"), req.get("tenant")
-        if not isinstance(sql, str) or not (params is None or isinstance(params, list)) or not (tenant is None or isinstance(tenant, str)):
+        if (
+            not isinstance(sql, str)
+            or not (params is None or isinstance(params, list))
+            or not (tenant is None or isinstance(tenant, str))
+        ):
             return error(400, "bad request: sql must be a string, params a list, tenant a string")
         try:
             cols, rows = await self.http.blocking(self._run_query, sql, params, tenant)
@@ -243,7 +318,9 @@ class QueryServer:
             resp = web.Response(status=303, headers={"Location": str(request.rel_url.with_query(rest))})
             resp.set_cookie(COOKIE, self._token, httponly=True, samesite="Strict", path="/")
             return resp
-        if not (self._bearer(request) or hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), self._token.encode())):
+        if not (
+            self._bearer(request) or hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), self._token.encode())
+        ):
             return web.Response(status=401, content_type="text/html", text=login_page(str(self.sidecar)))
         tenant = request.query.get("tenant") or None
         job = request.query.get("job") or None
@@ -254,7 +331,9 @@ class QueryServer:
         from .report import render
         from .reportdata import gather
 
-        data = gather(lambda sql, params=None: self.store.query(sql, params, tenant), job=job)  # the same checks and limits as /query
+        data = gather(
+            lambda sql, params=None: self.store.query(sql, params, tenant), job=job
+        )  # the same checks and limits as /query
         scope = ", ".join(x for x in (f"job {job}" if job else "", f"tenant {tenant}" if tenant else "") if x)
         return render(data, title=f"Lockstep live: {self.db.name}", scope=scope, refresh_s=self.refresh_s)
 
@@ -283,9 +362,11 @@ COOKIE = "lockstep_token"
 def login_page(side: str) -> str:
     import html
 
-    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Lockstep: token needed</title></head><body>"
-            "<h1>Lockstep live page</h1><p>This page needs the sink's token. Open the address that "
-            f"<code>lockstep report --live-url</code> prints (it reads the token from <code>{html.escape(side)}</code>).</p></body></html>")  # fmt: skip
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Lockstep: token needed</title></head><body>'
+        "<h1>Lockstep live page</h1><p>This page needs the sink's token. Open the address that "
+        f"<code>lockstep report --live-url</code> prints (it reads the token from <code>{html.escape(side)}</code>).</p></body></html>"
+    )
 
 
 def write_private(path: Path, text: str) -> None:
@@ -298,8 +379,9 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def query(db: Path | str, sql: str, params: list | None = None, tenant: str | None = None,
-          timeout_s: float = 30.0) -> tuple[list[str], list[list]]:  # fmt: skip
+def query(
+    db: Path | str, sql: str, params: list | None = None, tenant: str | None = None, timeout_s: float = 30.0
+) -> tuple[list[str], list[list]]:
     """Run read-only SQL on the findings file: directly when free, through the running sink otherwise.
 
     With ``tenant``, only that tenant's rows exist for the SQL (see :func:`~.store.tenant_sandbox`)."""

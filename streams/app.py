@@ -85,7 +85,11 @@ def limit_fetch_wait(ms: int) -> None:
     """
     from faust.transport.drivers import aiokafka as driver
 
-    original = getattr(driver.AIOKafkaConsumerThread._create_worker_consumer, "__wrapped__", driver.AIOKafkaConsumerThread._create_worker_consumer)
+    original = getattr(
+        driver.AIOKafkaConsumerThread._create_worker_consumer,
+        "__wrapped__",
+        driver.AIOKafkaConsumerThread._create_worker_consumer,
+    )
 
     def create(self, transport):
         consumer = original(self, transport)
@@ -123,15 +127,37 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         **{k: _coerce(v) for k, v in settings.faust.items()},
     )
     topics = Topics.named(settings.topic_prefix)
-    output = FaustOutput({name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
-                                          partitions=settings.partitions) for name in topics.all()})  # fmt: skip
+    output = FaustOutput(
+        {
+            name: app.topic(
+                name,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+                partitions=settings.partitions,
+            )
+            for name in topics.all()
+        }
+    )
 
     def table(name: str, value_type: type) -> TableT:
         return app.Table(name, key_type=str, value_type=value_type, partitions=settings.partitions)
 
-    tables = Tables(closed_windows=table("closed_windows", float), detector=table("detector", str), job_history=table("job_history", str))
-    processor = Processor(policy, topics, output, tables, step_timeout_s=settings.step_timeout_s, window_timeout_s=settings.window_timeout_s,
-                          metrics=Metrics("processor"))  # fmt: skip
+    tables = Tables(
+        closed_windows=table("closed_windows", float),
+        detector=table("detector", str),
+        job_history=table("job_history", str),
+    )
+    processor = Processor(
+        policy,
+        topics,
+        output,
+        tables,
+        step_timeout_s=settings.step_timeout_s,
+        window_timeout_s=settings.window_timeout_s,
+        metrics=Metrics("processor"),
+    )
     policy_file = PolicyFile(settings.policy, policy)  # watched: edits apply without a restart
     positions: dict[Partition, int] = {}  # next offset to consume, for the lag
     m = processor.metrics
@@ -141,8 +167,12 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         m.inc("bytes_in_total", len(r.value), topic=r.topic)
         positions[r.source] = r.offset + 1
         if r.timestamp:  # the producer's CreateTime: right on any broker, unlike the watermarks
-            m.set("consumer_lag_seconds", max(0.0, time.time() - r.timestamp), topic=r.topic,
-                  help="age of the last record consumed, by topic (now - its Kafka timestamp)")  # fmt: skip
+            m.set(
+                "consumer_lag_seconds",
+                max(0.0, time.time() - r.timestamp),
+                topic=r.topic,
+                help="age of the last record consumed, by topic (now - its Kafka timestamp)",
+            )
 
     def feed(name: str, stage: Stage):
         """The agent: every record to the stage.  One that dies (an I/O error, a bug outside the stages' guards)
@@ -169,19 +199,24 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
 
         app.timer(seconds, name=name)(timer)
 
-    async def reload_policy(now: float) -> None:  # noqa: ARG001
+    async def reload_policy(now: float) -> None:
         new = policy_file.check()
         if new is not None:
             processor.set_policy(new)
 
-    async def report_lag(now: float) -> None:  # noqa: ARG001
+    async def report_lag(now: float) -> None:
         """Records behind per partition from the high watermarks the fetches carry (a lower bound where the
         broker under-reports the watermark, as Tansu does; ``consumer_lag_seconds`` is right everywhere)."""
         for p, pos in list(positions.items()):
             high = app.consumer.highwater(TP(p.topic, p.partition)) if app.consumer else None
             if high is not None:
-                m.set("consumer_lag_records", max(0, high - pos), topic=p.topic, partition=str(p.partition),
-                      help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)")  # fmt: skip
+                m.set(
+                    "consumer_lag_records",
+                    max(0, high - pos),
+                    topic=p.topic,
+                    partition=str(p.partition),
+                    help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)",
+                )
 
     every(1.0, "reload_policy", reload_policy)
     every(1.0, "report_lag", report_lag)
@@ -193,7 +228,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         every(0.5, timer, stage.on_timer)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust's stubs: a handler of any signal
-    async def on_revoked(app_, revoked: set[TP], **kwargs) -> None:  # noqa: ARG001
+    async def on_revoked(app_, revoked: set[TP], **kwargs) -> None:
         gone = {Partition(tp.topic, tp.partition) for tp in revoked}
         for stage in processor.stages:
             stage.on_revoked(gone)
@@ -203,7 +238,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         log.info("partitions revoked: %s", describe_partitions(gone) or "none")
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust's stubs: a handler of any signal
-    async def on_assigned(app_, assigned: set[TP], **kwargs) -> None:  # noqa: ARG001
+    async def on_assigned(app_, assigned: set[TP], **kwargs) -> None:
         got = {Partition(tp.topic, tp.partition) for tp in assigned}
         for stage in processor.stages:
             stage.on_assigned(got)
@@ -229,13 +264,17 @@ def serve_http(processor: Processor, host: str, port: int):
     from ..metrics import CONTENT_TYPE
     from ..web import HttpServer, json_response
 
-    async def healthz(request):  # noqa: ARG001
+    async def healthz(request):
         status = "failed" if processor.crashed else "ok" if processor.assigned else "starting"
-        body = {"status": status, "open_steps": processor.steps.open_steps, "open_windows": processor.windows.open_windows,
-                "crashed": dict(processor.crashed)}  # fmt: skip
+        body = {
+            "status": status,
+            "open_steps": processor.steps.open_steps,
+            "open_windows": processor.windows.open_windows,
+            "crashed": dict(processor.crashed),
+        }
         return json_response(body, status=200 if status == "ok" else 503)
 
-    async def metrics(request):  # noqa: ARG001
+    async def metrics(request):
         return web.Response(body=processor.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     server = HttpServer(host, port, processor.metrics, name="processor-http")
@@ -269,5 +308,7 @@ def run_worker(app: faust.App, loglevel: str = "INFO", log_format: str = "text")
             setup_logging(loglevel, log_format)
 
     asyncio.set_event_loop(asyncio.new_event_loop())
-    worker = _Worker(app, loglevel=loglevel.lower() if loglevel != "WARNING" else "warn", quiet=True, redirect_stdouts=False)
+    worker = _Worker(
+        app, loglevel=loglevel.lower() if loglevel != "WARNING" else "warn", quiet=True, redirect_stdouts=False
+    )
     worker.execute_from_commandline()

@@ -42,7 +42,16 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-from ..schemas.records import AgentCounters, ProfileTrigger, RecordError, RefusalCode, Sampling, StepHeartbeat, TriggerRefused, TriggerRequest
+from ..schemas.records import (
+    AgentCounters,
+    ProfileTrigger,
+    RecordError,
+    RefusalCode,
+    Sampling,
+    StepHeartbeat,
+    TriggerRefused,
+    TriggerRequest,
+)
 from .policy import DetectorPolicy, Policy
 
 #: a window counts as open until the job passes its last step, or at least this long
@@ -149,10 +158,28 @@ class StepTimeChange:
     (so not a sustained slowdown) is a periodic step (a checkpoint, an evaluation) and is ignored.
     """
 
-    __slots__ = ("log", "steps", "n", "ref_from", "s", "start", "peak", "mu", "sigma", "raw_sigma", "inflation", "ref", "cached_hi", "spikes", "ignored")
+    __slots__ = (
+        "cached_hi",
+        "ignored",
+        "inflation",
+        "log",
+        "mu",
+        "n",
+        "peak",
+        "raw_sigma",
+        "ref",
+        "ref_from",
+        "s",
+        "sigma",
+        "spikes",
+        "start",
+        "steps",
+    )
 
     def __init__(self) -> None:
-        self.log = array("d")  # log step times of the steps judged, oldest first (trimmed to LOG_STEPS..2 x LOG_STEPS) ...
+        self.log = array(
+            "d"
+        )  # log step times of the steps judged, oldest first (trimmed to LOG_STEPS..2 x LOG_STEPS) ...
         self.steps = array("q")  # ... and their step numbers
         self.n = 0  # steps appended so far: log[i] is step index n - len(log) + i
         self.ref_from = 0  # the reference starts at this index at the earliest (after a change was accepted)
@@ -266,7 +293,15 @@ class StepTimeChange:
             return None
         onset = self._onset(dp)
         level = _median_sorted(sorted(self._window(max(onset, self.n - max(LEVEL_STEPS, dp.recent_steps)), self.n)))
-        alarm = Alarm(self.start, self.steps[onset - self.n], self.n - onset, math.exp(level), math.exp(self.mu), self.sigma, self.s)
+        alarm = Alarm(
+            self.start,
+            self.steps[onset - self.n],
+            self.n - onset,
+            math.exp(level),
+            math.exp(self.mu),
+            self.sigma,
+            self.s,
+        )
         if alarm.shift >= dp.slowdown_threshold:
             return alarm
         if self.n - self.start > dp.reference_steps:
@@ -324,9 +359,11 @@ class StepTimeChange:
         if hi - lo < dp.baseline_steps or math.isnan(self.mu):
             return f"median step time {recent * 1e3:.1f} ms; still learning the baseline ({hi - lo} of {dp.baseline_steps} steps)"
         base = math.exp(self.mu)
-        return (f"median step time {recent * 1e3:.1f} ms over the last {recent_n} steps vs baseline {base * 1e3:.1f} ms "
-                f"({(recent / base - 1) * 100:+.1f}%; step-to-step spread {self.sigma * 100:.1f}%, slowdown_threshold "
-                f"{dp.slowdown_threshold * 100:g}%); evidence {self.s:.1f} of {dp.cusum_h:g} spreads")  # fmt: skip
+        return (
+            f"median step time {recent * 1e3:.1f} ms over the last {recent_n} steps vs baseline {base * 1e3:.1f} ms "
+            f"({(recent / base - 1) * 100:+.1f}%; step-to-step spread {self.sigma * 100:.1f}%, slowdown_threshold "
+            f"{dp.slowdown_threshold * 100:g}%); evidence {self.s:.1f} of {dp.cusum_h:g} spreads"
+        )
 
 
 def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None:
@@ -336,7 +373,9 @@ def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None
     if len(st.history) < dp.baseline_steps + dp.recent_steps:
         return None
     h = list(st.history)
-    return float(np.median(h[-dp.recent_steps :])), float(np.percentile(h[: -dp.recent_steps][-4 * dp.baseline_steps :], 25))
+    return float(np.median(h[-dp.recent_steps :])), float(
+        np.percentile(h[: -dp.recent_steps][-4 * dp.baseline_steps :], 25)
+    )
 
 
 @dataclass
@@ -359,10 +398,14 @@ class JobState:
     tenant: str = ""
     selected: bool = True  # by the policy's job selectors
     steps: dict[int, _StepAgg] = field(default_factory=dict)  # steps not yet complete
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=512))  # synchronised step times (s) of complete steps
+    history: deque[float] = field(
+        default_factory=lambda: deque(maxlen=512)
+    )  # synchronised step times (s) of complete steps
     change: StepTimeChange = field(default_factory=StepTimeChange)  # the cusum rule's state
     alarm: Alarm | None = None  # what the cusum rule said after the last complete step
-    profiled: tuple[int, float, int] | None = None  # the slowdown a window was opened for: (excursion, level, step its cool-down ends)
+    profiled: tuple[int, float, int] | None = (
+        None  # the slowdown a window was opened for: (excursion, level, step its cool-down ends)
+    )
     counts: deque[int] = field(default_factory=lambda: deque(maxlen=16))  # workers of recent complete steps
     expected: int = 0  # workers a step waits for before it is complete (most of recent steps)
     last_step_of: dict[int, int] = field(default_factory=dict)  # worker -> last step seen
@@ -373,7 +416,9 @@ class JobState:
     first_step: int = -1  # the first step judged: a job that never had a window counts from here
     baseline_after: int = -1  # no baseline window is asked for before this step (backs off after a refusal)
     last_complete: int = -1
-    lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))  # heartbeat arrival lag, processor clock - worker clock
+    lag_s: deque[float] = field(
+        default_factory=lambda: deque(maxlen=64)
+    )  # heartbeat arrival lag, processor clock - worker clock
     last_progress_at: float = 0.0  # processor clock when max_step last advanced
     last_seen_at: float = 0.0
     ended: bool = False  # a worker sent its final heartbeat and nothing progressed since
@@ -381,7 +426,9 @@ class JobState:
     tick_at: float = 0.0  # last hang check requested
     windows: list[OpenedWindow] = field(default_factory=list)  # open ones and the last closed one
     trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
-    agents: dict[int, AgentCounters] = field(default_factory=dict)  # worker -> its agent's last counters (sent on change)
+    agents: dict[int, AgentCounters] = field(
+        default_factory=dict
+    )  # worker -> its agent's last counters (sent on change)
 
 
 class SlowdownDetector:
@@ -400,14 +447,18 @@ class SlowdownDetector:
     def _job(self, job: str, tenant: str, now: float) -> JobState:
         st = self.jobs.get(job)
         if st is None:
-            st = self.jobs[job] = JobState(job, tenant=tenant, selected=self.policy.jobs.matches(job, tenant), last_progress_at=now)
+            st = self.jobs[job] = JobState(
+                job, tenant=tenant, selected=self.policy.jobs.matches(job, tenant), last_progress_at=now
+            )
         return st
 
     def restore(self, job: str, last_trigger_step: int, last_trigger_end: int, now: float | None = None) -> None:
         """Carry the last window (cool-down, open window) across restarts (from the processor's table)."""
         now = time.time() if now is None else now
         st = self._job(job, "", now)
-        st.windows = [OpenedWindow(f"w{last_trigger_step}", last_trigger_step, last_trigger_end, now + WINDOW_EXPIRY_MIN_S)]
+        st.windows = [
+            OpenedWindow(f"w{last_trigger_step}", last_trigger_step, last_trigger_end, now + WINDOW_EXPIRY_MIN_S)
+        ]
 
     def drop(self, jobs: Iterable[str]) -> None:
         """Partitions revoked: their jobs now belong to another processor."""
@@ -427,10 +478,15 @@ class SlowdownDetector:
             return where + st.change.describe(dp)
         seen = _median_rule(st, dp)
         if seen is None:
-            return where + f"still learning the baseline ({len(st.history)} of {dp.baseline_steps + dp.recent_steps} steps)"
+            return (
+                where
+                + f"still learning the baseline ({len(st.history)} of {dp.baseline_steps + dp.recent_steps} steps)"
+            )
         recent, baseline = seen
-        return where + (f"median of the last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms "
-                        f"({(recent / baseline - 1) * 100:+.1f}%; slowdown_threshold {dp.slowdown_threshold * 100:g}%)")  # fmt: skip
+        return where + (
+            f"median of the last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms "
+            f"({(recent / baseline - 1) * 100:+.1f}%; slowdown_threshold {dp.slowdown_threshold * 100:g}%)"
+        )
 
     def agent_counters(self) -> dict[str, AgentCounters]:
         """Per job, its agents' counters summed over the workers that reported any (agents send them on change)."""
@@ -493,8 +549,11 @@ class SlowdownDetector:
         windows at steps never reached and complete every real step early; a sent_at years ahead would
         hide every later restart), so such heartbeats are refused before they touch it."""
         if hb.sent_at > now + FUTURE_CLOCK_S:
-            raise RecordError("from_the_future", f"sent_at is {(hb.sent_at - now) / 3600:.0f} h ahead of the processor's clock "
-                              f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of host {hb.host!r} is broken")  # fmt: skip
+            raise RecordError(
+                "from_the_future",
+                f"sent_at is {(hb.sent_at - now) / 3600:.0f} h ahead of the processor's clock "
+                f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of host {hb.host!r} is broken",
+            )
         st = self.jobs.get(hb.job)
         if st is None or st.max_step < 0 or hb.step <= st.max_step + FUTURE_STEPS:
             return  # nothing shown yet (any step can be the job's), or near enough
@@ -502,8 +561,11 @@ class SlowdownDetector:
         pace = FUTURE_PACE * (now - st.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
         allowed = FUTURE_STEPS + pace
         if hb.step > st.max_step + allowed:
-            raise RecordError("from_the_future", f"step {hb.step} of job {hb.job!r} (worker {hb.worker}) is {hb.step - st.max_step} steps "
-                              f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible")  # fmt: skip
+            raise RecordError(
+                "from_the_future",
+                f"step {hb.step} of job {hb.job!r} (worker {hb.worker}) is {hb.step - st.max_step} steps "
+                f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible",
+            )
 
     def _echo(self, st: JobState, window: str, latency_s: float) -> None:
         if latency_s > LATENCY_MAX_S:
@@ -548,16 +610,25 @@ class SlowdownDetector:
             if alarm is None:
                 return self._baseline(st, now)
             seen = st.profiled
-            if seen and seen[0] == alarm.excursion and st.max_step >= seen[2] and alarm.level_s < seen[1] * (1.0 + dp.slowdown_threshold):
+            if (
+                seen
+                and seen[0] == alarm.excursion
+                and st.max_step >= seen[2]
+                and alarm.level_s < seen[1] * (1.0 + dp.slowdown_threshold)
+            ):
                 # profiled, the cool-down is over and it got no worse: its level is the job's new normal
                 st.change.rebaseline(fresh=True)
                 st.alarm = st.profiled = None
                 return []
-            reason = (f"slowdown since step {alarm.since_step}: median of its last {min(alarm.steps, LEVEL_STEPS)} steps {alarm.level_s * 1e3:.1f} ms "
-                      f"vs baseline {alarm.baseline_s * 1e3:.1f} ms (+{alarm.shift * 100:.1f}%; step-to-step spread {alarm.spread * 100:.1f}%, "
-                      f"evidence {alarm.evidence:.0f} spreads)")  # fmt: skip
+            reason = (
+                f"slowdown since step {alarm.since_step}: median of its last {min(alarm.steps, LEVEL_STEPS)} steps {alarm.level_s * 1e3:.1f} ms "
+                f"vs baseline {alarm.baseline_s * 1e3:.1f} ms (+{alarm.shift * 100:.1f}%; step-to-step spread {alarm.spread * 100:.1f}%, "
+                f"evidence {alarm.evidence:.0f} spreads)"
+            )
             out = self._automatic(st, now, "slowdown", reason)
-            if out:  # until its cool-down ends, the same slowdown asks again (refused and counted, as a worse one would be)
+            if (
+                out
+            ):  # until its cool-down ends, the same slowdown asks again (refused and counted, as a worse one would be)
                 st.profiled = (alarm.excursion, alarm.level_s, out[0].start_step + out[0].steps + dp.cooldown_steps)
             return out
         medians = _median_rule(st, dp)
@@ -578,14 +649,18 @@ class SlowdownDetector:
         since = max((w.end for w in st.windows), default=st.first_step)
         if every <= 0 or st.max_step - since < every or st.max_step < st.baseline_after:
             return []
-        reason = f"baseline: {st.max_step - since} steps since " + ("the last window" if st.windows else "the detector first saw the job")
+        reason = f"baseline: {st.max_step - since} steps since " + (
+            "the last window" if st.windows else "the detector first saw the job"
+        )
         decision = self._decide(st, now, "baseline", reason, None, self.policy.detector.window_steps)
         if isinstance(decision, ProfileTrigger):
             return [decision]
         st.baseline_after = st.max_step + max(1, every // 10)
         return []
 
-    def _automatic(self, st: JobState, now: float, kind: str, reason: str, start: int | None = None) -> list[ProfileTrigger]:
+    def _automatic(
+        self, st: JobState, now: float, kind: str, reason: str, start: int | None = None
+    ) -> list[ProfileTrigger]:
         decision = self._decide(st, now, kind, reason, start, self.policy.detector.window_steps)
         if isinstance(decision, TriggerRefused):
             self.suppressed[decision.code] += 1
@@ -636,7 +711,11 @@ class SlowdownDetector:
         silent = now - st.last_progress_at
         behind = np.fromiter((w for w, s in st.last_step_of.items() if s < st.max_step), dtype=np.int64)
         behind.sort()
-        who = f"; {behind.size} worker(s) behind step {st.max_step}: {', '.join(map(str, behind[:8]))}{', ...' if behind.size > 8 else ''}" if behind.size else ""
+        who = (
+            f"; {behind.size} worker(s) behind step {st.max_step}: {', '.join(map(str, behind[:8]))}{', ...' if behind.size > 8 else ''}"
+            if behind.size
+            else ""
+        )
         reason = f"hang: no progress for {silent:.1f} s ({silent / self.step_interval_s(st):.0f}x the usual step interval) after step {st.max_step}{who}"
         # workers may be inside max_step + 1 already: start at the first step none can have begun
         out = self._automatic(st, now, "hang", reason, st.max_step + max(2, dp.min_margin_steps))
@@ -652,11 +731,27 @@ class SlowdownDetector:
         dp = self.policy.detector
         st = self.jobs.get(req.job)
         if st is None or st.max_step < 0:
-            return self._refuse(req.job, "unknown_job", f"no heartbeats of job {req.job!r} have reached the detector (unknown job, or not started)", now, req.request)
+            return self._refuse(
+                req.job,
+                "unknown_job",
+                f"no heartbeats of job {req.job!r} have reached the detector (unknown job, or not started)",
+                now,
+                req.request,
+            )
         steps = req.steps or dp.window_steps
         if steps > dp.max_window_steps:
-            return self._refuse(st.job, "too_long", f"{steps} steps exceed the policy's max_window_steps ({dp.max_window_steps})", now, req.request)
-        reason = "manual" + (f": {req.reason}" if req.reason else "") + (f" (by {req.requested_by})" if req.requested_by else "")
+            return self._refuse(
+                st.job,
+                "too_long",
+                f"{steps} steps exceed the policy's max_window_steps ({dp.max_window_steps})",
+                now,
+                req.request,
+            )
+        reason = (
+            "manual"
+            + (f": {req.reason}" if req.reason else "")
+            + (f" (by {req.requested_by})" if req.requested_by else "")
+        )
         return self._decide(st, now, "manual", reason, None, steps, req.request)
 
     # ------------------------------------------------------------------ policy checks
@@ -670,32 +765,66 @@ class SlowdownDetector:
 
     def _refuse(self, job: str, code: RefusalCode, reason: str, now: float, request: str = "") -> TriggerRefused:
         p = self.policy
-        return TriggerRefused(job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now)
+        return TriggerRefused(
+            job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now
+        )
 
-    def _decide(self, st: JobState, now: float, kind: str, reason: str, start: int | None, steps: int, request: str = "") -> ProfileTrigger | TriggerRefused:
+    def _decide(
+        self, st: JobState, now: float, kind: str, reason: str, start: int | None, steps: int, request: str = ""
+    ) -> ProfileTrigger | TriggerRefused:
         """``start``: the window's first step; None: a margin ahead (computed only if the checks pass)."""
         p, dp = self.policy, self.policy.detector
         if not st.selected:
             j = p.jobs
-            return self._refuse(st.job, "excluded", f"job {st.job!r} (tenant {st.tenant!r}) is not selected by policy {p.ref} (include {list(j.include)}, exclude {list(j.exclude)}, tenants {list(j.tenants) or 'all'})", now, request)
+            return self._refuse(
+                st.job,
+                "excluded",
+                f"job {st.job!r} (tenant {st.tenant!r}) is not selected by policy {p.ref} (include {list(j.include)}, exclude {list(j.exclude)}, tenants {list(j.tenants) or 'all'})",
+                now,
+                request,
+            )
         if st.ended:
-            return self._refuse(st.job, "ended", f"job {st.job!r} ended at step {st.max_step} (final heartbeat)", now, request)
+            return self._refuse(
+                st.job, "ended", f"job {st.job!r} ended at step {st.max_step} (final heartbeat)", now, request
+            )
         is_open = [w for w in st.windows if self.is_open(st, w, now)]
         closed = [w for w in st.windows if not self.is_open(st, w, now)]
         if len(is_open) >= dp.max_windows_per_job:
             names = ", ".join(f"{w.name} (steps {w.start}..{w.end - 1})" for w in is_open)
-            return self._refuse(st.job, "job_limit", f"job {st.job!r} already has {len(is_open)} window(s) open or scheduled: {names}; policy allows {dp.max_windows_per_job}", now, request)
+            return self._refuse(
+                st.job,
+                "job_limit",
+                f"job {st.job!r} already has {len(is_open)} window(s) open or scheduled: {names}; policy allows {dp.max_windows_per_job}",
+                now,
+                request,
+            )
         last = max(closed, key=lambda w: w.end, default=None)
         if last is not None and st.max_step < last.end + dp.cooldown_steps:
-            return self._refuse(st.job, "cooldown", f"job {st.job!r} is in cool-down until step {last.end + dp.cooldown_steps} (window {last.name} ended at step {last.end - 1}, cooldown_steps {dp.cooldown_steps}); it is at step {st.max_step}", now, request)
+            return self._refuse(
+                st.job,
+                "cooldown",
+                f"job {st.job!r} is in cool-down until step {last.end + dp.cooldown_steps} (window {last.name} ended at step {last.end - 1}, cooldown_steps {dp.cooldown_steps}); it is at step {st.max_step}",
+                now,
+                request,
+            )
         n_open = self.open_windows(now)
         if n_open >= dp.max_windows_fleet:
-            return self._refuse(st.job, "fleet_limit", f"{n_open} windows are open on this processor; policy allows {dp.max_windows_fleet} (max_windows_fleet)", now, request)
+            return self._refuse(
+                st.job,
+                "fleet_limit",
+                f"{n_open} windows are open on this processor; policy allows {dp.max_windows_fleet} (max_windows_fleet)",
+                now,
+                request,
+            )
         if start is None:
             start = st.max_step + self.margin_steps(st)
         start = max([start] + [w.end for w in is_open])  # queued behind open windows: they never overlap
         interval = self.step_interval_s(st)
-        expiry = max(WINDOW_EXPIRY_MIN_S, 3.0 * (start + steps - st.max_step) * interval) if math.isfinite(interval) else WINDOW_EXPIRY_MIN_S
+        expiry = (
+            max(WINDOW_EXPIRY_MIN_S, 3.0 * (start + steps - st.max_step) * interval)
+            if math.isfinite(interval)
+            else WINDOW_EXPIRY_MIN_S
+        )
         window = OpenedWindow(f"w{start}", start, start + steps, now + expiry)
         st.windows = is_open + ([last] if last else []) + [window]
         return ProfileTrigger(
@@ -719,12 +848,18 @@ class SlowdownDetector:
     def active_workers(self, st: JobState) -> int:
         """Workers heard from recently: what a window's coverage is measured against."""
         horizon = st.max_step - 3 * self.policy.detector.recent_steps
-        return int(np.count_nonzero(np.fromiter(st.last_step_of.values(), dtype=np.int64, count=len(st.last_step_of)) >= horizon))
+        return int(
+            np.count_nonzero(
+                np.fromiter(st.last_step_of.values(), dtype=np.int64, count=len(st.last_step_of)) >= horizon
+            )
+        )
 
     def control_latency_s(self, st: JobState) -> float:
         """The slowest echoed receipt of a trigger among the job's recent windows, else among any
         job's on this processor, else the policy's assumed ``control_latency_s``."""
-        seen = list(st.trigger_latency_s.values()) or [v for j in self.jobs.values() for v in j.trigger_latency_s.values()]
+        seen = list(st.trigger_latency_s.values()) or [
+            v for j in self.jobs.values() for v in j.trigger_latency_s.values()
+        ]
         return max(0.0, max(seen)) if seen else self.policy.detector.control_latency_s
 
     def margin_steps(self, st: JobState) -> int:

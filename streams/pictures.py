@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.compute as pc
 
-from ..schemas.records import MAX_MAP_FUNCTIONS, MAX_MAP_WORKERS, MAX_SERIES_POINTS, DeviationMap, StepHeartbeat, StepSeries
+from ..schemas.records import (
+    MAX_MAP_FUNCTIONS,
+    MAX_MAP_WORKERS,
+    MAX_SERIES_POINTS,
+    DeviationMap,
+    StepHeartbeat,
+    StepSeries,
+)
 
 
 @dataclass
@@ -24,7 +31,9 @@ class _Job:
     tenant: str = ""
     open: dict[int, list[float]] = field(default_factory=dict)  # step -> step times (s) of the workers that reported it
     opened: dict[int, float] = field(default_factory=dict)  # step -> when its first heartbeat came
-    done: list[tuple[int, float, float, int]] = field(default_factory=list)  # (step, max us, median us, workers), to emit
+    done: list[tuple[int, float, float, int]] = field(
+        default_factory=list
+    )  # (step, max us, median us, workers), to emit
     emitted_upto: int = -1  # steps at or below were emitted (or dropped as too late)
     highest: int = -1
 
@@ -75,8 +84,17 @@ class SeriesBuilder:
             while j.done:
                 chunk, j.done = j.done[:MAX_SERIES_POINTS], j.done[MAX_SERIES_POINTS:]
                 chunk.sort()
-                out.append(StepSeries(job=job, tenant=j.tenant, steps=[c[0] for c in chunk], step_time_us=[c[1] for c in chunk],
-                                      median_us=[c[2] for c in chunk], workers=[c[3] for c in chunk], sent_at=now))  # fmt: skip
+                out.append(
+                    StepSeries(
+                        job=job,
+                        tenant=j.tenant,
+                        steps=[c[0] for c in chunk],
+                        step_time_us=[c[1] for c in chunk],
+                        median_us=[c[2] for c in chunk],
+                        workers=[c[3] for c in chunk],
+                        sent_at=now,
+                    )
+                )
         return out
 
     def drop(self, jobs) -> None:
@@ -85,8 +103,17 @@ class SeriesBuilder:
             self.jobs.pop(job, None)
 
 
-def deviation_map(job: str, window: str, tenant: str, start_step: int, steps: int, results, now: float,
-                  max_workers: int = 32, max_functions: int = 16) -> DeviationMap:  # fmt: skip
+def deviation_map(
+    job: str,
+    window: str,
+    tenant: str,
+    start_step: int,
+    steps: int,
+    results,
+    now: float,
+    max_workers: int = 32,
+    max_functions: int = 16,
+) -> DeviationMap:
     """The worst ``max_workers`` x ``max_functions`` cells of a window by robust z against the peers.
 
     ``results`` are the window's step results (``StepResult``: ``outliers`` holds the flagged rows of a
@@ -101,8 +128,18 @@ def deviation_map(job: str, window: str, tenant: str, start_step: int, steps: in
             ws.append(t.column("worker").to_numpy(zero_copy_only=False))
             fs.append(np.asarray(t.column("function").to_pylist(), dtype=object))
             zs.append(pc.fill_null(t.column("z"), math.nan).to_numpy(zero_copy_only=False))
-    empty = DeviationMap(job=job, window=window, tenant=tenant, start_step=start_step, steps=steps, workers=[], functions=[], z=[], flagged=[],
-                         created_at=now)  # fmt: skip
+    empty = DeviationMap(
+        job=job,
+        window=window,
+        tenant=tenant,
+        start_step=start_step,
+        steps=steps,
+        workers=[],
+        functions=[],
+        z=[],
+        flagged=[],
+        created_at=now,
+    )
     if not ws:
         return empty
     w, f, z = np.concatenate(ws), np.concatenate(fs).astype(str), np.concatenate(zs).astype(np.float64)
@@ -128,9 +165,16 @@ def deviation_map(job: str, window: str, tenant: str, start_step: int, steps: in
     top_f = np.argsort(-score[top_w].sum(axis=0), kind="stable")[:max_functions]
     sub, subn = grid[np.ix_(top_w, top_f)], n[np.ix_(top_w, top_f)]
     return DeviationMap(
-        job=job, window=window, tenant=tenant, start_step=start_step, steps=steps,
-        workers=[int(x) for x in wu[top_w]], functions=[str(x) for x in fu[top_f]],
+        job=job,
+        window=window,
+        tenant=tenant,
+        start_step=start_step,
+        steps=steps,
+        workers=[int(x) for x in wu[top_w]],
+        functions=[str(x) for x in fu[top_f]],
         z=[[None if math.isnan(x) else round(float(x), 2) for x in row] for row in sub],
         flagged=[[int(x) for x in row] for row in subn],
-        workers_total=int(wu.size), functions_total=int(fu.size), created_at=now,
-    )  # fmt: skip
+        workers_total=int(wu.size),
+        functions_total=int(fu.size),
+        created_at=now,
+    )

@@ -9,8 +9,6 @@ a broken new file keeps the policy in force and logs one error.
 
 from __future__ import annotations
 
-from ..schemas.errors import LockstepError
-
 import fnmatch
 import functools
 import hashlib
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import read_yaml_mapping
+from ..schemas.errors import LockstepError
 
 log = logging.getLogger("lockstep.policy")
 
@@ -40,7 +39,9 @@ class DetectorPolicy:
 
     baseline_steps: int = 20  # judging starts after this many steps (rule median: the baseline is a low percentile of up to 4x this many earlier steps)
     recent_steps: int = 5  # a slowdown has lasted at least this many steps, and their median step time ...
-    slowdown_threshold: float = 0.015  # ... is at least this fraction above the baseline (the smallest slowdown worth a window)
+    slowdown_threshold: float = (
+        0.015  # ... is at least this fraction above the baseline (the smallest slowdown worth a window)
+    )
     hang_factor: float = 10.0  # no progress for this many usual step intervals is a hang ...
     hang_min_s: float = 30.0  # ... and for at least this many seconds
     window_steps: int = 8  # steps per profiling window
@@ -51,14 +52,20 @@ class DetectorPolicy:
     min_margin_steps: int = 2  # start at least this many steps ahead
     max_windows_per_job: int = 1  # windows of one job open (or scheduled) at once
     max_windows_fleet: int = 50  # windows open at once in the fleet (per processor instance)
-    hardware_hz: float = 1000.0  # hardware sampling rate during windows (NIC and process CPU at this rate; /proc at <= 100 Hz)
+    hardware_hz: float = (
+        1000.0  # hardware sampling rate during windows (NIC and process CPU at this rate; /proc at <= 100 Hz)
+    )
     record_shapes: bool = False  # profiler option sent with the trigger
     with_stack: bool = False  # profiler option sent with the trigger
     # --- added with issue 15 (detector sensitivity); METHOD.md "How the detector decides" gives the trade-off
     rule: str = "cusum"  # cusum: change detection on log step time scaled by the job's own spread; median: the rule before (median of recent_steps vs the 25th percentile)
-    reference_steps: int = 400  # the baseline (median, spread) is formed from up to this many steps before the current excursion
+    reference_steps: int = (
+        400  # the baseline (median, spread) is formed from up to this many steps before the current excursion
+    )
     cusum_h: float = 12.0  # evidence that raises an alarm: the sum of the steps' scores (excess over the baseline, in spreads) less the allowance
-    cusum_k: float = 0.5  # allowance per step, in spreads (plus 2/sqrt(reference size): two standard errors of its median)
+    cusum_k: float = (
+        0.5  # allowance per step, in spreads (plus 2/sqrt(reference size): two standard errors of its median)
+    )
     step_cap: float = 3.0  # one step scores at most this many spreads (a hiccup alone cannot raise an alarm)
     spread_floor: float = 0.002  # the job's step-to-step spread (robust, of log step time) counts as at least this
     periodic_min_gap: int = 4  # a slow step that recurs at a fixed interval of at least this many steps is periodic (checkpoint, evaluation) and ignored (0: off)
@@ -75,7 +82,9 @@ class JobSelector:
     def matches(self, job: str, tenant: str) -> bool:
         if self.tenants and tenant not in self.tenants:
             return False
-        return any(fnmatch.fnmatchcase(job, p) for p in self.include) and not any(fnmatch.fnmatchcase(job, p) for p in self.exclude)
+        return any(fnmatch.fnmatchcase(job, p) for p in self.include) and not any(
+            fnmatch.fnmatchcase(job, p) for p in self.exclude
+        )
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,9 @@ class DiagnosisPolicy:
     python_share_max: float = 0.01  # a Python function above this share of the step on every worker
     comm_share_max: float = 0.30  # communication above this share of the step on every worker
     # --- added with issue 4 (diagnosis engine)
-    hardware_min_share: float = 0.02  # a collective's link throughput drop alone is a finding if it holds this share of the step
+    hardware_min_share: float = (
+        0.02  # a collective's link throughput drop alone is a finding if it holds this share of the step
+    )
     group_excess_share: float = 0.05  # a peer group with this share of the step more work than the other groups' median
     regression_rise: float = 0.10  # work this much above the job's earlier healthy windows ...
     history_weight: float = 0.5  # weight of the newest healthy window in the job's baseline (moving average)
@@ -105,16 +116,26 @@ class DiagnosisPolicy:
     small_group: int = 8  # fewer peers than this lowers the confidence
     rank_specific_present: float = 0.5  # a function run by at most this share of its peer group is rank-specific code
     # --- added with the issue 4 tuning
-    rank_specific_ratio: float = 3.0  # ... so is a CPU function taking this many times its peers' time on a healthy host
+    rank_specific_ratio: float = (
+        3.0  # ... so is a CPU function taking this many times its peers' time on a healthy host
+    )
     # --- added with issue 16 (diagnosis on real signals)
     link_burst_cv: float = 0.5  # a collective's links burst when their spread (sd/mean) is at least this ...
-    link_steady_ratio: float = 0.5  # ... and one of them, with a spread below this share of its ring-mates', is saturated ...
+    link_steady_ratio: float = (
+        0.5  # ... and one of them, with a spread below this share of its ring-mates', is saturated ...
+    )
     link_min_samples: int = 5  # ... judged only on links with at least this many samples while the function ran
-    ring_rate_spread: float = 0.5  # links of one collective whose mean rates lie within this (relative, chained) are ring-mates
-    ratio_peers_max: int = 4  # peer groups of 2 to this many workers are also compared by ratio (too few for a robust z) ...
+    ring_rate_spread: float = (
+        0.5  # links of one collective whose mean rates lie within this (relative, chained) are ring-mates
+    )
+    ratio_peers_max: int = (
+        4  # peer groups of 2 to this many workers are also compared by ratio (too few for a robust z) ...
+    )
     ratio_rise: float = 0.15  # ... a worker's work this much above the slowest other worker's deviates
     disk_read_min_mbps: float = 1.0  # lower disk reads are storage only where the peers read at least this
-    cpu_self_drop: float = 0.5  # CPU work that got this much less of a core than the peers', others taking as much: contention
+    cpu_self_drop: float = (
+        0.5  # CPU work that got this much less of a core than the peers', others taking as much: contention
+    )
 
 
 @dataclass(frozen=True)
@@ -225,9 +246,13 @@ def load_policy(path: Path | str | None) -> Policy:
         if not ok(value):
             raise PolicyError(f"policy {path}: {section}.{key} must be {want}, got {value!r}")
     if policy.detector.baseline_steps > policy.detector.reference_steps:
-        raise PolicyError(f"policy {path}: detector.baseline_steps ({policy.detector.baseline_steps}) exceeds detector.reference_steps ({policy.detector.reference_steps})")
+        raise PolicyError(
+            f"policy {path}: detector.baseline_steps ({policy.detector.baseline_steps}) exceeds detector.reference_steps ({policy.detector.reference_steps})"
+        )
     if policy.detector.window_steps > policy.detector.max_window_steps:
-        raise PolicyError(f"policy {path}: detector.window_steps ({policy.detector.window_steps}) exceeds detector.max_window_steps ({policy.detector.max_window_steps})")
+        raise PolicyError(
+            f"policy {path}: detector.window_steps ({policy.detector.window_steps}) exceeds detector.max_window_steps ({policy.detector.max_window_steps})"
+        )
     return policy
 
 

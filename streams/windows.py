@@ -30,7 +30,7 @@ class Handle(Generic[T]):
     """One held input record; ``item`` is what the caller acknowledges (the stages: a ``RecordIn``).
     The assemblers below are generic in it too: they only keep the handles of what they collect."""
 
-    __slots__ = ("partition", "offset", "item", "done")
+    __slots__ = ("done", "item", "offset", "partition")
 
     def __init__(self, partition: Hashable, offset: int, item: T):
         self.partition = partition

@@ -12,7 +12,23 @@ from lockstep.metrics import CATALOGUE, Metrics, exported_names, parse
 ROOT = Path(__file__).resolve().parents[1]
 #: Prometheus' own series the rules may use
 PROMETHEUS = {"up"}
-FUNCTIONS = {"sum", "max", "min", "avg", "rate", "increase", "delta", "histogram_quantile", "by", "without", "count", "on", "and", "or", "unless"}
+FUNCTIONS = {
+    "sum",
+    "max",
+    "min",
+    "avg",
+    "rate",
+    "increase",
+    "delta",
+    "histogram_quantile",
+    "by",
+    "without",
+    "count",
+    "on",
+    "and",
+    "or",
+    "unless",
+}
 
 
 def exported() -> set[str]:
@@ -25,7 +41,9 @@ def series_names(expr: str) -> set[str]:
     bare = re.sub(r"\{[^}]*\}", "", bare)
     bare = re.sub(r"\[[^]]*\]", "", bare)
     bare = re.sub(r"\b(by|without|on)\s*\([^)]*\)", "", bare)
-    return {m.group(1) for m in re.finditer(r"\b([a-zA-Z_:][\w:]*)\b(?!\s*\()", bare) if not m.group(1).isdigit()} - FUNCTIONS
+    return {
+        m.group(1) for m in re.finditer(r"\b([a-zA-Z_:][\w:]*)\b(?!\s*\()", bare) if not m.group(1).isdigit()
+    } - FUNCTIONS
 
 
 def alert_exprs() -> list[str]:
@@ -53,7 +71,9 @@ def test_the_alerts_are_well_formed():
     assert len(names) == len(set(names))
     for g in rules["groups"]:
         for r in g["rules"]:
-            assert r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["summary"], r["alert"]
+            assert r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["summary"], r[
+                "alert"
+            ]
             assert re.fullmatch(r"\d+[smh]", r.get("for", "0s")), r["alert"]
 
 
@@ -65,7 +85,7 @@ def test_the_dashboard_covers_every_metric():
 
 def test_the_readme_lists_the_catalogue():
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| metric | process | what |"):]
+    table = readme[readme.index("| metric | process | what |") :]
     table = table[: table.index("\n\n")]
     listed = {}
     for row in table.splitlines()[2:]:
@@ -82,4 +102,7 @@ def test_a_process_exports_its_catalogue_from_the_start():
         families = {n for n, _ in parse(text)} | set(re.findall(r"^# TYPE (\w+)", text, re.M))
         mine = [n for n, s in CATALOGUE.items() if s.process in (process, "both")]
         for name in mine:
-            assert f"lockstep_{name}" in families or f"lockstep_{name}".removesuffix("_total") in families, (process, name)
+            assert f"lockstep_{name}" in families or f"lockstep_{name}".removesuffix("_total") in families, (
+                process,
+                name,
+            )

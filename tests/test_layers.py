@@ -16,13 +16,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: folder -> the package it installs as (pyproject.toml's package-dir)
-FOLDERS = {"lockstep": "lockstep", "schemas": "lockstep.schemas", "producers": "lockstep.producers", "streams": "lockstep.streams", "sinks": "lockstep.sinks"}
+FOLDERS = {
+    "lockstep": "lockstep",
+    "schemas": "lockstep.schemas",
+    "producers": "lockstep.producers",
+    "streams": "lockstep.streams",
+    "sinks": "lockstep.sinks",
+}
 
 #: lowest first; a module is in the layer of the longest prefix that names it (``lockstep`` alone: only the root package)
 LAYERS: dict[str, tuple[str, ...]] = {
     "schemas": ("lockstep.schemas",),
-    "infrastructure": ("lockstep", "lockstep.kafka", "lockstep.config", "lockstep.broker", "lockstep.logs", "lockstep.metrics", "lockstep.web",
-                       "lockstep.units"),  # fmt: skip
+    "infrastructure": (
+        "lockstep",
+        "lockstep.kafka",
+        "lockstep.config",
+        "lockstep.broker",
+        "lockstep.logs",
+        "lockstep.metrics",
+        "lockstep.web",
+        "lockstep.units",
+    ),
     "pipeline": ("lockstep.producers", "lockstep.streams", "lockstep.sinks"),
     "application": ("lockstep.app", "lockstep.commands", "lockstep.__main__"),
 }
@@ -39,7 +53,9 @@ def modules() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join((package, *parts))] = path
-    out.pop("lockstep.producers.agent.boot.sitecustomize", None)  # copied onto PYTHONPATH by the launcher: imports nothing of ours
+    out.pop(
+        "lockstep.producers.agent.boot.sitecustomize", None
+    )  # copied onto PYTHONPATH by the launcher: imports nothing of ours
     return out
 
 
@@ -84,7 +100,9 @@ def graph() -> dict[str, dict[str, int]]:
 
 def test_every_module_has_a_layer():
     unplaced = sorted(m for m in graph() if layer(m) is None)
-    assert not unplaced, f"modules in no layer: {unplaced}; the application goes into lockstep/app/, shared infrastructure is listed in LAYERS"
+    assert not unplaced, (
+        f"modules in no layer: {unplaced}; the application goes into lockstep/app/, shared infrastructure is listed in LAYERS"
+    )
 
 
 def test_modules_import_only_their_layer_and_the_ones_below():
@@ -95,7 +113,9 @@ def test_modules_import_only_their_layer_and_the_ones_below():
                 wrong.append(f"{name}:{line} ({layer(name)}) imports {t} ({layer(t)})")
             apart = [p for p in APART if name.startswith(p + ".") or t.startswith(p + ".")]
             if len(apart) == 2 and apart[0] != apart[1]:
-                wrong.append(f"{name}:{line} imports {t}: producers, streams and sinks meet only through Kafka and the schemas")
+                wrong.append(
+                    f"{name}:{line} imports {t}: producers, streams and sinks meet only through Kafka and the schemas"
+                )
     assert not wrong, "\n".join(wrong)
 
 
@@ -140,4 +160,8 @@ def test_the_checks_see_what_they_check():
     assert "lockstep.app.operator" in g["lockstep.commands.trigger"]  # inside run()
     assert "lockstep.app.cli" in g["lockstep.__main__"]
     assert layer("lockstep") == "infrastructure" and layer("lockstep.kafka.tail") == "infrastructure"
-    assert layer("lockstep.app.demo") == "application" and layer("lockstep.streams.app") == "pipeline" and layer("lockstep.something_new") is None
+    assert (
+        layer("lockstep.app.demo") == "application"
+        and layer("lockstep.streams.app") == "pipeline"
+        and layer("lockstep.something_new") is None
+    )

@@ -8,7 +8,13 @@ from lockstep.app.cli import build_parser
 from tests.compose import container_argv, documented_commands, interpolate, load_compose
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {"lockstep": "lockstep", "schemas": "lockstep.schemas", "producers": "lockstep.producers", "streams": "lockstep.streams", "sinks": "lockstep.sinks"}
+STAGES = {
+    "lockstep": "lockstep",
+    "schemas": "lockstep.schemas",
+    "producers": "lockstep.producers",
+    "streams": "lockstep.streams",
+    "sinks": "lockstep.sinks",
+}
 
 
 def test_every_package_folder_is_packaged():
@@ -123,11 +129,15 @@ def test_every_test_file_names_the_module_it_tests():
         if rel.parts[1] in CROSSING or str(rel) in NOT_MIRRORED:
             continue
         if len(rel.parts) == 2 or rel.parts[1] not in STAGES:
-            wrong.append(f"{rel}: tests no folder of the code ({', '.join(STAGES)}); a check of the whole repository goes in NOT_MIRRORED")
+            wrong.append(
+                f"{rel}: tests no folder of the code ({', '.join(STAGES)}); a check of the whole repository goes in NOT_MIRRORED"
+            )
             continue
         if _module_named_by(test) is None:
             moved = _where_it_went(test)
-            hint = f"; modules of that name: {', '.join(moved)} (git mv the test to the mirrored folder)" if moved else ""
+            hint = (
+                f"; modules of that name: {', '.join(moved)} (git mv the test to the mirrored folder)" if moved else ""
+            )
             wrong.append(f"{rel}: names no module in {Path(*rel.parts[1:-1])}/{hint}")
     assert not wrong, "\n".join(wrong)
 

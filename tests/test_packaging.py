@@ -12,7 +12,13 @@ pytestmark = pytest.mark.slow  # builds and installs the wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 #: source folder -> the package it installs as (pyproject's package-dir)
-STAGES = {"lockstep": "lockstep", "schemas": "lockstep/schemas", "producers": "lockstep/producers", "streams": "lockstep/streams", "sinks": "lockstep/sinks"}
+STAGES = {
+    "lockstep": "lockstep",
+    "schemas": "lockstep/schemas",
+    "producers": "lockstep/producers",
+    "streams": "lockstep/streams",
+    "sinks": "lockstep/sinks",
+}
 
 
 def run(*cmd, cwd=None):
@@ -32,7 +38,11 @@ def test_the_wheel_holds_every_tracked_file_and_passes_the_schema_check(tmp_path
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "dist", src)
     (wheel,) = (tmp_path / "dist").glob("lockstep-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    wanted = {f"{STAGES[rel.split('/')[0]]}/{rel.split('/', 1)[1]}" for rel in tracked if rel.split("/")[0] in STAGES and "/" in rel}
+    wanted = {
+        f"{STAGES[rel.split('/')[0]]}/{rel.split('/', 1)[1]}"
+        for rel in tracked
+        if rel.split("/")[0] in STAGES and "/" in rel
+    }
     assert not wanted - names, f"tracked files missing from the wheel: {sorted(wanted - names)}"
 
     # a fresh environment: the wheel installed for real, the dependencies borrowed from this one
@@ -40,7 +50,9 @@ def test_the_wheel_holds_every_tracked_file_and_passes_the_schema_check(tmp_path
     run(sys.executable, "-m", "venv", "--without-pip", venv)
     py = venv / "bin" / "python"
     site = Path(run(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
-    (site / "deps.pth").write_text("\n".join({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}) + "\n")
+    (site / "deps.pth").write_text(
+        "\n".join({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}) + "\n"
+    )
     run(sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "-q", wheel)
     where = run(py, "-c", "import lockstep.schemas, sys; print(lockstep.schemas.__file__)", cwd=tmp_path).stdout.strip()
     assert where.startswith(str(venv)), where  # the installed copy, not this checkout

@@ -70,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, the traceback on request
         if os.environ.get("LOCKSTEP_TRACEBACK"):
             raise
-        print(f"{name}: internal error: {type(exc).__name__}: {one_line(exc)} "
-              "(a bug; LOCKSTEP_TRACEBACK=1 shows where)", file=sys.stderr)  # fmt: skip
+        print(
+            f"{name}: internal error: {type(exc).__name__}: {one_line(exc)} (a bug; LOCKSTEP_TRACEBACK=1 shows where)",
+            file=sys.stderr,
+        )
         return 70  # EX_SOFTWARE
 
 

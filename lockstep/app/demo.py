@@ -61,7 +61,9 @@ DEMO_SEVERITY = {
 }
 
 
-def default_scenario(workers: int = 64, fault: str = "gpu_throttle_thermal", culprit: int = 13, seed: int = 7) -> Scenario:
+def default_scenario(
+    workers: int = 64, fault: str = "gpu_throttle_thermal", culprit: int = 13, seed: int = 7
+) -> Scenario:
     return Scenario(
         job="demo-job",
         seed=seed,
@@ -88,7 +90,9 @@ def demo_settings(args) -> Settings:
     tag = uuid.uuid4().hex[:8]
     prefix = args.topic_prefix or (f"lockstep-demo-{tag}" if s.bootstrap_servers else s.topic_prefix)
     db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="lockstep-demo-")) / "lockstep.duckdb"
-    return dataclasses.replace(s, topic_prefix=prefix, db=db, processor_id=f"lockstep-demo-{tag}", sink_group=f"lockstep-demo-{tag}-sink")
+    return dataclasses.replace(
+        s, topic_prefix=prefix, db=db, processor_id=f"lockstep-demo-{tag}", sink_group=f"lockstep-demo-{tag}-sink"
+    )
 
 
 def report_path(db: Path) -> Path:
@@ -108,14 +112,21 @@ def claim_store(db: Path, *, explicit: bool) -> Path:
     present = [f for f in files if f.exists() or f.is_symlink()]
     if present and not marker.is_file():
         flag = "--db" if explicit else "the demo's store"
-        raise ConfigError(f"{flag}: {present[0]} exists and was not written by `lockstep demo`; the demo writes only files it "
-                          "created: name a new file (or leave out --db for a temporary one)")  # fmt: skip
+        raise ConfigError(
+            f"{flag}: {present[0]} exists and was not written by `lockstep demo`; the demo writes only files it "
+            "created: name a new file (or leave out --db for a temporary one)"
+        )
     if not db.parent.is_dir():
         raise ConfigError(f"--db: folder {db.parent} does not exist")
     for f in present:
         log.info("removing the previous demo's %s", f)
         f.unlink()
-    marker.write_text(json.dumps({"written_by": "lockstep demo", "pid": os.getpid(), "at": time.time(), "files": [str(f) for f in files]}) + "\n")
+    marker.write_text(
+        json.dumps(
+            {"written_by": "lockstep demo", "pid": os.getpid(), "at": time.time(), "files": [str(f) for f in files]}
+        )
+        + "\n"
+    )
     return page
 
 
@@ -125,8 +136,15 @@ def topic_stats(settings: Settings, topics: list[str]) -> list[TopicStat]:
     return [TopicStat(t, len(records[t]), sum(len(v or b"") for _, v in records[t])) for t in topics]
 
 
-def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0, steps_per_s: float = 10.0, keep_logs: Path | None = None,
-             status=lambda text: None) -> DemoResult:  # fmt: skip
+def run_demo(
+    settings: Settings,
+    scenario: Scenario,
+    *,
+    timeout_s: float = 90.0,
+    steps_per_s: float = 10.0,
+    keep_logs: Path | None = None,
+    status=lambda text: None,
+) -> DemoResult:
     """Broker (unless ``settings`` names one), processor and sink, the simulated fleet, until the first window's
     findings are in ``settings.db``.  ``status(text)`` hears what it is doing (the progress line)."""
     t0 = time.monotonic()
@@ -135,46 +153,85 @@ def run_demo(settings: Settings, scenario: Scenario, *, timeout_s: float = 90.0,
     db = Path(settings.db)
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
-        topics = ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
+        topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
         processor_port, sink_port = free_port(), free_port()
         status("starting the stream processor and the sink")
-        processor = Child("processor", ["processor", *settings_flags(s, "processor"), "--http-port", str(processor_port)], log_dir,
-                          f"http://127.0.0.1:{processor_port}/healthz")  # fmt: skip
+        processor = Child(
+            "processor",
+            ["processor", *settings_flags(s, "processor"), "--http-port", str(processor_port)],
+            log_dir,
+            f"http://127.0.0.1:{processor_port}/healthz",
+        )
         stack.callback(processor.stop)
-        sink = Child("sink", ["sink", *settings_flags(s, "sink"), "--http-port", str(sink_port)], log_dir, f"http://127.0.0.1:{sink_port}/healthz")
+        sink = Child(
+            "sink",
+            ["sink", *settings_flags(s, "sink"), "--http-port", str(sink_port)],
+            log_dir,
+            f"http://127.0.0.1:{sink_port}/healthz",
+        )
         stack.callback(sink.stop)
-        log.info("started the stream processor (pid %d) and the DuckDB sink (pid %d); logs in %s", processor.proc.pid, sink.proc.pid, log_dir)
+        log.info(
+            "started the stream processor (pid %d) and the DuckDB sink (pid %d); logs in %s",
+            processor.proc.pid,
+            sink.proc.pid,
+            log_dir,
+        )
         sink.wait_healthy(30)
         processor.wait_healthy(45)
         log.info("pipeline ready after %.1fs", time.monotonic() - t0)
 
         fleet = FleetSimulator(scenario)
         publisher = Publisher(producer_config(s))
-        control = stack.enter_context(Tail(consumer_config(s, None), topics.control).open())  # from its end, as an agent that just started
+        control = stack.enter_context(
+            Tail(consumer_config(s, None), topics.control).open()
+        )  # from its end, as an agent that just started
         f = scenario.faults[0] if scenario.faults else None
         log.info(
             "simulating %s: %d workers on %d hosts; %s",
-            scenario.job, scenario.topology.workers, scenario.topology.hosts,
+            scenario.job,
+            scenario.topology.workers,
+            scenario.topology.hosts,
             f"fault {f.type} on worker(s) {list(f.workers)} from step {f.start_step}" if f else "no fault",
-        )  # fmt: skip
+        )
 
         def progress(step, res):
-            status(f"fleet at step {step}, {'window ' + res.triggers[0].window + ' profiling' if res.triggers else 'waiting for the detector'}")
+            status(
+                f"fleet at step {step}, {'window ' + res.triggers[0].window + ' profiling' if res.triggers else 'waiting for the detector'}"
+            )
             if step % 25 == 0:
                 log.info("fleet at step %d (%d trigger(s) received)", step, len(res.triggers))
             if time.monotonic() - t0 > timeout_s:
-                raise RuntimeFailure(f"no profiling window within {timeout_s:.0f}s; the detector saw {detector_saw(s, scenario, step + 1)}; see {log_dir}")
+                raise RuntimeFailure(
+                    f"no profiling window within {timeout_s:.0f}s; the detector saw {detector_saw(s, scenario, step + 1)}; see {log_dir}"
+                )
             processor.healthy()
 
-        live = run_live(fleet, publisher, control, topics, steps_per_s=steps_per_s, max_steps=int(timeout_s * steps_per_s), progress=progress)
+        live = run_live(
+            fleet,
+            publisher,
+            control,
+            topics,
+            steps_per_s=steps_per_s,
+            max_steps=int(timeout_s * steps_per_s),
+            progress=progress,
+        )
         if not live.windows_done:
-            raise RuntimeFailure(f"the detector never triggered a profiling window; it saw {detector_saw(s, scenario, live.steps)}; see {processor.log_path}")
+            raise RuntimeFailure(
+                f"the detector never triggered a profiling window; it saw {detector_saw(s, scenario, live.steps)}; see {processor.log_path}"
+            )
         trig = live.triggers[0]
-        log.info("window %s delivered (steps %d..%d); waiting for the diagnosis", trig.window, trig.start_step, trig.start_step + trig.steps - 1)
+        log.info(
+            "window %s delivered (steps %d..%d); waiting for the diagnosis",
+            trig.window,
+            trig.start_step,
+            trig.start_step + trig.steps - 1,
+        )
         status(f"window {trig.window} delivered; waiting for its findings")
 
         def window_stored() -> bool:
-            _, rows = query(db, "SELECT count(*) FROM windows WHERE job = ? AND window_id = ?", [scenario.job, trig.window])
+            _, rows = query(
+                db, "SELECT count(*) FROM windows WHERE job = ? AND window_id = ?", [scenario.job, trig.window]
+            )
             return rows[0][0] > 0
 
         if not wait_for(window_stored, max(5.0, timeout_s - (time.monotonic() - t0))):

@@ -43,10 +43,10 @@ import gzip
 import math
 import time
 from collections import defaultdict
-from functools import partial
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -93,7 +93,11 @@ class Family:
 
 def _steady(spread: float, seed: int) -> Family:
     rng = np.random.default_rng([seed, 101])
-    return Family(f"steady-{spread * 100:g}%", f"log-normal, spread {spread * 100:g}%, 1 s steps", np.exp(rng.normal(0.0, spread, 20_000)))
+    return Family(
+        f"steady-{spread * 100:g}%",
+        f"log-normal, spread {spread * 100:g}%, 1 s steps",
+        np.exp(rng.normal(0.0, spread, 20_000)),
+    )
 
 
 def _simulated(name: str, what: str, topo: Topology, workload: Workload, steps: int) -> Family:
@@ -119,17 +123,41 @@ def detrend(x: np.ndarray, width: int = DETREND) -> np.ndarray:
     return x / level * np.median(x)
 
 
-def families(seed: int = 0, sim_steps: int = 3000, recordings: Path = STEPTIMES, only: tuple[str, ...] = ()) -> list[Family]:
+def families(
+    seed: int = 0, sim_steps: int = 3000, recordings: Path = STEPTIMES, only: tuple[str, ...] = ()
+) -> list[Family]:
     """The series families (those named in ``only``, or all), noisiest last within each kind."""
     sim = {
-        "sim-dp-16w": ("simulator: 16 workers, data parallel (nic-00-16w's job)", Topology(workers=16, gpus_per_host=8), Workload()),
-        "sim-dp-64w": ("simulator: 64 workers, data parallel (the demo's job)", Topology(workers=64, gpus_per_host=8), Workload()),
-        "sim-seqlen": ("simulator: 64 workers, sequence lengths varying 10% per step", Topology(workers=64, gpus_per_host=8), Workload(seq_jitter=0.10)),
-        "sim-moe": ("simulator: 64 workers, 2 pipeline stages, mixture of experts (routing skew 0.3)",
-                    Topology(workers=64, gpus_per_host=8, pp=2), Workload(moe=True, moe_skew=0.3, layers_per_stage=4)),
-    }  # fmt: skip
-    builders: dict[str, Callable[[], Family]] = {f"steady-{s * 100:g}%": partial(_steady, s, seed) for s in (0.005, 0.01, 0.02, 0.05)}
-    builders.update({name: partial(_simulated, name, what, topo, workload, sim_steps) for name, (what, topo, workload) in sim.items()})
+        "sim-dp-16w": (
+            "simulator: 16 workers, data parallel (nic-00-16w's job)",
+            Topology(workers=16, gpus_per_host=8),
+            Workload(),
+        ),
+        "sim-dp-64w": (
+            "simulator: 64 workers, data parallel (the demo's job)",
+            Topology(workers=64, gpus_per_host=8),
+            Workload(),
+        ),
+        "sim-seqlen": (
+            "simulator: 64 workers, sequence lengths varying 10% per step",
+            Topology(workers=64, gpus_per_host=8),
+            Workload(seq_jitter=0.10),
+        ),
+        "sim-moe": (
+            "simulator: 64 workers, 2 pipeline stages, mixture of experts (routing skew 0.3)",
+            Topology(workers=64, gpus_per_host=8, pp=2),
+            Workload(moe=True, moe_skew=0.3, layers_per_stage=4),
+        ),
+    }
+    builders: dict[str, Callable[[], Family]] = {
+        f"steady-{s * 100:g}%": partial(_steady, s, seed) for s in (0.005, 0.01, 0.02, 0.05)
+    }
+    builders.update(
+        {
+            name: partial(_simulated, name, what, topo, workload, sim_steps)
+            for name, (what, topo, workload) in sim.items()
+        }
+    )
     for path in sorted(recordings.glob("*.csv.gz")):
         builders[path.name.removesuffix(".csv.gz")] = partial(_recorded, path)
     unknown = set(only) - set(builders)
@@ -140,7 +168,12 @@ def families(seed: int = 0, sim_steps: int = 3000, recordings: Path = STEPTIMES,
 
 def _recorded(path: Path) -> Family:
     raw = read_recording(path)
-    return Family(path.name.removesuffix(".csv.gz"), f"recorded: {path.name}, {len(raw)} steps, level divided out", detrend(raw), contiguous=True)
+    return Family(
+        path.name.removesuffix(".csv.gz"),
+        f"recorded: {path.name}, {len(raw)} steps, level divided out",
+        detrend(raw),
+        contiguous=True,
+    )
 
 
 def disturb(x: np.ndarray, rng: np.random.Generator, kinds: tuple[str, ...]) -> np.ndarray:
@@ -168,7 +201,9 @@ def replay(policy: Policy, times: np.ndarray) -> list[int]:
     fired = []
     for step, t in enumerate(times.tolist()):
         sent += t
-        for trig in det.observe(StepHeartbeat(job="eval", worker=0, step=step, step_time_s=t, host="h0", sent_at=sent), now=sent + 0.05):
+        for trig in det.observe(
+            StepHeartbeat(job="eval", worker=0, step=step, step_time_s=t, host="h0", sent_at=sent), now=sent + 0.05
+        ):
             if trig.kind == "slowdown":
                 fired.append(step)
     return fired
@@ -193,8 +228,17 @@ def evaluate_detector(
     t_start = time.monotonic()
     fams = families(seed) if fams is None else fams
     healthy_steps = max(1, int(days * DAY_STEPS))
-    out: dict = {"policy": policy.ref, "rule": policy.detector.rule, "runs": runs, "days": days, "horizon": horizon, "seed": seed,
-                 "day_steps": DAY_STEPS, "sizes": list(sizes), "families": []}  # fmt: skip
+    out: dict = {
+        "policy": policy.ref,
+        "rule": policy.detector.rule,
+        "runs": runs,
+        "days": days,
+        "horizon": horizon,
+        "seed": seed,
+        "day_steps": DAY_STEPS,
+        "sizes": list(sizes),
+        "families": [],
+    }
     for fi, fam in enumerate(fams):
         if progress:
             progress(fam.name)
@@ -202,7 +246,11 @@ def evaluate_detector(
         for di, kind in enumerate(DISTURBANCES):
             rng = _rng(seed, fi, 1000 + di)
             fired = replay(policy, disturb(fam.draw(rng, healthy_steps), rng, () if kind == "none" else (kind,)))
-            healthy[kind] = {"steps": healthy_steps, "false_triggers": len(fired), "per_day": len(fired) / healthy_steps * DAY_STEPS}
+            healthy[kind] = {
+                "steps": healthy_steps,
+                "false_triggers": len(fired),
+                "per_day": len(fired) / healthy_steps * DAY_STEPS,
+            }
         total_false = sum(h["false_triggers"] for h in healthy.values())
         cells = []
         for si, size in enumerate(sizes):
@@ -218,18 +266,28 @@ def evaluate_detector(
                 after = [s - onset for s in fired if s >= onset]
                 delays.append(after[0] if after else None)
             found = sorted(d for d in delays if d is not None)
-            cells.append({
-                "size": size, "runs": runs, "detected": len(found) / runs,
-                "within_100": sum(1 for d in found if d <= 100) / runs,
-                "median_delay": float(np.median(found)) if found else None,
-                "p95_delay": float(np.percentile(found, 95)) if found else None,
-                "triggers_before_onset": early,
-            })  # fmt: skip
-        out["families"].append({
-            "name": fam.name, "what": fam.what, "spread": fam.spread, "healthy": healthy,
-            "false_per_day": total_false / (len(DISTURBANCES) * healthy_steps) * DAY_STEPS,
-            "false_per_step": total_false / (len(DISTURBANCES) * healthy_steps), "slowdowns": cells,
-        })  # fmt: skip
+            cells.append(
+                {
+                    "size": size,
+                    "runs": runs,
+                    "detected": len(found) / runs,
+                    "within_100": sum(1 for d in found if d <= 100) / runs,
+                    "median_delay": float(np.median(found)) if found else None,
+                    "p95_delay": float(np.percentile(found, 95)) if found else None,
+                    "triggers_before_onset": early,
+                }
+            )
+        out["families"].append(
+            {
+                "name": fam.name,
+                "what": fam.what,
+                "spread": fam.spread,
+                "healthy": healthy,
+                "false_per_day": total_false / (len(DISTURBANCES) * healthy_steps) * DAY_STEPS,
+                "false_per_step": total_false / (len(DISTURBANCES) * healthy_steps),
+                "slowdowns": cells,
+            }
+        )
     out["targets"] = targets(out)
     out["seconds"] = time.monotonic() - t_start
     return out
@@ -256,10 +314,15 @@ def report(summary: dict) -> str:
     sizes = summary["sizes"]
     rows = []
     for f in summary["families"]:
-        cells = [f"{c['within_100'] * 100:.0f}% " + ("-" if c["median_delay"] is None else f"{c['median_delay']:.0f}") for c in f["slowdowns"]]
+        cells = [
+            f"{c['within_100'] * 100:.0f}% " + ("-" if c["median_delay"] is None else f"{c['median_delay']:.0f}")
+            for c in f["slowdowns"]
+        ]
         rows.append([f["name"], f"{f['spread'] * 100:.1f}%", f"{f['false_per_day']:.2f}", *cells])
     headers = ["series", "spread", "false/day", *[f"{s * 100:g}%" for s in sizes]]
-    breakdown = [[f["name"], *[f"{f['healthy'][k]['false_triggers']}" for k in DISTURBANCES]] for f in summary["families"]]
+    breakdown = [
+        [f["name"], *[f"{f['healthy'][k]['false_triggers']}" for k in DISTURBANCES]] for f in summary["families"]
+    ]
     t = summary["targets"]
     lines = [
         f"Detector evaluation: rule {summary['rule']}, policy {summary['policy']}, seed {summary['seed']}; "

@@ -42,7 +42,15 @@ from ..producers.simulator.faults import Truth
 from ..producers.simulator.fleet import FleetSimulator, Scenario, ScenarioError, Window
 from ..producers.simulator.model import SimulatedStep
 from ..schemas.records import Finding
-from ..streams.diagnosis import JobHistory, StepFrame, WindowDiagnosis, WindowInfo, analyze_step, diagnose_window, peer_group_key
+from ..streams.diagnosis import (
+    JobHistory,
+    StepFrame,
+    WindowDiagnosis,
+    WindowInfo,
+    analyze_step,
+    diagnose_window,
+    peer_group_key,
+)
 from ..streams.policy import Policy
 
 STANDARD_SUITE = Path(__file__).resolve().parents[2] / "suites" / "standard"
@@ -116,12 +124,16 @@ class _Renderer:
         )
 
 
-def diagnose_one(fleet: FleetSimulator, policy: Policy, window: Window, history: JobHistory | None = None) -> WindowDiagnosis:
+def diagnose_one(
+    fleet: FleetSimulator, policy: Policy, window: Window, history: JobHistory | None = None
+) -> WindowDiagnosis:
     """Run one window of a scenario through the diagnosis, as the processor's step and window stages do."""
     sc = fleet.scenario
     render = _Renderer(fleet, policy.diagnosis.peer_group_keys)
     results = [analyze_step(render.frame(fleet.step(s), window.name), policy.diagnosis) for s in window.range]
-    info = WindowInfo(sc.job, window.name, window.start_step, window.steps, sc.topology.workers, tenant=sc.tenant, policy=policy.ref)
+    info = WindowInfo(
+        sc.job, window.name, window.start_step, window.steps, sc.topology.workers, tenant=sc.tenant, policy=policy.ref
+    )
     # simulated time, never the wall clock: the same scenario gives the same findings
     return diagnose_window(info, results, policy, now=float(window.start_step), history=history)
 
@@ -142,7 +154,11 @@ def diagnose(fleet: FleetSimulator, policy: Policy) -> tuple[list[Finding], floa
 def _device_match(expected: list[str], named: list[str]) -> bool:
     """Each expected device is named (``node0001/gpu5`` matches ``node0001/gpu5/pcie``) and nothing else is."""
     hit = lambda e, n: n == e or n.startswith(e + "/")  # noqa: E731
-    return bool(named) and all(any(hit(e, n) for n in named) for e in expected) and all(any(hit(e, n) for e in expected) for n in named)
+    return (
+        bool(named)
+        and all(any(hit(e, n) for n in named) for e in expected)
+        and all(any(hit(e, n) for e in expected) for n in named)
+    )
 
 
 def judge(truth: Truth, f: Finding) -> FaultOutcome:
@@ -291,9 +307,26 @@ def summarise(results: list[ScenarioResult]) -> dict:
     calibration: list[dict[str, Any]] = []
     for lo, hi in itertools.pairwise(CALIBRATION_BINS):
         inside = [(c, ok) for c, ok in pairs if lo <= c < hi or c == hi == 1.0]
-        calibration.append({"confidence": [lo, hi], "findings": len(inside), "mean_confidence": _mean([c for c, _ in inside]),
-                            "right": _share(sum(ok for _, ok in inside), len(inside))})  # fmt: skip
-    o["calibration_error"] = round(sum(b["findings"] / len(pairs) * abs(b["mean_confidence"] - b["right"]) for b in calibration if b["findings"]), 4) if pairs else None
+        calibration.append(
+            {
+                "confidence": [lo, hi],
+                "findings": len(inside),
+                "mean_confidence": _mean([c for c, _ in inside]),
+                "right": _share(sum(ok for _, ok in inside), len(inside)),
+            }
+        )
+    o["calibration_error"] = (
+        round(
+            sum(
+                b["findings"] / len(pairs) * abs(b["mean_confidence"] - b["right"])
+                for b in calibration
+                if b["findings"]
+            ),
+            4,
+        )
+        if pairs
+        else None
+    )
     return {"overall": o, "by_fault": {k: by[k].figures() for k in sorted(by)}, "calibration": calibration}
 
 

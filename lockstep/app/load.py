@@ -79,7 +79,9 @@ class LoadResult:
     step_latency_s: list[float]
     window_latency_s: list[float]
     drain_s: float  # from the fleet's last record to the last window in DuckDB and every heartbeat consumed
-    unconsumed: dict[str, float]  # topic -> records delivered that the processor had not consumed at the end (0: none lost)
+    unconsumed: dict[
+        str, float
+    ]  # topic -> records delivered that the processor had not consumed at the end (0: none lost)
     cpu_s: dict[str, float]  # process -> CPU seconds over the run
     dead_letters: float
     log_dir: Path = field(default=Path("."))
@@ -88,7 +90,12 @@ class LoadResult:
         if not xs:
             return {"n": 0}
         a = np.asarray(xs)
-        return {"n": len(xs), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+        return {
+            "n": len(xs),
+            "p50": float(np.percentile(a, 50)),
+            "p99": float(np.percentile(a, 99)),
+            "max": float(a.max()),
+        }
 
     def lag(self, topic: str, kind: str = "records") -> list[float]:
         return [getattr(s, f"lag_{kind}").get(topic, 0.0) for s in self.samples]
@@ -116,8 +123,11 @@ class LoadResult:
 
 def scenario(workers: int) -> Scenario:
     """A job of ``workers`` workers with one thermally throttled GPU (worker 13) from the start."""
-    return Scenario(job=f"load-{workers}w", topology=Topology(workers=workers, gpus_per_host=8),
-                    faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),))  # fmt: skip
+    return Scenario(
+        job=f"load-{workers}w",
+        topology=Topology(workers=workers, gpus_per_host=8),
+        faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),),
+    )
 
 
 def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120.0, steps_per_s: float = 1.0,
@@ -133,7 +143,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
     sc = scenario(workers)
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
-        topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
+        topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
         pipeline = Pipeline(s, log_dir)
         stack.callback(pipeline.stop)
         pipeline.start("sink")
@@ -158,7 +168,11 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
             active = last is not None and step < last.start_step + last.steps
             asked = state["asked_at"] and (not last or last.created_at < state["asked_at"])
             if windows and not active and (not asked or now - state["asked_at"] > 10.0):
-                publisher.send(topics.heartbeats, sc.job, TriggerRequest(job=sc.job, request=uuid.uuid4().hex[:12], reason="load run", requested_at=now))
+                publisher.send(
+                    topics.heartbeats,
+                    sc.job,
+                    TriggerRequest(job=sc.job, request=uuid.uuid4().hex[:12], reason="load run", requested_at=now),
+                )
                 state["asked_at"] = now
             pipeline.children["processor"].healthy()
 
@@ -191,10 +205,18 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
 
             def drained() -> bool:  # every window's findings stored, and every heartbeat consumed
                 m = pipeline.metrics("processor")
-                return set(done) <= set(stored()) and value(m, "lockstep_records_in_total", topic=topics.heartbeats) >= publisher.stats.records[topics.heartbeats]
+                return (
+                    set(done) <= set(stored())
+                    and value(m, "lockstep_records_in_total", topic=topics.heartbeats)
+                    >= publisher.stats.records[topics.heartbeats]
+                )
 
             if not wait_for(drained, drain_timeout_s, interval_s=0.1):
-                log.warning("not drained after %.0fs; windows not stored: %s", drain_timeout_s, sorted(set(done) - set(stored())))
+                log.warning(
+                    "not drained after %.0fs; windows not stored: %s",
+                    drain_timeout_s,
+                    sorted(set(done) - set(stored())),
+                )
             drain_s = time.time() - t_end
             time.sleep(1.5)  # a last sample after the drain
         finally:
@@ -205,8 +227,11 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
         publisher.poll(0)
         unconsumed = {t: publisher.stats.records[t] - value(m, "lockstep_records_in_total", topic=t) for t in inputs}
         dead = sum(v for (name, _), v in m.items() if name == "lockstep_dead_letters_total")
-        rows = query(s.db, "SELECT window_id, min(epoch(first_seen)), list_distinct(flatten(list(workers))) FROM findings WHERE job = ? GROUP BY window_id",
-                     [sc.job])[1]  # fmt: skip
+        rows = query(
+            s.db,
+            "SELECT window_id, min(epoch(first_seen)), list_distinct(flatten(list(workers))) FROM findings WHERE job = ? GROUP BY window_id",
+            [sc.job],
+        )[1]
         window_latency, culprits = [], {}
         by_name = {t.window: t for t in live.triggers}
         for window, first_seen, named in rows:
@@ -225,7 +250,20 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
                 if sent in sent_at:
                     step_latency.append(msg.timestamp_s - sent_at[sent])
         return LoadResult(
-            workers=workers, steps_per_s=steps_per_s, seconds=seconds, steps=live.steps, windows=done, stored=sorted(culprits),
-            culprits=culprits, published=dict(publisher.stats.records), samples=samples, step_latency_s=step_latency,
-            window_latency_s=window_latency, drain_s=drain_s, unconsumed=unconsumed, cpu_s=cpu, dead_letters=dead, log_dir=log_dir,
-        )  # fmt: skip
+            workers=workers,
+            steps_per_s=steps_per_s,
+            seconds=seconds,
+            steps=live.steps,
+            windows=done,
+            stored=sorted(culprits),
+            culprits=culprits,
+            published=dict(publisher.stats.records),
+            samples=samples,
+            step_latency_s=step_latency,
+            window_latency_s=window_latency,
+            drain_s=drain_s,
+            unconsumed=unconsumed,
+            cpu_s=cpu,
+            dead_letters=dead,
+            log_dir=log_dir,
+        )

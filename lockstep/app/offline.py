@@ -25,8 +25,6 @@ gzip bomb or a nested or out-of-range trace is a one-line :class:`DiagnoseError`
 
 from __future__ import annotations
 
-from ..schemas.errors import LockstepError
-
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +33,8 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from ..schemas.errors import LockstepError
 
 if TYPE_CHECKING:
     from ..producers.agent.summarise import StepSummary
@@ -74,11 +74,23 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float):
     for step in steps:
         ss = sorted(by_step[step], key=lambda s: s.worker)
         frame = StepFrame.from_tables(
-            job, window, step, [inputs.workers[s.worker] for s in ss], [s.step_time_us for s in ss], [s.functions for s in ss],
-            policy.diagnosis.peer_group_keys, [inputs.hardware.get(s.worker, "none") for s in ss],
-        )  # fmt: skip
+            job,
+            window,
+            step,
+            [inputs.workers[s.worker] for s in ss],
+            [s.step_time_us for s in ss],
+            [s.functions for s in ss],
+            policy.diagnosis.peer_group_keys,
+            [inputs.hardware.get(s.worker, "none") for s in ss],
+        )
         results.append(analyze_step(frame, policy.diagnosis))
-    info = WindowInfo(job=job, window=window, start_step=steps[0], steps=len(steps), expected_workers=max(inputs.expected_workers, len(inputs.workers)))
+    info = WindowInfo(
+        job=job,
+        window=window,
+        start_step=steps[0],
+        steps=len(steps),
+        expected_workers=max(inputs.expected_workers, len(inputs.workers)),
+    )
     return diagnose_window(info, results, policy, now=now)
 
 
@@ -125,7 +137,9 @@ def load_inputs(
             if _is_trace(path, max_bytes):
                 traces.append((path, read_chrome_trace(path, ranks.get(path), max_bytes=max_bytes)))
             elif path in ranks:
-                raise DiagnoseError(f"{path}: --rank is for trace files; an op-event table names its workers in its worker column")
+                raise DiagnoseError(
+                    f"{path}: --rank is for trace files; an op-event table names its workers in its worker column"
+                )
             else:
                 table = _read_table(path, max_bytes)
                 add(path, _table_workers(path, table, peer_cols, policy_keys), summarise(table, samples))
@@ -138,16 +152,28 @@ def load_inputs(
     for i in unranked:
         traces[i] = (traces[i][0], traces[i][1].with_worker(next(free), "numbered"))
     if unranked:
-        inputs.notes.append(_note("no rank in the trace or its file name", [traces[i] for i in unranked], lambda te: f"numbered {te.worker} in the order given") +
-                            " (--rank FILE=N to set one)")  # fmt: skip
+        inputs.notes.append(
+            _note(
+                "no rank in the trace or its file name",
+                [traces[i] for i in unranked],
+                lambda te: f"numbered {te.worker} in the order given",
+            )
+            + " (--rank FILE=N to set one)"
+        )
     by_name = [(p, te) for p, te in traces if te.meta.rank_from == "file name"]
     if by_name:
-        inputs.notes.append(_note("no distributedInfo.rank", by_name, lambda te: f"rank {te.worker} from the file name"))
+        inputs.notes.append(
+            _note("no distributedInfo.rank", by_name, lambda te: f"rank {te.worker} from the file name")
+        )
     for how in sorted({te.meta.steps_from for _, te in traces} - {"ProfilerStep"}):
         which = [(p, te) for p, te in traces if te.meta.steps_from == how]
-        what = ("the whole trace is one step (no optimizer step or repeating region to tell iterations by)" if how == "whole trace"
-                else f"{{n}} iterations inferred, each ending with an {how}" if how == "Optimizer.step"
-                else f"{{n}} iterations inferred from the repeating top-level {how}")  # fmt: skip
+        what = (
+            "the whole trace is one step (no optimizer step or repeating region to tell iterations by)"
+            if how == "whole trace"
+            else f"{{n}} iterations inferred, each ending with an {how}"
+            if how == "Optimizer.step"
+            else f"{{n}} iterations inferred from the repeating top-level {how}"
+        )
         inputs.notes.append(_note("no ProfilerStep#N", which, lambda te, what=what: what.format(n=len(te.step_bounds))))
     for path, te in traces:
         worker = cast(int, te.worker)  # every trace has a rank now (numbered above)
@@ -211,8 +237,15 @@ def _read_table(path: Path, max_bytes: int) -> pa.Table:
         try:
             if head == b"PAR1":
                 return pq.read_table(fh)
-            types = {"worker": pa.int64(), "step": pa.int64(), "start_us": pa.float64(), "duration_us": pa.float64(),
-                     "t_us": pa.float64(), "value": pa.float64(), "bytes": pa.float64()}  # fmt: skip
+            types = {
+                "worker": pa.int64(),
+                "step": pa.int64(),
+                "start_us": pa.float64(),
+                "duration_us": pa.float64(),
+                "t_us": pa.float64(),
+                "value": pa.float64(),
+                "bytes": pa.float64(),
+            }
             return pcsv.read_csv(fh, convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
             kind = "Parquet" if head == b"PAR1" else "CSV"
@@ -228,7 +261,9 @@ def _table_workers(path: Path, t: pa.Table, peer_cols: list[str] | None, policy_
     if peer_cols:
         missing = [c for c in peer_cols if c not in t.column_names]
         if missing:
-            raise DiagnoseError(f"{path}: no column {', '.join(missing)} for --peer-group; columns: {', '.join(t.column_names)}")
+            raise DiagnoseError(
+                f"{path}: no column {', '.join(missing)} for --peer-group; columns: {', '.join(t.column_names)}"
+            )
         label_cols = list(peer_cols)
     else:
         label_cols = [c for c in policy_keys if c in t.column_names]
@@ -240,12 +275,22 @@ def _table_workers(path: Path, t: pa.Table, peer_cols: list[str] | None, policy_
             continue
         values = np.asarray(t.column(c).cast(pa.string()).to_pylist(), dtype=object)
         have = np.not_equal(values, None)  # type: ignore[call-overload]  # numpy's stubs: an object array against None
-        pairs = np.unique(np.stack([inv[have].astype(str), values[have].astype(str)], axis=1), axis=0) if have.any() else np.empty((0, 2), dtype=str)
+        pairs = (
+            np.unique(np.stack([inv[have].astype(str), values[have].astype(str)], axis=1), axis=0)
+            if have.any()
+            else np.empty((0, 2), dtype=str)
+        )
         if c in label_cols:
-            n = np.bincount(pairs[:, 0].astype(np.int64), minlength=ranks.size) if pairs.size else np.zeros(ranks.size, dtype=np.int64)
+            n = (
+                np.bincount(pairs[:, 0].astype(np.int64), minlength=ranks.size)
+                if pairs.size
+                else np.zeros(ranks.size, dtype=np.int64)
+            )
             if np.any(n > 1):
                 w = int(ranks[np.flatnonzero(n > 1)[0]])
-                raise DiagnoseError(f"{path}: label column {c} must hold one value per worker; worker {w} has {int(n.max())}")
+                raise DiagnoseError(
+                    f"{path}: label column {c} must hold one value per worker; worker {w} has {int(n.max())}"
+                )
         out = np.full(ranks.size, "", dtype=object)
         if pairs.size:
             out[pairs[::-1, 0].astype(np.int64)] = pairs[::-1, 1]  # first value (in sort order) per worker
@@ -253,6 +298,10 @@ def _table_workers(path: Path, t: pa.Table, peer_cols: list[str] | None, policy_
     metas = {}
     for i, rank in enumerate(ranks.tolist()):  # one WorkerMeta per worker: the record the processor gets too
         host = per["host"][i] if "host" in per and per["host"][i] else f"worker{rank}"
-        metas[int(rank)] = WorkerMeta(rank=int(rank), host=host, device=per["device"][i] if "device" in per else "",
-                                      labels={c: per[c][i] for c in label_cols if per[c][i] != ""})  # fmt: skip
+        metas[int(rank)] = WorkerMeta(
+            rank=int(rank),
+            host=host,
+            device=per["device"][i] if "device" in per else "",
+            labels={c: per[c][i] for c in label_cols if per[c][i] != ""},
+        )
     return metas

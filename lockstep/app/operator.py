@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-from ..schemas.errors import LockstepError
-
 import getpass
 import logging
 import socket
@@ -22,6 +20,7 @@ import uuid
 
 from ..config import Settings
 from ..kafka import CONFLUENT, Clients, Publisher, Tail, TopicError, Topics, ask, consumer_config, producer_config
+from ..schemas.errors import LockstepError
 from ..schemas.records import ProfileTrigger, RawRequest, RawTrace, TriggerRefused, TriggerRequest
 
 log = logging.getLogger("lockstep.raw")
@@ -35,39 +34,69 @@ class RawError(LockstepError, RuntimeError):
     """No worker answered a raw request in time."""
 
 
-def request_window(settings: Settings, job: str, *, steps: int | None, reason: str, timeout_s: float,
-                   clients: Clients = CONFLUENT) -> ProfileTrigger | TriggerRefused:  # fmt: skip
+def request_window(
+    settings: Settings, job: str, *, steps: int | None, reason: str, timeout_s: float, clients: Clients = CONFLUENT
+) -> ProfileTrigger | TriggerRefused:
     """Send a TriggerRequest and return the detector's answer (ProfileTrigger or TriggerRefused)."""
     topics = Topics.named(settings.topic_prefix)
-    req = TriggerRequest(job=job, request=uuid.uuid4().hex, steps=steps, reason=reason,
-                         requested_by=f"{getpass.getuser()}@{socket.gethostname()}", requested_at=time.time())  # fmt: skip
+    req = TriggerRequest(
+        job=job,
+        request=uuid.uuid4().hex,
+        steps=steps,
+        reason=reason,
+        requested_by=f"{getpass.getuser()}@{socket.gethostname()}",
+        requested_at=time.time(),
+    )
     try:
         answers = Tail(consumer_config(settings, None), topics.control, clients=clients).open()
     except TopicError as exc:
         raise TriggerError(f"{exc} (wrong --topic-prefix, or no processor ever ran?)") from None
     with answers:
-        got: list[ProfileTrigger | TriggerRefused] = ask(Publisher(producer_config(settings), clients=clients), topics.heartbeats, job, req, answers, (ProfileTrigger, TriggerRefused),
-                  where=lambda rec: rec.request == req.request, timeout_s=timeout_s)  # fmt: skip
+        got: list[ProfileTrigger | TriggerRefused] = ask(
+            Publisher(producer_config(settings), clients=clients),
+            topics.heartbeats,
+            job,
+            req,
+            answers,
+            (ProfileTrigger, TriggerRefused),
+            where=lambda rec: rec.request == req.request,
+            timeout_s=timeout_s,
+        )
     if not got:
-        raise TriggerError(f"no stream processor answered within {timeout_s:g}s (is `lockstep processor` running against "
-                           f"{settings.bootstrap_servers} with topic prefix {settings.topic_prefix!r}?)")  # fmt: skip
+        raise TriggerError(
+            f"no stream processor answered within {timeout_s:g}s (is `lockstep processor` running against "
+            f"{settings.bootstrap_servers} with topic prefix {settings.topic_prefix!r}?)"
+        )
     return got[0]
 
 
 def answers_request(req: RawRequest, rec: RawTrace) -> bool:
     """Whether a RawTrace answers this RawRequest: its id, job, window (when one was named) and a worker it named."""
-    return rec.request == req.request and rec.job == req.job and rec.worker in req.workers and (not req.window or rec.window == req.window)
+    return (
+        rec.request == req.request
+        and rec.job == req.job
+        and rec.worker in req.workers
+        and (not req.window or rec.window == req.window)
+    )
 
 
-def request_raw(settings: Settings, req: RawRequest, timeout_s: float, clients: Clients = CONFLUENT) -> dict[int, RawTrace]:
+def request_raw(
+    settings: Settings, req: RawRequest, timeout_s: float, clients: Clients = CONFLUENT
+) -> dict[int, RawTrace]:
     """Send ``req`` and collect the named workers' RawTrace answers (worker -> its first answer) until all came or time is up."""
     topics = Topics.named(settings.topic_prefix)
 
     def for_this_request(rec: RawTrace) -> bool:
         if answers_request(req, rec):
             return True
-        log.warning("ignored a raw-trace answer that is not for request %s (request %.64r, job %.64r, window %.64r, worker %d)",
-                    req.request, rec.request, rec.job, rec.window, rec.worker)  # fmt: skip
+        log.warning(
+            "ignored a raw-trace answer that is not for request %s (request %.64r, job %.64r, window %.64r, worker %d)",
+            req.request,
+            rec.request,
+            rec.job,
+            rec.window,
+            rec.worker,
+        )
         return False
 
     try:
@@ -75,8 +104,17 @@ def request_raw(settings: Settings, req: RawRequest, timeout_s: float, clients: 
     except TopicError as exc:
         raise RawError(f"{exc} (run `lockstep topics`, or check --topic-prefix)") from None
     with tail:
-        got = ask(Publisher(producer_config(settings), clients=clients), topics.control, req.job, req, tail, RawTrace,
-                  where=for_this_request, timeout_s=timeout_s, enough=lambda got: {a.worker for a in got} >= set(req.workers))  # fmt: skip
+        got = ask(
+            Publisher(producer_config(settings), clients=clients),
+            topics.control,
+            req.job,
+            req,
+            tail,
+            RawTrace,
+            where=for_this_request,
+            timeout_s=timeout_s,
+            enough=lambda got: {a.worker for a in got} >= set(req.workers),
+        )
     answers: dict[int, RawTrace] = {}
     for a in got:
         answers.setdefault(a.worker, a)  # the first answer of a worker counts

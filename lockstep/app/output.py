@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..units import joined, number, plural, value  # noqa: F401 - plural is part of this module's surface
 
@@ -33,7 +34,9 @@ def _cell(v: Any, width: int) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], max_width: int = 60) -> str:
     rows = [list(r) for r in rows]
-    widths = [min(max_width, max([len(h)] + [len(_cell(r[i], max_width)) for r in rows])) for i, h in enumerate(headers)]
+    widths = [
+        min(max_width, max([len(h)] + [len(_cell(r[i], max_width)) for r in rows])) for i, h in enumerate(headers)
+    ]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
     out = [line, "  ".join("-" * w for w in widths)]
     for r in rows:
@@ -57,8 +60,22 @@ def findings_table(findings: list[dict]) -> str:
     for f in findings:
         culprit = joined(f["workers"]) if f["workers"] else f["scope"]
         ev = "; ".join(evidence_text(e) for e in f["evidence"][:3])
-        rows.append([
-            f["job"], f["window"], culprit, joined(f["devices"], 2), f["function"], f["cause"],
-            f"{f['confidence']:.2f}", f"{f['impact']['step_time_share'] * 100:.1f}%", f"{len(f['steps'])}/{f.get('window_steps') or len(f['steps'])}", ev,
-        ])  # fmt: skip
-    return table(["job", "window", "workers", "device", "function", "cause", "conf", "cost", "steps", "evidence"], rows, max_width=72)
+        rows.append(
+            [
+                f["job"],
+                f["window"],
+                culprit,
+                joined(f["devices"], 2),
+                f["function"],
+                f["cause"],
+                f"{f['confidence']:.2f}",
+                f"{f['impact']['step_time_share'] * 100:.1f}%",
+                f"{len(f['steps'])}/{f.get('window_steps') or len(f['steps'])}",
+                ev,
+            ]
+        )
+    return table(
+        ["job", "window", "workers", "device", "function", "cause", "conf", "cost", "steps", "evidence"],
+        rows,
+        max_width=72,
+    )

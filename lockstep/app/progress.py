@@ -37,7 +37,16 @@ class Progress:
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         fmt = None if total is not None else "{desc} [{elapsed}]"
-        self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True, bar_format=fmt, delay=delay_s)
+        self._bar = tqdm(
+            total=total,
+            desc=desc,
+            unit=unit,
+            file=sys.stderr,
+            leave=False,
+            dynamic_ncols=True,
+            bar_format=fmt,
+            delay=delay_s,
+        )
         self._logs.enter_context(logging_redirect_tqdm())
         if total is None:  # a status line: keep its clock moving while the work is silent
             self._ticker = threading.Thread(target=self._tick, name="progress", daemon=True)

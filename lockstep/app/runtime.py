@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..schemas.errors import LockstepError
-
 import dataclasses
 import json
 import os
@@ -16,6 +14,8 @@ from pathlib import Path
 
 from ..broker import parent_death_signal
 from ..config import Settings
+from ..schemas.errors import LockstepError
+
 
 class RuntimeFailure(LockstepError, RuntimeError):
     """A child process died or did not become ready."""
@@ -47,8 +47,14 @@ class Child:
         self.health_url = health_url
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes into it until stop() closes it
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", *args], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     preexec_fn=parent_death_signal(signal.SIGTERM))  # a killed parent leaves no child behind
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lockstep", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=parent_death_signal(signal.SIGTERM),
+        )  # a killed parent leaves no child behind
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -116,7 +122,12 @@ class Pipeline:
         """Start ``processor`` or ``sink`` (``command``, default ``name``) and wait until its /healthz answers ok."""
         port = self.ports.setdefault(name, self._free_port())
         command = command or name
-        child = Child(name, [command, *settings_flags(self.settings, command), "--http-port", str(port)], self.log_dir, f"http://127.0.0.1:{port}/healthz")
+        child = Child(
+            name,
+            [command, *settings_flags(self.settings, command), "--http-port", str(port)],
+            self.log_dir,
+            f"http://127.0.0.1:{port}/healthz",
+        )
         self.children[name] = child
         child.wait_healthy(timeout_s)
         return child

@@ -1,5 +1,39 @@
 """One module per subcommand; each has ``register(subparsers)``.  Order is the help order."""
 
-from . import agent, broker, demo, diagnose, evaluate, findings, processor, query, raw, report, schemas, simulate, sink, testpage, topics, trigger
+from . import (
+    agent,
+    broker,
+    demo,
+    diagnose,
+    evaluate,
+    findings,
+    processor,
+    query,
+    raw,
+    report,
+    schemas,
+    simulate,
+    sink,
+    testpage,
+    topics,
+    trigger,
+)
 
-COMMANDS = [demo, processor, sink, testpage, agent, broker, topics, simulate, trigger, raw, diagnose, evaluate, findings, query, report, schemas]
+COMMANDS = [
+    demo,
+    processor,
+    sink,
+    testpage,
+    agent,
+    broker,
+    topics,
+    simulate,
+    trigger,
+    raw,
+    diagnose,
+    evaluate,
+    findings,
+    query,
+    report,
+    schemas,
+]

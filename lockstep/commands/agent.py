@@ -24,20 +24,38 @@ def register(sub) -> None:
 
     p = sub.add_parser("agent", help="attach the host agent to a training job without editing it")
     agent_sub = p.add_subparsers(dest="agent_command", metavar="SUBCOMMAND")
-    run_p = agent_sub.add_parser("run", help="run a command (e.g. torchrun ...) with the agent attached to every training process",
-                                 description="Everything after -- is the command.")  # fmt: skip
-    env_p = agent_sub.add_parser("env", help="print the environment that attaches the agent (for launchers that cannot wrap)")
+    run_p = agent_sub.add_parser(
+        "run",
+        help="run a command (e.g. torchrun ...) with the agent attached to every training process",
+        description="Everything after -- is the command.",
+    )
+    env_p = agent_sub.add_parser(
+        "env", help="print the environment that attaches the agent (for launchers that cannot wrap)"
+    )
     for q in (run_p, env_p):
         config.add_arguments(q, config.read_by("agent"), only=True)
-        group = q.add_argument_group("agent settings (flag > LOCKSTEP_AGENT_<NAME> environment > LOCKSTEP_AGENT_CONFIG file > default)")
+        group = q.add_argument_group(
+            "agent settings (flag > LOCKSTEP_AGENT_<NAME> environment > LOCKSTEP_AGENT_CONFIG file > default)"
+        )
         for name, f in FIELDS.items():
             if f.metadata.get("kafka"):  # the agent's Kafka settings are the pipeline's flags above
                 continue
-            fixed = (" Fixes it for every process the command starts: for launchers that run one process per command "
-                     "(srun, mpirun wrappers), not torchrun") if name in IDENTITY else ""  # fmt: skip
-            group.add_argument(f"--{name.replace('_', '-')}", dest=f"agentcfg_{name}", default=None, metavar=name.upper(),
-                               action="append" if name == "labels" else None,
-                               help=f"{f.metadata['help']} (env LOCKSTEP_AGENT_{name.upper()}).{fixed}")  # fmt: skip
+            fixed = (
+                (
+                    " Fixes it for every process the command starts: for launchers that run one process per command "
+                    "(srun, mpirun wrappers), not torchrun"
+                )
+                if name in IDENTITY
+                else ""
+            )
+            group.add_argument(
+                f"--{name.replace('_', '-')}",
+                dest=f"agentcfg_{name}",
+                default=None,
+                metavar=name.upper(),
+                action="append" if name == "labels" else None,
+                help=f"{f.metadata['help']} (env LOCKSTEP_AGENT_{name.upper()}).{fixed}",
+            )
     run_p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     run_p.set_defaults(func=run)
     env_p.add_argument("--json", action="store_true", help="a JSON object instead of shell export lines")
@@ -51,10 +69,14 @@ def agent_env(args) -> dict[str, str]:
     from ..producers.agent.hook import BOOT_DIR
 
     settings = config.load(args)
-    overrides = {name[len("agentcfg_") :]: v for name, v in vars(args).items() if name.startswith("agentcfg_") and v is not None}
+    overrides = {
+        name[len("agentcfg_") :]: v for name, v in vars(args).items() if name.startswith("agentcfg_") and v is not None
+    }
     if isinstance(overrides.get("labels"), list):
         overrides["labels"] = ",".join(overrides["labels"])
-    overrides.update(bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, kafka=settings.kafka)
+    overrides.update(
+        bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, kafka=settings.kafka
+    )
     cfg = agent_settings.load(overrides, source="--{flag}")
     env = agent_settings.to_env(cfg)
     env[agent_settings.env_name("job")] = cfg.job  # always: it is what switches the hook on
@@ -66,7 +88,9 @@ def agent_env(args) -> dict[str, str]:
 def run(args) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        raise config.ConfigError("agent run: give the command after --, e.g. lockstep agent run --job J -- torchrun --nproc-per-node 8 train.py")
+        raise config.ConfigError(
+            "agent run: give the command after --, e.g. lockstep agent run --job J -- torchrun --nproc-per-node 8 train.py"
+        )
     env = agent_env(args)
     exe = shutil.which(cmd[0])
     if exe is None:

@@ -15,18 +15,28 @@ from .. import config
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the whole pipeline on the embedded broker and diagnose an injected fault",
-                       description="Reads flags only (no LOCKSTEP_* variable, no settings file): its own embedded broker, consumer "
-                                   "groups and temporary store unless told otherwise here.")  # fmt: skip
-    p.add_argument("--workers", type=int, default=64, help="workers in the simulated job (default 64: 8 hosts x 8 GPUs)")
+    p = sub.add_parser(
+        "demo",
+        help="run the whole pipeline on the embedded broker and diagnose an injected fault",
+        description="Reads flags only (no LOCKSTEP_* variable, no settings file): its own embedded broker, consumer "
+        "groups and temporary store unless told otherwise here.",
+    )
+    p.add_argument(
+        "--workers", type=int, default=64, help="workers in the simulated job (default 64: 8 hosts x 8 GPUs)"
+    )
     p.add_argument("--fault", default="gpu_throttle_thermal", help="fault to inject (default gpu_throttle_thermal)")
     p.add_argument("--culprit", type=int, default=13, help="worker the fault hits (default 13)")
     p.add_argument("--scenario", type=Path, help="a scenario file instead of --workers/--fault/--culprit")
     p.add_argument("--timeout", type=float, default=90.0, help="give up after this many seconds (default 90)")
     p.add_argument("--logs", type=Path, help="keep the processes' logs in this folder")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list of Finding records")
-    config.add_arguments(p, config.read_by("demo"), config_file=False, only=True,
-                         title="settings (flags only; --db: a new file, or one a previous demo wrote; default: a new temporary folder)")  # fmt: skip
+    config.add_arguments(
+        p,
+        config.read_by("demo"),
+        config_file=False,
+        only=True,
+        title="settings (flags only; --db: a new file, or one a previous demo wrote; default: a new temporary folder)",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,7 +61,9 @@ def run(args) -> int:
     else:
         worker_faults = [name for name, kind in CATALOGUE.items() if kind.target == "workers" and kind.cause]
         if args.fault not in worker_faults:
-            raise config.ConfigError(f"--fault: {args.fault!r} is not one of {', '.join(worker_faults)} (other faults: --scenario FILE)")
+            raise config.ConfigError(
+                f"--fault: {args.fault!r} is not one of {', '.join(worker_faults)} (other faults: --scenario FILE)"
+            )
         if args.workers < 1:
             raise config.ConfigError(f"--workers: {args.workers} must be at least 1")
         if not 0 <= args.culprit < args.workers:
@@ -63,23 +75,31 @@ def run(args) -> int:
     with Progress(show, "starting the pipeline") as bar:
         res = run_demo(settings, scenario, timeout_s=args.timeout, keep_logs=args.logs, status=bar.status)
         bar.status("writing the report")
-        page.write_text(render(gather_store(gather, res.db), title=f"Lockstep demo: {scenario.job}", scope=f"the demo's {res.db}"))
+        page.write_text(
+            render(gather_store(gather, res.db), title=f"Lockstep demo: {scenario.job}", scope=f"the demo's {res.db}")
+        )
     if args.json:
         print_json(res.findings)
         return 0
     f = scenario.faults[0] if scenario.faults else None
     print()
     if f:
-        print(f"Injected: {f.type} on {'worker' if len(f.workers) == 1 else 'workers'} {', '.join(map(str, f.workers))} of {scenario.job} from step {f.start_step}.")
+        print(
+            f"Injected: {f.type} on {'worker' if len(f.workers) == 1 else 'workers'} {', '.join(map(str, f.workers))} of {scenario.job} from step {f.start_step}."
+        )
     print(f"Findings in {res.db}:\n")
     print(findings_table(res.findings))
     for w in res.windows:
-        print(f"\nWindow {w['window_id']}: steps {w['start_step']}..{w['start_step'] + w['steps'] - 1}, "
-              f"coverage {w['coverage']:.0%} of {plural(w['expected_workers'], 'worker')}, {w['bytes_per_worker'] / 1024:.1f} KiB per worker, closed {w['closed']}.")  # fmt: skip
+        print(
+            f"\nWindow {w['window_id']}: steps {w['start_step']}..{w['start_step'] + w['steps'] - 1}, "
+            f"coverage {w['coverage']:.0%} of {plural(w['expected_workers'], 'worker')}, {w['bytes_per_worker'] / 1024:.1f} KiB per worker, closed {w['closed']}."
+        )
     print("\nThrough Kafka:\n")
     print(table(["topic", "records", "bytes"], [(t.topic, t.records, t.bytes) for t in res.topics]))
     print(f"\nDone in {res.seconds:.1f} s. Pictures of the finding: open {page}")
-    print(f"Try: lockstep findings --db {res.db}   or   lockstep query --db {res.db} \"SELECT cause, count(*) FROM findings GROUP BY cause\"")
+    print(
+        f'Try: lockstep findings --db {res.db}   or   lockstep query --db {res.db} "SELECT cause, count(*) FROM findings GROUP BY cause"'
+    )
     return 0
 
 

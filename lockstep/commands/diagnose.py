@@ -16,17 +16,39 @@ from ..app.offline import MAX_INPUT_MB, DiagnoseError, diagnose, load_inputs
 
 def register(sub) -> None:
     p = sub.add_parser("diagnose", help="diagnose profiler traces or op-event tables offline (the processor's engine)")
-    p.add_argument("files", nargs="+", type=Path, metavar="FILES",
-                   help="Chrome traces, one per worker (.json, .json.gz), and/or op-event tables (.parquet, .csv)")  # fmt: skip
-    p.add_argument("--peer-group", action="append", default=[], metavar="COL",
-                   help="label column of the op-event tables that defines peer groups (repeatable); "
-                        "default: the policy's peer_group_keys that exist as columns")  # fmt: skip
-    p.add_argument("--samples", type=Path, default=None, help="hardware-sample table (.parquet, .csv): worker, t_us, metric, value")
-    p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
-                   help="the rank of a trace file that does not say it (repeatable); "
-                        "default: distributedInfo.rank, else the file name (rank-3, rank3, worker3), else the order of the files")  # fmt: skip
-    p.add_argument("--max-input-mb", type=float, default=MAX_INPUT_MB, metavar="MB",
-                   help=f"largest input file, after decompression (default {MAX_INPUT_MB:g})")  # fmt: skip
+    p.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILES",
+        help="Chrome traces, one per worker (.json, .json.gz), and/or op-event tables (.parquet, .csv)",
+    )
+    p.add_argument(
+        "--peer-group",
+        action="append",
+        default=[],
+        metavar="COL",
+        help="label column of the op-event tables that defines peer groups (repeatable); "
+        "default: the policy's peer_group_keys that exist as columns",
+    )
+    p.add_argument(
+        "--samples", type=Path, default=None, help="hardware-sample table (.parquet, .csv): worker, t_us, metric, value"
+    )
+    p.add_argument(
+        "--rank",
+        action="append",
+        default=[],
+        metavar="FILE=N",
+        help="the rank of a trace file that does not say it (repeatable); "
+        "default: distributedInfo.rank, else the file name (rank-3, rank3, worker3), else the order of the files",
+    )
+    p.add_argument(
+        "--max-input-mb",
+        type=float,
+        default=MAX_INPUT_MB,
+        metavar="MB",
+        help=f"largest input file, after decompression (default {MAX_INPUT_MB:g})",
+    )
     config.add_arguments(p, config.read_by("diagnose"), only=True)
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
@@ -43,16 +65,27 @@ def run(args) -> int:
     if not args.max_input_mb > 0:
         raise DiagnoseError(f"--max-input-mb must be positive, got {args.max_input_mb:g}")
     with Progress(wanted(args.json), "reading", total=len(args.files), unit="file") as bar:
-        inputs = load_inputs(args.files, args.peer_group or None, args.samples, policy.diagnosis.peer_group_keys,
-                             ranks=_given_ranks(args.rank, args.files), max_bytes=int(args.max_input_mb * 2**20), progress=lambda _: bar.update())  # fmt: skip
+        inputs = load_inputs(
+            args.files,
+            args.peer_group or None,
+            args.samples,
+            policy.diagnosis.peer_group_keys,
+            ranks=_given_ranks(args.rank, args.files),
+            max_bytes=int(args.max_input_mb * 2**20),
+            progress=lambda _: bar.update(),
+        )
     for note in inputs.notes:
         print(f"lockstep diagnose: {note}", file=sys.stderr)
     labels = sorted({k for w in inputs.workers.values() for k in w.labels})
     missing = [k for k in args.peer_group if k not in labels]
     if missing:
-        raise DiagnoseError(f"--peer-group: no worker has the label {', '.join(missing)} (labels: {', '.join(labels) or 'none'}; "
-                            "Chrome traces carry none: peer groups need label columns of op-event tables)")  # fmt: skip
-    keys = tuple(args.peer_group) or tuple(k for k in policy.diagnosis.peer_group_keys if any(k in w.labels for w in inputs.workers.values()))
+        raise DiagnoseError(
+            f"--peer-group: no worker has the label {', '.join(missing)} (labels: {', '.join(labels) or 'none'}; "
+            "Chrome traces carry none: peer groups need label columns of op-event tables)"
+        )
+    keys = tuple(args.peer_group) or tuple(
+        k for k in policy.diagnosis.peer_group_keys if any(k in w.labels for w in inputs.workers.values())
+    )
     policy = dataclasses.replace(policy, diagnosis=dataclasses.replace(policy.diagnosis, peer_group_keys=keys))
     d = diagnose(inputs, policy, args.job, now=time.time())
     found = [to_builtins(f) for f in d.findings]
@@ -62,8 +95,10 @@ def run(args) -> int:
     print(findings_table(found))
     r = d.report
     steps = sorted({s.step for s in inputs.summaries})
-    print(f"\n{r.workers_seen} workers x {r.steps_seen} steps ({steps[0]}..{steps[-1]}) from {plural(inputs.files, 'file')}; "
-          f"coverage {r.coverage:.0%} of {plural(inputs.expected_workers, 'worker')}; peer groups by {', '.join(keys) or 'nothing (one group)'}")  # fmt: skip
+    print(
+        f"\n{r.workers_seen} workers x {r.steps_seen} steps ({steps[0]}..{steps[-1]}) from {plural(inputs.files, 'file')}; "
+        f"coverage {r.coverage:.0%} of {plural(inputs.expected_workers, 'worker')}; peer groups by {', '.join(keys) or 'nothing (one group)'}"
+    )
     return 0
 
 
@@ -78,8 +113,8 @@ def _given_ranks(specs: list[str], files: list[Path]) -> dict[Path, int]:
         if not sep or not value.isdigit() or len(value) > 8 or int(value) > MAX_WORKER:
             raise DiagnoseError(f"--rank {spec}: expected FILE=N with N a rank 0..{MAX_WORKER}")
         if len(match) != 1:
-            raise DiagnoseError(f"--rank {spec}: {name} is {'not one of the files given' if not match else 'more than one of the files given'}")
+            raise DiagnoseError(
+                f"--rank {spec}: {name} is {'not one of the files given' if not match else 'more than one of the files given'}"
+            )
         out[match[0]] = int(value)
     return out
-
-

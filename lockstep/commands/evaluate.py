@@ -14,15 +14,32 @@ from .. import config
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="run a suite of simulated scenarios through the diagnosis and score it")
     config.add_arguments(p, config.read_by("evaluate"), only=True)
-    p.add_argument("suite", type=Path, nargs="?", help="a scenario file or a folder of them (default: the standard suite)")
-    p.add_argument("--json", action="store_true", help='print {"overall": {...}, "by_fault": {...}, "calibration": [...]}')
-    p.add_argument("--scenarios", action="store_true", help="also list every scenario with its findings (table) or outcome (JSON)")
+    p.add_argument(
+        "suite", type=Path, nargs="?", help="a scenario file or a folder of them (default: the standard suite)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help='print {"overall": {...}, "by_fault": {...}, "calibration": [...]}'
+    )
+    p.add_argument(
+        "--scenarios", action="store_true", help="also list every scenario with its findings (table) or outcome (JSON)"
+    )
     d = p.add_argument_group("detector evaluation")
-    d.add_argument("--detector", action="store_true", help="evaluate the slowdown detector on step-time series instead of the diagnosis on a suite")
+    d.add_argument(
+        "--detector",
+        action="store_true",
+        help="evaluate the slowdown detector on step-time series instead of the diagnosis on a suite",
+    )
     d.add_argument("--runs", type=_positive, default=40, help="runs per series and slowdown size (default 40)")
-    d.add_argument("--days", type=float, default=1.0, help="job-days (86,400 steps) of each healthy series per disturbance (default 1)")
+    d.add_argument(
+        "--days",
+        type=float,
+        default=1.0,
+        help="job-days (86,400 steps) of each healthy series per disturbance (default 1)",
+    )
     d.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
-    d.add_argument("--series", action="append", metavar="NAME", help="evaluate only this series (repeatable; default: all)")
+    d.add_argument(
+        "--series", action="append", metavar="NAME", help="evaluate only this series (repeatable; default: all)"
+    )
     p.set_defaults(func=run)
 
 
@@ -38,9 +55,9 @@ def _positive(value: str) -> int:
 def run(args) -> int:
     import logging
 
-    from ..logs import setup_logging
-    from ..app.progress import Progress, wanted
     from ..app.evaluate import evaluate, load_suite
+    from ..app.progress import Progress, wanted
+    from ..logs import setup_logging
     from ..producers.simulator.suite import standard_suite
     from ..streams.policy import load_policy
 
@@ -56,7 +73,7 @@ def run(args) -> int:
 
     with Progress(wanted(args.json), "scenarios", total=len(scenarios), unit="scenario") as bar:
 
-        def progress(i: int, n: int, r) -> None:  # noqa: ARG001
+        def progress(i: int, n: int, r) -> None:
             bar.status(r.name)
             bar.update()
             log.debug("%s: %d findings in %.2fs", r.name, len(r.findings), r.seconds)
@@ -77,10 +94,13 @@ def run(args) -> int:
 def run_detector(args, policy) -> int:
     import sys
 
-    from ..app.detector_eval import evaluate_detector, families, report as detector_report
+    from ..app.detector_eval import evaluate_detector, families
+    from ..app.detector_eval import report as detector_report
 
     if args.suite or args.scenarios:
-        raise config.ConfigError("--detector takes no SUITE and no --scenarios: its series are built in (lockstep/app/detector_eval.py)")
+        raise config.ConfigError(
+            "--detector takes no SUITE and no --scenarios: its series are built in (lockstep/app/detector_eval.py)"
+        )
     if not args.days > 0:
         raise config.ConfigError(f"--days must be > 0, got {args.days}")
     interactive = sys.stderr.isatty() and not args.json
@@ -109,13 +129,40 @@ def report(summary: dict, policy_ref: str, suite: str) -> str:
 
     rows = []
     for name, f in [*summary["by_fault"].items(), ("overall", summary["overall"])]:
-        rows.append([
-            name, f["scenarios"], f["faults"] or "-", _pct(f["accuracy"]), _pct(f["recall"]), _pct(f["precision"]),
-            _pct(f["worker"]), _pct(f["host"]), _pct(f["device"]), _pct(f["function"]), _pct(f["cause"]), f["false_findings"],
-            "-" if f["confidence"] is None else f"{f['confidence']:.2f}",
-            "-" if f["impact_abs_error"] is None else f"{f['impact_abs_error'] * 100:.1f}",
-        ])  # fmt: skip
-    headers = ["fault", "scen", "faults", "accuracy", "recall", "precision", "worker", "host", "device", "function", "cause", "false", "conf", "impact err"]
+        rows.append(
+            [
+                name,
+                f["scenarios"],
+                f["faults"] or "-",
+                _pct(f["accuracy"]),
+                _pct(f["recall"]),
+                _pct(f["precision"]),
+                _pct(f["worker"]),
+                _pct(f["host"]),
+                _pct(f["device"]),
+                _pct(f["function"]),
+                _pct(f["cause"]),
+                f["false_findings"],
+                "-" if f["confidence"] is None else f"{f['confidence']:.2f}",
+                "-" if f["impact_abs_error"] is None else f"{f['impact_abs_error'] * 100:.1f}",
+            ]
+        )
+    headers = [
+        "fault",
+        "scen",
+        "faults",
+        "accuracy",
+        "recall",
+        "precision",
+        "worker",
+        "host",
+        "device",
+        "function",
+        "cause",
+        "false",
+        "conf",
+        "impact err",
+    ]
     o = summary["overall"]
     lines = [
         f"Suite: {suite}, {plural(o['scenarios'], 'scenario')}; policy {policy_ref}; {o['seconds']:.0f} s of diagnosis and simulation.",
@@ -125,7 +172,11 @@ def report(summary: dict, policy_ref: str, suite: str) -> str:
         f"Healthy scenarios: {o['healthy_scenarios']}, findings on them: {o['healthy_false_findings']}. "
         f"Scenarios that must stay silent and did: {_pct(o['silent_ok'])}.",
         "Calibration (confidence -> share right): "
-        + ", ".join(f"{b['confidence'][0]:.1f}-{b['confidence'][1]:.1f}: {b['findings']} -> {_pct(b['right'])}" for b in summary["calibration"] if b["findings"])
+        + ", ".join(
+            f"{b['confidence'][0]:.1f}-{b['confidence'][1]:.1f}: {b['findings']} -> {_pct(b['right'])}"
+            for b in summary["calibration"]
+            if b["findings"]
+        )
         + ("" if o["calibration_error"] is None else f"; expected calibration error {o['calibration_error']:.2f}."),
         "accuracy: culprit, function and cause right; recall: culprit right; precision: findings that name an injected culprit;",
         "worker/host/device/function/cause: share of faults where that part is right; impact err: |estimated - true| step-time share, points.",
@@ -140,12 +191,29 @@ def scenario_json(r) -> dict:
         "workers": r.workers,
         "coverage": r.coverage,
         "faults": [
-            {"truth": o.truth.to_dict(), "correct": o.correct, "localised": o.localised, "function": o.function, "cause": o.cause,
-             "finding": o.finding.id if o.finding else None}  # fmt: skip
+            {
+                "truth": o.truth.to_dict(),
+                "correct": o.correct,
+                "localised": o.localised,
+                "function": o.function,
+                "cause": o.cause,
+                "finding": o.finding.id if o.finding else None,
+            }
             for o in r.faults
         ],
-        "findings": [{"id": f.id, "workers": f.workers, "devices": f.devices, "function": f.function, "cause": f.cause,
-                      "scope": f.scope, "confidence": f.confidence, "step_time_share": f.impact.step_time_share} for f in r.findings],  # fmt: skip
+        "findings": [
+            {
+                "id": f.id,
+                "workers": f.workers,
+                "devices": f.devices,
+                "function": f.function,
+                "cause": f.cause,
+                "scope": f.scope,
+                "confidence": f.confidence,
+                "step_time_share": f.impact.step_time_share,
+            }
+            for f in r.findings
+        ],
     }
 
 
@@ -154,8 +222,20 @@ def scenario_table(results) -> str:
 
     rows = []
     for r in results:
-        expected = "; ".join(f"{o.truth.fault} {','.join(map(str, o.truth.workers[:4]))}{'…' if len(o.truth.workers) > 4 else ''}" for o in r.faults) or "(none)"
-        got = "; ".join(f"{f.cause} {f.function} {','.join(map(str, f.workers[:4]))}{'…' if len(f.workers) > 4 else ''}" for f in r.findings) or "(none)"
+        expected = (
+            "; ".join(
+                f"{o.truth.fault} {','.join(map(str, o.truth.workers[:4]))}{'…' if len(o.truth.workers) > 4 else ''}"
+                for o in r.faults
+            )
+            or "(none)"
+        )
+        got = (
+            "; ".join(
+                f"{f.cause} {f.function} {','.join(map(str, f.workers[:4]))}{'…' if len(f.workers) > 4 else ''}"
+                for f in r.findings
+            )
+            or "(none)"
+        )
         ok = all(o.correct for o in r.faults) and sum(r.true_findings) == len(r.findings)
         rows.append([r.name, "ok" if ok else "MISS", expected, got])
     return table(["scenario", "result", "injected", "findings"], rows, max_width=70)

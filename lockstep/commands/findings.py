@@ -12,7 +12,9 @@ def register(sub) -> None:
     p.add_argument("--since", help="only findings created since: ISO time (2026-11-29T10:00) or an age (30m, 6h, 2d)")
     p.add_argument("--cause", help="only this cause")
     p.add_argument("--tenant", help="only this tenant (the query runs on that tenant's rows only)")
-    p.add_argument("--open", action="store_true", help="only problems not cleared yet: the latest finding of each open incident")
+    p.add_argument(
+        "--open", action="store_true", help="only problems not cleared yet: the latest finding of each open incident"
+    )
     p.add_argument("--limit", type=int, default=100, help="most findings listed (default 100)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.set_defaults(func=run)
@@ -46,7 +48,14 @@ def run(args) -> int:
     from ..sinks.reportdata import fetch_findings
 
     db = args.db or config.load(None).db
-    found = fetch_findings(store_runner(db, args.tenant, wanted(args.json)), args.job, args.since, args.cause, positive_limit(args.limit), args.open)
+    found = fetch_findings(
+        store_runner(db, args.tenant, wanted(args.json)),
+        args.job,
+        args.since,
+        args.cause,
+        positive_limit(args.limit),
+        args.open,
+    )
     if args.json:
         print_json(found)
     else:

@@ -33,12 +33,20 @@ def run(args) -> int:
     if unknown:
         raise config.ConfigError(f"--roles: unknown role(s) {sorted(unknown)}; known: {', '.join(ROLES)}")
     with kafka_or_embedded(settings) as s:
-        ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
+        ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
         app, st = build_app(s, policy, roles=roles)
         http = serve_http(st, args.http_host, args.http_port)
-        log.info("processor %s starting: Kafka %s, topics %s.* (%d partitions), roles %s, policy %s (%s); /healthz and /metrics at %s",
-                 s.processor_id, s.bootstrap_servers, s.topic_prefix, s.partitions, ",".join(roles), policy.ref,
-                 s.policy or "built in", http.url)  # fmt: skip
+        log.info(
+            "processor %s starting: Kafka %s, topics %s.* (%d partitions), roles %s, policy %s (%s); /healthz and /metrics at %s",
+            s.processor_id,
+            s.bootstrap_servers,
+            s.topic_prefix,
+            s.partitions,
+            ",".join(roles),
+            policy.ref,
+            s.policy or "built in",
+            http.url,
+        )
         try:
             run_worker(app, s.log_level, s.log_format)
         finally:

@@ -69,11 +69,20 @@ def run(args) -> int:
         raise config.ConfigError("--workers: name at least one rank")
     if not 1024 <= args.max_bytes <= 16 << 20:
         raise config.ConfigError(f"--max-bytes: {args.max_bytes} is not in 1024..{16 << 20}")
-    req = RawRequest(job=args.job, request=uuid.uuid4().hex, workers=workers, window=args.window, steps=_ints(args.steps),
-                     max_bytes=args.max_bytes, created_at=time.time())  # fmt: skip
+    req = RawRequest(
+        job=args.job,
+        request=uuid.uuid4().hex,
+        workers=workers,
+        window=args.window,
+        steps=_ints(args.steps),
+        max_bytes=args.max_bytes,
+        created_at=time.time(),
+    )
     answers = request_raw(settings, req, args.timeout)
     if not answers:
-        raise RawError(f"no worker of {args.job} answered within {args.timeout:g}s (are the agents running, with this --topic-prefix?)")
+        raise RawError(
+            f"no worker of {args.job} answered within {args.timeout:g}s (are the agents running, with this --topic-prefix?)"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     rows, out = [], []
     unreadable = 0
@@ -92,9 +101,24 @@ def run(args) -> int:
             else:
                 path = str(trace_file(args.out, req, w))
                 _write_new(Path(path), data)
-        rows.append([w, a.window or "-", ",".join(map(str, a.steps)) or "-", f"{a.events}/{a.events_total}" + (" (cut)" if a.truncated else ""),
-                     len(a.trace), path or error])  # fmt: skip
-        out.append({**{k: v for k, v in to_builtins(a).items() if k not in ("trace", "error")}, "error": error, "bytes": len(a.trace), "file": path})
+        rows.append(
+            [
+                w,
+                a.window or "-",
+                ",".join(map(str, a.steps)) or "-",
+                f"{a.events}/{a.events_total}" + (" (cut)" if a.truncated else ""),
+                len(a.trace),
+                path or error,
+            ]
+        )
+        out.append(
+            {
+                **{k: v for k, v in to_builtins(a).items() if k not in ("trace", "error")},
+                "error": error,
+                "bytes": len(a.trace),
+                "file": path,
+            }
+        )
     if args.json:
         print_json(out)
     else:

@@ -11,16 +11,32 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="write an HTML page with pictures of the findings, their evidence, the jobs' step times and the windows")
+    p = sub.add_parser(
+        "report",
+        help="write an HTML page with pictures of the findings, their evidence, the jobs' step times and the windows",
+    )
     p.add_argument("--db", type=Path, default=None, help="DuckDB file (default: settings db, lockstep.duckdb)")
-    p.add_argument("--out", type=Path, default=Path("lockstep-report.html"), help="the page to write (default lockstep-report.html)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("lockstep-report.html"),
+        help="the page to write (default lockstep-report.html)",
+    )
     p.add_argument("--job", help="only this job")
     p.add_argument("--since", help="only findings and windows since: ISO time or an age (30m, 6h, 2d)")
     p.add_argument("--tenant", help="only this tenant (the queries run on that tenant's rows only)")
-    p.add_argument("--open", action="store_true", help="only problems not cleared yet: the latest finding of each open incident")
+    p.add_argument(
+        "--open", action="store_true", help="only problems not cleared yet: the latest finding of each open incident"
+    )
     p.add_argument("--limit", type=int, default=50, help="most findings and windows shown (default 50)")
-    p.add_argument("--live-url", action="store_true", help="print the running sink's live page address (with its token) instead of writing a page")
-    p.add_argument("--json", action="store_true", help='print {"out", "findings", "windows"} (or {"url"}) instead of a sentence')
+    p.add_argument(
+        "--live-url",
+        action="store_true",
+        help="print the running sink's live page address (with its token) instead of writing a page",
+    )
+    p.add_argument(
+        "--json", action="store_true", help='print {"out", "findings", "windows"} (or {"url"}) instead of a sentence'
+    )
     p.set_defaults(func=run)
 
 
@@ -36,9 +52,13 @@ def live_url(db: Path, tenant: str | None = None, job: str | None = None) -> str
         announced = json.loads(side.read_text())
         url, token = announced["url"], announced["token"]
     except FileNotFoundError:
-        raise StoreError(f"no sink is running on {db} ({side} does not exist); start `lockstep sink --db {db}`") from None
+        raise StoreError(
+            f"no sink is running on {db} ({side} does not exist); start `lockstep sink --db {db}`"
+        ) from None
     except PermissionError:
-        raise StoreError(f"{side} is not readable by this user: the live page is for the database file's owner") from None
+        raise StoreError(
+            f"{side} is not readable by this user: the live page is for the database file's owner"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError):
         raise StoreError(f"{side} is not a sink's address file") from None
     query = {"token": token, **({"tenant": tenant} if tenant else {}), **({"job": job} if job else {})}
@@ -58,9 +78,19 @@ def run(args) -> int:
         url = live_url(db, args.tenant, args.job)
         print_json({"url": url}) if args.json else print(url)
         return 0
-    data = gather(store_runner(db, args.tenant, wanted(args.json)), args.job, args.since, args.open, positive_limit(args.limit))
-    scope = ", ".join(x for x in (f"job {args.job}" if args.job else "", f"tenant {args.tenant}" if args.tenant else "",
-                                  f"since {args.since}" if args.since else "", "open problems" if args.open else "") if x)  # fmt: skip
+    data = gather(
+        store_runner(db, args.tenant, wanted(args.json)), args.job, args.since, args.open, positive_limit(args.limit)
+    )
+    scope = ", ".join(
+        x
+        for x in (
+            f"job {args.job}" if args.job else "",
+            f"tenant {args.tenant}" if args.tenant else "",
+            f"since {args.since}" if args.since else "",
+            "open problems" if args.open else "",
+        )
+        if x
+    )
     page = render(data, title=f"Lockstep report: {Path(db).name}", scope=scope)
     try:
         args.out.write_text(page)
@@ -69,5 +99,7 @@ def run(args) -> int:
     if args.json:
         print_json({"out": str(args.out), "findings": len(data.findings), "windows": len(data.windows)})
     else:
-        print(f"wrote {args.out}: {plural(len(data.findings), 'finding')}, {plural(len(data.windows), 'window')}; open it in a browser")
+        print(
+            f"wrote {args.out}: {plural(len(data.findings), 'finding')}, {plural(len(data.windows), 'window')}; open it in a browser"
+        )
     return 0

@@ -6,7 +6,9 @@ import sys
 
 
 def register(sub) -> None:
-    p = sub.add_parser("schemas", help="write or check the published JSON Schemas and Arrow schema (schemas/json, schemas/arrow)")
+    p = sub.add_parser(
+        "schemas", help="write or check the published JSON Schemas and Arrow schema (schemas/json, schemas/arrow)"
+    )
     p.add_argument("--check", action="store_true", help="exit 1 if the published files differ from the code")
     p.set_defaults(func=run)
 

@@ -12,8 +12,12 @@ def register(sub) -> None:
     config.add_arguments(p, config.read_by("simulate"))
     p.add_argument("scenario", type=Path, help="scenario file (YAML or JSON)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", type=Path, metavar="DIR", help="write the records (Parquet) and the ground truth (truth.json) to DIR")
-    where.add_argument("--publish", action="store_true", help="publish live through Kafka, following the control topic like agents do")
+    where.add_argument(
+        "--out", type=Path, metavar="DIR", help="write the records (Parquet) and the ground truth (truth.json) to DIR"
+    )
+    where.add_argument(
+        "--publish", action="store_true", help="publish live through Kafka, following the control topic like agents do"
+    )
     p.add_argument("--steps-per-s", type=float, default=25.0, help="pace of the live fleet (default 25 steps/s)")
     p.add_argument("--max-steps", type=int, default=2000)
     p.add_argument("--windows", type=int, default=1, help="stop after this many profiling windows were delivered")
@@ -40,13 +44,17 @@ def run(args) -> int:
                 bar.update()
 
             w = write_records(scenario, args.out, progress=on_step)
-        print(f"{number(w.heartbeats)} heartbeats, {number(w.feature_batches)} feature batches ({number(w.feature_rows)} function rows) "
-              f"of window(s) {', '.join(w.windows)} and the ground truth written to {w.folder}")  # fmt: skip
+        print(
+            f"{number(w.heartbeats)} heartbeats, {number(w.feature_batches)} feature batches ({number(w.feature_rows)} function rows) "
+            f"of window(s) {', '.join(w.windows)} and the ground truth written to {w.folder}"
+        )
         return 0
     if not args.publish:
         raise config.ConfigError("simulate: say where the records go: --out DIR or --publish")
     if not settings.bootstrap_servers:
-        raise config.ConfigError("bootstrap_servers: --publish needs a running Kafka (--bootstrap-servers) with a processor attached")
+        raise config.ConfigError(
+            "bootstrap_servers: --publish needs a running Kafka (--bootstrap-servers) with a processor attached"
+        )
     from ..broker import kafka_or_embedded
     from ..kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
     from ..producers.simulator.fleet import FleetSimulator
@@ -59,7 +67,17 @@ def run(args) -> int:
             def progress(step, res) -> None:
                 bar.status(f"step {step}, {len(res.windows_done)} of {args.windows} window(s) delivered")
 
-            res = run_live(FleetSimulator(scenario), Publisher(producer_config(s)), control, topics, steps_per_s=args.steps_per_s,
-                           max_steps=args.max_steps, stop_after_windows=args.windows, progress=progress)  # fmt: skip
-    print(f"{res.steps} steps; windows delivered: {', '.join(res.windows_done) or 'none'}; refused triggers: {len(res.refused)}")
+            res = run_live(
+                FleetSimulator(scenario),
+                Publisher(producer_config(s)),
+                control,
+                topics,
+                steps_per_s=args.steps_per_s,
+                max_steps=args.max_steps,
+                stop_after_windows=args.windows,
+                progress=progress,
+            )
+    print(
+        f"{res.steps} steps; windows delivered: {', '.join(res.windows_done) or 'none'}; refused triggers: {len(res.refused)}"
+    )
     return 0

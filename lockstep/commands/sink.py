@@ -11,9 +11,19 @@ log = logging.getLogger("lockstep.sink")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sink", help="run the DuckDB sink (findings, windows, triggers, incidents; pages; serves read-only SQL and the live page)")
-    p.add_argument("--http-port", type=int, default=0, help="port of the live page (/), /healthz, /metrics and /query (default: any free port)")
-    p.add_argument("--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)")
+    p = sub.add_parser(
+        "sink",
+        help="run the DuckDB sink (findings, windows, triggers, incidents; pages; serves read-only SQL and the live page)",
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=0,
+        help="port of the live page (/), /healthz, /metrics and /query (default: any free port)",
+    )
+    p.add_argument(
+        "--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)"
+    )
     config.add_arguments(p, config.read_by("sink"))
     p.set_defaults(func=run)
 
@@ -33,22 +43,39 @@ def run(args) -> int:
     setup_logging(settings.log_level, settings.log_format)
     paging = routes.load(settings.routes) if settings.routes else None  # validated before anything starts
     # the store next: a file that is not a findings store, or one another sink holds, stops it before Kafka is asked
-    store = FindingsStore(settings.db, IncidentPolicy(resolve_min_coverage=settings.resolve_min_coverage, stale_after_s=settings.resolve_after_s),
-                          series_keep_steps=settings.series_keep_steps)  # fmt: skip
+    store = FindingsStore(
+        settings.db,
+        IncidentPolicy(resolve_min_coverage=settings.resolve_min_coverage, stale_after_s=settings.resolve_after_s),
+        series_keep_steps=settings.series_keep_steps,
+    )
     try:
         with kafka_or_embedded(settings) as s:
             topics = ensure_topics(s)
             publisher = Publisher(producer_config(s))
             metrics = Metrics("sink")
             pager = Pager(store, paging, metrics).start() if paging else None
-            sink = Sink(store, consumer_config(s, s.sink_group), [topics.findings, topics.windows, topics.control, topics.series], topics.deadletter,
-                        publisher, metrics, control_topic=topics.control, pager=pager)  # fmt: skip
+            sink = Sink(
+                store,
+                consumer_config(s, s.sink_group),
+                [topics.findings, topics.windows, topics.control, topics.series],
+                topics.deadletter,
+                publisher,
+                metrics,
+                control_topic=topics.control,
+                pager=pager,
+            )
             server = QueryServer(sink, s.db, port=args.http_port, host=args.http_host).start()
-            log.info("sink writing %s; live page at %s/ and read-only SQL at %s/query (token in %s; `lockstep report --live-url` "
-                     "prints the page's address with it); paging %s", s.db, server.url, server.url, server.sidecar,
-                     f"{len(paging.routes)} route(s) from {s.routes}" if paging else "off (no --routes)")  # fmt: skip
+            log.info(
+                "sink writing %s; live page at %s/ and read-only SQL at %s/query (token in %s; `lockstep report --live-url` "
+                "prints the page's address with it); paging %s",
+                s.db,
+                server.url,
+                server.url,
+                server.sidecar,
+                f"{len(paging.routes)} route(s) from {s.routes}" if paging else "off (no --routes)",
+            )
 
-            def stop(signum, frame):  # noqa: ARG001
+            def stop(signum, frame):
                 sink.stop()
 
             signal.signal(signal.SIGTERM, stop)

@@ -22,9 +22,11 @@ def run(args) -> int:
     if not settings.bootstrap_servers:
         raise config.ConfigError("bootstrap_servers: `lockstep topics` needs a running Kafka (--bootstrap-servers)")
     with kafka_or_embedded(settings) as s:
-        ensure_topics(s, extra={name: s.partitions for name in changelog_topics(s.processor_id)})
+        ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
         meta = admin(s).list_topics(timeout=10).topics
-        rows = sorted((n, len(t.partitions)) for n, t in meta.items() if n.startswith((s.topic_prefix + ".", s.processor_id)))
+        rows = sorted(
+            (n, len(t.partitions)) for n, t in meta.items() if n.startswith((s.topic_prefix + ".", s.processor_id))
+        )
     if args.json:
         print_json([{"topic": n, "partitions": p} for n, p in rows])
     else:

@@ -7,7 +7,9 @@ from .. import config
 
 
 def register(sub) -> None:
-    p = sub.add_parser("trigger", help="ask the detector for a profiling window of a job (same policy checks as its own)")
+    p = sub.add_parser(
+        "trigger", help="ask the detector for a profiling window of a job (same policy checks as its own)"
+    )
     config.add_arguments(p, config.read_by("trigger"))
     p.add_argument("job", help="the job to profile")
     p.add_argument("--steps", type=int, default=None, help="steps in the window (default: the policy's window_steps)")
@@ -24,7 +26,9 @@ def run(args) -> int:
 
     settings = config.load(args)
     if not settings.bootstrap_servers:
-        raise config.ConfigError("bootstrap_servers: `lockstep trigger` talks to the running processors; pass --bootstrap-servers")
+        raise config.ConfigError(
+            "bootstrap_servers: `lockstep trigger` talks to the running processors; pass --bootstrap-servers"
+        )
     if args.steps is not None and not 1 <= args.steps <= 10_000:
         raise config.ConfigError(f"--steps: {args.steps} is not in 1..10000")
     answer = request_window(settings, args.job, steps=args.steps, reason=args.reason, timeout_s=args.timeout)
@@ -34,6 +38,21 @@ def run(args) -> int:
         raise TriggerError(f"refused ({answer.code}): {answer.reason}")
     if not args.json:
         t = answer
-        print(table(["job", "window", "steps", "workers", "kind", "policy", "reason"],
-                    [[t.job, t.window, f"{t.start_step}..{t.start_step + t.steps - 1}", t.expected_workers, t.kind, t.policy_ref, t.reason]], max_width=100))  # fmt: skip
+        print(
+            table(
+                ["job", "window", "steps", "workers", "kind", "policy", "reason"],
+                [
+                    [
+                        t.job,
+                        t.window,
+                        f"{t.start_step}..{t.start_step + t.steps - 1}",
+                        t.expected_workers,
+                        t.kind,
+                        t.policy_ref,
+                        t.reason,
+                    ]
+                ],
+                max_width=100,
+            )
+        )
     return 0

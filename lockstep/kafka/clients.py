@@ -78,7 +78,9 @@ CONFLUENT = Clients()
 
 def common_config(settings: Settings) -> dict[str, Any]:
     if not settings.bootstrap_servers:
-        raise ConfigError("bootstrap_servers: no Kafka to connect to (start the embedded broker or pass --bootstrap-servers)")
+        raise ConfigError(
+            "bootstrap_servers: no Kafka to connect to (start the embedded broker or pass --bootstrap-servers)"
+        )
     return {"bootstrap.servers": settings.bootstrap_servers, "logger": librdkafka_log, **settings.kafka}
 
 

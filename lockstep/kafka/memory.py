@@ -60,11 +60,14 @@ class MemoryKafka:
     def _metadata(self, topic: str | None) -> _ClusterMeta:
         with self._changed:
             names = [topic] if topic else list(self._log)
-            return _ClusterMeta({
-                t: _TopicMeta(dict.fromkeys(range(len(self._log[t])))) if t in self._log
-                else _TopicMeta({}, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-                for t in names
-            })  # fmt: skip
+            return _ClusterMeta(
+                {
+                    t: _TopicMeta(dict.fromkeys(range(len(self._log[t]))))
+                    if t in self._log
+                    else _TopicMeta({}, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+                    for t in names
+                }
+            )
 
     def _append(self, topic: str, key: bytes | None, value: bytes | None, headers: Any) -> Message | None:
         with self._changed:
@@ -72,8 +75,15 @@ class MemoryKafka:
             if parts is None:
                 return None
             p = zlib.crc32(key) % len(parts) if key is not None else 0
-            msg = Message(topic=topic, partition=p, offset=len(parts[p]), key=key, value=value, headers=headers,
-                          timestamp=(TIMESTAMP_CREATE_TIME, int(time.time() * 1000)))  # fmt: skip
+            msg = Message(
+                topic=topic,
+                partition=p,
+                offset=len(parts[p]),
+                key=key,
+                value=value,
+                headers=headers,
+                timestamp=(TIMESTAMP_CREATE_TIME, int(time.time() * 1000)),
+            )
             parts[p].append(msg)
             self._changed.notify_all()
             return msg
@@ -88,15 +98,24 @@ class MemoryProducer:
         self._kafka = kafka
         self._reports: list[tuple[Callable[..., None] | None, KafkaError | None, Message]] = []
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, headers: Any = None,
-                on_delivery: Callable[..., None] | None = None, **kw: Any) -> None:  # fmt: skip
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        headers: Any = None,
+        on_delivery: Callable[..., None] | None = None,
+        **kw: Any,
+    ) -> None:
         if isinstance(key, str):
             key = key.encode()
         msg = self._kafka._append(topic, key, value, headers)
         if msg is not None:
             self._reports.append((on_delivery, None, msg))
         else:  # librdkafka reports an unknown topic in the delivery report
-            self._reports.append((on_delivery, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), Message(topic=topic, key=key, value=value)))
+            self._reports.append(
+                (on_delivery, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), Message(topic=topic, key=key, value=value))
+            )
 
     def poll(self, timeout: float = 0.0) -> int:
         reports, self._reports = self._reports, []
@@ -129,7 +148,9 @@ class MemoryConsumer:
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> _ClusterMeta:
         return self._kafka._metadata(topic)
 
-    def get_watermark_offsets(self, partition: TopicPartition, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]:
         return 0, self._kafka._length(partition.topic, partition.partition)
 
     def assign(self, partitions: list[TopicPartition]) -> None:
@@ -145,7 +166,11 @@ class MemoryConsumer:
         if self._subscribed is not None:  # assigned at the first consume, as librdkafka does in its poll
             topics, on_assign = self._subscribed
             self._subscribed = None
-            parts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in self._kafka._metadata(t).topics[t].partitions]
+            parts = [
+                TopicPartition(t, p, OFFSET_BEGINNING)
+                for t in topics
+                for p in self._kafka._metadata(t).topics[t].partitions
+            ]
             if on_assign is not None:
                 on_assign(self, parts)
             else:

@@ -8,8 +8,6 @@ believes a record arrived that did not.
 
 from __future__ import annotations
 
-from ..schemas.errors import LockstepError
-
 import logging
 import threading
 from collections import Counter
@@ -17,6 +15,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
+from ..schemas.errors import LockstepError
 from ..schemas.records import encode
 from .clients import CONFLUENT, Clients
 

@@ -50,7 +50,14 @@ class Tail:
     never joined.  ``clients`` makes the consumer (confluent-kafka's by default).
     """
 
-    def __init__(self, config: Mapping[str, Any], topics: str | Sequence[str], *, from_start: bool = False, clients: Clients = CONFLUENT):
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topics: str | Sequence[str],
+        *,
+        from_start: bool = False,
+        clients: Clients = CONFLUENT,
+    ):
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self._config = dict(config)
         self._from_start = from_start
@@ -76,7 +83,9 @@ class Tail:
                 if meta is None or meta.error is not None or not meta.partitions:
                     raise TopicError(f"topic {topic} does not exist at {self._config.get('bootstrap.servers')}")
                 for p in meta.partitions:
-                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, p), timeout=timeout_s, cached=False
+                    )
                     if high > low:
                         self._ends[(topic, p)] = high
                     assignment.append(TopicPartition(topic, p, low if self._from_start else high))
@@ -96,12 +105,22 @@ class Tail:
             if msg.error():
                 continue
             kind, ts_ms = msg.timestamp()
-            out.append(Message(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                               None if kind == TIMESTAMP_NOT_AVAILABLE else ts_ms / 1000.0))  # fmt: skip
+            out.append(
+                Message(
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    msg.key(),
+                    msg.value(),
+                    None if kind == TIMESTAMP_NOT_AVAILABLE else ts_ms / 1000.0,
+                )
+            )
             self._next[(msg.topic(), msg.partition())] = msg.offset() + 1
         return out
 
-    def records(self, types: type[R] | tuple[type, ...], *, where: Callable[[R], bool] | None = None, timeout_s: float = 0.0) -> list[R]:
+    def records(
+        self, types: type[R] | tuple[type, ...], *, where: Callable[[R], bool] | None = None, timeout_s: float = 0.0
+    ) -> list[R]:
         """The records of ``types`` that arrived and that ``where`` accepts.  Records of other types are skipped;
         unreadable ones are counted (:attr:`bad_records`) and logged, never raised."""
         out: list[R] = []
@@ -141,7 +160,9 @@ class Tail:
         self.close()
 
 
-def read_all(settings: Settings, topics: list[str], quiet_s: float = 0.3, *, clients: Clients = CONFLUENT) -> dict[str, list[tuple[bytes | None, bytes | None]]]:
+def read_all(
+    settings: Settings, topics: list[str], quiet_s: float = 0.3, *, clients: Clients = CONFLUENT
+) -> dict[str, list[tuple[bytes | None, bytes | None]]]:
     """Every (key, value) in the topics, partition by partition in offset order (for the demo and tests)."""
     out: dict[str, list[tuple[bytes | None, bytes | None]]] = {t: [] for t in topics}
     with Tail(consumer_config(settings, None), topics, from_start=True, clients=clients).open() as tail:
@@ -150,8 +171,18 @@ def read_all(settings: Settings, topics: list[str], quiet_s: float = 0.3, *, cli
     return out
 
 
-def ask(publisher: Publisher, topic: str, key: str, request: Any, answers: Tail, types: type[R] | tuple[type, ...], *,
-        where: Callable[[R], bool], timeout_s: float, enough: Callable[[list[R]], bool] = bool) -> list[R]:  # fmt: skip
+def ask(
+    publisher: Publisher,
+    topic: str,
+    key: str,
+    request: Any,
+    answers: Tail,
+    types: type[R] | tuple[type, ...],
+    *,
+    where: Callable[[R], bool],
+    timeout_s: float,
+    enough: Callable[[list[R]], bool] = bool,
+) -> list[R]:
     """Send ``request`` and collect the answers (records of ``types`` on ``answers`` that ``where`` accepts) until
     ``enough`` of them came (default: one) or ``timeout_s`` passed.  ``answers`` is opened first if it is not open:
     an answer comes after its request."""

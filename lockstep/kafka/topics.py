@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..schemas.errors import LockstepError
-
 import logging
 from dataclasses import dataclass
 
@@ -11,6 +9,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewTopic
 
 from ..config import Settings
+from ..schemas.errors import LockstepError
 from .clients import admin
 
 log = logging.getLogger("lockstep.kafka")
@@ -55,7 +54,7 @@ def window_features_key(job: str, window: str, shard: int) -> bytes:
 def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeout_s: float = 15.0) -> Topics:
     """Create the pipeline's topics (and ``extra`` name -> partitions); check partition counts."""
     topics = Topics.named(settings.topic_prefix)
-    wanted = {name: settings.partitions for name in topics.all()}
+    wanted = dict.fromkeys(topics.all(), settings.partitions)
     wanted.update(extra or {})
     client = admin(settings)
     try:
@@ -63,11 +62,15 @@ def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeo
     except KafkaException as exc:
         raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
     new = [
-        NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor,
-                 config={"cleanup.policy": "compact"} if name.endswith("-changelog") else {})
+        NewTopic(
+            name,
+            num_partitions=n,
+            replication_factor=settings.replication_factor,
+            config={"cleanup.policy": "compact"} if name.endswith("-changelog") else {},
+        )
         for name, n in wanted.items()
         if name not in existing
-    ]  # fmt: skip
+    ]
     if new:
         for name, fut in client.create_topics(new, operation_timeout=timeout_s).items():
             try:

@@ -38,6 +38,7 @@ from .outbox import Outbox
 from .retention import RawStore
 from .sampler import HardwareSampler, SamplerStats
 from .schedule import ScheduledWindow, WindowSchedule
+from .settings import AgentConfig
 from .spool import Spool
 
 if TYPE_CHECKING:  # torch is imported only when a window starts
@@ -87,7 +88,9 @@ class Agent:
         self._job_key = config.job.encode()
         spool = Spool(config.resolved_spool_dir(self.meta.rank), config.spool_max_bytes)
         self._store = RawStore(config.resolved_raw_dir(self.meta.rank), config.raw_max_bytes)
-        self._control = ControlFollower(agent_consumer_config(settings, config.job), self.topics.control, config.job, clients=clients)
+        self._control = ControlFollower(
+            agent_consumer_config(settings, config.job), self.topics.control, config.job, clients=clients
+        )
         self._outbox = Outbox(
             agent_producer_config(settings, config.delivery_timeout_s),
             spool,
@@ -106,11 +109,15 @@ class Agent:
         self._raw_answers = 0
         self._io_snapshot = (0, 0)  # (dropped, spooled) as the io thread last saw them
         self._last_counters = AgentCounters()
-        self._echo: tuple[str, float] | None = None  # (window, receipt latency) of the last trigger, for the next heartbeat
+        self._echo: tuple[str, float] | None = (
+            None  # (window, receipt latency) of the last trigger, for the next heartbeat
+        )
         # the running window
         self._torch: TorchWindow | None = None
         self._sampler: HardwareSampler | None = None
-        self._prepared: tuple[str, HardwareSampler] | None = None  # (window, its sampler process, started at acceptance)
+        self._prepared: tuple[str, HardwareSampler] | None = (
+            None  # (window, its sampler process, started at acceptance)
+        )
         self._boundaries: dict[int, float] = {}
         self._record: WindowRecord | None = None
 
@@ -121,11 +128,20 @@ class Agent:
         self._outbox.start()
         self._window_thread.start()
         #: the agent's own threads, whose events are taken out of the trace before summarising
-        self._own_threads: frozenset[int] = frozenset(t for t in (self._outbox.native_id, self._window_thread.native_id) if t is not None)
+        self._own_threads: frozenset[int] = frozenset(
+            t for t in (self._outbox.native_id, self._window_thread.native_id) if t is not None
+        )
         atexit.register(self.close)
-        log.info("lockstep agent attached: job %s, worker %d of %d on %s (%s), NIC %s, publishing to %s",
-                 config.job, self.meta.rank, self.world_size, self.meta.host, self.meta.device, self.meta.nic or "?",
-                 settings.bootstrap_servers)  # fmt: skip
+        log.info(
+            "lockstep agent attached: job %s, worker %d of %d on %s (%s), NIC %s, publishing to %s",
+            config.job,
+            self.meta.rank,
+            self.world_size,
+            self.meta.host,
+            self.meta.device,
+            self.meta.nic or "?",
+            settings.bootstrap_servers,
+        )
 
     # ------------------------------------------------------------------ the training thread
 
@@ -151,26 +167,54 @@ class Agent:
         """The heartbeat of ``step``; optional fields only when there is news (the always-on signal stays small)."""
         dropped, spooled = self._io_snapshot
         c = self._last_counters
-        if (c.dropped_records, c.spooled_records, c.refused_triggers, c.failed_windows) != (dropped, spooled, len(self._refused), self._failed):
-            c = self._last_counters = AgentCounters(dropped_records=dropped, spooled_records=spooled,
-                                                    refused_triggers=len(self._refused), failed_windows=self._failed)  # fmt: skip
+        if (c.dropped_records, c.spooled_records, c.refused_triggers, c.failed_windows) != (
+            dropped,
+            spooled,
+            len(self._refused),
+            self._failed,
+        ):
+            c = self._last_counters = AgentCounters(
+                dropped_records=dropped,
+                spooled_records=spooled,
+                refused_triggers=len(self._refused),
+                failed_windows=self._failed,
+            )
             extra["agent"] = c
         if self._echo is not None:  # the detector measures the control topic's latency from these
             (extra["trigger_window"], extra["trigger_latency_s"]), self._echo = self._echo, None
-        return StepHeartbeat(job=self.config.job, worker=self.meta.rank, step=step, step_time_s=max(dt, 1e-9), host=self.meta.host,
-                             sent_at=time.time(), tenant=self.config.tenant, **extra)  # fmt: skip
+        return StepHeartbeat(
+            job=self.config.job,
+            worker=self.meta.rank,
+            step=step,
+            step_time_s=max(dt, 1e-9),
+            host=self.meta.host,
+            sent_at=time.time(),
+            tenant=self.config.tenant,
+            **extra,
+        )
 
     def _take_triggers(self) -> None:
         while self._inbox:
             trig = self._inbox.popleft()
             offer = self._schedule.offer(trig, self._step - 1)  # the step that just ended is past
             if offer.accepted:
-                log.info("accepted profiling window %s: steps %d..%d (%s)", trig.window, trig.start_step, trig.start_step + trig.steps - 1, trig.reason or "no reason given")
+                log.info(
+                    "accepted profiling window %s: steps %d..%d (%s)",
+                    trig.window,
+                    trig.start_step,
+                    trig.start_step + trig.steps - 1,
+                    trig.reason or "no reason given",
+                )
                 self._prepare_sampler(trig)
             elif offer.reason != "duplicate":
                 self._refused.append((trig.window, offer.reason))
-                log.warning("refused profiling window %s starting at step %d: %s (this worker is at step %d)", trig.window, trig.start_step,
-                            "that step has already begun" if offer.reason == "past" else "it overlaps an accepted window", self._step)  # fmt: skip
+                log.warning(
+                    "refused profiling window %s starting at step %d: %s (this worker is at step %d)",
+                    trig.window,
+                    trig.start_step,
+                    "that step has already begun" if offer.reason == "past" else "it overlaps an accepted window",
+                    self._step,
+                )
 
     def _boundary(self, step: int) -> None:
         for action, window in self._schedule.boundary(step):
@@ -183,8 +227,11 @@ class Agent:
                 elif action == "stop":
                     self._stop_window(window)
                 else:  # missed
-                    self._fail(WindowRecord(window.name, window.start, window.trigger.steps), f"step counter jumped past its start step {window.start}")
-            except Exception as exc:  # noqa: BLE001 - never into the training loop
+                    self._fail(
+                        WindowRecord(window.name, window.start, window.trigger.steps),
+                        f"step counter jumped past its start step {window.start}",
+                    )
+            except Exception as exc:
                 log.exception("profiling window %s failed at step %d", window.name, step)
                 self._abort(window, f"{type(exc).__name__}: {exc}")
 
@@ -233,7 +280,7 @@ class Agent:
             try:
                 if self._torch.recording:
                     self._torch.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("could not stop the profiler of window %s", window.name)
             self._torch = None
         if self._sampler is not None:
@@ -270,17 +317,30 @@ class Agent:
                 return
             try:
                 job()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("agent background work failed")
 
-    def _summarise(self, prof, trigger: ProfileTrigger, sampler: HardwareSampler, boundaries, record: WindowRecord) -> None:
+    def _summarise(
+        self, prof, trigger: ProfileTrigger, sampler: HardwareSampler, boundaries, record: WindowRecord
+    ) -> None:
         from .window import process_window
 
         samples, record.sampler = sampler.collect()
         try:
-            outcome = process_window(prof, trigger, self.meta, samples, boundaries, sampler.source, self.config.redact, self._store,
-                                     own_threads=self._own_threads, min_share=self.config.min_share, tenant=self.config.tenant)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001
+            outcome = process_window(
+                prof,
+                trigger,
+                self.meta,
+                samples,
+                boundaries,
+                sampler.source,
+                self.config.redact,
+                self._store,
+                own_threads=self._own_threads,
+                min_share=self.config.min_share,
+                tenant=self.config.tenant,
+            )
+        except Exception as exc:
             log.exception("could not summarise window %s", trigger.window)
             self._fail(record, f"{type(exc).__name__}: {exc}")
             return
@@ -302,22 +362,46 @@ class Agent:
     def _answer(self, req: RawRequest) -> None:
         from .window import answer_raw_request
 
-        answer = answer_raw_request(req, self.meta, self._store, self.config.redact, self.config.raw_upload_max_bytes,
-                                    own_threads=self._own_threads, tenant=self.config.tenant)  # fmt: skip
+        answer = answer_raw_request(
+            req,
+            self.meta,
+            self._store,
+            self.config.redact,
+            self.config.raw_upload_max_bytes,
+            own_threads=self._own_threads,
+            tenant=self.config.tenant,
+        )
         self._outbox.put(self.topics.raw, self._job_key, answer)
         self._outbox.wake()
         self._raw_answers += 1
-        log.info("raw request %s: sent %d bytes of window %s%s", req.request, len(answer.trace), answer.window or "-", f" ({answer.error})" if answer.error else "")
+        log.info(
+            "raw request %s: sent %d bytes of window %s%s",
+            req.request,
+            len(answer.trace),
+            answer.window or "-",
+            f" ({answer.error})" if answer.error else "",
+        )
 
     # ------------------------------------------------------------------ state and shutdown
 
     def report(self) -> AgentReport:
         dropped, spooled = self._outbox.dropped, len(self._outbox.spool)
-        counters = AgentCounters(dropped_records=dropped, spooled_records=spooled, refused_triggers=len(self._refused), failed_windows=self._failed)
+        counters = AgentCounters(
+            dropped_records=dropped,
+            spooled_records=spooled,
+            refused_triggers=len(self._refused),
+            failed_windows=self._failed,
+        )
         return AgentReport(
-            step=self._step, counters=counters, sent=self._outbox.counters.sent, spooled_now=spooled, kafka_down=self._outbox.down,
-            refused=list(self._refused), windows=list(self._windows), raw_answers=self._raw_answers,
-        )  # fmt: skip
+            step=self._step,
+            counters=counters,
+            sent=self._outbox.counters.sent,
+            spooled_now=spooled,
+            kafka_down=self._outbox.down,
+            refused=list(self._refused),
+            windows=list(self._windows),
+            raw_answers=self._raw_answers,
+        )
 
     def drain(self, timeout_s: float = 30.0) -> None:
         """Wait until finished windows are summarised and queued for publishing (tests, benchmarks, shutdown)."""

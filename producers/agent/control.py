@@ -25,7 +25,9 @@ ControlRecord = ProfileTrigger | RawRequest
 
 
 class ControlFollower:
-    def __init__(self, consumer_config: dict[str, Any], topic: str, job: str, retry_s: float = 2.0, clients: Clients = CONFLUENT):
+    def __init__(
+        self, consumer_config: dict[str, Any], topic: str, job: str, retry_s: float = 2.0, clients: Clients = CONFLUENT
+    ):
         self.job = job
         self.topic = topic
         self._tail = Tail(consumer_config, topic, clients=clients)
@@ -53,7 +55,9 @@ class ControlFollower:
                 return None
             log.info("following %s for job %s", self.topic, self.job)
         # refusals (TriggerRefused) are for operators, and are skipped like any other record type
-        return self._tail.records((ProfileTrigger, RawRequest), where=lambda rec: rec.job == self.job, timeout_s=timeout_s)
+        return self._tail.records(
+            (ProfileTrigger, RawRequest), where=lambda rec: rec.job == self.job, timeout_s=timeout_s
+        )
 
     def close(self) -> None:
         self._tail.close()

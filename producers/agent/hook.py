@@ -79,7 +79,7 @@ def _on_optimizer_module(module) -> None:
     module.register_optimizer_step_post_hook(_on_optimizer_step)
 
 
-def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ARG001 - torch's hook signature
+def _on_optimizer_step(optimizer, args, kwargs) -> None:
     agent = _state.get("agent")
     if agent is not None:
         if _state.get("optimizer") is optimizer:
@@ -98,7 +98,7 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ARG001 - torch
             cfg.start_step += 1  # this optimizer step ended the job's first step, which the agent did not see begin
             _state["optimizer"] = optimizer
             _state["agent"] = Agent(cfg)
-        except Exception as exc:  # noqa: BLE001 - a broken agent must never stop training
+        except Exception as exc:
             _state["failed"] = True
             log.error("lockstep agent not attached: %s", exc)
 

@@ -79,7 +79,7 @@ def _torch_distributed() -> tuple[int, int] | None:
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
-    except Exception:  # noqa: BLE001 - a broken process group must not stop the job
+    except Exception:
         log.debug("torch.distributed not usable for the rank", exc_info=True)
     return None
 
@@ -93,7 +93,7 @@ def _megatron_labels() -> dict[str, str]:
                 "pp": str(ps.get_pipeline_model_parallel_rank()),
                 "tp": str(ps.get_tensor_model_parallel_rank()),
             }
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.debug("megatron parallel state not readable", exc_info=True)
     return {}
 
@@ -107,7 +107,7 @@ def _gpu(host: str, local_rank: int, env: dict[str, str]) -> tuple[str, str]:
         cur = torch.cuda.current_device()
         uuid = str(getattr(torch.cuda.get_device_properties(cur), "uuid", "") or "")
         uuid = uuid if not uuid or uuid.startswith("GPU-") else f"GPU-{uuid}"
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.debug("CUDA device not readable", exc_info=True)
         return "", ""
     from .nvml import physical_index
@@ -140,5 +140,7 @@ def discover(cfg: AgentConfig, env: dict[str, str] | None = None) -> Identity:
                 nic = ""
         nic = bond_of(nic) if nic else ""
     labels = {**_megatron_labels(), **cfg.labels}
-    meta = WorkerMeta(rank=rank, host=host, device=device, local_rank=local_rank, nic=nic, switch=cfg.switch, labels=labels)
+    meta = WorkerMeta(
+        rank=rank, host=host, device=device, local_rank=local_rank, nic=nic, switch=cfg.switch, labels=labels
+    )
     return Identity(meta=meta, world_size=world, gpu_uuid=uuid)

@@ -40,7 +40,7 @@ def load():
                 reason = "NVML reports no GPU"
         except ImportError as exc:
             reason = f"nvidia-ml-py is not importable ({exc})"
-        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        except Exception as exc:
             reason = f"NVML is not usable here ({type(exc).__name__}: {exc})"
         _state["module"] = module
         _state["reason"] = reason
@@ -58,14 +58,14 @@ def physical_index(uuid: str) -> int | None:
         return None
     try:
         return int(nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetHandleByUUID(uuid)))
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
 def _call(fn, *args, default=math.nan):
     try:
         return fn(*args)
-    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: not measured
+    except Exception:
         return default
 
 
@@ -87,8 +87,14 @@ class NvmlDevice:
     def __init__(self, nvml, handle):
         self.nvml = nvml
         self.handle = handle
-        self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        self._nvlink_fields = [(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, UINT_MAX), (nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, UINT_MAX)]
+        self._reasons = (
+            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        self._nvlink_fields = [
+            (nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, UINT_MAX),
+            (nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, UINT_MAX),
+        ]
         self.has_nvlink = not math.isnan(self._nvlink()[0])
 
     @classmethod
@@ -99,14 +105,14 @@ class NvmlDevice:
         try:
             handle = nvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else nvml.nvmlDeviceGetHandleByIndex(index or 0)
             return cls(nvml, handle)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("cannot open GPU %s in NVML (%s): sampling the host only", uuid or index, exc)
             return None
 
     def _nvlink(self) -> tuple[float, float]:
         try:
             values = self.nvml.nvmlDeviceGetFieldValues(self.handle, self._nvlink_fields)
-        except Exception:  # noqa: BLE001
+        except Exception:
             return math.nan, math.nan
         out = []
         for v in values:

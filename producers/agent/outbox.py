@@ -39,13 +39,28 @@ log = logging.getLogger("lockstep.agent")
 TRANSIENT = frozenset(
     getattr(KafkaError, name)
     for name in (
-        "_MSG_TIMED_OUT", "_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_PURGE_QUEUE", "_PURGE_INFLIGHT",
-        "_QUEUE_FULL", "_RESOLVE", "_DESTROY", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "LEADER_NOT_AVAILABLE",
-        "NOT_LEADER_FOR_PARTITION", "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "UNKNOWN_TOPIC_OR_PART",
-        "BROKER_NOT_AVAILABLE", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION",
+        "_MSG_TIMED_OUT",
+        "_TIMED_OUT",
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+        "_PURGE_QUEUE",
+        "_PURGE_INFLIGHT",
+        "_QUEUE_FULL",
+        "_RESOLVE",
+        "_DESTROY",
+        "REQUEST_TIMED_OUT",
+        "NETWORK_EXCEPTION",
+        "LEADER_NOT_AVAILABLE",
+        "NOT_LEADER_FOR_PARTITION",
+        "NOT_ENOUGH_REPLICAS",
+        "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+        "UNKNOWN_TOPIC_OR_PART",
+        "BROKER_NOT_AVAILABLE",
+        "_UNKNOWN_TOPIC",
+        "_UNKNOWN_PARTITION",
     )
     if hasattr(KafkaError, name)
-)  # fmt: skip
+)
 REPLAY_INFLIGHT_MAX = 5000  # librdkafka messages in flight before the next spool segment is replayed
 
 
@@ -99,7 +114,11 @@ class Outbox:
                 now = time.monotonic()
                 if now - self._warned_full > 10:
                     self._warned_full = now
-                    log.warning("agent queue full (%d records): dropping the oldest; %d dropped so far", self._queue_max, self.counters.dropped_queue)
+                    log.warning(
+                        "agent queue full (%d records): dropping the oldest; %d dropped so far",
+                        self._queue_max,
+                        self.counters.dropped_queue,
+                    )
             self._queue.append((topic, key, record))
             self.counters.queued += 1
 
@@ -134,7 +153,7 @@ class Outbox:
                     self._wake.wait(self._flush_interval_s)
                 self._wake.clear()
                 self.pump()
-            except Exception:  # noqa: BLE001 - the thread must outlive any single failure
+            except Exception:
                 log.exception("agent publishing loop failed; continuing")
                 time.sleep(self._flush_interval_s)
 
@@ -237,4 +256,8 @@ class Outbox:
             self._producer.flush(1.0)  # serves the purge callbacks: the records go to the spool
         self.spool.close()
         if len(self.spool):
-            log.warning("%d record(s) left in the spool %s; the next agent run with this spool sends them", len(self.spool), self.spool.dir)
+            log.warning(
+                "%d record(s) left in the spool %s; the next agent run with this spool sends them",
+                len(self.spool),
+                self.spool.dir,
+            )

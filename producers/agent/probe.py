@@ -137,7 +137,11 @@ class Counters:
             self.cores = None
         self.n_cores = len(self.cores) if self.cores else (os.cpu_count() or 1)
         block = Path("/sys/block")
-        self.disks = frozenset(p.name for p in block.iterdir() if not p.name.startswith(("loop", "ram"))) if block.is_dir() else frozenset()
+        self.disks = (
+            frozenset(p.name for p in block.iterdir() if not p.name.startswith(("loop", "ram")))
+            if block.is_dir()
+            else frozenset()
+        )
         self._fds: dict[str, int] = {}
         for path in ("/proc/stat", "/proc/meminfo", "/proc/diskstats", "/proc/net/dev"):
             self._open(path)
@@ -153,7 +157,9 @@ class Counters:
     def _nic_files(self, nic: str) -> tuple[list[int], float, frozenset[str] | None, str]:
         ports = Path("/sys/class/infiniband") / nic / "ports" if nic else None
         if ports is not None and ports.is_dir():
-            files = [str(p / "counters" / c) for p in sorted(ports.iterdir()) for c in ("port_xmit_data", "port_rcv_data")]
+            files = [
+                str(p / "counters" / c) for p in sorted(ports.iterdir()) for c in ("port_xmit_data", "port_rcv_data")
+            ]
             fds = [self._fds[f] for f in files if self._open(f)]
             if fds:
                 return fds, 4.0, None, f"infiniband {nic}"
@@ -232,7 +238,10 @@ class Probe:
             self._open_gpu(cfg.get("gpu_uuid", ""), cfg.get("gpu_index"))
         self.threads = [threading.Thread(target=self._host_loop, daemon=True)]
         if self.gpu is not None:
-            self.threads += [threading.Thread(target=self._gpu_loop, daemon=True), threading.Thread(target=self._pcie_loop, daemon=True)]
+            self.threads += [
+                threading.Thread(target=self._gpu_loop, daemon=True),
+                threading.Thread(target=self._pcie_loop, daemon=True),
+            ]
 
     def _open_gpu(self, uuid: str, index: int | None) -> None:
         try:
@@ -245,8 +254,12 @@ class Probe:
         self.reason = "" if self.gpu is not None else nvml.unavailable_reason() or "the GPU could not be opened"
 
     def ready(self) -> dict:
-        return {"gpu": "nvml" if self.gpu is not None else "", "reason": self.reason, "nic": self.counters.nic_source,
-                "cores": self.counters.n_cores}  # fmt: skip
+        return {
+            "gpu": "nvml" if self.gpu is not None else "",
+            "reason": self.reason,
+            "nic": self.counters.nic_source,
+            "cores": self.counters.n_cores,
+        }
 
     def _paced(self, hz: float, body) -> None:
         """Call ``body(i)`` at ``hz`` until stopped; a late reading does not try to catch up."""

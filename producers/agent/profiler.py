@@ -9,11 +9,10 @@ to the caller's background thread.
 
 from __future__ import annotations
 
-from ...schemas.errors import LockstepError
-
 import logging
 from pathlib import Path
 
+from ...schemas.errors import LockstepError
 from ...schemas.records import Sampling
 
 log = logging.getLogger("lockstep.agent")

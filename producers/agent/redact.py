@@ -44,17 +44,39 @@ _BEFORE_PATH = " \t\n\"'`=,;([{<"
 #: argument keys of Chrome-trace events that hold call stacks or links between Python frames
 STACK_ARGS = ("Call stack", "stack", "Python parent id", "Python id", "Python module id")
 #: argument keys whose texts may leave (scrubbed of paths and URLs); other texts in arguments are dropped
-TEXT_ARGS = frozenset({
-    "name", "labels", "Input type", "dtype", "kind", "Collective name", "Process Group Name", "Process Group Description",
-    "Process Group Ranks", "In split size", "Out split size", "Trace name",
-})  # fmt: skip
+TEXT_ARGS = frozenset(
+    {
+        "name",
+        "labels",
+        "Input type",
+        "dtype",
+        "kind",
+        "Collective name",
+        "Process Group Name",
+        "Process Group Description",
+        "Process Group Ranks",
+        "In split size",
+        "Out split size",
+        "Trace name",
+    }
+)
 #: metadata events (``ph: M``) that may leave; the others (e.g. a process's command line) are dropped
 META_EVENTS = frozenset({"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"})
 #: top-level keys of a Chrome trace that may leave (scrubbed); others (``hostName``, ``traceName``, ...) are dropped
-TRACE_KEYS = frozenset({
-    "schemaVersion", "deviceProperties", "distributedInfo", "baseTimeNanoseconds", "displayTimeUnit", "trace_id",
-    "cupti_version", "cuda_runtime_version", "cuda_driver_version", "traceEvents",
-})  # fmt: skip
+TRACE_KEYS = frozenset(
+    {
+        "schemaVersion",
+        "deviceProperties",
+        "distributedInfo",
+        "baseTimeNanoseconds",
+        "displayTimeUnit",
+        "trace_id",
+        "cupti_version",
+        "cuda_runtime_version",
+        "cuda_driver_version",
+        "traceEvents",
+    }
+)
 
 
 def keyed_hash(salt: str, text: str) -> str:
@@ -87,8 +109,10 @@ class Redaction:
             if getattr(self, attr) not in modes:
                 raise ValueError(f"{attr}={getattr(self, attr)!r}: expected one of {', '.join(modes)}")
         if "hash" in (self.paths, self.names) and not self.salt:
-            raise ValueError("hashing (paths=hash or names=hash) needs a secret salt=...: the same for every worker of a "
-                             "tenant, and known to no one else (without it, a hash of a well-known name is a lookup away)")  # fmt: skip
+            raise ValueError(
+                "hashing (paths=hash or names=hash) needs a secret salt=...: the same for every worker of a "
+                "tenant, and known to no one else (without it, a hash of a well-known name is a lookup away)"
+            )
 
     @classmethod
     def parse(cls, spec: str) -> Redaction:

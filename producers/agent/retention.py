@@ -111,8 +111,14 @@ class RawStore:
         data = compress(raw)
         if len(data) > self.max_bytes:
             sl = slice_trace(msgspec.json.decode(raw), bounds, None, self.max_bytes)
-            log.warning("raw trace of window %s is %d bytes compressed, over the %d-byte bound: keeping its %d longest of %d events",
-                        window, len(data), self.max_bytes, sl.events, sl.events_total)  # fmt: skip
+            log.warning(
+                "raw trace of window %s is %d bytes compressed, over the %d-byte bound: keeping its %d longest of %d events",
+                window,
+                len(data),
+                self.max_bytes,
+                sl.events,
+                sl.events_total,
+            )
             data = sl.data
         path = self.dir / f"{safe_file_name(window)}.trace.json.zst"
         tmp = path.with_suffix(".tmp")

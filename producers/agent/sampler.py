@@ -39,15 +39,26 @@ from .probe import FAST, PCIE, parse_cpu_jiffies, parse_disk_read_bytes, parse_m
 
 log = logging.getLogger("lockstep.agent")
 
-__all__ = ["HardwareSampler", "SamplerStats", "fast_host_metrics", "host_metrics", "parse_cpu_jiffies", "parse_disk_read_bytes",
-           "parse_meminfo", "parse_net_bytes", "to_table"]  # fmt: skip
+__all__ = [
+    "HardwareSampler",
+    "SamplerStats",
+    "fast_host_metrics",
+    "host_metrics",
+    "parse_cpu_jiffies",
+    "parse_disk_read_bytes",
+    "parse_meminfo",
+    "parse_net_bytes",
+    "to_table",
+]
 
 PROBE = Path(__file__).with_name("probe.py")
 COLLECT_TIMEOUT_S = 10.0
 _said_host_only = False
 
 
-def host_metrics(t_s: np.ndarray, raw: np.ndarray, sampler_cpu_s: np.ndarray, n_cores: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def host_metrics(
+    t_s: np.ndarray, raw: np.ndarray, sampler_cpu_s: np.ndarray, n_cores: int
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Host samples -> metric -> (t_s, value), vectorised over samples.
 
     ``raw`` holds one row per sample: busy s and total s on the worker's cores,
@@ -81,7 +92,9 @@ def host_metrics(t_s: np.ndarray, raw: np.ndarray, sampler_cpu_s: np.ndarray, n_
     return {k: (t, v) for k, (t, v) in out.items() if np.isfinite(v).any()}
 
 
-def fast_host_metrics(t_s: np.ndarray, t_end_s: np.ndarray, nic_bytes: np.ndarray, proc_cpu_s: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def fast_host_metrics(
+    t_s: np.ndarray, t_end_s: np.ndarray, nic_bytes: np.ndarray, proc_cpu_s: np.ndarray
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The probe's fast tier -> ``nic_gbps`` (GB/s, rx + tx) and ``cpu_self`` (cores) per interval, vectorised.
 
     Each reading happened between ``t_s`` and ``t_end_s`` and is stamped at the middle.  A reading
@@ -93,7 +106,10 @@ def fast_host_metrics(t_s: np.ndarray, t_end_s: np.ndarray, nic_bytes: np.ndarra
     took = t_end_s - t_s
     ok = took <= 4.0 * np.median(took) + 20e-6 if took.size else np.zeros(0, dtype=bool)
     t = (t_s[ok] + t_end_s[ok]) / 2
-    out = {"nic_gbps": nvml_mod.rate(t, np.asarray(nic_bytes)[ok], 1e-9), "cpu_self": nvml_mod.rate(t, np.asarray(proc_cpu_s)[ok])}
+    out = {
+        "nic_gbps": nvml_mod.rate(t, np.asarray(nic_bytes)[ok], 1e-9),
+        "cpu_self": nvml_mod.rate(t, np.asarray(proc_cpu_s)[ok]),
+    }
     return {k: (t, v) for k, (t, v) in out.items() if v.size and np.isfinite(v).any()}
 
 
@@ -105,11 +121,13 @@ def to_table(worker: int, metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> 
     t_us = np.concatenate([t for _, t, _ in items]) * 1e6
     values = np.concatenate([v for _, _, v in items]).astype(np.float64)
     names = pa.DictionaryArray.from_arrays(
-        np.repeat(np.arange(len(items), dtype=np.int32), [len(t) for _, t, _ in items]), pa.array([m for m, _, _ in items])
+        np.repeat(np.arange(len(items), dtype=np.int32), [len(t) for _, t, _ in items]),
+        pa.array([m for m, _, _ in items]),
     ).cast(pa.string())
     keep = np.isfinite(values)
     table = pa.table(
-        {"worker": np.full(values.size, worker, dtype=np.int64), "t_us": t_us, "metric": names, "value": values}, schema=SAMPLE_SCHEMA
+        {"worker": np.full(values.size, worker, dtype=np.int64), "t_us": t_us, "metric": names, "value": values},
+        schema=SAMPLE_SCHEMA,
     )
     return table.filter(pa.array(keep)) if not keep.all() else table
 
@@ -145,16 +163,35 @@ class HardwareSampler:
     thread); ``stop()`` is both.  Nothing raises: a sampler that cannot run records nothing, logged.
     """
 
-    def __init__(self, worker: int, hz: float, *, nic: str = "", gpu_uuid: str = "", gpu_index: int | None = None, use_gpu: bool = True):
+    def __init__(
+        self,
+        worker: int,
+        hz: float,
+        *,
+        nic: str = "",
+        gpu_uuid: str = "",
+        gpu_index: int | None = None,
+        use_gpu: bool = True,
+    ):
         global _said_host_only
         self.worker = worker
         self.hz = hz
         use_gpu = use_gpu and nvml_mod.load() is not None
         if not use_gpu and not _said_host_only:
             _said_host_only = True
-            log.info("hardware sampler: no GPU through NVML (%s); sampling the host only", nvml_mod.unavailable_reason() or "not requested")
+            log.info(
+                "hardware sampler: no GPU through NVML (%s); sampling the host only",
+                nvml_mod.unavailable_reason() or "not requested",
+            )
         self.source: HardwareSeen = "nvml" if use_gpu else "host"  # until the sampler process says otherwise
-        self._settings = {"pid": os.getpid(), "hz": hz, "nic": nic, "use_gpu": use_gpu, "gpu_uuid": gpu_uuid, "gpu_index": gpu_index}
+        self._settings = {
+            "pid": os.getpid(),
+            "hz": hz,
+            "nic": nic,
+            "use_gpu": use_gpu,
+            "gpu_uuid": gpu_uuid,
+            "gpu_index": gpu_index,
+        }
         self._proc: subprocess.Popen | None = None
         self._early = b""  # what wait_ready() read of the sampler process's output (its first line)
         self._t0 = 0.0
@@ -162,8 +199,13 @@ class HardwareSampler:
     def prepare(self) -> HardwareSampler:
         if self._proc is None:
             try:
-                self._proc = subprocess.Popen([sys.executable, "-P", str(PROBE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, close_fds=True)  # fmt: skip
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-P", str(PROBE)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    close_fds=True,
+                )
                 self._send(json.dumps(self._settings).encode())
             except OSError as exc:
                 log.warning("hardware sampler: cannot start the sampler process (%s); no hardware samples", exc)
@@ -220,18 +262,32 @@ class HardwareSampler:
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
-            log.warning("hardware sampler: the sampler process did not answer within %.0f s; no hardware samples", COLLECT_TIMEOUT_S)
+            log.warning(
+                "hardware sampler: the sampler process did not answer within %.0f s; no hardware samples",
+                COLLECT_TIMEOUT_S,
+            )
             return empty
         try:
             ready, head, tiers = _parse(self._early + out)
         except (ValueError, KeyError):
             tail = err.decode(errors="replace").strip().splitlines()
-            log.warning("hardware sampler: the sampler process ended with %s (%s); no hardware samples", proc.returncode, tail[-1] if tail else "no message")
+            log.warning(
+                "hardware sampler: the sampler process ended with %s (%s); no hardware samples",
+                proc.returncode,
+                tail[-1] if tail else "no message",
+            )
             return empty
         if self.source == "nvml" and not ready["gpu"]:
             self.source = "host"
             log.warning("hardware sampler: no GPU in the sampler process (%s); sampling the host only", ready["reason"])
-        stats = SamplerStats(self.source, self.hz, len(tiers["fast"]), head["seconds"], head["cpu_s"], {k: len(v) for k, v in tiers.items()})
+        stats = SamplerStats(
+            self.source,
+            self.hz,
+            len(tiers["fast"]),
+            head["seconds"],
+            head["cpu_s"],
+            {k: len(v) for k, v in tiers.items()},
+        )
         return to_table(self.worker, metrics(tiers, int(ready["cores"]))), stats
 
     def stop(self) -> tuple[pa.Table, SamplerStats]:
@@ -258,13 +314,17 @@ def metrics(tiers: dict[str, np.ndarray], n_cores: int) -> dict[str, tuple[np.nd
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     slow = tiers.get("slow")
     if slow is not None and len(slow):
-        out.update(host_metrics(slow[:, 0], slow[:, 1:], np.zeros(len(slow)), n_cores))  # probe.SLOW: t, then host_metrics's columns
+        out.update(
+            host_metrics(slow[:, 0], slow[:, 1:], np.zeros(len(slow)), n_cores)
+        )  # probe.SLOW: t, then host_metrics's columns
     fast = tiers.get("fast")
     if fast is not None and len(fast):
         out.update(fast_host_metrics(*(fast[:, FAST.index(c)] for c in FAST)))
     gpu = tiers.get("gpu")
     if gpu is not None and len(gpu):
-        out.update(nvml_mod.fast_metrics(gpu[:, 0], {f: gpu[:, 1 + i] for i, f in enumerate(nvml_mod.NvmlReading._fields)}))
+        out.update(
+            nvml_mod.fast_metrics(gpu[:, 0], {f: gpu[:, 1 + i] for i, f in enumerate(nvml_mod.NvmlReading._fields)})
+        )
     pcie = tiers.get("pcie")
     if pcie is not None and len(pcie):
         out.update(nvml_mod.pcie_metrics(*(pcie[:, PCIE.index(c)] for c in PCIE)))

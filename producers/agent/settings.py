@@ -52,49 +52,162 @@ def _redaction(v: Any) -> Redaction:
 class AgentConfig:
     """Every setting of the host agent.  Field metadata: help text and parser."""
 
-    job: str = field(default="", metadata={"help": "job id every record carries (default: TORCHELASTIC_RUN_ID or SLURM_JOB_ID)", "parse": str})
+    job: str = field(
+        default="",
+        metadata={"help": "job id every record carries (default: TORCHELASTIC_RUN_ID or SLURM_JOB_ID)", "parse": str},
+    )
     tenant: str = field(default="", metadata={"help": "tenant the job belongs to", "parse": str})
     # identity: None / empty = discover (lockstep.producers.agent.meta)
-    rank: int | None = field(default=None, metadata={"help": "global rank (default: torch.distributed, RANK, SLURM_PROCID)", "parse": _opt_int})
-    local_rank: int | None = field(default=None, metadata={"help": "rank on this host (default: LOCAL_RANK, SLURM_LOCALID)", "parse": _opt_int})
-    world_size: int | None = field(default=None, metadata={"help": "workers in the job (default: torch.distributed, WORLD_SIZE)", "parse": _opt_int})
+    rank: int | None = field(
+        default=None,
+        metadata={"help": "global rank (default: torch.distributed, RANK, SLURM_PROCID)", "parse": _opt_int},
+    )
+    local_rank: int | None = field(
+        default=None, metadata={"help": "rank on this host (default: LOCAL_RANK, SLURM_LOCALID)", "parse": _opt_int}
+    )
+    world_size: int | None = field(
+        default=None,
+        metadata={"help": "workers in the job (default: torch.distributed, WORLD_SIZE)", "parse": _opt_int},
+    )
     host: str | None = field(default=None, metadata={"help": "host name (default: the system's)", "parse": _opt_str})
-    device: str | None = field(default=None, metadata={"help": "device, e.g. host3/gpu5 (default: from CUDA and NVML)", "parse": _opt_str})
-    nic: str | None = field(default=None, metadata={"help": "NIC or bond of inter-node traffic (default: NCCL/Gloo settings, the default route)", "parse": _opt_str})
+    device: str | None = field(
+        default=None, metadata={"help": "device, e.g. host3/gpu5 (default: from CUDA and NVML)", "parse": _opt_str}
+    )
+    nic: str | None = field(
+        default=None,
+        metadata={
+            "help": "NIC or bond of inter-node traffic (default: NCCL/Gloo settings, the default route)",
+            "parse": _opt_str,
+        },
+    )
     switch: str = field(default="", metadata={"help": "leaf switch behind the NIC (not discoverable)", "parse": str})
-    labels: dict[str, str] = field(default_factory=dict, metadata={"help": "peer-group labels, e.g. pp=1,tp=0 (added to discovered ones)", "parse": lockstep_config.kv_map})
-    start_step: int = field(default=0, metadata={"help": "number of the first step (e.g. the step a resumed job starts at)", "parse": _nonneg_int})
+    labels: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "peer-group labels, e.g. pp=1,tp=0 (added to discovered ones)",
+            "parse": lockstep_config.kv_map,
+        },
+    )
+    start_step: int = field(
+        default=0,
+        metadata={"help": "number of the first step (e.g. the step a resumed job starts at)", "parse": _nonneg_int},
+    )
     # publishing
-    queue_max: int = field(default=10_000, metadata={"help": "records held in memory for the publishing thread; beyond, the oldest is dropped", "parse": lockstep_config.positive_int})
-    flush_interval_s: float = field(default=0.5, metadata={"help": "how often the publishing thread sends what accumulated (heartbeats go in batches)", "parse": lockstep_config.positive_float})
-    delivery_timeout_s: float = field(default=10.0, metadata={"help": "a record Kafka has not acknowledged by then goes to the spool", "parse": lockstep_config.positive_float})
-    spool_dir: Path | None = field(default=None, metadata={"help": "on-disk spool for when Kafka is unreachable (default: TMPDIR/lockstep-agent/JOB/rankN)", "parse": _opt_path})
-    spool_max_bytes: int = field(default=64 << 20, metadata={"help": "bound of the spool; beyond, the oldest records are dropped and counted", "parse": lockstep_config.positive_int})
+    queue_max: int = field(
+        default=10_000,
+        metadata={
+            "help": "records held in memory for the publishing thread; beyond, the oldest is dropped",
+            "parse": lockstep_config.positive_int,
+        },
+    )
+    flush_interval_s: float = field(
+        default=0.5,
+        metadata={
+            "help": "how often the publishing thread sends what accumulated (heartbeats go in batches)",
+            "parse": lockstep_config.positive_float,
+        },
+    )
+    delivery_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "a record Kafka has not acknowledged by then goes to the spool",
+            "parse": lockstep_config.positive_float,
+        },
+    )
+    spool_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "on-disk spool for when Kafka is unreachable (default: TMPDIR/lockstep-agent/JOB/rankN)",
+            "parse": _opt_path,
+        },
+    )
+    spool_max_bytes: int = field(
+        default=64 << 20,
+        metadata={
+            "help": "bound of the spool; beyond, the oldest records are dropped and counted",
+            "parse": lockstep_config.positive_int,
+        },
+    )
     # profiling windows
-    hardware_hz_max: float = field(default=10_000.0, metadata={"help": "upper bound on the hardware sampling rate a trigger may ask for", "parse": lockstep_config.positive_float})
-    min_share: float = field(default=0.001, metadata={"help": "leave out of feature batches functions below this share of the step (critical path and total)", "parse": float})
-    raw_dir: Path | None = field(default=None, metadata={"help": "where the last window's raw trace is kept (default: SPOOL_DIR/raw)", "parse": _opt_path})
-    raw_max_bytes: int = field(default=256 << 20, metadata={"help": "bound of the kept raw trace (zstd); a larger one keeps its longest events", "parse": lockstep_config.positive_int})
-    raw_upload_max_bytes: int = field(default=900_000, metadata={"help": "bound of one raw-trace answer (Kafka's default record limit is 1 MiB)", "parse": lockstep_config.positive_int})
-    redact: Redaction = field(default_factory=Redaction, metadata={"help": "what leaves the host: paths=keep|strip|hash,stacks=keep|drop,names=keep|hash,salt=S", "parse": _redaction})
+    hardware_hz_max: float = field(
+        default=10_000.0,
+        metadata={
+            "help": "upper bound on the hardware sampling rate a trigger may ask for",
+            "parse": lockstep_config.positive_float,
+        },
+    )
+    min_share: float = field(
+        default=0.001,
+        metadata={
+            "help": "leave out of feature batches functions below this share of the step (critical path and total)",
+            "parse": float,
+        },
+    )
+    raw_dir: Path | None = field(
+        default=None,
+        metadata={"help": "where the last window's raw trace is kept (default: SPOOL_DIR/raw)", "parse": _opt_path},
+    )
+    raw_max_bytes: int = field(
+        default=256 << 20,
+        metadata={
+            "help": "bound of the kept raw trace (zstd); a larger one keeps its longest events",
+            "parse": lockstep_config.positive_int,
+        },
+    )
+    raw_upload_max_bytes: int = field(
+        default=900_000,
+        metadata={
+            "help": "bound of one raw-trace answer (Kafka's default record limit is 1 MiB)",
+            "parse": lockstep_config.positive_int,
+        },
+    )
+    redact: Redaction = field(
+        default_factory=Redaction,
+        metadata={
+            "help": "what leaves the host: paths=keep|strip|hash,stacks=keep|drop,names=keep|hash,salt=S",
+            "parse": _redaction,
+        },
+    )
     # Kafka (from lockstep.config unless given)
-    bootstrap_servers: str | None = field(default=None, metadata={"help": "Kafka (default: LOCKSTEP_BOOTSTRAP_SERVERS)", "parse": _opt_str, "kafka": True})
-    topic_prefix: str | None = field(default=None, metadata={"help": "topic prefix (default: LOCKSTEP_TOPIC_PREFIX or lockstep)", "parse": _opt_str, "kafka": True})
-    kafka: dict[str, str] = field(default_factory=dict, metadata={"help": "librdkafka properties (default: LOCKSTEP_KAFKA)", "parse": lockstep_config.kv_map, "kafka": True})
+    bootstrap_servers: str | None = field(
+        default=None, metadata={"help": "Kafka (default: LOCKSTEP_BOOTSTRAP_SERVERS)", "parse": _opt_str, "kafka": True}
+    )
+    topic_prefix: str | None = field(
+        default=None,
+        metadata={
+            "help": "topic prefix (default: LOCKSTEP_TOPIC_PREFIX or lockstep)",
+            "parse": _opt_str,
+            "kafka": True,
+        },
+    )
+    kafka: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "librdkafka properties (default: LOCKSTEP_KAFKA)",
+            "parse": lockstep_config.kv_map,
+            "kafka": True,
+        },
+    )
 
     def settings(self) -> lockstep_config.Settings:
         """The pipeline settings the agent's Kafka clients use."""
         return lockstep_config.Settings(
-            bootstrap_servers=self.bootstrap_servers, topic_prefix=self.topic_prefix or "lockstep", kafka=dict(self.kafka)
+            bootstrap_servers=self.bootstrap_servers,
+            topic_prefix=self.topic_prefix or "lockstep",
+            kafka=dict(self.kafka),
         ).validate()
 
     def validate(self) -> AgentConfig:
         if not 0 <= self.min_share < 1:
             raise ConfigError(f"min_share: {self.min_share} must be in [0, 1)")
         if not self.job or len(self.job) > 256:
-            raise ConfigError(f"job: {self.job!r} must be 1..256 characters (set LOCKSTEP_AGENT_JOB or attach(job=...))")
+            raise ConfigError(
+                f"job: {self.job!r} must be 1..256 characters (set LOCKSTEP_AGENT_JOB or attach(job=...))"
+            )
         if not self.bootstrap_servers:
-            raise ConfigError("bootstrap_servers: the agent needs a Kafka to publish to (LOCKSTEP_BOOTSTRAP_SERVERS or attach(bootstrap_servers=...))")
+            raise ConfigError(
+                "bootstrap_servers: the agent needs a Kafka to publish to (LOCKSTEP_BOOTSTRAP_SERVERS or attach(bootstrap_servers=...))"
+            )
         self.settings()  # the pipeline's own checks (topic prefix, kafka properties)
         return self
 
@@ -115,7 +228,9 @@ def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
-def load(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None, *, source: str = "attach({name}=...)") -> AgentConfig:
+def load(
+    overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None, *, source: str = "attach({name}=...)"
+) -> AgentConfig:
     """Merge defaults < agent file < environment < ``overrides`` (:func:`lockstep.config.layered`), fill Kafka from
     ``lockstep.config``, validate.
 
@@ -131,7 +246,9 @@ def load(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = N
     given = ((name, raw, source.format(name=name, flag=name.replace("_", "-"))) for name, raw in overrides.items())
     values = lockstep_config.layered(FIELDS, file, lockstep_config.env_layer(env, ENV_PREFIX, FIELDS), given)
     if not values.get("job"):
-        values["job"] = next((env[k] for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") if env.get(k) not in (None, "", "none")), "")
+        values["job"] = next(
+            (env[k] for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") if env.get(k) not in (None, "", "none")), ""
+        )
     # the Kafka connection: the pipeline's settings, unless given to the agent itself
     kafka_missing = [n for n, f in FIELDS.items() if f.metadata.get("kafka") and n not in values]
     if kafka_missing:

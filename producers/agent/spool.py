@@ -67,7 +67,12 @@ class Spool:
         size = _HEAD.size + len(t) + (len(key) if key is not None else 0) + len(value)
         if size + len(MAGIC) > self.max_bytes:
             self.dropped += 1
-            log.warning("spool: a %d-byte record for %s is larger than the whole spool (%d bytes); dropped", size, topic, self.max_bytes)
+            log.warning(
+                "spool: a %d-byte record for %s is larger than the whole spool (%d bytes); dropped",
+                size,
+                topic,
+                self.max_bytes,
+            )
             return 1
         dropped = self._make_room(size)
         if self._fh is None or self._current_size + size > self.segment_bytes:
@@ -100,7 +105,12 @@ class Spool:
             dropped += n
         if dropped:
             self.dropped += dropped
-            log.warning("spool full (%d bytes): dropped the %d oldest record(s), %d so far", self.max_bytes, dropped, self.dropped)
+            log.warning(
+                "spool full (%d bytes): dropped the %d oldest record(s), %d so far",
+                self.max_bytes,
+                dropped,
+                self.dropped,
+            )
         return dropped
 
     def _rotate(self) -> None:

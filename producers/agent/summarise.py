@@ -29,8 +29,6 @@ memory and disk for everything).  ``clock_events`` is the OR of the sampled bits
 
 from __future__ import annotations
 
-from ...schemas.errors import LockstepError
-
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas import functions as ft
+from ...schemas.errors import LockstepError
 from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_REQUIRED, SAMPLE_REQUIRED
 from ...schemas.records import FUNCTION_KINDS
 
@@ -122,7 +121,11 @@ def summarise(
     np.maximum.at(longest, ci, ev["dur"])
     p50, p95 = _quantiles(ev["dur"], ci, calls, (0.5, 0.95))
     has_bytes = ~np.isnan(ev["bytes"])
-    nbytes = np.where(np.bincount(ci[has_bytes], minlength=n_c) > 0, np.bincount(ci[has_bytes], weights=ev["bytes"][has_bytes], minlength=n_c), np.nan)
+    nbytes = np.where(
+        np.bincount(ci[has_bytes], minlength=n_c) > 0,
+        np.bincount(ci[has_bytes], weights=ev["bytes"][has_bytes], minlength=n_c),
+        np.nan,
+    )
     kind_c = ev["kind"][_first_index(ci, n_c)]
     res_c = ev["resource"][_first_index(ci, n_c)]
 
@@ -152,7 +155,12 @@ def summarise(
     group = c_ws[idx]  # cells are sorted by (worker-step, function): each worker-step is one slice
     bounds = np.searchsorted(group, np.arange(n_ws + 1))
     return [
-        StepSummary(worker=int(pairs[g, 0]), step=int(pairs[g, 1]), step_time_us=float(step_time[g]), functions=table.slice(bounds[g], bounds[g + 1] - bounds[g]))
+        StepSummary(
+            worker=int(pairs[g, 0]),
+            step=int(pairs[g, 1]),
+            step_time_us=float(step_time[g]),
+            functions=table.slice(bounds[g], bounds[g + 1] - bounds[g]),
+        )
         for g in range(n_ws)
         if bounds[g + 1] > bounds[g] and step_time[g] > 0
     ]
@@ -166,7 +174,9 @@ def _column(t: pa.Table, name: str, typ: pa.DataType, what: str) -> pa.Array:
     try:
         col = col.cast(typ) if col.type != typ else col
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SummaryError(f"{what} column {name!r}: cannot read {col.type} as {typ} ({str(exc).splitlines()[0]})") from None
+        raise SummaryError(
+            f"{what} column {name!r}: cannot read {col.type} as {typ} ({str(exc).splitlines()[0]})"
+        ) from None
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
@@ -186,11 +196,15 @@ def _events(t: pa.Table) -> dict[str, np.ndarray]:
     if not (np.all(np.isfinite(out["start"])) and np.all(np.isfinite(out["dur"]))) or np.any(out["dur"] < 0):
         raise SummaryError("op-event start_us and duration_us must be finite, duration_us >= 0")
     if np.any(out["dur"] > MAX_DURATION_US) or np.any(np.abs(out["start"]) > MAX_TIME_US):
-        raise SummaryError(f"op-event duration_us {out['dur'].max():g} or start_us beyond what a profiler measures (at most {MAX_DURATION_US:g} and {MAX_TIME_US:g})")
+        raise SummaryError(
+            f"op-event duration_us {out['dur'].max():g} or start_us beyond what a profiler measures (at most {MAX_DURATION_US:g} and {MAX_TIME_US:g})"
+        )
     if np.any(out["worker"] < 0) or np.any(out["step"] < 0):
         raise SummaryError("op-event worker and step must be >= 0")
     if np.any(out["worker"] > MAX_WORKER) or np.any(out["step"] > MAX_STEP):
-        raise SummaryError(f"op-event worker {out['worker'].max()} or step {out['step'].max()} out of range (worker 0..{MAX_WORKER}, step 0..{MAX_STEP})")
+        raise SummaryError(
+            f"op-event worker {out['worker'].max()} or step {out['step'].max()} out of range (worker 0..{MAX_WORKER}, step 0..{MAX_STEP})"
+        )
     fenc = _column(t, "function", pa.string(), "op-event").dictionary_encode()
     out["fcode"] = fenc.indices.to_numpy().astype(np.int64)
     out["fnames"] = np.asarray(fenc.dictionary.to_pylist(), dtype=object)
@@ -203,7 +217,9 @@ def _events(t: pa.Table) -> dict[str, np.ndarray]:
         res = _column(t, "resource", pa.string(), "op-event")
         bad = set(pc.unique(res).drop_null().to_pylist()) - set(ft.RESOURCES)
         if bad:
-            raise SummaryError(f"op-event resource(s) {sorted(map(str, bad))} unknown; allowed: {', '.join(ft.RESOURCES)}")
+            raise SummaryError(
+                f"op-event resource(s) {sorted(map(str, bad))} unknown; allowed: {', '.join(ft.RESOURCES)}"
+            )
         res_np = np.asarray(res.to_pylist(), dtype=object)
     else:
         res_np = np.full(out["kind"].size, None, dtype=object)
@@ -212,7 +228,11 @@ def _events(t: pa.Table) -> dict[str, np.ndarray]:
         kinds, inv = np.unique(out["kind"][unset].astype(str), return_inverse=True)
         res_np[unset] = np.array([ft.default_resource(k) for k in kinds], dtype=object)[inv]
     out["resource"] = res_np
-    out["bytes"] = _column(t, "bytes", pa.float64(), "op-event").to_numpy(zero_copy_only=False) if "bytes" in t.column_names else np.full(out["start"].size, np.nan)
+    out["bytes"] = (
+        _column(t, "bytes", pa.float64(), "op-event").to_numpy(zero_copy_only=False)
+        if "bytes" in t.column_names
+        else np.full(out["start"].size, np.nan)
+    )
     out["bytes"] = np.asarray(out["bytes"], dtype=np.float64)
     return out
 
@@ -307,14 +327,23 @@ def _samples(t: pa.Table) -> dict[str, np.ndarray]:
         "worker": _column(t, "worker", pa.int64(), "sample").to_numpy(zero_copy_only=False),
         "t": np.asarray(_column(t, "t_us", pa.float64(), "sample").to_numpy(zero_copy_only=False), dtype=np.float64),
         "metric": np.asarray(_column(t, "metric", pa.string(), "sample").to_pylist(), dtype=object),
-        "value": np.asarray(_column(t, "value", pa.float64(), "sample").to_numpy(zero_copy_only=False), dtype=np.float64),
+        "value": np.asarray(
+            _column(t, "value", pa.float64(), "sample").to_numpy(zero_copy_only=False), dtype=np.float64
+        ),
     }
     ok = np.isfinite(out["t"]) & np.isfinite(out["value"])
     return {k: v[ok] for k, v in out.items()}
 
 
-def _hardware(ev: dict[str, np.ndarray], ws: np.ndarray, ci: np.ndarray, n_c: int, res_c: np.ndarray, samples: pa.Table | None,
-              ws_worker: np.ndarray) -> dict[str, np.ndarray]:
+def _hardware(
+    ev: dict[str, np.ndarray],
+    ws: np.ndarray,
+    ci: np.ndarray,
+    n_c: int,
+    res_c: np.ndarray,
+    samples: pa.Table | None,
+    ws_worker: np.ndarray,
+) -> dict[str, np.ndarray]:
     cols: dict[str, np.ndarray] = {c: np.full(n_c, np.nan) for c in ft.HARDWARE}
     cols["clock_events"] = np.zeros(n_c, dtype=np.uint64)
     cols["samples"] = np.zeros(n_c, dtype=np.int32)
@@ -373,8 +402,9 @@ def _hardware(ev: dict[str, np.ndarray], ws: np.ndarray, ci: np.ndarray, n_c: in
     return cols
 
 
-def _moments(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, cnt: np.ndarray, cell: np.ndarray, n: np.ndarray,
-             n_c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _moments(
+    v: np.ndarray, lo: np.ndarray, hi: np.ndarray, cnt: np.ndarray, cell: np.ndarray, n: np.ndarray, n_c: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean, standard deviation (n - 1) and 95th percentile per cell of the samples ``v[lo:hi]`` of its ranges.
 
     The ranges of one cell are disjoint (each sample counted once per function).  Sums come from

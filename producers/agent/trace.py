@@ -62,8 +62,6 @@ what records can carry, or an event lasting more than ``MAX_DURATION_US`` is a
 
 from __future__ import annotations
 
-from ...schemas.errors import LockstepError
-
 import gzip
 import hashlib
 import os
@@ -78,6 +76,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ...schemas.errors import LockstepError
 from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_SCHEMA
 
 MAX_NAME = 200
@@ -148,11 +147,11 @@ class _Event(msgspec.Struct, forbid_unknown_fields=False):
 
 
 class _Trace(msgspec.Struct, forbid_unknown_fields=False):
-    traceEvents: list[_Event]  # noqa: N815 - the format's own names
-    distributedInfo: dict[str, Any] = {}  # noqa: N815
-    deviceProperties: list[dict[str, Any]] = []  # noqa: N815
+    traceEvents: list[_Event]
+    distributedInfo: dict[str, Any] = {}
+    deviceProperties: list[dict[str, Any]] = []
     host_name: str = ""
-    hostName: str = ""  # noqa: N815
+    hostName: str = ""
     trace_id: str = ""
 
 
@@ -165,10 +164,24 @@ _P2P = re.compile(r"send|recv", re.I)
 #: calls that block the host until the device is done: synchronize, synchronous copies (no "Async")
 _BLOCKING_CALL = re.compile(r"synchronize|^(?:cuda|hip|cu)Memcpy(?!.*Async)", re.I)
 #: the Kineto format before 1.9 named the categories differently
-_LEGACY_CATS = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}
+_LEGACY_CATS = {
+    "Operator": "cpu_op",
+    "Runtime": "cuda_runtime",
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+}
 CPU_CATS = ("cpu_op", "user_annotation", "python_function")
 COPY_CATS = ("gpu_memcpy", "gpu_memset")
-RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "mtia_runtime", "xpu_runtime", "xpu_driver", "privateuse1_runtime", "privateuse1_driver")
+RUNTIME_CATS = (
+    "cuda_runtime",
+    "cuda_driver",
+    "mtia_runtime",
+    "xpu_runtime",
+    "xpu_driver",
+    "privateuse1_runtime",
+    "privateuse1_driver",
+)
 SYNC_CATS = ("cuda_sync", "xpu_sync")
 MTIA_CATS = ("mtia_ccp_events",)
 FLOW_CATS = ("ac2g", "async")
@@ -176,7 +189,9 @@ FLOW_CATS = ("ac2g", "async")
 _NOT_DEVICE_WORK = ("gpu_user_annotation",)
 
 
-def read_chrome_trace(source: str | Path | dict, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES) -> TraceEvents:
+def read_chrome_trace(
+    source: str | Path | dict, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES
+) -> TraceEvents:
     """Read one worker's trace: a file path (``.json`` or ``.json.gz``) or the parsed JSON object."""
     trace = _load(source, max_bytes)
     path = None if isinstance(source, dict) else Path(source)
@@ -188,18 +203,29 @@ def read_chrome_trace(source: str | Path | dict, worker: int | None = None, *, m
         raise TraceError(f"rank {worker} is out of range (0..{MAX_WORKER})")
     host = trace.hostName or trace.host_name or (_file_host(path) if path else "")
     groups = tuple(
-        ProcessGroup(str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), tuple(int(r) for r in pg.get("ranks", []) or [] if isinstance(r, int)))
+        ProcessGroup(
+            str(pg.get("pg_name", "")),
+            str(pg.get("pg_desc", "")),
+            tuple(int(r) for r in pg.get("ranks", []) or [] if isinstance(r, int)),
+        )
         for pg in dist.get("pg_config", []) or []
         if isinstance(pg, dict)
     )
     world = dist.get("world_size")
-    events, bounds, steps_from, dev = _read_events(trace.traceEvents, -1 if worker is None else worker, host, f"[{groups[0].desc or groups[0].name}]" if len(groups) == 1 else "")
+    events, bounds, steps_from, dev = _read_events(
+        trace.traceEvents,
+        -1 if worker is None else worker,
+        host,
+        f"[{groups[0].desc or groups[0].name}]" if len(groups) == 1 else "",
+    )
     props = {p.get("id"): str(p.get("name", "")) for p in trace.deviceProperties or [] if isinstance(p, dict)}
     meta = TraceMeta(
         host=host,
         device=f"{host}/{dev[0]}{dev[1]}" if dev else "",
         backend=str(dist.get("backend", "")),
-        world_size=world if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORKER else None,
+        world_size=world
+        if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORKER
+        else None,
         process_groups=groups,
         gpu=props.get(dev[1], "") if dev else next(iter(props.values()), ""),
         trace_id=trace.trace_id,
@@ -247,8 +273,18 @@ def open_regular(source: str | Path, max_bytes: int, what: str = "file") -> Bina
         os.close(fd)
         mode = st.st_mode
         if stat.S_ISREG(mode):
-            raise TraceError(f"{what} of {st.st_size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)")
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise TraceError(
+                f"{what} of {st.st_size:,} bytes is larger than the limit of {max_bytes:,} (--max-input-mb)"
+            )
+        kind = (
+            "a directory"
+            if stat.S_ISDIR(mode)
+            else "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a device"
+        )
         raise TraceError(f"not a regular file ({kind})")
     return os.fdopen(fd, "rb")
 
@@ -267,7 +303,9 @@ def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> byt
             fh.seek(size - 4)
             announced = int.from_bytes(fh.read(4), "little")
             if announced > max_bytes:
-                raise TraceError(f"gzip {what} unpacks to {announced:,} bytes, more than the limit of {max_bytes:,} (--max-input-mb)")
+                raise TraceError(
+                    f"gzip {what} unpacks to {announced:,} bytes, more than the limit of {max_bytes:,} (--max-input-mb)"
+                )
         fh.seek(0)
         out = bytearray()
         try:
@@ -275,7 +313,9 @@ def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> byt
                 while chunk := gz.read(min(_CHUNK, max_bytes + 1 - len(out))):
                     out += chunk
                     if len(out) > max_bytes:
-                        raise TraceError(f"gzip {what} unpacks to more than the limit of {max_bytes:,} bytes (--max-input-mb)")
+                        raise TraceError(
+                            f"gzip {what} unpacks to more than the limit of {max_bytes:,} bytes (--max-input-mb)"
+                        )
         except (OSError, EOFError) as exc:
             raise TraceError(f"not a readable gzip file ({exc})") from None
         return out
@@ -295,7 +335,9 @@ def _load(source: str | Path | dict, max_bytes: int) -> _Trace:
 # --------------------------------------------------------------------------- events
 
 
-def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tuple[pa.Table, dict[int, tuple[float, float]], str, tuple[str, int] | None]:
+def _read_events(
+    ev: list[_Event], worker: int, host: str, pg_suffix: str
+) -> tuple[pa.Table, dict[int, tuple[float, float]], str, tuple[str, int] | None]:
     x = [e for e in ev if e.ph == "X"]
     n = len(x)
     cat = np.array([e.cat for e in x], dtype="U32")  # categories are short identifiers: fixed width compares in C
@@ -305,25 +347,40 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     ts = np.fromiter((e.ts for e in x), dtype=np.float64, count=n)
     dur = np.fromiter((e.dur for e in x), dtype=np.float64, count=n)
     stream = np.array([f"{e.pid}/{e.tid}" for e in x], dtype=object)
-    names = pa.array(name.tolist(), pa.string())  # string predicates in Arrow: kernel names run to thousands of characters
+    names = pa.array(
+        name.tolist(), pa.string()
+    )  # string predicates in Arrow: kernel names run to thousands of characters
 
     is_cpu = np.isin(cat, CPU_CATS)
     ops = np.flatnonzero(cat == "cpu_op")  # old traces wrote record_function regions as operators too
     op_names = names.take(pa.array(ops))
-    cat[ops[_starts(op_names, "ProfilerStep#") | _starts(op_names, "Optimizer.") | _has(op_names, "DataLoader")]] = "user_annotation"
+    cat[ops[_starts(op_names, "ProfilerStep#") | _starts(op_names, "Optimizer.") | _has(op_names, "DataLoader")]] = (
+        "user_annotation"
+    )
     is_runtime = np.isin(cat, RUNTIME_CATS)
     is_sync_rec = np.isin(cat, SYNC_CATS)
     is_copy = np.isin(cat, COPY_CATS)
-    is_dev = is_copy | (cat == "kernel") | np.isin(cat, MTIA_CATS) | (np.char.startswith(cat, "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
+    is_dev = (
+        is_copy
+        | (cat == "kernel")
+        | np.isin(cat, MTIA_CATS)
+        | (np.char.startswith(cat, "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
+    )
 
     used = is_cpu | is_runtime | is_sync_rec | is_dev
     broken = used & (~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > MAX_TIME_US) | (dur > MAX_DURATION_US))
     if broken.any():
         i = int(np.flatnonzero(broken)[0])
-        raise TraceError(f"event {_cap(str(name[i]))!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)")
+        raise TraceError(
+            f"event {_cap(str(name[i]))!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)"
+        )
     dur = np.maximum(dur, 0.0)
 
-    corr = _ints([x[i].args.correlation for i in np.flatnonzero(is_dev | is_runtime | is_sync_rec)], n, is_dev | is_runtime | is_sync_rec)
+    corr = _ints(
+        [x[i].args.correlation for i in np.flatnonzero(is_dev | is_runtime | is_sync_rec)],
+        n,
+        is_dev | is_runtime | is_sync_rec,
+    )
 
     # ---- steps
     bounds, steps_from = _profiler_steps(name, names, cat, ts, dur)
@@ -364,7 +421,9 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
         blocking[r[hit]] = True
     sync_rec = np.flatnonzero(is_sync_rec & (name != "Stream Wait Event"))
     if sync_rec.size:
-        blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = True  # the call itself is not in the trace
+        blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = (
+            True  # the call itself is not in the trace
+        )
     dev_wait = np.isin(cat, MTIA_CATS)
     dev_wait[dev_wait] = _has(names.filter(pa.array(dev_wait)), "wait", ignore_case=True)
     is_dev &= ~dev_wait
@@ -390,7 +449,9 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
     # (kind of accelerator, number), named once
     dev_no = np.full(n, -1, dtype=np.int64)
-    dev_no[dev_idx] = _ints([x[i].args.device if x[i].args.device is not None else x[i].pid for i in dev_idx], dev_idx.size, None)
+    dev_no[dev_idx] = _ints(
+        [x[i].args.device if x[i].args.device is not None else x[i].pid for i in dev_idx], dev_idx.size, None
+    )
     mtia = np.isin(cat, MTIA_CATS)
     code = np.where(dev_no >= 0, 2 * dev_no + mtia, -1)
     codes, counts = np.unique(code[dev_idx][code[dev_idx] >= 0], return_counts=True)
@@ -406,13 +467,20 @@ def _read_events(ev: list[_Event], worker: int, host: str, pg_suffix: str) -> tu
     pg = np.full(idx.size, pg_suffix, dtype=object)
     on_comm = np.flatnonzero(comm[idx])
     pg[on_comm] = [_pg(x[i]) or pg_suffix for i in idx[on_comm]]
-    key = pc.binary_join_element_wise(pa.array(cat[idx].tolist(), pa.string()), names.take(pa.array(idx)), pa.array(pg.tolist(), pa.string()),
-                                      pa.array(np.where(sync[idx], "s", "").tolist(), pa.string()), "\x00").dictionary_encode()  # fmt: skip
+    key = pc.binary_join_element_wise(
+        pa.array(cat[idx].tolist(), pa.string()),
+        names.take(pa.array(idx)),
+        pa.array(pg.tolist(), pa.string()),
+        pa.array(np.where(sync[idx], "s", "").tolist(), pa.string()),
+        "\x00",
+    ).dictionary_encode()
     which = key.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     first = np.full(len(key.dictionary), -1, dtype=np.int64)
     first[which[::-1]] = np.arange(which.size - 1, -1, -1)
     named = [_classify(cat[idx[j]], name[idx[j]], pg[j], bool(sync[idx[j]])) for j in first]
-    fn, kind, res = (np.array([t[c] for t in named], dtype=object)[which].tolist() for c in range(3)) if named else ([], [], [])
+    fn, kind, res = (
+        (np.array([t[c] for t in named], dtype=object)[which].tolist() for c in range(3)) if named else ([], [], [])
+    )
     htod = cat[idx] == "gpu_memcpy"
     htod[htod] = _has(names.take(pa.array(idx[htod])), "HtoD")
     nbytes = np.full(idx.size, np.nan)
@@ -446,7 +514,10 @@ def _ints(values: list, n: int, where: np.ndarray | None) -> np.ndarray:
         v = a.cast(pa.int64()).fill_null(-1).to_numpy()
         v = np.where((v >= 0) & (v < 2**62), v, -1)
     except (pa.ArrowException, TypeError, OverflowError):  # strings, floats, booleans, huge numbers: one by one
-        v = np.array([int(a) if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 2**62 else -1 for a in values], dtype=np.int64)
+        v = np.array(
+            [int(a) if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 2**62 else -1 for a in values],
+            dtype=np.int64,
+        )
     if where is None:
         return v
     out = np.full(n, -1, dtype=np.int64)
@@ -523,7 +594,9 @@ def _inferred_steps(name, names, cat, ts, dur, stream, is_cpu, is_dev) -> tuple[
     t_first = float(ts[work].min())
     t_last = float((ts + dur)[work].max())
     opt = np.flatnonzero(is_cpu & _starts(names, "Optimizer.step"))
-    opt = opt[~_nested(stream, ts, dur, np.isin(np.arange(name.size), opt))[opt]]  # a wrapping optimizer's inner step is not another
+    opt = opt[
+        ~_nested(stream, ts, dur, np.isin(np.arange(name.size), opt))[opt]
+    ]  # a wrapping optimizer's inner step is not another
     if opt.size >= 2:
         opt_end = np.sort(ts[opt] + dur[opt])
         begin = np.concatenate([[t_first], opt_end[:-1]])

@@ -143,19 +143,49 @@ def process_window(
 
 
 def answer_raw_request(
-    req: RawRequest, meta: WorkerMeta, store: RawStore, redaction: Redaction, max_bytes: int, *, own_threads: frozenset[int] = frozenset(), tenant: str = ""
+    req: RawRequest,
+    meta: WorkerMeta,
+    store: RawStore,
+    redaction: Redaction,
+    max_bytes: int,
+    *,
+    own_threads: frozenset[int] = frozenset(),
+    tenant: str = "",
 ) -> RawTrace:
     """This worker's answer to a raw request: a bounded, redacted, compressed slice, or the reason there is none."""
-    common: dict[str, Any] = dict(job=req.job, request=req.request, worker=meta.rank, host=meta.host, redaction=redaction.spec(), tenant=tenant or req.tenant)
+    common: dict[str, Any] = dict(
+        job=req.job,
+        request=req.request,
+        worker=meta.rank,
+        host=meta.host,
+        redaction=redaction.spec(),
+        tenant=tenant or req.tenant,
+    )
     kept = store.load(req.window)
     if kept is None:
         what = f"window {req.window}" if req.window else "any window"
-        return RawTrace(window=req.window, error=f"no raw trace of {what} is kept on this worker", sent_at=time.time(), **common)
+        return RawTrace(
+            window=req.window, error=f"no raw trace of {what} is kept on this worker", sent_at=time.time(), **common
+        )
     window, trace, bounds = kept
     missing = sorted(set(req.steps) - set(bounds))
     if req.steps and len(missing) == len(set(req.steps)):
-        return RawTrace(window=window, error=f"steps {missing} are not in window {window} (steps {min(bounds)}..{max(bounds)})",
-                        sent_at=time.time(), **common)  # fmt: skip
-    sl = slice_trace(redaction.trace(without_threads(trace, own_threads)), bounds, list(req.steps), min(req.max_bytes, max_bytes))
-    return RawTrace(window=window, steps=sl.steps, events=sl.events, events_total=sl.events_total, truncated=sl.truncated,
-                    trace=sl.data, sent_at=time.time(), **common)  # fmt: skip
+        return RawTrace(
+            window=window,
+            error=f"steps {missing} are not in window {window} (steps {min(bounds)}..{max(bounds)})",
+            sent_at=time.time(),
+            **common,
+        )
+    sl = slice_trace(
+        redaction.trace(without_threads(trace, own_threads)), bounds, list(req.steps), min(req.max_bytes, max_bytes)
+    )
+    return RawTrace(
+        window=window,
+        steps=sl.steps,
+        events=sl.events,
+        events_total=sl.events_total,
+        truncated=sl.truncated,
+        trace=sl.data,
+        sent_at=time.time(),
+        **common,
+    )

@@ -73,21 +73,20 @@ same peer group, i.e. the same pipeline stage and role, in the same step):
 
 from __future__ import annotations
 
-from ...schemas.errors import LockstepError
-
 from dataclasses import dataclass
 
 import numpy as np
 
+from ...schemas.errors import LockstepError
 from .model import (
     COMPUTE_KERNELS,
     CPU_FUNCTIONS,
+    HW_THERMAL,
     IDX,
     LAYER_KERNELS,
     SAMPLED,
     SW_POWER_CAP,
     SW_THERMAL,
-    HW_THERMAL,
     Effects,
 )
 from .topology import Topology, TopologyError
@@ -111,20 +110,37 @@ class FaultKind:
 
 _INTER_NODE = ("nccl:all_reduce[dp]", "nccl:send_recv[pp]", "nccl:all_to_all[ep]", "nccl:all_reduce[mp]")
 _INTRA_NODE = ("nccl:all_reduce[tp]", "nccl:all_reduce[dp]", "nccl:all_to_all[ep]", "nccl:all_reduce[mp]")
-_INPUT = ("fwd.gemm", "fwd.attention", "bwd.gemm", "bwd.attention", "fwd.embedding", "fwd.loss", "moe.expert_gemm", "memcpy.h2d")
+_INPUT = (
+    "fwd.gemm",
+    "fwd.attention",
+    "bwd.gemm",
+    "bwd.attention",
+    "fwd.embedding",
+    "fwd.loss",
+    "moe.expert_gemm",
+    "memcpy.h2d",
+)
 
 CATALOGUE: dict[str, FaultKind] = {
-    "gpu_throttle_thermal": FaultKind("workers", "gpu_throttle_thermal", "worker", COMPUTE_KERNELS, needs=("sm_clock_mhz",)),
-    "gpu_throttle_power": FaultKind("workers", "gpu_throttle_power", "worker", COMPUTE_KERNELS, needs=("sm_clock_mhz",)),
+    "gpu_throttle_thermal": FaultKind(
+        "workers", "gpu_throttle_thermal", "worker", COMPUTE_KERNELS, needs=("sm_clock_mhz",)
+    ),
+    "gpu_throttle_power": FaultKind(
+        "workers", "gpu_throttle_power", "worker", COMPUTE_KERNELS, needs=("sm_clock_mhz",)
+    ),
     "gpu_slow": FaultKind("workers", "gpu_slow", "worker", COMPUTE_KERNELS, needs=("sm_clock_mhz",)),
     "nvlink": FaultKind("workers", "nvlink", "worker", _INTRA_NODE, by_device=True, needs=("nvlink_gbps",)),
     "pcie": FaultKind("workers", "pcie", "worker", ("memcpy.h2d",), needs=("pcie_gbps",)),
     "nic": FaultKind("nics", "nic", "worker", _INTER_NODE, by_device=True, needs=("nic_gbps",)),
     "switch": FaultKind("switches", "switch", "worker", _INTER_NODE, by_device=True, needs=("nic_gbps",)),
-    "host_cpu_contention": FaultKind("hosts", "host_cpu_contention", "worker", CPU_FUNCTIONS, by_device=True, needs=("cpu_other",)),
+    "host_cpu_contention": FaultKind(
+        "hosts", "host_cpu_contention", "worker", CPU_FUNCTIONS, by_device=True, needs=("cpu_other",)
+    ),
     "host_memory": FaultKind("hosts", "host_memory", "worker", CPU_FUNCTIONS, by_device=True, needs=("mem_used_frac",)),
     "storage": FaultKind("hosts", "storage", "worker", ("dataloader.next",), by_device=True, needs=("disk_read_mbps",)),
-    "dataloader": FaultKind("workers", "dataloader", "worker", ("dataloader.next",), needs=("cpu_other", "disk_read_mbps", "mem_used_frac")),
+    "dataloader": FaultKind(
+        "workers", "dataloader", "worker", ("dataloader.next",), needs=("cpu_other", "disk_read_mbps", "mem_used_frac")
+    ),
     "input_imbalance": FaultKind("workers", "input_imbalance", "worker", _INPUT),
     "pipeline_imbalance": FaultKind("stage", "pipeline_imbalance", "group", LAYER_KERNELS),
     # the peers run the function too: only the host's CPU samples rule contention out
@@ -176,8 +192,14 @@ class Fault:
         kind = CATALOGUE[self.type]
         if self.type == "rank_specific_code" and not self.function:
             object.__setattr__(self, "function", "python.log_metrics")
-        given = {"workers": bool(self.workers), "hosts": bool(self.hosts), "nics": bool(self.nics),
-                 "switches": bool(self.switches), "stage": self.stage is not None, "function": bool(self.function)}  # fmt: skip
+        given = {
+            "workers": bool(self.workers),
+            "hosts": bool(self.hosts),
+            "nics": bool(self.nics),
+            "switches": bool(self.switches),
+            "stage": self.stage is not None,
+            "function": bool(self.function),
+        }
         if not given[kind.target]:
             raise FaultError(f"fault {self.type}: say which {kind.target} it hits ({kind.target}: ...)")
         if self.function and self.function not in IDX:

@@ -75,11 +75,19 @@ def write_records(scenario: Scenario, folder: Path, progress=None) -> Written:
                 triggers.append({("window_id" if k == "window" else k): v for k, v in trig.items()})
         live = np.flatnonzero(~sim.missing)
         sent = np.round(clock + sim.clock_offset_s[live], 6)
-        heartbeats.append(pa.table({
-            "job": pa.array([scenario.job] * live.size, type=pa.string()), "worker": pa.array(ranks[live]), "step": pa.array(np.full(live.size, step)),
-            "step_time_s": pa.array(sim.step_time_us[live] / 1e6), "host": pa.array(hosts[live], type=pa.string()),
-            "sent_at": pa.array(sent), "tenant": pa.array([scenario.tenant] * live.size, type=pa.string()),
-        }))  # fmt: skip
+        heartbeats.append(
+            pa.table(
+                {
+                    "job": pa.array([scenario.job] * live.size, type=pa.string()),
+                    "worker": pa.array(ranks[live]),
+                    "step": pa.array(np.full(live.size, step)),
+                    "step_time_s": pa.array(sim.step_time_us[live] / 1e6),
+                    "host": pa.array(hosts[live], type=pa.string()),
+                    "sent_at": pa.array(sent),
+                    "tenant": pa.array([scenario.tenant] * live.size, type=pa.string()),
+                }
+            )
+        )
         if step in profiled:
             w = profiled[step]
             table, row_worker = fleet.table(sim)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ...schemas.errors import LockstepError
-
 import json
 import time
 from dataclasses import dataclass, field
@@ -75,14 +73,29 @@ class Scenario:
         except OSError as exc:
             raise ScenarioError(f"scenario {path}: {exc.strerror}") from None
         except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise ScenarioError(f"scenario {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({str(exc).splitlines()[0]})") from None
+            raise ScenarioError(
+                f"scenario {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({str(exc).splitlines()[0]})"
+            ) from None
         return cls.from_dict(data, str(path), default_name=path.stem)
 
     @classmethod
     def from_dict(cls, data: object, where: str = "scenario", default_name: str = "") -> Scenario:
         if not isinstance(data, dict):
             raise ScenarioError(f"{where}: expected a mapping")
-        known = {"name", "group", "job", "seed", "topology", "workload", "faults", "window", "baseline", "hardware_hz", "hardware", "tenant"}
+        known = {
+            "name",
+            "group",
+            "job",
+            "seed",
+            "topology",
+            "workload",
+            "faults",
+            "window",
+            "baseline",
+            "hardware_hz",
+            "hardware",
+            "tenant",
+        }
         unknown = set(data) - known
         if unknown:
             raise ScenarioError(f"{where}: unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
@@ -123,7 +136,9 @@ class Scenario:
             raise ValueError(f"hardware must be one of {', '.join(SAMPLED)}, got {self.hardware!r}")
         for f in self.faults:
             f.targets(self.topology)  # raises on targets outside the topology
-        if self.baseline and any(f.start_step < self.baseline.start_step + self.baseline.steps for f in self.faults if f.type == "regression"):
+        if self.baseline and any(
+            f.start_step < self.baseline.start_step + self.baseline.steps for f in self.faults if f.type == "regression"
+        ):
             raise ValueError("a regression must start after the baseline window")
 
     def to_dict(self) -> dict:
@@ -183,14 +198,22 @@ class FleetSimulator:
         self.meta: list[WorkerMeta] = self.topology.meta()
         self.static = Static.draw(self.topology, scenario.workload, scenario.seed)
 
-    def step(self, step: int, faults: tuple[Fault, ...] | None = None, readings: bool = True, hardware_hz: float | None = None) -> SimulatedStep:
+    def step(
+        self,
+        step: int,
+        faults: tuple[Fault, ...] | None = None,
+        readings: bool = True,
+        hardware_hz: float | None = None,
+    ) -> SimulatedStep:
         """Simulate one step; ``faults`` overrides the scenario's (re-simulation without a fault),
         ``readings=False`` skips the hardware readings (the times stay the same), ``hardware_hz`` the scenario's
         sampling rate (a live window's trigger asks for its own)."""
         sc = self.scenario
         fx = effects(self.topology, sc.faults if faults is None else faults, step, sc.workload.layers_per_stage)
         hz = sc.hardware_hz if hardware_hz is None else hardware_hz
-        return simulate_step(self.topology, sc.workload, self.static, step, step_rng(sc.seed, step), fx, hz, readings, sc.hardware)
+        return simulate_step(
+            self.topology, sc.workload, self.static, step, step_rng(sc.seed, step), fx, hz, readings, sc.hardware
+        )
 
     def saving(self, index: int, steps: range | list[int]) -> float:
         """The share of the synchronised step time that removing fault ``index`` saves over ``steps``
@@ -203,17 +226,32 @@ class FleetSimulator:
     def trigger(self, window: Window | None = None, *, created_at: float = 0.0) -> ProfileTrigger:
         """The profiling trigger of a window of this scenario (the scenario's own window by default)."""
         w = window or self.scenario.window
-        return ProfileTrigger(job=self.scenario.job, window=w.name, start_step=w.start_step, steps=w.steps,
-                              expected_workers=self.topology.workers, sampling=Sampling(hardware_hz=self.scenario.hardware_hz),
-                              reason="simulated", created_at=created_at, tenant=self.scenario.tenant)  # fmt: skip
+        return ProfileTrigger(
+            job=self.scenario.job,
+            window=w.name,
+            start_step=w.start_step,
+            steps=w.steps,
+            expected_workers=self.topology.workers,
+            sampling=Sampling(hardware_hz=self.scenario.hardware_hz),
+            reason="simulated",
+            created_at=created_at,
+            tenant=self.scenario.tenant,
+        )
 
     def heartbeats(self, sim: SimulatedStep, sent_at: float | None = None) -> list[StepHeartbeat]:
         """One heartbeat per live worker; ``sent_at`` on each host's own (possibly skewed) clock."""
         now = time.time() if sent_at is None else sent_at
         job, tenant = self.scenario.job, self.scenario.tenant
         return [
-            StepHeartbeat(job=job, worker=m.rank, step=sim.step, step_time_s=float(sim.step_time_us[i]) / 1e6, host=m.host,
-                          sent_at=now + float(sim.clock_offset_s[i]), tenant=tenant)  # fmt: skip
+            StepHeartbeat(
+                job=job,
+                worker=m.rank,
+                step=sim.step,
+                step_time_s=float(sim.step_time_us[i]) / 1e6,
+                host=m.host,
+                sent_at=now + float(sim.clock_offset_s[i]),
+                tenant=tenant,
+            )
             for i, m in enumerate(self.meta)
             if not sim.missing[i]
         ]
@@ -251,7 +289,9 @@ class FleetSimulator:
             cols[name] = arr[keep]
         return ft.make_table(cols), w_idx
 
-    def feature_batches(self, sim: SimulatedStep, trigger: ProfileTrigger, sent_at: float | None = None) -> list[FeatureBatch]:
+    def feature_batches(
+        self, sim: SimulatedStep, trigger: ProfileTrigger, sent_at: float | None = None
+    ) -> list[FeatureBatch]:
         """One feature batch per live worker, as its agent would publish it."""
         now = time.time() if sent_at is None else sent_at
         table, row_worker = self.table(sim)

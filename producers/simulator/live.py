@@ -61,10 +61,21 @@ def run_live(
         for trig in control.records(ProfileTrigger, where=lambda t: t.job == job):  # refusals are for operators
             echo = {"trigger_window": trig.window, "trigger_latency_s": time.time() - trig.created_at}
             if trig.start_step <= step:
-                log.warning("refusing trigger %s: start step %d is not in the future (now at %d)", trig.window, trig.start_step, step)
+                log.warning(
+                    "refusing trigger %s: start step %d is not in the future (now at %d)",
+                    trig.window,
+                    trig.start_step,
+                    step,
+                )
                 res.refused.append(trig)
             elif all(t.window != trig.window for t in active):
-                log.info("accepted trigger %s: steps %d..%d (%s)", trig.window, trig.start_step, trig.start_step + trig.steps - 1, trig.reason)
+                log.info(
+                    "accepted trigger %s: steps %d..%d (%s)",
+                    trig.window,
+                    trig.start_step,
+                    trig.start_step + trig.steps - 1,
+                    trig.reason,
+                )
                 res.triggers.append(trig)
                 active.append(trig)
         # the workers' samplers run at the rate the window's trigger asks for, as agents do

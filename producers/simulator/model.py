@@ -35,7 +35,6 @@ average it out.  A scenario's ``hardware`` says what the samplers see at all
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -61,13 +60,24 @@ BURST_BYTES = 4e6
 SATURATED_CV = 0.1  # spread (sd/mean) of a link busy all the time (protocol gaps, flow control)
 #: spread (sd/mean) of each other metric's samples while a function runs
 METRIC_CV = {
-    "sm_clock_mhz": 0.003, "sm_active": 0.05, "gpu_power_w": 0.03, "gpu_temp_c": 0.005, "pcie_gbps": SATURATED_CV,
-    "cpu_self": 0.15, "cpu_other": 0.3, "mem_used_frac": 0.002, "disk_read_mbps": 0.3,
-}  # fmt: skip
+    "sm_clock_mhz": 0.003,
+    "sm_active": 0.05,
+    "gpu_power_w": 0.03,
+    "gpu_temp_c": 0.005,
+    "pcie_gbps": SATURATED_CV,
+    "cpu_self": 0.15,
+    "cpu_other": 0.3,
+    "mem_used_frac": 0.002,
+    "disk_read_mbps": 0.3,
+}
 _HOST = frozenset({"nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps"})
 #: what a worker's sampler sees: NVML and the host's counters (``nvml``), the host's only (``host``: no GPU, or no
 #: NVML), nothing (``none``): the values of a feature batch's ``hardware``
-SAMPLED = {"nvml": _HOST | {"sm_clock_mhz", "sm_active", "gpu_power_w", "gpu_temp_c", "pcie_gbps", "nvlink_gbps"}, "host": _HOST, "none": frozenset()}
+SAMPLED = {
+    "nvml": _HOST | {"sm_clock_mhz", "sm_active", "gpu_power_w", "gpu_temp_c", "pcie_gbps", "nvlink_gbps"},
+    "host": _HOST,
+    "none": frozenset(),
+}
 
 # NVML clock-event (throttle) reason bits
 SW_POWER_CAP = 0x04
@@ -80,7 +90,9 @@ class Function:
     name: str
     kind: str
     resource: str  # default resource; collectives use "nic" or "nvlink" depending on where their group lives
-    base_us: float = 0.0  # per step (per layer for layer kernels); the model grows with tp and pp, a GPU's work does not
+    base_us: float = (
+        0.0  # per step (per layer for layer kernels); the model grows with tp and pp, a GPU's work does not
+    )
     sigma: float = 0.01  # per-step jitter (lognormal sigma)
 
 
@@ -112,7 +124,16 @@ GPU_BOUND = np.array([f.resource == "gpu" for f in FUNCTIONS])
 COMM = np.array([f.kind in ("collective", "p2p") for f in FUNCTIONS])
 #: the transformer-layer kernels: what a pipeline stage with more layers does more of
 LAYER_KERNELS = ("fwd.gemm", "fwd.attention", "bwd.gemm", "bwd.attention")
-COMPUTE_KERNELS = ("fwd.embedding", "fwd.gemm", "fwd.attention", "moe.expert_gemm", "fwd.loss", "bwd.gemm", "bwd.attention", "optimizer.step")
+COMPUTE_KERNELS = (
+    "fwd.embedding",
+    "fwd.gemm",
+    "fwd.attention",
+    "moe.expert_gemm",
+    "fwd.loss",
+    "bwd.gemm",
+    "bwd.attention",
+    "optimizer.step",
+)
 CPU_FUNCTIONS = ("python.train_loop", "dataloader.next", "python.log_metrics")
 
 INPUT_BYTES = 75e6  # a worker's batch, host to device
@@ -167,13 +188,26 @@ class Effects:
         w = topo.workers
         one, zero = np.ones(w), np.zeros(w)
         return cls(
-            clock_factor=one.copy(), clock_events=np.zeros(w, dtype=np.uint64), temp_delta=zero.copy(),
-            gpu_factor=one.copy(), nvlink_factor=one.copy(), pcie_factor=one.copy(), nic_factor=one.copy(),
-            cpu_other_delta=zero.copy(), cpu_self_factor=one.copy(), mem_floor=zero.copy(), disk_factor=one.copy(),
-            loader_excess=zero.copy(), python_factor=one.copy(), tokens=one.copy(),
-            fn_factor=np.ones((w, F)), extra_us=np.zeros((w, F)), extra_layers=np.zeros(topo.pp, dtype=np.int64),
-            clock_offset_s=zero.copy(), missing=np.zeros(w, dtype=bool),
-        )  # fmt: skip
+            clock_factor=one.copy(),
+            clock_events=np.zeros(w, dtype=np.uint64),
+            temp_delta=zero.copy(),
+            gpu_factor=one.copy(),
+            nvlink_factor=one.copy(),
+            pcie_factor=one.copy(),
+            nic_factor=one.copy(),
+            cpu_other_delta=zero.copy(),
+            cpu_self_factor=one.copy(),
+            mem_floor=zero.copy(),
+            disk_factor=one.copy(),
+            loader_excess=zero.copy(),
+            python_factor=one.copy(),
+            tokens=one.copy(),
+            fn_factor=np.ones((w, F)),
+            extra_us=np.zeros((w, F)),
+            extra_layers=np.zeros(topo.pp, dtype=np.int64),
+            clock_offset_s=zero.copy(),
+            missing=np.zeros(w, dtype=bool),
+        )
 
 
 @dataclass
@@ -262,7 +296,11 @@ def _structure(topo: Topology, wl: Workload) -> Structure:
     dp_hosts = -(-topo.dp // dp_per_host)
     mp_hosts = topo.pp  # a model-parallel group spans one host per stage
     resource = np.tile(np.array([f.resource for f in FUNCTIONS], dtype=object), (topo.workers, 1))
-    for name, hosts in (("nccl:all_to_all[ep]", dp_hosts), ("nccl:all_reduce[dp]", dp_hosts), ("nccl:all_reduce[mp]", mp_hosts)):
+    for name, hosts in (
+        ("nccl:all_to_all[ep]", dp_hosts),
+        ("nccl:all_reduce[dp]", dp_hosts),
+        ("nccl:all_reduce[mp]", mp_hosts),
+    ):
         resource[:, IDX[name]] = "nic" if hosts > 1 else "nvlink"
     return Structure(present=present, resource=resource, dp_per_host=dp_per_host, dp_hosts=dp_hosts, mp_hosts=mp_hosts)
 
@@ -447,7 +485,14 @@ def _in_order(dur: FloatArray, first: FloatArray, t: FloatArray, names: tuple[st
 
 
 def _pipeline_phase(
-    topo: Topology, wl: Workload, st: Structure, work: _Work, fx: Effects, links: _Links, times: _Times, ready: FloatArray
+    topo: Topology,
+    wl: Workload,
+    st: Structure,
+    work: _Work,
+    fx: Effects,
+    links: _Links,
+    times: _Times,
+    ready: FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
     """Forward and backward passes per tensor-parallel group (node = (pp, dp)), whose members sync at every tp
     all-reduce, in a GPipe schedule of micro-batches across the pipeline's stages; the tp all-reduce, the experts'
@@ -479,7 +524,12 @@ def _pipeline_phase(
     if wl.moe and D > 1:
         link = np.where(st.dp_hosts > 1, links.nic, links.nvlink)
         a2a_xfer = (
-            2 * 2 * work.layers * M * (A2A_BYTES / M) / (_group_min(link, shape, dp_axis) * 1e3)
+            2
+            * 2
+            * work.layers
+            * M
+            * (A2A_BYTES / M)
+            / (_group_min(link, shape, dp_axis) * 1e3)
             * work.comm(fx, "nccl:all_to_all[ep]")
         )
         a2a_xfer = _group_max(_group_max(a2a_xfer, shape, tp_axis), shape, dp_axis)
@@ -526,7 +576,9 @@ def _pipeline_phase(
     return pipe_end_w, tp_calls
 
 
-def _gpipe(fn: FloatArray, bn: FloatArray, S: FloatArray, hop: FloatArray, M: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+def _gpipe(
+    fn: FloatArray, bn: FloatArray, S: FloatArray, hop: FloatArray, M: int
+) -> tuple[FloatArray, FloatArray, FloatArray]:
     """A GPipe schedule of ``M`` micro-batches over (stage, replica) nodes that start at ``S``, take ``fn`` / ``bn``
     per micro-batch forward / backward and ``hop`` per send to the next stage: when each node starts its first
     forward, its first backward, and when its pipeline ends."""
@@ -594,7 +646,13 @@ def _calls(topo: Topology, layers: FloatArray, tp_calls: FloatArray, M: int, pre
     stage, P = topo.arrays["pp"], topo.pp
     calls = np.ones((topo.workers, F), dtype=np.int32)
     lk = (layers * M).astype(np.int32)
-    for name, per in (("fwd.gemm", 3), ("bwd.gemm", 6), ("fwd.attention", 2), ("bwd.attention", 2), ("moe.expert_gemm", 4)):
+    for name, per in (
+        ("fwd.gemm", 3),
+        ("bwd.gemm", 6),
+        ("fwd.attention", 2),
+        ("bwd.attention", 2),
+        ("moe.expert_gemm", 4),
+    ):
         calls[:, IDX[name]] = per * lk
     calls[:, IDX["nccl:all_reduce[tp]"]] = 2 * tp_calls.astype(np.int32)
     calls[:, IDX["nccl:all_to_all[ep]"]] = 4 * lk
@@ -606,7 +664,9 @@ def _calls(topo: Topology, layers: FloatArray, tp_calls: FloatArray, M: int, pre
     return calls
 
 
-def _bytes(topo: Topology, M: int, work: _Work, tp_calls: FloatArray, calls: IntArray, present: BoolArray) -> FloatArray:
+def _bytes(
+    topo: Topology, M: int, work: _Work, tp_calls: FloatArray, calls: IntArray, present: BoolArray
+) -> FloatArray:
     """Bytes each worker moves in each copy and collective (NaN for the others)."""
     D, T = topo.dp, topo.tp
     nbytes = np.full((topo.workers, F), np.nan)
@@ -649,13 +709,21 @@ def _link_rates(topo: Topology, st: Structure, links: _Links) -> dict[str, list[
 
 
 def _shape(
-    rng: np.random.Generator, mean: FloatArray, cv: FloatArray | float, samples: IntArray, cap: FloatArray | float = np.inf
+    rng: np.random.Generator,
+    mean: FloatArray,
+    cv: FloatArray | float,
+    samples: IntArray,
+    cap: FloatArray | float = np.inf,
 ) -> tuple[FloatArray, FloatArray]:
     """Standard deviation and 95th percentile of ``samples`` readings of mean ``mean`` and spread ``cv`` (sd/mean),
     with the error an estimate from that many samples has; the spread is NaN below two samples, the peak the one
     reading; no reading exceeds ``cap``."""
     n = np.maximum(samples, 1)
-    sd = np.abs(mean) * cv * np.clip(1.0 + rng.normal(0.0, 1.0, mean.shape) / np.sqrt(2.0 * np.maximum(n - 1, 1)), 0.1, None)
+    sd = (
+        np.abs(mean)
+        * cv
+        * np.clip(1.0 + rng.normal(0.0, 1.0, mean.shape) / np.sqrt(2.0 * np.maximum(n - 1, 1)), 0.1, None)
+    )
     p95 = np.minimum(mean + 1.645 * sd, np.maximum(cap, mean))
     return np.where(samples >= 2, sd, np.nan), np.where(samples >= 2, p95, mean)
 

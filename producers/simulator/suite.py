@@ -72,14 +72,35 @@ REGRESSED = ("fwd.attention", "bwd.gemm", "optimizer.step", "nccl:all_reduce[dp]
 #: samples per second of a window's sampler (each scenario draws one)
 RATES = (1000.0, 1000.0, 1000.0, 2000.0, 10000.0)
 #: jobs of 2 and 3 workers, one per host (a z-score needs more peers): the fault of each, None for a healthy one
-SMALL_JOBS = ("gpu_slow", "dataloader", "nic", "gpu_throttle_thermal", "rank_specific_code", "host_cpu_contention",
-              "input_imbalance", None, "storage", "pcie", "nic", None)  # fmt: skip
+SMALL_JOBS = (
+    "gpu_slow",
+    "dataloader",
+    "nic",
+    "gpu_throttle_thermal",
+    "rank_specific_code",
+    "host_cpu_contention",
+    "input_imbalance",
+    None,
+    "storage",
+    "pcie",
+    "nic",
+    None,
+)
 #: (fault, what the samplers see): without the samples that decide, the expected cause is ``undetermined``
 WITHOUT_SAMPLES = (
-    ("gpu_throttle_thermal", "none"), ("dataloader", "host"), ("gpu_slow", "none"), ("host_cpu_contention", "host"),
-    ("rank_specific_code", "none"), ("nic", "host"), ("pcie", "none"), ("gpu_throttle_power", "host"),
-    ("dataloader", "none"), ("rank_specific_code", "host"), ("host_cpu_contention", "none"), ("input_imbalance", "none"),
-)  # fmt: skip
+    ("gpu_throttle_thermal", "none"),
+    ("dataloader", "host"),
+    ("gpu_slow", "none"),
+    ("host_cpu_contention", "host"),
+    ("rank_specific_code", "none"),
+    ("nic", "host"),
+    ("pcie", "none"),
+    ("gpu_throttle_power", "host"),
+    ("dataloader", "none"),
+    ("rank_specific_code", "host"),
+    ("host_cpu_contention", "none"),
+    ("input_imbalance", "none"),
+)
 
 
 def _topology(rng: np.random.Generator, category: str, workers: int) -> tuple[Topology, Workload]:
@@ -101,7 +122,9 @@ def _topology(rng: np.random.Generator, category: str, workers: int) -> tuple[To
     # several switches, so that one of them is a minority
     per_switch = 4 if hosts >= 16 else 2 if hosts >= 8 else 1
     moe = bool(rng.random() < 0.2) and category != "input_imbalance"
-    return Topology(workers=workers, gpus_per_host=8, nics_per_host=2, hosts_per_switch=per_switch, pp=pp, tp=tp), Workload(moe=moe)
+    return Topology(
+        workers=workers, gpus_per_host=8, nics_per_host=2, hosts_per_switch=per_switch, pp=pp, tp=tp
+    ), Workload(moe=moe)
 
 
 def _fault(rng: np.random.Generator, kind: str, topo: Topology, avoid_hosts: set[int], start: int) -> Fault:
@@ -116,14 +139,26 @@ def _fault(rng: np.random.Generator, kind: str, topo: Topology, avoid_hosts: set
     if target == "hosts":
         return Fault(type=kind, hosts=(host,), severity=severity, start_step=start)
     if target == "nics":
-        return Fault(type=kind, nics=(topo.nic_name(host * topo.nics_per_host + int(rng.integers(topo.nics_per_host))),), severity=severity, start_step=start)
+        return Fault(
+            type=kind,
+            nics=(topo.nic_name(host * topo.nics_per_host + int(rng.integers(topo.nics_per_host))),),
+            severity=severity,
+            start_step=start,
+        )
     if target == "switches":
-        return Fault(type=kind, switches=(topo.switch_name(int(rng.integers(topo.switches))),), severity=severity, start_step=start)
+        return Fault(
+            type=kind,
+            switches=(topo.switch_name(int(rng.integers(topo.switches))),),
+            severity=severity,
+            start_step=start,
+        )
     if target == "stage":
         return Fault(type=kind, stage=int(rng.integers(topo.pp)), severity=severity, start_step=start)
     function = str(rng.choice([f for f in REGRESSED if f != "nccl:all_reduce[dp]" or topo.dp > 1]))
     severity = severity * (2 if function.startswith("nccl:") else 1)
-    return Fault(type=kind, function=function, severity=severity, start_step=max(start, BASELINE.start_step + BASELINE.steps))
+    return Fault(
+        type=kind, function=function, severity=severity, start_step=max(start, BASELINE.start_step + BASELINE.steps)
+    )
 
 
 def _sizes(category: str) -> list[int]:
@@ -151,7 +186,10 @@ def standard_suite(seed: int = STANDARD_SEED) -> list[Scenario]:
             hardware, group, kind = "nvml", "", category
             if category == "small_job":
                 kind, group = SMALL_JOBS[i] or "healthy", category
-                topo, workload = Topology(workers=workers, gpus_per_host=1, nics_per_host=1, hosts_per_switch=4), Workload()
+                topo, workload = (
+                    Topology(workers=workers, gpus_per_host=1, nics_per_host=1, hosts_per_switch=4),
+                    Workload(),
+                )
             else:
                 if category == "no_samples":
                     (kind, hardware), group = WITHOUT_SAMPLES[i], category
@@ -168,8 +206,19 @@ def standard_suite(seed: int = STANDARD_SEED) -> list[Scenario]:
                 faults = (_fault(rng, kind, topo, set(), start),)
             hz = float(rng.choice(RATES))
             name = f"{category}-{i:02d}-{workers}w"
-            sc = Scenario(job=name, seed=int(rng.integers(1 << 31)), topology=topo, workload=workload, faults=faults,
-                          window=WINDOW, baseline=BASELINE, hardware_hz=hz, hardware=hardware, name=name, group=group)  # fmt: skip
+            sc = Scenario(
+                job=name,
+                seed=int(rng.integers(1 << 31)),
+                topology=topo,
+                workload=workload,
+                faults=faults,
+                window=WINDOW,
+                baseline=BASELINE,
+                hardware_hz=hz,
+                hardware=hardware,
+                name=name,
+                group=group,
+            )
             scenarios.append(_costly(sc) if len(faults) == 1 and faults[0].kind.cause else sc)
     return scenarios
 
@@ -207,9 +256,22 @@ def write_suite(folder: Path, seed: int = STANDARD_SEED) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lockstep.producers.simulator.suite", description="write the evaluation suite's scenario files")
-    p.add_argument("folder", type=Path, nargs="?", default=Path("suites/standard"), help="where to write them (default: suites/standard)")
-    p.add_argument("--seed", type=int, default=STANDARD_SEED, help=f"another seed gives a held-out suite of the same shape (default: {STANDARD_SEED}, the standard suite)")
+    p = argparse.ArgumentParser(
+        prog="python -m lockstep.producers.simulator.suite", description="write the evaluation suite's scenario files"
+    )
+    p.add_argument(
+        "folder",
+        type=Path,
+        nargs="?",
+        default=Path("suites/standard"),
+        help="where to write them (default: suites/standard)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=STANDARD_SEED,
+        help=f"another seed gives a held-out suite of the same shape (default: {STANDARD_SEED}, the standard suite)",
+    )
     args = p.parse_args(argv)
     print(f"wrote {write_suite(args.folder, args.seed)} scenarios to {args.folder}")
     return 0

@@ -13,13 +13,12 @@ one stage and role do the same work.
 
 from __future__ import annotations
 
-from ...schemas.errors import LockstepError
-
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
+from ...schemas.errors import LockstepError
 from ...schemas.records import WorkerMeta
 
 
@@ -45,10 +44,14 @@ class Topology:
         if self.gpus_per_host % self.nics_per_host:
             raise TopologyError("gpus_per_host must be a multiple of nics_per_host")
         if self.gpus_per_host % self.tp:
-            raise TopologyError(f"tp ({self.tp}) must divide gpus_per_host ({self.gpus_per_host}): tensor parallelism stays inside a host")
+            raise TopologyError(
+                f"tp ({self.tp}) must divide gpus_per_host ({self.gpus_per_host}): tensor parallelism stays inside a host"
+            )
         stage = self.workers // self.pp
         if self.pp > 1 and stage % self.gpus_per_host:
-            raise TopologyError(f"a pipeline stage ({stage} workers) must fill whole hosts of {self.gpus_per_host} GPUs")
+            raise TopologyError(
+                f"a pipeline stage ({stage} workers) must fill whole hosts of {self.gpus_per_host} GPUs"
+            )
         if self.workers > self.gpus_per_host and self.workers % self.gpus_per_host:
             raise TopologyError(f"workers ({self.workers}) must fill whole hosts of {self.gpus_per_host} GPUs")
 
@@ -79,7 +82,16 @@ class Topology:
         pp_rank = r // (self.tp * self.dp)
         nic = host * self.nics_per_host + local // self.gpus_per_nic
         switch = host // self.hosts_per_switch
-        return {"rank": r, "host": host, "local": local, "tp": tp_rank, "dp": dp_rank, "pp": pp_rank, "nic": nic, "switch": switch}
+        return {
+            "rank": r,
+            "host": host,
+            "local": local,
+            "tp": tp_rank,
+            "dp": dp_rank,
+            "pp": pp_rank,
+            "nic": nic,
+            "switch": switch,
+        }
 
     def role(self, stage: int) -> str:
         if self.pp == 1:
@@ -109,7 +121,9 @@ class Topology:
         for s in range(self.switches):
             if self.switch_name(s) == name:
                 return s
-        raise TopologyError(f"no switch named {name!r} (names look like {self.switch_name(0)!r}, 0..{self.switches - 1})")
+        raise TopologyError(
+            f"no switch named {name!r} (names look like {self.switch_name(0)!r}, 0..{self.switches - 1})"
+        )
 
     def meta(self) -> list[WorkerMeta]:
         a = self.arrays
@@ -121,7 +135,12 @@ class Topology:
                 local_rank=int(a["local"][i]),
                 nic=self.nic_name(int(a["nic"][i])),
                 switch=self.switch_name(int(a["switch"][i])),
-                labels={"dp": str(int(a["dp"][i])), "pp": str(int(a["pp"][i])), "tp": str(int(a["tp"][i])), "role": self.role(int(a["pp"][i]))},
+                labels={
+                    "dp": str(int(a["dp"][i])),
+                    "pp": str(int(a["pp"][i])),
+                    "tp": str(int(a["tp"][i])),
+                    "role": self.role(int(a["pp"][i])),
+                },
             )
             for i in range(self.workers)
         ]

@@ -143,7 +143,7 @@ class _Facts:
     @property
     def rank_specific(self) -> bool:
         """Few of the peers run the function at all."""
-        return 0 < self.s.peers and self.s.present <= self.policy.rank_specific_present * self.s.peers
+        return self.s.peers > 0 and self.s.present <= self.policy.rank_specific_present * self.s.peers
 
     @property
     def extra_code(self) -> bool:
@@ -168,7 +168,11 @@ class _Facts:
     def more_input(self) -> list[Evidence]:
         """The function's calls or bytes, or the worker's input batch, well above the peers': the evidence, else []."""
         s = self.s
-        rising = [c for c in ("calls", "bytes", "input_bytes") if _rel(s.values.get(c, math.nan), s.peer_values.get(c, math.nan)) > self.policy.input_rise]
+        rising = [
+            c
+            for c in ("calls", "bytes", "input_bytes")
+            if _rel(s.values.get(c, math.nan), s.peer_values.get(c, math.nan)) > self.policy.input_rise
+        ]
         return [_ev(s, c) for c in rising]
 
     def memory_pressure(self) -> bool:
@@ -176,7 +180,13 @@ class _Facts:
 
     def undetermined(self, devices: list[str], needs: tuple[str, ...], between: str) -> Attribution:
         missing = [n for n in needs if not self.has(n)] or list(needs)
-        return Attribution("undetermined", devices, self.ev(*missing), UNDETERMINED_CERTAINTY, f"no {', '.join(missing)} samples, which would tell {between}")
+        return Attribution(
+            "undetermined",
+            devices,
+            self.ev(*missing),
+            UNDETERMINED_CERTAINTY,
+            f"no {', '.join(missing)} samples, which would tell {between}",
+        )
 
 
 def _gpu(f: _Facts) -> Attribution:
@@ -190,13 +200,20 @@ def _gpu(f: _Facts) -> Attribution:
             cause, extra = "gpu_throttle_power", ["gpu_power_w"]
         else:
             cause, extra = "gpu_throttle", []
-        events = Evidence(feature="clock_events", value=float(s.clock_events), peer_value=float(s.peer_clock_events), deviation=float(bits))
+        events = Evidence(
+            feature="clock_events",
+            value=float(s.clock_events),
+            peer_value=float(s.peer_clock_events),
+            deviation=float(bits),
+        )
         return Attribution(cause, f.gpus, [*f.ev("sm_clock_mhz", *extra), events], 1.0 if bits else 0.85)
     if more := f.more_input():
         return Attribution("input_imbalance", f.gpus, f.work() + more, 0.9)
     if f.has("sm_clock_mhz"):
         return Attribution("gpu_slow", f.gpus, f.ev("sm_clock_mhz", "sm_active"), 0.9)
-    return f.undetermined(f.gpus, ("sm_clock_mhz",), "a throttled GPU (clock and clock-event reasons from NVML) from a slow one")
+    return f.undetermined(
+        f.gpus, ("sm_clock_mhz",), "a throttled GPU (clock and clock-event reasons from NVML) from a slow one"
+    )
 
 
 def _pcie(f: _Facts) -> Attribution:
@@ -228,7 +245,9 @@ def _link(f: _Facts) -> Attribution:
         devices = [d + "/nvlink" for d in f.gpus] if r == "nvlink" else _unique(s.nics) or f.hosts
         if f.has(*shape):
             return Attribution("unknown", devices, f.ev(*shape), 0.4)
-        return f.undetermined(devices, shape, "whose link held the collective back (its samples steady while its ring-mates' burst)")
+        return f.undetermined(
+            devices, shape, "whose link held the collective back (its samples steady while its ring-mates' burst)"
+        )
     if r == "nvlink":
         return Attribution("nvlink", [d + "/nvlink" for d in f.gpus], f.ev(*shape), 1.0)
     switches = _unique(s.switches)
@@ -251,11 +270,15 @@ def _host(f: _Facts) -> Attribution:
         return Attribution("host_memory", f.hosts, f.ev("mem_used_frac"), 0.9)
     if s.resource != "storage" and s.kind != "dataloader":
         return _own_code(f)
-    reads = s.peer_values.get("disk_read_mbps", 0.0) >= policy.disk_read_min_mbps  # the peers read: a drop means something
+    reads = (
+        s.peer_values.get("disk_read_mbps", 0.0) >= policy.disk_read_min_mbps
+    )  # the peers read: a drop means something
     if reads and f.drop("disk_read_mbps", policy.throughput_drop):
         return Attribution("storage", f.hosts, f.ev("disk_read_mbps"), 0.85)
     if not f.has(*HOST, "disk_read_mbps"):
-        return f.undetermined(f.hosts, (*HOST, "disk_read_mbps"), "a slow loader from a busy host, memory pressure or slow storage")
+        return f.undetermined(
+            f.hosts, (*HOST, "disk_read_mbps"), "a slow loader from a busy host, memory pressure or slow storage"
+        )
     if s.resource == "storage":
         return Attribution("unknown", f.hosts, f.ev("disk_read_mbps", "cpu_other"), 0.4)
     return Attribution("dataloader", f.hosts, f.ev("cpu_other", "disk_read_mbps", "cpu_self"), 0.9)
@@ -271,10 +294,18 @@ def _own_code(f: _Facts) -> Attribution:
         return Attribution("input_imbalance", f.hosts, f.work() + more, 0.75)
     # CPU work that got far less of a core than on the peers while other processes took at least as much of the
     # host: the worker waited to run (a host busy anyway hides the rise of cpu_other, not the worker's starvation)
-    if f.drop("cpu_self", policy.cpu_self_drop) and s.values.get("cpu_other", math.nan) >= s.peer_values.get("cpu_other", math.inf):
+    if f.drop("cpu_self", policy.cpu_self_drop) and s.values.get("cpu_other", math.nan) >= s.peer_values.get(
+        "cpu_other", math.inf
+    ):
         return Attribution("host_cpu_contention", f.hosts, f.ev("cpu_self", "cpu_other"), 0.75)
     if not f.has(*HOST):
-        what = "code the worker runs alone" if f.extra_code else "Python overhead" if s.kind == "python" else "the worker's own work"
+        what = (
+            "code the worker runs alone"
+            if f.extra_code
+            else "Python overhead"
+            if s.kind == "python"
+            else "the worker's own work"
+        )
         return f.undetermined(f.hosts, HOST, f"{what} from a busy host")
     if f.extra_code:
         return Attribution("rank_specific_code", f.hosts, f.ev("cpu_other", "mem_used_frac"), 0.85)
@@ -315,4 +346,9 @@ def _link_down(s: Suspect, metric: str, policy: DiagnosisPolicy) -> bool:
 
 
 def _present(s: Suspect) -> Evidence:
-    return Evidence(feature="workers_running_it", value=float(s.present), peer_value=float(s.peers), deviation=_round(s.present / s.peers if s.peers else math.nan))
+    return Evidence(
+        feature="workers_running_it",
+        value=float(s.present),
+        peer_value=float(s.peers),
+        deviation=_round(s.present / s.peers if s.peers else math.nan),
+    )

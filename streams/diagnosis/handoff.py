@@ -15,8 +15,15 @@ from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, StepResult
 _ADDED = LINK_SHAPE + tuple(f"peer_{c}" for c in LINK_SHAPE)
 MAX_VALUE = 1e15  # no measure in a step report is larger (in µs ~31 years); beyond it, corruption that could overflow
 #: the columns of the step report's tables that are times (µs, never NaN), and their lower bound
-TIMES = {"step_time_us": 1.0, "work_us": 0.0, "wait_us": 0.0, "worker_work_us": 0.0, "peer_work_us": 0.0,
-         "work_mad_us": 0.0, "excess_us": -MAX_VALUE}  # fmt: skip
+TIMES = {
+    "step_time_us": 1.0,
+    "work_us": 0.0,
+    "wait_us": 0.0,
+    "worker_work_us": 0.0,
+    "peer_work_us": 0.0,
+    "work_mad_us": 0.0,
+    "excess_us": -MAX_VALUE,
+}
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,9 @@ class _Bounds:
     @classmethod
     def of(cls, schema: pa.Schema) -> _Bounds:
         names = [f.name for f in schema if pa.types.is_floating(f.type)]
-        return cls(names, np.array([TIMES.get(n, -MAX_VALUE) for n in names]), np.array([n not in TIMES for n in names]))
+        return cls(
+            names, np.array([TIMES.get(n, -MAX_VALUE) for n in names]), np.array([n not in TIMES for n in names])
+        )
 
     def check(self, table: pa.Table, what: str) -> None:
         if not table.num_rows:
@@ -108,6 +117,8 @@ def _table(data: bytes, schema: pa.Schema, what: str) -> pa.Table:
         try:
             table = table.select(schema.names).cast(schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise RecordError("bad_function_table", f"StepReport.{what} is not the {what} table of this version ({exc})") from None
+            raise RecordError(
+                "bad_function_table", f"StepReport.{what} is not the {what} table of this version ({exc})"
+            ) from None
     _BOUNDS[what].check(table, what)
     return table

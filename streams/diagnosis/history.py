@@ -16,12 +16,11 @@ processor versions.
 
 from __future__ import annotations
 
-from ...schemas.errors import LockstepError
-
 import msgspec
 import numpy as np
 import pyarrow as pa
 
+from ...schemas.errors import LockstepError
 from .stats import group_median
 
 VERSION = 1
@@ -74,9 +73,16 @@ def window_medians(groups: pa.Table) -> pa.Table:
     """Per (group, function) of a window's concatenated group tables: median work and step time over steps, and the
     work's spread from step to step (1.4826 x MAD)."""
     if groups.num_rows == 0:
-        return pa.table({"group": pa.array([], pa.string()), "function": pa.array([], pa.string()), "kind": pa.array([], pa.string()),
-                         "work_us": pa.array([], pa.float64()), "step_time_us": pa.array([], pa.float64()),
-                         "work_spread_us": pa.array([], pa.float64())})  # fmt: skip
+        return pa.table(
+            {
+                "group": pa.array([], pa.string()),
+                "function": pa.array([], pa.string()),
+                "kind": pa.array([], pa.string()),
+                "work_us": pa.array([], pa.float64()),
+                "step_time_us": pa.array([], pa.float64()),
+                "work_spread_us": pa.array([], pa.float64()),
+            }
+        )
     g = groups.column("group").to_numpy(zero_copy_only=False).astype(str)
     f = groups.column("function").to_numpy(zero_copy_only=False).astype(str)
     keys, first, inv = np.unique(np.char.add(np.char.add(g, "\x1f"), f), return_index=True, return_inverse=True)
@@ -107,12 +113,25 @@ def fold(history: JobHistory | None, job: str, window: str, medians: pa.Table, w
     uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
     n_old = len(h.group)
     out = {}
-    for c, old in (("work_us", h.work_us), ("step_time_us", h.step_time_us), ("work_spread_us", h.work_spread_us or [np.nan] * n_old)):
+    for c, old in (
+        ("work_us", h.work_us),
+        ("step_time_us", h.step_time_us),
+        ("work_spread_us", h.work_spread_us or [np.nan] * n_old),
+    ):
         before = np.full(uniq.size, np.nan)
         before[inv[:n_old]] = np.asarray(old, dtype=np.float64)
         now_ = np.full(uniq.size, np.nan)
         now_[inv[n_old:]] = new[c].astype(np.float64)
         out[c] = np.where(np.isnan(before), now_, np.where(np.isnan(now_), before, (1 - w) * before + w * now_))
-    return JobHistory(job=job, windows=h.windows + 1, last_window=window, updated_at=now, group=group[first].tolist(),
-                      function=function[first].tolist(), kind=kind[first].tolist(), work_us=out["work_us"].tolist(),
-                      step_time_us=out["step_time_us"].tolist(), work_spread_us=np.nan_to_num(out["work_spread_us"]).tolist())  # fmt: skip
+    return JobHistory(
+        job=job,
+        windows=h.windows + 1,
+        last_window=window,
+        updated_at=now,
+        group=group[first].tolist(),
+        function=function[first].tolist(),
+        kind=kind[first].tolist(),
+        work_us=out["work_us"].tolist(),
+        step_time_us=out["step_time_us"].tolist(),
+        work_spread_us=np.nan_to_num(out["work_spread_us"]).tolist(),
+    )

@@ -261,7 +261,12 @@ def _work(grid: _Grid) -> _Work:
         est = np.clip(cw - shortest, 0.0, None)
         wait[:, waiting] = np.nan_to_num(np.where(np.isnan(measured), est, np.minimum(measured, cw)))
         wait_measured[:, waiting] = ~np.isnan(measured)
-    return _Work(wait=wait, wait_measured=wait_measured, work=grid.crit - wait, worker_work=grid.frame.step_time_us - wait.sum(axis=1))
+    return _Work(
+        wait=wait,
+        wait_measured=wait_measured,
+        work=grid.crit - wait,
+        worker_work=grid.frame.step_time_us - wait.sum(axis=1),
+    )
 
 
 @dataclass(frozen=True)
@@ -329,7 +334,9 @@ def _compare_links(grid: _Grid, w: _Work, flag_work: np.ndarray, policy: Diagnos
     n_seen = np.zeros((n_w, n_f), dtype=np.int64)
     link_ref: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
     cols = np.flatnonzero(np.isin(grid.kind_f, WAITING_KINDS))
-    metrics = [m for m in LINK_METRICS if cols.size and not np.isnan(frame.column(f"{m}_sd")).all()]  # shapes measured at all
+    metrics = [
+        m for m in LINK_METRICS if cols.size and not np.isnan(frame.column(f"{m}_sd")).all()
+    ]  # shapes measured at all
     if not metrics:
         return _LinkComparison(signal_hw, hw_excess, n_seen, link_ref)
     # (workers x collectives) matrices of the rows of collectives only
@@ -345,7 +352,9 @@ def _compare_links(grid: _Grid, w: _Work, flag_work: np.ndarray, policy: Diagnos
     work, crit = w.work[:, cols], grid.crit[:, cols]
     for metric in metrics:
         mean, sd, peak = dense(metric, np.nan), dense(f"{metric}_sd", np.nan), dense(f"{metric}_p95", np.nan)
-        ring, ref = _rings(mean, sd, peak, sampled, policy.throughput_drop, policy.link_burst_cv, policy.ring_rate_spread)
+        ring, ref = _rings(
+            mean, sd, peak, sampled, policy.throughput_drop, policy.link_burst_cv, policy.ring_rate_spread
+        )
         if ring is None:
             continue
         link_ref[metric] = (cols, {metric: ref["mean"], f"{metric}_sd": ref["sd"], f"{metric}_p95": ref["peak"]})
@@ -387,7 +396,9 @@ def _input_bytes(grid: _Grid) -> np.ndarray:
     return out
 
 
-def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float, burst_cv: float, spread: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+def _rings(
+    mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarray, drop: float, burst_cv: float, spread: float
+) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
     """Ring-mates of each (worker, column) link and their typical shape, without knowing the communicators.
 
     The members of one ring share its rate, so links of one column (function) whose mean throughputs lie within
@@ -402,11 +413,15 @@ def _rings(mean: np.ndarray, sd: np.ndarray, peak: np.ndarray, sampled: np.ndarr
     """
     usable = sampled & np.isfinite(mean) & np.isfinite(sd) & np.isfinite(peak) & (mean > 0)
     top = np.max(np.where(usable, peak, -np.inf), axis=0, initial=-np.inf)  # per column
-    if not (usable & ((sd >= burst_cv * mean) | (peak < (1.0 - drop) * top))).any():  # nobody bursts: a healthy job, or no link
+    if not (
+        usable & ((sd >= burst_cv * mean) | (peak < (1.0 - drop) * top))
+    ).any():  # nobody bursts: a healthy job, or no link
         return None, {}
     w, c = np.nonzero(usable)
     lv = np.log(mean[w, c])
-    order = np.argsort(c * 1e4 + np.clip(lv, -1e3, 1e3), kind="stable")  # by column, then by mean (one key: |log| < 1e3)
+    order = np.argsort(
+        c * 1e4 + np.clip(lv, -1e3, 1e3), kind="stable"
+    )  # by column, then by mean (one key: |log| < 1e3)
     new = np.ones(w.size, dtype=bool)
     new[1:] = (np.diff(c[order]) != 0) | (np.diff(lv[order]) > np.log1p(spread))
     ring = np.empty(w.size, dtype=np.intp)
@@ -443,7 +458,14 @@ def _outliers(
     if w.size == 0:
         return OUTLIER_SCHEMA.empty_table()
     frame, lay, row_of, fnames, kind_f, res_f = grid.frame, grid.lay, grid.row_of, grid.fnames, grid.kind_f, grid.res_f
-    signal_hw, n_seen, flag_ratio, other, med, mad = links.flagged, links.ring, peers.ratio, peers.other, peers.med, peers.mad
+    signal_hw, n_seen, flag_ratio, other, med, mad = (
+        links.flagged,
+        links.ring,
+        peers.ratio,
+        peers.other,
+        peers.med,
+        peers.mad,
+    )
     g = lay.groups[w]
     idx = row_of[w, f]  # flagged and low entries always ran the function (no work cannot be an excess)
     t = frame.functions
@@ -505,7 +527,15 @@ def _outliers(
 def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison) -> pa.Table:
     """Per (group, function) the group ran: its median work, wait, share and hardware (GROUP_SCHEMA)."""
     frame, lay, gnames, fnames, kind_f, res_f = grid.frame, grid.lay, grid.gnames, grid.fnames, grid.kind_f, grid.res_f
-    n_present, med, mad, wait, valid, fc, rw = grid.n_present, peers.med, peers.mad, wk.wait, grid.valid, grid.fc, grid.rw
+    n_present, med, mad, wait, valid, fc, rw = (
+        grid.n_present,
+        peers.med,
+        peers.mad,
+        wk.wait,
+        grid.valid,
+        grid.fc,
+        grid.rw,
+    )
     gi, fi = np.nonzero(n_present > 0)
     n_f = fnames.size
     st = frame.step_time_us
@@ -528,7 +558,9 @@ def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison) -> pa.Table:
         "wait_us": wait_med[gi, fi],
         "share": (med[gi, fi] + wait_med[gi, fi]) / st_med[gi],
         "step_time_us": st_med[gi],
-        "clock_events": group_or(t.column("clock_events").to_numpy(zero_copy_only=False), cell_row, n_cells)[gi * n_f + fi],
+        "clock_events": group_or(t.column("clock_events").to_numpy(zero_copy_only=False), cell_row, n_cells)[
+            gi * n_f + fi
+        ],
     }
     cols.update(_cell_means(t, cell_row, n_cells, gi * n_f + fi))
     return pa.Table.from_pydict(cols, schema=GROUP_SCHEMA)

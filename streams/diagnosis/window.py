@@ -34,12 +34,23 @@ from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
-
 #: causes located in a host's hardware, whose deviating workers on one host form one finding
-HOST_HARDWARE_CAUSES = frozenset({
-    "gpu_throttle_thermal", "gpu_throttle_power", "gpu_throttle", "gpu_slow", "nvlink", "pcie", "nic", "switch",
-    "host_cpu_contention", "host_memory", "storage",
-})  # fmt: skip
+HOST_HARDWARE_CAUSES = frozenset(
+    {
+        "gpu_throttle_thermal",
+        "gpu_throttle_power",
+        "gpu_throttle",
+        "gpu_slow",
+        "nvlink",
+        "pcie",
+        "nic",
+        "switch",
+        "host_cpu_contention",
+        "host_memory",
+        "storage",
+    }
+)
+
 
 @dataclass
 class WindowInfo:
@@ -84,7 +95,9 @@ def diagnose_window(
     results = sorted(results, key=lambda r: r.step)
     steps_seen = len(results)
     # worker-steps delivered of those expected: a step nobody delivered counts as 0
-    coverage = sum(min(r.workers_seen, info.expected_workers) for r in results) / (info.expected_workers * max(info.steps, steps_seen, 1))
+    coverage = sum(min(r.workers_seen, info.expected_workers) for r in results) / (
+        info.expected_workers * max(info.steps, steps_seen, 1)
+    )
     findings: list[Finding] = []
     groups = _concat([r.groups for r in results], results)
     if steps_seen:
@@ -122,7 +135,9 @@ def diagnose_window(
 
 
 def _concat(tables: list[pa.Table], results: list[StepResult]) -> pa.Table:
-    parts = [t.append_column("step", pa.array(np.full(t.num_rows, r.step, dtype=np.int64))) for t, r in zip(tables, results)]
+    parts = [
+        t.append_column("step", pa.array(np.full(t.num_rows, r.step, dtype=np.int64))) for t, r in zip(tables, results)
+    ]
     return pa.concat_tables(parts) if parts else pa.table({})
 
 
@@ -160,11 +175,31 @@ def _worker_findings(ctx: _Ctx, history: JobHistory | None = None) -> list[Findi
 
 #: outlier columns whose median over a pair's steps describes the pair
 _PAIR_NUMERIC = (
-    "z", "work_us", "peer_work_us", "peer_mad_us", "excess_us", "peers", "present",
-    *EVIDENCE_COLUMNS, *WORKER_COLUMNS, *(f"peer_{c}" for c in EVIDENCE_COLUMNS + WORKER_COLUMNS),
+    "z",
+    "work_us",
+    "peer_work_us",
+    "peer_mad_us",
+    "excess_us",
+    "peers",
+    "present",
+    *EVIDENCE_COLUMNS,
+    *WORKER_COLUMNS,
+    *(f"peer_{c}" for c in EVIDENCE_COLUMNS + WORKER_COLUMNS),
 )
 #: outlier columns that are the same in every step of a pair: taken from its first row
-_PAIR_LABELS = ("worker", "host", "device", "nic", "switch", "group", "function", "kind", "resource", "signal", "has_hardware")
+_PAIR_LABELS = (
+    "worker",
+    "host",
+    "device",
+    "nic",
+    "switch",
+    "group",
+    "function",
+    "kind",
+    "resource",
+    "signal",
+    "has_hardware",
+)
 
 
 @dataclass(frozen=True)
@@ -196,7 +231,9 @@ def _persistent_pairs(ctx: _Ctx) -> _Pairs | None:
     low_pairs = np.array([], dtype=str)
     if low.any():
         keys, inv, _ = _keys(_np(out, "worker")[low], _np(out, "function")[low])
-        low_pairs = keys[_steps_per_key(inv, _np(out, "step")[low], keys.size) >= min(ctx.dp.min_persistent_steps, ctx.need)]
+        low_pairs = keys[
+            _steps_per_key(inv, _np(out, "step")[low], keys.size) >= min(ctx.dp.min_persistent_steps, ctx.need)
+        ]
     out = out.filter(pa.array(~low))
     if out.num_rows == 0:
         return None
@@ -235,7 +272,9 @@ def _suspects(pairs: _Pairs, history: JobHistory | None) -> list[tuple[Suspect, 
     fn_p, res, host = col["function"][p].astype(str), col["resource"][p].astype(str), col["host"][p].astype(str)
     nic = col["nic"][p].astype(str)
     worker_elem = np.char.add("worker:", col["worker"][p].astype(str))
-    elem = np.where(res == "nic", np.where(nic != "", nic, host), np.where(np.isin(res, ("cpu", "storage")), host, worker_elem))
+    elem = np.where(
+        res == "nic", np.where(nic != "", nic, host), np.where(np.isin(res, ("cpu", "storage")), host, worker_elem)
+    )
     elem = _switch_elements(fn_p, res, elem, col["switch"][p].astype(str), host)
     _, cl, _ = _keys(fn_p, res, elem)
     n_cl = int(cl.max()) + 1
@@ -302,17 +341,36 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
     history_ev = []
     if s.signal == "ratio" and s.baseline_us > 0:
         history_ev = [
-            Evidence(feature="baseline_work_us", value=round(s.work_us, 1), peer_value=round(s.baseline_us, 1), deviation=round(s.work_us / s.baseline_us - 1.0, 4))
+            Evidence(
+                feature="baseline_work_us",
+                value=round(s.work_us, 1),
+                peer_value=round(s.baseline_us, 1),
+                deviation=round(s.work_us / s.baseline_us - 1.0, 4),
+            )
         ]
     others = [
-        Evidence(feature=f"work_us[{p[0].function}]", value=round(p[0].work_us, 1), peer_value=round(p[0].peer_work_us, 1), deviation=round(p[0].z, 2))
+        Evidence(
+            feature=f"work_us[{p[0].function}]",
+            value=round(p[0].work_us, 1),
+            peer_value=round(p[0].peer_work_us, 1),
+            deviation=round(p[0].z, 2),
+        )
         for p in parts[1:]
         if p[0].function != s.function
     ]
     evidence = list(att.evidence) + history_ev + others[:8]
     flagged_steps = sorted({int(x) for x in pairs.step[np.isin(pairs.pair, members)]})
     persistence = float(np.mean(pairs.n_steps[members])) / len(ctx.results)
-    share = _what_if(ctx.results, pairs.out, pairs.worker, pairs.fn, pairs.step, np.asarray(workers), functions, shared=s.signal == "hardware")
+    share = _what_if(
+        ctx.results,
+        pairs.out,
+        pairs.worker,
+        pairs.fn,
+        pairs.step,
+        np.asarray(workers),
+        functions,
+        shared=s.signal == "hardware",
+    )
     conf, notes = _confidence(s, att.certainty, persistence, ctx.coverage, ctx.dp)
     return Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "worker", workers, s.function, cause, None),
@@ -333,12 +391,23 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
         policy=ctx.policy_ref,
         created_at=ctx.now,
         tenant=ctx.info.tenant,
-        summary=_summary(s, workers, cause, devices, len(flagged_steps), len(ctx.results), len(functions) - 1, notes + ([att.undecided] if att.undecided else [])),
+        summary=_summary(
+            s,
+            workers,
+            cause,
+            devices,
+            len(flagged_steps),
+            len(ctx.results),
+            len(functions) - 1,
+            notes + ([att.undecided] if att.undecided else []),
+        ),
         window_steps=len(ctx.results),
     )
 
 
-def _switch_elements(fn: np.ndarray, res: np.ndarray, elem: np.ndarray, switch: np.ndarray, host: np.ndarray) -> np.ndarray:
+def _switch_elements(
+    fn: np.ndarray, res: np.ndarray, elem: np.ndarray, switch: np.ndarray, host: np.ndarray
+) -> np.ndarray:
     """NICs of several hosts behind one switch, deviating in one function: the switch is the element."""
     idx = np.flatnonzero((res == "nic") & (switch != ""))
     if idx.size == 0:
@@ -356,8 +425,16 @@ def _switch_elements(fn: np.ndarray, res: np.ndarray, elem: np.ndarray, switch: 
     return out
 
 
-def _what_if(results: list[StepResult], out: pa.Table, worker: np.ndarray, fn: np.ndarray, step: np.ndarray, members: np.ndarray,
-             functions: list[str], shared: bool = False) -> float:
+def _what_if(
+    results: list[StepResult],
+    out: pa.Table,
+    worker: np.ndarray,
+    fn: np.ndarray,
+    step: np.ndarray,
+    members: np.ndarray,
+    functions: list[str],
+    shared: bool = False,
+) -> float:
     """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps).
 
     The finding on its own: the members' work before and after the fix, against
@@ -401,7 +478,9 @@ def _share(saved_us: float, step_time_us: float) -> float:
     return 1.0 if saved_us >= step_time_us else max(0.0, saved_us) / step_time_us
 
 
-def _confidence(s: Suspect, certainty: float, persistence: float, coverage: float, dp: DiagnosisPolicy) -> tuple[float, list[str]]:
+def _confidence(
+    s: Suspect, certainty: float, persistence: float, coverage: float, dp: DiagnosisPolicy
+) -> tuple[float, list[str]]:
     """Confidence and what limits it (small or noisy peer group, a comparison by ratio, no hardware samples)."""
     notes = []
     if s.signal == "work":  # past the threshold in most steps already; twice the threshold leaves no doubt
@@ -421,7 +500,9 @@ def _confidence(s: Suspect, certainty: float, persistence: float, coverage: floa
             notes.append("no earlier healthy window of the job to tell a slow worker from faster peers")
         elif s.work_us > (1.0 + dp.regression_rise) * s.baseline_us:
             peers = 0.85
-            notes.append(f"{s.work_us / s.baseline_us - 1:.0%} above the job's {s.baseline_windows} earlier healthy window(s)")
+            notes.append(
+                f"{s.work_us / s.baseline_us - 1:.0%} above the job's {s.baseline_windows} earlier healthy window(s)"
+            )
         else:
             peers = 0.4
             notes.append(f"as in the job's {s.baseline_windows} earlier healthy window(s): its peers got faster")
@@ -446,18 +527,26 @@ def _persisted(persistence: float) -> float:
     return 0.6 + 0.4 * persistence
 
 
-def _summary(s: Suspect, workers: list[int], cause: str, devices: list[str], n_steps: int, n: int, more: int, notes: list[str]) -> str:
+def _summary(
+    s: Suspect, workers: list[int], cause: str, devices: list[str], n_steps: int, n: int, more: int, notes: list[str]
+) -> str:
     """One line: who, where, what deviated against what, in how many steps, the cause and what limits it."""
-    who = f"worker {workers[0]}" if len(workers) == 1 else f"{len(workers)} workers ({', '.join(map(str, workers[:6]))}{'...' if len(workers) > 6 else ''})"
+    who = (
+        f"worker {workers[0]}"
+        if len(workers) == 1
+        else f"{len(workers)} workers ({', '.join(map(str, workers[:6]))}{'...' if len(workers) > 6 else ''})"
+    )
     where = f" on {', '.join(devices[:3])}" if devices else ""
     also = f" (and {more} more function{'s' if more > 1 else ''})" if more else ""
     caveat = f"; {', '.join(notes)}" if notes else ""
     if s.signal == "hardware":  # the link steadiest against its ring-mates
         m = min(LINK_METRICS, key=lambda m: _div(_cv(s.values, m), _cv(s.peer_values, m), math.inf))
         v, p = s.values, s.peer_values
-        how = (f"saturated its link ({m} sd/mean {_cv(v, m):.2f}, peak {v.get(f'{m}_p95', math.nan):.3g}) while its "
-               f"{s.peers - 1} ring-mates' links at the same mean rate ({p.get(m, math.nan):.3g}) burst (sd/mean "
-               f"{_cv(p, m):.2f}, peak {p.get(f'{m}_p95', math.nan):.3g})")
+        how = (
+            f"saturated its link ({m} sd/mean {_cv(v, m):.2f}, peak {v.get(f'{m}_p95', math.nan):.3g}) while its "
+            f"{s.peers - 1} ring-mates' links at the same mean rate ({p.get(m, math.nan):.3g}) burst (sd/mean "
+            f"{_cv(p, m):.2f}, peak {p.get(f'{m}_p95', math.nan):.3g})"
+        )
         return f"{who}{where}: {s.function}{also} {how} in {n_steps}/{n} steps; cause {cause}{caveat}"
     if s.peer_work_us > 0:
         ratio = s.work_us / s.peer_work_us
@@ -520,7 +609,12 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
         share = float(np.median(excess[in_steps, k] / step_time[in_steps]))
         persistence = float(in_steps.mean())
         labels = _labels(gnames[k])
-        conf = 0.9 * _persisted(persistence) * (0.5 + 0.5 * ctx.coverage) * (1.0 if n_g >= 4 else 0.85 if n_g == 3 else 0.7)
+        conf = (
+            0.9
+            * _persisted(persistence)
+            * (0.5 + 0.5 * ctx.coverage)
+            * (1.0 if n_g >= 4 else 0.85 if n_g == 3 else 0.7)
+        )
         name = ", ".join(f"{a}={b}" for a, b in labels.items()) or "(unlabelled)"
         findings.append(
             Finding(
@@ -538,17 +632,25 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
                 cause="pipeline_imbalance",
                 confidence=round(min(0.99, conf), 3),
                 evidence=[
-                    Evidence(feature="group_work_us", value=round(float(np.median(total[in_steps, k])), 1),
-                             peer_value=round(float(np.median(ref[in_steps, 0])), 1), deviation=round(share, 4)),
-                    Evidence(feature=f"work_us[{fnames[f]}]", value=round(float(np.median(work[in_steps, k, f])), 1),
-                             peer_value=round(float(np.median(np.median(work[in_steps, :, f], axis=1))), 1), deviation=None),
-                ],  # fmt: skip
+                    Evidence(
+                        feature="group_work_us",
+                        value=round(float(np.median(total[in_steps, k])), 1),
+                        peer_value=round(float(np.median(ref[in_steps, 0])), 1),
+                        deviation=round(share, 4),
+                    ),
+                    Evidence(
+                        feature=f"work_us[{fnames[f]}]",
+                        value=round(float(np.median(work[in_steps, k, f])), 1),
+                        peer_value=round(float(np.median(np.median(work[in_steps, :, f], axis=1))), 1),
+                        deviation=None,
+                    ),
+                ],
                 impact=_impact(share, ctx.info.expected_workers),
                 policy=ctx.policy_ref,
                 created_at=ctx.now,
                 tenant=ctx.info.tenant,
                 summary=f"peer group {name} ({int(n_workers[gnames[k]])} workers) does {share:.0%} of the step more work than the "
-                        f"other {n_g - 1} group(s), most in {fnames[f]}, in {int(in_steps.sum())}/{n_s} steps; cause pipeline_imbalance",
+                f"other {n_g - 1} group(s), most in {fnames[f]}, in {int(in_steps.sum())}/{n_s} steps; cause pipeline_imbalance",
                 window_steps=len(ctx.results),
             )
         )
@@ -581,7 +683,9 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
     if culprits:
         out = _concat([r.outliers for r in ctx.results], ctx.results)
         small = np.unique(grp[_np(g, "workers") <= dp.ratio_peers_max])
-        explained += [x for x in np.unique(_np(out, "group")[np.isin(_np(out, "worker"), culprits)].astype(str)) if x in small]
+        explained += [
+            x for x in np.unique(_np(out, "group")[np.isin(_np(out, "worker"), culprits)].astype(str)) if x in small
+        ]
     keep = ~np.isin(grp, explained)
     if found:
         keep &= ~np.isin(kind, WAITING_KINDS)
@@ -606,11 +710,29 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
             sel = over & (fn[py][first] == f)
             if sel.sum() >= ctx.need:
                 med = float(np.median(lo[sel]))
-                findings.append(_job_finding(ctx, str(f), "python", "python_overhead", step[py][first][sel],
-                                             [Evidence(feature="share", value=round(med, 4), peer_value=dp.python_share_max, deviation=round(med / dp.python_share_max, 2))],
-                                             med - dp.python_share_max, 0.6))  # fmt: skip
+                findings.append(
+                    _job_finding(
+                        ctx,
+                        str(f),
+                        "python",
+                        "python_overhead",
+                        step[py][first][sel],
+                        [
+                            Evidence(
+                                feature="share",
+                                value=round(med, 4),
+                                peer_value=dp.python_share_max,
+                                deviation=round(med / dp.python_share_max, 2),
+                            )
+                        ],
+                        med - dp.python_share_max,
+                        0.6,
+                    )
+                )
 
-    regressions = _regressions(ctx, grp, fn, kind, step, work, st, history) if history is not None and history.windows else []
+    regressions = (
+        _regressions(ctx, grp, fn, kind, step, work, st, history) if history is not None and history.windows else []
+    )
     # communication (its work, waits excluded) above comm_share_max of the step in every peer group, unless a
     # collective is slower than it used to be (that regression says more)
     comm = np.isin(kind, WAITING_KINDS)
@@ -623,17 +745,43 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
         over = lo > dp.comm_share_max
         if over.sum() >= ctx.need:
             med = float(np.median(lo[over]))
-            findings.append(_job_finding(ctx, "communication", "collective", "framework_config", steps[over],
-                                         [Evidence(feature="share", value=round(med, 4), peer_value=dp.comm_share_max, deviation=round(med / dp.comm_share_max, 2))],
-                                         med - dp.comm_share_max, 0.5))  # fmt: skip
+            findings.append(
+                _job_finding(
+                    ctx,
+                    "communication",
+                    "collective",
+                    "framework_config",
+                    steps[over],
+                    [
+                        Evidence(
+                            feature="share",
+                            value=round(med, 4),
+                            peer_value=dp.comm_share_max,
+                            deviation=round(med / dp.comm_share_max, 2),
+                        )
+                    ],
+                    med - dp.comm_share_max,
+                    0.5,
+                )
+            )
     return findings + regressions
 
 
-def _regressions(ctx: _Ctx, grp: np.ndarray, fn: np.ndarray, kind: np.ndarray, step: np.ndarray, work: np.ndarray, st: np.ndarray,
-                 history: JobHistory) -> list[Finding]:
+def _regressions(
+    ctx: _Ctx,
+    grp: np.ndarray,
+    fn: np.ndarray,
+    kind: np.ndarray,
+    step: np.ndarray,
+    work: np.ndarray,
+    st: np.ndarray,
+    history: JobHistory,
+) -> list[Finding]:
     """Every worker of a group (or of the job) slower in a function than in the job's earlier healthy windows."""
     dp = ctx.dp
-    hkeys = np.char.add(np.char.add(np.asarray(history.group, dtype=str), "\x1f"), np.asarray(history.function, dtype=str))
+    hkeys = np.char.add(
+        np.char.add(np.asarray(history.group, dtype=str), "\x1f"), np.asarray(history.function, dtype=str)
+    )
     order = np.argsort(hkeys)
     hsorted = hkeys[order]
     keys = np.char.add(np.char.add(grp, "\x1f"), fn)
@@ -641,7 +789,11 @@ def _regressions(ctx: _Ctx, grp: np.ndarray, fn: np.ndarray, kind: np.ndarray, s
     known = hsorted.size > 0
     matched = (hsorted[pos] == keys) if known else np.zeros(keys.size, dtype=bool)
     base = np.where(matched, np.asarray(history.work_us, dtype=np.float64)[order][pos] if known else 0.0, np.nan)
-    spread = np.asarray(history.work_spread_us or [0.0] * hsorted.size, dtype=np.float64)[order][pos] if known else np.zeros(keys.size)
+    spread = (
+        np.asarray(history.work_spread_us or [0.0] * hsorted.size, dtype=np.float64)[order][pos]
+        if known
+        else np.zeros(keys.size)
+    )
     with np.errstate(invalid="ignore"):
         over = matched & (work > base * (1.0 + dp.regression_rise)) & (work - base > dp.min_excess_share * st)
     cells, inv, first = _keys(grp, fn)
@@ -661,28 +813,72 @@ def _regressions(ctx: _Ctx, grp: np.ndarray, fn: np.ndarray, kind: np.ndarray, s
         rows = over & (fn == f)
         cur, was = float(np.median(work[rows])), float(np.median(base[rows]))
         share = float(np.median((work[rows] - base[rows]) / st[rows]))
-        ev = [Evidence(feature="work_us", value=round(cur, 1), peer_value=round(was, 1), deviation=round(cur / was - 1, 4) if was > 0 else None),
-              Evidence(feature="healthy_windows", value=float(history.windows), peer_value=None, deviation=None)]  # fmt: skip
+        ev = [
+            Evidence(
+                feature="work_us",
+                value=round(cur, 1),
+                peer_value=round(was, 1),
+                deviation=round(cur / was - 1, 4) if was > 0 else None,
+            ),
+            Evidence(feature="healthy_windows", value=float(history.windows), peer_value=None, deviation=None),
+        ]
         steps = np.unique(step[rows])
         fkind = str(kind[first][in_f][0])
         if bad.size == groups_f.size:
-            findings.append(_job_finding(ctx, str(f), fkind, "regression", steps, ev, share, 0.9,
-                                         f"every worker: {f} {cur / was - 1:.0%} slower than in the job's {history.windows} earlier healthy window(s)"))  # fmt: skip
+            findings.append(
+                _job_finding(
+                    ctx,
+                    str(f),
+                    fkind,
+                    "regression",
+                    steps,
+                    ev,
+                    share,
+                    0.9,
+                    f"every worker: {f} {cur / was - 1:.0%} slower than in the job's {history.windows} earlier healthy window(s)",
+                )
+            )
             continue
         for gk in bad:
             labels = _labels(str(gk))
-            findings.append(Finding(
-                id=finding_id(ctx.info.job, ctx.info.window, "group", [], str(f), "regression", labels),
-                job=ctx.info.job, window=ctx.info.window, steps=[int(s) for s in steps], scope="group", workers=[], hosts=[],
-                devices=[], group=labels, function=str(f), function_kind=fkind, cause="regression",
-                confidence=round(0.8 * (0.5 + 0.5 * ctx.coverage), 3), evidence=ev, impact=_impact(share, ctx.info.expected_workers),
-                policy=ctx.policy_ref, created_at=ctx.now, tenant=ctx.info.tenant, window_steps=len(ctx.results),
-                summary=f"peer group {gk}: {f} slower than in the job's {history.windows} earlier healthy window(s); cause regression",
-            ))  # fmt: skip
+            findings.append(
+                Finding(
+                    id=finding_id(ctx.info.job, ctx.info.window, "group", [], str(f), "regression", labels),
+                    job=ctx.info.job,
+                    window=ctx.info.window,
+                    steps=[int(s) for s in steps],
+                    scope="group",
+                    workers=[],
+                    hosts=[],
+                    devices=[],
+                    group=labels,
+                    function=str(f),
+                    function_kind=fkind,
+                    cause="regression",
+                    confidence=round(0.8 * (0.5 + 0.5 * ctx.coverage), 3),
+                    evidence=ev,
+                    impact=_impact(share, ctx.info.expected_workers),
+                    policy=ctx.policy_ref,
+                    created_at=ctx.now,
+                    tenant=ctx.info.tenant,
+                    window_steps=len(ctx.results),
+                    summary=f"peer group {gk}: {f} slower than in the job's {history.windows} earlier healthy window(s); cause regression",
+                )
+            )
     return findings
 
 
-def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps: np.ndarray, evidence: list[Evidence], share: float, conf: float, summary: str = "") -> Finding:
+def _job_finding(
+    ctx: _Ctx,
+    function: str,
+    kind: str,
+    cause: str,
+    steps: np.ndarray,
+    evidence: list[Evidence],
+    share: float,
+    conf: float,
+    summary: str = "",
+) -> Finding:
     n = len(ctx.results)
     return Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "job", [], function, cause, None),
@@ -703,6 +899,7 @@ def _job_finding(ctx: _Ctx, function: str, kind: str, cause: str, steps: np.ndar
         policy=ctx.policy_ref,
         created_at=ctx.now,
         tenant=ctx.info.tenant,
-        summary=(summary or f"every worker: {function} above its expected share of the step") + f" in {len(steps)}/{n} steps; cause {cause}",
+        summary=(summary or f"every worker: {function} above its expected share of the step")
+        + f" in {len(steps)}/{n} steps; cause {cause}",
         window_steps=n,
     )

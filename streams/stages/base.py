@@ -82,7 +82,9 @@ class Policies:
         self.current = policy
         self._by_ref[policy.ref] = policy
         for ref in self._by_ref:
-            self.metrics.set("policy_info", float(ref == policy.ref), help="1 for the policy in force (id@hash)", policy=ref)
+            self.metrics.set(
+                "policy_info", float(ref == policy.ref), help="1 for the policy in force (id@hash)", policy=ref
+            )
 
     def for_ref(self, ref: str) -> Policy:
         """The policy a window was opened under (its trigger's ``id@hash``), else the one in force."""
@@ -136,16 +138,33 @@ class Stage:
 
     async def dead_letter(self, record: RecordIn, err: RecordError) -> None:
         """The record goes to the dead-letter topic with the reason, under its own key (not acknowledged here)."""
-        dl = dead_letter(topic=record.topic, partition=record.partition, offset=record.offset, error=err, stage=self.name, payload=record.value)
+        dl = dead_letter(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error=err,
+            stage=self.name,
+            payload=record.value,
+        )
         log.warning("dead letter from %s[%d]@%d: %s", record.topic, record.partition, record.offset, err)
         await self.out.send(self.topics.deadletter, record.key, encode(dl))
-        self.metrics.inc("dead_letters_total", reason=err.reason, stage=self.name, help="records sent to the dead-letter topic, by reason")
+        self.metrics.inc(
+            "dead_letters_total",
+            reason=err.reason,
+            stage=self.name,
+            help="records sent to the dead-letter topic, by reason",
+        )
 
     async def failed(self, records: Iterable[RecordIn], exc: Exception) -> None:
         """A bug, not bad input (that is caught on the way in): the stage goes on, and the records it could
         not process go to the dead-letter topic, to be replayed once the bug is fixed."""
         records = list(records)
-        log.error("%s: processing failed; %d input record(s) go to the dead-letter topic", self.name, len(records), exc_info=exc)
+        log.error(
+            "%s: processing failed; %d input record(s) go to the dead-letter topic",
+            self.name,
+            len(records),
+            exc_info=exc,
+        )
         err = RecordError("processing_failed", f"{type(exc).__name__}: {exc}")
         for record in records:
             await self.dead_letter(record, err)

@@ -16,7 +16,15 @@ from collections.abc import Collection, MutableMapping, Sequence
 
 from ...kafka import Topics
 from ...metrics import Metrics
-from ...schemas.records import DetectorTick, ProfileTrigger, RecordError, StepHeartbeat, TriggerRefused, TriggerRequest, decode
+from ...schemas.records import (
+    DetectorTick,
+    ProfileTrigger,
+    RecordError,
+    StepHeartbeat,
+    TriggerRefused,
+    TriggerRequest,
+    decode,
+)
 from ..detector import SlowdownDetector
 from ..pictures import SeriesBuilder
 from ..policy import Policy
@@ -38,7 +46,15 @@ class DetectStage(Stage):
 
     name = "detect"
 
-    def __init__(self, topics: Topics, out: Output, table: MutableMapping[str, str], policy: Policy, metrics: Metrics, clock: Clock = time.time):
+    def __init__(
+        self,
+        topics: Topics,
+        out: Output,
+        table: MutableMapping[str, str],
+        policy: Policy,
+        metrics: Metrics,
+        clock: Clock = time.time,
+    ):
         super().__init__(topics, out, metrics, clock)
         self.table = table  # job -> "start,end" of its last window
         self.detector = SlowdownDetector(policy)
@@ -81,7 +97,15 @@ class DetectStage(Stage):
         m = self.metrics
         if isinstance(decision, ProfileTrigger):
             self.table[decision.job] = f"{decision.start_step},{decision.start_step + decision.steps}"
-            log.info("trigger %s/%s (%s) at step %d for %d steps: %s", decision.job, decision.window, decision.kind, decision.start_step, decision.steps, decision.reason)
+            log.info(
+                "trigger %s/%s (%s) at step %d for %d steps: %s",
+                decision.job,
+                decision.window,
+                decision.kind,
+                decision.start_step,
+                decision.steps,
+                decision.reason,
+            )
             m.inc("triggers_total", kind=decision.kind, help="profiling windows triggered, by what opened them")
         else:
             log.info("refused a window for %s (request %s): %s", decision.job, decision.request, decision.reason)
@@ -101,13 +125,23 @@ class DetectStage(Stage):
             await self.send(self.topics.series, rec.job, rec)
             m.inc("step_series_points_total", len(rec.steps))
         for code, n in self.detector.suppressed.items():
-            m.set("triggers_suppressed", n, code=code, help="automatic windows not opened, by the policy check that stopped them")
+            m.set(
+                "triggers_suppressed",
+                n,
+                code=code,
+                help="automatic windows not opened, by the policy check that stopped them",
+            )
         m.set("detector_jobs", len(self.detector.jobs), help="jobs the detector follows")
-        m.set("detector_open_windows", self.detector.open_windows(now), help="windows open or scheduled by this processor")
+        m.set(
+            "detector_open_windows", self.detector.open_windows(now), help="windows open or scheduled by this processor"
+        )
         counters = self.detector.agent_counters()
         for name, what in AGENT_COUNTERS.items():
-            m.replace(f"agent_{name}", {(("job", job),): getattr(c, name) for job, c in counters.items()},
-                      help=f"{what}, summed over the job's workers as their agents last reported (jobs this processor follows)")  # fmt: skip
+            m.replace(
+                f"agent_{name}",
+                {(("job", job),): getattr(c, name) for job, c in counters.items()},
+                help=f"{what}, summed over the job's workers as their agents last reported (jobs this processor follows)",
+            )
 
     def on_revoked(self, partitions: Collection[Partition]) -> None:
         gone = [job for job, p in self.job_partition.items() if p in partitions]

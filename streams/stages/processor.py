@@ -28,8 +28,18 @@ class Tables:
 class Processor:
     """The detect, shard, step and window stages over one Output, and the process's health (set by the adapter)."""
 
-    def __init__(self, policy: Policy, topics: Topics, out: Output, tables: Tables, *, step_timeout_s: float, window_timeout_s: float,
-                 metrics: Metrics | None = None, clock: Clock = time.time):  # fmt: skip
+    def __init__(
+        self,
+        policy: Policy,
+        topics: Topics,
+        out: Output,
+        tables: Tables,
+        *,
+        step_timeout_s: float,
+        window_timeout_s: float,
+        metrics: Metrics | None = None,
+        clock: Clock = time.time,
+    ):
         self.metrics = metrics if metrics is not None else Metrics()
         self.policies = Policies(policy, self.metrics)
         self.detect = DetectStage(topics, out, tables.detector, policy, self.metrics, clock)

@@ -32,7 +32,15 @@ class StepStage(HoldingStage):
 
     name = "steps"
 
-    def __init__(self, topics: Topics, out: Output, policies: Policies, metrics: Metrics, timeout_s: float, clock: Clock = time.time):
+    def __init__(
+        self,
+        topics: Topics,
+        out: Output,
+        policies: Policies,
+        metrics: Metrics,
+        timeout_s: float,
+        clock: Clock = time.time,
+    ):
         super().__init__(topics, out, metrics, clock)
         self.policies = policies
         self.assembler: StepAssembler[RecordIn] = StepAssembler(timeout_s)
@@ -102,7 +110,11 @@ class StepStage(HoldingStage):
             await self.send(self.topics.stepreports, p.job, report)
             m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
             m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
-            m.observe("step_close_latency_seconds", self.clock() - p.opened_at, help="first feature batch of a step to its step report")
+            m.observe(
+                "step_close_latency_seconds",
+                self.clock() - p.opened_at,
+                help="first feature batch of a step to its step report",
+            )
         await self.release(p.handles)
 
 

@@ -110,12 +110,31 @@ class WindowStage(HoldingStage):
         m = self.metrics
         now = self.clock()
         policy = self.policies.for_ref(w.policy)
-        info = WindowInfo(job=w.job, window=w.window, start_step=w.window_start, steps=w.window_steps,
-                          expected_workers=w.expected_workers, tenant=w.tenant, policy=policy.ref)  # fmt: skip
+        info = WindowInfo(
+            job=w.job,
+            window=w.window,
+            start_step=w.window_start,
+            steps=w.window_steps,
+            expected_workers=w.expected_workers,
+            tenant=w.tenant,
+            policy=policy.ref,
+        )
         history = self._history(w.job)
         try:
-            diagnosis = diagnose_window(info, list(w.results.values()), policy, now=now, closed=closed.reason, bytes_in=w.bytes_in, history=history)
-            new_history = diagnosis.history.encode() if diagnosis.history is not None and diagnosis.history is not history else None
+            diagnosis = diagnose_window(
+                info,
+                list(w.results.values()),
+                policy,
+                now=now,
+                closed=closed.reason,
+                bytes_in=w.bytes_in,
+                history=history,
+            )
+            new_history = (
+                diagnosis.history.encode()
+                if diagnosis.history is not None and diagnosis.history is not history
+                else None
+            )
             out = [(f.cause, encode(f)) for f in diagnosis.findings]
             report = encode(diagnosis.report)
         except Exception as exc:
@@ -131,7 +150,9 @@ class WindowStage(HoldingStage):
         # skip it) only once its findings and report are in Kafka, or a crash in between would lose them
         await asyncio.gather(*sent)
         try:  # the window's heatmap: for people, so it must never hold up the window
-            dmap = deviation_map(w.job, w.window, w.tenant, w.window_start, w.window_steps, list(w.results.values()), now)
+            dmap = deviation_map(
+                w.job, w.window, w.tenant, w.window_start, w.window_steps, list(w.results.values()), now
+            )
             await self.send(self.topics.series, w.job, dmap)
         except Exception:
             log.exception("window %s/%s: no deviation map", w.job, w.window)
@@ -139,6 +160,17 @@ class WindowStage(HoldingStage):
             self.job_history[w.job] = new_history
         self.closed_windows[f"{w.job}:{w.window}"] = now
         m.inc("windows_closed_total", reason=closed.reason, help="windows closed, by reason")
-        m.observe("window_close_latency_seconds", self.clock() - w.opened_at, help="first step report of a window to its findings published")
-        log.info("window %s/%s closed (%s): %d finding(s), coverage %.2f", w.job, w.window, closed.reason, len(diagnosis.findings), diagnosis.report.coverage)
+        m.observe(
+            "window_close_latency_seconds",
+            self.clock() - w.opened_at,
+            help="first step report of a window to its findings published",
+        )
+        log.info(
+            "window %s/%s closed (%s): %d finding(s), coverage %.2f",
+            w.job,
+            w.window,
+            closed.reason,
+            len(diagnosis.findings),
+            diagnosis.report.coverage,
+        )
         await self.release(w.handles)

@@ -55,12 +55,16 @@ def peak_rss_mb(pid: int) -> float:
 def run_isolated(setup: str, code: str, timeout_s: float = 240) -> dict:
     """Run ``setup`` then ``code`` (which sets ``result``, a JSON-able dict) in a fresh interpreter.  Returns
     ``result`` plus ``grew_mb``: how far that interpreter's peak resident memory rose while ``code`` ran."""
-    script = "\n".join([
-        "import json, resource", textwrap.dedent(setup),
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024", textwrap.dedent(code),
-        "result['grew_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before",
-        "print('RESULT ' + json.dumps(result))",
-    ])  # fmt: skip
+    script = "\n".join(
+        [
+            "import json, resource",
+            textwrap.dedent(setup),
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024",
+            textwrap.dedent(code),
+            "result['grew_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before",
+            "print('RESULT ' + json.dumps(result))",
+        ]
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]

@@ -4,11 +4,20 @@ own error with a reason and nothing else."""
 from __future__ import annotations
 
 import cramjam
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lockstep.schemas import functions as ft
 from lockstep.schemas.compression import CompressionError, zstd_decompress
-from lockstep.schemas.records import DEAD_LETTER_REASONS, MAX_RECORD_BYTES, FeatureBatch, RecordError, WorkerMeta, decode, encode
+from lockstep.schemas.records import (
+    DEAD_LETTER_REASONS,
+    MAX_RECORD_BYTES,
+    FeatureBatch,
+    RecordError,
+    WorkerMeta,
+    decode,
+    encode,
+)
 from tests.tiers import examples
 
 OPEN = {  # one level of nesting, in each form a record can take
@@ -17,8 +26,19 @@ OPEN = {  # one level of nesting, in each form a record can take
     "msgpack map": b"\x81\xa6schema",
     "msgpack array": b"\x91",
 }
-VALID = encode(FeatureBatch(job="j", window="w", step=1, window_start=1, window_steps=1, expected_workers=1,
-                            worker=WorkerMeta(rank=0, host="h"), step_time_us=1.0, functions=b"x"))  # fmt: skip
+VALID = encode(
+    FeatureBatch(
+        job="j",
+        window="w",
+        step=1,
+        window_start=1,
+        window_steps=1,
+        expected_workers=1,
+        worker=WorkerMeta(rank=0, host="h"),
+        step_time_us=1.0,
+        functions=b"x",
+    )
+)
 
 
 @settings(max_examples=examples(150), deadline=None)

@@ -15,11 +15,42 @@ from lockstep.schemas.records import FeatureBatch, StepReport, WorkerMeta, encod
 
 pytestmark = pytest.mark.slow  # every case decodes in a fresh interpreter, to measure its peak memory
 
-GOOD_TABLE = ft.make_table({"function": ["a", "b"], "kind": ["compute", "python"], "calls": [1, 2], "total_us": [5.0, 6.0], "critical_us": [5.0, 6.0]})
-GOOD = FeatureBatch(job="j", window="w", step=3, window_start=3, window_steps=1, expected_workers=1, worker=WorkerMeta(rank=0, host="h"),
-                    step_time_us=100.0, functions=ft.pack(GOOD_TABLE))  # fmt: skip
-REPORT = StepReport(job="j", window="w", step=3, window_start=3, window_steps=1, expected_workers=1, workers_seen=1, bytes_in=1,
-                    step_time_us=100.0, step_time_median_us=100.0, work_max_us=90.0, healthy_work_max_us=90.0, outliers=b"", groups=b"")  # fmt: skip
+GOOD_TABLE = ft.make_table(
+    {
+        "function": ["a", "b"],
+        "kind": ["compute", "python"],
+        "calls": [1, 2],
+        "total_us": [5.0, 6.0],
+        "critical_us": [5.0, 6.0],
+    }
+)
+GOOD = FeatureBatch(
+    job="j",
+    window="w",
+    step=3,
+    window_start=3,
+    window_steps=1,
+    expected_workers=1,
+    worker=WorkerMeta(rank=0, host="h"),
+    step_time_us=100.0,
+    functions=ft.pack(GOOD_TABLE),
+)
+REPORT = StepReport(
+    job="j",
+    window="w",
+    step=3,
+    window_start=3,
+    window_steps=1,
+    expected_workers=1,
+    workers_seen=1,
+    bytes_in=1,
+    step_time_us=100.0,
+    step_time_median_us=100.0,
+    work_max_us=90.0,
+    healthy_work_max_us=90.0,
+    outliers=b"",
+    groups=b"",
+)
 
 SETUP = """
 from pathlib import Path
@@ -57,12 +88,42 @@ def _batch(functions: bytes, codec: str = "zstd") -> bytes:
 
 CASES = {
     # (payload from the helpers, reader, what its detail says, bound on the reader's memory growth in MiB)
-    "feature batch, 33 KiB of zstd expanding to 1 GiB": (lambda h: _batch(h.zstd_bomb(h.GiB)), READ_FEATURES, "expands beyond", 200),
-    "feature batch, a zstd frame declaring 1 TiB": (lambda h: _batch(h.zstd_declaring(1 << 40)), READ_FEATURES, "declares 1099511627776 bytes", 64),
-    "feature batch, Arrow IPC compressing 1 GiB in its own buffers": (lambda h: _batch(h.ipc_compressed_bomb(), "none"), READ_FEATURES, "compressed inside", 64),
-    "feature batch, the same IPC inside zstd": (lambda h: _batch(h.zstd(h.ipc_compressed_bomb())), READ_FEATURES, "compressed inside", 64),
-    "step report, outliers of 33 KiB of zstd expanding to 1 GiB": (lambda h: _report(outliers=h.zstd_bomb(h.GiB)), READ_REPORT, "expands beyond", 200),
-    "step report, outliers in compressed Arrow IPC": (lambda h: _report(outliers=h.zstd(h.ipc_compressed_bomb())), READ_REPORT, "compressed inside", 64),
+    "feature batch, 33 KiB of zstd expanding to 1 GiB": (
+        lambda h: _batch(h.zstd_bomb(h.GiB)),
+        READ_FEATURES,
+        "expands beyond",
+        200,
+    ),
+    "feature batch, a zstd frame declaring 1 TiB": (
+        lambda h: _batch(h.zstd_declaring(1 << 40)),
+        READ_FEATURES,
+        "declares 1099511627776 bytes",
+        64,
+    ),
+    "feature batch, Arrow IPC compressing 1 GiB in its own buffers": (
+        lambda h: _batch(h.ipc_compressed_bomb(), "none"),
+        READ_FEATURES,
+        "compressed inside",
+        64,
+    ),
+    "feature batch, the same IPC inside zstd": (
+        lambda h: _batch(h.zstd(h.ipc_compressed_bomb())),
+        READ_FEATURES,
+        "compressed inside",
+        64,
+    ),
+    "step report, outliers of 33 KiB of zstd expanding to 1 GiB": (
+        lambda h: _report(outliers=h.zstd_bomb(h.GiB)),
+        READ_REPORT,
+        "expands beyond",
+        200,
+    ),
+    "step report, outliers in compressed Arrow IPC": (
+        lambda h: _report(outliers=h.zstd(h.ipc_compressed_bomb())),
+        READ_REPORT,
+        "compressed inside",
+        64,
+    ),
 }
 
 
@@ -88,5 +149,7 @@ def test_a_record_nested_without_bound_is_malformed_and_the_reader_goes_on(form,
     deep = {"json": b'{"a":' * 100_000, "msgpack": b"\x81\xa1a" * 100_000 + b"\xc0"}[form]
     (tmp_path / "hostile").write_bytes(deep)
     (tmp_path / "good").write_bytes(encode(GOOD))
-    out = hostile.run_isolated(SETUP.format(hostile=str(tmp_path / "hostile"), good=str(tmp_path / "good")), READ_FEATURES)
+    out = hostile.run_isolated(
+        SETUP.format(hostile=str(tmp_path / "hostile"), good=str(tmp_path / "good")), READ_FEATURES
+    )
     assert out["reason"] == "malformed" and out["good_rows"] == 2 and out["grew_mb"] < 64, out

@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -37,7 +36,9 @@ def test_the_token_file_is_created_fresh_never_through_what_was_there(planted, t
     store = FindingsStore(db)
     server = QueryServer(_Sink(store), db).start()
     try:
-        assert not side.is_symlink() and stat.S_IMODE(side.stat().st_mode) == 0o600  # before: 0644 kept, or the link followed
+        assert (
+            not side.is_symlink() and stat.S_IMODE(side.stat().st_mode) == 0o600
+        )  # before: 0644 kept, or the link followed
         assert json.loads(side.read_text())["token"] != "old"
         assert victim.read_text() == "keep me"
     finally:
@@ -83,7 +84,9 @@ def test_a_parent_killed_with_sigkill_leaves_no_broker_and_no_child_behind(tmp_p
         assert not _gone(broker_pid) and not _gone(child_pid)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(timeout=30)
-        assert _wait_gone(broker_pid), f"the embedded broker (pid {broker_pid}) outlived its parent"  # before: an orphan for good
+        assert _wait_gone(broker_pid), (
+            f"the embedded broker (pid {broker_pid}) outlived its parent"
+        )  # before: an orphan for good
         assert _wait_gone(child_pid), f"the child process (pid {child_pid}) outlived its parent"
         assert all(_wait_gone(p) for p in grandchildren), "the child's own broker outlived it"
     finally:

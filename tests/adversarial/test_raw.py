@@ -37,11 +37,15 @@ def _answer_hostilely(settings, topics, ready: threading.Event, done: threading.
                 good = bytes(cramjam.zstd.compress(json.dumps(GOOD).encode()))
                 base = dict(job=req.job, request=req.request, steps=[1], events=1, events_total=1)
                 for rec in [
-                    RawTrace(**{**base, "request": "someone-elses"}, window="w", worker=5, trace=good),  # another request
+                    RawTrace(
+                        **{**base, "request": "someone-elses"}, window="w", worker=5, trace=good
+                    ),  # another request
                     RawTrace(**{**base, "job": "other-job"}, window="w", worker=5, trace=good),  # another job
                     RawTrace(**base, window="../../escaped", worker=9, trace=good),  # a worker nobody asked
                     RawTrace(**base, window="../../../../tmp/evil", worker=2, trace=bomb),  # 33 KiB expanding to 1 GiB
-                    RawTrace(**base, window="../../evil-too", worker=5, trace=good),  # the good answer, with a path for a window
+                    RawTrace(
+                        **base, window="../../evil-too", worker=5, trace=good
+                    ),  # the good answer, with a path for a window
                     RawTrace(**base, window="w", worker=5, trace=bomb),  # a second answer of worker 5: the first counts
                 ]:
                     pub.send(topics.raw, req.job, rec)
@@ -52,12 +56,27 @@ def _answer_hostilely(settings, topics, ready: threading.Event, done: threading.
 def test_raw_takes_only_answers_to_its_request_and_writes_only_where_asked(settings, tmp_path, hostile):
     topics = ensure_topics(settings)
     ready, done = threading.Event(), threading.Event()
-    agent = threading.Thread(target=_answer_hostilely, args=(settings, topics, ready, done, hostile.zstd_bomb(hostile.GiB)), daemon=True)
+    agent = threading.Thread(
+        target=_answer_hostilely, args=(settings, topics, ready, done, hostile.zstd_bomb(hostile.GiB)), daemon=True
+    )
     agent.start()
     assert ready.wait(60)
     out = tmp_path / "out" / "inner"
-    argv = ["raw", "victim", "--workers", "2,5", "--out", str(out), "--json", "--timeout", "20",
-            "--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix", settings.topic_prefix]  # fmt: skip
+    argv = [
+        "raw",
+        "victim",
+        "--workers",
+        "2,5",
+        "--out",
+        str(out),
+        "--json",
+        "--timeout",
+        "20",
+        "--bootstrap-servers",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        settings.topic_prefix,
+    ]
     try:
         res = hostile.run_isolated("", CLI.format(argv=argv))
     finally:
@@ -69,5 +88,7 @@ def test_raw_takes_only_answers_to_its_request_and_writes_only_where_asked(setti
     assert answers[5]["file"] == str(out / "victim.last.rank5.trace.json") and answers[5]["error"] == ""
     assert json.loads((out / "victim.last.rank5.trace.json").read_text()) == GOOD
     written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    assert [str(p) for p in written] == ["out/inner/victim.last.rank5.trace.json"]  # before: files named by the answers' windows
+    assert [str(p) for p in written] == [
+        "out/inner/victim.last.rank5.trace.json"
+    ]  # before: files named by the answers' windows
     assert res["grew_mb"] < 200, res  # the bomb stopped at its bound (32 x the request's 512 KiB)

@@ -53,7 +53,11 @@ store.close()
 #: (SQL, tenant, what the one-line refusal says); {out} is a file the SQL must not create
 REFUSED = [
     ("EXPLAIN ANALYZE DELETE FROM findings", None, "EXPLAIN only of a SELECT"),
-    ("EXPLAIN ANALYZE INSERT INTO incident_events VALUES (99, 'i', '', 'j', 'trigger', 'f0', 'x', now())", None, "EXPLAIN only of a SELECT"),
+    (
+        "EXPLAIN ANALYZE INSERT INTO incident_events VALUES (99, 'i', '', 'j', 'trigger', 'f0', 'x', now())",
+        None,
+        "EXPLAIN only of a SELECT",
+    ),
     ("EXPLAIN ANALYZE COPY findings TO '{out}'", None, "EXPLAIN only of a SELECT"),
     ("EXPLAIN (ANALYZE, FORMAT json) UPDATE findings SET cause = 'x'", None, "EXPLAIN only of a SELECT"),
     ("explain /* */ analyze delete from findings", None, "EXPLAIN only of a SELECT"),
@@ -77,7 +81,11 @@ REFUSED = [
     ("SELECT count(*) FROM range(1000000000000)", None, "longer than 3 s"),
     ("SELECT count(*) FROM range(1000000000000)", "acme", "longer than 3 s"),
     ("SELECT list(range) FROM range(1000000000)", None, "needs more than 256 MiB"),
-    ("SELECT k, list(range) FROM (SELECT range % 1000 AS k, range FROM range(1000000000)) GROUP BY k", "acme", "needs more than 256 MiB"),
+    (
+        "SELECT k, list(range) FROM (SELECT range % 1000 AS k, range FROM range(1000000000)) GROUP BY k",
+        "acme",
+        "needs more than 256 MiB",
+    ),
     ("SELECT range FROM range(1001)", None, "more than 1000 rows"),
 ]
 
@@ -86,7 +94,9 @@ REFUSED = [
 def sink(tmp_path_factory):
     path = tmp_path_factory.mktemp("sql") / "f.duckdb"
     env = dict(os.environ, LOCKSTEP_TEST_SECRET="routing-key-that-must-not-leak")
-    proc = subprocess.Popen([sys.executable, "-c", SINK.format(path=str(path), limits=LIMITS)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SINK.format(path=str(path), limits=LIMITS)], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         with pytest.raises(duckdb.IOException, match="lock"):
@@ -132,7 +142,9 @@ def test_a_sink_under_hostile_queries_stays_bounded_answers_and_stops_quickly(si
     assert all(("longer than" in e) or ("needs more than" in e) or ("queries are running" in e) for e in errors), errors
     grew = _peak_mb(proc.pid) - before
     print(f"\nRELIABILITY hostile: the sink's peak memory grew {grew:.0f} MiB under six hostile queries; {errors}")
-    assert grew < 1024, f"the sink's peak memory grew by {grew:.0f} MiB"  # two queries of at most 256 MiB each, plus copies (before: 6.8 GB)
+    assert grew < 1024, (
+        f"the sink's peak memory grew by {grew:.0f} MiB"
+    )  # two queries of at most 256 MiB each, plus copies (before: 6.8 GB)
     url = json.loads(sidecar(path).read_text())["url"]
     with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
         assert r.status == 200

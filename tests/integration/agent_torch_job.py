@@ -35,7 +35,9 @@ def preprocess(x: torch.Tensor) -> torch.Tensor:
 
 def main() -> int:
     dist.init_process_group("gloo")
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 16)))
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 16))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     agent = lockstep.producers.agent.attach(job=os.environ["JOB"])  # the one line (plus agent.step() below)
     t0 = time.monotonic()

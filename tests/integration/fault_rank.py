@@ -60,7 +60,9 @@ class Samples(Dataset):
 class Net(nn.Module):
     def __init__(self, extra: int):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH))
+        self.body = nn.Sequential(
+            nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH)
+        )
         self.extra = extra
         self.w = torch.randn(WIDTH, WIDTH) / WIDTH**0.5
 
@@ -104,7 +106,11 @@ def main() -> int:
     model = DistributedDataParallel(Net(extra=200 if culprit and args.case == "compute" else 0))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     steps = WARMUP + args.steps
-    data = DataLoader(Samples(args.batch * steps, 0.048 / args.batch if culprit and args.case == "dataloader" else 0.0), batch_size=args.batch, num_workers=0)
+    data = DataLoader(
+        Samples(args.batch * steps, 0.048 / args.batch if culprit and args.case == "dataloader" else 0.0),
+        batch_size=args.batch,
+        num_workers=0,
+    )
     sampler = HardwareSampler(args.rank, args.hz, nic=args.nic, use_gpu=False)
     sampler.wait_ready()
     if args.go is not None:  # the harness starts the fault from outside once every rank is set up
@@ -144,8 +150,12 @@ def main() -> int:
     trace["host_name"] = f"node{args.rank}"
     path.write_text(json.dumps(trace))
     te = read_chrome_trace(path)
-    pq.write_table(to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries)), args.out / f"samples{args.rank}.parquet")
-    (args.out / f"sampler{args.rank}.json").write_text(json.dumps({"hz": stats.hz_achieved, "cpu_share": stats.cpu_share, "tiers": stats.tiers}))
+    pq.write_table(
+        to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries)), args.out / f"samples{args.rank}.parquet"
+    )
+    (args.out / f"sampler{args.rank}.json").write_text(
+        json.dumps({"hz": stats.hz_achieved, "cpu_share": stats.cpu_share, "tiers": stats.tiers})
+    )
     return 0
 
 

@@ -126,7 +126,11 @@ def network(world: int, limited: int, rate: str):
             _ip("-n", ns, "link", "set", "lo", "up")
             if r == limited:  # a degraded link: slow both ways
                 tbf = ["root", "tbf", "rate", rate, "burst", "32kbit", "latency", "100ms"]
-                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", f"eth{r}", *tbf], check=True, capture_output=True)
+                subprocess.run(
+                    ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", f"eth{r}", *tbf],
+                    check=True,
+                    capture_output=True,
+                )
                 subprocess.run(["tc", "qdisc", "add", "dev", host_side, *tbf], check=True, capture_output=True)
         yield names
     finally:
@@ -147,7 +151,7 @@ def busy_process(cpu: int):
         with contextlib.suppress(PermissionError):
             os.setpriority(os.PRIO_PROCESS, 0, -10)
 
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)  # noqa: PLW1509 - before exec, no threads here
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
     try:
         yield proc
     finally:
@@ -163,14 +167,42 @@ def run_job(case: str, out: Path, *, steps: int = 8, hz: float = 2000.0, timeout
     from lockstep.broker import free_port
 
     out.mkdir(parents=True, exist_ok=True)
-    base = [sys.executable, str(RANK), "--world", str(WORLD), "--out", str(out), "--case", case, "--culprit", str(CULPRIT),
-            "--steps", str(steps), "--hz", str(hz)]  # fmt: skip
+    base = [
+        sys.executable,
+        str(RANK),
+        "--world",
+        str(WORLD),
+        "--out",
+        str(out),
+        "--case",
+        case,
+        "--culprit",
+        str(CULPRIT),
+        "--steps",
+        str(steps),
+        "--hz",
+        str(hz),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with contextlib.ExitStack() as stack:
         if case == "link":
             names = stack.enter_context(network(WORLD, CULPRIT, LINK_RATE))
-            cmds = [["ip", "netns", "exec", names[r], *base, "--rank", str(r), "--master", "10.231.0.1:29500", "--nic", f"eth{r}"]
-                    for r in range(WORLD)]  # fmt: skip
+            cmds = [
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    names[r],
+                    *base,
+                    "--rank",
+                    str(r),
+                    "--master",
+                    "10.231.0.1:29500",
+                    "--nic",
+                    f"eth{r}",
+                ]
+                for r in range(WORLD)
+            ]
         else:
             master = f"127.0.0.1:{free_port()}"
             # the NIC the agent would sample: GLOO_SOCKET_IFNAME's (the loopback, shared by the ranks here), not the host's eth0
@@ -181,7 +213,10 @@ def run_job(case: str, out: Path, *, steps: int = 8, hz: float = 2000.0, timeout
             if (os.cpu_count() or 1) < 2:
                 raise Unavailable("needs two CPUs: one for the culprit and its noisy neighbour, one for the others")
             # longer compute phases: a waking task's first milliseconds run ahead of the neighbour (the scheduler's sleeper credit)
-            cmds = [[*c, "--cpus", "1" if r == CULPRIT else "0", "--go", str(go), "--batch", "128"] for r, c in enumerate(cmds)]
+            cmds = [
+                [*c, "--cpus", "1" if r == CULPRIT else "0", "--go", str(go), "--batch", "128"]
+                for r, c in enumerate(cmds)
+            ]
         procs = []
         try:
             for r, cmd in enumerate(cmds):
@@ -190,23 +225,31 @@ def run_job(case: str, out: Path, *, steps: int = 8, hz: float = 2000.0, timeout
                 procs.append(subprocess.Popen(cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT))
                 log.close()
             deadline = time.monotonic() + timeout_s
-            if case == "contention":  # the neighbour starts once the ranks are set up (it would slow the culprit's start-up too)
+            if (
+                case == "contention"
+            ):  # the neighbour starts once the ranks are set up (it would slow the culprit's start-up too)
                 while not all(go.with_name(f"go.rank{r}").exists() for r in range(WORLD)):
                     if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                        raise RuntimeError(f"the {case} job did not get ready:\n{(out / 'rank0.log').read_text()[-3000:]}")
+                        raise RuntimeError(
+                            f"the {case} job did not get ready:\n{(out / 'rank0.log').read_text()[-3000:]}"
+                        )
                     time.sleep(0.05)
                 stack.enter_context(busy_process(1))
                 go.touch()
             for r, p in enumerate(procs):
                 rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
                 if rc != 0:
-                    raise RuntimeError(f"rank {r} of the {case} job failed ({rc}):\n{(out / f'rank{r}.log').read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"rank {r} of the {case} job failed ({rc}):\n{(out / f'rank{r}.log').read_text()[-3000:]}"
+                    )
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGKILL)
                     p.wait()
-    pq.write_table(pa.concat_tables([pq.read_table(out / f"samples{r}.parquet") for r in range(WORLD)]), out / "samples.parquet")
+    pq.write_table(
+        pa.concat_tables([pq.read_table(out / f"samples{r}.parquet") for r in range(WORLD)]), out / "samples.parquet"
+    )
     return out
 
 
@@ -216,8 +259,21 @@ def traces(out: Path) -> list[Path]:
 
 def diagnose_cli(out: Path) -> list[dict]:
     """``lockstep diagnose`` on the run's traces and samples, as a user runs it: its findings."""
-    p = subprocess.run([sys.executable, "-m", "lockstep", "diagnose", *map(str, traces(out)), "--samples", str(out / "samples.parquet"), "--json"],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lockstep",
+            "diagnose",
+            *map(str, traces(out)),
+            "--samples",
+            str(out / "samples.parquet"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if p.returncode != 0:
         raise RuntimeError(f"lockstep diagnose failed: {p.stderr}")
     return json.loads(p.stdout)
@@ -226,7 +282,11 @@ def diagnose_cli(out: Path) -> list[dict]:
 def named(findings: list[dict], expect: Expect) -> dict | None:
     """The first finding that names the expected worker (alone), function and cause."""
     for f in findings:
-        if f["workers"] == [expect.worker] and re.search(expect.function, f["function"] or "") and f["cause"] == expect.cause:
+        if (
+            f["workers"] == [expect.worker]
+            and re.search(expect.function, f["function"] or "")
+            and f["cause"] == expect.cause
+        ):
             return f
     return None
 
@@ -247,12 +307,17 @@ def check_named(case: str, findings: list[dict]) -> None:
     found = named(findings, expect)
     if found is None and case in AWAITING:
         pytest.xfail(f"{AWAITING[case]}; today: {summary(findings)}")
-    assert found is not None, f"expected worker {expect.worker}, {expect.function}, {expect.cause}; got {summary(findings)}"
+    assert found is not None, (
+        f"expected worker {expect.worker}, {expect.function}, {expect.cause}; got {summary(findings)}"
+    )
     assert all(f["workers"] in ([], [expect.worker]) or f["confidence"] < 0.5 for f in findings), summary(findings)
 
 
 def summary(findings: list[dict]) -> str:
-    return "; ".join(f"{f['scope']} {f['workers']} {f['function']} {f['cause']} {f['confidence']:.2f}" for f in findings) or "no finding"
+    return (
+        "; ".join(f"{f['scope']} {f['workers']} {f['function']} {f['cause']} {f['confidence']:.2f}" for f in findings)
+        or "no finding"
+    )
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -275,8 +340,14 @@ def write_fixture(out: Path, path: Path, min_share: float = 0.001) -> None:
         share = pc.max_element_wise(f.column("critical_us"), f.column("total_us"))
         f = f.filter(pc.greater_equal(pc.divide(pc.cast(share, pa.float64()), s.step_time_us), min_share))
         meta = inputs.workers[s.worker]
-        values = {"worker": s.worker, "step": s.step, "step_time_us": s.step_time_us, "host": meta.host, "device": meta.device,
-                  "hardware": inputs.hardware[s.worker]}  # fmt: skip
+        values = {
+            "worker": s.worker,
+            "step": s.step,
+            "step_time_us": s.step_time_us,
+            "host": meta.host,
+            "device": meta.device,
+            "hardware": inputs.hardware[s.worker],
+        }
         for i, (name, v) in enumerate(values.items()):
             f = f.add_column(i, name, pa.array([v] * f.num_rows))
         parts.append(f)
@@ -301,7 +372,9 @@ def load_fixture(path: Path):
         w = int(first["worker"])
         inputs.workers.setdefault(w, WorkerMeta(rank=w, host=first["host"], device=first["device"]))
         inputs.hardware[w] = first["hardware"]
-        inputs.summaries.append(StepSummary(w, int(first["step"]), float(first["step_time_us"]), ft.conform(part.drop_columns(list(META)))))
+        inputs.summaries.append(
+            StepSummary(w, int(first["step"]), float(first["step_time_us"]), ft.conform(part.drop_columns(list(META))))
+        )
     return inputs
 
 

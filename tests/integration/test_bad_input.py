@@ -19,7 +19,9 @@ import msgspec
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from lockstep.app.runtime import Pipeline
 from lockstep.config import Settings
@@ -44,7 +46,11 @@ from lockstep.streams.windows import Handle, ShardAssembler
 pytestmark = pytest.mark.integration
 
 POLICY = load_policy(None)
-SCENARIO = Scenario(job="good-job", topology=Topology(workers=8, gpus_per_host=8), faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),))
+SCENARIO = Scenario(
+    job="good-job",
+    topology=Topology(workers=8, gpus_per_host=8),
+    faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),),
+)
 FLEET = FleetSimulator(SCENARIO)
 WINDOW = Window(60, 2)
 BATCHES = {s: FLEET.feature_batches(FLEET.step(s), FLEET.trigger(WINDOW), sent_at=time.time()) for s in WINDOW.range}
@@ -53,10 +59,26 @@ WINDOW_FEATURES = FLEET.window_features([FLEET.step(s) for s in WINDOW.range], F
 
 def good_step_report(step: int) -> StepReport:
     recs = BATCHES[step]
-    frame = StepFrame.from_tables(SCENARIO.job, WINDOW.name, step, [b.worker for b in recs], [b.step_time_us for b in recs],
-                                  [ft.unpack(b.functions) for b in recs], POLICY.diagnosis.peer_group_keys, [b.hardware for b in recs])  # fmt: skip
-    return step_report(analyze_step(frame, POLICY.diagnosis), window_start=WINDOW.start_step, window_steps=WINDOW.steps,
-                       expected_workers=8, bytes_in=1, policy=POLICY.ref, tenant="", closed="complete")  # fmt: skip
+    frame = StepFrame.from_tables(
+        SCENARIO.job,
+        WINDOW.name,
+        step,
+        [b.worker for b in recs],
+        [b.step_time_us for b in recs],
+        [ft.unpack(b.functions) for b in recs],
+        POLICY.diagnosis.peer_group_keys,
+        [b.hardware for b in recs],
+    )
+    return step_report(
+        analyze_step(frame, POLICY.diagnosis),
+        window_start=WINDOW.start_step,
+        window_steps=WINDOW.steps,
+        expected_workers=8,
+        bytes_in=1,
+        policy=POLICY.ref,
+        tenant="",
+        closed="complete",
+    )
 
 
 #: one valid record of what each input topic carries (the field mutations start from these)
@@ -66,8 +88,22 @@ VALID = {
     "windowfeatures": WINDOW_FEATURES[0],
     "stepreports": good_step_report(60),
     "findings": None,  # filled below from the good window's diagnosis
-    "windows": WindowReport(job="j", window="w1", start_step=1, steps=2, steps_seen=2, expected_workers=2, workers_seen=2, coverage=1.0,
-                            bytes_per_worker=1.0, findings=0, actionable=False, reached_device=False, closed="complete", closed_at=time.time()),
+    "windows": WindowReport(
+        job="j",
+        window="w1",
+        start_step=1,
+        steps=2,
+        steps_seen=2,
+        expected_workers=2,
+        workers_seen=2,
+        coverage=1.0,
+        bytes_per_worker=1.0,
+        findings=0,
+        actionable=False,
+        reached_device=False,
+        closed="complete",
+        closed_at=time.time(),
+    ),
     "control": FLEET.trigger(WINDOW, created_at=time.time()),
 }  # fmt: skip
 STAGE = {"heartbeats": "detect", "features": "steps", "windowfeatures": "shards", "stepreports": "windows", "findings": "sink", "windows": "sink",
@@ -120,9 +156,30 @@ def expected_reason(kind: str, payload: bytes) -> str | None:
 # ------------------------------------------------------------------------------------- strategies
 
 ABSURD = st.one_of(
-    st.sampled_from([float("nan"), float("inf"), -float("inf"), -1, -1e9, 0, 2**63 - 1, 2**64 - 1, -(2**63), "", "x" * 300, None, [], {}, True]),
-    st.floats(allow_nan=True), st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.binary(max_size=8),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            -1,
+            -1e9,
+            0,
+            2**63 - 1,
+            2**64 - 1,
+            -(2**63),
+            "",
+            "x" * 300,
+            None,
+            [],
+            {},
+            True,
+        ]
+    ),
+    st.floats(allow_nan=True),
+    st.integers(-(2**63), 2**64 - 1),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
 KINDS = st.sampled_from(sorted(STAGE))
 
 
@@ -155,9 +212,13 @@ def table_mutation(draw, kind: str = "features") -> bytes:
         t = t.set_column(t.column_names.index(name), name, pa.array([draw(st.text(max_size=4))] * t.num_rows))
     else:
         typ = t.schema.field(name).type
-        v = draw(st.sampled_from([float("nan"), float("inf"), -1.0, -1e30]) if pa.types.is_floating(typ) else
-                 st.sampled_from([-1, -(2**31)]) if pa.types.is_signed_integer(typ) else
-                 st.sampled_from(["", "gpu!", None]))  # fmt: skip
+        v = draw(
+            st.sampled_from([float("nan"), float("inf"), -1.0, -1e30])
+            if pa.types.is_floating(typ)
+            else st.sampled_from([-1, -(2**31)])
+            if pa.types.is_signed_integer(typ)
+            else st.sampled_from(["", "gpu!", None])
+        )
         col = t.column(name).to_pylist()
         col[draw(st.integers(0, len(col) - 1))] = v
         t = t.set_column(t.column_names.index(name), name, pa.array(col, type=typ if not pa.types.is_dictionary(typ) else pa.string()))
@@ -171,7 +232,9 @@ def truncated_arrow(draw) -> bytes:
     if draw(st.booleans()):
         return encode(msgspec.structs.replace(b, functions=b.functions[: draw(st.integers(0, len(b.functions) - 1))]))
     raw = ft.pack(ft.unpack(b.functions), codec="none")
-    return encode(msgspec.structs.replace(b, functions=raw[: draw(st.integers(0, len(raw) - 1))], functions_codec="none"))
+    return encode(
+        msgspec.structs.replace(b, functions=raw[: draw(st.integers(0, len(raw) - 1))], functions_codec="none")
+    )
 
 
 @st.composite
@@ -230,9 +293,17 @@ class Rig:
 def rig(kafka_bootstrap, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad-input")
     tag = uuid.uuid4().hex[:8]
-    s = Settings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"b{tag}", processor_id=f"proc-{tag}", sink_group=f"sink-{tag}",
-                 partitions=3, db=tmp / "findings.duckdb", step_timeout_s=5.0, window_timeout_s=10.0)  # fmt: skip
-    topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
+    s = Settings(
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"b{tag}",
+        processor_id=f"proc-{tag}",
+        sink_group=f"sink-{tag}",
+        partitions=3,
+        db=tmp / "findings.duckdb",
+        step_timeout_s=5.0,
+        window_timeout_s=10.0,
+    )
+    topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
     pipeline = Pipeline(s, tmp)
     dead: list[tuple[bytes, DeadLetter]] = []
     halt = threading.Event()
@@ -277,15 +348,25 @@ def _own_step(kind: str, payload: bytes, key: bytes) -> bytes:
     return encode(msgspec.structs.replace(b, job=key.decode()))
 
 
-@hsettings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hsettings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(batch=st.lists(bad_record().filter(lambda kp: expected_reason(*kp) is not None), min_size=4, max_size=16))
 def test_generated_bad_records_on_every_input_topic_become_dead_letters(rig, batch):
-    records = [(kind, key, _own_step(kind, payload, key)) for kind, payload in batch for key in [f"bad-{next(_serial)}".encode()]]
+    records = [
+        (kind, key, _own_step(kind, payload, key))
+        for kind, payload in batch
+        for key in [f"bad-{next(_serial)}".encode()]
+    ]
     rig.send(records)
     got = rig.wait_dead({key for _, key, _ in records})
     for kind, key, payload in records:
         d = got[key]
-        assert (d.topic, d.stage, d.reason) == (getattr(rig.topics, kind), STAGE[kind], expected_reason(kind, payload)), (kind, payload[:80], d)
+        assert (d.topic, d.stage, d.reason) == (
+            getattr(rig.topics, kind),
+            STAGE[kind],
+            expected_reason(kind, payload),
+        ), (kind, payload[:80], d)
         assert d.detail and d.payload == payload[:65536]
 
 
@@ -332,8 +413,11 @@ DEEP = {"json": b'{"a":' * 100_000, "msgpack": b"\x81\xa1a" * 100_000 + b"\xc0"}
 
 def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
     hb = VALID["heartbeats"]
-    job = [StepHeartbeat(job="fj", worker=w, step=s, step_time_s=0.1, host="h", sent_at=time.time() - 30 + 0.1 * s)
-           for s in range(40) for w in range(4)]  # fmt: skip
+    job = [
+        StepHeartbeat(job="fj", worker=w, step=s, step_time_s=0.1, host="h", sent_at=time.time() - 30 + 0.1 * s)
+        for s in range(40)
+        for w in range(4)
+    ]
     rig.send([("heartbeats", b"fj", encode(h)) for h in job])  # a job the detector has seen reach step 39
     fb, rep, wf = BATCHES[60][1], VALID["stepreports"], WINDOW_FEATURES[1]
     wrong = ft.pack(pa.table({"a": [1, 2]}))

@@ -32,30 +32,48 @@ def test_a_baseline_window_lets_the_processor_find_a_job_wide_regression(setting
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     s = dataclasses.replace(settings, policy=policy)
-    topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
+    topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
     pipeline = Pipeline(s, tmp_path)
     control = Tail(consumer_config(s, None), topics.control).open()
     try:
         pipeline.start("sink", 30)
         pipeline.start("processor", 45)
-        live = run_live(FleetSimulator(scenario), Publisher(producer_config(s)), control, topics, steps_per_s=10, max_steps=400, stop_after_windows=2)
-        assert [t.kind for t in live.triggers[:2]] == ["baseline", "slowdown"], [(t.kind, t.reason) for t in live.triggers]
+        live = run_live(
+            FleetSimulator(scenario),
+            Publisher(producer_config(s)),
+            control,
+            topics,
+            steps_per_s=10,
+            max_steps=400,
+            stop_after_windows=2,
+        )
+        assert [t.kind for t in live.triggers[:2]] == ["baseline", "slowdown"], [
+            (t.kind, t.reason) for t in live.triggers
+        ]
         baseline, slowdown = live.triggers[:2]
-        assert baseline.start_step + baseline.steps <= 75 < slowdown.start_step  # healthy, then after the regression began
+        assert (
+            baseline.start_step + baseline.steps <= 75 < slowdown.start_step
+        )  # healthy, then after the regression began
 
         windows = {baseline.window, slowdown.window}
 
         def stored() -> bool:
-            return query(s.db, "SELECT count(*) FROM windows WHERE list_contains(?, window_id)", [sorted(windows)])[1][0][0] == 2
+            return (
+                query(s.db, "SELECT count(*) FROM windows WHERE list_contains(?, window_id)", [sorted(windows)])[1][0][
+                    0
+                ]
+                == 2
+            )
 
         assert wait_for(stored, 60), "the two windows did not reach DuckDB"
     finally:
         control.close()
         pipeline.stop()
     with duckdb.connect(str(s.db), read_only=True) as con:
-        assert con.execute("SELECT findings FROM windows WHERE window_id = ?", [baseline.window]).fetchone() == (0,)  # healthy: the job's history
+        assert con.execute("SELECT findings FROM windows WHERE window_id = ?", [baseline.window]).fetchone() == (
+            0,
+        )  # healthy: the job's history
         found = con.execute("SELECT window_id, scope, cause, function FROM findings").fetchall()
         kinds = dict(con.execute("SELECT window_id, kind FROM triggers").fetchall())
     assert (kinds[baseline.window], kinds[slowdown.window]) == ("baseline", "slowdown")
     assert (slowdown.window, "job", "regression", fault.function) in found, found
-

@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 EVIL = "<img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">"
 
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs Debian's chromium)")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs Debian's chromium)"
+)
 
 
 def artifacts() -> Path:
@@ -37,36 +39,123 @@ def artifacts() -> Path:
 
 def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     profile = artifacts() / "profile"
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
-                           "--window-size=1280,2400", *args], capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--window-size=1280,2400",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def build_store(path: Path, now: float) -> None:
     """A job whose worker 13 throttles from step 40, one window that found it, its step times and heatmap."""
-    ev = [Evidence(feature="work_us", value=105_885.0, peer_value=80_041.0, deviation=15.2),
-          Evidence(feature="sm_clock_mhz", value=1522.0, peer_value=1981.0, deviation=-0.23),
-          Evidence(feature="gpu_temp_c", value=83.9, peer_value=64.1, deviation=0.31),
-          Evidence(feature="clock_events", value=96.0, peer_value=0.0, deviation=96.0)]  # fmt: skip
-    f = Finding(id="f-demo", job="demo-job", window="w64", steps=list(range(64, 72)), scope="worker", workers=[13], hosts=["node0001"],
-                devices=["node0001/gpu5"], function="bwd.gemm", function_kind="compute", cause="gpu_throttle_thermal", confidence=0.99,
-                evidence=ev, impact=Impact(step_time_share=0.186, gpu_hours_per_day=285.0), policy="default@x", created_at=now,
-                summary="worker 13 on node0001/gpu5: bwd.gemm 32% slower than its 63 peers in 8/8 steps", window_steps=8)  # fmt: skip
-    odd = Finding(id="f-odd", job="demo-job", window="w64", steps=[66], scope="worker", workers=[29], hosts=["node0003"], devices=[],
-                  function=EVIL, function_kind="python", cause="unknown", confidence=0.4,
-                  evidence=[Evidence(feature="work_us", value=900.0, peer_value=100.0, deviation=9.0)],
-                  impact=Impact(step_time_share=0.004, gpu_hours_per_day=6.0), policy="default@x", created_at=now, summary=EVIL, window_steps=8)  # fmt: skip
-    w = WindowReport(job="demo-job", window="w64", start_step=64, steps=8, steps_seen=8, expected_workers=64, workers_seen=64, coverage=1.0,
-                     bytes_per_worker=20_000.0, findings=2, actionable=True, reached_device=True, closed="complete", closed_at=now)  # fmt: skip
-    t = ProfileTrigger(job="demo-job", window="w64", start_step=64, steps=8, expected_workers=64, created_at=now - 5,
-                       reason="slowdown: median of last 5 steps 252.8 ms vs baseline 211.0 ms (+20%); starts 23 steps ahead")  # fmt: skip
-    steps = list(range(0, 76))
+    ev = [
+        Evidence(feature="work_us", value=105_885.0, peer_value=80_041.0, deviation=15.2),
+        Evidence(feature="sm_clock_mhz", value=1522.0, peer_value=1981.0, deviation=-0.23),
+        Evidence(feature="gpu_temp_c", value=83.9, peer_value=64.1, deviation=0.31),
+        Evidence(feature="clock_events", value=96.0, peer_value=0.0, deviation=96.0),
+    ]
+    f = Finding(
+        id="f-demo",
+        job="demo-job",
+        window="w64",
+        steps=list(range(64, 72)),
+        scope="worker",
+        workers=[13],
+        hosts=["node0001"],
+        devices=["node0001/gpu5"],
+        function="bwd.gemm",
+        function_kind="compute",
+        cause="gpu_throttle_thermal",
+        confidence=0.99,
+        evidence=ev,
+        impact=Impact(step_time_share=0.186, gpu_hours_per_day=285.0),
+        policy="default@x",
+        created_at=now,
+        summary="worker 13 on node0001/gpu5: bwd.gemm 32% slower than its 63 peers in 8/8 steps",
+        window_steps=8,
+    )
+    odd = Finding(
+        id="f-odd",
+        job="demo-job",
+        window="w64",
+        steps=[66],
+        scope="worker",
+        workers=[29],
+        hosts=["node0003"],
+        devices=[],
+        function=EVIL,
+        function_kind="python",
+        cause="unknown",
+        confidence=0.4,
+        evidence=[Evidence(feature="work_us", value=900.0, peer_value=100.0, deviation=9.0)],
+        impact=Impact(step_time_share=0.004, gpu_hours_per_day=6.0),
+        policy="default@x",
+        created_at=now,
+        summary=EVIL,
+        window_steps=8,
+    )
+    w = WindowReport(
+        job="demo-job",
+        window="w64",
+        start_step=64,
+        steps=8,
+        steps_seen=8,
+        expected_workers=64,
+        workers_seen=64,
+        coverage=1.0,
+        bytes_per_worker=20_000.0,
+        findings=2,
+        actionable=True,
+        reached_device=True,
+        closed="complete",
+        closed_at=now,
+    )
+    t = ProfileTrigger(
+        job="demo-job",
+        window="w64",
+        start_step=64,
+        steps=8,
+        expected_workers=64,
+        created_at=now - 5,
+        reason="slowdown: median of last 5 steps 252.8 ms vs baseline 211.0 ms (+20%); starts 23 steps ahead",
+    )
+    steps = list(range(76))
     times = [211_000.0 + (s % 4) * 900 + (47_000.0 if s >= 40 else 0.0) for s in steps]
-    series = StepSeries(job="demo-job", steps=steps, step_time_us=times, median_us=[208_000.0] * len(steps), workers=[64] * len(steps))
+    series = StepSeries(
+        job="demo-job", steps=steps, step_time_us=times, median_us=[208_000.0] * len(steps), workers=[64] * len(steps)
+    )
     workers, functions = [13, 29, 58, 20, 7, 44], ["bwd.gemm", "fwd.gemm", "fwd.attention", "bwd.attention", "fwd.loss"]
-    z = [[15.2, 14.1, 8.3, 8.0, None], [None, None, None, None, 119.0], [None, None, 5.1, None, None],
-         [None, None, -4.2, None, None], [None, 4.4, None, None, None], [None, None, None, -4.1, None]]  # fmt: skip
-    dmap = DeviationMap(job="demo-job", window="w64", start_step=64, steps=8, workers=workers, functions=functions, z=z,
-                        flagged=[[8 if x is not None else 0 for x in row] for row in z], workers_total=6, functions_total=5, created_at=now)  # fmt: skip
+    z = [
+        [15.2, 14.1, 8.3, 8.0, None],
+        [None, None, None, None, 119.0],
+        [None, None, 5.1, None, None],
+        [None, None, -4.2, None, None],
+        [None, 4.4, None, None, None],
+        [None, None, None, -4.1, None],
+    ]
+    dmap = DeviationMap(
+        job="demo-job",
+        window="w64",
+        start_step=64,
+        steps=8,
+        workers=workers,
+        functions=functions,
+        z=z,
+        flagged=[[8 if x is not None else 0 for x in row] for row in z],
+        workers_total=6,
+        functions_total=5,
+        created_at=now,
+    )
     store = FindingsStore(path)
     store.write(Batch([f, odd], [w], {}, triggers=[t], series=[series], maps=[dmap]), now=now)
     store.close()
@@ -76,9 +165,16 @@ def dom_checks(dom: str) -> None:
     assert len(re.findall(r'<svg class="steps"', dom)) == 1
     assert len(re.findall(r'<svg class="heatmap"', dom)) == 1 and len(re.findall(r'class="cell"', dom)) == 30
     assert len(re.findall(r'class="card finding"', dom)) == 2 and 'class="evidence"' in dom
-    assert "slower from step 40" in dom and "105.9 ms" in dom and "1,522 MHz" in dom and "lockstep raw demo-job --workers 13" in dom
+    assert (
+        "slower from step 40" in dom
+        and "105.9 ms" in dom
+        and "1,522 MHz" in dom
+        and "lockstep raw demo-job --workers 13" in dom
+    )
     body = re.search(r"<body[^>]*>", dom).group(0)
-    assert "data-pwned" not in body and "data-script-error" not in body  # the store's strings stayed text; no script failed
+    assert (
+        "data-pwned" not in body and "data-script-error" not in body
+    )  # the store's strings stayed text; no script failed
     assert "&lt;img src=x" in dom and not re.search(r"<img\b", dom)
 
 
@@ -104,7 +200,12 @@ def test_the_live_page_renders_refreshes_itself_and_raises_no_script_error(setti
 
     build_store(settings.db, time.time())
     port = free_port()
-    sink = Child("sink", ["sink", *settings_flags(settings, "sink"), "--http-port", str(port)], tmp_path, f"http://127.0.0.1:{port}/healthz")
+    sink = Child(
+        "sink",
+        ["sink", *settings_flags(settings, "sink"), "--http-port", str(port)],
+        tmp_path,
+        f"http://127.0.0.1:{port}/healthz",
+    )
     try:
         sink.wait_healthy(60)
         url = live_url(settings.db)
@@ -114,7 +215,9 @@ def test_the_live_page_renders_refreshes_itself_and_raises_no_script_error(setti
         dom = r.stdout
         dom_checks(dom)
         refreshed = re.search(r'data-refreshed="(\d+)"', dom)
-        assert refreshed and int(refreshed.group(1)) >= 1, dom[:500]  # it fetched itself again and swapped the content in
+        assert refreshed and int(refreshed.group(1)) >= 1, dom[
+            :500
+        ]  # it fetched itself again and swapped the content in
         assert re.search(r'id="live" class="ok">live: updated', dom)
         assert "Uncaught" not in r.stderr  # no script error in the console either
         shot = artifacts() / "live-page.png"

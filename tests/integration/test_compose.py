@@ -54,7 +54,7 @@ class Runtime:
             a = a.replace("kafka:9092", self.broker.bootstrap_servers)
             for target, source in sorted(self.mounts(svc).items(), key=lambda kv: -len(kv[0])):
                 if a == target or a.startswith(target + "/"):
-                    a = str(source) + a[len(target):]
+                    a = str(source) + a[len(target) :]
             for port, mapped in self.ports.items():
                 a = a if a != port else mapped
                 a = a.replace(f"127.0.0.1:{port}/", f"127.0.0.1:{mapped}/")
@@ -76,7 +76,9 @@ def test_every_compose_service_runs_as_its_container_would(tmp_path):
 
         def run(name: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
             svc = services[name]
-            return subprocess.run(rt.local(svc, argv), env=rt.env(svc), capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+            return subprocess.run(
+                rt.local(svc, argv), env=rt.env(svc), capture_output=True, text=True, timeout=timeout, cwd=tmp_path
+            )
 
         r = run("topics", container_argv(services["topics"]), 60)
         assert r.returncode == 0, r.stderr
@@ -87,7 +89,13 @@ def test_every_compose_service_runs_as_its_container_would(tmp_path):
             for name in ("processor", "sink"):
                 svc = services[name]
                 log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the service writes into it until the end
-                procs[name] = subprocess.Popen(rt.local(svc, container_argv(svc)), env=rt.env(svc), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+                procs[name] = subprocess.Popen(
+                    rt.local(svc, container_argv(svc)),
+                    env=rt.env(svc),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=tmp_path,
+                )
             for name, proc in procs.items():
                 check = services[name]["healthcheck"]["test"]
                 assert check[0] == "CMD"
@@ -96,7 +104,9 @@ def test_every_compose_service_runs_as_its_container_would(tmp_path):
                     assert proc.poll() is None, f"{name} exited: {(tmp_path / f'{name}.log').read_text()[-3000:]}"
                     if run(name, check[1:], 10).returncode == 0:
                         break
-                    assert time.monotonic() < deadline, f"{name} never healthy: {(tmp_path / f'{name}.log').read_text()[-3000:]}"
+                    assert time.monotonic() < deadline, (
+                        f"{name} never healthy: {(tmp_path / f'{name}.log').read_text()[-3000:]}"
+                    )
                     time.sleep(1)
 
             r = run("simulate", container_argv(services["simulate"]), 240)

@@ -16,24 +16,53 @@ pytestmark = pytest.mark.integration
 
 
 def test_garbage_goes_to_the_dead_letter_topic_and_processing_continues(settings, tmp_path):
-    topics = ensure_topics(settings, extra={n: settings.partitions for n in changelog_topics(settings.processor_id)})
+    topics = ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
     port, sink_port = free_port(), free_port()
-    proc = Child("processor", ["processor", *settings_flags(settings), "--http-port", str(port)], tmp_path, f"http://127.0.0.1:{port}/healthz")
-    sink = Child("sink", ["sink", *settings_flags(settings), "--http-port", str(sink_port)], tmp_path, f"http://127.0.0.1:{sink_port}/healthz")
+    proc = Child(
+        "processor",
+        ["processor", *settings_flags(settings), "--http-port", str(port)],
+        tmp_path,
+        f"http://127.0.0.1:{port}/healthz",
+    )
+    sink = Child(
+        "sink",
+        ["sink", *settings_flags(settings), "--http-port", str(sink_port)],
+        tmp_path,
+        f"http://127.0.0.1:{sink_port}/healthz",
+    )
     try:
         proc.wait_healthy(60)
         sink.wait_healthy(60)
         pub = Publisher(producer_config(settings))
-        good_table = ft.pack(ft.make_table({"function": ["f"], "kind": ["compute"], "calls": [1], "total_us": [1.0], "critical_us": [1.0]}))
-        batch = FeatureBatch(job="j", window="w1", step=1, window_start=1, window_steps=1, expected_workers=1,
-                             worker=WorkerMeta(rank=0, host="h"), step_time_us=10.0, functions=good_table)  # fmt: skip
-        truncated = encode(FeatureBatch(**{**{f: getattr(batch, f) for f in batch.__struct_fields__}, "functions": good_table[:20]}))
+        good_table = ft.pack(
+            ft.make_table(
+                {"function": ["f"], "kind": ["compute"], "calls": [1], "total_us": [1.0], "critical_us": [1.0]}
+            )
+        )
+        batch = FeatureBatch(
+            job="j",
+            window="w1",
+            step=1,
+            window_start=1,
+            window_steps=1,
+            expected_workers=1,
+            worker=WorkerMeta(rank=0, host="h"),
+            step_time_us=10.0,
+            functions=good_table,
+        )
+        truncated = encode(
+            FeatureBatch(**{**{f: getattr(batch, f) for f in batch.__struct_fields__}, "functions": good_table[:20]})
+        )
         pub.send_raw(topics.heartbeats, b"j", b"\x00garbage")
         pub.send_raw(topics.heartbeats, b"j", b'{"schema": "StepHeartbeat", "v": 7}')
         pub.send_raw(topics.features, b"j:1", truncated)
         pub.send_raw(topics.stepreports, b"j", b'{"schema": "Alien", "v": 1}')
         pub.send_raw(topics.findings, b"j", b'{"schema": "Finding", "v": 1, "id": 5}')
-        pub.send(topics.heartbeats, "j", StepHeartbeat(job="j", worker=0, step=1, step_time_s=0.1, host="h", sent_at=time.time()))
+        pub.send(
+            topics.heartbeats,
+            "j",
+            StepHeartbeat(job="j", worker=0, step=1, step_time_s=0.1, host="h", sent_at=time.time()),
+        )
         pub.send(topics.features, "j:1", batch)  # a good step after the bad ones still closes
         pub.flush()
 

@@ -26,7 +26,15 @@ from lockstep.broker import free_port
 from lockstep.config import Settings
 from lockstep.kafka import Publisher, Tail, consumer_config, ensure_topics, features_key, producer_config, read_all
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import AgentCounters, FeatureBatch, ProfileTrigger, StepHeartbeat, WindowReport, WorkerMeta, decode
+from lockstep.schemas.records import (
+    AgentCounters,
+    FeatureBatch,
+    ProfileTrigger,
+    StepHeartbeat,
+    WindowReport,
+    WorkerMeta,
+    decode,
+)
 from lockstep.streams.app import changelog_topics
 from lockstep.streams.policy import load_policy
 
@@ -92,7 +100,15 @@ class Driver(threading.Thread):
         for w in range(job.workers):
             if job.stop == "hang" and w == job.laggard:
                 continue  # never finishes this step
-            hb = StepHeartbeat(job=job.name, worker=w, step=job.step, step_time_s=float(times[w]), host=f"h{w}", sent_at=now, final=job.stop == "final")
+            hb = StepHeartbeat(
+                job=job.name,
+                worker=w,
+                step=job.step,
+                step_time_s=float(times[w]),
+                host=f"h{w}",
+                sent_at=now,
+                final=job.stop == "final",
+            )
             self.pub.send(self.topic, job.name, hb)
         if job.stop:
             job.done = True
@@ -141,7 +157,9 @@ class Rig:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         flags = ["--bootstrap-servers", self.settings.bootstrap_servers, "--topic-prefix", self.settings.topic_prefix]
-        return subprocess.run([sys.executable, "-m", "lockstep", "trigger", *args, *flags], capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "lockstep", "trigger", *args, *flags], capture_output=True, text=True, timeout=60
+        )
 
 
 @pytest.fixture(scope="module")
@@ -150,11 +168,25 @@ def rig(kafka_bootstrap, tmp_path_factory):
     tag = uuid.uuid4().hex[:8]
     policy_path = tmp / "policy.yaml"
     policy_path.write_text(POLICY.format(threshold=0.3))
-    settings = Settings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"d{tag}", processor_id=f"proc-{tag}", sink_group=f"sink-{tag}",
-                        partitions=3, db=tmp / "findings.duckdb", step_timeout_s=1.0, window_timeout_s=2.0, policy=policy_path)  # fmt: skip
-    ensure_topics(settings, extra={n: settings.partitions for n in changelog_topics(settings.processor_id)})
+    settings = Settings(
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"d{tag}",
+        processor_id=f"proc-{tag}",
+        sink_group=f"sink-{tag}",
+        partitions=3,
+        db=tmp / "findings.duckdb",
+        step_timeout_s=1.0,
+        window_timeout_s=2.0,
+        policy=policy_path,
+    )
+    ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
     port = free_port()
-    proc = Child("processor", ["processor", *settings_flags(settings), "--http-port", str(port)], tmp, f"http://127.0.0.1:{port}/healthz")
+    proc = Child(
+        "processor",
+        ["processor", *settings_flags(settings), "--http-port", str(port)],
+        tmp,
+        f"http://127.0.0.1:{port}/healthz",
+    )
     driver, control = Driver(settings), ControlLog(settings)
     try:
         proc.wait_healthy(60)
@@ -217,14 +249,18 @@ def test_a_manual_trigger_respects_the_limits(rig):
     assert "operator check" in cli["reason"] and cli["start_step"] > 20
     ghost = rig.cli("ghost")
     assert ghost.returncode == 1 and ghost.stdout == ""
-    assert ghost.stderr.count("\n") == 1 and ghost.stderr.startswith("lockstep trigger: error: refused (unknown_job): no heartbeats of job 'ghost'")
+    assert ghost.stderr.count("\n") == 1 and ghost.stderr.startswith(
+        "lockstep trigger: error: refused (unknown_job): no heartbeats of job 'ghost'"
+    )
     job.stop = other.stop = "final"
 
 
 def test_no_processor_answering_is_an_error(rig):
     lonely = dataclasses.replace(rig.settings, topic_prefix=rig.settings.topic_prefix + "x")
     ensure_topics(lonely)
-    with pytest.raises(TriggerError, match="no stream processor answered within 1s"):  # it gives up (a hang would meet pytest's timeout)
+    with pytest.raises(
+        TriggerError, match="no stream processor answered within 1s"
+    ):  # it gives up (a hang would meet pytest's timeout)
         request_window(lonely, "manual", steps=None, reason="", timeout_s=1)
 
 
@@ -234,14 +270,26 @@ def test_coverage_is_the_share_of_the_active_workers_that_delivered_features(rig
     t = request_window(rig.settings, "covered", steps=4, reason="coverage", timeout_s=20)
     assert isinstance(t, ProfileTrigger) and t.expected_workers == 4
     job.stop = "final"
-    table = ft.pack(ft.make_table({"function": ["f"], "kind": ["compute"], "calls": [1], "total_us": [1.0], "critical_us": [1.0]}))
+    table = ft.pack(
+        ft.make_table({"function": ["f"], "kind": ["compute"], "calls": [1], "total_us": [1.0], "critical_us": [1.0]})
+    )
     pub = Publisher(producer_config(rig.settings))
     delivered = {0: 4, 1: 4, 2: 3, 3: 0}  # workers per step of the window: one missed step 2, nobody sent step 3
     for i, n in delivered.items():
         step = t.start_step + i
         for w in range(n):
-            fb = FeatureBatch(job="covered", window=t.window, step=step, window_start=t.start_step, window_steps=t.steps, expected_workers=t.expected_workers,
-                              worker=WorkerMeta(rank=w, host=f"h{w}"), step_time_us=20_000.0, functions=table, policy=t.policy_ref)  # fmt: skip
+            fb = FeatureBatch(
+                job="covered",
+                window=t.window,
+                step=step,
+                window_start=t.start_step,
+                window_steps=t.steps,
+                expected_workers=t.expected_workers,
+                worker=WorkerMeta(rank=w, host=f"h{w}"),
+                step_time_us=20_000.0,
+                functions=table,
+                policy=t.policy_ref,
+            )
             pub.send(f"{rig.settings.topic_prefix}.features", features_key("covered", step), fb)
     pub.flush()
     topic = f"{rig.settings.topic_prefix}.windows"
@@ -287,8 +335,15 @@ def test_the_agents_counters_are_exported_per_job(rig):
     job = rig.driver.add("spooling")
     rig.wait_step(job, 5)
     for w, dropped in ((1, 7), (3, 5)):  # two agents report what their bounded spools had to drop
-        hb = StepHeartbeat(job="spooling", worker=w, step=job.step, step_time_s=0.02, host=f"h{w}", sent_at=time.time(),
-                           agent=AgentCounters(dropped_records=dropped, spooled_records=2))  # fmt: skip
+        hb = StepHeartbeat(
+            job="spooling",
+            worker=w,
+            step=job.step,
+            step_time_s=0.02,
+            host=f"h{w}",
+            sent_at=time.time(),
+            agent=AgentCounters(dropped_records=dropped, spooled_records=2),
+        )
         rig.driver.pub.send(rig.driver.topic, "spooling", hb)
     want = ['lockstep_agent_dropped_records{job="spooling"} 12', 'lockstep_agent_spooled_records{job="spooling"} 4']
     deadline = time.monotonic() + 10

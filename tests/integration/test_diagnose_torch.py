@@ -16,8 +16,12 @@ JOB = Path(__file__).with_name("torch_job.py")
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory) -> list[Path]:
     out = tmp_path_factory.mktemp("traces")
-    subprocess.run([sys.executable, str(JOB), str(out), "--ranks", "4", "--slow-rank", "2", "--slow-ms", "25", "--steps", "6"],
-                   check=True, timeout=240, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(JOB), str(out), "--ranks", "4", "--slow-rank", "2", "--slow-ms", "25", "--steps", "6"],
+        check=True,
+        timeout=240,
+        capture_output=True,
+    )
     files = sorted(out.glob("rank*.json"))
     assert len(files) == 4
     return files

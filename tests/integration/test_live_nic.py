@@ -23,17 +23,26 @@ def test_a_slow_nic_is_profiled_by_the_default_detector_and_diagnosed(settings, 
     scenario = Scenario.load(SUITE / "nic-00-16w.yaml")  # node0000/bond1 at 1/3.6 of its capacity from step 45
     (fault,) = scenario.faults
     assert settings.policy is None  # the default policy
-    topics = ensure_topics(settings, extra={n: settings.partitions for n in changelog_topics(settings.processor_id)})
+    topics = ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
     pipeline = Pipeline(settings, tmp_path)
     control = Tail(consumer_config(settings, None), topics.control).open()
     try:
         pipeline.start("sink", 30)
         pipeline.start("processor", 45)
-        live = run_live(FleetSimulator(scenario), Publisher(producer_config(settings)), control, topics, steps_per_s=10, max_steps=400)
+        live = run_live(
+            FleetSimulator(scenario),
+            Publisher(producer_config(settings)),
+            control,
+            topics,
+            steps_per_s=10,
+            max_steps=400,
+        )
         assert live.triggers, f"no window in {live.steps} steps"
         (trig,) = live.triggers
         assert trig.kind == "slowdown" and trig.start_step > fault.start_step, (trig.kind, trig.reason)
-        assert trig.start_step < fault.start_step + 100, trig.reason  # found within 100 steps of the onset (plus the margin)
+        assert trig.start_step < fault.start_step + 100, (
+            trig.reason
+        )  # found within 100 steps of the onset (plus the margin)
 
         def stored() -> bool:
             return query(settings.db, "SELECT count(*) FROM windows WHERE window_id = ?", [trig.window])[1][0][0] == 1
@@ -43,5 +52,7 @@ def test_a_slow_nic_is_profiled_by_the_default_detector_and_diagnosed(settings, 
         control.close()
         pipeline.stop()
     with duckdb.connect(str(settings.db), read_only=True) as con:
-        found = con.execute("SELECT cause, devices, function FROM findings WHERE window_id = ?", [trig.window]).fetchall()
+        found = con.execute(
+            "SELECT cause, devices, function FROM findings WHERE window_id = ?", [trig.window]
+        ).fetchall()
     assert any(cause == "nic" and fault.nics[0] in devices for cause, devices, _ in found), found

@@ -73,14 +73,26 @@ def test_broker_outage_spools_without_blocking_training_and_reports_what_the_bou
     spool = tmp_path / "spool"
     try:
         ensure_topics(settings)
-        agent = attach(job="outage-job", bootstrap_servers=settings.bootstrap_servers, topic_prefix="outage", rank=0, world_size=1,
-                       host="h0", spool_dir=spool, spool_max_bytes=SPOOL_MAX, delivery_timeout_s=1.0, flush_interval_s=0.05)  # fmt: skip
+        agent = attach(
+            job="outage-job",
+            bootstrap_servers=settings.bootstrap_servers,
+            topic_prefix="outage",
+            rank=0,
+            world_size=1,
+            host="h0",
+            spool_dir=spool,
+            spool_max_bytes=SPOOL_MAX,
+            delivery_timeout_s=1.0,
+            flush_interval_s=0.05,
+        )
         train = Training(agent)
         before, _, _ = train.run(300, waits=thread_waits)
         broker.stop()  # Kafka is gone (memory storage: its topics and records with it)
         down_at = agent.current_step
         sizes: list[int] = []  # the spool's bytes on disk, every 50 steps
-        during, agent_cpu, agent_waits = train.run(2500, during=lambda: sizes.append(spool_bytes(spool)), waits=thread_waits)
+        during, agent_cpu, agent_waits = train.run(
+            2500, during=lambda: sizes.append(spool_bytes(spool)), waits=thread_waits
+        )
         assert agent.report().kafka_down
         broker = EmbeddedBroker(port=port).start()  # Kafka is back, empty
         ensure_topics(settings)
@@ -88,7 +100,9 @@ def test_broker_outage_spools_without_blocking_training_and_reports_what_the_bou
         train.run(300, waits=thread_waits)
         assert wait_for(lambda: agent.report().spooled_now == 0 and not agent.report().kafka_down, 60), agent.report()
         drain_s = time.monotonic() - t_back
-        dropped = agent.report().counters.dropped_records  # records still in flight at the outage's end are counted by now
+        dropped = (
+            agent.report().counters.dropped_records
+        )  # records still in flight at the outage's end are counted by now
         last = agent.current_step
         agent.close()
         beats = [decode(v, StepHeartbeat) for _, v in read_all(settings, ["outage.heartbeats"])["outage.heartbeats"]]
@@ -99,19 +113,26 @@ def test_broker_outage_spools_without_blocking_training_and_reports_what_the_bou
     # hand-over to the agent's own thread can make it sleep once in a while), and its own CPU time stayed small
     slept = int(np.count_nonzero(agent_waits))
     assert slept <= 0.05 * agent_waits.size, f"agent.step() slept in {slept} of {agent_waits.size} steps"
-    assert np.percentile(agent_cpu, 99) < 0.002 and agent_cpu.max() < 0.1, (np.percentile(agent_cpu, 99), agent_cpu.max())
+    assert np.percentile(agent_cpu, 99) < 0.002 and agent_cpu.max() < 0.1, (
+        np.percentile(agent_cpu, 99),
+        agent_cpu.max(),
+    )
     # the spool stayed within its bound and dropped its oldest records, and said how many
     assert max(sizes) <= SPOOL_MAX and dropped > 0
     steps = {b.step for b in beats if not b.final}
     lost = sorted(set(range(down_at, back_at)) - steps)
     assert len(lost) == dropped, (len(lost), dropped)
     assert lost == list(range(lost[0], lost[0] + len(lost)))  # the oldest of the outage, in one run
-    assert set(range(down_at, last)) - steps == set(lost)  # everything else since arrived (the broker lost what it had before)
+    assert set(range(down_at, last)) - steps == set(
+        lost
+    )  # everything else since arrived (the broker lost what it had before)
     reported = [b.agent.dropped_records for b in beats if b.agent]
     assert reported and max(reported) == dropped  # the pipeline hears of the drops
-    print(f"\nRELIABILITY outage: {back_at - down_at} steps without Kafka; step time p50 {np.median(before) * 1e3:.2f} ms before, "
-          f"{np.median(during) * 1e3:.2f} ms during (wall clock; the benchmark measures the ratio); agent.step() CPU p50 {np.median(agent_cpu) * 1e6:.0f} us, "
-          f"p99 {np.percentile(agent_cpu, 99) * 1e6:.0f} us, max {agent_cpu.max() * 1e3:.2f} ms, slept in {slept} of {agent_waits.size} steps; "
-          f"spool at most {max(sizes)} bytes on disk, bound {SPOOL_MAX}; "
-          f"{dropped} oldest heartbeats dropped and reported, {back_at - down_at - dropped} delivered after the return, spool empty "
-          f"{drain_s:.1f} s after it")  # fmt: skip
+    print(
+        f"\nRELIABILITY outage: {back_at - down_at} steps without Kafka; step time p50 {np.median(before) * 1e3:.2f} ms before, "
+        f"{np.median(during) * 1e3:.2f} ms during (wall clock; the benchmark measures the ratio); agent.step() CPU p50 {np.median(agent_cpu) * 1e6:.0f} us, "
+        f"p99 {np.percentile(agent_cpu, 99) * 1e6:.0f} us, max {agent_cpu.max() * 1e3:.2f} ms, slept in {slept} of {agent_waits.size} steps; "
+        f"spool at most {max(sizes)} bytes on disk, bound {SPOOL_MAX}; "
+        f"{dropped} oldest heartbeats dropped and reported, {back_at - down_at - dropped} delivered after the return, spool empty "
+        f"{drain_s:.1f} s after it"
+    )

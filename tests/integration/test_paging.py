@@ -33,9 +33,16 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                receiver.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body, "at": time.time()})
+                receiver.requests.append(
+                    {
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "body": body,
+                        "at": time.time(),
+                    }
+                )
                 answers = receiver.script.get(self.path) or []
                 answer = answers.pop(0) if answers else 202
                 if isinstance(answer, tuple):
@@ -74,35 +81,78 @@ def paging(receiver, *, retry=None, **route_overrides):
         "routes": [
             {"name": "pd", "type": "pagerduty", "url": receiver.url + "/pd", "routing_key_env": "PD_KEY"},
             {"name": "chat", "type": "slack", "url_env": "SLACK_URL", "min_interval_s": 0, "redact_functions": True},
-            {"name": "hook", "type": "webhook", "url": receiver.url + "/hook", "secret_env": "HOOK_SECRET",
-             "match": {"min_confidence": 0.5, "causes": ["gpu_throttle_thermal", "gpu_slow"]}},
+            {
+                "name": "hook",
+                "type": "webhook",
+                "url": receiver.url + "/hook",
+                "secret_env": "HOOK_SECRET",
+                "match": {"min_confidence": 0.5, "causes": ["gpu_throttle_thermal", "gpu_slow"]},
+            },
         ],
-    }  # fmt: skip
+    }
     for r in spec["routes"]:
         r.update(route_overrides.get(r["name"], {}))
     env = {"PD_KEY": "pd-routing-key", "SLACK_URL": receiver.url + "/slack", "HOOK_SECRET": SECRET}
     return routes.parse(spec, env)
 
 
-def finding(window="w1", steps=(100, 101, 102), conf=0.9, function="fwd.gemm", cause="gpu_throttle_thermal", workers=(3,), job="j", tenant="acme", created_at=None):
+def finding(
+    window="w1",
+    steps=(100, 101, 102),
+    conf=0.9,
+    function="fwd.gemm",
+    cause="gpu_throttle_thermal",
+    workers=(3,),
+    job="j",
+    tenant="acme",
+    created_at=None,
+):
     from lockstep.schemas.records import finding_id
 
     return Finding(
-        id=finding_id(job, window, "worker", list(workers), function, cause, None), job=job, window=window, steps=list(steps),
-        scope="worker", workers=list(workers), hosts=["h1"], devices=[f"h1/gpu{w}" for w in workers], function=function,
-        function_kind="compute", cause=cause, confidence=conf,
-        evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=9.0),
-                  Evidence(feature=f"work_us[{function}.backward]", value=4.0, peer_value=2.0, deviation=8.0)],
-        impact=Impact(step_time_share=0.12, gpu_hours_per_day=23.0), policy="p@h",
-        created_at=created_at or 1_800_000_000.0 + steps[0], tenant=tenant,
-        summary=f"worker {workers[0]} on h1/gpu{workers[0]}: {function} 30% slower than 7 peers; cause {cause}", window_steps=len(steps) + 1,
-    )  # fmt: skip
+        id=finding_id(job, window, "worker", list(workers), function, cause, None),
+        job=job,
+        window=window,
+        steps=list(steps),
+        scope="worker",
+        workers=list(workers),
+        hosts=["h1"],
+        devices=[f"h1/gpu{w}" for w in workers],
+        function=function,
+        function_kind="compute",
+        cause=cause,
+        confidence=conf,
+        evidence=[
+            Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=9.0),
+            Evidence(feature=f"work_us[{function}.backward]", value=4.0, peer_value=2.0, deviation=8.0),
+        ],
+        impact=Impact(step_time_share=0.12, gpu_hours_per_day=23.0),
+        policy="p@h",
+        created_at=created_at or 1_800_000_000.0 + steps[0],
+        tenant=tenant,
+        summary=f"worker {workers[0]} on h1/gpu{workers[0]}: {function} 30% slower than 7 peers; cause {cause}",
+        window_steps=len(steps) + 1,
+    )
 
 
 def window(window, start, findings=0, coverage=1.0, job="j", tenant="acme"):
-    return WindowReport(job=job, window=window, start_step=start, steps=4, steps_seen=4, expected_workers=8, workers_seen=8,
-                        coverage=coverage, bytes_per_worker=100.0, findings=findings, actionable=findings > 0,
-                        reached_device=findings > 0, closed="complete", closed_at=1_800_000_000.0 + start + 4, tenant=tenant)  # fmt: skip
+    return WindowReport(
+        job=job,
+        window=window,
+        start_step=start,
+        steps=4,
+        steps_seen=4,
+        expected_workers=8,
+        workers_seen=8,
+        coverage=coverage,
+        bytes_per_worker=100.0,
+        findings=findings,
+        actionable=findings > 0,
+        reached_device=findings > 0,
+        closed="complete",
+        closed_at=1_800_000_000.0 + start + 4,
+        tenant=tenant,
+    )
 
 
 def verify_standard_webhook(secret: str, headers: dict, body: bytes, now: float, tolerance_s: int = 300) -> None:
@@ -120,7 +170,11 @@ def verify_standard_webhook(secret: str, headers: dict, body: bytes, now: float,
 
 
 def deliveries(store, route=None):
-    sql = "SELECT route, action, status, attempts, last_status FROM webhook_deliveries" + (" WHERE route = ?" if route else "") + " ORDER BY event_seq, route"
+    sql = (
+        "SELECT route, action, status, attempts, last_status FROM webhook_deliveries"
+        + (" WHERE route = ?" if route else "")
+        + " ORDER BY event_seq, route"
+    )
     return store.con.execute(sql, [route] if route else []).fetchall()
 
 
@@ -140,7 +194,12 @@ def test_each_receiver_gets_its_format_and_the_webhook_is_signed(tmp_path, recei
     assert p["severity"] == "error" and p["class"] == "gpu_throttle_thermal" and p["component"] == "fwd.gemm"
     assert p["source"] == "h1/gpu3" and p["group"] == "j" and p["timestamp"].endswith("Z")
     assert p["custom_details"]["finding"] == f.id and p["custom_details"]["tenant"] == "acme"
-    assert p["custom_details"]["evidence"][0] == {"feature": "work_us", "value": 2.0, "peer_value": 1.0, "deviation": 9.0}
+    assert p["custom_details"]["evidence"][0] == {
+        "feature": "work_us",
+        "value": 2.0,
+        "peer_value": 1.0,
+        "deviation": 9.0,
+    }
 
     (chat,) = receiver.to("/slack")
     msg = json.loads(chat["body"])
@@ -166,7 +225,10 @@ def test_each_receiver_gets_its_format_and_the_webhook_is_signed(tmp_path, recei
 def test_retries_on_500_and_timeouts_but_never_on_other_4xx(tmp_path, receiver):
     store = FindingsStore(tmp_path / "f.duckdb")
     receiver.script = {"/pd": [500, 503, 202], "/hook": [("sleep", 1.0), 202], "/slack": [400, 202]}
-    pager = Pager(store, paging(receiver, retry={"max_attempts": 4, "initial_backoff_s": 0.05, "max_backoff_s": 0.2, "timeout_s": 0.3}))
+    pager = Pager(
+        store,
+        paging(receiver, retry={"max_attempts": 4, "initial_backoff_s": 0.05, "max_backoff_s": 0.2, "timeout_s": 0.3}),
+    )
     store.write(Batch([finding()], [], {}))
     pager.fan_out()
     assert pager.drain(15)
@@ -180,14 +242,19 @@ def test_retries_on_500_and_timeouts_but_never_on_other_4xx(tmp_path, receiver):
     ids = {r["headers"]["webhook-id"] for r in receiver.to("/hook")}
     assert len(ids) == 1  # the same webhook-id on every attempt: receivers deduplicate by it
     pd_times = [r["at"] for r in receiver.to("/pd")]
-    assert pd_times[1] - pd_times[0] >= 0.025 and pd_times[2] - pd_times[1] >= 0.05  # backoff grows (jitter: half to all of it)
+    assert (
+        pd_times[1] - pd_times[0] >= 0.025 and pd_times[2] - pd_times[1] >= 0.05
+    )  # backoff grows (jitter: half to all of it)
     assert pager.metrics.get("webhook_deliveries_total", route="pd", receiver="pagerduty", result="retry") == 2
 
 
 def test_gives_up_after_max_attempts(tmp_path, receiver):
     store = FindingsStore(tmp_path / "f.duckdb")
     receiver.script = {"/pd": [500] * 10}
-    pager = Pager(store, paging(receiver, retry={"max_attempts": 3, "initial_backoff_s": 0.02, "max_backoff_s": 0.05, "timeout_s": 1}))
+    pager = Pager(
+        store,
+        paging(receiver, retry={"max_attempts": 3, "initial_backoff_s": 0.02, "max_backoff_s": 0.05, "timeout_s": 1}),
+    )
     store.write(Batch([finding()], [], {}))
     pager.fan_out()
     assert pager.drain(10)
@@ -220,7 +287,9 @@ def test_one_page_per_problem_no_duplicate_on_replay_and_resolve_when_it_clears(
     resolve = json.loads(receiver.to("/pd")[1]["body"])
     assert resolve == {"routing_key": "pd-routing-key", "event_action": "resolve", "dedup_key": dedup}
     assert json.loads(receiver.to("/hook")[1]["body"])["type"] == "incident.resolved"
-    verify_standard_webhook(SECRET, receiver.to("/hook")[1]["headers"], receiver.to("/hook")[1]["body"], now=time.time())
+    verify_standard_webhook(
+        SECRET, receiver.to("/hook")[1]["headers"], receiver.to("/hook")[1]["body"], now=time.time()
+    )
     assert "Resolved" in json.loads(receiver.to("/slack")[1]["body"])["text"]
     assert store.con.execute("SELECT status, resolved_by, windows FROM incidents").fetchall() == [("resolved", "w4", 2)]
 
@@ -239,10 +308,18 @@ def test_routes_filter_by_job_tenant_cause_and_confidence(tmp_path, receiver):
     store = FindingsStore(tmp_path / "f.duckdb")
     cfg = paging(receiver, pd={"match": {"jobs": ["llm-*"], "tenants": ["acme"]}})
     pager = Pager(store, cfg)
-    store.write(Batch([finding(job="other", conf=0.9),  # pd: wrong job; hook: yes
-                       finding(job="llm-7", conf=0.3, workers=(5,)),  # pd: yes; hook: too unsure
-                       finding(job="llm-8", tenant="globex", workers=(6,)),  # pd: wrong tenant; hook: yes
-                       finding(job="llm-9", cause="dataloader", workers=(7,))], [], {}))  # pd: yes; hook: cause not routed  # fmt: skip
+    store.write(
+        Batch(
+            [
+                finding(job="other", conf=0.9),  # pd: wrong job; hook: yes
+                finding(job="llm-7", conf=0.3, workers=(5,)),  # pd: yes; hook: too unsure
+                finding(job="llm-8", tenant="globex", workers=(6,)),  # pd: wrong tenant; hook: yes
+                finding(job="llm-9", cause="dataloader", workers=(7,)),
+            ],
+            [],
+            {},
+        )
+    )  # pd: yes; hook: cause not routed
     pager.fan_out()
     assert pager.drain(10)
     pd_jobs = sorted(json.loads(r["body"])["payload"]["group"] for r in receiver.to("/pd"))
@@ -255,7 +332,11 @@ def test_routes_filter_by_job_tenant_cause_and_confidence(tmp_path, receiver):
     store.write(Batch([finding("w2", steps=(200, 201), job="llm-7", conf=0.95, workers=(5,))], [], {}))
     pager.fan_out()
     assert pager.drain(10)
-    assert sorted(json.loads(r["body"])["data"]["finding"]["job"] for r in receiver.to("/hook")) == ["llm-7", "llm-8", "other"]
+    assert sorted(json.loads(r["body"])["data"]["finding"]["job"] for r in receiver.to("/hook")) == [
+        "llm-7",
+        "llm-8",
+        "other",
+    ]
     assert len(receiver.to("/pd")) == 2 and len(receiver.to("/slack")) == 4
 
 
@@ -286,12 +367,20 @@ def test_nothing_lost_or_repeated_across_a_restart(tmp_path, receiver):
 def test_a_resolve_never_overtakes_its_trigger(tmp_path, receiver):
     store = FindingsStore(tmp_path / "f.duckdb")
     receiver.script = {"/pd": [503, 503, 202]}
-    pager = Pager(store, paging(receiver, retry={"max_attempts": 5, "initial_backoff_s": 0.1, "max_backoff_s": 0.2, "timeout_s": 1}))
+    pager = Pager(
+        store,
+        paging(receiver, retry={"max_attempts": 5, "initial_backoff_s": 0.1, "max_backoff_s": 0.2, "timeout_s": 1}),
+    )
     store.write(Batch([finding()], [window("w1", 100, findings=1)], {}))
     store.write(Batch([], [window("w2", 200)], {}))
     pager.fan_out()
     assert pager.drain(10)
-    assert [json.loads(r["body"])["event_action"] for r in receiver.to("/pd")] == ["trigger", "trigger", "trigger", "resolve"]
+    assert [json.loads(r["body"])["event_action"] for r in receiver.to("/pd")] == [
+        "trigger",
+        "trigger",
+        "trigger",
+        "resolve",
+    ]
 
 
 def test_paging_enabled_later_does_not_page_history(tmp_path, receiver):
@@ -339,7 +428,9 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
         f"  - {{name: pd, type: pagerduty, url: '{receiver.url}/pd', routing_key_env: LOCKSTEP_TEST_PD_KEY}}\n"
         f"  - {{name: hook, type: webhook, url: '{receiver.url}/hook', secret_env: LOCKSTEP_TEST_HOOK_SECRET, match: {{tenants: [acme]}}}}\n"
     )
-    settings = dataclasses.replace(settings, session_timeout_ms=3000)  # the restart waits for the killed member to time out
+    settings = dataclasses.replace(
+        settings, session_timeout_ms=3000
+    )  # the restart waits for the killed member to time out
     topics = ensure_topics(settings)
     flags = [*settings_flags(settings), "--routes", str(routes_file)]
 
@@ -354,15 +445,23 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
     sink = start_sink("sink1")
     try:
         receiver.script = {"/pd": [503]}  # the first attempt fails: the page must still arrive, once
-        pub.send(topics.control, "j", ProfileTrigger(job="j", window="w1", start_step=100, steps=4, expected_workers=8, tenant="acme"))
+        pub.send(
+            topics.control,
+            "j",
+            ProfileTrigger(job="j", window="w1", start_step=100, steps=4, expected_workers=8, tenant="acme"),
+        )
         pub.send(topics.findings, "j", w1)
         pub.send(topics.windows, "j", window("w1", 100, findings=1))
         pub.flush()
         assert wait_for(lambda: len(receiver.to("/pd")) >= 2 and len(receiver.to("/hook")) >= 1, 30), receiver.requests
         # readers while the sink holds the file: the trigger is stored, and a tenant sees only its own rows
         assert query(settings.db, "SELECT window_id, tenant FROM triggers")[1] == [["w1", "acme"]]
-        out = subprocess.run([sys.executable, "-m", "lockstep", "findings", "--db", str(settings.db), "--tenant", "globex", "--json"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "lockstep", "findings", "--db", str(settings.db), "--tenant", "globex", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
         sink.kill()  # SIGKILL
     finally:
@@ -388,9 +487,15 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
     assert [json.loads(r["body"])["type"] for r in receiver.to("/hook")] == ["incident.triggered", "incident.resolved"]
     for r in receiver.to("/hook"):
         verify_standard_webhook(SECRET, r["headers"], r["body"], now=time.time())
-    _, rows = query(settings.db, "SELECT route, action, status, attempts FROM webhook_deliveries ORDER BY event_seq, route")
-    assert rows == [["hook", "trigger", "delivered", 1], ["pd", "trigger", "delivered", 2],
-                    ["hook", "resolve", "delivered", 1], ["pd", "resolve", "delivered", 1]]  # fmt: skip
+    _, rows = query(
+        settings.db, "SELECT route, action, status, attempts FROM webhook_deliveries ORDER BY event_seq, route"
+    )
+    assert rows == [
+        ["hook", "trigger", "delivered", 1],
+        ["pd", "trigger", "delivered", 2],
+        ["hook", "resolve", "delivered", 1],
+        ["pd", "resolve", "delivered", 1],
+    ]
 
 
 @pytest.mark.slow  # `lockstep test-page` in a subprocess
@@ -411,18 +516,31 @@ def test_test_page_reaches_every_route_signed_and_resolves_what_it_opened(tmp_pa
     env = {**os.environ, "PD_KEY": "pd-routing-key", "HOOK_SECRET": SECRET}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "lockstep", "test-page", "--routes", str(routes_file), *args],
-                              capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "lockstep", "test-page", "--routes", str(routes_file), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
 
     r = cli("--route", "pd", "--route", "hook", "--json")
     assert r.returncode == 0, r.stderr
-    assert [(x["route"], x["action"], x["status"]) for x in json.loads(r.stdout)] == [("pd", "trigger", 202), ("pd", "resolve", 202),
-                                                                                       ("hook", "trigger", 202), ("hook", "resolve", 202)]  # fmt: skip
+    assert [(x["route"], x["action"], x["status"]) for x in json.loads(r.stdout)] == [
+        ("pd", "trigger", 202),
+        ("pd", "resolve", 202),
+        ("hook", "trigger", 202),
+        ("hook", "resolve", 202),
+    ]
     trigger, resolve = (json.loads(x["body"]) for x in receiver.to("/pd"))
     assert (trigger["event_action"], resolve["event_action"]) == ("trigger", "resolve")
-    assert trigger["dedup_key"] == resolve["dedup_key"] and trigger["routing_key"] == "pd-routing-key"  # the test incident is closed again
+    assert (
+        trigger["dedup_key"] == resolve["dedup_key"] and trigger["routing_key"] == "pd-routing-key"
+    )  # the test incident is closed again
     assert "Nothing is wrong" in json.dumps(trigger)
-    for req in receiver.to("/hook"):  # sent although the route's filter (causes: [nic]) would not match: it tests the route
+    for req in receiver.to(
+        "/hook"
+    ):  # sent although the route's filter (causes: [nic]) would not match: it tests the route
         verify_standard_webhook(SECRET, req["headers"], req["body"], time.time())
 
     r = cli("--no-resolve")  # a receiver that does not answer fails the command and says why

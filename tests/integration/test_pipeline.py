@@ -18,7 +18,9 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     res = run_demo(settings, scenario, timeout_s=120, steps_per_s=20, keep_logs=tmp_path / "logs")
 
     con = duckdb.connect(str(settings.db), read_only=True)
-    rows = con.execute("SELECT workers, function, function_kind, cause, devices, confidence, len(steps) FROM findings").fetchall()
+    rows = con.execute(
+        "SELECT workers, function, function_kind, cause, devices, confidence, len(steps) FROM findings"
+    ).fetchall()
     assert len(rows) == 1, rows
     workers, function, kind, cause, devices, confidence, n_steps = rows[0]
     assert workers == [13]
@@ -26,7 +28,7 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     assert cause == "gpu_throttle_thermal"
     assert devices == ["node0001/gpu5"]
     assert confidence > 0.7 and n_steps == 8
-    (coverage, closed, expected), = con.execute("SELECT coverage, closed, expected_workers FROM windows").fetchall()
+    ((coverage, closed, expected),) = con.execute("SELECT coverage, closed, expected_workers FROM windows").fetchall()
     assert (coverage, closed, expected) == (1.0, "complete", 32)
 
     # the records really travelled through Kafka: one per worker and window, keyed job:window:shard; the shard
@@ -46,7 +48,11 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
 
     # every SQL example of the README runs on the file the demo leaves, and the main ones find the fault
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    examples = [q for q in re.findall(r'lockstep query (?:--tenant \S+ )?"(.*?)"', readme, re.S) if q.lstrip().upper().startswith("SELECT")]
+    examples = [
+        q
+        for q in re.findall(r'lockstep query (?:--tenant \S+ )?"(.*?)"', readme, re.S)
+        if q.lstrip().upper().startswith("SELECT")
+    ]
     assert len(examples) >= 10
     answers = {q: con.execute(q).fetchall() for q in examples}
     by_view = {name: rows for q, rows in answers.items() for name in re.findall(r"FROM (\w+)", q)}
@@ -61,11 +67,19 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
 
     con.close()
     data = gather(lambda sql, params=None: query(settings.db, sql, params))
-    assert [f.devices for f in data.findings] == [["node0001/gpu5"]] and len(data.windows) == 1 and data.causes[0].cause == "gpu_throttle_thermal"
+    assert (
+        [f.devices for f in data.findings] == [["node0001/gpu5"]]
+        and len(data.windows) == 1
+        and data.causes[0].cause == "gpu_throttle_thermal"
+    )
     # the processor published the job's step times: every step the fleet ran up to the window's end, each from all 32 workers
     points = data.series["demo-job"]
     steps = [p.step for p in points]
-    assert steps == list(range(steps[0], steps[-1] + 1)) and steps[0] <= 5 and steps[-1] >= trigger.start_step + trigger.steps - 1
+    assert (
+        steps == list(range(steps[0], steps[-1] + 1))
+        and steps[0] <= 5
+        and steps[-1] >= trigger.start_step + trigger.steps - 1
+    )
     assert all(p.workers == 32 for p in points[:-3])
     slow = [p.step_time_us for p in points if trigger.start_step <= p.step < trigger.start_step + trigger.steps]
     healthy = [p.step_time_us for p in points if p.step < 35]

@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import real_faults as rf  # noqa: E402
+import real_faults as rf
 
 pytestmark = pytest.mark.integration
+
 
 def run(case: str, out: Path) -> Path:
     try:
@@ -50,7 +51,10 @@ def test_a_rate_limited_link(tmp_path):
             if r["function"].startswith("gloo:all_reduce") and r["nic_gbps"] > 0:
                 rel_sd.setdefault(s.worker, []).append(r["nic_gbps_sd"] / r["nic_gbps"])
     culprit = np.median(rel_sd.pop(rf.CULPRIT))
-    assert all(culprit < np.median(v) / 2 for v in rel_sd.values()), (culprit, {w: np.median(v) for w, v in rel_sd.items()})
+    assert all(culprit < np.median(v) / 2 for v in rel_sd.values()), (
+        culprit,
+        {w: np.median(v) for w, v in rel_sd.items()},
+    )
     rf.check_named("link", rf.diagnose_cli(out))
 
 

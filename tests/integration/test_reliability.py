@@ -45,7 +45,7 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
                 receiver.pages.append((self.headers["webhook-id"], body))
                 self.send_response(202)
@@ -74,11 +74,13 @@ def pipeline(settings, tmp_path, receiver, monkeypatch):
     """Topics, a routes file paging the receiver, and a Pipeline whose children are stopped at the end."""
     monkeypatch.setenv("RELIABILITY_HOOK_SECRET", SECRET)  # the sink child inherits it
     routes = tmp_path / "routes.yaml"
-    routes.write_text(f"version: 1\nroutes:\n  - {{name: hook, type: webhook, url: '{receiver.url}', secret_env: RELIABILITY_HOOK_SECRET}}\n")
+    routes.write_text(
+        f"version: 1\nroutes:\n  - {{name: hook, type: webhook, url: '{receiver.url}', secret_env: RELIABILITY_HOOK_SECRET}}\n"
+    )
     settings.routes = routes
     settings.step_timeout_s = 60.0  # nothing may close by timeout while a process is down
     settings.window_timeout_s = 120.0
-    ensure_topics(settings, extra={n: settings.partitions for n in changelog_topics(settings.processor_id)})
+    ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
     p = Pipeline(settings, tmp_path)
     yield p
     p.stop()
@@ -117,8 +119,12 @@ def check_stored_once(settings, receiver, expected_ids: set[str], windows: int) 
         ids_of.setdefault(body["data"]["incident"]["id"], set()).add(pid)
     assert sorted(ids_of) == sorted(incidents)
     assert all(len(pids) == 1 for pids in ids_of.values()), ids_of
-    return {"findings": len(rows), "incidents": len(incidents), "pages": len(receiver.pages),
-            "pages re-sent with the same webhook-id": len(receiver.pages) - len(ids_of)}  # fmt: skip
+    return {
+        "findings": len(rows),
+        "incidents": len(incidents),
+        "pages": len(receiver.pages),
+        "pages re-sent with the same webhook-id": len(receiver.pages) - len(ids_of),
+    }
 
 
 # ---------------------------------------------------------------------------------------- processor
@@ -129,8 +135,14 @@ def test_processor_killed_mid_window_and_after_publishing_loses_and_duplicates_n
     its steps is half consumed (after a commit).  Window w80: SIGKILL as soon as its findings are
     published (before the next commit, so the restart replays a window that is already closed)."""
     topics = ensure_topics(settings)
-    scenario = Scenario(job="crash-job", topology=Topology(workers=16, gpus_per_host=8), faults=(
-        Fault(type="gpu_throttle_thermal", workers=(5,), severity=0.3), Fault(type="dataloader", workers=(11,), severity=0.5)))  # fmt: skip
+    scenario = Scenario(
+        job="crash-job",
+        topology=Topology(workers=16, gpus_per_host=8),
+        faults=(
+            Fault(type="gpu_throttle_thermal", workers=(5,), severity=0.3),
+            Fault(type="dataloader", workers=(11,), severity=0.5),
+        ),
+    )
     fleet = FleetSimulator(scenario)
     windows = [Window(60, 8), Window(80, 8)]
     expected = {w.name: {f.id for f in diagnose_one(fleet, load_policy(None), w).findings} for w in windows}
@@ -153,8 +165,14 @@ def test_processor_killed_mid_window_and_after_publishing_loses_and_duplicates_n
     for step in w.range[:3]:
         publish(w, step)
     publish(w, w.start_step + 3, slice(0, n // 2))
-    until(lambda: m("records_in_total", topic=topics.features) == 3 * n + n // 2 and m("records_in_total", topic=topics.stepreports) == 3,
-          60, "the processor to consume 3.5 steps")  # fmt: skip
+    until(
+        lambda: (
+            m("records_in_total", topic=topics.features) == 3 * n + n // 2
+            and m("records_in_total", topic=topics.stepreports) == 3
+        ),
+        60,
+        "the processor to consume 3.5 steps",
+    )
     assert (m("open_steps"), m("open_windows")) == (1, 1)
     time.sleep(2.5)  # faust commits every second: the committed offset now sits on the open records
     committed = committed_offsets(settings, topics.features)
@@ -171,7 +189,9 @@ def test_processor_killed_mid_window_and_after_publishing_loses_and_duplicates_n
     for step in w.range[4:]:
         publish(w, step)
     t1 = time.monotonic()
-    until(lambda: sql(settings, "SELECT count(*) FROM windows WHERE window_id = 'w60'")[0][0], 120, "window w60 in DuckDB")
+    until(
+        lambda: sql(settings, "SELECT count(*) FROM windows WHERE window_id = 'w60'")[0][0], 120, "window w60 in DuckDB"
+    )
     figures["w60 last record to window in DuckDB s"] = round(time.monotonic() - t1, 1)
     figures["w60 features replayed"] = m("records_in_total", topic=topics.features) - (n - n // 2) - 4 * n
 
@@ -185,17 +205,24 @@ def test_processor_killed_mid_window_and_after_publishing_loses_and_duplicates_n
     t0 = time.monotonic()
     pipeline.start("processor")  # healthy once the group dropped the killed member (its session timeout) and rebalanced
     figures["w80 restart to healthy s"] = round(time.monotonic() - t0, 1)
-    until(lambda: sql(settings, "SELECT count(*) FROM windows WHERE window_id = 'w80'")[0][0], 120, "window w80 in DuckDB")
+    until(
+        lambda: sql(settings, "SELECT count(*) FROM windows WHERE window_id = 'w80'")[0][0], 120, "window w80 in DuckDB"
+    )
     time.sleep(3.0)  # let a replay that would re-publish do so
     figures["w80 replayed (features, step reports, step reports of closed windows dropped)"] = (
-        m("records_in_total", topic=topics.features), m("records_in_total", topic=topics.stepreports), m("late_records_total", stage="windows"))
+        m("records_in_total", topic=topics.features),
+        m("records_in_total", topic=topics.stepreports),
+        m("late_records_total", stage="windows"),
+    )
 
     got = check_stored_once(settings, receiver, expected["w60"] | expected["w80"], windows=2)
     closed = sql(settings, "SELECT window_id, closed, coverage FROM windows ORDER BY window_id")
     assert closed == [["w60", "complete", 1.0], ["w80", "complete", 1.0]]
     published = Counter(decode(v, Finding).id for _, v in read_all(settings, [topics.findings])[topics.findings])
-    print(f"\nRELIABILITY processor-kill: {got}; {figures}; finding records on the topic {sum(published.values())} "
-          f"(replays absorbed by the sink: {sum(published.values()) - len(published)})")  # fmt: skip
+    print(
+        f"\nRELIABILITY processor-kill: {got}; {figures}; finding records on the topic {sum(published.values())} "
+        f"(replays absorbed by the sink: {sum(published.values()) - len(published)})"
+    )
 
 
 def committed_offsets(settings, topic: str) -> dict[int, int]:
@@ -250,14 +277,48 @@ def sink_stream() -> list[tuple[str, str, object]]:
             window = f"w{100 + 10 * w}"
             for worker in range(PROBLEMS):
                 fid = finding_id(job, window, "worker", [worker], "fwd.gemm", "gpu_slow", None)
-                f = Finding(id=fid, job=job, window=window, steps=[100 + 10 * w + s for s in range(4)], scope="worker",
-                            workers=[worker], hosts=["h1"], devices=[f"h1/gpu{worker}"], function="fwd.gemm", function_kind="compute",
-                            cause="gpu_slow", confidence=0.9, evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=9.0)],
-                            impact=Impact(step_time_share=0.1, gpu_hours_per_day=20.0), policy="p@h", created_at=time.time(), window_steps=4)  # fmt: skip
+                f = Finding(
+                    id=fid,
+                    job=job,
+                    window=window,
+                    steps=[100 + 10 * w + s for s in range(4)],
+                    scope="worker",
+                    workers=[worker],
+                    hosts=["h1"],
+                    devices=[f"h1/gpu{worker}"],
+                    function="fwd.gemm",
+                    function_kind="compute",
+                    cause="gpu_slow",
+                    confidence=0.9,
+                    evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=9.0)],
+                    impact=Impact(step_time_share=0.1, gpu_hours_per_day=20.0),
+                    policy="p@h",
+                    created_at=time.time(),
+                    window_steps=4,
+                )
                 out += [("findings", job, f)] * (2 if worker == 0 else 1)
-            out.append(("windows", job, WindowReport(job=job, window=window, start_step=100 + 10 * w, steps=4, steps_seen=4, expected_workers=16,
-                                                     workers_seen=16, coverage=1.0, bytes_per_worker=100.0, findings=PROBLEMS, actionable=True,
-                                                     reached_device=True, closed="complete", closed_at=time.time())))  # fmt: skip
+            out.append(
+                (
+                    "windows",
+                    job,
+                    WindowReport(
+                        job=job,
+                        window=window,
+                        start_step=100 + 10 * w,
+                        steps=4,
+                        steps_seen=4,
+                        expected_workers=16,
+                        workers_seen=16,
+                        coverage=1.0,
+                        bytes_per_worker=100.0,
+                        findings=PROBLEMS,
+                        actionable=True,
+                        reached_device=True,
+                        closed="complete",
+                        closed_at=time.time(),
+                    ),
+                )
+            )
     return out
 
 
@@ -284,7 +345,9 @@ def test_sink_killed_three_times_mid_stream_loses_and_duplicates_nothing(setting
     written = lambda: value(pipeline.metrics("sink"), "lockstep_findings_written_total", cause="gpu_slow")  # noqa: E731
     kills, restarts = [], []
     for share in (0.2, 0.45, 0.7):  # of the stream, counted by the running sink since it started
-        until(lambda share=share: written() >= share * len(expected) / 3, 120, f"the sink to write {share:.0%} of a third")
+        until(
+            lambda share=share: written() >= share * len(expected) / 3, 120, f"the sink to write {share:.0%} of a third"
+        )
         stored = sql(settings, "SELECT count(*) FROM findings")[0][0]
         pipeline.kill("sink")
         kills.append(stored)
@@ -293,19 +356,32 @@ def test_sink_killed_three_times_mid_stream_loses_and_duplicates_nothing(setting
         restarts.append(round(time.monotonic() - t0, 1))
     until(done.is_set, 120, "the publisher")
     t0 = time.monotonic()
-    until(lambda: sql(settings, "SELECT count(*) FROM windows")[0][0] == JOBS * WINDOWS, 120, "every window report in DuckDB", interval_s=0.1)
+    until(
+        lambda: sql(settings, "SELECT count(*) FROM windows")[0][0] == JOBS * WINDOWS,
+        120,
+        "every window report in DuckDB",
+        interval_s=0.1,
+    )
     caught_up = time.monotonic() - t0
 
     got = check_stored_once(settings, receiver, expected, windows=JOBS * WINDOWS)
     assert got["incidents"] == JOBS * PROBLEMS
     updates = sql(settings, "SELECT count(*) FROM incident_events WHERE action = 'update'")[0][0]
     assert updates == len(expected) - JOBS * PROBLEMS  # every later window's finding updates its incident once
-    offsets = sql(settings, "SELECT topic, sum(next_offset) FROM sink_offsets WHERE topic IN (?, ?) GROUP BY topic ORDER BY topic",
-                  [topics.findings, topics.windows])  # fmt: skip
-    assert [o[1] for o in offsets] == [len(stream) - JOBS * WINDOWS, JOBS * WINDOWS]  # every record read once, to the end
-    print(f"\nRELIABILITY sink-kill: {len(stream)} records ({len(stream) - JOBS * WINDOWS - len(expected)} duplicates), "
-          f"SIGKILL at {kills} findings stored, restarts healthy after {restarts} s, caught up {caught_up:.1f} s after the last record; "
-          f"{got}; incident updates {updates}")  # fmt: skip
+    offsets = sql(
+        settings,
+        "SELECT topic, sum(next_offset) FROM sink_offsets WHERE topic IN (?, ?) GROUP BY topic ORDER BY topic",
+        [topics.findings, topics.windows],
+    )
+    assert [o[1] for o in offsets] == [
+        len(stream) - JOBS * WINDOWS,
+        JOBS * WINDOWS,
+    ]  # every record read once, to the end
+    print(
+        f"\nRELIABILITY sink-kill: {len(stream)} records ({len(stream) - JOBS * WINDOWS - len(expected)} duplicates), "
+        f"SIGKILL at {kills} findings stored, restarts healthy after {restarts} s, caught up {caught_up:.1f} s after the last record; "
+        f"{got}; incident updates {updates}"
+    )
 
 
 # ---------------------------------------------------------------------------------------- scale-out
@@ -315,7 +391,11 @@ def test_a_second_processor_joining_while_a_window_is_open_takes_over_without_lo
     """Scaling out mid-window: the group rebalances while records of an open window are held unacknowledged;
     the window still closes once, wherever its partitions went."""
     topics = ensure_topics(settings)
-    scenario = Scenario(job="scale-job", topology=Topology(workers=16, gpus_per_host=8), faults=(Fault(type="gpu_throttle_thermal", workers=(5,), severity=0.3),))
+    scenario = Scenario(
+        job="scale-job",
+        topology=Topology(workers=16, gpus_per_host=8),
+        faults=(Fault(type="gpu_throttle_thermal", workers=(5,), severity=0.3),),
+    )
     fleet = FleetSimulator(scenario)
     w = Window(60, 8)
     expected = {f.id for f in diagnose_one(fleet, load_policy(None), w).findings}
@@ -333,7 +413,9 @@ def test_a_second_processor_joining_while_a_window_is_open_takes_over_without_lo
     m = lambda: pipeline.metrics("processor")  # noqa: E731
     until(lambda: value(m(), "lockstep_records_in_total", topic=topics.stepreports) == 4, 60, "four step reports")
     t0 = time.monotonic()
-    pipeline.start("processor-2", timeout_s=90, command="processor")  # healthy = it got partitions: the rebalance finished
+    pipeline.start(
+        "processor-2", timeout_s=90, command="processor"
+    )  # healthy = it got partitions: the rebalance finished
     rebalance_s = time.monotonic() - t0
     for step in w.range[4:]:
         publish(step)

@@ -39,17 +39,33 @@ def start_ranks(settings, tmp_path: Path) -> list[subprocess.Popen]:
     for rank in range(WORLD):
         env = {
             **os.environ,
-            "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": "lo", "JOB": JOB, "SLOW_RANK": str(SLOW_RANK), "SLOW_MS": "40", "STOP_FILE": str(tmp_path / "stop"),
-            "OUT_DIR": str(tmp_path), "MAX_S": "150", "OMP_NUM_THREADS": "1",
-            "LOCKSTEP_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "LOCKSTEP_TOPIC_PREFIX": settings.topic_prefix,
-            "LOCKSTEP_AGENT_SPOOL_DIR": str(tmp_path / f"spool{rank}"), "LOCKSTEP_AGENT_REDACT": "none",
+            "RANK": str(rank),
+            "WORLD_SIZE": str(WORLD),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "JOB": JOB,
+            "SLOW_RANK": str(SLOW_RANK),
+            "SLOW_MS": "40",
+            "STOP_FILE": str(tmp_path / "stop"),
+            "OUT_DIR": str(tmp_path),
+            "MAX_S": "150",
+            "OMP_NUM_THREADS": "1",
+            "LOCKSTEP_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "LOCKSTEP_TOPIC_PREFIX": settings.topic_prefix,
+            "LOCKSTEP_AGENT_SPOOL_DIR": str(tmp_path / f"spool{rank}"),
+            "LOCKSTEP_AGENT_REDACT": "none",
             # each rank stands for a worker on a host of its own (they share this machine's name otherwise,
             # and the diagnosis reports deviating workers that share a host together)
             "LOCKSTEP_AGENT_HOST": f"node{rank}",
-        }  # fmt: skip
+        }
         log = open(tmp_path / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "agent_torch_job.py")], env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(HERE / "agent_torch_job.py")], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        )
     return procs
 
 
@@ -63,13 +79,17 @@ def steps_seen(consumer: Consumer, seen: dict[int, int]) -> dict[int, int]:
 
 
 def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path):
-    topics = ensure_topics(settings, extra={n: settings.partitions for n in changelog_topics(settings.processor_id)})
+    topics = ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
     policy = tmp_path / "policy.yaml"  # the detector stays quiet: this test sends the trigger itself
     policy.write_text("id: agent-test\ndetector: {slowdown_threshold: 100.0, hang_factor: 1000.0}\n")
     flags = [*settings_flags(settings), "--policy", str(policy)]
     port, sink_port = free_port(), free_port()
-    proc = Child("processor", ["processor", *flags, "--http-port", str(port)], tmp_path, f"http://127.0.0.1:{port}/healthz")
-    sink = Child("sink", ["sink", *flags, "--http-port", str(sink_port)], tmp_path, f"http://127.0.0.1:{sink_port}/healthz")
+    proc = Child(
+        "processor", ["processor", *flags, "--http-port", str(port)], tmp_path, f"http://127.0.0.1:{port}/healthz"
+    )
+    sink = Child(
+        "sink", ["sink", *flags, "--http-port", str(sink_port)], tmp_path, f"http://127.0.0.1:{sink_port}/healthz"
+    )
     ranks = start_ranks(settings, tmp_path)
     hb = Consumer(consumer_config(settings, None))
     hb.assign([TopicPartition(topics.heartbeats, p, 0) for p in range(settings.partitions)])
@@ -81,16 +101,27 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path):
         while len(steps_seen(hb, seen)) < WORLD or min(seen.values()) < 3:
             assert time.monotonic() < deadline, f"heartbeats from ranks {sorted(seen)} only; see {tmp_path}/rank*.log"
             assert all(r.poll() is None for r in ranks), f"a rank exited; see {tmp_path}/rank*.log"
-        start = max(seen.values()) + 40  # far enough ahead for every rank to hear of it (~80 ms steps, up to 1 s on the embedded broker)
-        trigger = ProfileTrigger(job=JOB, window="w-agent", start_step=start, steps=5, expected_workers=WORLD,
-                                 sampling=Sampling(hardware_hz=50), reason="test")  # fmt: skip
+        start = (
+            max(seen.values()) + 40
+        )  # far enough ahead for every rank to hear of it (~80 ms steps, up to 1 s on the embedded broker)
+        trigger = ProfileTrigger(
+            job=JOB,
+            window="w-agent",
+            start_step=start,
+            steps=5,
+            expected_workers=WORLD,
+            sampling=Sampling(hardware_hz=50),
+            reason="test",
+        )
         pub = Publisher(producer_config(settings))
         pub.send(topics.control, JOB, trigger)
         pub.flush()
 
         def window_stored():
             try:
-                return query(settings.db, "SELECT coverage, closed, expected_workers FROM windows WHERE window_id = 'w-agent'")[1]
+                return query(
+                    settings.db, "SELECT coverage, closed, expected_workers FROM windows WHERE window_id = 'w-agent'"
+                )[1]
             except StoreError:
                 return None
 
@@ -101,7 +132,10 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path):
             proc.healthy()
             time.sleep(0.5)
         windows = window_stored()
-        _, rows = query(settings.db, "SELECT workers, function, cause, hosts FROM findings WHERE window_id = 'w-agent' ORDER BY step_time_share DESC")
+        _, rows = query(
+            settings.db,
+            "SELECT workers, function, cause, hosts FROM findings WHERE window_id = 'w-agent' ORDER BY step_time_share DESC",
+        )
     finally:
         (tmp_path / "stop").touch()
         codes = []
@@ -120,7 +154,9 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path):
     # finding blames the healthy ranks that waited for it (job-wide ones name no worker; on 2 shared cores
     # a healthy rank may still stand out in some small function)
     named = [(workers, function, hosts) for workers, function, _cause, hosts in rows if workers]
-    assert named and named[0][0] == [SLOW_RANK] and named[0][2] == [f"node{SLOW_RANK}"] and "preprocess" in named[0][1], rows
+    assert (
+        named and named[0][0] == [SLOW_RANK] and named[0][2] == [f"node{SLOW_RANK}"] and "preprocess" in named[0][1]
+    ), rows
     assert not any("preprocess" in function or "all_reduce" in function for workers, function, _ in named[1:]), rows
     assert windows == [[1.0, "complete", WORLD]]
 

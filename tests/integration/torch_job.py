@@ -36,7 +36,9 @@ def rank_main(rank: int, args) -> None:
     def write(prof) -> None:
         prof.export_chrome_trace(os.path.join(args.out, f"rank{rank}.json"))
 
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule, on_trace_ready=write) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule, on_trace_ready=write
+    ) as prof:
         for _ in range(args.steps + 2):
             with torch.profiler.record_function("data.load"):
                 xb = x + 0

@@ -15,7 +15,9 @@ def parse(argv):
 
 def test_precedence_flags_over_env_over_file_over_defaults(tmp_path):
     f = tmp_path / "lockstep.yaml"
-    f.write_text("partitions: 4\ntopic_prefix: fromfile\nsession_timeout_ms: 7000\nkafka:\n  security.protocol: SSL\n  client.id: file\n")
+    f.write_text(
+        "partitions: 4\ntopic_prefix: fromfile\nsession_timeout_ms: 7000\nkafka:\n  security.protocol: SSL\n  client.id: file\n"
+    )
     env = {"LOCKSTEP_PARTITIONS": "8", "LOCKSTEP_KAFKA": "client.id=env"}
     s = config.load(parse(["--config", str(f), "--partitions", "12", "--kafka-config", "linger.ms=9"]), env=env)
     assert s.partitions == 12  # flag

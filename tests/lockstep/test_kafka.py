@@ -23,8 +23,10 @@ def test_a_tail_sees_what_arrives_after_it_opened_and_from_the_start_everything(
     pub = Publisher({}, clients=kafka.clients())
     pub.send("t.control", "j", trigger(window="before"))
     pub.flush()
-    with Tail({}, "t.control", clients=kafka.clients()).open() as tail, \
-         Tail({}, "t.control", from_start=True, clients=kafka.clients()).open() as whole:  # fmt: skip
+    with (
+        Tail({}, "t.control", clients=kafka.clients()).open() as tail,
+        Tail({}, "t.control", from_start=True, clients=kafka.clients()).open() as whole,
+    ):
         assert tail.records(ProfileTrigger) == []
         pub.send("t.control", "j", trigger(window="after"))
         pub.flush()
@@ -38,7 +40,9 @@ def test_a_tail_keeps_the_records_asked_for_skips_other_types_and_counts_unreada
         pub = Publisher({}, clients=kafka.clients())
         pub.send("t.control", "j", trigger(job="j"))
         pub.send("t.control", "k", trigger(job="k", window="w2"))  # another job
-        pub.send("t.control", "j", TriggerRefused(job="j", request="r", code="cooldown", reason="later"))  # another type
+        pub.send(
+            "t.control", "j", TriggerRefused(job="j", request="r", code="cooldown", reason="later")
+        )  # another type
         pub.send_raw("t.control", b"j", b"{not a record")
         pub.flush()
         got = tail.records(ProfileTrigger, where=lambda t: t.job == "j")
@@ -70,8 +74,14 @@ def test_ask_returns_the_answer_to_its_request_only():
             ready.set()
             (req,) = requests.records(TriggerRequest, timeout_s=10)
             out = Publisher({}, clients=clients)
-            out.send("t.control", req.job, TriggerRefused(job=req.job, request="someone-else", code="cooldown", reason="no"))
-            out.send("t.control", req.job, TriggerRefused(job=req.job, request=req.request, code="cooldown", reason="in cool-down"))
+            out.send(
+                "t.control", req.job, TriggerRefused(job=req.job, request="someone-else", code="cooldown", reason="no")
+            )
+            out.send(
+                "t.control",
+                req.job,
+                TriggerRefused(job=req.job, request=req.request, code="cooldown", reason="in cool-down"),
+            )
             out.flush()
 
     thread = threading.Thread(target=detector, daemon=True)
@@ -79,8 +89,16 @@ def test_ask_returns_the_answer_to_its_request_only():
     assert ready.wait(10)
     req = TriggerRequest(job="j", request="r1")
     with Tail({}, "t.control", clients=clients) as answers:
-        got = ask(Publisher({}, clients=clients), "t.heartbeats", "j", req, answers, (ProfileTrigger, TriggerRefused),
-                  where=lambda rec: rec.request == req.request, timeout_s=10)  # fmt: skip
+        got = ask(
+            Publisher({}, clients=clients),
+            "t.heartbeats",
+            "j",
+            req,
+            answers,
+            (ProfileTrigger, TriggerRefused),
+            where=lambda rec: rec.request == req.request,
+            timeout_s=10,
+        )
     thread.join(10)
     assert [(a.request, a.reason) for a in got] == [("r1", "in cool-down")]
 
@@ -88,8 +106,16 @@ def test_ask_returns_the_answer_to_its_request_only():
 def test_ask_gives_up_with_no_answer():
     kafka = MemoryKafka(TOPICS)
     with Tail({}, "t.control", clients=kafka.clients()) as answers:
-        got = ask(Publisher({}, clients=kafka.clients()), "t.heartbeats", "j", TriggerRequest(job="j", request="r"), answers, TriggerRefused,
-                  where=lambda rec: True, timeout_s=0.1)  # fmt: skip
+        got = ask(
+            Publisher({}, clients=kafka.clients()),
+            "t.heartbeats",
+            "j",
+            TriggerRequest(job="j", request="r"),
+            answers,
+            TriggerRefused,
+            where=lambda rec: True,
+            timeout_s=0.1,
+        )
     assert got == []
     assert [decode(m.value()).request for m in kafka.messages("t.heartbeats")] == ["r"]  # it was sent
 

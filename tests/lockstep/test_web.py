@@ -17,7 +17,12 @@ from lockstep.web import HttpServer, Limits, json_response
 @pytest.fixture
 def server():
     release = threading.Event()
-    srv = HttpServer(metrics=Metrics(), limits=Limits(max_connections=3, idle_timeout_s=0.5, body_timeout_s=0.5, max_body=1024, workers=1, max_waiting=0))
+    srv = HttpServer(
+        metrics=Metrics(),
+        limits=Limits(
+            max_connections=3, idle_timeout_s=0.5, body_timeout_s=0.5, max_body=1024, workers=1, max_waiting=0
+        ),
+    )
 
     async def echo(request):
         return json_response(await srv.read_json(request))
@@ -57,7 +62,9 @@ def status(resp: bytes) -> int:
 
 
 def post(srv, body: bytes, headers=None):
-    req = urllib.request.Request(srv.url + "/echo", data=body, headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        srv.url + "/echo", data=body, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read())

@@ -37,7 +37,13 @@ BUILTIN = {
 def our_exceptions() -> list[type[BaseException]]:
     # runs the command line / copied onto PYTHONPATH by the launcher, never imported as ours
     skip = {"lockstep.__main__", "lockstep.producers.agent.boot"}
-    for top in ("lockstep", "lockstep.schemas", "lockstep.producers", "lockstep.streams", "lockstep.sinks"):  # folders of their own
+    for top in (
+        "lockstep",
+        "lockstep.schemas",
+        "lockstep.producers",
+        "lockstep.streams",
+        "lockstep.sinks",
+    ):  # folders of their own
         for mod in pkgutil.walk_packages(importlib.import_module(top).__path__, top + "."):
             if not any(mod.name == s or mod.name.startswith(s + ".") for s in skip):
                 importlib.import_module(mod.name)

@@ -2,9 +2,12 @@ import math
 
 import msgspec
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from lockstep.schemas import export
+from lockstep.schemas import functions as ft
 from lockstep.schemas.records import (
     DEAD_LETTER_REASONS,
     RECORD_TYPES,
@@ -21,38 +24,83 @@ from lockstep.schemas.records import (
     encode,
     finding_id,
 )
-from lockstep.schemas import functions as ft
 from tests.tiers import examples
 
 
 def _table():
-    return ft.make_table({"function": ["fwd", "nccl:all_reduce"], "kind": ["compute", "collective"], "calls": [3, 1],
-                          "total_us": [100.0, 50.0], "critical_us": [100.0, 50.0]})  # fmt: skip
+    return ft.make_table(
+        {
+            "function": ["fwd", "nccl:all_reduce"],
+            "kind": ["compute", "collective"],
+            "calls": [3, 1],
+            "total_us": [100.0, 50.0],
+            "critical_us": [100.0, 50.0],
+        }
+    )
 
 
 def _batch(**kw):
-    args = dict(job="j", window="w10", step=11, window_start=10, window_steps=4, expected_workers=2,
-                worker=WorkerMeta(rank=1, host="h1", labels={"pp": "0"}), step_time_us=1000.0, functions=ft.pack(_table()))  # fmt: skip
+    args = dict(
+        job="j",
+        window="w10",
+        step=11,
+        window_start=10,
+        window_steps=4,
+        expected_workers=2,
+        worker=WorkerMeta(rank=1, host="h1", labels={"pp": "0"}),
+        step_time_us=1000.0,
+        functions=ft.pack(_table()),
+    )
     args.update(kw)
     return FeatureBatch(**args)
 
 
 def _finding():
-    return Finding(id="x", job="j", window="w1", steps=[1, 2], scope="worker", workers=[3], hosts=["h"], devices=["h/gpu3"],
-                   function="fwd", function_kind="compute", cause="gpu_slow", confidence=0.9,
-                   evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=5.0)],
-                   impact=Impact(step_time_share=0.1, gpu_hours_per_day=2.4), policy="p@h", created_at=1.0)  # fmt: skip
+    return Finding(
+        id="x",
+        job="j",
+        window="w1",
+        steps=[1, 2],
+        scope="worker",
+        workers=[3],
+        hosts=["h"],
+        devices=["h/gpu3"],
+        function="fwd",
+        function_kind="compute",
+        cause="gpu_slow",
+        confidence=0.9,
+        evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=5.0)],
+        impact=Impact(step_time_share=0.1, gpu_hours_per_day=2.4),
+        policy="p@h",
+        created_at=1.0,
+    )
 
 
 @pytest.mark.parametrize(
     "record",
     [
         StepHeartbeat(job="j", worker=3, step=7, step_time_s=0.25, host="h", sent_at=1.5),
-        ProfileTrigger(job="j", window="w9", start_step=9, steps=8, expected_workers=64, policy="default", policy_hash="abc"),
+        ProfileTrigger(
+            job="j", window="w9", start_step=9, steps=8, expected_workers=64, policy="default", policy_hash="abc"
+        ),
         _batch(),
         _finding(),
-        WindowReport(job="j", window="w", start_step=1, steps=8, steps_seen=8, expected_workers=4, workers_seen=4, coverage=1.0,
-                     bytes_per_worker=10.0, findings=1, actionable=True, reached_device=True, closed="complete", closed_at=2.0),  # fmt: skip
+        WindowReport(
+            job="j",
+            window="w",
+            start_step=1,
+            steps=8,
+            steps_seen=8,
+            expected_workers=4,
+            workers_seen=4,
+            coverage=1.0,
+            bytes_per_worker=10.0,
+            findings=1,
+            actionable=True,
+            reached_device=True,
+            closed="complete",
+            closed_at=2.0,
+        ),
     ],
 )
 def test_round_trip(record):
@@ -79,8 +127,14 @@ def test_feature_batch_carries_a_readable_function_table():
         (b'{"schema": "Nope", "v": 1}', "unknown_schema"),
         (b'{"schema": "StepHeartbeat", "v": 99}', "unsupported_version"),
         (b'{"schema": "StepHeartbeat", "v": 1, "job": "j"}', "invalid"),
-        (b'{"schema":"StepHeartbeat","v":1,"job":"j","worker":1,"step":2,"step_time_s":-1,"host":"h","sent_at":0}', "invalid"),
-        (b'{"schema":"StepHeartbeat","v":1,"job":"j","worker":-1,"step":2,"step_time_s":1,"host":"h","sent_at":0}', "invalid"),
+        (
+            b'{"schema":"StepHeartbeat","v":1,"job":"j","worker":1,"step":2,"step_time_s":-1,"host":"h","sent_at":0}',
+            "invalid",
+        ),
+        (
+            b'{"schema":"StepHeartbeat","v":1,"job":"j","worker":-1,"step":2,"step_time_s":1,"host":"h","sent_at":0}',
+            "invalid",
+        ),
     ],
 )
 def test_bad_records_are_rejected_with_a_reason(data, reason):
@@ -106,10 +160,25 @@ def test_step_outside_its_window_is_invalid():
     "columns,needle",
     [
         ({"function": ["a"], "kind": ["compute"], "calls": [1], "total_us": [1.0]}, "lacks required"),
-        ({"function": ["a"], "kind": ["warp"], "calls": [1], "total_us": [1.0], "critical_us": [1.0]}, "unknown function kind"),
+        (
+            {"function": ["a"], "kind": ["warp"], "calls": [1], "total_us": [1.0], "critical_us": [1.0]},
+            "unknown function kind",
+        ),
         ({"function": ["a"], "kind": ["compute"], "calls": [1], "total_us": [-1.0], "critical_us": [1.0]}, "total_us"),
-        ({"function": ["a"], "kind": ["compute"], "calls": [1], "total_us": [float("nan")], "critical_us": [1.0]}, "total_us"),
-        ({"function": ["a", "a"], "kind": ["compute"] * 2, "calls": [1, 1], "total_us": [1.0, 1.0], "critical_us": [1.0, 1.0]}, "unique"),
+        (
+            {"function": ["a"], "kind": ["compute"], "calls": [1], "total_us": [float("nan")], "critical_us": [1.0]},
+            "total_us",
+        ),
+        (
+            {
+                "function": ["a", "a"],
+                "kind": ["compute"] * 2,
+                "calls": [1, 1],
+                "total_us": [1.0, 1.0],
+                "critical_us": [1.0, 1.0],
+            },
+            "unique",
+        ),
     ],
 )
 def test_function_table_contract(columns, needle):
@@ -138,8 +207,18 @@ def test_garbage_never_escapes_as_another_exception(data):
 
 
 @hsettings(max_examples=examples(150), deadline=None)
-@given(st.dictionaries(st.sampled_from(["schema", "v", "job", "worker", "step", "step_time_s", "host", "sent_at", "functions"]),
-                       st.one_of(st.integers(-(2**63), 2**63 - 1), st.floats(), st.text(max_size=8), st.none(), st.sampled_from(list(RECORD_TYPES)))))  # fmt: skip
+@given(
+    st.dictionaries(
+        st.sampled_from(["schema", "v", "job", "worker", "step", "step_time_s", "host", "sent_at", "functions"]),
+        st.one_of(
+            st.integers(-(2**63), 2**63 - 1),
+            st.floats(),
+            st.text(max_size=8),
+            st.none(),
+            st.sampled_from(list(RECORD_TYPES)),
+        ),
+    )
+)
 def test_structured_garbage_is_rejected_cleanly(obj):
     for data in (msgspec.json.encode(obj), msgspec.msgpack.encode(obj)):
         try:
@@ -167,6 +246,23 @@ def test_json_schema_describes_required_finding_fields():
 
     schema = json.loads((export.HERE / "json" / "Finding.json").read_text())
     props = schema["$defs"]["Finding"]["properties"]
-    for field in ("id", "job", "window", "steps", "scope", "workers", "hosts", "devices", "group", "function",
-                  "function_kind", "cause", "confidence", "evidence", "impact", "policy", "created_at"):  # fmt: skip
+    for field in (
+        "id",
+        "job",
+        "window",
+        "steps",
+        "scope",
+        "workers",
+        "hosts",
+        "devices",
+        "group",
+        "function",
+        "function_kind",
+        "cause",
+        "confidence",
+        "evidence",
+        "impact",
+        "policy",
+        "created_at",
+    ):
         assert field in props, field

@@ -13,7 +13,10 @@ SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 
 def test_signature_matches_the_standard_webhooks_test_vector():
     key = routes.webhook_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "test")
-    assert sign(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b'{"test": 2432232314}') == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    assert (
+        sign(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b'{"test": 2432232314}')
+        == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    )
 
 
 def test_backoff_grows_exponentially_with_jitter_and_a_cap():
@@ -26,12 +29,36 @@ def test_backoff_grows_exponentially_with_jitter_and_a_cap():
     assert [retryable(s) for s in (None, 429, 500, 503, 400, 401, 404, 410, 302)] == [True] * 4 + [False] * 5
 
 
-def f(function="fwd.gemm", cause="gpu_throttle_thermal", workers=(3,), window="w1", job="j", tenant="t", conf=0.9, share=0.1):
-    return Finding(id=window, job=job, window=window, steps=[1], scope="worker", workers=list(workers), hosts=["h"], devices=["h/gpu3"],
-                   function=function, function_kind="compute", cause=cause, confidence=conf,
-                   evidence=[Evidence(feature=f"work_us[{function}]", value=1.0, peer_value=0.5, deviation=4.0)],
-                   impact=Impact(step_time_share=share, gpu_hours_per_day=1.0), policy="p", created_at=0.0, tenant=tenant,
-                   summary=f"worker 3: {function} slower")  # fmt: skip
+def f(
+    function="fwd.gemm",
+    cause="gpu_throttle_thermal",
+    workers=(3,),
+    window="w1",
+    job="j",
+    tenant="t",
+    conf=0.9,
+    share=0.1,
+):
+    return Finding(
+        id=window,
+        job=job,
+        window=window,
+        steps=[1],
+        scope="worker",
+        workers=list(workers),
+        hosts=["h"],
+        devices=["h/gpu3"],
+        function=function,
+        function_kind="compute",
+        cause=cause,
+        confidence=conf,
+        evidence=[Evidence(feature=f"work_us[{function}]", value=1.0, peer_value=0.5, deviation=4.0)],
+        impact=Impact(step_time_share=share, gpu_hours_per_day=1.0),
+        policy="p",
+        created_at=0.0,
+        tenant=tenant,
+        summary=f"worker 3: {function} slower",
+    )
 
 
 def test_redaction_hides_every_function_name_and_keeps_the_rest():
@@ -50,11 +77,24 @@ def test_severity_rules_and_routing_plan():
     import msgspec
 
     paging = routes.parse(
-        {"severity": [{"severity": "critical", "min_step_time_share": 0.2, "min_confidence": 0.8}, {"severity": "warning", "causes": ["pcie"]}],
-         "routes": [{"name": "a", "type": "slack", "url": "https://h/a"},
-                    {"name": "b", "type": "slack", "url": "https://h/b", "match": {"min_confidence": 0.8}, "severity": [{"severity": "error"}]}]},
+        {
+            "severity": [
+                {"severity": "critical", "min_step_time_share": 0.2, "min_confidence": 0.8},
+                {"severity": "warning", "causes": ["pcie"]},
+            ],
+            "routes": [
+                {"name": "a", "type": "slack", "url": "https://h/a"},
+                {
+                    "name": "b",
+                    "type": "slack",
+                    "url": "https://h/b",
+                    "match": {"min_confidence": 0.8},
+                    "severity": [{"severity": "error"}],
+                },
+            ],
+        },
         {},
-    )  # fmt: skip
+    )
     a, b = paging.routes
     rec = lambda **kw: msgspec.to_builtins(f(**kw))  # noqa: E731
     assert a.severity_of(rec(share=0.3)) == "critical"
@@ -65,7 +105,9 @@ def test_severity_rules_and_routing_plan():
     assert [(r.name, act) for r, act in plan("trigger", low, paging.routes, {})] == [("a", "trigger")]
     assert [(r.name, act) for r, act in plan("update", rec(), paging.routes, {"a": "delivered"})] == [("b", "trigger")]
     assert plan("update", rec(), paging.routes, {"a": "delivered", "b": "pending"}) == []
-    assert [(r.name, act) for r, act in plan("resolve", low, paging.routes, {"a": "delivered", "b": "failed"})] == [("a", "resolve")]
+    assert [(r.name, act) for r, act in plan("resolve", low, paging.routes, {"a": "delivered", "b": "failed"})] == [
+        ("a", "resolve")
+    ]
 
 
 def test_slack_pages_escape_what_a_function_or_job_name_could_do_there():
@@ -88,6 +130,8 @@ def test_slack_pages_escape_what_a_function_or_job_name_could_do_there():
                 [walk(x, texts) for x in v]
 
         walk(body)
-        assert texts and not any("<" in t or ">" in t for t in texts), texts  # no mention, no link, nothing Slack parses
+        assert texts and not any("<" in t or ">" in t for t in texts), (
+            texts
+        )  # no mention, no link, nothing Slack parses
         joined = " ".join(texts)
         assert "&lt;!channel&gt;" in joined and "&amp; co" in joined and "&lt;@U0ADMIN&gt;" in joined

@@ -7,21 +7,53 @@ import pytest
 
 from lockstep.schemas.records import Evidence, Finding, Impact
 from lockstep.sinks.report import (
-    CauseRow, HeatCell, IncidentRow, PageRow, Report, SeriesPoint, TriggerRow, WindowRow, evidence_bars, first_bad_step, hbars, heatmap,
-    next_commands, peer_spread, render, step_chart, step_strip,
-)  # fmt: skip
+    CauseRow,
+    HeatCell,
+    IncidentRow,
+    PageRow,
+    Report,
+    SeriesPoint,
+    TriggerRow,
+    WindowRow,
+    evidence_bars,
+    first_bad_step,
+    hbars,
+    heatmap,
+    next_commands,
+    peer_spread,
+    render,
+    step_chart,
+    step_strip,
+)
 
-NOW = dt.datetime(2026, 11, 29, 10, 30, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 11, 29, 10, 30, tzinfo=dt.UTC)
 
 
 def finding(function="bwd.gemm", summary="worker 13 is slow", steps=(64, 65, 67)):
-    return Finding(id="f1", job="j", window="w64", steps=list(steps), scope="worker", workers=[13], hosts=["node0001"], devices=["node0001/gpu5"],
-                   function=function, function_kind="compute", cause="gpu_throttle_thermal", confidence=0.97,
-                   evidence=[Evidence(feature="work_us", value=150.0, peer_value=100.0, deviation=10.0),
-                             Evidence(feature="sm_clock_mhz", value=1500.0, peer_value=2000.0, deviation=-0.25),
-                             Evidence(feature="healthy_windows", value=3.0, peer_value=None, deviation=None)],
-                   impact=Impact(step_time_share=0.195, gpu_hours_per_day=293.6), policy="p@h", created_at=1_800_000_000.0, summary=summary,
-                   window_steps=8)  # fmt: skip
+    return Finding(
+        id="f1",
+        job="j",
+        window="w64",
+        steps=list(steps),
+        scope="worker",
+        workers=[13],
+        hosts=["node0001"],
+        devices=["node0001/gpu5"],
+        function=function,
+        function_kind="compute",
+        cause="gpu_throttle_thermal",
+        confidence=0.97,
+        evidence=[
+            Evidence(feature="work_us", value=150.0, peer_value=100.0, deviation=10.0),
+            Evidence(feature="sm_clock_mhz", value=1500.0, peer_value=2000.0, deviation=-0.25),
+            Evidence(feature="healthy_windows", value=3.0, peer_value=None, deviation=None),
+        ],
+        impact=Impact(step_time_share=0.195, gpu_hours_per_day=293.6),
+        policy="p@h",
+        created_at=1_800_000_000.0,
+        summary=summary,
+        window_steps=8,
+    )
 
 
 def series(n=80, onset=40, slow=1.25):
@@ -35,13 +67,33 @@ def report(f=None, **kw):
         windows=[WindowRow("j", "w64", 64, 8, 0.75, 1, "timeout", "2026-11-29 10:00:00", 64, 48, 20480.0)],
         causes=[CauseRow("gpu_throttle_thermal", 2, 1, 293.6, 12.5)],
         series={"j": series()},
-        triggers={("j", "w64"): TriggerRow("j", "w64", "slowdown", "slowdown: median of last 5 steps 250 ms vs baseline 200 ms", 64, 8, "2026-11-29 10:00:00")},
-        incidents={"inc1": IncidentRow("inc1", "open", 1, "2026-11-29 10:00:00", "2026-11-29 10:00:00", None, None, 1, 293.6, 6.1)},
+        triggers={
+            ("j", "w64"): TriggerRow(
+                "j",
+                "w64",
+                "slowdown",
+                "slowdown: median of last 5 steps 250 ms vs baseline 200 ms",
+                64,
+                8,
+                "2026-11-29 10:00:00",
+            )
+        },
+        incidents={
+            "inc1": IncidentRow(
+                "inc1", "open", 1, "2026-11-29 10:00:00", "2026-11-29 10:00:00", None, None, 1, 293.6, 6.1
+            )
+        },
         pages={"inc1": [PageRow("oncall", "pagerduty", "trigger", "delivered", 1, 202, None, "2026-11-29 10:00:01")]},
         incident_of={f.id: "inc1"},
-        heatmaps={("j", "w64"): [HeatCell(13, "bwd.gemm", 0, 0, 9.5, 8, 2, 2), HeatCell(13, "fwd.gemm", 0, 1, None, 0, 2, 2),
-                                 HeatCell(7, "bwd.gemm", 1, 0, None, 0, 2, 2), HeatCell(7, "fwd.gemm", 1, 1, -5.0, 2, 2, 2)]},
-    )  # fmt: skip
+        heatmaps={
+            ("j", "w64"): [
+                HeatCell(13, "bwd.gemm", 0, 0, 9.5, 8, 2, 2),
+                HeatCell(13, "fwd.gemm", 0, 1, None, 0, 2, 2),
+                HeatCell(7, "bwd.gemm", 1, 0, None, 0, 2, 2),
+                HeatCell(7, "fwd.gemm", 1, 1, -5.0, 2, 2, 2),
+            ]
+        },
+    )
     base.update(kw)
     return Report(**base)
 
@@ -64,7 +116,9 @@ def test_evidence_pairs_the_culprit_with_its_peers_median_and_spread_on_each_fea
     clock, clock_peers = widths(bars[1])
     # work is compared by robust z: spread = |150 - 100| / 10 = 5 µs, drawn as a band from 95 to 105 µs
     assert peer_spread(f, f.evidence[0]) == 5.0 and peer_spread(f, f.evidence[1]) is None
-    assert spread / work == pytest.approx(10 / 150, abs=1e-3) and work_peers / work == pytest.approx(100 / 150, abs=1e-3)
+    assert spread / work == pytest.approx(10 / 150, abs=1e-3) and work_peers / work == pytest.approx(
+        100 / 150, abs=1e-3
+    )
     assert clock / clock_peers == pytest.approx(1500 / 2000, abs=1e-3)
 
 
@@ -93,7 +147,11 @@ def test_the_step_chart_draws_both_series_the_window_and_the_onset():
 def test_the_heatmap_colours_slower_red_faster_blue_and_leaves_unflagged_cells_pale():
     svg = heatmap("j", "w64", report().heatmaps[("j", "w64")])
     fills = re.findall(r'class="cell" [^>]*fill="([^"]+)"', svg)
-    assert fills[0].startswith("rgba(192,57,43") and fills[3].startswith("rgba(36,113,163") and fills[1] == fills[2] == "#f4f6f7"
+    assert (
+        fills[0].startswith("rgba(192,57,43")
+        and fills[3].startswith("rgba(36,113,163")
+        and fills[1] == fills[2] == "#f4f6f7"
+    )
     assert svg.index("worker 13") < svg.index("worker 7")  # the worst row first
     assert "+10" in svg and "-5" in svg
 
@@ -121,7 +179,9 @@ def test_the_page_escapes_what_comes_from_the_store_and_says_when_it_is_empty():
 def test_only_the_live_page_has_a_script_and_it_refreshes_in_place():
     assert "<script" not in render(report(), generated_at=NOW)
     live = render(report(), generated_at=NOW, refresh_s=5)
-    assert live.count("<script>") == 1 and "var every = 5000," in live and 'id="content"' in live and 'id="live"' in live
+    assert (
+        live.count("<script>") == 1 and "var every = 5000," in live and 'id="content"' in live and 'id="live"' in live
+    )
 
 
 def test_an_undetermined_cause_says_what_was_not_measured():

@@ -17,9 +17,21 @@ def test_routes_file_is_validated_at_start_up(tmp_path):
         (good, {}, "environment variable PD_KEY"),
         ({"routes": [{"name": "x", "type": "email"}]}, {}, "type"),
         ({"routes": [{"name": "x", "type": "slack", "url": "https://h", "colour": "red"}]}, {}, "colour"),
-        ({"routes": [{"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["meteor"]}}]}, {}, "meteor"),
-        ({"routes": [{"name": "x", "type": "webhook", "url": "https://h", "secret_env": "S"}]}, {"S": "whsec_c2hvcnQ="}, "24 to 64 bytes"),
-        ({"routes": [{"name": "x", "type": "webhook", "url": "ftp://h", "secret_env": "S"}]}, {"S": SECRET}, r"http\(s\) url"),
+        (
+            {"routes": [{"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["meteor"]}}]},
+            {},
+            "meteor",
+        ),
+        (
+            {"routes": [{"name": "x", "type": "webhook", "url": "https://h", "secret_env": "S"}]},
+            {"S": "whsec_c2hvcnQ="},
+            "24 to 64 bytes",
+        ),
+        (
+            {"routes": [{"name": "x", "type": "webhook", "url": "ftp://h", "secret_env": "S"}]},
+            {"S": SECRET},
+            r"http\(s\) url",
+        ),
         ({"routes": [{"name": "x", "type": "slack", "url": "https://h"}] * 2}, {}, "unique"),
         ({"routes": [], "retry": {"max_attempts": 0}}, {}, "max_attempts"),
     ]
@@ -27,7 +39,14 @@ def test_routes_file_is_validated_at_start_up(tmp_path):
         with pytest.raises(routes.RoutesError, match=needle):
             routes.parse(data, env)
     # every cause a finding can carry is one a route can match on, the undetermined ones included
-    assert routes.parse({"routes": [{"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["undetermined", "unknown"]}}]}, {})
+    assert routes.parse(
+        {
+            "routes": [
+                {"name": "x", "type": "slack", "url": "https://h", "match": {"causes": ["undetermined", "unknown"]}}
+            ]
+        },
+        {},
+    )
     path = tmp_path / "routes.yaml"
     path.write_text("routes: [{name: pd, type: pagerduty, routing_key_env: LOCKSTEP_TEST_PD}]\n")
     with pytest.raises(routes.RoutesError, match="LOCKSTEP_TEST_PD"):

@@ -60,7 +60,9 @@ def test_the_page_needs_the_token_and_trades_it_for_a_cookie(served):
     assert get(server.url + "/", browser)[0] == 200  # the cookie is enough from now on (the page's refreshes)
     assert get(server.url + "/", headers={"Authorization": f"Bearer {server._token}"})[0] == 200
     # /query takes the bearer token only: a page open in a browser does not make its cookie a SQL endpoint
-    req = urllib.request.Request(server.url + "/query", data=b'{"sql": "SELECT 1"}', headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.url + "/query", data=b'{"sql": "SELECT 1"}', headers={"Content-Type": "application/json"}
+    )
     with pytest.raises(urllib.error.HTTPError) as err:
         browser.open(req, timeout=20)
     assert err.value.code == 401

@@ -56,14 +56,31 @@ class Message:
 def memory_sink(store: FindingsStore) -> tuple[Sink, MemoryKafka]:
     """A sink whose Kafka clients are in memory: ``write`` is given the messages, dead letters land in the memory topic."""
     kafka = MemoryKafka({"t.findings": 1, "t.deadletter": 1})
-    return Sink(store, {}, ["t.findings"], "t.deadletter", Publisher({}, clients=kafka.clients()), clients=kafka.clients()), kafka
+    return Sink(
+        store, {}, ["t.findings"], "t.deadletter", Publisher({}, clients=kafka.clients()), clients=kafka.clients()
+    ), kafka
 
 
 def finding(worker: int) -> Finding:
-    return Finding(id=finding_id("j", "w1", "worker", [worker], "fwd.gemm", "gpu_slow", None), job="j", window="w1", steps=[1], scope="worker",
-                   workers=[worker], hosts=["h"], devices=[f"h/gpu{worker}"], function="fwd.gemm", function_kind="compute", cause="gpu_slow",
-                   confidence=0.9, evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=9.0)],
-                   impact=Impact(step_time_share=0.1, gpu_hours_per_day=2.0), policy="p@h", created_at=1.8e9, window_steps=1)  # fmt: skip
+    return Finding(
+        id=finding_id("j", "w1", "worker", [worker], "fwd.gemm", "gpu_slow", None),
+        job="j",
+        window="w1",
+        steps=[1],
+        scope="worker",
+        workers=[worker],
+        hosts=["h"],
+        devices=[f"h/gpu{worker}"],
+        function="fwd.gemm",
+        function_kind="compute",
+        cause="gpu_slow",
+        confidence=0.9,
+        evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=9.0)],
+        impact=Impact(step_time_share=0.1, gpu_hours_per_day=2.0),
+        policy="p@h",
+        created_at=1.8e9,
+        window_steps=1,
+    )
 
 
 def test_a_refused_record_becomes_a_dead_letter_and_the_rest_is_stored(tmp_path):
@@ -86,7 +103,9 @@ def test_a_refused_record_becomes_a_dead_letter_and_the_rest_is_stored(tmp_path)
 def test_record_text_cannot_grow_or_break_the_metrics(tmp_path):
     store = FindingsStore(tmp_path / "f.duckdb")
     sink, _ = memory_sink(store)
-    odd = [msgspec.structs.replace(finding(w), id=f"odd{w}", cause=f'made-up-{w}"}}\nlockstep_fake 1') for w in range(50)]
+    odd = [
+        msgspec.structs.replace(finding(w), id=f"odd{w}", cause=f'made-up-{w}"}}\nlockstep_fake 1') for w in range(50)
+    ]
     sink.write([Message(i, encode(f)) for i, f in enumerate([finding(1), *odd])])
     assert sink.metrics.get("findings_written_total", cause="gpu_slow") == 1
     assert sink.metrics.get("findings_written_total", cause="other") == 50  # one label, not one per cause string

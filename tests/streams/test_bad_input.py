@@ -9,7 +9,8 @@ import math
 import msgspec
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lockstep.kafka import Topics
 from lockstep.producers.simulator.faults import Fault
@@ -21,14 +22,20 @@ from lockstep.streams.detector import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS,
 from lockstep.streams.diagnosis import step_result
 from lockstep.streams.policy import Policy
 from lockstep.streams.stages import MemoryOutput, Processor, Tables
-
 from tests.tiers import examples
 
 # ------------------------------------------------------------------------------ from the future
 
 
 def beat(step, worker=0, sent=None, job="j"):
-    return StepHeartbeat(job=job, worker=worker, step=step, step_time_s=0.2, host="h", sent_at=1000.0 + 0.2 * step if sent is None else sent)
+    return StepHeartbeat(
+        job=job,
+        worker=worker,
+        step=step,
+        step_time_s=0.2,
+        host="h",
+        sent_at=1000.0 + 0.2 * step if sent is None else sent,
+    )
 
 
 def running(steps=50) -> SlowdownDetector:
@@ -83,10 +90,19 @@ def test_a_clock_a_day_ahead_is_from_the_future_a_skewed_one_is_not():
 
 POLICY = Policy()
 TOPICS = Topics.named("t")
-FLEET = FleetSimulator(Scenario(job="j", topology=Topology(workers=8, gpus_per_host=8), faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),)))
+FLEET = FleetSimulator(
+    Scenario(
+        job="j",
+        topology=Topology(workers=8, gpus_per_host=8),
+        faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),),
+    )
+)
 WINDOW = Window(60, 2)
 BATCHES = {s: FLEET.feature_batches(FLEET.step(s), FLEET.trigger(WINDOW), sent_at=1.8e9) for s in WINDOW.range}
-ABSURD = st.one_of(st.sampled_from([math.nan, math.inf, -1.0, 0.0, 5e-324, 1e308, 3e38, -(2**31), 2**31 - 1, "", None]), st.floats(allow_nan=True))
+ABSURD = st.one_of(
+    st.sampled_from([math.nan, math.inf, -1.0, 0.0, 5e-324, 1e308, 3e38, -(2**31), 2**31 - 1, "", None]),
+    st.floats(allow_nan=True),
+)
 
 
 def _processor() -> tuple[Processor, MemoryOutput]:
@@ -134,10 +150,17 @@ def test_the_stages_diagnose_the_unspoilt_window():
     assert [(f.workers, f.cause) for f in out if f.__struct_config__.tag == "Finding"] == [([3], "gpu_slow")]
 
 
-@pytest.mark.parametrize("which, column, value", [
-    ("groups", "step_time_us", 0.0), ("groups", "step_time_us", 1e-300), ("outliers", "work_us", math.nan),
-    ("outliers", "excess_us", math.inf), ("outliers", "calls", 9e307), ("groups", "work_us", -1.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "which, column, value",
+    [
+        ("groups", "step_time_us", 0.0),
+        ("groups", "step_time_us", 1e-300),
+        ("outliers", "work_us", math.nan),
+        ("outliers", "excess_us", math.inf),
+        ("outliers", "calls", 9e307),
+        ("groups", "work_us", -1.0),
+    ],
+)
 def test_a_step_report_whose_table_holds_no_time_is_refused_with_the_column(which, column, value):
     """Found by the property test below: such values overflowed the window stage's shares."""
     reports = [decode(r) for r in steps_stage([encode(b) for s in WINDOW.range for b in BATCHES[s]])]
@@ -145,7 +168,9 @@ def test_a_step_report_whose_table_holds_no_time_is_refused_with_the_column(whic
     t = ft.unpack_ipc(getattr(r, which))
     col = t.column(column).to_numpy(zero_copy_only=False).copy()
     col[0] = value
-    spoilt = msgspec.structs.replace(r, **{which: ft.pack(t.set_column(t.column_names.index(column), column, ft.pa.array(col)))})
+    spoilt = msgspec.structs.replace(
+        r, **{which: ft.pack(t.set_column(t.column_names.index(column), column, ft.pa.array(col)))}
+    )
     step_result(r)  # the unspoilt report reads
     with pytest.raises(RecordError, match=f"StepReport.{which}.{column} ") as e:
         step_result(spoilt)
@@ -167,7 +192,9 @@ def test_every_stage_raises_nothing_but_record_errors(data):
         col = t.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
         col[data.draw(st.integers(0, len(col) - 1))] = data.draw(st.floats(allow_nan=True))
         try:
-            t = t.set_column(t.column_names.index(name), name, ft.pa.array(col).cast(t.schema.field(name).type, safe=False))
+            t = t.set_column(
+                t.column_names.index(name), name, ft.pa.array(col).cast(t.schema.field(name).type, safe=False)
+            )
         except ft.pa.ArrowInvalid:
             return
         payloads[i] = encode(msgspec.structs.replace(b, functions=ft.pack(t)))
@@ -184,7 +211,13 @@ def test_every_stage_raises_nothing_but_record_errors(data):
         which = data.draw(st.sampled_from(["outliers", "groups", "field"]))
         if which == "field":
             d = msgspec.to_builtins(r, builtin_types=(bytes,))
-            d[data.draw(st.sampled_from(["step_time_us", "step_time_median_us", "work_max_us", "healthy_work_max_us", "workers_seen"]))] = data.draw(ABSURD)
+            d[
+                data.draw(
+                    st.sampled_from(
+                        ["step_time_us", "step_time_median_us", "work_max_us", "healthy_work_max_us", "workers_seen"]
+                    )
+                )
+            ] = data.draw(ABSURD)
             reports[j] = msgspec.msgpack.encode(d)
         else:
             t = ft.unpack_ipc(getattr(r, which))
@@ -192,7 +225,11 @@ def test_every_stage_raises_nothing_but_record_errors(data):
                 name = data.draw(st.sampled_from([f.name for f in t.schema if ft.pa.types.is_floating(f.type)]))
                 col = t.column(name).to_numpy(zero_copy_only=False).copy()
                 col[data.draw(st.integers(0, len(col) - 1))] = data.draw(st.floats(allow_nan=True))
-                reports[j] = encode(msgspec.structs.replace(r, **{which: ft.pack(t.set_column(t.column_names.index(name), name, ft.pa.array(col)))}))
+                reports[j] = encode(
+                    msgspec.structs.replace(
+                        r, **{which: ft.pack(t.set_column(t.column_names.index(name), name, ft.pa.array(col)))}
+                    )
+                )
     with np.errstate(over="raise"):
         findings = [f for f in map(decode, windows_stage(reports)) if isinstance(f, Finding)]
     assert all(0.0 <= f.impact.step_time_share <= 1.0 for f in findings)  # a fix cannot save more than the step

@@ -8,7 +8,9 @@ from lockstep.streams.policy import DetectorPolicy, JobSelector, Policy
 
 
 def hb(job, w, step, st, sent, **kw):
-    return StepHeartbeat(job=job, worker=w, step=step, step_time_s=float(st) * (1 + 0.001 * w), host=f"h{w // 8}", sent_at=sent, **kw)
+    return StepHeartbeat(
+        job=job, worker=w, step=step, step_time_s=float(st) * (1 + 0.001 * w), host=f"h{w // 8}", sent_at=sent, **kw
+    )
 
 
 def feed(det, job, step_times, workers=8, t0=1000.0, interval=0.2, start=0, lag=0.05, tenant="", missing=()):
@@ -71,7 +73,9 @@ def test_echoed_trigger_receipts_replace_the_assumed_control_latency():
     assert det.control_latency_s(det.jobs["j"]) == 1.0  # nothing measured yet: the policy's value
     for w, lat in enumerate([0.10, 0.25, 0.15]):  # each worker echoes when it received window w9
         det.observe(hb("j", w, 20, 0.1, 1002.0, trigger_window="w9", trigger_latency_s=lat), now=1002.0)
-    det.observe(hb("j", 3, 20, 0.1, 1002.0, trigger_window="w9", trigger_latency_s=3600.0), now=1002.0)  # a broken clock
+    det.observe(
+        hb("j", 3, 20, 0.1, 1002.0, trigger_window="w9", trigger_latency_s=3600.0), now=1002.0
+    )  # a broken clock
     assert det.control_latency_s(det.jobs["j"]) == 0.25  # the slowest worker's receipt
     assert det.control_latency_s(det.jobs["k"]) == 0.25  # a job without echoes: what this processor measured
     # (0 lag + 0.25 s) x 2 = 0.5 s = 5 steps of 0.1 s, plus one
@@ -148,7 +152,9 @@ def test_fleet_limit_counts_open_windows_of_every_job():
     assert isinstance(det.request(req("b"), now=1002.0), ProfileTrigger)
     r = det.request(req("c"), now=1002.0)
     assert r.code == "fleet_limit" and det.open_windows(1002.0) == 2
-    assert isinstance(det.request(req("c"), now=1002.0 + 3600), ProfileTrigger)  # expired: never-finished windows free their slot
+    assert isinstance(
+        det.request(req("c"), now=1002.0 + 3600), ProfileTrigger
+    )  # expired: never-finished windows free their slot
 
 
 def test_windows_of_one_job_queue_without_overlapping():
@@ -211,7 +217,9 @@ def test_agents_counters_are_summed_per_job_from_each_workers_latest_report():
     assert det.agent_counters() == {}  # no agent reported trouble
     det.observe(hb("j", 1, 3, 0.2, 1000.6, agent=AgentCounters(dropped_records=3, spooled_records=40)), now=1000.6)
     det.observe(hb("j", 2, 3, 0.2, 1000.6, agent=AgentCounters(spooled_records=10, failed_windows=1)), now=1000.6)
-    det.observe(hb("j", 1, 4, 0.2, 1000.8, agent=AgentCounters(dropped_records=5)), now=1000.8)  # worker 1's spool drained
+    det.observe(
+        hb("j", 1, 4, 0.2, 1000.8, agent=AgentCounters(dropped_records=5)), now=1000.8
+    )  # worker 1's spool drained
     det.observe(hb("j", 2, 4, 0.2, 1000.8), now=1000.8)  # unchanged counters are not re-sent: the last report stands
     assert det.agent_counters() == {"j": AgentCounters(dropped_records=5, spooled_records=10, failed_windows=1)}
     det.drop(["j"])
@@ -219,7 +227,9 @@ def test_agents_counters_are_summed_per_job_from_each_workers_latest_report():
 
 
 def test_a_healthy_job_gets_a_baseline_window_every_so_many_steps_after_its_last_window():
-    det = SlowdownDetector(policy(baseline_steps=10, recent_steps=3, baseline_every_steps=100, cooldown_steps=20, window_steps=4))
+    det = SlowdownDetector(
+        policy(baseline_steps=10, recent_steps=3, baseline_every_steps=100, cooldown_steps=20, window_steps=4)
+    )
     step_times = np.full(400, 0.2)
     step_times[150:180] = 0.3  # a slowdown in between: its window resets the count
     triggers = feed(det, "j", step_times)
@@ -229,7 +239,9 @@ def test_a_healthy_job_gets_a_baseline_window_every_so_many_steps_after_its_last
     (b1, _), (s1, _), (b2, _), (b3, _) = [(t, t.start_step) for t in triggers]
     assert b1.start_step >= first + 100 and "since the detector first saw the job" in b1.reason
     assert 150 < s1.start_step < 180  # the slowdown, a margin ahead
-    assert b2.start_step >= s1.start_step + s1.steps + 100 and "since the last window" in b2.reason  # counted from the slowdown window's end
+    assert (
+        b2.start_step >= s1.start_step + s1.steps + 100 and "since the last window" in b2.reason
+    )  # counted from the slowdown window's end
     assert b3.start_step >= b2.start_step + b2.steps + 100
 
 
@@ -244,7 +256,9 @@ def test_no_baseline_window_while_the_job_is_slow_or_when_switched_off():
 
 
 def test_a_refused_baseline_window_backs_off_instead_of_asking_at_every_step():
-    det = SlowdownDetector(policy(baseline_steps=10, recent_steps=3, baseline_every_steps=100, max_windows_fleet=1, window_steps=4))
+    det = SlowdownDetector(
+        policy(baseline_steps=10, recent_steps=3, baseline_every_steps=100, max_windows_fleet=1, window_steps=4)
+    )
     feed(det, "busy", np.full(20, 0.2))  # another job holds the fleet's only window
     assert det.request(req("busy"), now=1004.0).kind == "manual"
     calls = []
@@ -262,7 +276,13 @@ def one_worker(det, job, step_times, start=0, t0=1000.0):
     out, sent = [], t0
     for i, st in enumerate(step_times):
         sent += float(st)
-        out += [(start + i, t) for t in det.observe(StepHeartbeat(job=job, worker=0, step=start + i, step_time_s=float(st), host="h0", sent_at=sent), now=sent)]
+        out += [
+            (start + i, t)
+            for t in det.observe(
+                StepHeartbeat(job=job, worker=0, step=start + i, step_time_s=float(st), host="h0", sent_at=sent),
+                now=sent,
+            )
+        ]
     return out
 
 
@@ -339,7 +359,10 @@ def test_a_small_lasting_change_becomes_the_new_normal_and_what_the_detector_saw
     one_worker(det, "j", times[:700])
     ch = det.jobs["j"].change
     assert ch.s >= Policy().detector.cusum_h and abs(np.exp(ch.mu) - 1.0) < 0.002  # pending against the old level
-    assert re.search(r"median step time 1010\.\d ms over the last 200 steps vs baseline 999\.\d ms \(\+1\.0%.*slowdown_threshold 1.5%", det.describe("j"))
+    assert re.search(
+        r"median step time 1010\.\d ms over the last 200 steps vs baseline 999\.\d ms \(\+1\.0%.*slowdown_threshold 1.5%",
+        det.describe("j"),
+    )
     assert one_worker(det, "j", times[700:], start=700) == []
     assert abs(np.exp(ch.mu) - 1.01) < 0.002  # after a reference's length: the new normal
     assert det.describe("nobody") == "no complete step of job 'nobody' yet"

@@ -10,7 +10,9 @@ from lockstep.streams.pictures import SeriesBuilder, deviation_map
 
 
 def hb(job, worker, step, t, tenant=""):
-    return StepHeartbeat(job=job, worker=worker, step=step, step_time_s=t, host="h", sent_at=1_800_000_000.0, tenant=tenant)
+    return StepHeartbeat(
+        job=job, worker=worker, step=step, step_time_s=t, host="h", sent_at=1_800_000_000.0, tenant=tenant
+    )
 
 
 def test_a_step_is_emitted_once_complete_with_the_slowest_and_the_median_worker():
@@ -20,7 +22,11 @@ def test_a_step_is_emitted_once_complete_with_the_slowest_and_the_median_worker(
             b.add(hb("j", w, step, 0.1 + (0.05 if w == 3 and step >= 2 else 0.0), tenant="acme"), now=100.0)
     (rec,) = b.due(now=100.0)
     assert rec.steps == [0, 1, 2] and rec.tenant == "acme"  # steps 3 and 4 may still get heartbeats
-    assert rec.step_time_us == [100_000.0, 100_000.0, 150_000.0] and rec.median_us == [100_000.0] * 3 and rec.workers == [4, 4, 4]
+    assert (
+        rec.step_time_us == [100_000.0, 100_000.0, 150_000.0]
+        and rec.median_us == [100_000.0] * 3
+        and rec.workers == [4, 4, 4]
+    )
     assert decode(encode(rec)) == rec
     b.add(hb("j", 0, 1, 9.9), now=101.0)  # a heartbeat for a step already emitted is late: counted, not re-emitted
     assert b.late == 1
@@ -50,7 +56,10 @@ def result(rows):
 
 
 def test_the_deviation_map_keeps_the_persistent_worst_cells_with_the_median_z():
-    steps = [result([(13, "bwd.gemm", 10.0 + s), (13, "fwd.gemm", 6.0), (29, "fwd.loss", 119.0 if s == 0 else None)]) for s in range(8)]
+    steps = [
+        result([(13, "bwd.gemm", 10.0 + s), (13, "fwd.gemm", 6.0), (29, "fwd.loss", 119.0 if s == 0 else None)])
+        for s in range(8)
+    ]
     steps[3] = result([(13, "bwd.gemm", 12.0), (7, "fwd.gemm", -5.0)])
     m = deviation_map("j", "w1", "acme", 8, 8, steps, now=1.0, max_workers=2, max_functions=2)
     # worker 13 deviated in every step; worker 29's one spike outranks worker 7's single -5 but not worker 13

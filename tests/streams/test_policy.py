@@ -56,7 +56,10 @@ def test_bad_policy_files_are_rejected_in_one_line(tmp_path, text, needle):
         ("detector:\n  spread_floor: 0\n", "detector.spread_floor must be in (0, 1), got 0.0"),
         ("detector:\n  cusum_h: 0\n", "detector.cusum_h must be > 0"),
         ("detector:\n  periodic_min_gap: 1\n", "detector.periodic_min_gap must be 0 (off) or >= 2, got 1"),
-        ("detector:\n  baseline_steps: 50\n  reference_steps: 40\n", "detector.baseline_steps (50) exceeds detector.reference_steps (40)"),
+        (
+            "detector:\n  baseline_steps: 50\n  reference_steps: 40\n",
+            "detector.baseline_steps (50) exceeds detector.reference_steps (40)",
+        ),
     ],
 )
 def test_bad_detector_and_selector_values_are_named(tmp_path, text, needle):
@@ -69,8 +72,10 @@ def test_bad_detector_and_selector_values_are_named(tmp_path, text, needle):
 
 def test_selectors_and_sampling_load(tmp_path):
     p = tmp_path / "p.yaml"
-    p.write_text("jobs: {include: ['train-*'], exclude: ['*-test'], tenants: [acme]}\n"
-                 "detector: {hardware_hz: 50, with_stack: true, hang_min_s: 5}\n")  # fmt: skip
+    p.write_text(
+        "jobs: {include: ['train-*'], exclude: ['*-test'], tenants: [acme]}\n"
+        "detector: {hardware_hz: 50, with_stack: true, hang_min_s: 5}\n"
+    )
     pol = load_policy(p)
     assert pol.jobs.matches("train-7", "acme")
     assert not pol.jobs.matches("train-7-test", "acme") and not pol.jobs.matches("train-7", "other")

@@ -1,7 +1,5 @@
 """The step/window state machines, driven entirely in memory."""
 
-import pyarrow as pa
-
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import FeatureBatch, StepReport, WorkerMeta
 from lockstep.streams.diagnosis.step import GROUP_SCHEMA, OUTLIER_SCHEMA, StepResult
@@ -11,8 +9,17 @@ TABLE = ft.make_table({"function": ["f"], "kind": ["compute"], "calls": [1], "to
 
 
 def batch(rank, step=10, expected=3, job="j"):
-    return FeatureBatch(job=job, window="w10", step=step, window_start=10, window_steps=2, expected_workers=expected,
-                        worker=WorkerMeta(rank=rank, host="h"), step_time_us=100.0, functions=b"")  # fmt: skip
+    return FeatureBatch(
+        job=job,
+        window="w10",
+        step=step,
+        window_start=10,
+        window_steps=2,
+        expected_workers=expected,
+        worker=WorkerMeta(rank=rank, host="h"),
+        step_time_us=100.0,
+        functions=b"",
+    )
 
 
 def test_acks_are_released_in_offset_order_only():
@@ -75,14 +82,37 @@ def test_revoked_partitions_drop_open_steps():
 
 
 def _report(step, job="j", window="w10", steps=2):
-    return StepReport(job=job, window=window, step=step, window_start=10, window_steps=steps, expected_workers=3, workers_seen=3,
-                      bytes_in=100, step_time_us=1.0, step_time_median_us=1.0, work_max_us=1.0, healthy_work_max_us=1.0,
-                      outliers=b"", groups=b"")  # fmt: skip
+    return StepReport(
+        job=job,
+        window=window,
+        step=step,
+        window_start=10,
+        window_steps=steps,
+        expected_workers=3,
+        workers_seen=3,
+        bytes_in=100,
+        step_time_us=1.0,
+        step_time_median_us=1.0,
+        work_max_us=1.0,
+        healthy_work_max_us=1.0,
+        outliers=b"",
+        groups=b"",
+    )
 
 
 def _result(step):
-    return StepResult(job="j", window="w10", step=step, workers_seen=3, step_time_us=1.0, step_time_median_us=1.0, work_max_us=1.0,
-                      healthy_work_max_us=1.0, outliers=OUTLIER_SCHEMA.empty_table(), groups=GROUP_SCHEMA.empty_table())  # fmt: skip
+    return StepResult(
+        job="j",
+        window="w10",
+        step=step,
+        workers_seen=3,
+        step_time_us=1.0,
+        step_time_median_us=1.0,
+        work_max_us=1.0,
+        healthy_work_max_us=1.0,
+        outliers=OUTLIER_SCHEMA.empty_table(),
+        groups=GROUP_SCHEMA.empty_table(),
+    )
 
 
 def test_window_closes_when_all_steps_reported_and_first_report_wins():

@@ -11,7 +11,7 @@ try:
     from lockstep.producers.agent.hook import install_from_env
 
     install_from_env()
-except Exception as exc:  # noqa: BLE001 - never stop the interpreter from starting
+except Exception as exc:
     sys.stderr.write(f"lockstep agent: not attached ({type(exc).__name__}: {exc})\n")
 
 

@@ -11,7 +11,9 @@ pytestmark = pytest.mark.slow  # every test runs `lockstep` in a subprocess
 
 
 def lockstep(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,10 +68,25 @@ def test_tenant_flag_limits_query_and_findings(tmp_path):
     from lockstep.sinks.store import Batch, FindingsStore
 
     def f(fid, tenant):
-        return Finding(id=fid, job=f"job-{tenant}", window="w1", steps=[1, 2], scope="worker", workers=[1], hosts=["h"], devices=["h/gpu1"],
-                       function="fn", function_kind="compute", cause="gpu_slow", confidence=0.9,
-                       evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=5.0)],
-                       impact=Impact(step_time_share=0.1, gpu_hours_per_day=1.0), policy="p", created_at=1_800_000_000.0, tenant=tenant)  # fmt: skip
+        return Finding(
+            id=fid,
+            job=f"job-{tenant}",
+            window="w1",
+            steps=[1, 2],
+            scope="worker",
+            workers=[1],
+            hosts=["h"],
+            devices=["h/gpu1"],
+            function="fn",
+            function_kind="compute",
+            cause="gpu_slow",
+            confidence=0.9,
+            evidence=[Evidence(feature="work_us", value=2.0, peer_value=1.0, deviation=5.0)],
+            impact=Impact(step_time_share=0.1, gpu_hours_per_day=1.0),
+            policy="p",
+            created_at=1_800_000_000.0,
+            tenant=tenant,
+        )
 
     db = tmp_path / "f.duckdb"
     store = FindingsStore(db)
@@ -88,15 +105,24 @@ def test_tenant_flag_limits_query_and_findings(tmp_path):
     assert "job-acme" in page.read_text() and "job-globex" not in page.read_text()
     r = lockstep("report", "--db", str(db), "--job", "job-globex", "--out", str(page), "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["findings"] == 1 and "job-globex" in page.read_text() and "job-acme" not in page.read_text()
+    assert (
+        json.loads(r.stdout)["findings"] == 1
+        and "job-globex" in page.read_text()
+        and "job-acme" not in page.read_text()
+    )
     assert "1 of 1 incident open" in page.read_text()  # the cost by cause counts the selected job's incidents only
 
 
 def test_a_bad_routes_file_stops_the_sink_with_one_line(tmp_path):
     routes = tmp_path / "routes.yaml"
     routes.write_text("routes: [{name: pd, type: pagerduty, routing_key_env: LOCKSTEP_TEST_UNSET_KEY}]\n")
-    for path, needle in ((routes, "environment variable LOCKSTEP_TEST_UNSET_KEY"), (tmp_path / "none.yaml", "does not exist")):
-        r = lockstep("sink", "--routes", str(path), "--db", str(tmp_path / "f.duckdb"), "--bootstrap-servers", "127.0.0.1:1")
+    for path, needle in (
+        (routes, "environment variable LOCKSTEP_TEST_UNSET_KEY"),
+        (tmp_path / "none.yaml", "does not exist"),
+    ):
+        r = lockstep(
+            "sink", "--routes", str(path), "--db", str(tmp_path / "f.duckdb"), "--bootstrap-servers", "127.0.0.1:1"
+        )
         assert r.returncode != 0 and "Traceback" not in r.stderr
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and needle in lines[0], r.stderr
@@ -109,18 +135,35 @@ def test_every_agent_setting_the_readme_lists_is_a_flag_of_agent_run(tmp_path):
     from tests.paths import ROOT
 
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| setting | default | meaning |", readme.index("Agent settings")):]
+    table = readme[readme.index("| setting | default | meaning |", readme.index("Agent settings")) :]
     table = table[: table.index("\n\n")]
     names = {n for row in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", row.split("|")[1])}
     assert {"rank", "host", "device", "labels", "redact", "spool_dir"} <= names
-    values = {"labels": "pp=1", "redact": "paths=strip", "spool_dir": str(tmp_path), "raw_dir": str(tmp_path), "host": "hx", "device": "hx/gpu3",
-              "nic": "hx/bond0", "switch": "leaf1", "job": "j", "tenant": "acme", "min_share": "0.01"}  # fmt: skip
+    values = {
+        "labels": "pp=1",
+        "redact": "paths=strip",
+        "spool_dir": str(tmp_path),
+        "raw_dir": str(tmp_path),
+        "host": "hx",
+        "device": "hx/gpu3",
+        "nic": "hx/bond0",
+        "switch": "leaf1",
+        "job": "j",
+        "tenant": "acme",
+        "min_share": "0.01",
+    }
     flags = [x for n in sorted(names) for x in (f"--{n.replace('_', '-')}", values.get(n, "3"))]
-    show = "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('LOCKSTEP_AGENT_')}))"
+    show = (
+        "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('LOCKSTEP_AGENT_')}))"
+    )
     r = lockstep("agent", "run", *flags, "--bootstrap-servers", "127.0.0.1:1", "--", sys.executable, "-c", show)
     assert r.returncode == 0, r.stderr
     env = json.loads(r.stdout)
-    assert env["LOCKSTEP_AGENT_RANK"] == "3" and env["LOCKSTEP_AGENT_HOST"] == "hx" and env["LOCKSTEP_AGENT_DEVICE"] == "hx/gpu3"
+    assert (
+        env["LOCKSTEP_AGENT_RANK"] == "3"
+        and env["LOCKSTEP_AGENT_HOST"] == "hx"
+        and env["LOCKSTEP_AGENT_DEVICE"] == "hx/gpu3"
+    )
     assert env["LOCKSTEP_AGENT_LABELS"] == "pp=1" and env["LOCKSTEP_AGENT_JOB"] == "j"
     help_text = lockstep("agent", "run", "--help").stdout
     assert "AGENTCFG" not in help_text and "--rank RANK" in help_text
@@ -137,7 +180,9 @@ def test_each_commands_help_lists_the_settings_it_reads_only():
     assert not {"--db", "--routes", "--sink-group", "--series-keep-steps"} & processor
     assert {"--db", "--routes", "--sink-group", "--resolve-after-s", "--series-keep-steps"} <= sink
     assert not {"--policy", "--faust-config", "--processor-id", "--step-timeout-s"} & sink
-    assert "--config" not in demo and not {"--processor-id", "--sink-group", "--routes"} & demo  # the demo's groups are its own
+    assert (
+        "--config" not in demo and not {"--processor-id", "--sink-group", "--routes"} & demo
+    )  # the demo's groups are its own
     assert query == {"--help", "--db", "--tenant", "--json"}
     # the flags the help leaves out are still accepted where they are settings (one set of flags for every process)
     r = lockstep("processor", "--db", "x.duckdb", "--partitions", "zero")

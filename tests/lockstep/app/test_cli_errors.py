@@ -67,7 +67,9 @@ def subcommands() -> list[str]:
     import argparse
 
     out = []
-    for name, p in next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices.items():
+    for name, p in next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices.items():
         subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
         out += [f"{name} {s}" for s in subs[0].choices] if subs else [name]
     return out
@@ -82,13 +84,21 @@ def files(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad")
     (tmp / "text.txt").write_text("not what you think\n")
     (tmp / "list.yaml").write_text("- a\n- b\n")
-    (tmp / "ops.csv").write_text("worker,step,function,kind,start_us,duration_us\n0,1,f,compute,0,10\n1,1,f,compute,0,12\n")
+    (tmp / "ops.csv").write_text(
+        "worker,step,function,kind,start_us,duration_us\n0,1,f,compute,0,10\n1,1,f,compute,0,12\n"
+    )
     FindingsStore(tmp / "f.duckdb").close()
     con = duckdb.connect(str(tmp / "other.duckdb"))
     con.execute("CREATE TABLE sales (x INTEGER)")
     con.close()
-    return {"{tmp}": str(tmp), "{text}": str(tmp / "text.txt"), "{yaml}": str(tmp / "list.yaml"), "{csv}": str(tmp / "ops.csv"),
-            "{db}": str(tmp / "f.duckdb"), "{other}": str(tmp / "other.duckdb")}  # fmt: skip
+    return {
+        "{tmp}": str(tmp),
+        "{text}": str(tmp / "text.txt"),
+        "{yaml}": str(tmp / "list.yaml"),
+        "{csv}": str(tmp / "ops.csv"),
+        "{db}": str(tmp / "f.duckdb"),
+        "{other}": str(tmp / "other.duckdb"),
+    }
 
 
 def fill(s: str, files: dict) -> str:
@@ -99,7 +109,9 @@ def fill(s: str, files: dict) -> str:
 
 def lockstep(*args, cwd=None):
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("LOCKSTEP_")}
-    return subprocess.run([sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, cwd=cwd, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "lockstep", *args], capture_output=True, text=True, cwd=cwd, timeout=60, env=env
+    )
 
 
 def one_line_error(r) -> str:
@@ -123,8 +135,14 @@ def test_bad_input_is_one_line(files, tmp_path, args, needle):
 
 
 #: what a command needs before an unknown flag is the first thing wrong
-REQUIRED = {"test-page": ["--routes", "r.yaml"], "simulate": ["s.yaml"], "trigger": ["j"], "raw": ["j", "--workers", "1"], "diagnose": ["t.json"],
-            "query": ["SELECT 1"]}  # fmt: skip
+REQUIRED = {
+    "test-page": ["--routes", "r.yaml"],
+    "simulate": ["s.yaml"],
+    "trigger": ["j"],
+    "raw": ["j", "--workers", "1"],
+    "diagnose": ["t.json"],
+    "query": ["SELECT 1"],
+}
 
 
 @pytest.mark.slow  # a subprocess per case
@@ -137,8 +155,11 @@ def test_an_unknown_flag_is_one_line_naming_the_help(command):
 @pytest.mark.slow  # a subprocess per case
 def test_a_closed_pipe_ends_the_command_quietly(files):
     # many rows, read by a reader that stops after the first line (`lockstep query ... | head -1`)
-    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "query", "SELECT range AS n FROM range(50000)", "--db", files["{db}"]],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lockstep", "query", "SELECT range AS n FROM range(50000)", "--db", files["{db}"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     first = proc.stdout.readline()
     proc.stdout.close()
     err = proc.stderr.read().decode()

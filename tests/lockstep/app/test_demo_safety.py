@@ -35,7 +35,9 @@ def test_a_file_the_demo_did_not_write_is_never_touched(tmp_path, existing):
 
 def test_the_demo_reads_no_environment_and_never_uses_the_production_groups(tmp_path, monkeypatch):
     config = tmp_path / "prod.yaml"
-    config.write_text("bootstrap_servers: kafka-prod:9092\nprocessor_id: lockstep-processor\nsink_group: lockstep-sink\ndb: /var/lib/prod.duckdb\n")
+    config.write_text(
+        "bootstrap_servers: kafka-prod:9092\nprocessor_id: lockstep-processor\nsink_group: lockstep-sink\ndb: /var/lib/prod.duckdb\n"
+    )
     monkeypatch.setenv("LOCKSTEP_CONFIG", str(config))
     monkeypatch.setenv("LOCKSTEP_DB", "/var/lib/prod.duckdb")
     monkeypatch.setenv("LOCKSTEP_BOOTSTRAP_SERVERS", "kafka-prod:9092")
@@ -46,6 +48,10 @@ def test_the_demo_reads_no_environment_and_never_uses_the_production_groups(tmp_
     assert s.processor_id.startswith("lockstep-demo-") and s.sink_group.startswith("lockstep-demo-")
     # told explicitly: that Kafka, but topics and groups of the demo's own
     s = demo_settings(demo_args("--bootstrap-servers", "kafka-test:9092", "--db", str(tmp_path / "x.duckdb")))
-    assert s.bootstrap_servers == "kafka-test:9092" and s.topic_prefix.startswith("lockstep-demo-") and s.db == tmp_path / "x.duckdb"
+    assert (
+        s.bootstrap_servers == "kafka-test:9092"
+        and s.topic_prefix.startswith("lockstep-demo-")
+        and s.db == tmp_path / "x.duckdb"
+    )
     other = demo_settings(demo_args("--db", str(tmp_path / "y.duckdb")))
     assert s.processor_id != other.processor_id  # a fresh group every run

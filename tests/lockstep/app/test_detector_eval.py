@@ -8,7 +8,18 @@ import sys
 import numpy as np
 import pytest
 
-from lockstep.app.detector_eval import DISTURBANCES, MEDIAN_RULE, STEPTIMES, detector_view, detrend, disturb, evaluate_detector, families, read_recording, report
+from lockstep.app.detector_eval import (
+    DISTURBANCES,
+    MEDIAN_RULE,
+    STEPTIMES,
+    detector_view,
+    detrend,
+    disturb,
+    evaluate_detector,
+    families,
+    read_recording,
+    report,
+)
 from lockstep.streams.policy import Policy
 
 SERIES = ("steady-1%", "sim-dp-16w", "recorded-testjob")
@@ -34,11 +45,18 @@ def test_the_cusum_rule_finds_five_percent_within_a_hundred_steps_and_stays_quie
         assert cell["within_100"] == 1.0 and cell["median_delay"] <= 20, (name, cell)
         assert by[name]["spread"] <= 0.02
     false = {f["name"]: sum(h["false_triggers"] for h in f["healthy"].values()) for f in new["families"]}
-    assert false["steady-1%"] == false["sim-dp-16w"] == 0 and false["recorded-testjob"] <= 1, false  # in 4 x 4,320 steps each
-    assert new["targets"]["five_percent_within_100"] == 1.0 and new["targets"]["five_percent_families"] == ["steady-1%", "sim-dp-16w"]
+    assert false["steady-1%"] == false["sim-dp-16w"] == 0 and false["recorded-testjob"] <= 1, (
+        false
+    )  # in 4 x 4,320 steps each
+    assert new["targets"]["five_percent_within_100"] == 1.0 and new["targets"]["five_percent_families"] == [
+        "steady-1%",
+        "sim-dp-16w",
+    ]
     assert by["recorded-testjob"]["spread"] > 0.1  # a CPU job on a shared machine: 5% is inside its noise
     old_by = {f["name"]: f for f in old["families"]}
-    assert all(old_by[name]["slowdowns"][0]["within_100"] == 0.0 for name in SERIES[:2])  # 15% above the recent best: never
+    assert all(
+        old_by[name]["slowdowns"][0]["within_100"] == 0.0 for name in SERIES[:2]
+    )  # 15% above the recent best: never
     old_false = sum(h["false_triggers"] for h in old_by["recorded-testjob"]["healthy"].values())
     assert old_false >= 40  # and a fixed share fires all the time on a noisy job (17 per 4,320 steps here)
     assert old["rule"] == "median" and not old["targets"]["met"]
@@ -59,7 +77,7 @@ def test_disturbances_and_recordings():
     assert 3 <= np.count_nonzero(periodic >= 5.0) <= 3  # a checkpoint every 1,000 steps
     assert np.count_nonzero((periodic > 2.0) & (periodic < 3.0)) == 12  # an evaluation every 250
     drift = disturb(x, rng, ("drift",))
-    assert 0.98 < drift.min() and drift.max() < 1.02 + 0.05 * 3000 / 86_400
+    assert drift.min() > 0.98 and drift.max() < 1.02 + 0.05 * 3000 / 86_400
     assert set(DISTURBANCES) == {"none", "hiccups", "periodic", "drift"}
     raw = read_recording(STEPTIMES / "recorded-testjob.csv.gz")
     assert len(raw) > 2000 and 0.02 < np.median(raw) < 0.2  # seconds per step, the slowest of 4 ranks
@@ -72,7 +90,9 @@ def test_a_demo_that_did_not_trigger_can_say_what_the_detector_saw():
     from lockstep.app.demo import default_scenario
 
     scenario = default_scenario(workers=16, fault="nvlink")
-    scenario = dataclasses.replace(scenario, faults=(dataclasses.replace(scenario.faults[0], severity=0.3),))  # +0.3%: below any threshold
+    scenario = dataclasses.replace(
+        scenario, faults=(dataclasses.replace(scenario.faults[0], severity=0.3),)
+    )  # +0.3%: below any threshold
     saw = detector_view(scenario, 120, Policy())
     assert saw.startswith("at step 119: median step time") and "vs baseline" in saw and "slowdown_threshold 1.5%" in saw
 
@@ -80,7 +100,9 @@ def test_a_demo_that_did_not_trigger_can_say_what_the_detector_saw():
 @pytest.mark.slow  # `lockstep evaluate --detector` in subprocesses
 def test_the_cli_prints_the_table_as_json_and_checks_its_flags():
     def lockstep(*args):
-        return subprocess.run([sys.executable, "-m", "lockstep", "evaluate", *args], capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "lockstep", "evaluate", *args], capture_output=True, text=True, timeout=120
+        )
 
     r = lockstep("--detector", "--series", "steady-2%", "--runs", "2", "--days", "0.01", "--json")
     assert r.returncode == 0, r.stderr

@@ -62,10 +62,25 @@ def test_one_table_per_step_gives_the_processors_step_analysis():
 
 
 def _finding(workers, function, cause, devices=(), hosts=(), scope="worker", group=None):
-    return Finding(id="x", job="j", window="w", steps=[1], scope=scope, workers=list(workers), hosts=list(hosts), devices=list(devices),
-                   group=group, function=function, function_kind="compute", cause=cause, confidence=0.9,
-                   evidence=[Evidence(feature="work_us", value=1.0, peer_value=1.0, deviation=0.0)],
-                   impact=Impact(step_time_share=0.1, gpu_hours_per_day=1.0), policy="p", created_at=0.0)  # fmt: skip
+    return Finding(
+        id="x",
+        job="j",
+        window="w",
+        steps=[1],
+        scope=scope,
+        workers=list(workers),
+        hosts=list(hosts),
+        devices=list(devices),
+        group=group,
+        function=function,
+        function_kind="compute",
+        cause=cause,
+        confidence=0.9,
+        evidence=[Evidence(feature="work_us", value=1.0, peer_value=1.0, deviation=0.0)],
+        impact=Impact(step_time_share=0.1, gpu_hours_per_day=1.0),
+        policy="p",
+        created_at=0.0,
+    )
 
 
 def test_judging_a_finding_against_the_truth():
@@ -85,7 +100,9 @@ def test_judging_a_finding_against_the_truth():
     assert judge(nic, _finding([28, 29, 30, 31], "nccl:all_reduce[dp]", "nic", ["node0003/bond1"])).correct
     # group and job scopes
     pipe = Fault(type="pipeline_imbalance", stage=2).truth(Topology(workers=256, pp=4))
-    o = judge(pipe, _finding([], "bwd.gemm", "pipeline_imbalance", scope="group", group={"pp": "2", "role": "transformer"}))
+    o = judge(
+        pipe, _finding([], "bwd.gemm", "pipeline_imbalance", scope="group", group={"pp": "2", "role": "transformer"})
+    )
     assert o.correct and o.worker and o.host  # the group's labels stand for its workers and hosts
     assert not judge(pipe, _finding([], "bwd.gemm", "pipeline_imbalance", scope="group", group={"pp": "1"})).localised
     # without the samples that decide, a perfect diagnosis names worker, function and device, and no cause
@@ -94,7 +111,9 @@ def test_judging_a_finding_against_the_truth():
     assert judge(blind, _finding([13], "bwd.gemm", "undetermined", ["node0001/gpu5"], ["node0001"])).correct
     assert not judge(blind, _finding([13], "bwd.gemm", "gpu_throttle_thermal", ["node0001/gpu5"], ["node0001"])).correct
     assert Fault(type="host_cpu_contention", hosts=(1,)).truth(topo, hardware="host").cause == "host_cpu_contention"
-    assert Fault(type="input_imbalance", workers=(3,)).truth(topo, hardware="none").cause == "input_imbalance"  # bytes: the trace's
+    assert (
+        Fault(type="input_imbalance", workers=(3,)).truth(topo, hardware="none").cause == "input_imbalance"
+    )  # bytes: the trace's
     regr = Fault(type="regression", function="fwd.attention").truth(topo)
     assert judge(regr, _finding([], "fwd.attention", "regression", scope="job")).correct
     assert not judge(regr, _finding([], "bwd.gemm", "regression", scope="job")).correct
@@ -126,11 +145,15 @@ def _unsupported(f: Finding, dp) -> str:
     def measured(name):
         return rel(name) is not None
 
-    def saturated(metric):  # the link steady (its sd/mean well below its ring-mates') while they burst (spread or peaks)
+    def saturated(
+        metric,
+    ):  # the link steady (its sd/mean well below its ring-mates') while they burst (spread or peaks)
         if not all(measured(m) for m in (metric, f"{metric}_sd")):
             return False
         cv, peer_cv = ev[f"{metric}_sd"].value / ev[metric].value, ev[f"{metric}_sd"].peer_value / ev[metric].peer_value
-        bursting = peer_cv >= dp.link_burst_cv or (measured(f"{metric}_p95") and rel(f"{metric}_p95") < -dp.throughput_drop)
+        bursting = peer_cv >= dp.link_burst_cv or (
+            measured(f"{metric}_p95") and rel(f"{metric}_p95") < -dp.throughput_drop
+        )
         return bursting and cv < dp.link_steady_ratio * peer_cv
 
     bits = int(ev["clock_events"].deviation) if "clock_events" in ev and ev["clock_events"].deviation is not None else 0
@@ -149,13 +172,21 @@ def _unsupported(f: Finding, dp) -> str:
         "switch": saturated("nic_gbps") and len(f.devices) == 1,
         # others take more of the host; or the worker got far less of a core than its peers, others as busy
         "host_cpu_contention": (measured("cpu_other") and not host_normal)
-        or (measured("cpu_self") and rel("cpu_self") < -dp.cpu_self_drop and ev["cpu_other"].value >= ev["cpu_other"].peer_value),
+        or (
+            measured("cpu_self")
+            and rel("cpu_self") < -dp.cpu_self_drop
+            and ev["cpu_other"].value >= ev["cpu_other"].peer_value
+        ),
         "host_memory": measured("mem_used_frac") and ev["mem_used_frac"].value > dp.mem_high,
-        "storage": measured("disk_read_mbps") and rel("disk_read_mbps") < -dp.throughput_drop and ev["disk_read_mbps"].peer_value >= dp.disk_read_min_mbps,
+        "storage": measured("disk_read_mbps")
+        and rel("disk_read_mbps") < -dp.throughput_drop
+        and ev["disk_read_mbps"].peer_value >= dp.disk_read_min_mbps,
         "dataloader": host_normal and measured("disk_read_mbps") and rel("disk_read_mbps") >= -dp.throughput_drop,
         "input_imbalance": more_input,
         # a function the peers do not run, or several times their time with the host's CPU normal
-        "rank_specific_code": ("workers_running_it" in ev and ev["workers_running_it"].value < ev["workers_running_it"].peer_value)
+        "rank_specific_code": (
+            "workers_running_it" in ev and ev["workers_running_it"].value < ev["workers_running_it"].peer_value
+        )
         or (host_normal and rel("work_us") is not None and rel("work_us") >= dp.rank_specific_ratio - 1),
         "python_overhead": over("share") if f.scope == "job" else host_normal,
         "undetermined": any(e.value is None for e in f.evidence) and "samples, which would tell" in f.summary,
@@ -164,7 +195,11 @@ def _unsupported(f: Finding, dp) -> str:
         "regression": over("work_us"),
         "framework_config": over("share"),
     }
-    return "" if ok.get(f.cause, False) else f"{f.cause}: {f.summary} | " + ", ".join(f"{e.feature} {e.value} vs {e.peer_value}" for e in f.evidence)
+    return (
+        ""
+        if ok.get(f.cause, False)
+        else f"{f.cause}: {f.summary} | " + ", ".join(f"{e.feature} {e.value} vs {e.peer_value}" for e in f.evidence)
+    )
 
 
 def test_the_checker_catches_causes_the_evidence_contradicts():
@@ -176,8 +211,10 @@ def test_the_checker_catches_causes_the_evidence_contradicts():
     alone.evidence.append(Evidence(feature="workers_running_it", value=1.0, peer_value=5.0, deviation=0.2))
     assert not _unsupported(alone, dp)
     throttled = _finding([3], "bwd.gemm", "gpu_throttle_thermal")
-    throttled.evidence += [Evidence(feature="sm_clock_mhz", value=1980.0, peer_value=1981.0, deviation=0.0),
-                           Evidence(feature="clock_events", value=0x40, peer_value=0, deviation=0x40)]  # fmt: skip
+    throttled.evidence += [
+        Evidence(feature="sm_clock_mhz", value=1980.0, peer_value=1981.0, deviation=0.0),
+        Evidence(feature="clock_events", value=0x40, peer_value=0, deviation=0x40),
+    ]
     assert _unsupported(throttled, dp)  # the clock did not drop
 
 

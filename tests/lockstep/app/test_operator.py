@@ -36,11 +36,17 @@ def answering(kafka: MemoryKafka, topic: str, kind: type, answers) -> threading.
 
 
 def test_a_window_request_returns_the_detectors_answer_to_it():
-    kafka = MemoryKafka({t: 2 for t in TOPICS.all()})
+    kafka = MemoryKafka(dict.fromkeys(TOPICS.all(), 2))
+
     def refused(req, request):
         return TriggerRefused(job=req.job, request=request, code="cooldown", reason=f"for {request}")
 
-    detector = answering(kafka, TOPICS.heartbeats, TriggerRequest, lambda req: [(TOPICS.control, refused(req, "other")), (TOPICS.control, refused(req, req.request))])
+    detector = answering(
+        kafka,
+        TOPICS.heartbeats,
+        TriggerRequest,
+        lambda req: [(TOPICS.control, refused(req, "other")), (TOPICS.control, refused(req, req.request))],
+    )
     answer = request_window(SETTINGS, "j", steps=8, reason="test", timeout_s=10, clients=kafka.clients())
     detector.join(10)
     assert isinstance(answer, TriggerRefused) and answer.reason == f"for {answer.request}" and answer.request != "other"
@@ -55,19 +61,22 @@ def test_a_request_to_a_pipeline_without_topics_says_what_is_missing():
 
 
 def test_raw_answers_count_when_they_answer_the_request_and_only_a_workers_first():
-    kafka = MemoryKafka({t: 2 for t in TOPICS.all()})
+    kafka = MemoryKafka(dict.fromkeys(TOPICS.all(), 2))
     req = RawRequest(job="j", request="r1", workers=[2, 5], window="w")
 
     def answers(got: RawRequest):
         base = dict(job="j", request=got.request, window="w", steps=[1])
-        return [(TOPICS.raw, rec) for rec in [
-            RawTrace(**{**base, "request": "someone-elses"}, worker=2, trace=b"x"),
-            RawTrace(**{**base, "window": "other"}, worker=2, trace=b"x"),
-            RawTrace(**base, worker=9, trace=b"x"),  # not asked
-            RawTrace(**base, worker=2, trace=b"first"),
-            RawTrace(**base, worker=2, trace=b"second"),
-            RawTrace(**base, worker=5, error="no trace kept"),
-        ]]  # fmt: skip
+        return [
+            (TOPICS.raw, rec)
+            for rec in [
+                RawTrace(**{**base, "request": "someone-elses"}, worker=2, trace=b"x"),
+                RawTrace(**{**base, "window": "other"}, worker=2, trace=b"x"),
+                RawTrace(**base, worker=9, trace=b"x"),  # not asked
+                RawTrace(**base, worker=2, trace=b"first"),
+                RawTrace(**base, worker=2, trace=b"second"),
+                RawTrace(**base, worker=5, error="no trace kept"),
+            ]
+        ]
 
     agents = answering(kafka, TOPICS.control, RawRequest, answers)
     got = request_raw(SETTINGS, req, timeout_s=10, clients=kafka.clients())

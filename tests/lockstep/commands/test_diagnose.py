@@ -23,7 +23,12 @@ def op_events(workers=16, steps=6, slow=None, factor=1.4, skew=True, seed=0):
     rows = []
     for s in range(steps):
         dur = {"loader.next": 3000.0, "fwd": 40000.0, "bwd": 80000.0}
-        before = {w: {f: d * rng.lognormal(0, 0.004) * (factor if (w == slow and f == "bwd") else 1.0) for f, d in dur.items()} for w in range(workers)}
+        before = {
+            w: {
+                f: d * rng.lognormal(0, 0.004) * (factor if (w == slow and f == "bwd") else 1.0) for f, d in dur.items()
+            }
+            for w in range(workers)
+        }
         arrival = {w: sum(v.values()) for w, v in before.items()}
         last = max(arrival.values())
         for w in range(workers):
@@ -32,11 +37,36 @@ def op_events(workers=16, steps=6, slow=None, factor=1.4, skew=True, seed=0):
             for f, kind in (("loader.next", "dataloader"), ("fwd", "compute"), ("bwd", "compute")):
                 rows.append((w, s, f, kind, t, before[w][f], f"host{w // 4}", f"host{w // 4}/gpu{w % 4}", str(w % 2)))
                 t += before[w][f]
-            rows.append((w, s, "nccl:all_reduce", "collective", t, last - arrival[w] + 20000.0, f"host{w // 4}", None, str(w % 2)))
-            rows.append((w, s, "optimizer.step", "optimizer", clock + last + 20000.0, 5000.0, f"host{w // 4}", None, str(w % 2)))
+            rows.append(
+                (
+                    w,
+                    s,
+                    "nccl:all_reduce",
+                    "collective",
+                    t,
+                    last - arrival[w] + 20000.0,
+                    f"host{w // 4}",
+                    None,
+                    str(w % 2),
+                )
+            )
+            rows.append(
+                (w, s, "optimizer.step", "optimizer", clock + last + 20000.0, 5000.0, f"host{w // 4}", None, str(w % 2))
+            )
     cols = list(zip(*rows))
-    return pa.table({"worker": cols[0], "step": cols[1], "function": cols[2], "kind": cols[3], "start_us": cols[4], "duration_us": cols[5],
-                     "host": cols[6], "device": cols[7], "shard": cols[8]})  # fmt: skip
+    return pa.table(
+        {
+            "worker": cols[0],
+            "step": cols[1],
+            "function": cols[2],
+            "kind": cols[3],
+            "start_us": cols[4],
+            "duration_us": cols[5],
+            "host": cols[6],
+            "device": cols[7],
+            "shard": cols[8],
+        }
+    )
 
 
 def run(capsys, *args):
@@ -54,7 +84,13 @@ def test_csv_table_names_worker_function_and_device(tmp_path, capsys):
     assert len(findings) == 1
     f = findings[0]
     # no samples: worker, function and device, but not why (a throttled GPU or a slow one); the summary says what would tell
-    assert (f.workers, f.function, f.devices, f.hosts, f.cause) == ([5], "bwd", ["host1/gpu1"], ["host1"], "undetermined")
+    assert (f.workers, f.function, f.devices, f.hosts, f.cause) == (
+        [5],
+        "bwd",
+        ["host1/gpu1"],
+        ["host1"],
+        "undetermined",
+    )
     assert f.steps == list(range(6)) and "no hardware samples" in f.summary and "no sm_clock_mhz samples" in f.summary
     code, out, _ = run(capsys, path)
     assert code == 0 and "bwd" in out and "16 workers x 6 steps (0..5)" in out
@@ -74,7 +110,9 @@ def test_clock_skew_between_hosts_changes_nothing(tmp_path, capsys):
     pq.write_table(op_events(slow=5, skew=True), a)
     pq.write_table(op_events(slow=5, skew=False), b)
     ja, jb = (json.loads(run(capsys, p, "--json")[1]) for p in (a, b))
-    assert [(f["workers"], f["function"], f["cause"], f["impact"]) for f in ja] == [(f["workers"], f["function"], f["cause"], f["impact"]) for f in jb]
+    assert [(f["workers"], f["function"], f["cause"], f["impact"]) for f in ja] == [
+        (f["workers"], f["function"], f["cause"], f["impact"]) for f in jb
+    ]
     assert json.loads(run(capsys, tmp_path / "a.parquet", "--json")[1])[0]["workers"] == [5]
     pq.write_table(op_events(skew=True), a)
     assert json.loads(run(capsys, a, "--json")[1]) == []  # healthy, however far apart the clocks
@@ -94,7 +132,9 @@ def test_peer_groups_and_hardware_samples(tmp_path, capsys):
             rows.append((w, t, "gpu_temp_c", 90.0 if w == 6 else 60.0))
     w, t, m, v = zip(*rows)
     pcsv.write_csv(pa.table({"worker": w, "t_us": t, "metric": m, "value": v}), tmp_path / "s.csv")
-    code, out, err = run(capsys, tmp_path / "e.parquet", "--samples", tmp_path / "s.csv", "--peer-group", "shard", "--json")
+    code, out, err = run(
+        capsys, tmp_path / "e.parquet", "--samples", tmp_path / "s.csv", "--peer-group", "shard", "--json"
+    )
     assert code == 0, err
     f = json.loads(out)[0]
     assert (f["workers"], f["cause"]) == ([6], "gpu_throttle_thermal")
@@ -111,7 +151,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     garbage = tmp_path / "rank0.json"
     garbage.write_text("{ not json")
     mixed = tmp_path / "mixed.csv"
-    pcsv.write_csv(op_events().set_column(8, "shard", pa.array([str(i % 3) for i in range(op_events().num_rows)])), mixed)
+    pcsv.write_csv(
+        op_events().set_column(8, "shard", pa.array([str(i % 3) for i in range(op_events().num_rows)])), mixed
+    )
     badsamples = tmp_path / "samples.csv"
     pcsv.write_csv(pa.table({"worker": [0], "t_us": [1.0], "value": [2.0]}), badsamples)
     cases = [
@@ -132,9 +174,14 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
 def test_no_traceback_from_the_command_line(tmp_path):
     bad = tmp_path / "events.parquet"
     bad.write_bytes(b"PAR1 this is not parquet")
-    p = subprocess.run([sys.executable, "-m", "lockstep", "diagnose", str(bad)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "lockstep", "diagnose", str(bad)], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert p.stderr.strip().startswith("lockstep diagnose: error:") and "events.parquet: not a readable Parquet table" in p.stderr
+    assert (
+        p.stderr.strip().startswith("lockstep diagnose: error:")
+        and "events.parquet: not a readable Parquet table" in p.stderr
+    )
 
 
 @pytest.mark.parametrize("flag", ["--json", None])
@@ -156,21 +203,46 @@ def test_a_rate_limited_link_in_a_ring_is_named_by_the_shape_of_its_samples(tmp_
         clock = 1e12 + w * 5.1e6  # each rank on its own clock
         for s in range(6):
             t = clock + s * 200_000.0
-            for f, kind, d in (("fwd", "compute", 30_000.0), ("bwd", "compute", 60_000.0), ("gloo:all_reduce", "collective", 80_000.0)):
+            for f, kind, d in (
+                ("fwd", "compute", 30_000.0),
+                ("bwd", "compute", 60_000.0),
+                ("gloo:all_reduce", "collective", 80_000.0),
+            ):
                 events.append((w, s, f, kind, t, d * rng.lognormal(0, 0.01), f"node{w}"))
                 if kind == "collective":  # 1 kHz NIC samples while it runs
                     ts = t + np.arange(0.0, d, 1000.0)
                     burst = rng.random(ts.size) < 0.25  # the others: a quarter of the time at 4x, idle otherwise
-                    v = rate * rng.normal(1.0, 0.15, ts.size) if w == 2 else np.where(burst, 4 * rate * rng.normal(1.0, 0.1, ts.size), 0.0)
+                    v = (
+                        rate * rng.normal(1.0, 0.15, ts.size)
+                        if w == 2
+                        else np.where(burst, 4 * rate * rng.normal(1.0, 0.1, ts.size), 0.0)
+                    )
                     samples += [(w, float(x), "nic_gbps", float(y)) for x, y in zip(ts, v)]
                 t += d
     cols = list(zip(*events))
-    pq.write_table(pa.table({"worker": cols[0], "step": cols[1], "function": cols[2], "kind": cols[3], "start_us": cols[4],
-                             "duration_us": cols[5], "host": cols[6]}), tmp_path / "e.parquet")  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "worker": cols[0],
+                "step": cols[1],
+                "function": cols[2],
+                "kind": cols[3],
+                "start_us": cols[4],
+                "duration_us": cols[5],
+                "host": cols[6],
+            }
+        ),
+        tmp_path / "e.parquet",
+    )
     w, t, m, v = zip(*samples)
     pq.write_table(pa.table({"worker": w, "t_us": t, "metric": m, "value": v}), tmp_path / "s.parquet")
     code, out, err = run(capsys, tmp_path / "e.parquet", "--samples", tmp_path / "s.parquet", "--json")
     assert code == 0, err
     named = [f for f in json.loads(out) if f["workers"]]
-    assert named and named[0]["workers"] == [2] and named[0]["cause"] == "nic" and named[0]["function"] == "gloo:all_reduce", out
+    assert (
+        named
+        and named[0]["workers"] == [2]
+        and named[0]["cause"] == "nic"
+        and named[0]["function"] == "gloo:all_reduce"
+    ), out
     assert "saturated its link" in named[0]["summary"] and len(named) == 1

@@ -39,7 +39,7 @@ def one_line_error(result: dict, message: str) -> None:
     assert err.startswith("lockstep diagnose: error: ") and err.count("\n") == 1 and message in err, err
 
 
-def X(name, ts, dur, cat="user_annotation", **args):  # noqa: N802 - the trace format's phase letter
+def X(name, ts, dur, cat="user_annotation", **args):
     return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": args}
 
 
@@ -69,12 +69,19 @@ def test_a_trace_that_is_dev_zero_or_a_fifo(tmp_path):
     one_line_error(r, "rank0.json: not a regular file (a device)")
     assert r["peak_mib"] < PEAK_MIB, r
     os.mkfifo(tmp_path / "rank1.json")
-    one_line_error(diagnose(tmp_path / "rank1.json"), "rank1.json: not a regular file (a FIFO)")  # no hang: nobody ever writes to it
-    os.mkfifo(tmp_path / "events")  # no suffix: not even opened for a peek at its first bytes until it is known to be a file
+    one_line_error(
+        diagnose(tmp_path / "rank1.json"), "rank1.json: not a regular file (a FIFO)"
+    )  # no hang: nobody ever writes to it
+    os.mkfifo(
+        tmp_path / "events"
+    )  # no suffix: not even opened for a peek at its first bytes until it is known to be a file
     one_line_error(diagnose(tmp_path / "events"), "events: not a regular file (a FIFO)")
     os.mkfifo(tmp_path / "samples.csv")
     (tmp_path / "good.json").write_text(json.dumps(trace()))
-    one_line_error(diagnose(tmp_path / "good.json", "--samples", tmp_path / "samples.csv"), "samples.csv: not a regular file (a FIFO)")
+    one_line_error(
+        diagnose(tmp_path / "good.json", "--samples", tmp_path / "samples.csv"),
+        "samples.csv: not a regular file (a FIFO)",
+    )
 
 
 def test_files_larger_than_the_limit(tmp_path):
@@ -85,10 +92,26 @@ def test_files_larger_than_the_limit(tmp_path):
 @pytest.mark.parametrize(
     "name,content,message",
     [
-        ("deep.json", '{"traceEvents": [{"args": ' + '{"a":' * 100_000 + "1" + "}" * 100_001 + "]}", "nested too deeply"),
-        ("deep_list.json", '{"traceEvents": [{"args": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}]}", "nested too deeply"),
-        ("step.json", json.dumps({**trace(), "traceEvents": [*trace()["traceEvents"], X("ProfilerStep#99999999999999999999", 5000, 1000)]}),
-         "ProfilerStep#99999999999999999999: a step number beyond 2147483647"),
+        (
+            "deep.json",
+            '{"traceEvents": [{"args": ' + '{"a":' * 100_000 + "1" + "}" * 100_001 + "]}",
+            "nested too deeply",
+        ),
+        (
+            "deep_list.json",
+            '{"traceEvents": [{"args": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}]}",
+            "nested too deeply",
+        ),
+        (
+            "step.json",
+            json.dumps(
+                {
+                    **trace(),
+                    "traceEvents": [*trace()["traceEvents"], X("ProfilerStep#99999999999999999999", 5000, 1000)],
+                }
+            ),
+            "ProfilerStep#99999999999999999999: a step number beyond 2147483647",
+        ),
         ("rank.json", json.dumps(trace(rank=2**63 - 1)), "distributedInfo.rank 9223372036854775807 is not a rank"),
         ("float_rank.json", json.dumps(trace(rank=1.5)), "distributedInfo.rank 1.5 is not a rank"),
         ("dur.json", json.dumps(trace(fwd=1e300)), "event 'fwd' at ts 1010 lasts 1e+300 µs"),
@@ -104,14 +127,23 @@ def test_hostile_traces_are_one_line_errors(tmp_path, name, content, message):
 
 def test_hostile_tables_are_one_line_errors(tmp_path):
     def table(**override):
-        cols = {"worker": [0, 1, 2, 3], "step": [1, 1, 1, 1], "function": ["fwd"] * 4, "kind": ["compute"] * 4,
-                "start_us": [0.0, 0.0, 0.0, 0.0], "duration_us": [500.0, 500.0, 500.0, 500.0]}  # fmt: skip
+        cols = {
+            "worker": [0, 1, 2, 3],
+            "step": [1, 1, 1, 1],
+            "function": ["fwd"] * 4,
+            "kind": ["compute"] * 4,
+            "start_us": [0.0, 0.0, 0.0, 0.0],
+            "duration_us": [500.0, 500.0, 500.0, 500.0],
+        }
         return pa.table({**cols, **override})
 
     cases = [
         (table(worker=[0, 1, 2, 2**63 - 1]), "worker 9223372036854775807 or step 1 out of range"),
         (table(step=[1, 1, 1, 2**31]), "worker 3 or step 2147483648 out of range"),
-        (table(duration_us=[500.0, 500.0, 1e300, 500.0]), "duration_us 1e+300 or start_us beyond what a profiler measures"),
+        (
+            table(duration_us=[500.0, 500.0, 1e300, 500.0]),
+            "duration_us 1e+300 or start_us beyond what a profiler measures",
+        ),
     ]
     for i, (t, message) in enumerate(cases):
         path = tmp_path / f"events{i}.csv"

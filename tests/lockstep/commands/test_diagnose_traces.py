@@ -26,7 +26,10 @@ def run(capsys, *args):
 def slowed(trace: dict, kernel: str, factor: float) -> dict:
     """(In place) the trace as if every run of ``kernel`` took ``factor`` times as long, and everything after it waited for it."""
     ev = [e for e in trace["traceEvents"] if "ts" in e and e.get("ph") != "M"]
-    runs = sorted((e for e in ev if e.get("cat") == "kernel" and e["name"].startswith(f"void {kernel}(")), key=lambda e: e["ts"] + e["dur"])
+    runs = sorted(
+        (e for e in ev if e.get("cat") == "kernel" and e["name"].startswith(f"void {kernel}(")),
+        key=lambda e: e["ts"] + e["dur"],
+    )
     assert runs, kernel
     ends = np.array([e["ts"] + e["dur"] for e in runs])
     delay = np.concatenate([[0.0], np.cumsum([e["dur"] * (factor - 1) for e in runs])])
@@ -66,12 +69,16 @@ def test_a_kernel_one_and_a_half_times_slower_on_one_worker_is_found(tmp_path, c
     code, out, err = run(capsys, *files, *ranks, "--json")
     assert code == 0, err
     found = [f for f in json.loads(out) if f["scope"] == "worker"]
-    assert [(f["workers"], f["function"], f["devices"], f["hosts"]) for f in found] == [([2], GEMM, ["node2/gpu0"], ["node2"])]
+    assert [(f["workers"], f["function"], f["devices"], f["hosts"]) for f in found] == [
+        ([2], GEMM, ["node2/gpu0"], ["node2"])
+    ]
     assert found[0]["steps"] == [553, 554] and found[0]["impact"]["step_time_share"] > 0.009
     ev = {e["feature"]: e for e in found[0]["evidence"]}
     assert ev["work_us"]["value"] > 1.4 * ev["work_us"]["peer_value"]
     healthy = [files[r] for r in (0, 1, 3)]  # without the slowed one: nothing on a worker
-    code, out, err = run(capsys, *healthy, *[a for r, p in zip((0, 1, 3), healthy) for a in ("--rank", f"{p}={r}")], "--json")
+    code, out, err = run(
+        capsys, *healthy, *[a for r, p in zip((0, 1, 3), healthy) for a in ("--rank", f"{p}={r}")], "--json"
+    )
     assert code == 0 and not [f for f in json.loads(out) if f["scope"] == "worker"], out
 
 
@@ -105,4 +112,7 @@ def test_bad_rank_options(tmp_path, capsys):
     ]
     for args, message in cases:
         code, _, err = run(capsys, A100, PAIR[0], *args)
-        assert code == 1 and message in err and err.startswith("lockstep diagnose: error: ") and err.count("\n") == 1, (args, err)
+        assert code == 1 and message in err and err.startswith("lockstep diagnose: error: ") and err.count("\n") == 1, (
+            args,
+            err,
+        )

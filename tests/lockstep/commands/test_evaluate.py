@@ -38,7 +38,9 @@ def test_evaluate_prints_the_figures_as_json(tmp_path):
     assert "pcie" in r.stdout and "accuracy" in r.stdout and "pcie-01-16w" in r.stdout
 
 
-@pytest.mark.parametrize("bad,needle", [("faults: [{type: meteor}]", "unknown fault type"), ("topology: {workers: 20}", "whole hosts")])
+@pytest.mark.parametrize(
+    "bad,needle", [("faults: [{type: meteor}]", "unknown fault type"), ("topology: {workers: 20}", "whole hosts")]
+)
 def test_bad_suite_files_are_one_line_errors(tmp_path, bad, needle):
     (tmp_path / "s.yaml").write_text(bad)
     r = lockstep("evaluate", str(tmp_path))

@@ -20,12 +20,16 @@ def test_simulate_writes_records_and_truth(tmp_path):
     assert r.returncode == 0, r.stderr
     truth = json.loads((tmp_path / "out" / "truth.json").read_text())
     (fault,) = truth["faults"]
-    assert fault["cause"] == "storage" and fault["workers"] == list(range(8 * fault_host(truth), 8 * fault_host(truth) + 8))
+    assert fault["cause"] == "storage" and fault["workers"] == list(
+        range(8 * fault_host(truth), 8 * fault_host(truth) + 8)
+    )
     assert 0 < fault["impact"] < 1
     import duckdb
 
     con = duckdb.connect()
-    n, workers, windows = con.execute(f"SELECT count(*), count(DISTINCT worker), count(DISTINCT window_id) FROM '{tmp_path}/out/features.parquet'").fetchone()
+    n, workers, windows = con.execute(
+        f"SELECT count(*), count(DISTINCT worker), count(DISTINCT window_id) FROM '{tmp_path}/out/features.parquet'"
+    ).fetchone()
     assert (workers, windows) == (32, 2) and n > 32 * 16 * 10
     (pp,) = con.execute(f"SELECT DISTINCT labels['pp'] FROM '{tmp_path}/out/features.parquet'").fetchone()
     assert pp == "0"

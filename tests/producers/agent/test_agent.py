@@ -5,13 +5,11 @@ import subprocess
 import sys
 import textwrap
 import time
-
 from pathlib import Path
 
 import pytest
 
 from lockstep.app import cli
-
 from lockstep.kafka import Publisher, ensure_topics, producer_config, read_all
 from lockstep.producers.agent import attach
 from lockstep.producers.agent.profiler import profiler_enabled
@@ -42,16 +40,45 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
     pytest.importorskip("torch", reason="the agent is tested in a real PyTorch training loop")
     topics = ensure_topics(settings)
     redaction = Redaction(names="hash", salt="t")
-    agent = attach(job="unit", bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, rank=5,
-                   world_size=8, labels={"pp": "1"}, spool_dir=tmp_path / "spool", redact=redaction.spec(with_salt=True))  # fmt: skip
+    agent = attach(
+        job="unit",
+        bootstrap_servers=settings.bootstrap_servers,
+        topic_prefix=settings.topic_prefix,
+        rank=5,
+        world_size=8,
+        labels={"pp": "1"},
+        spool_dir=tmp_path / "spool",
+        redact=redaction.spec(with_salt=True),
+    )
     pub = Publisher(producer_config(settings))
     try:
         train_until(agent, lambda: agent._control.connected and agent.current_step >= 5)
         start = agent.current_step + 60  # the embedded broker delivers a control record within about a second
-        pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w-past", start_step=agent.current_step - 1, steps=2, expected_workers=8))
-        pub.send(topics.control, "other-job", ProfileTrigger(job="other-job", window="w-other", start_step=start, steps=3, expected_workers=8))
-        pub.send(topics.control, "unit", ProfileTrigger(job="unit", window="w1", start_step=start, steps=3, expected_workers=8, created_at=time.time(),
-                                                        sampling=Sampling(hardware_hz=50, with_stack=True), policy="p", policy_hash="h"))  # fmt: skip
+        pub.send(
+            topics.control,
+            "unit",
+            ProfileTrigger(job="unit", window="w-past", start_step=agent.current_step - 1, steps=2, expected_workers=8),
+        )
+        pub.send(
+            topics.control,
+            "other-job",
+            ProfileTrigger(job="other-job", window="w-other", start_step=start, steps=3, expected_workers=8),
+        )
+        pub.send(
+            topics.control,
+            "unit",
+            ProfileTrigger(
+                job="unit",
+                window="w1",
+                start_step=start,
+                steps=3,
+                expected_workers=8,
+                created_at=time.time(),
+                sampling=Sampling(hardware_hz=50, with_stack=True),
+                policy="p",
+                policy_hash="h",
+            ),
+        )
         pub.flush()
         train_until(agent, lambda: agent.current_step > start + 3)
         assert not profiler_enabled()  # stopped at the boundary after the window
@@ -59,8 +86,25 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
         assert [w.window for w in agent.report().windows] == ["w1"]
         # raw requests: only the named workers answer, with a bounded, redacted slice of the steps asked for
         # (the agent answers from its own threads: training need not step meanwhile)
-        rc = cli.main(["raw", "unit", "--workers", "5", "--steps", str(start + 1), "--max-bytes", "50000", "--out", str(tmp_path / "raw"),
-                       "--json", "--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix", settings.topic_prefix])  # fmt: skip
+        rc = cli.main(
+            [
+                "raw",
+                "unit",
+                "--workers",
+                "5",
+                "--steps",
+                str(start + 1),
+                "--max-bytes",
+                "50000",
+                "--out",
+                str(tmp_path / "raw"),
+                "--json",
+                "--bootstrap-servers",
+                settings.bootstrap_servers,
+                "--topic-prefix",
+                settings.topic_prefix,
+            ]
+        )
         assert rc == 0
         (printed,) = json.loads(capsys.readouterr().out)
         pub.send(topics.control, "unit", RawRequest(job="unit", request="r2", workers=[1, 2]))
@@ -107,7 +151,8 @@ def test_the_launcher_attaches_the_agent_to_an_unedited_script(settings, tmp_pat
     pytest.importorskip("torch", reason="the script the launcher starts trains with PyTorch")
     topics = ensure_topics(settings)
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch
         model = torch.nn.Linear(16, 2)
         opt = torch.optim.Adam(model.parameters())
@@ -116,12 +161,34 @@ def test_the_launcher_attaches_the_agent_to_an_unedited_script(settings, tmp_pat
             model(torch.randn(4, 16)).sum().backward()
             opt.step()
             other.step()
-    """))
-    cmd = [sys.executable, "-m", "lockstep", "agent", "run", "--job", "launched", "--bootstrap-servers", settings.bootstrap_servers,
-           "--topic-prefix", settings.topic_prefix, "--labels", "role=loss", "--spool-dir", str(tmp_path / "spool"),
-           "--", sys.executable, str(script)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"RANK": "3", "WORLD_SIZE": "4", "PATH": "/usr/bin:/bin"})
+    """)
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "lockstep",
+        "agent",
+        "run",
+        "--job",
+        "launched",
+        "--bootstrap-servers",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        settings.topic_prefix,
+        "--labels",
+        "role=loss",
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        "--",
+        sys.executable,
+        str(script),
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env={"RANK": "3", "WORLD_SIZE": "4", "PATH": "/usr/bin:/bin"}
+    )
     assert done.returncode == 0, done.stderr
     beats = [decode(v, StepHeartbeat) for _, v in read_all(settings, [topics.heartbeats])[topics.heartbeats]]
     # the first optimizer step creates the agent; every later one of the same optimizer ends a step
-    assert [(h.job, h.worker, h.step, bool(h.final)) for h in beats] == [("launched", 3, s, False) for s in range(1, 12)] + [("launched", 3, 11, True)]
+    assert [(h.job, h.worker, h.step, bool(h.final)) for h in beats] == [
+        ("launched", 3, s, False) for s in range(1, 12)
+    ] + [("launched", 3, 11, True)]

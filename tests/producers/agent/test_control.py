@@ -12,7 +12,9 @@ def test_the_follower_connects_once_the_topic_exists_and_takes_only_its_jobs_req
     assert follower.poll() is None and not follower.connected  # no topic yet: nothing, at once
     kafka.create("t.control", 2)
     pub = Publisher({}, clients=kafka.clients())
-    pub.send("t.control", "j", ProfileTrigger(job="j", window="old", start_step=5, steps=4, expected_workers=2))  # before it connected
+    pub.send(
+        "t.control", "j", ProfileTrigger(job="j", window="old", start_step=5, steps=4, expected_workers=2)
+    )  # before it connected
     pub.flush()
     assert follower.poll() == [] and follower.connected
     asked = [

@@ -22,9 +22,20 @@ def test_ranks_from_torchrun_slurm_or_mpi_variables():
 
 
 def test_explicit_settings_win():
-    ident = discover(cfg(rank=7, world_size=16, host="h9", device="h9/gpu3", nic="bond1", switch="leaf4", labels="pp=2"), {"RANK": "3"})
+    ident = discover(
+        cfg(rank=7, world_size=16, host="h9", device="h9/gpu3", nic="bond1", switch="leaf4", labels="pp=2"),
+        {"RANK": "3"},
+    )
     m = ident.meta
-    assert (m.rank, ident.world_size, m.host, m.device, m.nic, m.switch, m.labels) == (7, 16, "h9", "h9/gpu3", "bond1", "leaf4", {"pp": "2"})
+    assert (m.rank, ident.world_size, m.host, m.device, m.nic, m.switch, m.labels) == (
+        7,
+        16,
+        "h9",
+        "h9/gpu3",
+        "bond1",
+        "leaf4",
+        {"pp": "2"},
+    )
 
 
 def test_nic_from_nccl_settings_and_the_default_route():

@@ -15,8 +15,10 @@ pytestmark = pytest.mark.integration
 
 def outbox(bootstrap: str, spool_dir, **kw) -> Outbox:
     settings = Settings(bootstrap_servers=bootstrap)
-    cfg = producer_config(settings, **{"enable.idempotence": False, "message.timeout.ms": 1500, "linger.ms": 5,
-                                       "reconnect.backoff.max.ms": 500})  # fmt: skip
+    cfg = producer_config(
+        settings,
+        **{"enable.idempotence": False, "message.timeout.ms": 1500, "linger.ms": 5, "reconnect.backoff.max.ms": 500},
+    )
     return Outbox(cfg, Spool(spool_dir, kw.pop("spool_max_bytes", 1 << 20)), flush_interval_s=0.05, retry_s=0.5, **kw)
 
 
@@ -41,7 +43,9 @@ def test_records_are_published_in_batches(settings, tmp_path):
 
 
 def test_a_full_queue_drops_the_oldest_and_counts_it(tmp_path):
-    ob = Outbox({}, Spool(tmp_path / "spool", 1 << 20), queue_max=10, clients=MemoryKafka().clients())  # not started: nothing drains the queue
+    ob = Outbox(
+        {}, Spool(tmp_path / "spool", 1 << 20), queue_max=10, clients=MemoryKafka().clients()
+    )  # not started: nothing drains the queue
     for i in range(25):
         ob.put("t", None, b"%d" % i)
     assert ob.counters.dropped_queue == 15 and ob.dropped == 15

@@ -8,7 +8,12 @@ from lockstep.producers.agent.summarise import summarise
 from lockstep.schemas import functions as ft
 from lockstep.schemas.events import OP_EVENT_SCHEMA
 
-NAMES = ["/home/alice/secret/train.py(42): step", "torch/nn/modules/module.py(1782): _call_impl", "aten::mm", "gloo:all_reduce"]
+NAMES = [
+    "/home/alice/secret/train.py(42): step",
+    "torch/nn/modules/module.py(1782): _call_impl",
+    "aten::mm",
+    "gloo:all_reduce",
+]
 #: what the old pattern-based redaction let through (issue 12): directories with spaces or other letters,
 #: extensions outside its list, data paths and URLs inside record_function labels
 LEAKY = {
@@ -30,7 +35,12 @@ SECRETS = ("first last", "ünïcode", "team", "acme", "token", "Jane", "/srv", "
 
 def test_strip_keeps_file_names_and_drops_directories():
     r = Redaction(paths="strip", names="keep")
-    assert [r.name(n) for n in NAMES] == ["train.py(42): step", "module.py(1782): _call_impl", "aten::mm", "gloo:all_reduce"]
+    assert [r.name(n) for n in NAMES] == [
+        "train.py(42): step",
+        "module.py(1782): _call_impl",
+        "aten::mm",
+        "gloo:all_reduce",
+    ]
     assert r.names_array(pa.array(NAMES)).to_pylist() == [r.name(n) for n in NAMES]
 
 
@@ -50,7 +60,9 @@ def test_hashed_names_are_stable_across_workers_and_hide_the_name():
     worker_a = Redaction(paths="strip", names="hash", salt="tenant-7")
     worker_b = Redaction.parse("paths=strip,names=hash,salt=tenant-7")
     # a different install directory on another host does not change the key once paths are stripped
-    a = worker_a.names_array(pa.array(["/opt/a/train.py(42): step", "aten::mm", "/opt/a/train.py(42): step"])).to_pylist()
+    a = worker_a.names_array(
+        pa.array(["/opt/a/train.py(42): step", "aten::mm", "/opt/a/train.py(42): step"])
+    ).to_pylist()
     b = worker_b.names_array(pa.array(["/srv/b/train.py(42): step", "aten::mm"])).to_pylist()
     assert a[0] == a[2] == b[0] and a[1] == b[1] and a[0] != a[1]
     assert all(x.startswith("fn:") and len(x) == 3 + 32 and "train" not in x for x in a)  # 128 bits
@@ -62,7 +74,9 @@ def test_hashed_paths_keep_the_file_name_and_a_128_bit_keyed_hash_of_the_directo
     out = r.name(NAMES[0])
     digest, _, rest = out.partition(">/")
     assert rest == "train.py(42): step" and digest.startswith("<") and len(digest) == 1 + 32 and "alice" not in out
-    assert Redaction(paths="hash", salt="other").name(NAMES[0]) != out  # keyed: no one without the salt can test a guess
+    assert (
+        Redaction(paths="hash", salt="other").name(NAMES[0]) != out
+    )  # keyed: no one without the salt can test a guess
 
 
 @pytest.mark.parametrize("spec", ["paths=hash", "names=hash", "paths=hash,names=hash,salt="])
@@ -73,25 +87,50 @@ def test_hashing_without_a_salt_is_refused(spec):
 
 def test_raw_traces_keep_only_what_is_known_to_be_harmless():
     trace = {
-        "traceName": "/home/alice/t.json", "hostName": "gpu-node-17.acme.internal", "baseTimeNanoseconds": 1,
-        "distributedInfo": {"rank": 3, "backend": "gloo", "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}]},
+        "traceName": "/home/alice/t.json",
+        "hostName": "gpu-node-17.acme.internal",
+        "baseTimeNanoseconds": 1,
+        "distributedInfo": {
+            "rank": 3,
+            "backend": "gloo",
+            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}],
+        },
         "deviceProperties": [{"name": "NVIDIA H100", "totalGlobalMem": 85e9}],
         "traceEvents": [
-            {"ph": "X", "cat": "user_annotation", "name": "load /data/team-a/customers.csv", "ts": 1, "dur": 2,
-             "args": {"Python parent id": 3, "Call stack": "/home/alice/x.py", "External id": 9, "Input Dims": [[2, 3], []],
-                      "Concrete Inputs": ["/data/team-a/customers.csv", ""], "Input type": ["float", "/home/alice/Scalar"],
-                      "Module Hierarchy": "top.secret_model.layer"}},
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "load /data/team-a/customers.csv",
+                "ts": 1,
+                "dur": 2,
+                "args": {
+                    "Python parent id": 3,
+                    "Call stack": "/home/alice/x.py",
+                    "External id": 9,
+                    "Input Dims": [[2, 3], []],
+                    "Concrete Inputs": ["/data/team-a/customers.csv", ""],
+                    "Input type": ["float", "/home/alice/Scalar"],
+                    "Module Hierarchy": "top.secret_model.layer",
+                },
+            },
             {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "ts": 0, "dur": 9},
             {"ph": "M", "name": "thread_name", "args": {"name": "worker /home/alice/run.sh"}},
             {"ph": "M", "name": "process_command_line", "args": {"value": "python /home/alice/train.py --key=sk-123"}},
         ],
-    }  # fmt: skip
+    }
     out = Redaction().trace(trace)
     events = out["traceEvents"]
     assert events[0]["name"] == "load customers.csv" and events[1]["name"] == "ProfilerStep#7"
     assert events[0]["args"] == {"External id": 9, "Input Dims": [[2, 3], []], "Input type": ["float", "Scalar"]}
-    assert [e["name"] for e in events if e["ph"] == "M"] == ["thread_name"] and events[2]["args"] == {"name": "worker run.sh"}
-    assert set(out) == {"baseTimeNanoseconds", "distributedInfo", "deviceProperties", "traceEvents"}  # hostName, traceName gone
+    assert [e["name"] for e in events if e["ph"] == "M"] == ["thread_name"] and events[2]["args"] == {
+        "name": "worker run.sh"
+    }
+    assert set(out) == {
+        "baseTimeNanoseconds",
+        "distributedInfo",
+        "deviceProperties",
+        "traceEvents",
+    }  # hostName, traceName gone
     assert out["distributedInfo"]["pg_config"][0]["pg_desc"] == "default_pg"
     text = repr(out)
     assert not any(s in text for s in ("alice", "team-a", "acme", "sk-123", "secret_model"))
@@ -103,14 +142,27 @@ def test_names_that_redact_alike_are_one_function_in_the_feature_batch():
     # the agent redacts its op events before it summarises them: two directories of one file name must not
     # become two rows of one name (a function table with a name twice is refused by the processor)
     r = Redaction(names="hash", salt="s")
-    events = pa.table({
-        "worker": [1, 1], "step": [5, 5], "function": ["/a/x/util.py(3): f", "/b/y/util.py(3): f"], "kind": ["python", "python"],
-        "start_us": [0.0, 50.0], "duration_us": [10.0, 10.0], "host": [None, None], "device": [None, None],
-        "resource": ["cpu", "cpu"], "bytes": [None, None], "stream": ["1/1", "1/1"],
-    }, schema=OP_EVENT_SCHEMA)  # fmt: skip
+    events = pa.table(
+        {
+            "worker": [1, 1],
+            "step": [5, 5],
+            "function": ["/a/x/util.py(3): f", "/b/y/util.py(3): f"],
+            "kind": ["python", "python"],
+            "start_us": [0.0, 50.0],
+            "duration_us": [10.0, 10.0],
+            "host": [None, None],
+            "device": [None, None],
+            "resource": ["cpu", "cpu"],
+            "bytes": [None, None],
+            "stream": ["1/1", "1/1"],
+        },
+        schema=OP_EVENT_SCHEMA,
+    )
     (summary,) = summarise(r.table(events), None, {5: (0.0, 100.0)})
     table = ft.conform(summary.functions)
-    assert table.column("function").to_pylist() == [r.name("util.py(3): f")] and table.column("calls").to_pylist() == [2]
+    assert table.column("function").to_pylist() == [r.name("util.py(3): f")] and table.column("calls").to_pylist() == [
+        2
+    ]
 
 
 @pytest.mark.parametrize("spec", ["paths=bogus", "names", "colour=red"])

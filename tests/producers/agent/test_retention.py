@@ -13,10 +13,30 @@ def make_trace(steps=(10, 11, 12), events_per_step=400, seed=1):
     for i, s in enumerate(steps):
         lo = 1_000_000.0 + i * 10_000
         bounds[s] = (lo, lo + 10_000)
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "ts": lo, "dur": 10_000, "pid": 1, "tid": 1})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{s}",
+                "ts": lo,
+                "dur": 10_000,
+                "pid": 1,
+                "tid": 1,
+            }
+        )
         for j in range(events_per_step):
-            events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{rnd.randrange(50)}", "ts": lo + rnd.uniform(0, 9_000),
-                           "dur": rnd.uniform(1, 1000), "pid": 1, "tid": 1, "args": {"External id": j}})  # fmt: skip
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": f"aten::op{rnd.randrange(50)}",
+                    "ts": lo + rnd.uniform(0, 9_000),
+                    "dur": rnd.uniform(1, 1000),
+                    "pid": 1,
+                    "tid": 1,
+                    "args": {"External id": j},
+                }
+            )
     return {"schemaVersion": 1, "baseTimeNanoseconds": 5, "traceName": "/x/t.json", "traceEvents": events}, bounds
 
 

@@ -15,12 +15,14 @@ from lockstep.producers.agent.sampler import (
     HardwareSampler,
     fast_host_metrics,
     host_metrics,
-    metrics as sampler_metrics,
     parse_cpu_jiffies,
     parse_disk_read_bytes,
     parse_meminfo,
     parse_net_bytes,
     to_table,
+)
+from lockstep.producers.agent.sampler import (
+    metrics as sampler_metrics,
 )
 from lockstep.schemas.events import SAMPLE_SCHEMA
 from lockstep.schemas.functions import HARDWARE
@@ -52,9 +54,9 @@ def test_proc_parsers():
 def test_host_counters_become_rates_per_interval():
     t = np.array([0.0, 0.1, 0.2])
     #                 busy s, total s, mem, disk bytes, nic bytes, process cpu s
-    raw = np.array([[10.0, 20.0, 0.5, 0.0, 0.0, 1.00],
-                    [10.2, 20.4, 0.5, 1e6, 1e9, 1.10],
-                    [10.4, 20.8, 0.6, 3e6, 1e9, 1.15]])  # fmt: skip
+    raw = np.array(
+        [[10.0, 20.0, 0.5, 0.0, 0.0, 1.00], [10.2, 20.4, 0.5, 1e6, 1e9, 1.10], [10.4, 20.8, 0.6, 3e6, 1e9, 1.15]]
+    )
     sampler_cpu = np.array([0.0, 0.0, 0.01])
     m = host_metrics(t, raw, sampler_cpu, n_cores=4)
     np.testing.assert_allclose(m["cpu_self"][1], [1.0, 0.4])  # cores, minus the sampler's own CPU
@@ -93,11 +95,19 @@ def test_a_counter_that_goes_backwards_gives_no_rate():
 
 
 def test_samples_table_uses_the_shared_schema_and_drops_unmeasured_values():
-    t = to_table(3, {"cpu_self": (np.array([1.0, 2.0]), np.array([0.5, np.nan])), "gpu_temp_c": (np.array([1.5]), np.array([70.0]))})
+    t = to_table(
+        3,
+        {
+            "cpu_self": (np.array([1.0, 2.0]), np.array([0.5, np.nan])),
+            "gpu_temp_c": (np.array([1.5]), np.array([70.0])),
+        },
+    )
     assert t.schema == SAMPLE_SCHEMA
     rows = sorted(t.to_pylist(), key=lambda r: r["metric"])
-    assert rows == [{"worker": 3, "t_us": 1e6, "metric": "cpu_self", "value": 0.5},
-                    {"worker": 3, "t_us": 1.5e6, "metric": "gpu_temp_c", "value": 70.0}]  # fmt: skip
+    assert rows == [
+        {"worker": 3, "t_us": 1e6, "metric": "cpu_self", "value": 0.5},
+        {"worker": 3, "t_us": 1.5e6, "metric": "gpu_temp_c", "value": 70.0},
+    ]
 
 
 def test_without_nvml_the_sampler_samples_the_host_and_says_so(monkeypatch, caplog):
@@ -124,13 +134,19 @@ def test_without_nvml_the_sampler_samples_the_host_and_says_so(monkeypatch, capl
 
 def test_fast_tier_rates_leave_out_a_reading_the_sampler_was_preempted_in():
     t = np.array([0.0, 1e-3, 2e-3, 3e-3, 4e-3])
-    t_end = t + np.array([5e-6, 6e-6, 1.5e-3, 5e-6, 4e-6])  # the third reading took 1.5 ms: its counters are of another instant
+    t_end = t + np.array(
+        [5e-6, 6e-6, 1.5e-3, 5e-6, 4e-6]
+    )  # the third reading took 1.5 ms: its counters are of another instant
     nic = np.array([0.0, 1e6, 9e9, 3e6, 4e6])
     cpu = np.array([0.0, 0.5e-3, 7.0, 1.5e-3, 2.5e-3])
     m = fast_host_metrics(t, t_end, nic, cpu)
-    np.testing.assert_allclose(m["nic_gbps"][1], [1.0, 1.0, 1.0], rtol=1e-3)  # 1 MB per ms; the second interval spans 2 ms
+    np.testing.assert_allclose(
+        m["nic_gbps"][1], [1.0, 1.0, 1.0], rtol=1e-3
+    )  # 1 MB per ms; the second interval spans 2 ms
     np.testing.assert_allclose(m["cpu_self"][1], [0.5, 0.5, 1.0], rtol=1e-3)
-    np.testing.assert_allclose(m["cpu_self"][0], (t[[1, 3, 4]] + t_end[[1, 3, 4]]) / 2)  # stamped at the middle of the reading
+    np.testing.assert_allclose(
+        m["cpu_self"][0], (t[[1, 3, 4]] + t_end[[1, 3, 4]]) / 2
+    )  # stamped at the middle of the reading
 
 
 def test_the_sampler_is_a_process_of_its_own():
@@ -145,14 +161,19 @@ def test_the_sampler_is_a_process_of_its_own():
     samples, stats = s.stop()
     assert during == before  # no sampler thread in the training process
     assert stats.tiers["slow"] == -(-stats.tiers["fast"] // 10)  # /proc/stat on every 10th reading at 1 kHz: 100 Hz
-    rows = {m: samples.filter(pc.equal(samples.column("metric"), m)).column("value").to_numpy() for m in ("cpu_self", "nic_gbps", "cpu_other")}
+    rows = {
+        m: samples.filter(pc.equal(samples.column("metric"), m)).column("value").to_numpy()
+        for m in ("cpu_self", "nic_gbps", "cpu_other")
+    }
     assert rows["cpu_self"].size > rows["cpu_other"].size > 0 and rows["nic_gbps"].size == rows["cpu_self"].size
     assert rows["cpu_self"].max() > 0  # this process's CPU clock, read from the other process
 
 
 def test_the_sampler_process_ends_with_the_training_process():
-    code = ("import sys, time\nfrom lockstep.producers.agent.sampler import HardwareSampler\n"
-            "HardwareSampler(0, 100).start()\nprint('sampling', flush=True)\ntime.sleep(60)\n")  # fmt: skip
+    code = (
+        "import sys, time\nfrom lockstep.producers.agent.sampler import HardwareSampler\n"
+        "HardwareSampler(0, 100).start()\nprint('sampling', flush=True)\ntime.sleep(60)\n"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "sampling"
@@ -172,7 +193,9 @@ def test_in_another_network_namespace_the_probe_reads_that_namespaces_counters()
     if subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare --net is not permitted here (needs CAP_SYS_ADMIN)")
     code = "import os\nfrom lockstep.producers.agent.probe import Counters\nc = Counters(os.getpid())\nprint(c.nic_source, c.nic_bytes())"
-    out = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["unshare", "--net", sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["/proc/net/dev", "-", "0.0"]  # only loopback in there, not the host's eth0 through sysfs
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "sysfs" and "lo" not in out[1].split(",")
@@ -182,13 +205,20 @@ def test_the_sampler_process_tiers_become_metrics():
     # what the probe sends: a GPU tier (time, then NvmlReading's fields) where utilisation, power and temperature
     # were read only every other reading, and a PCIe tier
     nan = np.nan
-    gpu = np.array([[10.0, 1980, 90, 700_000, 60, 0, nan, nan],
-                    [10.1, 1500, nan, nan, nan, 0x40, nan, nan],
-                    [10.2, 1500, 80, 650_000, 61, 0x40, nan, nan]])  # fmt: skip
+    gpu = np.array(
+        [
+            [10.0, 1980, 90, 700_000, 60, 0, nan, nan],
+            [10.1, 1500, nan, nan, nan, 0x40, nan, nan],
+            [10.2, 1500, 80, 650_000, 61, 0x40, nan, nan],
+        ]
+    )
     pcie = np.array([[10.05, 2e6, 1e6]])
     fast = np.array([[10.0, 10.00001, 0.0, 1.0], [10.1, 10.10001, 1e8, 1.05]])  # t, t_end, NIC bytes, process CPU s
     table = to_table(1, sampler_metrics({"fast": fast, "gpu": gpu, "pcie": pcie}, n_cores=4))
-    got = {m: table.filter(pc.equal(table.column("metric"), m)).column("value").to_pylist() for m in set(table.column("metric").to_pylist())}
+    got = {
+        m: table.filter(pc.equal(table.column("metric"), m)).column("value").to_pylist()
+        for m in set(table.column("metric").to_pylist())
+    }
     assert got["sm_clock_mhz"] == [1980, 1500, 1500] and got["clock_events"] == [0, 0x40, 0x40]
     assert got["sm_active"] == [0.9, 0.8] and got["gpu_power_w"] == [700, 650]  # the readings that had them
     assert got["pcie_gbps"] == [pytest.approx(3.0)] and "nvlink_gbps" not in got

@@ -12,12 +12,19 @@ BASE = {"LOCKSTEP_BOOTSTRAP_SERVERS": "k1:9092"}
 def test_precedence_and_kafka_from_the_pipeline_settings(tmp_path):
     f = tmp_path / "agent.yaml"
     f.write_text("job: from-file\nqueue_max: 7\nlabels: {pp: '1'}\n")
-    env = {**BASE, "LOCKSTEP_AGENT_CONFIG": str(f), "LOCKSTEP_AGENT_QUEUE_MAX": "8", "LOCKSTEP_TOPIC_PREFIX": "px",
-           "LOCKSTEP_AGENT_LABELS": "role=loss"}  # fmt: skip
+    env = {
+        **BASE,
+        "LOCKSTEP_AGENT_CONFIG": str(f),
+        "LOCKSTEP_AGENT_QUEUE_MAX": "8",
+        "LOCKSTEP_TOPIC_PREFIX": "px",
+        "LOCKSTEP_AGENT_LABELS": "role=loss",
+    }
     cfg = agent_settings.load({"queue_max": 9}, env)
     assert (cfg.job, cfg.queue_max, cfg.labels) == ("from-file", 9, {"pp": "1", "role": "loss"})
     assert (cfg.bootstrap_servers, cfg.settings().topic_prefix) == ("k1:9092", "px")
-    assert agent_settings.load({}, {**env, "LOCKSTEP_AGENT_BOOTSTRAP_SERVERS": "k2:9092"}).bootstrap_servers == "k2:9092"
+    assert (
+        agent_settings.load({}, {**env, "LOCKSTEP_AGENT_BOOTSTRAP_SERVERS": "k2:9092"}).bootstrap_servers == "k2:9092"
+    )
 
 
 def test_the_job_falls_back_to_the_launchers_run_id():
@@ -32,7 +39,11 @@ def test_the_job_falls_back_to_the_launchers_run_id():
         ({"job": "j"}, {}, "bootstrap_servers: the agent needs a Kafka"),
         ({"job": "j", "queue_max": 0}, BASE, "queue_max (from attach(queue_max=...))"),
         ({"job": "j"}, {**BASE, "LOCKSTEP_AGENT_REDACT": "names=maybe"}, "redact (from LOCKSTEP_AGENT_REDACT)"),
-        ({"job": "j"}, {**BASE, "LOCKSTEP_AGENT_REDACT": "paths=hash"}, "redact (from LOCKSTEP_AGENT_REDACT): 'paths=hash' is not valid: hashing (paths=hash or names=hash) needs a secret salt"),
+        (
+            {"job": "j"},
+            {**BASE, "LOCKSTEP_AGENT_REDACT": "paths=hash"},
+            "redact (from LOCKSTEP_AGENT_REDACT): 'paths=hash' is not valid: hashing (paths=hash or names=hash) needs a secret salt",
+        ),
         ({"job": "j", "colour": "red"}, BASE, "unknown agent setting"),
     ],
 )
@@ -42,7 +53,9 @@ def test_bad_settings_stop_with_one_line_naming_them(overrides, env, message):
 
 
 def test_to_env_reproduces_the_settings_in_a_child_process(tmp_path):
-    cfg = agent_settings.load({"job": "j", "labels": "pp=1,tp=2", "redact": "names=hash,salt=s", "spool_dir": tmp_path}, BASE)
+    cfg = agent_settings.load(
+        {"job": "j", "labels": "pp=1,tp=2", "redact": "names=hash,salt=s", "spool_dir": tmp_path}, BASE
+    )
     again = agent_settings.load({}, agent_settings.to_env(cfg))
     assert again == cfg
     assert again.redact == Redaction(names="hash", salt="s")

@@ -14,15 +14,28 @@ from lockstep.producers.agent.trace import TraceError, call_site, kernel_key, re
 from lockstep.schemas.events import OP_EVENT_SCHEMA
 
 
-def X(name, ts, dur, cat="cpu_op", tid=1, pid=100, **args):  # noqa: N802 - the trace format's phase letter
+def X(name, ts, dur, cat="cpu_op", tid=1, pid=100, **args):
     return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
 def trace(events, rank=3, pgs=1, **top):
-    dist = {"backend": "nccl", "rank": rank, "world_size": 8,
-            "pg_config": [{"pg_name": str(i), "pg_desc": "default_pg" if i == 0 else f"pg{i}", "ranks": list(range(8))} for i in range(pgs)]}  # fmt: skip
-    return {"schemaVersion": 1, "distributedInfo": dist, "host_name": "node07", "deviceProperties": [{"id": 0, "name": "NVIDIA H100"}],
-            "traceEvents": [{"ph": "M", "name": "process_name", "pid": 100, "tid": 0, "args": {"name": "python"}}, *events], **top}  # fmt: skip
+    dist = {
+        "backend": "nccl",
+        "rank": rank,
+        "world_size": 8,
+        "pg_config": [
+            {"pg_name": str(i), "pg_desc": "default_pg" if i == 0 else f"pg{i}", "ranks": list(range(8))}
+            for i in range(pgs)
+        ],
+    }
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": dist,
+        "host_name": "node07",
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H100"}],
+        "traceEvents": [{"ph": "M", "name": "process_name", "pid": 100, "tid": 0, "args": {"name": "python"}}, *events],
+        **top,
+    }
 
 
 STEPS = [X("ProfilerStep#7", 1000, 1000, cat="user_annotation"), X("ProfilerStep#8", 2000, 1000, cat="user_annotation")]
@@ -41,7 +54,9 @@ def test_rank_steps_and_metadata():
 
 
 def test_events_belong_to_the_step_holding_their_start():
-    t = read_chrome_trace(trace([*STEPS, X("a", 1100, 50), X("b", 1990, 50), X("c", 2500, 10), X("before", 500, 10), X("after", 3100, 5)]))
+    t = read_chrome_trace(
+        trace([*STEPS, X("a", 1100, 50), X("b", 1990, 50), X("c", 2500, 10), X("before", 500, 10), X("after", 3100, 5)])
+    )
     assert sorted(rows(t)) == [(7, "a"), (7, "b"), (8, "c")]
 
 
@@ -57,8 +72,13 @@ def test_operators_inside_a_region_are_the_region():
         X("autograd::engine::evaluate_function: AddmmBackward0", 2100, 30),
     ]
     r = rows(read_chrome_trace(trace(ev)))
-    assert sorted(f for _, f in r) == ["AddmmBackward0", "Optimizer.step#AdamW.step",
-                                       "aten::linear", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "slow_function"]  # fmt: skip
+    assert sorted(f for _, f in r) == [
+        "AddmmBackward0",
+        "Optimizer.step#AdamW.step",
+        "aten::linear",
+        "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+        "slow_function",
+    ]
     assert r[(7, "slow_function")]["kind"] == "python" and r[(7, "slow_function")]["resource"] == "cpu"
     assert r[(7, "aten::linear")]["kind"] == "compute" and r[(7, "aten::linear")]["resource"] == "cpu"
     assert r[(7, "Optimizer.step#AdamW.step")]["kind"] == "optimizer"
@@ -89,16 +109,36 @@ def test_collectives_by_name_and_process_group():
 def test_gpu_kernels_and_copies():
     ev = [
         *STEPS,
-        X("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
-          1100, 20, cat="kernel", pid=0, tid=7, device=0, stream=7),
-        X("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 1200, 300, cat="kernel", pid=0, tid=13),
+        X(
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+            1100,
+            20,
+            cat="kernel",
+            pid=0,
+            tid=7,
+            device=0,
+            stream=7,
+        ),
+        X(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+            1200,
+            300,
+            cat="kernel",
+            pid=0,
+            tid=13,
+        ),
         X("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", 1600, 30, cat="kernel", pid=0, tid=13),
         X("Memcpy HtoD (Pageable -> Device)", 1050, 40, cat="gpu_memcpy", pid=0, tid=7, bytes=4096),
         X("Memset (Device)", 1060, 4, cat="gpu_memset", pid=0, tid=7),
-    ]  # fmt: skip
+    ]
     t = read_chrome_trace(trace(ev))
     r = rows(t)
-    k = r[(7, "at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >")]
+    k = r[
+        (
+            7,
+            "at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >",
+        )
+    ]
     assert (k["kind"], k["resource"], k["device"], k["host"]) == ("compute", "gpu", "node07/gpu0", "node07")
     assert r[(7, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")]["kind"] == "collective"
     assert r[(7, "ncclDevKernel_SendRecv")]["kind"] == "p2p"
@@ -136,9 +176,15 @@ def test_files_plain_and_gzipped(tmp_path):
         (b"not json", "not a Chrome-trace JSON"),
         (b'{"x": 1}', "not a Chrome-trace JSON"),
         (b'{"traceEvents": [{"args": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001 + b"]}", "nested too deeply"),
-        (json.dumps(trace([X("ProfilerStep#99999999999999999999", 1, 10, cat="user_annotation")])).encode(), "step number beyond 2147483647"),
+        (
+            json.dumps(trace([X("ProfilerStep#99999999999999999999", 1, 10, cat="user_annotation")])).encode(),
+            "step number beyond 2147483647",
+        ),
         (json.dumps(trace([*STEPS, X("aten::mm", 1100, 1e300)])).encode(), "lasts 1e\\+300 µs"),
-        (json.dumps(trace([*STEPS], rank=2**63 - 1)).encode(), "distributedInfo.rank 9223372036854775807 is not a rank"),
+        (
+            json.dumps(trace([*STEPS], rank=2**63 - 1)).encode(),
+            "distributedInfo.rank 9223372036854775807 is not a rank",
+        ),
     ],
 )
 def test_bad_traces_say_what_is_wrong(tmp_path, data, match):
@@ -153,8 +199,16 @@ def test_bad_traces_say_what_is_wrong(tmp_path, data, match):
 def test_the_rank_from_the_file_name_when_the_trace_has_none(tmp_path):
     from lockstep.producers.agent.trace import file_rank
 
-    names = {"rank-3.json": 3, "rank3.pt.trace.json.gz": 3, "trainer_rank_12.json": 12, "worker7.1623143089861.pt.trace.json": 7,
-             "sampled_rank-1.json.gz": 1, "myworker3.json": None, "framework3.json": None, "trace.json": None}  # fmt: skip
+    names = {
+        "rank-3.json": 3,
+        "rank3.pt.trace.json.gz": 3,
+        "trainer_rank_12.json": 12,
+        "worker7.1623143089861.pt.trace.json": 7,
+        "sampled_rank-1.json.gz": 1,
+        "myworker3.json": None,
+        "framework3.json": None,
+        "trace.json": None,
+    }
     assert {n: file_rank(Path(n)) for n in names} == names
     data = trace([*STEPS, X("aten::mm", 1100, 50)])
     del data["distributedInfo"]["rank"]
@@ -170,19 +224,42 @@ def test_host_from_the_trace_else_the_file_name(tmp_path):
     data = trace([*STEPS, X("k", 1100, 5, cat="kernel", pid=3, tid=7)])
     assert read_chrome_trace({**data, "hostName": "gpu-node-4"}).meta.device == "gpu-node-4/gpu3"
     del data["host_name"]
-    (tmp_path / "node12_4711.1700000000000.pt.trace.json").write_text(json.dumps(data))  # tensorboard_trace_handler: <host>_<pid>.<ms>
+    (tmp_path / "node12_4711.1700000000000.pt.trace.json").write_text(
+        json.dumps(data)
+    )  # tensorboard_trace_handler: <host>_<pid>.<ms>
     t = read_chrome_trace(tmp_path / "node12_4711.1700000000000.pt.trace.json")
-    assert (t.meta.host, t.meta.device, t.events.column("device").to_pylist()) == ("node12", "node12/gpu3", ["node12/gpu3"])
+    assert (t.meta.host, t.meta.device, t.events.column("device").to_pylist()) == (
+        "node12",
+        "node12/gpu3",
+        ["node12/gpu3"],
+    )
 
 
 def test_steps_without_profiler_step_annotations():
-    opt = [X("fwd", 100, 300, cat="user_annotation"), X("Optimizer.step#AdamW.step", 400, 50, cat="user_annotation"),
-           X("fwd", 500, 300, cat="user_annotation"), X("Optimizer.step#AdamW.step", 800, 50, cat="user_annotation"),
-           X("fwd", 900, 100, cat="user_annotation")]  # fmt: skip
+    opt = [
+        X("fwd", 100, 300, cat="user_annotation"),
+        X("Optimizer.step#AdamW.step", 400, 50, cat="user_annotation"),
+        X("fwd", 500, 300, cat="user_annotation"),
+        X("Optimizer.step#AdamW.step", 800, 50, cat="user_annotation"),
+        X("fwd", 900, 100, cat="user_annotation"),
+    ]
     t = read_chrome_trace(trace(opt))
-    assert t.meta.steps_from == "Optimizer.step" and t.step_bounds == {0: (100.0, 450.0), 1: (450.0, 850.0)}  # the tail after the last one is no step
-    assert sorted((s, f) for s, f in rows(t)) == [(0, "Optimizer.step#AdamW.step"), (0, "fwd"), (1, "Optimizer.step#AdamW.step"), (1, "fwd")]
-    region = [X("serve", 100, 300, cat="user_annotation"), X("aten::mm", 150, 10), X("serve", 600, 300, cat="user_annotation"), X("gc", 950, 10, cat="user_annotation")]
+    assert t.meta.steps_from == "Optimizer.step" and t.step_bounds == {
+        0: (100.0, 450.0),
+        1: (450.0, 850.0),
+    }  # the tail after the last one is no step
+    assert sorted((s, f) for s, f in rows(t)) == [
+        (0, "Optimizer.step#AdamW.step"),
+        (0, "fwd"),
+        (1, "Optimizer.step#AdamW.step"),
+        (1, "fwd"),
+    ]
+    region = [
+        X("serve", 100, 300, cat="user_annotation"),
+        X("aten::mm", 150, 10),
+        X("serve", 600, 300, cat="user_annotation"),
+        X("gc", 950, 10, cat="user_annotation"),
+    ]
     t = read_chrome_trace(trace(region))
     assert t.meta.steps_from == "region serve" and t.step_bounds == {0: (100.0, 400.0), 1: (600.0, 900.0)}
     t = read_chrome_trace(trace([X("main", 100, 900, cat="user_annotation"), X("aten::mm", 150, 10)]))
@@ -193,24 +270,36 @@ def test_device_work_by_launch_through_correlation_or_flows():
     launch = lambda ts, corr: X("cudaLaunchKernel", ts, 5, cat="cuda_runtime", correlation=corr)  # noqa: E731
     ev = [
         *STEPS,
-        launch(1900, 11), X("late", 2100, 700, cat="kernel", pid=0, tid=7, correlation=11),  # launched in 7, runs in 8
-        launch(2950, 12), X("last", 3000, 400, cat="kernel", pid=0, tid=7, correlation=12),  # the last step's, after its span
+        launch(1900, 11),
+        X("late", 2100, 700, cat="kernel", pid=0, tid=7, correlation=11),  # launched in 7, runs in 8
+        launch(2950, 12),
+        X("last", 3000, 400, cat="kernel", pid=0, tid=7, correlation=12),  # the last step's, after its span
         {"ph": "s", "cat": "ac2g", "id": 13, "pid": 100, "tid": 1, "ts": 1950, "name": "ac2g"},
         {"ph": "f", "cat": "ac2g", "id": 13, "pid": 0, "tid": 9, "ts": 2200, "name": "ac2g", "bp": "e"},
         X("flowed", 2200, 50, cat="kernel", pid=0, tid=9),  # no correlation: its flow says it was launched in 7
         X("orphan", 2300, 10, cat="kernel", pid=0, tid=9),  # neither: the step holding its start
-        launch(1200, 14), X("Memcpy DtoH (Device -> Pageable)", 1210, 2, cat="gpu_memcpy", pid=0, tid=7, correlation=14, bytes=4),
+        launch(1200, 14),
+        X("Memcpy DtoH (Device -> Pageable)", 1210, 2, cat="gpu_memcpy", pid=0, tid=7, correlation=14, bytes=4),
         X("cudaMemcpyAsync", 1300, 80, cat="cuda_runtime", correlation=15),
-        X("Memcpy DtoH (Device -> Pageable)", 1370, 2, cat="gpu_memcpy", pid=0, tid=7, correlation=15, bytes=4),  # its call waited
+        X(
+            "Memcpy DtoH (Device -> Pageable)", 1370, 2, cat="gpu_memcpy", pid=0, tid=7, correlation=15, bytes=4
+        ),  # its call waited
         X("cudaStreamSynchronize", 1400, 30, cat="cuda_runtime", correlation=16),
     ]
     t = read_chrome_trace(trace(ev))
     r = rows(t)
-    assert {(s, f) for s, f in r if f in ("late", "last", "flowed", "orphan")} == {(7, "late"), (8, "last"), (7, "flowed"), (8, "orphan")}
+    assert {(s, f) for s, f in r if f in ("late", "last", "flowed", "orphan")} == {
+        (7, "late"),
+        (8, "last"),
+        (7, "flowed"),
+        (8, "orphan"),
+    }
     assert t.step_bounds == {7: (1000.0, 2800.0), 8: (2000.0, 3400.0)}
     assert r[(7, "cudaMemcpyAsync")]["kind"] == "sync" and r[(7, "cudaStreamSynchronize")]["kind"] == "sync"
     assert (7, "cudaLaunchKernel") not in r  # a launch is part of the CPU function around it
-    assert r[(7, "Memcpy DtoH (Device -> Pageable)")]["resource"] == "pcie" and math.isnan(r[(7, "Memcpy DtoH (Device -> Pageable)")]["bytes"])
+    assert r[(7, "Memcpy DtoH (Device -> Pageable)")]["resource"] == "pcie" and math.isnan(
+        r[(7, "Memcpy DtoH (Device -> Pageable)")]["bytes"]
+    )
 
 
 def test_reading_is_bounded(tmp_path):

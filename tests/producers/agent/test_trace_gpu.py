@@ -32,8 +32,13 @@ def raw(path: Path) -> dict:
 
 
 def cpu_steps(trace: dict) -> dict[int, tuple[float, float]]:
-    return {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
-            if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "Operator") and e["name"].startswith("ProfilerStep#")}  # fmt: skip
+    return {
+        int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X"
+        and e.get("cat") in ("user_annotation", "Operator")
+        and e["name"].startswith("ProfilerStep#")
+    }
 
 
 def step_at(spans: dict[int, tuple[float, float]], t: float) -> int | None:
@@ -49,7 +54,11 @@ def a100():
 def test_device_work_belongs_to_the_step_that_launched_it(a100):
     trace = raw(A100)
     spans = cpu_steps(trace)
-    launch = {e["args"]["correlation"]: e["ts"] for e in trace["traceEvents"] if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    launch = {
+        e["args"]["correlation"]: e["ts"]
+        for e in trace["traceEvents"]
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
     want, elsewhere, total = defaultdict(float), 0.0, 0.0
     for e in trace["traceEvents"]:
         if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS:
@@ -57,7 +66,9 @@ def test_device_work_belongs_to_the_step_that_launched_it(a100):
             want[s] += e["dur"]
             total += e["dur"]
             elsewhere += e["dur"] * (step_at(spans, e["ts"]) != s)
-    assert elsewhere / total > 0.3  # the trace shows the problem: a step's GPU work runs while the CPU is in the next one
+    assert (
+        elsewhere / total > 0.3
+    )  # the trace shows the problem: a step's GPU work runs while the CPU is in the next one
     got = defaultdict(float)
     for r in a100.events.to_pylist():
         if r["stream"].startswith("0/") and r["kind"] != "sync":  # pid 0: the GPU's timelines
@@ -66,13 +77,22 @@ def test_device_work_belongs_to_the_step_that_launched_it(a100):
     assert all(math.isclose(got[s], want[s], rel_tol=1e-9) for s in want)
     # the last step keeps its GPU work, and its span reaches the end of it
     last_cpu_end = spans[554][1]
-    tail = [r for r in a100.events.to_pylist() if r["step"] == 554 and r["stream"].startswith("0/") and r["start_us"] >= last_cpu_end]
+    tail = [
+        r
+        for r in a100.events.to_pylist()
+        if r["step"] == 554 and r["stream"].startswith("0/") and r["start_us"] >= last_cpu_end
+    ]
     assert sum(r["duration_us"] for r in tail) > 10_000
-    assert a100.step_bounds[554][0] == spans[554][0] and a100.step_bounds[554][1] >= max(r["start_us"] + r["duration_us"] for r in tail)
+    assert a100.step_bounds[554][0] == spans[554][0] and a100.step_bounds[554][1] >= max(
+        r["start_us"] + r["duration_us"] for r in tail
+    )
 
 
 def test_a_blocking_copy_is_a_sync_wait_not_python(a100):
-    sums = {s.step: {r["function"]: r for r in s.functions.to_pylist()} for s in summarise(a100.events, None, a100.step_bounds)}
+    sums = {
+        s.step: {r["function"]: r for r in s.functions.to_pylist()}
+        for s in summarise(a100.events, None, a100.step_bounds)
+    }
     for step, fns in sums.items():
         wait = fns["cudaMemcpyAsync"]
         assert wait["kind"] == "sync" and wait["resource"] == "none" and wait["critical_us"] > 100_000, (step, wait)
@@ -82,7 +102,9 @@ def test_a_blocking_copy_is_a_sync_wait_not_python(a100):
 
 
 def test_copies_by_direction_and_input_bytes(a100):
-    copies = {(r["function"], r["resource"], math.isnan(r["bytes"])) for r in a100.events.to_pylist() if r["kind"] == "memcpy"}
+    copies = {
+        (r["function"], r["resource"], math.isnan(r["bytes"])) for r in a100.events.to_pylist() if r["kind"] == "memcpy"
+    }
     assert copies == {
         ("Memcpy HtoD (Pinned -> Device)", "pcie", False),
         ("Memcpy HtoD (Pageable -> Device)", "pcie", False),
@@ -95,17 +117,31 @@ def test_copies_by_direction_and_input_bytes(a100):
 def test_hosts_devices_and_job_size():
     a = read_chrome_trace(A100)  # no hostName: the file name's
     assert (a.worker, a.meta.rank_from, a.meta.world_size) == (0, "trace", 16)
-    assert (a.meta.host, a.meta.device, a.meta.gpu) == ("a100_rank0_of16", "a100_rank0_of16/gpu0", "NVIDIA A100-SXM4-80GB")
+    assert (a.meta.host, a.meta.device, a.meta.gpu) == (
+        "a100_rank0_of16",
+        "a100_rank0_of16/gpu0",
+        "NVIDIA A100-SXM4-80GB",
+    )
     assert set(a.events.column("device").drop_null().to_pylist()) == {"a100_rank0_of16/gpu0"}
     m = read_chrome_trace(MTIA)  # host_name in the trace; an MTIA device
-    assert (m.meta.host, m.meta.device, m.meta.gpu) == ("twshared38393.01.cco6.facebook.com", "twshared38393.01.cco6.facebook.com/mtia17", "ARTEMIS")
+    assert (m.meta.host, m.meta.device, m.meta.gpu) == (
+        "twshared38393.01.cco6.facebook.com",
+        "twshared38393.01.cco6.facebook.com/mtia17",
+        "ARTEMIS",
+    )
     r = read_chrome_trace(MI250)  # ROCm: the device is the GPU that ran the kernels (device 2 of 4)
     assert r.meta.device == "mi250_minitoy_train_ROCm6_2_kineto/gpu2" and r.meta.gpu == "AMD Radeon Graphics"
 
 
 def test_the_kineto_format_of_2021_with_the_rank_in_the_file_name():
     t = read_chrome_trace(V100)
-    assert (t.worker, t.meta.rank_from, t.meta.host, t.meta.device, t.meta.steps_from) == (0, "file name", "worker0", "worker0/gpu0", "ProfilerStep")
+    assert (t.worker, t.meta.rank_from, t.meta.host, t.meta.device, t.meta.steps_from) == (
+        0,
+        "file name",
+        "worker0",
+        "worker0/gpu0",
+        "ProfilerStep",
+    )
     rows = t.events.to_pylist()
     by_kind = defaultdict(set)
     for r in rows:
@@ -128,7 +164,9 @@ def test_rocm_kernels_are_device_work():
     kernels = [r for r in rows if r["kind"] == "compute" and r["resource"] == "gpu"]
     assert len(kernels) == 14 and {r["device"] for r in kernels} == {"mi250_minitoy_train_ROCm6_2_kineto/gpu2"}
     assert {r["function"] for r in rows if r["kind"] == "sync"} == {"hipMemcpyWithStream"}
-    assert {r["worker"] for r in t.events.to_pylist()} == {-1} and t.with_worker(5).events.column("worker").to_pylist() == [5] * t.events.num_rows
+    assert {r["worker"] for r in t.events.to_pylist()} == {-1} and t.with_worker(5).events.column(
+        "worker"
+    ).to_pylist() == [5] * t.events.num_rows
 
 
 def test_sync_calls_and_their_records():
@@ -137,7 +175,14 @@ def test_sync_calls_and_their_records():
     syncs = {f for f, k in fns if k == "sync"}
     assert syncs == {"cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync"}
     # the cuda_sync records mirror calls the trace holds: not counted twice; non-blocking calls are not functions
-    assert not {f for f, _ in fns} & {"Stream Sync", "Event Sync", "Context Sync", "cudaLaunchKernel", "cudaEventRecord", "cudaEventQuery"}
+    assert not {f for f, _ in fns} & {
+        "Stream Sync",
+        "Event Sync",
+        "Context Sync",
+        "cudaLaunchKernel",
+        "cudaEventRecord",
+        "cudaEventQuery",
+    }
 
 
 def test_mtia_without_profiler_steps_follows_flows():
@@ -145,12 +190,26 @@ def test_mtia_without_profiler_steps_follows_flows():
     t = read_chrome_trace(MTIA)
     assert t.meta.steps_from == "region Stage::PyTorchMRSGIFTask::run" and len(t.step_bounds) >= 3
     ev = trace["traceEvents"]
-    spans = {i: (e["ts"], e["ts"] + e["dur"]) for i, e in enumerate(sorted((e for e in ev if e.get("name") == "Stage::PyTorchMRSGIFTask::run"), key=lambda e: e["ts"]))}
-    assert t.step_bounds.keys() == spans.keys() and all(t.step_bounds[s][0] == spans[s][0] and t.step_bounds[s][1] >= spans[s][1] for s in spans)
-    call = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "mtia_runtime" and "correlation" in e.get("args", {})}
+    spans = {
+        i: (e["ts"], e["ts"] + e["dur"])
+        for i, e in enumerate(
+            sorted((e for e in ev if e.get("name") == "Stage::PyTorchMRSGIFTask::run"), key=lambda e: e["ts"])
+        )
+    }
+    assert t.step_bounds.keys() == spans.keys() and all(
+        t.step_bounds[s][0] == spans[s][0] and t.step_bounds[s][1] >= spans[s][1] for s in spans
+    )
+    call = {
+        e["args"]["correlation"]: e["ts"]
+        for e in ev
+        if e.get("cat") == "mtia_runtime" and "correlation" in e.get("args", {})
+    }
     start = {e["id"]: e["ts"] for e in ev if e.get("ph") == "s" and e.get("cat") == "ac2g"}
     end_at = {(e["pid"], e["tid"], e["ts"]): e["id"] for e in ev if e.get("ph") == "f" and e.get("cat") == "ac2g"}
-    want, by_flow = defaultdict(float), 0  # device time per launching step: the call with its correlation id, else the flow
+    want, by_flow = (
+        defaultdict(float),
+        0,
+    )  # device time per launching step: the call with its correlation id, else the flow
     for e in ev:
         if e.get("ph") == "X" and e.get("cat") == "mtia_ccp_events" and "wait" not in e["name"].lower():
             fid = end_at.get((e["pid"], e["tid"], e["ts"]))

@@ -6,7 +6,7 @@ import pyarrow as pa
 from lockstep.producers.agent.window import clock_offset_us, to_trace_clock, window_features, without_thread_events, without_threads
 from lockstep.schemas.events import OP_EVENT_SCHEMA
 from lockstep.schemas import functions as ft
-from lockstep.schemas.events import SAMPLE_SCHEMA
+from lockstep.schemas.events import OP_EVENT_SCHEMA, SAMPLE_SCHEMA
 from lockstep.schemas.records import ProfileTrigger, Sampling, WorkerMeta
 
 
@@ -16,8 +16,15 @@ class Summary:  # the shape issue 4's summarise() returns
 
 
 def table(names):
-    return ft.make_table({"function": names, "kind": ["python"] * len(names), "calls": [1] * len(names),
-                          "total_us": [10.0] * len(names), "critical_us": [10.0] * len(names)})  # fmt: skip
+    return ft.make_table(
+        {
+            "function": names,
+            "kind": ["python"] * len(names),
+            "calls": [1] * len(names),
+            "total_us": [10.0] * len(names),
+            "critical_us": [10.0] * len(names),
+        }
+    )
 
 
 def test_samples_move_onto_the_traces_clock():
@@ -25,9 +32,13 @@ def test_samples_move_onto_the_traces_clock():
     unix = {5: 1.7e15 + 10.0, 6: 1.7e15 + 1012.0, 7: 1.7e15 + 2000.0}
     off = clock_offset_us(bounds, unix)
     assert off == np.median([1000.0 - unix[5], 2000.0 - unix[6]])
-    samples = pa.table({"worker": [1], "t_us": [1.7e15 + 500.0], "metric": ["cpu_self"], "value": [1.0]}, schema=SAMPLE_SCHEMA)
+    samples = pa.table(
+        {"worker": [1], "t_us": [1.7e15 + 500.0], "metric": ["cpu_self"], "value": [1.0]}, schema=SAMPLE_SCHEMA
+    )
     assert to_trace_clock(samples, off).column("t_us").to_pylist() == [1.7e15 + 500.0 + off]
-    assert to_trace_clock(samples, clock_offset_us(bounds, {})).num_rows == 0  # no common step: no samples rather than wrong ones
+    assert (
+        to_trace_clock(samples, clock_offset_us(bounds, {})).num_rows == 0
+    )  # no common step: no samples rather than wrong ones
 
 
 def test_one_record_with_every_step_of_the_window():
@@ -47,10 +58,27 @@ def test_one_record_with_every_step_of_the_window():
 
 
 def test_the_agents_own_threads_leave_the_trace():
-    trace = {"traceEvents": [{"tid": 1, "name": "train"}, {"tid": 2, "name": "lockstep sampler"}, {"tid": 3, "name": "x"}]}
+    trace = {
+        "traceEvents": [{"tid": 1, "name": "train"}, {"tid": 2, "name": "lockstep sampler"}, {"tid": 3, "name": "x"}]
+    }
     assert [e["tid"] for e in without_threads(trace, frozenset({2}))["traceEvents"]] == [1, 3]
     n = 4
-    events = pa.table({"worker": [0] * n, "step": [1] * n, "function": ["a", "b", "c", "d"], "kind": ["python"] * n,
-                       "start_us": [0.0] * n, "duration_us": [1.0] * n, "stream": ["7/1", "7/2", None, "7/12"]}).cast(
-        pa.schema([OP_EVENT_SCHEMA.field(c) for c in ("worker", "step", "function", "kind", "start_us", "duration_us", "stream")]))  # fmt: skip
+    events = pa.table(
+        {
+            "worker": [0] * n,
+            "step": [1] * n,
+            "function": ["a", "b", "c", "d"],
+            "kind": ["python"] * n,
+            "start_us": [0.0] * n,
+            "duration_us": [1.0] * n,
+            "stream": ["7/1", "7/2", None, "7/12"],
+        }
+    ).cast(
+        pa.schema(
+            [
+                OP_EVENT_SCHEMA.field(c)
+                for c in ("worker", "step", "function", "kind", "start_us", "duration_us", "stream")
+            ]
+        )
+    )
     assert without_thread_events(events, frozenset({2})).column("function").to_pylist() == ["a", "c", "d"]

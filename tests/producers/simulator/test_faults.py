@@ -9,8 +9,14 @@ from lockstep.schemas.records import CAUSES
 def test_every_fault_has_a_ground_truth():
     topo = Topology(workers=128, pp=4)
     for name, kind in CATALOGUE.items():
-        target = {"workers": {"workers": (9,)}, "hosts": {"hosts": (1,)}, "nics": {"nics": ("node0001/bond0",)}, "switches": {"switches": ("leaf000",)},
-                  "stage": {"stage": 1}, "function": {"function": "fwd.attention"}}[kind.target]  # fmt: skip
+        target = {
+            "workers": {"workers": (9,)},
+            "hosts": {"hosts": (1,)},
+            "nics": {"nics": ("node0001/bond0",)},
+            "switches": {"switches": ("leaf000",)},
+            "stage": {"stage": 1},
+            "function": {"function": "fwd.attention"},
+        }[kind.target]
         t = Fault(type=name, **target).truth(topo)
         if kind.cause is None:
             assert t.cause is None and t.workers == []

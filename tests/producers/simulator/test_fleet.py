@@ -15,7 +15,9 @@ AR = IDX["nccl:all_reduce[dp]"]
 
 
 def sim(topology=None, *faults, step=62, workload=None, seed=7):
-    sc = Scenario(job="j", seed=seed, topology=topology or Topology(workers=64), workload=workload or Workload(), faults=faults)
+    sc = Scenario(
+        job="j", seed=seed, topology=topology or Topology(workers=64), workload=workload or Workload(), faults=faults
+    )
     return FleetSimulator(sc).step(step)
 
 
@@ -85,7 +87,11 @@ def test_bursts_shorter_than_a_sample_are_averaged_out():
 def test_what_the_samplers_see():
     topo, fault = Topology(workers=16), Fault(type="gpu_throttle_thermal", workers=(3,), severity=0.3)
     host = sim_hz(topo, fault, hz=1000, hardware="host")
-    assert set(host.hw) == {f"{m}{x}" for m in ("nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps") for x in ("", "_sd", "_p95")}
+    assert set(host.hw) == {
+        f"{m}{x}"
+        for m in ("nic_gbps", "cpu_self", "cpu_other", "mem_used_frac", "disk_read_mbps")
+        for x in ("", "_sd", "_p95")
+    }
     assert not host.clock_events.any()  # no NVML: no clock-event reasons either
     none = sim_hz(topo, fault, hz=1000, hardware="none")
     assert none.hw == {} and not none.samples.any()
@@ -108,7 +114,11 @@ def test_a_degraded_nvlink_slows_its_tensor_parallel_group_only():
 
 
 def test_the_critical_path_covers_the_step():
-    for topo, wl in [(Topology(workers=64), Workload()), (Topology(workers=256, pp=4, tp=2), Workload()), (Topology(workers=128, tp=2), Workload(moe=True))]:
+    for topo, wl in [
+        (Topology(workers=64), Workload()),
+        (Topology(workers=256, pp=4, tp=2), Workload()),
+        (Topology(workers=128, tp=2), Workload(moe=True)),
+    ]:
         st = sim(topo, Fault(type="gpu_slow", workers=(9,), severity=0.3), workload=wl)
         np.testing.assert_allclose(st.critical_us.sum(axis=1), st.step_time_us, rtol=1e-9)
         assert np.all(st.true_wait_us[:, ~COMM] == 0) and np.all(st.true_wait_us >= 0)
@@ -132,7 +142,9 @@ def test_faults_show_on_the_hardware_their_functions_depend_on():
 
 def test_clock_skew_leaves_summaries_unchanged():
     base = Scenario(job="j", topology=Topology(workers=32))
-    skewed = Scenario(job="j", topology=Topology(workers=32), faults=(Fault(type="clock_skew", hosts=(1,), severity=3.0),))
+    skewed = Scenario(
+        job="j", topology=Topology(workers=32), faults=(Fault(type="clock_skew", hosts=(1,), severity=3.0),)
+    )
     a, b = FleetSimulator(base), FleetSimulator(skewed)
     sa, sb = a.step(62), b.step(62)
     assert ft.pack(a.table(sa)[0]) == ft.pack(b.table(sb)[0])
@@ -144,7 +156,11 @@ def test_clock_skew_leaves_summaries_unchanged():
 
 
 def test_a_missing_worker_sends_nothing():
-    fleet = FleetSimulator(Scenario(job="j", topology=Topology(workers=16), faults=(Fault(type="missing_worker", workers=(4,), start_step=61),)))
+    fleet = FleetSimulator(
+        Scenario(
+            job="j", topology=Topology(workers=16), faults=(Fault(type="missing_worker", workers=(4,), start_step=61),)
+        )
+    )
     assert len(fleet.heartbeats(fleet.step(60))) == 16
     st = fleet.step(61)
     assert [h.worker for h in fleet.heartbeats(st)] == [w for w in range(16) if w != 4]
@@ -160,13 +176,24 @@ def test_feature_batches_are_valid_records():
         back = decode(encode(b))
         t = ft.unpack(back.functions)  # the processor's validation
         assert back.worker.labels["role"] == ("embedding" if b.worker.rank < 32 else "loss")
-        assert set(t.column("function").to_pylist()) >= {"fwd.gemm", "nccl:all_reduce[tp]", "nccl:send_recv[pp]", "moe.expert_gemm"}
+        assert set(t.column("function").to_pylist()) >= {
+            "fwd.gemm",
+            "nccl:all_reduce[tp]",
+            "nccl:send_recv[pp]",
+            "moe.expert_gemm",
+        }
     assert isinstance(trig, ProfileTrigger) and trig.sampling.hardware_hz == 100.0
 
 
 def test_a_seed_reproduces_its_records_byte_for_byte(tmp_path):
-    sc = Scenario(job="j", seed=11, topology=Topology(workers=32, tp=2), window=Window(start_step=12, steps=4),
-                  baseline=Window(start_step=4, steps=2), faults=(Fault(type="nic", nics=("node0001/bond0",), severity=2.0, start_step=8),))  # fmt: skip
+    sc = Scenario(
+        job="j",
+        seed=11,
+        topology=Topology(workers=32, tp=2),
+        window=Window(start_step=12, steps=4),
+        baseline=Window(start_step=4, steps=2),
+        faults=(Fault(type="nic", nics=("node0001/bond0",), severity=2.0, start_step=8),),
+    )
     a, _ = write_records(sc, tmp_path / "a"), write_records(sc, tmp_path / "b")
     assert a.heartbeats == 32 * 18 and a.feature_batches == 32 * 6
     for name in ("heartbeats.parquet", "features.parquet", "triggers.parquet", "truth.json"):

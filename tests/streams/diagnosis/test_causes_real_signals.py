@@ -46,10 +46,19 @@ def test_the_slow_links_mean_may_be_the_rings_highest(tmp_path):
     if not path.exists():
         pytest.skip(f"no fixture {path}: write them with python tests/integration/real_faults.py {REAL}")
     t = pq.read_table(path)
-    scale = pc.if_else(pc.and_(pc.equal(t.column("worker"), rf.CULPRIT), pc.match_substring(t.column("function"), "all_reduce")), 1.4, 1.0)
+    scale = pc.if_else(
+        pc.and_(pc.equal(t.column("worker"), rf.CULPRIT), pc.match_substring(t.column("function"), "all_reduce")),
+        1.4,
+        1.0,
+    )
     for name in ("nic_gbps", "nic_gbps_sd", "nic_gbps_p95"):
         col = t.column(name)
-        t = t.set_column(t.column_names.index(name), name, pc.cast(pc.multiply(pc.cast(col, pa.float64()), scale), col.type))
+        t = t.set_column(
+            t.column_names.index(name), name, pc.cast(pc.multiply(pc.cast(col, pa.float64()), scale), col.type)
+        )
     pq.write_table(t, tmp_path / "link.parquet")
-    findings = [msgspec.to_builtins(f) for f in diagnose(rf.load_fixture(tmp_path / "link.parquet"), Policy(), "real", now=0.0).findings]
+    findings = [
+        msgspec.to_builtins(f)
+        for f in diagnose(rf.load_fixture(tmp_path / "link.parquet"), Policy(), "real", now=0.0).findings
+    ]
     assert rf.named(findings, rf.EXPECT["link"]), rf.summary(findings)

@@ -25,13 +25,30 @@ def test_a_step_report_of_the_previous_release_is_read():
     frame = StepFrame.from_tables("j", "w100", 100, *_frame_parts(sim, 100))
     r = analyze_step(frame, POLICY.diagnosis)
     old = r.outliers.drop_columns([c for c in r.outliers.column_names if c.endswith(("gbps_sd", "gbps_p95"))])
-    rep = step_report(replace(r, outliers=old), window_start=100, window_steps=8, expected_workers=64, bytes_in=0, policy="p", tenant="", closed="complete")
+    rep = step_report(
+        replace(r, outliers=old),
+        window_start=100,
+        window_steps=8,
+        expected_workers=64,
+        bytes_in=0,
+        policy="p",
+        tenant="",
+        closed="complete",
+    )
     back = step_result(decode(encode(rep)))
-    assert back.outliers.num_rows == r.outliers.num_rows and np.isnan(back.outliers.column("nic_gbps_p95").to_numpy()).all()
+    assert (
+        back.outliers.num_rows == r.outliers.num_rows
+        and np.isnan(back.outliers.column("nic_gbps_p95").to_numpy()).all()
+    )
 
 
 def _frame_parts(sim, step):
     trig = ProfileTrigger(job="j", window="w100", start_step=100, steps=8, expected_workers=sim.topology.workers)
     batches = sim.feature_batches(sim.step(step), trig)
-    return ([b.worker for b in batches], [b.step_time_us for b in batches], [ft.unpack(b.functions) for b in batches],
-            POLICY.diagnosis.peer_group_keys, [b.hardware for b in batches])  # fmt: skip
+    return (
+        [b.worker for b in batches],
+        [b.step_time_us for b in batches],
+        [ft.unpack(b.functions) for b in batches],
+        POLICY.diagnosis.peer_group_keys,
+        [b.hardware for b in batches],
+    )

@@ -17,7 +17,15 @@ import pytest
 
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import WorkerMeta, decode, encode
-from lockstep.streams.diagnosis import JobHistory, StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
+from lockstep.streams.diagnosis import (
+    JobHistory,
+    StepFrame,
+    WindowInfo,
+    analyze_step,
+    diagnose_window,
+    step_report,
+    step_result,
+)
 from lockstep.streams.diagnosis.history import HistoryError
 from lockstep.streams.policy import DiagnosisPolicy, Policy
 
@@ -59,8 +67,16 @@ def workers(n: int, per_host: int = 8, hosts_per_switch: int = 2, labels=None) -
     out = []
     for w in range(n):
         h = w // per_host
-        out.append(WorkerMeta(rank=w, host=f"node{h:03d}", local_rank=w % per_host, nic=f"node{h:03d}/bond0",
-                              switch=f"sw{h // hosts_per_switch}", labels=labels(w) if labels else {}))  # fmt: skip
+        out.append(
+            WorkerMeta(
+                rank=w,
+                host=f"node{h:03d}",
+                local_rank=w % per_host,
+                nic=f"node{h:03d}/bond0",
+                switch=f"sw{h // hosts_per_switch}",
+                labels=labels(w) if labels else {},
+            )
+        )
     return out
 
 
@@ -95,7 +111,7 @@ def make_step(n: int, step: int, rng: np.random.Generator, extra: tuple[str, ...
     nbytes = np.tile(np.array([f[4] for f in FUNCS] + [np.nan] * len(extra)), (n, 1))
     present = np.ones(shape, dtype=bool)
     if extra:
-        present[:, len(FUNCS):] = False
+        present[:, len(FUNCS) :] = False
     return Step(dur, calls, nbytes, hw, np.zeros(shape, dtype=np.uint64), present, step=step)
 
 
@@ -109,18 +125,44 @@ def tables(s: Step, names: list[str], kinds: list[str], resources: list[str]) ->
     step_time = arrival.max() + transfer + (s.dur[:, AFTER] * s.present[:, AFTER]).sum(axis=1)
     # every worker's rows in one table (one make_table per step, not per worker), then one slice per worker
     w, p = np.nonzero(s.present)  # row-major: worker by worker, each worker's functions in order
-    cols = {"function": [names[i] for i in p], "kind": [kinds[i] for i in p], "resource": [resources[i] for i in p],
-            "calls": s.calls[w, p], "total_us": crit[w, p], "critical_us": crit[w, p], "mean_us": crit[w, p] / s.calls[w, p],
-            "p95_us": crit[w, p] / s.calls[w, p], "bytes": s.bytes[w, p], "clock_events": s.clock_events[w, p], "samples": np.full(p.size, 20),
-            **{k: v[w, p] for k, v in s.hw.items()}}  # fmt: skip
+    cols = {
+        "function": [names[i] for i in p],
+        "kind": [kinds[i] for i in p],
+        "resource": [resources[i] for i in p],
+        "calls": s.calls[w, p],
+        "total_us": crit[w, p],
+        "critical_us": crit[w, p],
+        "mean_us": crit[w, p] / s.calls[w, p],
+        "p95_us": crit[w, p] / s.calls[w, p],
+        "bytes": s.bytes[w, p],
+        "clock_events": s.clock_events[w, p],
+        "samples": np.full(p.size, 20),
+        **{k: v[w, p] for k, v in s.hw.items()},
+    }
     whole = ft.make_table(cols)
     rows = s.present.sum(axis=1)
     starts = np.concatenate([[0], np.cumsum(rows)[:-1]])
     return [whole.slice(int(a), int(k)) for a, k in zip(starts, rows)], step_time
 
 
-def run(n=32, *, fault=None, steps=8, start=100, seed=0, labels=None, hardware=True, drop=(), extra=(), history=None,
-        policy=POLICY, per_host=8, job="j", wire=True, resource=None):  # fmt: skip
+def run(
+    n=32,
+    *,
+    fault=None,
+    steps=8,
+    start=100,
+    seed=0,
+    labels=None,
+    hardware=True,
+    drop=(),
+    extra=(),
+    history=None,
+    policy=POLICY,
+    per_host=8,
+    job="j",
+    wire=True,
+    resource=None,
+):
     """Diagnose one window of ``steps`` steps; ``fault(step)`` changes a Step in place."""
     rng = np.random.default_rng(seed)
     metas = workers(n, per_host=per_host, labels=labels)
@@ -138,14 +180,38 @@ def run(n=32, *, fault=None, steps=8, start=100, seed=0, labels=None, hardware=T
         if not hardware:
             tabs = [t.drop_columns(list(ft.HARDWARE + ft.SPREAD + ft.PEAK)) for t in tabs]
             tabs = [ft.conform(t) for t in tabs]
-        frame = StepFrame.from_tables(job, f"w{start}", k, [metas[w] for w in keep], st[keep], [tabs[w] for w in keep],
-                                      policy.diagnosis.peer_group_keys, hw)  # fmt: skip
+        frame = StepFrame.from_tables(
+            job,
+            f"w{start}",
+            k,
+            [metas[w] for w in keep],
+            st[keep],
+            [tabs[w] for w in keep],
+            policy.diagnosis.peer_group_keys,
+            hw,
+        )
         r = analyze_step(frame, policy.diagnosis)
         if wire:  # through the wire format, as in the processor
-            r = step_result(decode(encode(step_report(r, window_start=start, window_steps=steps, expected_workers=n, bytes_in=0,
-                                                      policy="p", tenant="", closed="complete"))))  # fmt: skip
+            r = step_result(
+                decode(
+                    encode(
+                        step_report(
+                            r,
+                            window_start=start,
+                            window_steps=steps,
+                            expected_workers=n,
+                            bytes_in=0,
+                            policy="p",
+                            tenant="",
+                            closed="complete",
+                        )
+                    )
+                )
+            )
         results.append(r)
-    return diagnose_window(WindowInfo(job, f"w{start}", start, steps, n), results, policy, now=time.time(), history=history)
+    return diagnose_window(
+        WindowInfo(job, f"w{start}", start, steps, n), results, policy, now=time.time(), history=history
+    )
 
 
 def only(d):
@@ -176,6 +242,7 @@ def slower(fn_names, workers_, factor):
     def fault(s: Step):
         for f in fn_names:
             s.dur[list(workers_), IDX[f]] *= factor
+
     return fault
 
 
@@ -280,7 +347,12 @@ def test_a_lower_mean_on_its_own_blames_no_link():
 def test_nvlink_of_a_hierarchical_all_reduce():
     # the data-parallel all-reduce runs over NVLink inside the host, then over the NICs: its NVLink shape tells
     f = only(run(fault=slow_link([5], 2.0, metric="nvlink_gbps", capacity=150.0)))
-    assert (f.workers, f.cause, f.devices, f.function) == ([5], "nvlink", ["node000/gpu5/nvlink"], "nccl:all_reduce[dp]")
+    assert (f.workers, f.cause, f.devices, f.function) == (
+        [5],
+        "nvlink",
+        ["node000/gpu5/nvlink"],
+        "nccl:all_reduce[dp]",
+    )
 
 
 def test_a_peer_group_that_waits_as_a_whole_is_not_working():
@@ -301,7 +373,9 @@ def test_a_peer_group_that_waits_as_a_whole_is_not_working():
 
 
 def test_nvlink_collective_throughput_drop():
-    f = only(run(fault=slow_link([5], 2.0, metric="nvlink_gbps", capacity=300.0), resource={"nccl:all_reduce[dp]": "nvlink"}))
+    f = only(
+        run(fault=slow_link([5], 2.0, metric="nvlink_gbps", capacity=300.0), resource={"nccl:all_reduce[dp]": "nvlink"})
+    )
     assert (f.workers, f.cause, f.devices) == ([5], "nvlink", ["node000/gpu5/nvlink"])
 
 
@@ -423,7 +497,9 @@ def test_a_function_taking_many_times_its_peers_time_on_one_worker_is_rank_speci
     assert (f.workers, f.function, f.cause) == ([5], "python.loop", "rank_specific_code")
     ev = {e.feature: e for e in f.evidence}
     # what shows it: many times the peers' time, and the host's CPU as the peers' (not: every peer runs it too)
-    assert "workers_running_it" not in ev and ev["cpu_other"].value == pytest.approx(ev["cpu_other"].peer_value, abs=0.02)
+    assert "workers_running_it" not in ev and ev["cpu_other"].value == pytest.approx(
+        ev["cpu_other"].peer_value, abs=0.02
+    )
     assert ev["work_us"].value > 15 * ev["work_us"].peer_value
     # without the host's samples, contention cannot be ruled out
     g = only(run(fault=slower(["python.loop"], [5], 20.0), hardware=False))
@@ -491,9 +567,14 @@ def test_history_round_trips_and_rejects_other_versions():
     h = run().history
     assert JobHistory.decode(h.encode()) == h
     # histories written before the spread was kept still load, and compare without it
-    old = JobHistory.decode(h.encode().replace(',"work_spread_us":' + msgspec.json.encode(h.work_spread_us).decode(), ""))
+    old = JobHistory.decode(
+        h.encode().replace(',"work_spread_us":' + msgspec.json.encode(h.work_spread_us).decode(), "")
+    )
     assert old.work_spread_us == [] and old.work_us == h.work_us
-    assert run(fault=slower(["fwd.gemm"], range(32), 1.2), history=old, start=300, seed=3).findings[0].cause == "regression"
+    assert (
+        run(fault=slower(["fwd.gemm"], range(32), 1.2), history=old, start=300, seed=3).findings[0].cause
+        == "regression"
+    )
     with pytest.raises(HistoryError, match="version 9"):
         JobHistory.decode(h.encode().replace('"v":1', '"v":9'))
     with pytest.raises(HistoryError):

@@ -24,13 +24,36 @@ def run_window(scenario: Scenario, start=100, steps=8, drop_workers=(), history=
     results = []
     for s in range(start, start + steps):
         batches = [b for b in sim.feature_batches(sim.step(s), trig) if b.worker.rank not in drop_workers]
-        frame = StepFrame.from_tables(scenario.job, trig.window, s, [b.worker for b in batches], [b.step_time_us for b in batches],
-                                      [ft.unpack(b.functions) for b in batches], POLICY.diagnosis.peer_group_keys, [b.hardware for b in batches])  # fmt: skip
+        frame = StepFrame.from_tables(
+            scenario.job,
+            trig.window,
+            s,
+            [b.worker for b in batches],
+            [b.step_time_us for b in batches],
+            [ft.unpack(b.functions) for b in batches],
+            POLICY.diagnosis.peer_group_keys,
+            [b.hardware for b in batches],
+        )
         r = analyze_step(frame, POLICY.diagnosis)
         # through the wire format, as in the processor
-        rep = decode(encode(step_report(r, window_start=start, window_steps=steps, expected_workers=n, bytes_in=0, policy="p", tenant="", closed="complete")))
+        rep = decode(
+            encode(
+                step_report(
+                    r,
+                    window_start=start,
+                    window_steps=steps,
+                    expected_workers=n,
+                    bytes_in=0,
+                    policy="p",
+                    tenant="",
+                    closed="complete",
+                )
+            )
+        )
         results.append(step_result(rep))
-    return diagnose_window(WindowInfo(scenario.job, trig.window, start, steps, n), results, POLICY, now=time.time(), history=history)
+    return diagnose_window(
+        WindowInfo(scenario.job, trig.window, start, steps, n), results, POLICY, now=time.time(), history=history
+    )
 
 
 def scenario(fault=None, workers=64, **kw):
@@ -101,7 +124,9 @@ def test_healthy_job_has_no_findings():
 
 def test_missing_worker_lowers_coverage_and_confidence():
     full = run_window(scenario(Fault(type="gpu_slow", workers=(13,), severity=0.3))).findings[0]
-    part = run_window(scenario(Fault(type="gpu_slow", workers=(13,), severity=0.3)), drop_workers=(40, 41, 42, 43, 44, 45, 46, 47))
+    part = run_window(
+        scenario(Fault(type="gpu_slow", workers=(13,), severity=0.3)), drop_workers=(40, 41, 42, 43, 44, 45, 46, 47)
+    )
     assert part.report.coverage == pytest.approx(56 / 64)
     assert part.findings[0].workers == [13]
     assert part.findings[0].confidence < full.confidence
@@ -126,11 +151,18 @@ def test_a_rings_culprit_is_its_saturated_link_while_the_others_burst():
     # a ring's members share the slowest link's mean: only the shape (sd/mean, peak) tells the culprit
     sc = scenario(Fault(type="nic", nics=("node0003/bond1",), severity=1.0), hardware_hz=10_000)
     (f,) = run_window(sc).findings
-    assert (f.cause, f.devices, f.workers, f.function) == ("nic", ["node0003/bond1"], [28, 29, 30, 31], "nccl:all_reduce[dp]")
+    assert (f.cause, f.devices, f.workers, f.function) == (
+        "nic",
+        ["node0003/bond1"],
+        [28, 29, 30, 31],
+        "nccl:all_reduce[dp]",
+    )
     ev = {e.feature: e for e in f.evidence}
     assert ev["nic_gbps"].value == pytest.approx(ev["nic_gbps"].peer_value, rel=0.05)  # the same mean ...
     assert ev["nic_gbps_p95"].value < 0.6 * ev["nic_gbps_p95"].peer_value  # ... a lower peak ...
-    assert ev["nic_gbps_sd"].value / ev["nic_gbps"].value < 0.25 * ev["nic_gbps_sd"].peer_value / ev["nic_gbps"].peer_value  # ... steady
+    assert (
+        ev["nic_gbps_sd"].value / ev["nic_gbps"].value < 0.25 * ev["nic_gbps_sd"].peer_value / ev["nic_gbps"].peer_value
+    )  # ... steady
     assert "saturated its link" in f.summary and f.confidence > 0.8
     assert 0.03 < f.impact.step_time_share < 0.5
 
@@ -138,7 +170,14 @@ def test_a_rings_culprit_is_its_saturated_link_while_the_others_burst():
 def test_the_real_case_four_ranks_one_rate_limited_link():
     # four ranks, one per host, one ring; one rank's link rate-limited: every rank's all-reduce and mean alike
     topo = Topology(workers=4, gpus_per_host=1, nics_per_host=1)
-    (f,) = run_window(Scenario(job="j", topology=topo, faults=(Fault(type="nic", nics=("node0002/bond0",), severity=3.0),), hardware_hz=1000)).findings
+    (f,) = run_window(
+        Scenario(
+            job="j",
+            topology=topo,
+            faults=(Fault(type="nic", nics=("node0002/bond0",), severity=3.0),),
+            hardware_hz=1000,
+        )
+    ).findings
     assert (f.workers, f.devices, f.cause) == ([2], ["node0002/bond0"], "nic")
 
 
@@ -152,7 +191,9 @@ def test_bursts_the_sampler_cannot_resolve_blame_nobody():
 
 
 def small(workers, *faults, **kw):
-    return Scenario(job="small", topology=Topology(workers=workers, gpus_per_host=1, nics_per_host=1), faults=faults, **kw)
+    return Scenario(
+        job="small", topology=Topology(workers=workers, gpus_per_host=1, nics_per_host=1), faults=faults, **kw
+    )
 
 
 def test_a_worker_slower_than_its_only_peer_is_found_by_ratio():
@@ -181,7 +222,9 @@ def test_small_healthy_jobs_stay_silent():
 
 def test_without_the_samples_that_decide_the_cause_is_undetermined():
     # no samples: the slow GPU is named, why it is slow is not; the evidence and the summary say which samples would tell
-    (f,) = run_window(scenario(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3), hardware="none")).findings
+    (f,) = run_window(
+        scenario(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3), hardware="none")
+    ).findings
     assert (f.workers, f.devices, f.cause) == ([13], ["node0001/gpu5"], "undetermined")
     ev = {e.feature: e for e in f.evidence}
     assert ev["sm_clock_mhz"].value is None and "no sm_clock_mhz samples" in f.summary and f.confidence < 0.6

@@ -41,8 +41,17 @@ class Clock:
 class Pair:
     """One processor's stages over a :class:`MemoryOutput`; :meth:`pump` hands what they sent to the stage that reads it."""
 
-    def __init__(self, *, partitions: int = 1, deliver: bool = True, tables: Tables | None = None, out: MemoryOutput | None = None,
-                 policy: Policy | None = None, step_timeout_s: float = 5.0, window_timeout_s: float = 30.0):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        partitions: int = 1,
+        deliver: bool = True,
+        tables: Tables | None = None,
+        out: MemoryOutput | None = None,
+        policy: Policy | None = None,
+        step_timeout_s: float = 5.0,
+        window_timeout_s: float = 30.0,
+    ):
         self.clock = Clock()
         self.out = out or MemoryOutput(partitions, deliver)
         self.tables = tables or Tables()
@@ -91,7 +100,13 @@ def pair():
     return Pair
 
 
-SIM = FleetSimulator(Scenario(job="j", topology=Topology(workers=8, gpus_per_host=8), faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),)))
+SIM = FleetSimulator(
+    Scenario(
+        job="j",
+        topology=Topology(workers=8, gpus_per_host=8),
+        faults=(Fault(type="gpu_slow", workers=(3,), severity=0.4),),
+    )
+)
 WINDOW = Window(60, 2)
 
 

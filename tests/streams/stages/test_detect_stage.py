@@ -5,7 +5,13 @@ revoked partitions; every heartbeat acknowledged once it was processed."""
 from __future__ import annotations
 
 from lockstep.kafka import Topics
-from lockstep.schemas.records import DetectorTick, ProfileTrigger, StepHeartbeat, StepSeries, TriggerRefused, TriggerRequest
+from lockstep.schemas.records import (
+    ProfileTrigger,
+    StepHeartbeat,
+    StepSeries,
+    TriggerRefused,
+    TriggerRequest,
+)
 from lockstep.streams.stages import Partition
 
 TOPICS = Topics.named("t")  # the pair's
@@ -17,8 +23,26 @@ def heartbeats(p, steps, step_time_s=0.2, workers=8, interval=0.2) -> list:
     out = []
     for step in steps:
         sent = T0 + step * interval
-        out.append((sent + 0.05, [p.produce(TOPICS.heartbeats, "j", StepHeartbeat(job="j", worker=w, step=step, step_time_s=step_time_s * (1 + 0.001 * w),
-                                                                                    host=f"h{w}", sent_at=sent)) for w in range(workers)]))  # fmt: skip
+        out.append(
+            (
+                sent + 0.05,
+                [
+                    p.produce(
+                        TOPICS.heartbeats,
+                        "j",
+                        StepHeartbeat(
+                            job="j",
+                            worker=w,
+                            step=step,
+                            step_time_s=step_time_s * (1 + 0.001 * w),
+                            host=f"h{w}",
+                            sent_at=sent,
+                        ),
+                    )
+                    for w in range(workers)
+                ],
+            )
+        )
     return out
 
 
@@ -85,10 +109,16 @@ async def test_a_hang_is_checked_by_a_tick_the_timer_sends_into_the_jobs_partiti
     await p.proc.detect.on_timer(p.clock.t)
     (tick,) = p.out.records(TOPICS.heartbeats)
     assert tick.key == b"j" and tick.partition == beats[0][1][0].partition  # into the job's own partition
-    assert p.tables.detector == {} and control(p) == []  # the timer only sent it: the check and the table write happen in the stream
+    assert (
+        p.tables.detector == {} and control(p) == []
+    )  # the timer only sent it: the check and the table write happen in the stream
     await p.pump()
     (trigger,) = control(p)
-    assert trigger.kind == "hang" and trigger.start_step >= 41 and p.tables.detector["j"].startswith(f"{trigger.start_step},")
+    assert (
+        trigger.kind == "hang"
+        and trigger.start_step >= 41
+        and p.tables.detector["j"].startswith(f"{trigger.start_step},")
+    )
     assert p.acked(TOPICS.heartbeats)[-1] == tick.offset
 
 
@@ -99,13 +129,19 @@ async def test_the_timer_publishes_the_jobs_step_times_and_the_gauges(pair):
     (series,) = [r for r in p.sent(TOPICS.series) if isinstance(r, StepSeries)]
     assert series.job == "j" and series.steps == list(range(8)) and series.workers == [8] * 8  # steps 8, 9 still open
     m = p.proc.metrics
-    assert m.get("step_series_points_total") == 8 and m.get("detector_jobs") == 1 and m.get("detector_open_windows") == 0
+    assert (
+        m.get("step_series_points_total") == 8 and m.get("detector_jobs") == 1 and m.get("detector_open_windows") == 0
+    )
 
 
 async def test_a_heartbeat_from_the_future_is_dead_lettered_and_changes_nothing(pair):
     p = pair()
     await run(p, heartbeats(p, range(40)))
-    far = p.produce(TOPICS.heartbeats, "j", StepHeartbeat(job="j", worker=0, step=10**9, step_time_s=0.2, host="h0", sent_at=p.clock.t))
+    far = p.produce(
+        TOPICS.heartbeats,
+        "j",
+        StepHeartbeat(job="j", worker=0, step=10**9, step_time_s=0.2, host="h0", sent_at=p.clock.t),
+    )
     await p.feed([far])
     assert p.dead() == {("detect", "from_the_future"): 1}
     assert p.proc.detect.detector.jobs["j"].max_step == 39 and p.acked(TOPICS.heartbeats)[-1] == far.offset

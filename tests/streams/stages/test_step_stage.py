@@ -9,9 +9,11 @@ import pytest
 from lockstep.kafka import Topics
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import StepReport, encode
-from lockstep.streams.stages import Partition, step as step_module
+from lockstep.streams.stages import Partition
+from lockstep.streams.stages import step as step_module
 
 TOPICS = Topics.named("t")  # the pair's
+
 
 def features(p, batches) -> list:
     return [p.produce(TOPICS.features, f"{b.job}:{b.step}", b) for b in batches]
@@ -40,7 +42,9 @@ async def test_a_batch_of_records_is_the_same_as_one_at_a_time(pair, batches):
     one, many = pair(), pair()
     await one.feed(features(one, batches[60] + batches[61]))
     await many.feed(features(many, batches[60] + batches[61]), batch=True)
-    assert [r.value for r in one.out.records(TOPICS.stepreports)] == [r.value for r in many.out.records(TOPICS.stepreports)]
+    assert [r.value for r in one.out.records(TOPICS.stepreports)] == [
+        r.value for r in many.out.records(TOPICS.stepreports)
+    ]
     assert one.acked(TOPICS.features) == many.acked(TOPICS.features) == list(range(16))
 
 
@@ -79,7 +83,9 @@ async def test_a_table_whose_values_fail_the_step_check_goes_to_the_dead_letters
     t = ft.unpack(bad.functions)
     col = t.column("total_us").to_numpy(zero_copy_only=False).copy()
     col[0] = -1.0
-    t = t.set_column(t.column_names.index("total_us"), t.schema.field("total_us"), ft.pa.array(col))  # still in the schema: read as is
+    t = t.set_column(
+        t.column_names.index("total_us"), t.schema.field("total_us"), ft.pa.array(col)
+    )  # still in the schema: read as is
     spoilt = msgspec.structs.replace(bad, functions=ft.pack(t))
     await p.feed(features(p, [*batches[60][:2], spoilt, *batches[60][3:]]))
     assert p.dead() == {("steps", "bad_function_table"): 1}
@@ -102,7 +108,9 @@ async def test_a_step_missing_workers_closes_on_the_timer(pair, batches):
 
 async def test_a_record_for_a_closed_step_is_late_and_a_replayed_twin_replaces_its_first_copy(pair, batches):
     p = pair()
-    await p.feed(features(p, [*batches[60][:4], batches[60][0], *batches[60][4:]]))  # worker 0 twice (a producer's retry)
+    await p.feed(
+        features(p, [*batches[60][:4], batches[60][0], *batches[60][4:]])
+    )  # worker 0 twice (a producer's retry)
     (r,) = reports(p)
     assert r.workers_seen == 8 and p.acked(TOPICS.features) == list(range(9))
     await p.feed(features(p, batches[60][3:4]))  # after the close: late, acknowledged at once

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 
 from lockstep.kafka import Topics
-from lockstep.schemas.records import DeviationMap, Finding, StepReport, WindowReport, WindowTimeout
+from lockstep.schemas.records import DeviationMap, Finding, WindowReport, WindowTimeout
 from lockstep.streams.diagnosis import JobHistory
-from lockstep.streams.stages import Partition, window as window_module
+from lockstep.streams.stages import Partition
+from lockstep.streams.stages import window as window_module
 
 TOPICS = Topics.named("t")  # the pair's
 
@@ -140,7 +141,9 @@ async def test_a_stored_history_that_does_not_decode_is_dropped_and_the_window_d
     assert any("dropping its stored history" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_bug_in_the_diagnosis_dead_letters_the_windows_records_and_leaves_it_open_to_a_replay(pair, batches, monkeypatch):
+async def test_a_bug_in_the_diagnosis_dead_letters_the_windows_records_and_leaves_it_open_to_a_replay(
+    pair, batches, monkeypatch
+):
     p = pair()
 
     def broken(*args, **kwargs):
@@ -155,7 +158,9 @@ async def test_a_bug_in_the_diagnosis_dead_letters_the_windows_records_and_leave
 async def test_a_bad_step_report_is_dead_lettered(pair):
     p = pair()
     await p.feed([p.produce(TOPICS.stepreports, "j", b'{"schema": "StepReport", "v": 1}')])
-    assert sum(n for (stage, _), n in p.dead().items() if stage == "windows") == 1 and p.acked(TOPICS.stepreports) == [0]
+    assert sum(n for (stage, _), n in p.dead().items() if stage == "windows") == 1 and p.acked(TOPICS.stepreports) == [
+        0
+    ]
 
 
 async def test_a_revoked_partition_is_forgotten_and_its_new_owner_closes_the_window_once(pair, batches):
