@@ -155,8 +155,12 @@ def overhead(args) -> None:
         f"(quartiles {q[0]:.4f}..{q[2]:.4f}; this machine's step-to-step noise is larger than the effect)"
     )
     print(f"  agent.step() in the training thread: median {1e6 * call:.1f} us = {pct(call / mb)} of the step")
-    print(f"  publishing thread CPU per step (batching, encoding, Kafka, control polling): {1e6 * io:.1f} us = {pct(io / mb)}")
-    print(f"  all background threads of the agent per step (publishing thread + librdkafka's): {1e6 * bg:.1f} us = {pct(bg / mb)}")
+    print(
+        f"  publishing thread CPU per step (batching, encoding, Kafka, control polling): {1e6 * io:.1f} us = {pct(io / mb)}"
+    )
+    print(
+        f"  all background threads of the agent per step (publishing thread + librdkafka's): {1e6 * bg:.1f} us = {pct(bg / mb)}"
+    )
     cost = call + max(bg, io)
     print(f"  agent cost per step (training-thread call + background CPU): {1e6 * cost:.0f} us = {pct(cost / mb)} of the step;"
           f" {pct(cost / 0.074)} of a 74 ms step (target <= 0.1%: {'met' if cost <= 74e-6 else 'NOT met'})")  # fmt: skip
@@ -428,8 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     o = sub.add_parser("overhead")
     o.add_argument("--blocks", type=int, default=8)
     o.add_argument("--steps", type=int, default=25, help="measured steps per block")
-    o.add_argument("--warmup", type=int, default=5, help="steps per block before measuring, at least until the agent delivered a "
-                   "heartbeat (the agent's start-up is not per-step cost)")
+    o.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="steps per block before measuring, at least until the agent delivered a "
+        "heartbeat (the agent's start-up is not per-step cost)",
+    )
     o.set_defaults(func=overhead)
     for name, func in (("bytes", bytes_), ("summarise", summarise_)):
         q = sub.add_parser(name)

@@ -32,8 +32,12 @@ def main() -> None:
     ap.add_argument("--steps-per-s", type=float, default=1.0)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--no-windows", action="store_true", help="heartbeats only: the always-on signal's cost")
-    ap.add_argument("--features", choices=("window", "step"), default="window",
-                    help="what the fleet sends: a WindowFeatures per worker and window (default, as agents do) or a FeatureBatch per worker and step")
+    ap.add_argument(
+        "--features",
+        choices=("window", "step"),
+        default="window",
+        help="what the fleet sends: a WindowFeatures per worker and window (default, as agents do) or a FeatureBatch per worker and step",
+    )
     ap.add_argument("--bootstrap-servers", default=None, help="a Kafka to use (default: start the embedded broker)")
     ap.add_argument(
         "--log-dir",

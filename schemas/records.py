@@ -314,10 +314,17 @@ class WindowFeatures(_Record, tag="WindowFeatures", kw_only=True):
             if x <= 0:
                 raise RecordError("invalid", f"step_time_us must be > 0, got {x}")
         end = self.window_start + self.window_steps
-        if self.steps[0] < self.window_start or self.steps[-1] >= end or any(a >= b for a, b in zip(self.steps, self.steps[1:])):
+        if (
+            self.steps[0] < self.window_start
+            or self.steps[-1] >= end
+            or any(a >= b for a, b in zip(self.steps, self.steps[1:]))
+        ):
             raise RecordError("invalid", f"steps must ascend inside window {self.window} [{self.window_start}, {end})")
         if self.shard != self.worker.rank // self.shard_workers:
-            raise RecordError("invalid", f"worker {self.worker.rank} is in shard {self.worker.rank // self.shard_workers}, not {self.shard}")
+            raise RecordError(
+                "invalid",
+                f"worker {self.worker.rank} is in shard {self.worker.rank // self.shard_workers}, not {self.shard}",
+            )
 
 
 class StepSlice(_Record, tag="StepSlice", kw_only=True):
@@ -608,8 +615,23 @@ SUPPORTED_VERSIONS: dict[str, frozenset[int]] = {name: frozenset({1}) for name i
 BINARY_RECORDS = frozenset({"FeatureBatch", "WindowFeatures", "StepSlice", "StepReport", "RawTrace"})
 
 Record = (
-    StepHeartbeat | ProfileTrigger | FeatureBatch | WindowFeatures | StepSlice | Finding | StepReport | WindowTimeout | WindowReport | DeadLetter
-    | TriggerRequest | TriggerRefused | DetectorTick | RawRequest | RawTrace | StepSeries | DeviationMap
+    StepHeartbeat
+    | ProfileTrigger
+    | FeatureBatch
+    | WindowFeatures
+    | StepSlice
+    | Finding
+    | StepReport
+    | WindowTimeout
+    | WindowReport
+    | DeadLetter
+    | TriggerRequest
+    | TriggerRefused
+    | DetectorTick
+    | RawRequest
+    | RawTrace
+    | StepSeries
+    | DeviationMap
 )
 
 

@@ -155,7 +155,10 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
         publisher = Publisher(producer_config(s))
         control = stack.enter_context(Tail(consumer_config(s, None), topics.control).open())
         sent_at: dict[int, float] = {}  # step -> its last record handed to the producer
-        inputs = (topics.heartbeats, topics.windowfeatures if features == "window" else topics.features)  # what the fleet sends
+        inputs = (
+            topics.heartbeats,
+            topics.windowfeatures if features == "window" else topics.features,
+        )  # what the fleet sends
         samples: list[Sample] = []
         t0 = time.time()
         state: dict[str, Any] = {"step": 0, "asked_at": 0.0, "done": False}
@@ -246,7 +249,9 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
                 rep = decode(msg.value)
                 if not isinstance(rep, StepReport) or rep.job != sc.job or msg.timestamp_s is None:
                     continue
-                sent = rep.step if features == "step" else rep.window_start + rep.window_steps - 1  # the step's records went out then
+                sent = (
+                    rep.step if features == "step" else rep.window_start + rep.window_steps - 1
+                )  # the step's records went out then
                 if sent in sent_at:
                     step_latency.append(msg.timestamp_s - sent_at[sent])
         return LoadResult(

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, window_features_key
 from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, encode
-from .settings import AgentConfig
 from .control import ControlFollower
 from .meta import Identity, discover
 from .outbox import Outbox
@@ -348,7 +347,11 @@ class Agent:
             log.warning("window %s: %d of %d steps summarised", trigger.window, outcome.steps, trigger.steps)
         if outcome.record is not None:
             value = encode(outcome.record)
-            self._outbox.put(self.topics.windowfeatures, window_features_key(trigger.job, trigger.window, outcome.record.shard), value)
+            self._outbox.put(
+                self.topics.windowfeatures,
+                window_features_key(trigger.job, trigger.window, outcome.record.shard),
+                value,
+            )
             self._outbox.wake()
             record.record_bytes = len(value)
         record.summarised = outcome.steps

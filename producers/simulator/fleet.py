@@ -12,6 +12,7 @@ import pyarrow as pa
 import yaml
 
 from ...schemas import functions as ft
+from ...schemas.errors import LockstepError
 from ...schemas.records import FeatureBatch, ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, WorkerMeta
 from .faults import Fault, FaultError, Truth, effects
 from .model import KIND, NAMES, SAMPLED, SimulatedStep, Static, Workload, simulate_step, step_rng
@@ -317,7 +318,9 @@ class FleetSimulator:
             if not sim.missing[i]
         ]
 
-    def window_features(self, sims: list[SimulatedStep], trigger: ProfileTrigger, sent_at: float | None = None) -> list[WindowFeatures]:
+    def window_features(
+        self, sims: list[SimulatedStep], trigger: ProfileTrigger, sent_at: float | None = None
+    ) -> list[WindowFeatures]:
         """One record per worker with the window's steps ``sims`` (those it was live in), as its agent publishes it
         when the window ends."""
         now = time.time() if sent_at is None else sent_at
@@ -338,12 +341,22 @@ class FleetSimulator:
         sw = trigger.shard_workers
         return [
             WindowFeatures(
-                job=self.scenario.job, window=trigger.window, window_start=trigger.start_step, window_steps=trigger.steps,
-                expected_workers=trigger.expected_workers, shard=m.rank // sw, shard_workers=sw, worker=m,
-                steps=step_of[live[:, i]].tolist(), step_time_us=step_time[live[:, i], i].tolist(),
-                functions=ft.pack_window(t.slice(int(offsets[i]), int(counts[i]))), hardware=self.scenario.hardware,  # type: ignore[arg-type]
-                policy=trigger.policy_ref, sent_at=now + float(sims[-1].clock_offset_s[i]), tenant=self.scenario.tenant,
-            )  # fmt: skip
+                job=self.scenario.job,
+                window=trigger.window,
+                window_start=trigger.start_step,
+                window_steps=trigger.steps,
+                expected_workers=trigger.expected_workers,
+                shard=m.rank // sw,
+                shard_workers=sw,
+                worker=m,
+                steps=step_of[live[:, i]].tolist(),
+                step_time_us=step_time[live[:, i], i].tolist(),
+                functions=ft.pack_window(t.slice(int(offsets[i]), int(counts[i]))),
+                hardware=self.scenario.hardware,  # type: ignore[arg-type]
+                policy=trigger.policy_ref,
+                sent_at=now + float(sims[-1].clock_offset_s[i]),
+                tenant=self.scenario.tenant,
+            )
             for i, m in enumerate(self.meta)
             if live[:, i].any()
         ]

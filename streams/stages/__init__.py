@@ -17,4 +17,17 @@ from .shard import ShardStage
 from .step import StepStage
 from .window import WindowStage
 
-__all__ = ["DetectStage", "MemoryOutput", "Output", "Partition", "Policies", "Processor", "RecordIn", "ShardStage", "Stage", "StepStage", "Tables", "WindowStage"]
+__all__ = [
+    "DetectStage",
+    "MemoryOutput",
+    "Output",
+    "Partition",
+    "Policies",
+    "Processor",
+    "RecordIn",
+    "ShardStage",
+    "Stage",
+    "StepStage",
+    "Tables",
+    "WindowStage",
+]
