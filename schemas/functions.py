@@ -281,8 +281,9 @@ def bad_owners(t: pa.Table, owner: np.ndarray, n_owners: int, part: np.ndarray |
 
 
 def _known(col: pa.ChunkedArray, allowed: pa.Array) -> np.ndarray:
-    """Per row: a value of ``allowed`` (False for null).  A dictionary column is checked once per dictionary entry."""
-    if pa.types.is_dictionary(col.type):
+    """Per row: a value of ``allowed`` (False for null).  A dictionary column of a few chunks is checked once per
+    dictionary entry; one of many small chunks (a shard's records, a dictionary each) in Arrow's own pass."""
+    if pa.types.is_dictionary(col.type) and col.num_chunks <= 4:
         parts = []
         for chunk in col.chunks:
             ok = np.append(
