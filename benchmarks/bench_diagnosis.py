@@ -113,10 +113,14 @@ def synthetic_step(
     return crit.sum(axis=1), tables
 
 
-def window_records(metas: list[WorkerMeta], steps: list[tuple[np.ndarray, list[pa.Table]]], shard_workers: int) -> list[bytes]:
+def window_records(
+    metas: list[WorkerMeta], steps: list[tuple[np.ndarray, list[pa.Table]]], shard_workers: int
+) -> list[bytes]:
     """The window as the agents send it: one encoded ``WindowFeatures`` per worker (its steps in one compact table)."""
     n = len(metas)
-    tables = [pa.concat_tables(tables).combine_chunks() for _, tables in steps]  # per step, every worker's rows in rank order
+    tables = [
+        pa.concat_tables(tables).combine_chunks() for _, tables in steps
+    ]  # per step, every worker's rows in rank order
     per = tables[0].num_rows // n
     step_col = np.repeat(np.arange(len(steps), dtype=np.int32), per)
     out = []
@@ -138,7 +142,9 @@ def shard_stage(records: list[bytes], keys: tuple[str, ...], shard_workers: int)
     out: dict[int, list[bytes]] = {}
     for i, value in enumerate(records):
         rec = decode(value, WindowFeatures)
-        closed, _ = shards.add(rec, ft.read_compact(rec.functions, rec.functions_codec), len(value), Handle(0, i, None), 0.0)
+        closed, _ = shards.add(
+            rec, ft.read_compact(rec.functions, rec.functions_codec), len(value), Handle(0, i, None), 0.0
+        )
         if closed is not None:
             slices, errors = step_slices(closed.pending, keys)
             assert not errors, errors
@@ -173,7 +179,12 @@ def partition_floor(frames: list[StepFrame]) -> None:
 
 
 def numeric_bytes(frames: list[StepFrame]) -> int:
-    return sum(c.nbytes for f in frames for c in f.functions.columns if pa.types.is_floating(c.type) or pa.types.is_integer(c.type))
+    return sum(
+        c.nbytes
+        for f in frames
+        for c in f.functions.columns
+        if pa.types.is_floating(c.type) or pa.types.is_integer(c.type)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--functions", type=int, default=20)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--shard-workers", type=int, default=256, help="workers per shard of the WindowFeatures (the trigger's default)")
+    ap.add_argument(
+        "--shard-workers", type=int, default=256, help="workers per shard of the WindowFeatures (the trigger's default)"
+    )
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
@@ -223,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         if how == "prebuilt":
             fs = frames
         elif how == "tables":
-            fs = [StepFrame.from_tables("bench", "w0", s, metas, st, tables, keys, hardware) for s, (st, tables) in enumerate(steps)]
+            fs = [
+                StepFrame.from_tables("bench", "w0", s, metas, st, tables, keys, hardware)
+                for s, (st, tables) in enumerate(steps)
+            ]
         else:  # slices, one step at a time as the step stage does: its frame, then its analysis
             results = []
             for s in range(args.steps):
@@ -239,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     d = diagnose("prebuilt")  # warm-up; also the findings to report
     d_slices, d_tables = diagnose("slices"), diagnose("tables")
     same = [(f.workers, f.function, f.cause) for f in d.findings]
-    assert same == [(f.workers, f.function, f.cause) for f in d_slices.findings] == [(f.workers, f.function, f.cause) for f in d_tables.findings]
+    assert (
+        same
+        == [(f.workers, f.function, f.cause) for f in d_slices.findings]
+        == [(f.workers, f.function, f.cause) for f in d_tables.findings]
+    )
     per_step = {"frame": [], "analysis": []}
     results = [analyze_step(f, policy.diagnosis) for f in frames]
     times: dict[str, list[float]] = {"prebuilt": [], "slices": [], "tables": [], "floor": [], "shards": [], "hop": []}
@@ -270,15 +290,29 @@ def main(argv: list[str] | None = None) -> int:
                           "shard_stage_records_per_s": shard_rate, "window_features_bytes": record_bytes, "findings": found}))  # fmt: skip
         return 0
     ok = {True: "met", False: "NOT met"}
-    print(f"Diagnosis of one window: {args.workers:,} workers x {args.functions} functions x {args.steps} steps = {rows:,} function rows")
-    print(f"one CPU core, numpy {np.__version__}, pyarrow {pa.__version__}, median of {args.runs} runs (each run measures every line)\n")
-    print(f"  analyze_step x {args.steps} + diagnose_window, StepFrames prebuilt:        {med['prebuilt']:.3f} s   {rows / med['prebuilt'] / 1e6:.2f} M rows/s")
-    print(f"  ... plus frames from StepSlices ({len(slices[0])} per step, the step stage):   {med['slices']:.3f} s   {rows / med['slices'] / 1e6:.2f} M rows/s")
-    print(f"  ... plus frames from one table per worker ({args.workers:,} per step, before):   {med['tables']:.3f} s   {rows / med['tables'] / 1e6:.2f} M rows/s")
-    print(f"  partition-median floor ({numeric_bytes(frames) / 1e6:.0f} MB of numeric columns, np.partition):   {med['floor']:.3f} s")
+    print(
+        f"Diagnosis of one window: {args.workers:,} workers x {args.functions} functions x {args.steps} steps = {rows:,} function rows"
+    )
+    print(
+        f"one CPU core, numpy {np.__version__}, pyarrow {pa.__version__}, median of {args.runs} runs (each run measures every line)\n"
+    )
+    print(
+        f"  analyze_step x {args.steps} + diagnose_window, StepFrames prebuilt:        {med['prebuilt']:.3f} s   {rows / med['prebuilt'] / 1e6:.2f} M rows/s"
+    )
+    print(
+        f"  ... plus frames from StepSlices ({len(slices[0])} per step, the step stage):   {med['slices']:.3f} s   {rows / med['slices'] / 1e6:.2f} M rows/s"
+    )
+    print(
+        f"  ... plus frames from one table per worker ({args.workers:,} per step, before):   {med['tables']:.3f} s   {rows / med['tables'] / 1e6:.2f} M rows/s"
+    )
+    print(
+        f"  partition-median floor ({numeric_bytes(frames) / 1e6:.0f} MB of numeric columns, np.partition):   {med['floor']:.3f} s"
+    )
     print(f"  shard stage: {len(records):,} WindowFeatures ({record_bytes / 1e3:.1f} KB each) -> StepSlices:   {med['shards']:.3f} s"
           f" = {shard_rate:,.0f} records/s ({shard_rate * args.steps:,.0f} worker-steps/s)")  # fmt: skip
-    print(f"  the hop between the stages (StepReport built, encoded, decoded, read, checked):   {med['hop'] / args.steps * 1e3:.2f} ms per step")
+    print(
+        f"  the hop between the stages (StepReport built, encoded, decoded, read, checked):   {med['hop'] / args.steps * 1e3:.2f} ms per step"
+    )
     print()
     print(f"  one step: frame from slices {frame_s * 1e3:.1f} ms vs its analysis {analysis_s * 1e3:.1f} ms = {ratios['frame_vs_analysis']:.2f}x"
           f" (target <= 2x: {ok[ratios['frame_vs_analysis'] <= 2]})")  # fmt: skip

@@ -29,7 +29,6 @@ import time
 import uuid
 from pathlib import Path
 
-import msgspec
 import psutil
 
 from lockstep.app.runtime import Pipeline
@@ -52,8 +51,15 @@ def payloads(workers: int, steps: int, job: str, kind: str, topics) -> list[tupl
     trig = fleet.trigger(w)
     sims = [fleet.step(s) for s in w.range]
     if kind == "window":
-        return [(topics.windowfeatures, window_features_key(job, r.window, r.shard), encode(r)) for r in fleet.window_features(sims, trig, sent_at=time.time())]
-    return [(topics.features, features_key(job, sim.step), encode(b)) for sim in sims for b in fleet.feature_batches(sim, trig, sent_at=time.time())]
+        return [
+            (topics.windowfeatures, window_features_key(job, r.window, r.shard), encode(r))
+            for r in fleet.window_features(sims, trig, sent_at=time.time())
+        ]
+    return [
+        (topics.features, features_key(job, sim.step), encode(b))
+        for sim in sims
+        for b in fleet.feature_batches(sim, trig, sent_at=time.time())
+    ]
 
 
 def cpu_s(proc: psutil.Process) -> float:
@@ -69,8 +75,12 @@ def features(args) -> dict:
     figures: dict[str, list[dict]] = {"window": [], "step": []}
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
-        topics = ensure_topics(s, extra={n: s.partitions for n in changelog_topics(s.processor_id)})
-        jobs = {(kind, r): payloads(args.workers, args.steps, f"bench-{kind}-{r}", kind, topics) for r in range(args.repeats) for kind in figures}
+        topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
+        jobs = {
+            (kind, r): payloads(args.workers, args.steps, f"bench-{kind}-{r}", kind, topics)
+            for r in range(args.repeats)
+            for kind in figures
+        }
         pipeline = Pipeline(s, log_dir)
         stack.callback(pipeline.stop)
         proc = psutil.Process(pipeline.start("processor").proc.pid)
@@ -81,24 +91,36 @@ def features(args) -> dict:
         idle = (cpu_s(proc) - c0) / (time.monotonic() - t0)  # CPU-seconds per second, with nothing to read
         closed = 0.0
         for r in range(args.repeats):
-            for kind in (("window", "step") if r % 2 == 0 else ("step", "window")):
+            for kind in ("window", "step") if r % 2 == 0 else ("step", "window"):
                 records = jobs[(kind, r)]
                 c0, t0 = cpu_s(proc), time.monotonic()
                 for topic, key, v in records:
                     publisher.send_raw(topic, key, v)
                 publisher.flush(60)
-                while value(pipeline.metrics("processor"), "lockstep_windows_closed_total", reason="complete") <= closed:
+                while (
+                    value(pipeline.metrics("processor"), "lockstep_windows_closed_total", reason="complete") <= closed
+                ):
                     if time.monotonic() - t0 > args.timeout_s:
-                        raise SystemExit(f"window {kind} {r} not closed after {args.timeout_s:.0f} s; logs in {log_dir}")
+                        raise SystemExit(
+                            f"window {kind} {r} not closed after {args.timeout_s:.0f} s; logs in {log_dir}"
+                        )
                     time.sleep(0.05)
                 closed += 1
                 wall = time.monotonic() - t0
                 cpu = cpu_s(proc) - c0 - idle * wall
-                figures[kind].append({"records": len(records), "bytes": sum(len(v) for _, _, v in records), "cpu_s": cpu, "wall_s": wall})
+                figures[kind].append(
+                    {"records": len(records), "bytes": sum(len(v) for _, _, v in records), "cpu_s": cpu, "wall_s": wall}
+                )
         m = pipeline.metrics("processor")
         dead = sum(v for (name, _), v in m.items() if name == "lockstep_dead_letters_total")
     worker_steps = args.workers * args.steps
-    out = {"workers": args.workers, "steps": args.steps, "repeats": args.repeats, "idle_cpu_per_s": idle, "dead_letters": dead}
+    out = {
+        "workers": args.workers,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "idle_cpu_per_s": idle,
+        "dead_letters": dead,
+    }
     for kind, runs in figures.items():
         cpu = statistics.median(x["cpu_s"] for x in runs)
         out[kind] = {"records": runs[0]["records"], "bytes": runs[0]["bytes"], "cpu_s": cpu, "cpu_s_all": [round(x["cpu_s"], 3) for x in runs],
@@ -128,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     w, st = out["window"], out["step"]
     print(f"one window of a {out['workers']:,}-worker job ({out['steps']} steps) through one processor on the embedded broker; "
           f"processor CPU (idle {out['idle_cpu_per_s']:.3f} CPU-s/s subtracted), median of {out['repeats']} windows each, alternating")  # fmt: skip
-    for name, x in (("WindowFeatures (one per worker and window)", w), ("FeatureBatch (one per worker and step, before)", st)):
+    for name, x in (
+        ("WindowFeatures (one per worker and window)", w),
+        ("FeatureBatch (one per worker and step, before)", st),
+    ):
         print(f"  {name:48s} {x['records']:7,} records {x['bytes'] / x['records'] / 1e3:5.1f} KB each: {x['cpu_s']:6.2f} CPU-s"
               f" ({', '.join(map(str, x['cpu_s_all']))}), {x['records_per_cpu_s']:8,.0f} records/CPU-s, {x['worker_steps_per_cpu_s']:8,.0f} worker-steps/CPU-s")  # fmt: skip
     ok = w["worker_steps_per_cpu_s"] >= 10_000

@@ -188,8 +188,10 @@ def unpack_ipc(data: bytes, codec: str = "zstd", max_bytes: int = MAX_TABLE_BYTE
             raise RecordError("bad_function_table", f"payload of {len(data)} bytes, over {max_bytes}")
         if codec == "lz4":
             if not 0 < size <= max_bytes:
-                raise RecordError("bad_function_table", f"an lz4 payload needs its declared size, 1 to {max_bytes} bytes, not {size}")
-            raw = cramjam.lz4.decompress_block(data, output_len=size)
+                raise RecordError(
+                    "bad_function_table", f"an lz4 payload needs its declared size, 1 to {max_bytes} bytes, not {size}"
+                )
+            raw: bytes | memoryview = memoryview(cramjam.lz4.decompress_block(data, output_len=size))
         else:
             raw = zstd_decompress(data, max_bytes) if codec == "zstd" else data
         return read_ipc_stream(raw)
@@ -251,7 +253,12 @@ def bad_owners(t: pa.Table, owner: np.ndarray, n_owners: int, part: np.ndarray |
             ok &= ~((v < 0) | (v == np.inf))
     ok &= t.column("calls").to_numpy(zero_copy_only=False) >= 0
     bad = np.bincount(owner, weights=~ok, minlength=n_owners) > 0
-    codes = pc.fill_null(pc.dictionary_encode(t.column("function")).combine_chunks().indices, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+    codes = (
+        pc.fill_null(pc.dictionary_encode(t.column("function")).combine_chunks().indices, -1)
+        .to_numpy(zero_copy_only=False)
+        .astype(np.int64)
+        + 1
+    )
     span = int(codes.max(initial=0)) + 1
     group = owner.astype(np.int64) if part is None else owner.astype(np.int64) * (int(part.max(initial=0)) + 1) + part
     if group.size > 1 and (group[1:] >= group[:-1]).all():  # each table's (step's) rows together, as records are read
@@ -274,16 +281,25 @@ def bad_owners(t: pa.Table, owner: np.ndarray, n_owners: int, part: np.ndarray |
 
 
 def _known(col: pa.ChunkedArray, allowed: pa.Array) -> np.ndarray:
-    """Per row: a value of ``allowed`` (False for null).  A dictionary column is checked once per dictionary entry."""
-    if pa.types.is_dictionary(col.type):
+    """Per row: a value of ``allowed`` (False for null).  A dictionary column of a few chunks is checked once per
+    dictionary entry; one of many small chunks (a shard's records, a dictionary each) in Arrow's own pass."""
+    if pa.types.is_dictionary(col.type) and col.num_chunks <= 4:
         parts = []
         for chunk in col.chunks:
-            ok = np.append(pc.fill_null(pc.is_in(chunk.dictionary, allowed), False).to_numpy(zero_copy_only=False), False)  # [-1]: null
+            ok = np.append(
+                pc.fill_null(pc.is_in(chunk.dictionary, allowed), False).to_numpy(zero_copy_only=False), False
+            )  # [-1]: null
             idx = chunk.indices
-            codes = idx.to_numpy(zero_copy_only=False) if not idx.null_count else pc.fill_null(idx, -1).to_numpy(zero_copy_only=False)
-            parts.append(ok[np.where((codes >= 0) & (codes < ok.size - 1), codes, -1)])  # an index past the dictionary: unknown
+            codes = (
+                idx.to_numpy(zero_copy_only=False)
+                if not idx.null_count
+                else pc.fill_null(idx, -1).to_numpy(zero_copy_only=False)
+            )
+            parts.append(
+                ok[np.where((codes >= 0) & (codes < ok.size - 1), codes, -1)]
+            )  # an index past the dictionary: unknown
         return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
-    return pc.fill_null(pc.is_in(col, allowed), False).to_numpy(zero_copy_only=False)
+    return np.asarray(pc.fill_null(pc.is_in(col, allowed), False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _refusal(table: pa.Table) -> RecordError | None:
@@ -427,7 +443,11 @@ def window_table(steps: list[int] | np.ndarray, tables: list[pa.Table]) -> pa.Ta
 def pack_window(table: pa.Table, codec: str = "zstd") -> bytes:
     """A window table (:data:`WINDOW_SCHEMA`) on the wire: optional columns without any value (all NaN, all 0) left
     out, the rest as an Arrow IPC stream compressed as a whole."""
-    keep = [i for i, f in enumerate(table.schema) if f.name in _WINDOW_REQUIRED or f.type == DICTIONARY or _has_values(table.column(i))]
+    keep = [
+        i
+        for i, f in enumerate(table.schema)
+        if f.name in _WINDOW_REQUIRED or f.type == DICTIONARY or _has_values(table.column(i))
+    ]
     if len(keep) < table.num_columns:
         table = table.select(keep)
     return pack(table, codec)
@@ -454,7 +474,11 @@ def read_compact(data: bytes, codec: str = "zstd", *, window: bool = True, size:
         raise RecordError("bad_function_table", f"{what} lacks required columns {missing}")
     if window and t.num_rows == 0:
         raise RecordError("bad_function_table", f"{what} has no rows")
-    if "resource" in names and (window or "step" not in names) and t.schema.equals(_canonical(tuple(names)), check_metadata=False):
+    if (
+        "resource" in names
+        and (window or "step" not in names)
+        and t.schema.equals(_canonical(tuple(names)), check_metadata=False)
+    ):
         return t  # what our agents and shard stages send: nothing to cast
     fields, arrays = [], []
     for name in names:

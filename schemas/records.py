@@ -226,7 +226,9 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
         named = [*self.worker, *(e.worker for e in self.echoes), *(a.worker for a in self.agents)]
         if named and not (lo <= min(named) and max(named) < hi):
             outside = next(w for w in named if not lo <= w < hi)
-            raise RecordError("invalid", f"worker {outside} is not in shard {self.shard} of {self.shard_workers} workers")
+            raise RecordError(
+                "invalid", f"worker {outside} is not in shard {self.shard} of {self.shard_workers} workers"
+            )
         for e in self.echoes:
             _finite("echoes.latency_s", e.latency_s)
 
@@ -243,7 +245,18 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
                 extra.update(trigger_window=e.window, trigger_latency_s=e.latency_s)
             if (c := agent.pop(w, None)) is not None:
                 extra["agent"] = c
-            out.append(StepHeartbeat(job=self.job, worker=w, step=step, step_time_s=t, host=self.host or "?", sent_at=at, tenant=self.tenant, **extra))
+            out.append(
+                StepHeartbeat(
+                    job=self.job,
+                    worker=w,
+                    step=step,
+                    step_time_s=t,
+                    host=self.host or "?",
+                    sent_at=at,
+                    tenant=self.tenant,
+                    **extra,
+                )
+            )
         return out
 
 
@@ -289,12 +302,16 @@ class StepPartial(_Record, tag="StepPartial", kw_only=True):
     clock_sent_at: Timestamp = 0.0  # ... and its sent_at: one host's clock, for the job's pace and the lag
     newest_sent_at: Timestamp = 0.0
     highest: Step  # the shard's highest step seen so far
-    missing: Annotated[list[Rank], msgspec.Meta(max_length=MAX_MISSING)] = []  # workers of the shard behind the step (the first)
+    missing: Annotated[
+        list[Rank], msgspec.Meta(max_length=MAX_MISSING)
+    ] = []  # workers of the shard behind the step (the first)
     missing_total: Count = 0
     final: Count = 0  # workers that sent their last heartbeat
     echoes: list[Echo] = []  # the slowest receipt of each window
     agents: AgentCounters | None = None  # the shard's agents' counters, summed, when one changed
-    closed: Literal["complete", "later", "timeout", "news"] = "complete"  # every worker; a later step; waited too long; news only
+    closed: Literal["complete", "later", "timeout", "news"] = (
+        "complete"  # every worker; a later step; waited too long; news only
+    )
     at: Timestamp = 0.0
 
     def validate(self) -> None:
@@ -449,10 +466,17 @@ class WindowFeatures(_Record, tag="WindowFeatures", kw_only=True):
             if x <= 0:
                 raise RecordError("invalid", f"step_time_us must be > 0, got {x}")
         end = self.window_start + self.window_steps
-        if self.steps[0] < self.window_start or self.steps[-1] >= end or any(a >= b for a, b in zip(self.steps, self.steps[1:])):
+        if (
+            self.steps[0] < self.window_start
+            or self.steps[-1] >= end
+            or any(a >= b for a, b in zip(self.steps, self.steps[1:]))
+        ):
             raise RecordError("invalid", f"steps must ascend inside window {self.window} [{self.window_start}, {end})")
         if self.shard != self.worker.rank // self.shard_workers:
-            raise RecordError("invalid", f"worker {self.worker.rank} is in shard {self.worker.rank // self.shard_workers}, not {self.shard}")
+            raise RecordError(
+                "invalid",
+                f"worker {self.worker.rank} is in shard {self.worker.rank // self.shard_workers}, not {self.shard}",
+            )
 
 
 class StepSlice(_Record, tag="StepSlice", kw_only=True):
@@ -745,8 +769,25 @@ SUPPORTED_VERSIONS: dict[str, frozenset[int]] = {name: frozenset({1}) for name i
 BINARY_RECORDS = frozenset({"FeatureBatch", "WindowFeatures", "StepSlice", "StepReport", "RawTrace"})
 
 Record = (
-    StepHeartbeat | HeartbeatBatch | StepPartial | ProfileTrigger | FeatureBatch | WindowFeatures | StepSlice | Finding | StepReport | WindowTimeout | WindowReport | DeadLetter
-    | TriggerRequest | TriggerRefused | DetectorTick | RawRequest | RawTrace | StepSeries | DeviationMap
+    StepHeartbeat
+    | HeartbeatBatch
+    | StepPartial
+    | ProfileTrigger
+    | FeatureBatch
+    | WindowFeatures
+    | StepSlice
+    | Finding
+    | StepReport
+    | WindowTimeout
+    | WindowReport
+    | DeadLetter
+    | TriggerRequest
+    | TriggerRefused
+    | DetectorTick
+    | RawRequest
+    | RawTrace
+    | StepSeries
+    | DeviationMap
 )
 
 

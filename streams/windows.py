@@ -87,9 +87,15 @@ class PendingStep(Generic[T]):
     tenant: str
     partition: Hashable
     opened_at: float
-    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle[T]]] = field(default_factory=dict)  # rank -> (record, table, its handle)
-    replaced: list[tuple[FeatureBatch, pa.Table, Handle[T]]] = field(default_factory=list)  # twins a later record of the rank replaced
-    slices: list[tuple[StepSlice, pa.Table, pa.Table, Handle[T]]] = field(default_factory=list)  # (record, workers, functions, handle)
+    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
+        default_factory=dict
+    )  # rank -> (record, table, its handle)
+    replaced: list[tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
+        default_factory=list
+    )  # twins a later record of the rank replaced
+    slices: list[tuple[StepSlice, pa.Table, pa.Table, Handle[T]]] = field(
+        default_factory=list
+    )  # (record, workers, functions, handle)
     accounted: set[int] = field(default_factory=set)  # ranks seen, or declared missing by their shard
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
@@ -112,7 +118,9 @@ class StepAssembler(Generic[T]):
         self._remember = remember
         self.late = 0  # records for steps already closed
 
-    def add(self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float) -> tuple[ClosedStep[T] | None, bool]:
+    def add(
+        self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float
+    ) -> tuple[ClosedStep[T] | None, bool]:
         """A worker's FeatureBatch.  Returns (the step if this record completed it, whether the record was late)."""
         p = self._pending(batch, handle, now)
         if p is None:
@@ -125,7 +133,9 @@ class StepAssembler(Generic[T]):
         p.bytes_in += size
         return self._complete(p), False
 
-    def add_slice(self, sl: StepSlice, workers: pa.Table, functions: pa.Table, handle: Handle[T], now: float) -> tuple[ClosedStep[T] | None, bool]:
+    def add_slice(
+        self, sl: StepSlice, workers: pa.Table, functions: pa.Table, handle: Handle[T], now: float
+    ) -> tuple[ClosedStep[T] | None, bool]:
         """A shard's slice of the step (``workers``: its per-worker table; a replayed slice adds nothing new)."""
         p = self._pending(sl, handle, now)
         if p is None:
@@ -201,8 +211,12 @@ class PendingShard(Generic[T]):
     partition: Hashable
     opened_at: float
     members: range  # the ranks the shard expects
-    records: dict[int, tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(default_factory=dict)  # rank -> (record, table, size, handle)
-    replaced: list[tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(default_factory=list)  # twins a later record replaced
+    records: dict[int, tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(
+        default_factory=dict
+    )  # rank -> (record, table, size, handle)
+    replaced: list[tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(
+        default_factory=list
+    )  # twins a later record replaced
     present: int = 0  # members that sent their record
     handles: list[Handle[T]] = field(default_factory=list)
 
@@ -223,7 +237,9 @@ class ShardAssembler(Generic[T]):
         self._closed: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._remember = remember
 
-    def add(self, rec: WindowFeatures, table: pa.Table, size: int, handle: Handle[T], now: float) -> tuple[ClosedShard[T] | None, bool]:
+    def add(
+        self, rec: WindowFeatures, table: pa.Table, size: int, handle: Handle[T], now: float
+    ) -> tuple[ClosedShard[T] | None, bool]:
         """Returns (the shard if this record completed it, whether the record was late)."""
         key = (rec.job, rec.window, rec.shard, rec.shard_workers)
         if key in self._closed:

@@ -29,7 +29,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
-from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, heartbeat_key, window_features_key
+from ...kafka import (
+    CONFLUENT,
+    Clients,
+    Topics,
+    agent_consumer_config,
+    agent_producer_config,
+    heartbeat_key,
+    window_features_key,
+)
 from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, batch_heartbeats, encode
 from .control import ControlFollower
 from .meta import Identity, discover
@@ -358,7 +366,11 @@ class Agent:
             log.warning("window %s: %d of %d steps summarised", trigger.window, outcome.steps, trigger.steps)
         if outcome.record is not None:
             value = encode(outcome.record)
-            self._outbox.put(self.topics.windowfeatures, window_features_key(trigger.job, trigger.window, outcome.record.shard), value)
+            self._outbox.put(
+                self.topics.windowfeatures,
+                window_features_key(trigger.job, trigger.window, outcome.record.shard),
+                value,
+            )
             self._outbox.wake()
             record.record_bytes = len(value)
         record.summarised = outcome.steps

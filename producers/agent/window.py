@@ -76,12 +76,24 @@ def to_trace_clock(samples: pa.Table, offset_us: float) -> pa.Table:
 
 
 def window_features(
-    summaries: list, trigger: ProfileTrigger, meta: WorkerMeta, hardware: HardwareSeen, *, tenant: str = "", now: float | None = None
+    summaries: list,
+    trigger: ProfileTrigger,
+    meta: WorkerMeta,
+    hardware: HardwareSeen,
+    *,
+    tenant: str = "",
+    now: float | None = None,
 ) -> WindowFeatures | None:
     """The worker's summarised steps of the window in one record (steps outside it are dropped; None if none is left).
     The summaries were made from redacted op events (:func:`process_window`): two names that redact alike are one function."""
     now = time.time() if now is None else now
-    kept = [s for s in summaries if trigger.start_step <= s.step < trigger.start_step + trigger.steps and s.step_time_us > 0 and s.functions.num_rows]
+    kept = [
+        s
+        for s in summaries
+        if trigger.start_step <= s.step < trigger.start_step + trigger.steps
+        and s.step_time_us > 0
+        and s.functions.num_rows
+    ]
     if not kept:
         return None
     kept.sort(key=lambda s: s.step)

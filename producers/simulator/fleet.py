@@ -13,7 +13,17 @@ import yaml
 
 from ...schemas import functions as ft
 from ...schemas.errors import LockstepError
-from ...schemas.records import SHARD_WORKERS, Echo, FeatureBatch, HeartbeatBatch, ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, WorkerMeta
+from ...schemas.records import (
+    SHARD_WORKERS,
+    Echo,
+    FeatureBatch,
+    HeartbeatBatch,
+    ProfileTrigger,
+    Sampling,
+    StepHeartbeat,
+    WindowFeatures,
+    WorkerMeta,
+)
 from .faults import Fault, FaultError, Truth, effects
 from .model import KIND, NAMES, SAMPLED, SimulatedStep, Static, Workload, simulate_step, step_rng
 from .topology import Topology, TopologyError
@@ -199,7 +209,11 @@ class FleetSimulator:
         self.meta: list[WorkerMeta] = self.topology.meta()
         self.static = Static.draw(self.topology, scenario.workload, scenario.seed)
         self._ranks = np.array([m.rank for m in self.meta], dtype=np.int64)
-        self._hosts = np.unique([m.host for m in self.meta], return_inverse=True)[1].reshape(-1) if self.meta else np.zeros(0, dtype=np.int64)
+        self._hosts = (
+            np.unique([m.host for m in self.meta], return_inverse=True)[1].reshape(-1)
+            if self.meta
+            else np.zeros(0, dtype=np.int64)
+        )
 
     def step(
         self,
@@ -341,7 +355,9 @@ class FleetSimulator:
             if not sim.missing[i]
         ]
 
-    def window_features(self, sims: list[SimulatedStep], trigger: ProfileTrigger, sent_at: float | None = None) -> list[WindowFeatures]:
+    def window_features(
+        self, sims: list[SimulatedStep], trigger: ProfileTrigger, sent_at: float | None = None
+    ) -> list[WindowFeatures]:
         """One record per worker with the window's steps ``sims`` (those it was live in), as its agent publishes it
         when the window ends."""
         now = time.time() if sent_at is None else sent_at
@@ -362,12 +378,22 @@ class FleetSimulator:
         sw = trigger.shard_workers
         return [
             WindowFeatures(
-                job=self.scenario.job, window=trigger.window, window_start=trigger.start_step, window_steps=trigger.steps,
-                expected_workers=trigger.expected_workers, shard=m.rank // sw, shard_workers=sw, worker=m,
-                steps=step_of[live[:, i]].tolist(), step_time_us=step_time[live[:, i], i].tolist(),
-                functions=ft.pack_window(t.slice(int(offsets[i]), int(counts[i]))), hardware=self.scenario.hardware,  # type: ignore[arg-type]
-                policy=trigger.policy_ref, sent_at=now + float(sims[-1].clock_offset_s[i]), tenant=self.scenario.tenant,
-            )  # fmt: skip
+                job=self.scenario.job,
+                window=trigger.window,
+                window_start=trigger.start_step,
+                window_steps=trigger.steps,
+                expected_workers=trigger.expected_workers,
+                shard=m.rank // sw,
+                shard_workers=sw,
+                worker=m,
+                steps=step_of[live[:, i]].tolist(),
+                step_time_us=step_time[live[:, i], i].tolist(),
+                functions=ft.pack_window(t.slice(int(offsets[i]), int(counts[i]))),
+                hardware=self.scenario.hardware,  # type: ignore[arg-type]
+                policy=trigger.policy_ref,
+                sent_at=now + float(sims[-1].clock_offset_s[i]),
+                tenant=self.scenario.tenant,
+            )
             for i, m in enumerate(self.meta)
             if live[:, i].any()
         ]

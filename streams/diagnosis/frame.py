@@ -10,13 +10,13 @@ and their rows (:meth:`StepFrame.from_parts`: the shard stage's ``StepSlice``s).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ...schemas import functions as ft
 from ...schemas.records import WorkerMeta
-
 
 #: the workers of a ``StepSlice`` (and of a step frame built from slices): metadata, step time, rows in the function table
 WORKER_SCHEMA = pa.schema(
@@ -34,7 +34,7 @@ WORKER_SCHEMA = pa.schema(
 )
 
 
-def worker_columns(workers: list[WorkerMeta], peer_keys: tuple[str, ...]) -> dict[str, list]:
+def worker_columns(workers: list[WorkerMeta], peer_keys: tuple[str, ...]) -> dict[str, list[Any]]:
     """The metadata columns of :data:`WORKER_SCHEMA` for these workers."""
     return {
         "rank": [w.rank for w in workers],
@@ -116,7 +116,7 @@ class StepFrame:
         """From a per-worker table (:data:`WORKER_SCHEMA`) and the workers' rows, in that order (a compact table)."""
 
         def col(name: str) -> np.ndarray:
-            return workers.column(name).to_numpy(zero_copy_only=False)
+            return np.asarray(workers.column(name).to_numpy(zero_copy_only=False))
 
         rows = col("rows").astype(np.int64)
         return cls(

@@ -19,4 +19,18 @@ from .shard import ShardStage
 from .step import StepStage
 from .window import WindowStage
 
-__all__ = ["DetectStage", "HeartbeatStage", "MemoryOutput", "Output", "Partition", "Policies", "Processor", "RecordIn", "ShardStage", "Stage", "StepStage", "Tables", "WindowStage"]
+__all__ = [
+    "DetectStage",
+    "HeartbeatStage",
+    "MemoryOutput",
+    "Output",
+    "Partition",
+    "Policies",
+    "Processor",
+    "RecordIn",
+    "ShardStage",
+    "Stage",
+    "StepStage",
+    "Tables",
+    "WindowStage",
+]

@@ -47,7 +47,9 @@ class Processor:
         self.detect = DetectStage(topics, out, tables.detector, policy, self.metrics, clock)
         self.shards = ShardStage(topics, out, self.policies, self.metrics, step_timeout_s, clock)
         self.steps = StepStage(topics, out, self.policies, self.metrics, step_timeout_s, clock)
-        self.windows = WindowStage(topics, out, tables.closed_windows, tables.job_history, self.policies, self.metrics, window_timeout_s, clock)
+        self.windows = WindowStage(
+            topics, out, tables.closed_windows, tables.job_history, self.policies, self.metrics, window_timeout_s, clock
+        )
         self.stages: tuple[Stage, ...] = (self.heartbeats, self.detect, self.shards, self.steps, self.windows)
         self.assigned = False  # partitions were assigned once (/healthz: ok)
         self.crashed: dict[str, str] = {}  # agent -> why it died (/healthz: failed)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -26,7 +27,7 @@ from ...metrics import Metrics
 from ...schemas import functions as ft
 from ...schemas.records import RecordError, StepSlice, WindowFeatures, decode, encode
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
-from ..windows import ClosedShard, PendingShard, ShardAssembler
+from ..windows import ClosedShard, Handle, PendingShard, ShardAssembler
 from .base import Clock, HoldingStage, Output, Partition, Policies, RecordIn
 
 #: a slice whose encoded record passes this is cut in two (Kafka's default record limit is 1 MiB)
@@ -38,7 +39,15 @@ class ShardStage(HoldingStage):
 
     name = "shards"
 
-    def __init__(self, topics: Topics, out: Output, policies: Policies, metrics: Metrics, timeout_s: float, clock: Clock = time.time):
+    def __init__(
+        self,
+        topics: Topics,
+        out: Output,
+        policies: Policies,
+        metrics: Metrics,
+        timeout_s: float,
+        clock: Clock = time.time,
+    ):
         super().__init__(topics, out, metrics, clock)
         self.policies = policies
         self.assembler: ShardAssembler[RecordIn] = ShardAssembler(timeout_s)
@@ -50,7 +59,9 @@ class ShardStage(HoldingStage):
     async def on_records(self, records: Sequence[RecordIn]) -> None:
         for record in records:
             await self._one(record)
-        self.metrics.set("open_shards", self.assembler.open_shards, help="shards of windows waiting for workers' features")
+        self.metrics.set(
+            "open_shards", self.assembler.open_shards, help="shards of windows waiting for workers' features"
+        )
 
     async def _one(self, record: RecordIn) -> None:
         h = self.hold(record)
@@ -98,12 +109,16 @@ class ShardStage(HoldingStage):
         await self.release(p.handles)
 
 
-def step_slices(p: PendingShard, peer_keys: tuple[str, ...]) -> tuple[list[tuple[int, bytes]], list[tuple[object, RecordError]]]:
+def step_slices(
+    p: PendingShard[Any], peer_keys: tuple[str, ...]
+) -> tuple[list[tuple[int, bytes]], list[tuple[Handle[Any], RecordError]]]:
     """A closed shard's slices, one per step of its window (encoded, with their step; a slice over
     :data:`SLICE_MAX_BYTES` is cut in parts), and the records refused, with their handles and reasons.
 
     Pure and vectorised over the shard's rows: one concatenation, one values check, one sort by (step, worker)."""
-    entries = [p.records[r] for r in sorted(p.records)] + p.replaced  # rank order; then twins, checked for the dead letters
+    entries = [
+        p.records[r] for r in sorted(p.records)
+    ] + p.replaced  # rank order; then twins, checked for the dead letters
     n, live = len(entries), len(p.records)
     recs = [e[0] for e in entries]
     t = ft.concat([e[1] for e in entries])
@@ -112,11 +127,14 @@ def step_slices(p: PendingShard, peer_keys: tuple[str, ...]) -> tuple[list[tuple
     step = t.column("step").to_numpy(zero_copy_only=False).astype(np.int64) - ws
     # each record's step times by step of the window (NaN: a step it did not summarise); validate() kept them inside
     declared = np.full((n, n_steps), np.nan)
-    declared[np.repeat(np.arange(n), [len(r.steps) for r in recs]), np.concatenate([r.steps for r in recs]) - ws] = np.concatenate(
-        [r.step_time_us for r in recs]
+    declared[np.repeat(np.arange(n), [len(r.steps) for r in recs]), np.concatenate([r.steps for r in recs]) - ws] = (
+        np.concatenate([r.step_time_us for r in recs])
     )
     part = np.clip(step, 0, n_steps - 1)
-    stray = np.bincount(owner, weights=~((step >= 0) & (step < n_steps) & ~np.isnan(declared[owner, part])), minlength=n) > 0
+    stray = (
+        np.bincount(owner, weights=~((step >= 0) & (step < n_steps) & ~np.isnan(declared[owner, part])), minlength=n)
+        > 0
+    )
     bad = ft.bad_owners(t, owner, n, part=part) | stray
     errors = []
     for i in np.flatnonzero(bad):
@@ -127,7 +145,10 @@ def step_slices(p: PendingShard, peer_keys: tuple[str, ...]) -> tuple[list[tuple
     # the members' good records: metadata once, then each step's workers and rows
     good = ~bad[:live]
     declared = declared[:live]
-    meta = {k: np.asarray(v, dtype=np.int64 if k == "rank" else object) for k, v in worker_columns([r.worker for r in recs[:live]], peer_keys).items()}
+    meta = {
+        k: np.asarray(v, dtype=np.int64 if k == "rank" else object)
+        for k, v in worker_columns([r.worker for r in recs[:live]], peer_keys).items()
+    }
     meta["hardware"] = np.array([r.hardware != "none" for r in recs[:live]])
     per_step_bytes = np.array([e[2] / len(e[0].steps) for e in entries[:live]])
     order = np.flatnonzero((owner < live) & good[np.minimum(owner, live - 1)])

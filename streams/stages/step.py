@@ -126,11 +126,15 @@ def read_slice(sl: StepSlice) -> tuple[pa.Table, pa.Table]:
     functions = ft.read_compact(sl.functions, sl.functions_codec, window=False, size=sl.functions_size)
     rows = workers.column("rows").to_numpy(zero_copy_only=False)
     if workers.column("rank").null_count or (rows < 0).any() or int(rows.sum()) != functions.num_rows:
-        raise RecordError("bad_function_table", f"slice workers claim {int(rows.sum())} rows, its table has {functions.num_rows}")
+        raise RecordError(
+            "bad_function_table", f"slice workers claim {int(rows.sum())} rows, its table has {functions.num_rows}"
+        )
     return workers, functions
 
 
-def step_frame(p: PendingStep[RecordIn], peer_keys: tuple[str, ...]) -> tuple[StepFrame | None, list[tuple[Handle[RecordIn], RecordError]]]:
+def step_frame(
+    p: PendingStep[RecordIn], peer_keys: tuple[str, ...]
+) -> tuple[StepFrame | None, list[tuple[Handle[RecordIn], RecordError]]]:
     """The step's frame from its feature batches and slices (None when nothing usable came), and the records refused.
 
     Values are checked for the whole step at once: the batches' tables (``ft.check_tables``), the slices' rows
@@ -149,15 +153,27 @@ def step_frame(p: PendingStep[RecordIn], peer_keys: tuple[str, ...]) -> tuple[St
                                  "rows": [t.num_rows for _, t, _ in good]}, schema=WORKER_SCHEMA))  # fmt: skip
         parts_f.append(ft.compact(pa.concat_tables([t for _, t, _ in good]).combine_chunks()))
     if p.slices:
-        slices = sorted(p.slices, key=lambda x: x[1].column("rank")[0].as_py() if x[1].num_rows else -1)  # shards: rank ranges
-        t = ft.concat([f for _, _, f, _ in slices]).combine_chunks()  # one copy: the check and the analysis read whole columns
-        rows = np.concatenate([w.column("rows").to_numpy(zero_copy_only=False) for _, w, _, _ in slices]).astype(np.int64)
+        slices = sorted(
+            p.slices, key=lambda x: x[1].column("rank")[0].as_py() if x[1].num_rows else -1
+        )  # shards: rank ranges
+        t = ft.concat(
+            [f for _, _, f, _ in slices]
+        ).combine_chunks()  # one copy: the check and the analysis read whole columns
+        rows = np.concatenate([w.column("rows").to_numpy(zero_copy_only=False) for _, w, _, _ in slices]).astype(
+            np.int64
+        )
         owner = np.repeat(np.repeat(np.arange(len(slices)), [w.num_rows for _, w, _, _ in slices]), rows)
         worker = np.repeat(np.arange(rows.size), rows)
         bad = ft.bad_owners(t, owner, len(slices), part=worker)
         for i in np.flatnonzero(bad):
             mine = owner == i
-            refused.append((slices[i][3], ft.refusal(t.filter(pa.array(mine)), worker[mine]) or RecordError("bad_function_table", "slice refused")))
+            refused.append(
+                (
+                    slices[i][3],
+                    ft.refusal(t.filter(pa.array(mine)), worker[mine])
+                    or RecordError("bad_function_table", "slice refused"),
+                )
+            )
         if bad.any():
             t = t.filter(pa.array(~bad[owner]))
         parts_w += [w for (_, w, _, _), b in zip(slices, bad) if not b]
@@ -171,6 +187,8 @@ def step_frame(p: PendingStep[RecordIn], peer_keys: tuple[str, ...]) -> tuple[St
     _, first = np.unique(ranks, return_index=True)  # each rank's first entry, in rank order
     if first.size != ranks.size or (first.size > 1 and (np.diff(ranks) <= 0).any()):
         start = np.cumsum(rows) - rows
-        take = np.repeat(start[first] - (np.cumsum(rows[first]) - rows[first]), rows[first]) + np.arange(int(rows[first].sum()))
+        take = np.repeat(start[first] - (np.cumsum(rows[first]) - rows[first]), rows[first]) + np.arange(
+            int(rows[first].sum())
+        )
         workers, functions = workers.take(pa.array(first)), functions.take(pa.array(take))
     return StepFrame.from_parts(p.job, p.window, p.step, workers, functions.combine_chunks()), refused

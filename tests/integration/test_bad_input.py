@@ -25,15 +25,37 @@ from hypothesis import strategies as st
 
 from lockstep.app.runtime import Pipeline
 from lockstep.config import Settings
-from lockstep.kafka import Publisher, Topics, consumer_config, ensure_topics, features_key, producer_config, window_features_key
+from lockstep.kafka import (
+    Publisher,
+    Topics,
+    consumer_config,
+    ensure_topics,
+    features_key,
+    producer_config,
+    window_features_key,
+)
 from lockstep.metrics import value
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import (
-    RECORD_TYPES, DeadLetter, DetectorTick, FeatureBatch, Finding, ProfileTrigger, RecordError, StepHeartbeat, StepReport, StepSlice,
-    TriggerRequest, WindowFeatures, WindowReport, WindowTimeout, decode, encode,
+    RECORD_TYPES,
+    DeadLetter,
+    DetectorTick,
+    FeatureBatch,
+    Finding,
+    ProfileTrigger,
+    RecordError,
+    StepHeartbeat,
+    StepReport,
+    StepSlice,
+    TriggerRequest,
+    WindowFeatures,
+    WindowReport,
+    WindowTimeout,
+    decode,
+    encode,
 )  # fmt: skip
 from lockstep.sinks.sink import query
 from lockstep.streams.app import changelog_topics
@@ -54,7 +76,9 @@ SCENARIO = Scenario(
 FLEET = FleetSimulator(SCENARIO)
 WINDOW = Window(60, 2)
 BATCHES = {s: FLEET.feature_batches(FLEET.step(s), FLEET.trigger(WINDOW), sent_at=time.time()) for s in WINDOW.range}
-WINDOW_FEATURES = FLEET.window_features([FLEET.step(s) for s in WINDOW.range], FLEET.trigger(WINDOW), sent_at=time.time())
+WINDOW_FEATURES = FLEET.window_features(
+    [FLEET.step(s) for s in WINDOW.range], FLEET.trigger(WINDOW), sent_at=time.time()
+)
 
 
 def good_step_report(step: int) -> StepReport:
@@ -130,11 +154,17 @@ def expected_reason(kind: str, payload: bytes) -> str | None:
                 read_slice(b)
             else:
                 ft.unpack(b.functions, b.functions_codec)
-        elif kind == "windowfeatures":  # the shard stage's read, then its check of the shard's records at the shard's close
+        elif (
+            kind == "windowfeatures"
+        ):  # the shard stage's read, then its check of the shard's records at the shard's close
             w = decode(payload, WindowFeatures)
             shards: ShardAssembler = ShardAssembler(0.0)
             shards.add(w, ft.read_compact(w.functions, w.functions_codec), len(payload), Handle(0, 0, None), 0.0)
-            errors = [err for shard in shards.expire(1.0) for _, err in step_slices(shard.pending, POLICY.diagnosis.peer_group_keys)[1]]
+            errors = [
+                err
+                for shard in shards.expire(1.0)
+                for _, err in step_slices(shard.pending, POLICY.diagnosis.peer_group_keys)[1]
+            ]
             if errors:
                 return errors[0].reason
         elif kind == "stepreports":
@@ -221,7 +251,11 @@ def table_mutation(draw, kind: str = "features") -> bytes:
         )
         col = t.column(name).to_pylist()
         col[draw(st.integers(0, len(col) - 1))] = v
-        t = t.set_column(t.column_names.index(name), name, pa.array(col, type=typ if not pa.types.is_dictionary(typ) else pa.string()))
+        t = t.set_column(
+            t.column_names.index(name),
+            name,
+            pa.array(col, type=typ if not pa.types.is_dictionary(typ) else pa.string()),
+        )
     return encode(msgspec.structs.replace(b, functions=ft.pack(t)))
 
 
@@ -385,7 +419,9 @@ def _window_table(w: WindowFeatures, job: str, **columns) -> bytes:
         col = t.column(name).to_pylist()
         col[-1] = v
         typ = t.schema.field(name).type
-        t = t.set_column(t.column_names.index(name), name, pa.array(col, type=pa.string() if pa.types.is_dictionary(typ) else typ))
+        t = t.set_column(
+            t.column_names.index(name), name, pa.array(col, type=pa.string() if pa.types.is_dictionary(typ) else typ)
+        )
     return encode(msgspec.structs.replace(w, job=job, functions=ft.pack(t)))
 
 
@@ -421,43 +457,108 @@ def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
     rig.send([("heartbeats", b"fj", encode(h)) for h in job])  # a job the detector has seen reach step 39
     fb, rep, wf = BATCHES[60][1], VALID["stepreports"], WINDOW_FEATURES[1]
     wrong = ft.pack(pa.table({"a": [1, 2]}))
-    cases = [  # (topic, key, payload, reason)
-        ("heartbeats", b"a1", encode(msgspec.structs.replace(hb, step_time_s=-0.5)), "invalid"),  # negative duration
-        ("heartbeats", b"a2", _mp(hb, step_time_s=float("nan")), "invalid"),
-        ("heartbeats", b"a3", _mp(hb, sent_at=float("inf")), "invalid"),
-        ("heartbeats", b"a4", _mp(hb, step=2**63), "invalid"),  # beyond any step a store can keep
-        ("heartbeats", b"fj", encode(msgspec.structs.replace(job[-1], step=39 + 1_000_000)), "from_the_future"),
-        ("heartbeats", b"fj", encode(msgspec.structs.replace(job[-1], step=40, sent_at=time.time() + 7 * 86400)), "from_the_future"),
-        ("features", b"a5", encode(msgspec.structs.replace(fb, step_time_us=-3.0)), "invalid"),
-        ("features", b"a6", _mp(fb, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
-        ("features", b"a7", _mp(fb, sent_at=float("nan")), "invalid"),
-        ("features", b"a8", _replace_table(fb, critical_us=-5.0), "bad_function_table"),
-        ("features", b"a9", _replace_table(fb, total_us=float("nan")), "bad_function_table"),
-        ("features", b"a10", _replace_table(fb, kind="quantum"), "bad_function_table"),
-        ("features", b"a11", encode(msgspec.structs.replace(fb, functions=fb.functions[: len(fb.functions) // 2])), "bad_function_table"),
-        ("windowfeatures", b"w1", encode(msgspec.structs.replace(wf, job="w1", steps=[61, 60])), "invalid"),  # steps out of order
-        ("windowfeatures", b"w2", _mp(wf, job="w2", step_time_us=[float("nan"), 1.0]), "invalid"),
-        ("windowfeatures", b"w3", encode(msgspec.structs.replace(wf, job="w3", shard=7)), "invalid"),  # not the worker's shard
-        ("windowfeatures", b"w4", encode(msgspec.structs.replace(wf, job="w4", steps=[60], step_time_us=[1.0])), "bad_function_table"),  # rows of step 61
-        ("windowfeatures", b"w5", _window_table(wf, job="w5", critical_us=-5.0), "bad_function_table"),
-        ("windowfeatures", b"w6", _window_table(wf, job="w6", kind="quantum"), "bad_function_table"),
-        ("windowfeatures", b"w7", encode(msgspec.structs.replace(wf, job="w7", functions=wf.functions[: len(wf.functions) // 2])), "bad_function_table"),
-        ("features", b"w8", encode(msgspec.structs.replace(VALID_SLICE, workers=ft.pack(pa.table({"rank": [1]})))), "bad_function_table"),
-        ("features", b"w9", _mp(VALID_SLICE, missing=list(range(200_000))), "invalid"),
-        ("features", b"w10", encode(msgspec.structs.replace(VALID_SLICE, functions_size=0)), "bad_function_table"),  # lz4 without its size
-        ("features", b"w11", _mp(VALID_SLICE, functions_size=2**40), "invalid"),  # an lz4 block declaring 1 TiB
-        ("stepreports", b"a12", encode(msgspec.structs.replace(rep, outliers=wrong)), "bad_function_table"),
-        ("stepreports", b"a13", encode(msgspec.structs.replace(rep, groups=wrong)), "bad_function_table"),
-        ("stepreports", b"a14", _mp(rep, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
-        ("findings", b"a15", _mp(VALID["findings"], created_at=3.5e16), "invalid"),  # a timestamp no store can keep
-        ("findings", b"a16", _mp(VALID["findings"], impact={"step_time_share": float("nan"), "gpu_hours_per_day": 1.0}), "invalid"),
-        ("findings", b"a17", _mp(VALID["findings"], window_steps=2**63 - 1), "invalid"),
-        ("windows", b"a18", _mp(VALID["windows"], workers_seen=9_288_557_845), "invalid"),
-        ("windows", b"a19", _mp(VALID["windows"], closed_at=-9.2e18), "invalid"),
-        ("control", b"a20", _mp(VALID["control"], created_at=float("nan")), "invalid"),
-        ("control", b"a21", _mp(VALID["control"], expected_workers=2**63 - 1), "invalid"),
-    ] + [(kind, f"v-{kind}".encode(), msgspec.json.encode(msgspec.to_builtins(VALID[kind]) | {"v": 2}), "unsupported_version") for kind in STAGE
-    ] + [(kind, f"deep-{form}-{kind}".encode(), payload, "malformed") for kind in STAGE for form, payload in DEEP.items()]
+    cases = (
+        [  # (topic, key, payload, reason)
+            (
+                "heartbeats",
+                b"a1",
+                encode(msgspec.structs.replace(hb, step_time_s=-0.5)),
+                "invalid",
+            ),  # negative duration
+            ("heartbeats", b"a2", _mp(hb, step_time_s=float("nan")), "invalid"),
+            ("heartbeats", b"a3", _mp(hb, sent_at=float("inf")), "invalid"),
+            ("heartbeats", b"a4", _mp(hb, step=2**63), "invalid"),  # beyond any step a store can keep
+            ("heartbeats", b"fj", encode(msgspec.structs.replace(job[-1], step=39 + 1_000_000)), "from_the_future"),
+            (
+                "heartbeats",
+                b"fj",
+                encode(msgspec.structs.replace(job[-1], step=40, sent_at=time.time() + 7 * 86400)),
+                "from_the_future",
+            ),
+            ("features", b"a5", encode(msgspec.structs.replace(fb, step_time_us=-3.0)), "invalid"),
+            ("features", b"a6", _mp(fb, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
+            ("features", b"a7", _mp(fb, sent_at=float("nan")), "invalid"),
+            ("features", b"a8", _replace_table(fb, critical_us=-5.0), "bad_function_table"),
+            ("features", b"a9", _replace_table(fb, total_us=float("nan")), "bad_function_table"),
+            ("features", b"a10", _replace_table(fb, kind="quantum"), "bad_function_table"),
+            (
+                "features",
+                b"a11",
+                encode(msgspec.structs.replace(fb, functions=fb.functions[: len(fb.functions) // 2])),
+                "bad_function_table",
+            ),
+            (
+                "windowfeatures",
+                b"w1",
+                encode(msgspec.structs.replace(wf, job="w1", steps=[61, 60])),
+                "invalid",
+            ),  # steps out of order
+            ("windowfeatures", b"w2", _mp(wf, job="w2", step_time_us=[float("nan"), 1.0]), "invalid"),
+            (
+                "windowfeatures",
+                b"w3",
+                encode(msgspec.structs.replace(wf, job="w3", shard=7)),
+                "invalid",
+            ),  # not the worker's shard
+            (
+                "windowfeatures",
+                b"w4",
+                encode(msgspec.structs.replace(wf, job="w4", steps=[60], step_time_us=[1.0])),
+                "bad_function_table",
+            ),  # rows of step 61
+            ("windowfeatures", b"w5", _window_table(wf, job="w5", critical_us=-5.0), "bad_function_table"),
+            ("windowfeatures", b"w6", _window_table(wf, job="w6", kind="quantum"), "bad_function_table"),
+            (
+                "windowfeatures",
+                b"w7",
+                encode(msgspec.structs.replace(wf, job="w7", functions=wf.functions[: len(wf.functions) // 2])),
+                "bad_function_table",
+            ),
+            (
+                "features",
+                b"w8",
+                encode(msgspec.structs.replace(VALID_SLICE, workers=ft.pack(pa.table({"rank": [1]})))),
+                "bad_function_table",
+            ),
+            ("features", b"w9", _mp(VALID_SLICE, missing=list(range(200_000))), "invalid"),
+            (
+                "features",
+                b"w10",
+                encode(msgspec.structs.replace(VALID_SLICE, functions_size=0)),
+                "bad_function_table",
+            ),  # lz4 without its size
+            ("features", b"w11", _mp(VALID_SLICE, functions_size=2**40), "invalid"),  # an lz4 block declaring 1 TiB
+            ("stepreports", b"a12", encode(msgspec.structs.replace(rep, outliers=wrong)), "bad_function_table"),
+            ("stepreports", b"a13", encode(msgspec.structs.replace(rep, groups=wrong)), "bad_function_table"),
+            ("stepreports", b"a14", _mp(rep, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
+            ("findings", b"a15", _mp(VALID["findings"], created_at=3.5e16), "invalid"),  # a timestamp no store can keep
+            (
+                "findings",
+                b"a16",
+                _mp(VALID["findings"], impact={"step_time_share": float("nan"), "gpu_hours_per_day": 1.0}),
+                "invalid",
+            ),
+            ("findings", b"a17", _mp(VALID["findings"], window_steps=2**63 - 1), "invalid"),
+            ("windows", b"a18", _mp(VALID["windows"], workers_seen=9_288_557_845), "invalid"),
+            ("windows", b"a19", _mp(VALID["windows"], closed_at=-9.2e18), "invalid"),
+            ("control", b"a20", _mp(VALID["control"], created_at=float("nan")), "invalid"),
+            ("control", b"a21", _mp(VALID["control"], expected_workers=2**63 - 1), "invalid"),
+        ]
+        + [
+            (
+                kind,
+                f"v-{kind}".encode(),
+                msgspec.json.encode(msgspec.to_builtins(VALID[kind]) | {"v": 2}),
+                "unsupported_version",
+            )
+            for kind in STAGE
+        ]
+        + [
+            (kind, f"deep-{form}-{kind}".encode(), payload, "malformed")
+            for kind in STAGE
+            for form, payload in DEEP.items()
+        ]
+    )
     rig.send([(kind, key, payload) for kind, key, payload, _ in cases])
     deadline = time.monotonic() + 60
     want = Counter((key, payload[:65536], reason) for _, key, payload, reason in cases)
@@ -477,7 +578,9 @@ def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
               for w in WINDOW_FEATURES])  # fmt: skip
     rows = until_rows(rig.settings, "SELECT workers, cause FROM findings WHERE job = 'good-job'")
     assert rows == [[[3], "gpu_slow"]]
-    assert until_rows(rig.settings, "SELECT workers, cause FROM findings WHERE job = 'good-job-w'") == [[[3], "gpu_slow"]]
+    assert until_rows(rig.settings, "SELECT workers, cause FROM findings WHERE job = 'good-job-w'") == [
+        [[3], "gpu_slow"]
+    ]
     m = rig.pipeline.metrics("processor")
     assert value(m, "lockstep_dead_letters_total", reason="from_the_future", stage="detect") == 2
 

@@ -37,7 +37,9 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     recs = read_all(settings, [topics.control, topics.windowfeatures, topics.features, topics.stepreports])
     (trigger,) = [decode(v, ProfileTrigger) for _, v in recs[topics.control]]
     records = [(k, decode(v, WindowFeatures)) for k, v in recs[topics.windowfeatures]]
-    assert sorted(r.worker.rank for _, r in records) == list(range(32)) and all(len(r.steps) == trigger.steps for _, r in records)
+    assert sorted(r.worker.rank for _, r in records) == list(range(32)) and all(
+        len(r.steps) == trigger.steps for _, r in records
+    )
     assert all(k == window_features_key(r.job, r.window, 0) for k, r in records)
     slices = [(k, decode(v, StepSlice)) for k, v in recs[topics.features]]
     assert sorted(s.step for _, s in slices) == list(range(trigger.start_step, trigger.start_step + trigger.steps))

@@ -161,8 +161,12 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path):
     assert windows == [[1.0, "complete", WORLD]]
 
     # every rank delivered one feature record with every step of the window, keyed job:window:shard
-    records = [(k, decode(v, WindowFeatures)) for k, v in read_all(settings, [topics.windowfeatures])[topics.windowfeatures]]
-    assert sorted((b.worker.rank, s) for _, b in records for s in b.steps) == [(r, s) for r in range(WORLD) for s in range(start, start + 5)]
+    records = [
+        (k, decode(v, WindowFeatures)) for k, v in read_all(settings, [topics.windowfeatures])[topics.windowfeatures]
+    ]
+    assert sorted((b.worker.rank, s) for _, b in records for s in b.steps) == [
+        (r, s) for r in range(WORLD) for s in range(start, start + 5)
+    ]
     assert all(k == window_features_key(JOB, "w-agent", 0) and b.hardware == "host" for k, b in records)
     assert all(ft.read_compact(b.functions).num_rows > 0 for _, b in records)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]

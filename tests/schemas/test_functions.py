@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lockstep.schemas import functions as ft
 from tests.tiers import examples
@@ -37,7 +38,9 @@ def spoil(t: pa.Table, column: str, row: int, v) -> pa.Table:
     typ = t.schema.field(column).type
     col = t.column(column).to_pylist()
     col[row] = v
-    arr = pa.array(col, type=pa.string()).dictionary_encode() if pa.types.is_dictionary(typ) else pa.array(col, type=typ)
+    arr = (
+        pa.array(col, type=pa.string()).dictionary_encode() if pa.types.is_dictionary(typ) else pa.array(col, type=typ)
+    )
     return t.set_column(t.column_names.index(column), column, arr)
 
 
@@ -78,7 +81,9 @@ def test_an_lz4_payload_reads_only_to_the_size_its_record_declares():
     """The shard stage's slices carry their rows as one LZ4 block; the reader allocates the declared size, bounded."""
     t = record(2)
     packed, size = ft.pack_lz4(t)
-    assert ft.pack(ft.read_compact(packed, "lz4", window=False, size=size), "none") == ft.pack(t, "none")  # NaN != NaN for equals
+    assert ft.pack(ft.read_compact(packed, "lz4", window=False, size=size), "none") == ft.pack(
+        t, "none"
+    )  # NaN != NaN for equals
     for bad_size, why in ((0, "declared size"), (ft.MAX_TABLE_BYTES + 1, "declared size"), (size - 1, "unreadable")):
         try:
             ft.read_compact(packed, "lz4", window=False, size=bad_size)

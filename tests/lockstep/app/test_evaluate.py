@@ -29,8 +29,13 @@ def _processor_frame(fleet, st, keys, trigger, kind):
             closed.append(steps.add(b, ft.read(b.functions), 0, Handle(0, i, None), 0.0)[0])
     else:
         shards: ShardAssembler = ShardAssembler(60.0)
-        full = [shards.add(w, ft.read_compact(w.functions), 0, Handle(0, i, None), 0.0)[0] for i, w in enumerate(fleet.window_features([st], trigger))]
-        for shard in [c for c in full if c is not None] + shards.expire(1e9):  # the missing worker's shard: closed by its timeout
+        full = [
+            shards.add(w, ft.read_compact(w.functions), 0, Handle(0, i, None), 0.0)[0]
+            for i, w in enumerate(fleet.window_features([st], trigger))
+        ]
+        for shard in [c for c in full if c is not None] + shards.expire(
+            1e9
+        ):  # the missing worker's shard: closed by its timeout
             for i, (_, value) in enumerate(step_slices(shard.pending, keys)[0]):
                 sl = decode(value, StepSlice)
                 closed.append(steps.add_slice(sl, *read_slice(sl), Handle(1, i, None), 0.0)[0])
@@ -52,13 +57,21 @@ def test_one_table_per_step_gives_the_processors_step_analysis():
                                        [ft.unpack(b.functions) for b in batches], keys, [b.hardware for b in batches])  # fmt: skip
     fast = _Renderer(fleet, keys).frame(st, "w60")
     b = analyze_step(fast, policy.diagnosis)
-    for frame in (one_by_one, _processor_frame(fleet, st, keys, trigger, "batches"), _processor_frame(fleet, st, keys, trigger, "slices")):
+    for frame in (
+        one_by_one,
+        _processor_frame(fleet, st, keys, trigger, "batches"),
+        _processor_frame(fleet, st, keys, trigger, "slices"),
+    ):
         a = analyze_step(frame, policy.diagnosis)
         assert a.outliers.num_rows > 0 and a.workers_seen == b.workers_seen == 63
         for x, y in ((a.outliers, b.outliers), (a.groups, b.groups)):
             assert x.schema == y.schema and x.num_rows == y.num_rows
             for name in x.column_names:
-                np.testing.assert_array_equal(x.column(name).to_numpy(zero_copy_only=False), y.column(name).to_numpy(zero_copy_only=False), err_msg=name)
+                np.testing.assert_array_equal(
+                    x.column(name).to_numpy(zero_copy_only=False),
+                    y.column(name).to_numpy(zero_copy_only=False),
+                    err_msg=name,
+                )
 
 
 def _finding(workers, function, cause, devices=(), hosts=(), scope="worker", group=None):

@@ -3,7 +3,13 @@
 import numpy as np
 import pyarrow as pa
 
-from lockstep.producers.agent.window import clock_offset_us, to_trace_clock, window_features, without_thread_events, without_threads
+from lockstep.producers.agent.window import (
+    clock_offset_us,
+    to_trace_clock,
+    window_features,
+    without_thread_events,
+    without_threads,
+)
 from lockstep.schemas import functions as ft
 from lockstep.schemas.events import OP_EVENT_SCHEMA, SAMPLE_SCHEMA
 from lockstep.schemas.records import ProfileTrigger, Sampling, WorkerMeta
@@ -44,15 +50,34 @@ def test_one_record_with_every_step_of_the_window():
     trig = ProfileTrigger(job="j", window="w", start_step=5, steps=2, expected_workers=4, sampling=Sampling(), policy="p", policy_hash="h",
                           shard_workers=2)  # fmt: skip
     meta = WorkerMeta(rank=3, host="h1")
-    summaries = [Summary(4, table(["a"])), Summary(6, table(["a"])), Summary(5, table(["train.py(3): f", "aten::mm"])), Summary(7, table(["a"]))]
+    summaries = [
+        Summary(4, table(["a"])),
+        Summary(6, table(["a"])),
+        Summary(5, table(["train.py(3): f", "aten::mm"])),
+        Summary(7, table(["a"])),
+    ]
     r = window_features(summaries, trig, meta, "host", now=1.0)
-    assert (r.job, r.window, r.window_start, r.window_steps, r.expected_workers, r.policy, r.hardware) == ("j", "w", 5, 2, 4, "p@h", "host")
+    assert (r.job, r.window, r.window_start, r.window_steps, r.expected_workers, r.policy, r.hardware) == (
+        "j",
+        "w",
+        5,
+        2,
+        4,
+        "p@h",
+        "host",
+    )
     assert (r.steps, r.step_time_us, r.shard, r.shard_workers) == ([5, 6], [1000.0, 1000.0], 1, 2)
     t = ft.read_compact(r.functions)
-    assert t.column("step").to_pylist() == [5, 5, 6] and t.column("function").to_pylist() == ["train.py(3): f", "aten::mm", "a"]
+    assert t.column("step").to_pylist() == [5, 5, 6] and t.column("function").to_pylist() == [
+        "train.py(3): f",
+        "aten::mm",
+        "a",
+    ]
     assert t.schema.field("function").type == ft.DICTIONARY  # names once per record
     # what the diagnosis never reads is not sent; optional columns without a value neither
-    assert "p50_us" not in t.column_names and "sm_clock_mhz_sd" not in t.column_names and "nic_gbps" not in t.column_names
+    assert (
+        "p50_us" not in t.column_names and "sm_clock_mhz_sd" not in t.column_names and "nic_gbps" not in t.column_names
+    )
     assert window_features([Summary(9, table(["a"]))], trig, meta, "host") is None
 
 

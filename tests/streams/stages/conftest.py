@@ -7,14 +7,13 @@ import asyncio
 import inspect
 from collections import Counter
 
+import msgspec
 import pytest
 
 from lockstep.kafka import Topics
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
-import msgspec
-
 from lockstep.schemas.records import FeatureBatch, Record, WindowFeatures, encode
 from lockstep.streams.policy import Policy
 from lockstep.streams.stages import MemoryOutput, Processor, RecordIn, Tables

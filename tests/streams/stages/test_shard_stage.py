@@ -10,13 +10,16 @@ import pytest
 from lockstep.kafka import Topics, window_features_key
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import Finding, StepReport, StepSlice, decode, encode
-from lockstep.streams.stages import Partition, shard as shard_module
+from lockstep.streams.stages import Partition
+from lockstep.streams.stages import shard as shard_module
 
 TOPICS = Topics.named("t")  # the pair's
 
 
 def shipped(p, records) -> list:
-    return [p.produce(TOPICS.windowfeatures, window_features_key(r.job, r.window, r.shard).decode(), r) for r in records]
+    return [
+        p.produce(TOPICS.windowfeatures, window_features_key(r.job, r.window, r.shard).decode(), r) for r in records
+    ]
 
 
 def slices(p) -> list[StepSlice]:
@@ -41,9 +44,18 @@ async def test_a_complete_shard_sends_one_slice_per_step_and_only_then_acknowled
     assert [(s.step, s.shard, s.missing) for s in got] == [(60, 0, []), (61, 0, [])]
     assert [k.key for k in p.out.records(TOPICS.features)] == [b"j:60", b"j:61"]
     workers = ft.unpack_ipc(got[0].workers)
-    assert workers.column("rank").to_pylist() == [0, 1, 2, 3] and sum(workers.column("rows").to_pylist()) == ft.unpack_ipc(got[0].functions, got[0].functions_codec, size=got[0].functions_size).num_rows
-    assert sum(s.bytes_in for s in got) == pytest.approx(sum(len(r.value) for r in recs), abs=8)  # the agents' bytes, shared out over the steps
-    assert p.acked(TOPICS.windowfeatures) == [0, 1, 2, 3] and p.proc.metrics.get("shards_closed_total", reason="complete") == 1
+    assert (
+        workers.column("rank").to_pylist() == [0, 1, 2, 3]
+        and sum(workers.column("rows").to_pylist())
+        == ft.unpack_ipc(got[0].functions, got[0].functions_codec, size=got[0].functions_size).num_rows
+    )
+    assert sum(s.bytes_in for s in got) == pytest.approx(
+        sum(len(r.value) for r in recs), abs=8
+    )  # the agents' bytes, shared out over the steps
+    assert (
+        p.acked(TOPICS.windowfeatures) == [0, 1, 2, 3]
+        and p.proc.metrics.get("shards_closed_total", reason="complete") == 1
+    )
 
 
 async def test_steps_from_slices_give_the_findings_of_steps_from_feature_batches(pair, window_features, batches):
@@ -53,11 +65,15 @@ async def test_steps_from_slices_give_the_findings_of_steps_from_feature_batches
     await old.pump()
     await new.feed(shipped(new, window_features))
     await new.pump()
-    assert [(r.step, r.workers_seen, r.closed) for r in reports(new)] == [(r.step, r.workers_seen, r.closed) for r in reports(old)]
+    assert [(r.step, r.workers_seen, r.closed) for r in reports(new)] == [
+        (r.step, r.workers_seen, r.closed) for r in reports(old)
+    ]
     assert [(f.id, f.workers, f.cause, f.confidence, f.evidence) for f in findings(new)] == [
         (f.id, f.workers, f.cause, f.confidence, f.evidence) for f in findings(old)
     ] and findings(new)
-    assert new.dead() == {} and len(new.out.acknowledged) == len(window_features) + 2 * 2 + 2  # records, slices, step reports
+    assert (
+        new.dead() == {} and len(new.out.acknowledged) == len(window_features) + 2 * 2 + 2
+    )  # records, slices, step reports
 
 
 async def test_a_job_whose_agents_send_both_records_is_one_step(pair, window_features, batches):
@@ -81,7 +97,10 @@ async def test_a_worker_that_never_sends_is_declared_missing_and_the_step_does_n
     await p.proc.shards.on_timer(p.clock.t)
     await p.pump()
     assert [(s.shard, s.missing) for s in slices(p)][2:] == [(1, [6]), (1, [6])]
-    assert [(r.workers_seen, r.closed) for r in reports(p)] == [(7, "complete"), (7, "complete")]  # accounted for: no step timeout
+    assert [(r.workers_seen, r.closed) for r in reports(p)] == [
+        (7, "complete"),
+        (7, "complete"),
+    ]  # accounted for: no step timeout
     assert p.proc.metrics.get("shards_closed_total", reason="timeout") == 1
 
 
@@ -111,12 +130,16 @@ async def test_a_replayed_shard_adds_nothing(pair, window_features):
     assert p.proc.metrics.get("late_records_total", stage="shards") == 1
     again = pair(out=p.out)  # a restarted processor replays the topic from its start
     await again.feed(recs)
-    assert [s.value for s in p.out.records(TOPICS.features)[:4]] == [s.value for s in p.out.records(TOPICS.features)[4:]]
+    assert [s.value for s in p.out.records(TOPICS.features)[:4]] == [
+        s.value for s in p.out.records(TOPICS.features)[4:]
+    ]
     await p.pump()  # the first processor's step stage reads all eight slices
     assert [(r.step, r.workers_seen) for r in reports(p)] == [(60, 8), (61, 8)]
 
 
-async def test_a_slice_over_the_size_bound_is_cut_and_the_step_still_gets_every_worker(pair, window_features, monkeypatch):
+async def test_a_slice_over_the_size_bound_is_cut_and_the_step_still_gets_every_worker(
+    pair, window_features, monkeypatch
+):
     monkeypatch.setattr(shard_module, "SLICE_MAX_BYTES", 2000)
     p = pair()
     await p.feed(shipped(p, window_features))
