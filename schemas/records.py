@@ -240,7 +240,7 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
         final = set(self.final)
         out = []
         for i, (w, step, t, at) in enumerate(zip(self.worker, self.step, self.step_time_s, self.sent_at)):
-            extra: dict = {"final": True} if i in final else {}
+            extra: dict[str, Any] = {"final": True} if i in final else {}
             if (e := echo.pop(w, None)) is not None:
                 extra.update(trigger_window=e.window, trigger_latency_s=e.latency_s)
             if (c := agent.pop(w, None)) is not None:

@@ -321,7 +321,7 @@ class HeartbeatShards(Generic[T]):
             times = np.concatenate(op.times) if op.times else np.zeros(1)
             p = StepPartial(
                 job=job, tenant=sh.tenant, step=step, shard=shard, partition=partition, workers=op.n, slowest_s=op.slowest_s,
-                slowest_worker=op.slowest_worker, median_s=float(np.median(times)), clock_worker=op.lowest[0] if clock else -1,
+                slowest_worker=op.slowest_worker, median_s=float(np.median(times)), clock_worker=int(op.lowest[0]) if clock else -1,
                 clock_sent_at=op.lowest[1] if clock else 0.0, newest_sent_at=op.newest_sent_at, highest=sh.highest,
                 missing=behind[:MAX_MISSING].tolist(), missing_total=int(behind.size), closed=closed, at=now,  # type: ignore[arg-type]
             )  # fmt: skip

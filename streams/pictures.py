@@ -18,13 +18,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.compute as pc
 
-from ..schemas.records import MAX_MAP_FUNCTIONS, MAX_MAP_WORKERS, MAX_SERIES_POINTS, DeviationMap, StepHeartbeat, StepPartial, StepSeries
+from ..schemas.records import (
+    MAX_MAP_FUNCTIONS,
+    MAX_MAP_WORKERS,
+    MAX_SERIES_POINTS,
+    DeviationMap,
+    StepHeartbeat,
+    StepPartial,
+    StepSeries,
+)
 
 
 @dataclass
 class _Job:
     tenant: str = ""
-    open: dict[int, list[tuple[float, float, int]]] = field(default_factory=dict)  # step -> (slowest s, median s, workers) of what reported it
+    open: dict[int, list[tuple[float, float, int]]] = field(
+        default_factory=dict
+    )  # step -> (slowest s, median s, workers) of what reported it
     shards: dict[int, set[tuple[int, int]]] = field(default_factory=dict)  # step -> the shards counted (partials)
     opened: dict[int, float] = field(default_factory=dict)  # step -> when its first heartbeat came
     done: list[tuple[int, float, float, int]] = field(
@@ -77,7 +87,9 @@ class SeriesBuilder:
         j.opened.pop(step, None)
         j.shards.pop(step, None)
         slowest, medians, workers = pts[:, 0] * 1e6, pts[:, 1] * 1e6, pts[:, 2]
-        j.done.append((step, round(float(slowest.max()), 1), round(_weighted_median(medians, workers), 1), int(workers.sum())))  # 0.1 µs is plenty
+        j.done.append(
+            (step, round(float(slowest.max()), 1), round(_weighted_median(medians, workers), 1), int(workers.sum()))
+        )  # 0.1 µs is plenty
         j.emitted_upto = max(j.emitted_upto, step)
 
     def due(self, now: float, force: bool = False) -> list[StepSeries]:

@@ -33,7 +33,8 @@ class Topics:
     raw: str  # RawTrace (answers to a RawRequest on control), key job
     series: str  # StepSeries, DeviationMap (the pictures: step times, deviation maps), key job
     windowfeatures: str  # WindowFeatures (one worker's window), key job:window:shard
-    partials: str  # StepPartial (internal, a shard's heartbeats of a step), DetectorTick, TriggerRequest (forwarded), key job
+    #: StepPartial (internal: a shard's heartbeats of a step), DetectorTick, TriggerRequest (passed on); key job
+    partials: str
 
     @classmethod
     def named(cls, prefix: str = "lockstep") -> Topics:

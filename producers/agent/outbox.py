@@ -163,9 +163,8 @@ class Outbox:
         """One round: send what is queued, serve callbacks, probe / replay the spool."""
         with self._lock:
             batch, self._queue = self._queue, deque()
-        if self._coalesce is not None and batch:
-            batch = self._coalesce(list(batch))
-        for topic, key, record in batch:
+        items = self._coalesce(list(batch)) if self._coalesce is not None and batch else batch
+        for topic, key, record in items:
             value = record if isinstance(record, bytes) else encode(record)
             self._send(topic, key, value)
         self._producer.poll(0)

@@ -93,13 +93,49 @@ class AgentConfig:
         metadata={"help": "number of the first step (e.g. the step a resumed job starts at)", "parse": _nonneg_int},
     )
     # publishing
-    queue_max: int = field(default=10_000, metadata={"help": "records held in memory for the publishing thread; beyond, the oldest is dropped", "parse": lockstep_config.positive_int})
-    flush_interval_s: float = field(default=0.5, metadata={"help": "how often the publishing thread sends what accumulated (heartbeats go in batches)", "parse": lockstep_config.positive_float})
-    heartbeat_shard_workers: int = field(default=256, metadata={"help": "a flush's heartbeats go as one HeartbeatBatch keyed job/shard, shard = rank // this "
-                                                                   "(0: one StepHeartbeat per step keyed job, for processors before issue 13)", "parse": _nonneg_int})
-    delivery_timeout_s: float = field(default=10.0, metadata={"help": "a record Kafka has not acknowledged by then goes to the spool", "parse": lockstep_config.positive_float})
-    spool_dir: Path | None = field(default=None, metadata={"help": "on-disk spool for when Kafka is unreachable (default: TMPDIR/lockstep-agent/JOB/rankN)", "parse": _opt_path})
-    spool_max_bytes: int = field(default=64 << 20, metadata={"help": "bound of the spool; beyond, the oldest records are dropped and counted", "parse": lockstep_config.positive_int})
+    queue_max: int = field(
+        default=10_000,
+        metadata={
+            "help": "records held in memory for the publishing thread; beyond, the oldest is dropped",
+            "parse": lockstep_config.positive_int,
+        },
+    )
+    flush_interval_s: float = field(
+        default=0.5,
+        metadata={
+            "help": "how often the publishing thread sends what accumulated (heartbeats go in batches)",
+            "parse": lockstep_config.positive_float,
+        },
+    )
+    heartbeat_shard_workers: int = field(
+        default=256,
+        metadata={
+            "help": "a flush's heartbeats go as one HeartbeatBatch keyed job/shard, shard = rank // this "
+            "(0: one StepHeartbeat per step keyed job, for processors before issue 13)",
+            "parse": _nonneg_int,
+        },
+    )
+    delivery_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "a record Kafka has not acknowledged by then goes to the spool",
+            "parse": lockstep_config.positive_float,
+        },
+    )
+    spool_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "on-disk spool for when Kafka is unreachable (default: TMPDIR/lockstep-agent/JOB/rankN)",
+            "parse": _opt_path,
+        },
+    )
+    spool_max_bytes: int = field(
+        default=64 << 20,
+        metadata={
+            "help": "bound of the spool; beyond, the oldest records are dropped and counted",
+            "parse": lockstep_config.positive_int,
+        },
+    )
     # profiling windows
     hardware_hz_max: float = field(
         default=10_000.0,

@@ -86,7 +86,9 @@ def run_live(
         sim = fleet.step(step, hardware_hz=rates[0] if rates else None)
         now = time.time()
         if shard_workers:
-            for batch in fleet.heartbeat_batches(sim, now, shard_workers, echo=(echo["trigger_window"], echo["trigger_latency_s"]) if echo else None):
+            for batch in fleet.heartbeat_batches(
+                sim, now, shard_workers, echo=(echo["trigger_window"], echo["trigger_latency_s"]) if echo else None
+            ):
                 publisher.send(topics.heartbeats, heartbeat_key(job, batch.shard), batch)
         else:
             for hb in fleet.heartbeats(sim, now):

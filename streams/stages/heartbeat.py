@@ -65,9 +65,8 @@ class _Group:
         if rec.final:  # a worker's last heartbeat says it shuts down: news, not a step
             final = set(rec.final)
             keep = [j for j in range(len(worker)) if j not in final]
-            worker, step, step_time_s, sent_at = (
-                [col[j] for j in keep] for col in (worker, step, step_time_s, sent_at)
-            )
+            worker, step = [worker[j] for j in keep], [step[j] for j in keep]
+            step_time_s, sent_at = [step_time_s[j] for j in keep], [sent_at[j] for j in keep]
         self.worker += worker
         self.step += step
         self.step_time_s += step_time_s
@@ -90,7 +89,7 @@ class _Group:
             if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float) else []  # fmt: skip
         agents = [WorkerCounters(worker=hb.worker, counters=hb.agent)] if hb.agent else []
         if final or echoes or agents:
-            self.news[i] = (int(final), echoes, agents)  # type: ignore[arg-type]
+            self.news[i] = (int(final), echoes, agents)
 
     def rows(self) -> Rows:
         return Rows(np.asarray(self.worker, dtype=np.int64), np.asarray(self.step, dtype=np.int64), np.asarray(self.step_time_s, dtype=np.float64),

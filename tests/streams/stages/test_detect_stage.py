@@ -108,7 +108,9 @@ async def test_a_hang_is_checked_by_a_tick_the_timer_sends_into_the_jobs_partiti
     await run(p, beats)
     last = p.clock.t
     await p.proc.detect.on_timer(last + 29.0)
-    assert [r for r in p.sent(TOPICS.partials) if isinstance(r, DetectorTick)] == []  # not silent long enough (hang_min_s 30)
+    assert [
+        r for r in p.sent(TOPICS.partials) if isinstance(r, DetectorTick)
+    ] == []  # not silent long enough (hang_min_s 30)
     p.clock.t = last + 31.0
     await p.proc.detect.on_timer(p.clock.t)
     (tick,) = [r for r in p.out.records(TOPICS.partials) if r.value.startswith(b'{"schema":"DetectorTick"')]
@@ -118,7 +120,11 @@ async def test_a_hang_is_checked_by_a_tick_the_timer_sends_into_the_jobs_partiti
     )  # the timer only sent it: the check and the table write happen in the stream
     await p.pump()
     (trigger,) = control(p)
-    assert trigger.kind == "hang" and trigger.start_step >= 41 and p.tables.detector["j"].startswith(f"{trigger.start_step},")
+    assert (
+        trigger.kind == "hang"
+        and trigger.start_step >= 41
+        and p.tables.detector["j"].startswith(f"{trigger.start_step},")
+    )
     assert p.acked(TOPICS.partials)[-1] == tick.offset
 
 
@@ -143,7 +149,9 @@ async def test_a_heartbeat_from_the_future_is_dead_lettered_and_changes_nothing(
         StepHeartbeat(job="j", worker=0, step=10**9, step_time_s=0.2, host="h0", sent_at=p.clock.t),
     )
     await p.feed([far])
-    assert p.dead() == {("heartbeats", "from_the_future"): 1}  # refused by the stage that aggregates the job's heartbeats
+    assert p.dead() == {
+        ("heartbeats", "from_the_future"): 1
+    }  # refused by the stage that aggregates the job's heartbeats
     assert p.proc.detect.detector.jobs["j"].max_step == 39 and p.acked(TOPICS.heartbeats)[-1] == far.offset
 
 
