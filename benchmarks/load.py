@@ -32,6 +32,12 @@ def main() -> None:
     ap.add_argument("--steps-per-s", type=float, default=1.0)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--no-windows", action="store_true", help="heartbeats only: the always-on signal's cost")
+    ap.add_argument(
+        "--features",
+        choices=("window", "step"),
+        default="window",
+        help="what the fleet sends: a WindowFeatures per worker and window (default, as agents do) or a FeatureBatch per worker and step",
+    )
     ap.add_argument("--bootstrap-servers", default=None, help="a Kafka to use (default: start the embedded broker)")
     ap.add_argument(
         "--log-dir",
@@ -45,22 +51,10 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     log_dir = args.log_dir or Path(f"/tmp/lockstep-load-{tag}")
     log_dir.mkdir(parents=True, exist_ok=True)
-    settings = Settings(
-        bootstrap_servers=args.bootstrap_servers,
-        topic_prefix=f"load{tag}",
-        processor_id=f"load-{tag}",
-        sink_group=f"load-sink-{tag}",
-        partitions=args.partitions,
-        db=log_dir / "findings.duckdb",
-    )
-    res = run_load(
-        settings,
-        workers=args.workers,
-        duration_s=args.minutes * 60,
-        steps_per_s=args.steps_per_s,
-        log_dir=log_dir,
-        windows=not args.no_windows,
-    )
+    settings = Settings(bootstrap_servers=args.bootstrap_servers, topic_prefix=f"load{tag}", processor_id=f"load-{tag}",
+                        sink_group=f"load-sink-{tag}", partitions=args.partitions, db=log_dir / "findings.duckdb")  # fmt: skip
+    res = run_load(settings, workers=args.workers, duration_s=args.minutes * 60, steps_per_s=args.steps_per_s, log_dir=log_dir,
+                   windows=not args.no_windows, features=args.features)  # fmt: skip
     summary = res.summary()
     if args.json:
         print(json.dumps(summary, indent=2))

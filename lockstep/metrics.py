@@ -57,6 +57,10 @@ CATALOGUE: dict[str, Spec] = {
         _BOTH,
     ),
     # the processor's stages
+    "open_shards": Spec("gauge", (), "shards of windows waiting for workers' features", _PROC),
+    "shards_closed_total": Spec(
+        "counter", ("reason",), "shards of windows closed, by reason (complete, timeout)", _PROC
+    ),
     "open_steps": Spec("gauge", (), "steps waiting for feature batches", _PROC),
     "open_windows": Spec("gauge", (), "windows waiting for step reports", _PROC),
     "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout)", _PROC),

@@ -110,7 +110,7 @@ def _message_compressed(b: memoryview) -> tuple[bool, int]:
     return _field(b, batch, 3) is not None, body_len  # RecordBatch.compression
 
 
-def ipc_body_compressed(raw: bytes) -> bool:
+def ipc_body_compressed(raw: bytes | memoryview) -> bool:
     """Whether any message of an Arrow IPC stream holds compressed buffers (read from the stream's own framing).
 
     Such buffers declare their own uncompressed length, which Arrow allocates before it reads them: 33 KiB of
@@ -135,7 +135,7 @@ def ipc_body_compressed(raw: bytes) -> bool:
     return False
 
 
-def read_ipc_stream(raw: bytes) -> pa.Table:
+def read_ipc_stream(raw: bytes | memoryview) -> pa.Table:
     """An Arrow IPC stream as a table; CompressionError when a message compresses its buffers."""
     if ipc_body_compressed(raw):
         raise CompressionError("Arrow IPC buffers compressed inside the stream (compress the whole stream instead)")

@@ -5,7 +5,8 @@
 - ``schemas/json/<Record>.json``: a JSON Schema per record (JSON or MessagePack on the wire);
 - ``schemas/arrow/function_table.txt``: the function table's columns, types and meaning;
 - ``schemas/arrow/function_table.schema``: the same schema as a serialised Arrow schema
-  (``pyarrow.ipc.read_schema`` / ``arrow::ipc::ReadSchema`` read it).
+  (``pyarrow.ipc.read_schema`` / ``arrow::ipc::ReadSchema`` read it);
+- ``schemas/arrow/window_table.{txt,schema}``: the same for the window table a ``WindowFeatures`` carries.
 
 A test keeps the committed files equal to what the code defines.
 """
@@ -55,6 +56,8 @@ def arrow_files() -> dict[str, bytes | str]:
     return {
         "arrow/function_table.txt": functions.describe(),
         "arrow/function_table.schema": functions.SCHEMA.serialize().to_pybytes(),
+        "arrow/window_table.txt": functions.describe_window(),
+        "arrow/window_table.schema": functions.WINDOW_SCHEMA.serialize().to_pybytes(),
     }
 
 

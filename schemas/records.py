@@ -64,6 +64,9 @@ WindowSteps = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
 Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=4_102_444_800.0)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+#: workers per shard of a window's feature records (``WindowFeatures``), unless the trigger says otherwise
+SHARD_WORKERS = 256
+ShardWorkers = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
 
 FUNCTION_KINDS = ("compute", "memcpy", "collective", "p2p", "python", "dataloader", "optimizer", "other", "sync")
 SCOPES = ("worker", "group", "job")
@@ -190,6 +193,7 @@ class ProfileTrigger(_Record, tag="ProfileTrigger", kw_only=True):
     tenant: str = ""
     kind: Literal["slowdown", "hang", "manual", "baseline"] = "slowdown"  # what opened the window
     request: str = ""  # the TriggerRequest this window answers (manual windows)
+    shard_workers: ShardWorkers = SHARD_WORKERS  # workers per shard of the window's WindowFeatures
 
     @property
     def policy_ref(self) -> str:
@@ -272,6 +276,86 @@ class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
                 f"step {self.step} lies outside window {self.window} "
                 f"[{self.window_start}, {self.window_start + self.window_steps})",
             )
+
+
+class WindowFeatures(_Record, tag="WindowFeatures", kw_only=True):
+    """One worker's summary of the steps of a window it profiled, in one record.  Key: ``job:window:shard``
+    (:func:`lockstep.kafka.window_features_key`), topic ``<prefix>.windowfeatures``.
+
+    ``functions`` is a window table (:data:`lockstep.schemas.functions.WINDOW_SCHEMA`, Arrow IPC compressed with
+    ``functions_codec``): one row per (step, function) of the steps in ``steps``, function names dictionary-encoded
+    once, only the columns the diagnosis reads.  The worker belongs to shard ``worker.rank // shard_workers``: the
+    processor collects a shard's records and hands each step of the shard on as one columnar ``StepSlice``.
+    ``FeatureBatch`` (one worker, one step) stays readable.
+    """
+
+    job: Name
+    window: Name
+    window_start: Step
+    window_steps: WindowSteps
+    expected_workers: Workers
+    shard: Rank  # worker.rank // shard_workers
+    shard_workers: ShardWorkers = SHARD_WORKERS
+    worker: WorkerMeta
+    steps: Annotated[list[Step], msgspec.Meta(min_length=1, max_length=10_000)]  # the steps summarised, ascending
+    step_time_us: list[float]  # of each step in ``steps``
+    functions: bytes
+    functions_codec: Literal["zstd", "none"] = "zstd"
+    hardware: Literal["nvml", "host", "none"] = "none"  # what the sampler could see
+    policy: str = "default"
+    sent_at: Timestamp = 0.0
+    tenant: str = ""
+
+    def validate(self) -> None:
+        if len(self.step_time_us) != len(self.steps):
+            raise RecordError("invalid", f"{len(self.steps)} steps but {len(self.step_time_us)} step times")
+        for x in self.step_time_us:
+            _finite("step_time_us", x)
+            if x <= 0:
+                raise RecordError("invalid", f"step_time_us must be > 0, got {x}")
+        end = self.window_start + self.window_steps
+        if (
+            self.steps[0] < self.window_start
+            or self.steps[-1] >= end
+            or any(a >= b for a, b in zip(self.steps, self.steps[1:]))
+        ):
+            raise RecordError("invalid", f"steps must ascend inside window {self.window} [{self.window_start}, {end})")
+        if self.shard != self.worker.rank // self.shard_workers:
+            raise RecordError(
+                "invalid",
+                f"worker {self.worker.rank} is in shard {self.worker.rank // self.shard_workers}, not {self.shard}",
+            )
+
+
+class StepSlice(_Record, tag="StepSlice", kw_only=True):
+    """Internal: one step of a shard's workers, columnar, from the shard stage to the step stage.  Key: ``job:step``,
+    on the features topic (where the step's ``FeatureBatch``es from agents that send those meet it).
+
+    ``workers`` (Arrow IPC, zstd; :data:`lockstep.streams.diagnosis.frame.WORKER_SCHEMA`): one row per worker, its
+    metadata, step time and how many rows it has in ``functions`` (a compact function table, the workers' rows in
+    that order).  ``missing``: workers of the shard that sent no features for this step (the step stage counts them
+    as accounted for, so a step does not wait for what will not come).
+    """
+
+    job: Name
+    window: Name
+    step: Step
+    window_start: Step
+    window_steps: WindowSteps
+    expected_workers: Workers
+    shard: Rank
+    missing: Annotated[list[Rank], msgspec.Meta(max_length=100_000)] = []
+    bytes_in: NonNegInt = 0  # the agents' bytes for these workers and this step
+    workers: bytes
+    functions: bytes
+    functions_codec: Literal["zstd", "lz4"] = "zstd"  # lz4: one block of ``functions_size`` bytes
+    functions_size: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 0
+    policy: str = "default"
+    tenant: str = ""
+
+    def validate(self) -> None:
+        if not self.window_start <= self.step < self.window_start + self.window_steps:
+            raise RecordError("invalid", f"step {self.step} lies outside window {self.window}")
 
 
 class RawRequest(_Record, tag="RawRequest", kw_only=True):
@@ -510,6 +594,8 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         StepHeartbeat,
         ProfileTrigger,
         FeatureBatch,
+        WindowFeatures,
+        StepSlice,
         Finding,
         StepReport,
         WindowTimeout,
@@ -526,12 +612,14 @@ RECORD_TYPES: dict[str, type[_Record]] = {
 }
 #: versions of each record this build reads
 SUPPORTED_VERSIONS: dict[str, frozenset[int]] = {name: frozenset({1}) for name in RECORD_TYPES}
-BINARY_RECORDS = frozenset({"FeatureBatch", "StepReport", "RawTrace"})
+BINARY_RECORDS = frozenset({"FeatureBatch", "WindowFeatures", "StepSlice", "StepReport", "RawTrace"})
 
 Record = (
     StepHeartbeat
     | ProfileTrigger
     | FeatureBatch
+    | WindowFeatures
+    | StepSlice
     | Finding
     | StepReport
     | WindowTimeout

@@ -4,6 +4,7 @@ The stages (:mod:`lockstep.streams.stages`) hold the processor's logic; this mod
 them to faust, one app (one consumer group), at-least-once, concurrency 1:
 
 - ``detect``   lockstep.heartbeats  -> DetectStage  -> lockstep.control, lockstep.series
+- ``shards``   lockstep.windowfeatures -> ShardStage -> lockstep.features (step slices)
 - ``steps``    lockstep.features    -> StepStage    -> lockstep.stepreports
 - ``windows``  lockstep.stepreports -> WindowStage  -> lockstep.findings, lockstep.windows, lockstep.series
 
@@ -36,7 +37,7 @@ from .stages import Partition, Processor, RecordIn, Stage, Tables
 log = logging.getLogger("lockstep.processor")
 
 TABLES = tuple(f.name for f in dataclasses.fields(Tables))
-ROLES = ("detect", "steps", "windows")
+ROLES = ("detect", "shards", "steps", "windows")
 
 
 def changelog_topics(app_id: str) -> list[str]:
@@ -219,11 +220,8 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
 
     every(1.0, "reload_policy", reload_policy)
     every(1.0, "report_lag", report_lag)
-    inputs = {
-        "detect": (topics.heartbeats, processor.detect, "hang_ticks"),
-        "steps": (topics.features, processor.steps, "expire_steps"),
-        "windows": (topics.stepreports, processor.windows, "request_timeouts"),
-    }
+    inputs = {"detect": (topics.heartbeats, processor.detect, "hang_ticks"), "shards": (topics.windowfeatures, processor.shards, "expire_shards"),
+              "steps": (topics.features, processor.steps, "expire_steps"), "windows": (topics.stepreports, processor.windows, "request_timeouts")}  # fmt: skip
     for role in roles:
         topic, stage, timer = inputs[role]
         app.agent(output.topics[topic], name=role, concurrency=1)(feed(role, stage))

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 import pyarrow as pa
 
-from ..schemas.records import FeatureBatch, StepReport
+from ..schemas.records import FeatureBatch, StepReport, StepSlice, WindowFeatures
 from .diagnosis.step import StepResult
 
 T = TypeVar("T")
@@ -93,6 +93,10 @@ class PendingStep(Generic[T]):
     replaced: list[tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
         default_factory=list
     )  # twins a later record of the rank replaced
+    slices: list[tuple[StepSlice, pa.Table, pa.Table, Handle[T]]] = field(
+        default_factory=list
+    )  # (record, workers, functions, handle)
+    accounted: set[int] = field(default_factory=set)  # ranks seen, or declared missing by their shard
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
 
@@ -104,7 +108,8 @@ class ClosedStep(Generic[T]):
 
 
 class StepAssembler(Generic[T]):
-    """Collects one FeatureBatch per worker of a step; closes on the expected count or a timeout."""
+    """Collects a step's workers: one FeatureBatch per worker, or StepSlices of many (a shard's); closes when every
+    expected worker is accounted for (seen, or declared missing by its shard) or on a timeout."""
 
     def __init__(self, timeout_s: float, remember: int = 100_000):
         self.timeout_s = timeout_s
@@ -116,34 +121,58 @@ class StepAssembler(Generic[T]):
     def add(
         self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float
     ) -> tuple[ClosedStep[T] | None, bool]:
-        """Returns (the step if this record completed it, whether the record was late)."""
-        key = (batch.job, batch.step)
-        if key in self._closed:
-            self.late += 1
-            return None, True
-        p = self._open.get(key)
+        """A worker's FeatureBatch.  Returns (the step if this record completed it, whether the record was late)."""
+        p = self._pending(batch, handle, now)
         if p is None:
-            p = self._open[key] = PendingStep(
-                job=batch.job,
-                window=batch.window,
-                step=batch.step,
-                window_start=batch.window_start,
-                window_steps=batch.window_steps,
-                expected_workers=batch.expected_workers,
-                policy=batch.policy,
-                tenant=batch.tenant,
-                partition=handle.partition,
-                opened_at=now,
-            )
+            return None, True
         twin = p.batches.get(batch.worker.rank)
         if twin is not None:
             p.replaced.append(twin)
         p.batches[batch.worker.rank] = (batch, table, handle)  # a redelivered record replaces its twin
-        p.handles.append(handle)
+        p.accounted.add(batch.worker.rank)
         p.bytes_in += size
-        if len(p.batches) >= p.expected_workers:
-            return self._close(key, "complete"), False
-        return None, False
+        return self._complete(p), False
+
+    def add_slice(
+        self, sl: StepSlice, workers: pa.Table, functions: pa.Table, handle: Handle[T], now: float
+    ) -> tuple[ClosedStep[T] | None, bool]:
+        """A shard's slice of the step (``workers``: its per-worker table; a replayed slice adds nothing new)."""
+        p = self._pending(sl, handle, now)
+        if p is None:
+            return None, True
+        p.slices.append((sl, workers, functions, handle))
+        p.accounted.update(workers.column("rank").to_pylist())
+        p.accounted.update(sl.missing)
+        p.bytes_in += sl.bytes_in
+        return self._complete(p), False
+
+    def _pending(self, rec: FeatureBatch | StepSlice, handle: Handle[T], now: float) -> PendingStep[T] | None:
+        """The open step of a record (opened by it if need be); None if the step closed already (the record is late)."""
+        key = (rec.job, rec.step)
+        if key in self._closed:
+            self.late += 1
+            return None
+        p = self._open.get(key)
+        if p is None:
+            p = self._open[key] = PendingStep(
+                job=rec.job,
+                window=rec.window,
+                step=rec.step,
+                window_start=rec.window_start,
+                window_steps=rec.window_steps,
+                expected_workers=rec.expected_workers,
+                policy=rec.policy,
+                tenant=rec.tenant,
+                partition=handle.partition,
+                opened_at=now,
+            )
+        p.handles.append(handle)
+        return p
+
+    def _complete(self, p: PendingStep[T]) -> ClosedStep[T] | None:
+        if len(p.accounted) >= p.expected_workers:
+            return self._close((p.job, p.step), "complete")
+        return None
 
     def expire(self, now: float) -> list[ClosedStep[T]]:
         due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
@@ -162,6 +191,96 @@ class StepAssembler(Generic[T]):
 
     @property
     def open_steps(self) -> int:
+        return len(self._open)
+
+
+# --------------------------------------------------------------------------- shards
+
+
+@dataclass
+class PendingShard(Generic[T]):
+    job: str
+    window: str
+    shard: int
+    shard_workers: int
+    window_start: int
+    window_steps: int
+    expected_workers: int
+    policy: str
+    tenant: str
+    partition: Hashable
+    opened_at: float
+    members: range  # the ranks the shard expects
+    records: dict[int, tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(
+        default_factory=dict
+    )  # rank -> (record, table, size, handle)
+    replaced: list[tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(
+        default_factory=list
+    )  # twins a later record replaced
+    present: int = 0  # members that sent their record
+    handles: list[Handle[T]] = field(default_factory=list)
+
+
+@dataclass
+class ClosedShard(Generic[T]):
+    pending: PendingShard[T]
+    reason: str  # complete | timeout
+
+
+class ShardAssembler(Generic[T]):
+    """Collects the WindowFeatures of one shard of a window (ranks ``shard * shard_workers`` onwards); closes when every
+    member's record is in, or on a timeout."""
+
+    def __init__(self, timeout_s: float, remember: int = 100_000):
+        self.timeout_s = timeout_s
+        self._open: dict[tuple[str, str, int, int], PendingShard[T]] = {}
+        self._closed: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
+        self._remember = remember
+
+    def add(
+        self, rec: WindowFeatures, table: pa.Table, size: int, handle: Handle[T], now: float
+    ) -> tuple[ClosedShard[T] | None, bool]:
+        """Returns (the shard if this record completed it, whether the record was late)."""
+        key = (rec.job, rec.window, rec.shard, rec.shard_workers)
+        if key in self._closed:
+            return None, True
+        p = self._open.get(key)
+        if p is None:
+            lo = rec.shard * rec.shard_workers
+            p = self._open[key] = PendingShard(
+                job=rec.job, window=rec.window, shard=rec.shard, shard_workers=rec.shard_workers, window_start=rec.window_start,
+                window_steps=rec.window_steps, expected_workers=rec.expected_workers, policy=rec.policy, tenant=rec.tenant,
+                partition=handle.partition, opened_at=now, members=range(lo, max(lo, min(lo + rec.shard_workers, rec.expected_workers))),
+            )  # fmt: skip
+        rank = rec.worker.rank
+        twin = p.records.get(rank)
+        if twin is not None:
+            p.replaced.append(twin)
+        elif rank in p.members:
+            p.present += 1
+        p.records[rank] = (rec, table, size, handle)  # a redelivered record replaces its twin
+        p.handles.append(handle)
+        if p.present >= len(p.members):
+            return self._close(key, "complete"), False
+        return None, False
+
+    def expire(self, now: float) -> list[ClosedShard[T]]:
+        due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
+        return [self._close(k, "timeout") for k in due]
+
+    def _close(self, key: tuple[str, str, int, int], reason: str) -> ClosedShard[T]:
+        p = self._open.pop(key)
+        self._closed[key] = None
+        while len(self._closed) > self._remember:
+            self._closed.popitem(last=False)
+        return ClosedShard(p, reason)
+
+    def drop(self, partitions: Collection[Hashable]) -> None:
+        for k in [k for k, p in self._open.items() if p.partition in partitions]:
+            del self._open[k]
+
+    @property
+    def open_shards(self) -> int:
         return len(self._open)
 
 

@@ -102,7 +102,6 @@ class _Renderer:
         self.nic = np.array([m.nic for m in meta], dtype=object)
         self.switch = np.array([m.switch for m in meta], dtype=object)
         self.group = np.array([peer_group_key(m.labels, peer_keys) for m in meta], dtype=object)
-        self.labels = [dict(m.labels) for m in meta]
 
     def frame(self, sim: SimulatedStep, window: str) -> StepFrame:
         table, row_worker = self.fleet.table(sim)
@@ -118,7 +117,6 @@ class _Renderer:
             nic=self.nic[live],
             switch=self.switch[live],
             group=self.group[live],
-            labels=[self.labels[i] for i in live],
             step_time_us=sim.step_time_us[live],
             has_hardware=np.full(live.size, self.fleet.scenario.hardware != "none"),
             row_worker=position[row_worker].astype(np.int32),

@@ -12,8 +12,8 @@ What is measured, and how (Tansu under-reports high watermarks, so no figure her
   records the processor has consumed (its ``/metrics``), per input topic, sampled every second;
 * **lag, seconds**: the processor's ``lockstep_consumer_lag_seconds`` (now minus the Kafka timestamp of
   the record it consumed last), sampled every second;
-* **step latency**: the last feature batch of a step handed to the producer, to its step report's Kafka
-  timestamp;
+* **step latency**: the last feature record of a step handed to the producer (agents send a window's
+  records when it ends: the window's last step), to its step report's Kafka timestamp;
 * **end-to-end latency**: the last feature batch of a window's last step handed to the producer, to its
   findings' ``first_seen`` in DuckDB (the sink's transaction).
 
@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import psutil
@@ -130,17 +130,11 @@ def scenario(workers: int) -> Scenario:
     )
 
 
-def run_load(
-    settings: Settings,
-    *,
-    workers: int = 1024,
-    duration_s: float = 120.0,
-    steps_per_s: float = 1.0,
-    log_dir: Path | None = None,
-    drain_timeout_s: float = 120.0,
-    windows: bool = True,
-) -> LoadResult:
-    """``windows=False``: heartbeats only (the always-on signal's cost)."""
+def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120.0, steps_per_s: float = 1.0,
+             log_dir: Path | None = None, drain_timeout_s: float = 120.0, windows: bool = True,
+             features: Literal["window", "step"] = "window") -> LoadResult:  # fmt: skip
+    """``windows=False``: heartbeats only (the always-on signal's cost).  ``features``: what the fleet sends, one
+    ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (before issue 13)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="lockstep-load-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     policy = log_dir / "load-policy.yaml"
@@ -161,6 +155,10 @@ def run_load(
         publisher = Publisher(producer_config(s))
         control = stack.enter_context(Tail(consumer_config(s, None), topics.control).open())
         sent_at: dict[int, float] = {}  # step -> its last record handed to the producer
+        inputs = (
+            topics.heartbeats,
+            topics.windowfeatures if features == "window" else topics.features,
+        )  # what the fleet sends
         samples: list[Sample] = []
         t0 = time.time()
         state: dict[str, Any] = {"step": 0, "asked_at": 0.0, "done": False}
@@ -189,35 +187,18 @@ def run_load(
                     m = {}
                 publisher.poll(0)  # run the delivery reports now: the count is this instant's
                 delivered = dict(publisher.stats.records)
-                samples.append(
-                    Sample(
-                        at=time.time() - t0,
-                        step=state["step"],
-                        lag_records={
-                            t: delivered.get(t, 0) - value(m, "lockstep_records_in_total", topic=t)
-                            for t in (topics.heartbeats, topics.features)
-                        },
-                        lag_seconds={
-                            t: value(m, "lockstep_consumer_lag_seconds", topic=t)
-                            for t in (topics.heartbeats, topics.features)
-                        },
-                    )
-                )
+                samples.append(Sample(
+                    at=time.time() - t0, step=state["step"],
+                    lag_records={t: delivered.get(t, 0) - value(m, "lockstep_records_in_total", topic=t) for t in inputs},
+                    lag_seconds={t: value(m, "lockstep_consumer_lag_seconds", topic=t) for t in inputs},
+                ))  # fmt: skip
                 time.sleep(1.0)
 
         sampler = threading.Thread(target=sample, name="load-sampler", daemon=True)
         sampler.start()
         try:
-            live = run_live(
-                fleet,
-                publisher,
-                control,
-                topics,
-                steps_per_s=steps_per_s,
-                max_steps=int(duration_s * steps_per_s),
-                stop_after_windows=10**9,
-                progress=progress,
-            )
+            live = run_live(fleet, publisher, control, topics, steps_per_s=steps_per_s, max_steps=int(duration_s * steps_per_s),
+                            stop_after_windows=10**9, progress=progress, features=features)  # fmt: skip
             seconds = time.time() - t0
             t_end = time.time()
             done = list(live.windows_done)
@@ -247,10 +228,7 @@ def run_load(
         cpu = {name: sum(p.cpu_times()[:2]) - cpu0[name] for name, p in procs.items()}
         m = pipeline.metrics("processor")
         publisher.poll(0)
-        unconsumed = {
-            t: publisher.stats.records[t] - value(m, "lockstep_records_in_total", topic=t)
-            for t in (topics.heartbeats, topics.features)
-        }
+        unconsumed = {t: publisher.stats.records[t] - value(m, "lockstep_records_in_total", topic=t) for t in inputs}
         dead = sum(v for (name, _), v in m.items() if name == "lockstep_dead_letters_total")
         rows = query(
             s.db,
@@ -269,13 +247,13 @@ def run_load(
         with Tail(consumer_config(s, None), topics.stepreports, from_start=True).open() as reports:
             for msg in reports.read_to_end():
                 rep = decode(msg.value)
-                if (
-                    isinstance(rep, StepReport)
-                    and rep.job == sc.job
-                    and rep.step in sent_at
-                    and msg.timestamp_s is not None
-                ):
-                    step_latency.append(msg.timestamp_s - sent_at[rep.step])
+                if not isinstance(rep, StepReport) or rep.job != sc.job or msg.timestamp_s is None:
+                    continue
+                sent = (
+                    rep.step if features == "step" else rep.window_start + rep.window_steps - 1
+                )  # the step's records went out then
+                if sent in sent_at:
+                    step_latency.append(msg.timestamp_s - sent_at[sent])
         return LoadResult(
             workers=workers,
             steps_per_s=steps_per_s,

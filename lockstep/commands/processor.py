@@ -10,12 +10,16 @@ log = logging.getLogger("lockstep.processor")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("processor", help="run the stream processor (faust worker: detector, step and window stages)")
+    p = sub.add_parser(
+        "processor", help="run the stream processor (faust worker: detector, shard, step and window stages)"
+    )
     p.add_argument("--http-port", type=int, default=6066, help="port of /healthz and /metrics (default 6066)")
     p.add_argument(
         "--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)"
     )
-    p.add_argument("--roles", default="detect,steps,windows", help="comma-separated agents to run (default: all)")
+    p.add_argument(
+        "--roles", default="detect,shards,steps,windows", help="comma-separated agents to run (default: all)"
+    )
     config.add_arguments(p, config.read_by("processor"))
     p.set_defaults(func=run)
 

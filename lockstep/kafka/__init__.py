@@ -26,7 +26,7 @@ from .clients import (
 from .memory import MemoryKafka
 from .publisher import DeliveryError, Publisher, PublishStats
 from .tail import Message, Tail, ask, read_all
-from .topics import TopicError, Topics, ensure_topics, features_key
+from .topics import TopicError, Topics, ensure_topics, features_key, window_features_key
 
 __all__ = [
     "CONFLUENT",
@@ -51,4 +51,5 @@ __all__ = [
     "features_key",
     "producer_config",
     "read_all",
+    "window_features_key",
 ]

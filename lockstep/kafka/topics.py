@@ -25,13 +25,14 @@ class Topics:
 
     heartbeats: str  # StepHeartbeat, key job
     control: str  # ProfileTrigger, RawRequest, key job
-    features: str  # FeatureBatch, key job:step
+    features: str  # FeatureBatch, key job:step; StepSlice (internal, from the shard stage), key job:step
     stepreports: str  # StepReport / WindowTimeout (internal), key job
     findings: str  # Finding, key job
     windows: str  # WindowReport, key job
     deadletter: str  # DeadLetter, key: the original key
     raw: str  # RawTrace (answers to a RawRequest on control), key job
     series: str  # StepSeries, DeviationMap (the pictures: step times, deviation maps), key job
+    windowfeatures: str  # WindowFeatures (one worker's window), key job:window:shard
 
     @classmethod
     def named(cls, prefix: str = "lockstep") -> Topics:
@@ -43,6 +44,11 @@ class Topics:
 
 def features_key(job: str, step: int) -> bytes:
     return f"{job}:{step}".encode()
+
+
+def window_features_key(job: str, window: str, shard: int) -> bytes:
+    """A worker's ``WindowFeatures``: the workers of one shard meet in one partition, a window's shards spread."""
+    return f"{job}:{window}:{shard}".encode()
 
 
 def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeout_s: float = 15.0) -> Topics:

@@ -9,7 +9,7 @@ Three threads, so that the training step never waits for the agent:
 - ``lockstep-agent-io`` publishes (batched, spooled when Kafka is away) and follows
   the control topic;
 - ``lockstep-agent-window`` exports the finished window's trace, summarises it into
-  feature batches, keeps the raw trace, and answers raw-trace requests.
+  one feature record (``WindowFeatures``), keeps the raw trace, and answers raw-trace requests.
 
 Nothing here raises into the training loop: a window that cannot be profiled or
 summarised is logged and counted (``failed_windows``), and training goes on.
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
-from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, features_key
-from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat
+from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, window_features_key
+from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, encode
 from .control import ControlFollower
 from .meta import Identity, discover
 from .outbox import Outbox
@@ -53,8 +53,8 @@ class WindowRecord:
     window: str
     start_step: int
     steps: int
-    batches: int = 0
-    batch_bytes: int = 0
+    summarised: int = 0  # steps summarised (all in one WindowFeatures record)
+    record_bytes: int = 0  # that record, encoded
     trace_bytes: int = 0
     events: int = 0
     summarise_s: float = 0.0
@@ -343,26 +343,24 @@ class Agent:
             log.exception("could not summarise window %s", trigger.window)
             self._fail(record, f"{type(exc).__name__}: {exc}")
             return
-        if len(outcome.batches) < trigger.steps:
-            log.warning("window %s: %d of %d steps summarised", trigger.window, len(outcome.batches), trigger.steps)
-        for batch in outcome.batches:
-            self._outbox.put(self.topics.features, features_key(batch.job, batch.step), batch)
-        self._outbox.wake()
-        record.batches = len(outcome.batches)
-        record.batch_bytes = sum(len(b.functions) for b in outcome.batches)
+        if outcome.steps < trigger.steps:
+            log.warning("window %s: %d of %d steps summarised", trigger.window, outcome.steps, trigger.steps)
+        if outcome.record is not None:
+            value = encode(outcome.record)
+            self._outbox.put(
+                self.topics.windowfeatures,
+                window_features_key(trigger.job, trigger.window, outcome.record.shard),
+                value,
+            )
+            self._outbox.wake()
+            record.record_bytes = len(value)
+        record.summarised = outcome.steps
         record.trace_bytes, record.events, record.summarise_s = outcome.trace_bytes, outcome.events, outcome.seconds
         self._windows.append(record)
-        log.info(
-            "window %s: %d feature batch(es), %d function-table bytes from a %d-byte trace, summarised in %.2fs; sampler %s at %.0f Hz (%.1f%% of a core)",
-            trigger.window,
-            record.batches,
-            record.batch_bytes,
-            record.trace_bytes,
-            record.summarise_s,
-            record.sampler.source if record.sampler else "-",
-            record.sampler.hz_achieved if record.sampler else 0,
-            100 * record.sampler.cpu_share if record.sampler else 0,
-        )
+        log.info("window %s: %d step(s) summarised, a %d-byte feature record from a %d-byte trace, in %.2fs; sampler %s at %.0f Hz (%.1f%% of a core)",
+                 trigger.window, record.summarised, record.record_bytes, record.trace_bytes, record.summarise_s,
+                 record.sampler.source if record.sampler else "-", record.sampler.hz_achieved if record.sampler else 0,
+                 100 * record.sampler.cpu_share if record.sampler else 0)  # fmt: skip
 
     def _answer(self, req: RawRequest) -> None:
         from .window import answer_raw_request

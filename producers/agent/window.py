@@ -2,8 +2,9 @@
 
 Chrome trace -> :func:`read_chrome_trace` (op events and step bounds) -> hardware
 samples moved onto the trace's clock -> redaction of the events' names -> :func:`summarise`
-(one function table per step) -> one :class:`FeatureBatch` per step of the window.  The raw
-trace is kept by the :class:`~lockstep.producers.agent.retention.RawStore`.
+(one function table per step) -> one :class:`WindowFeatures` with every step of the window
+(one table, function names once, only what the diagnosis reads).  The raw trace is kept by
+the :class:`~lockstep.producers.agent.retention.RawStore`.
 
 The trace reader and the summariser are ``trace.py`` and ``summarise.py``, the same
 code ``lockstep diagnose`` runs on trace files.
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas import functions as ft
-from ...schemas.records import FeatureBatch, HardwareSeen, ProfileTrigger, RawRequest, RawTrace, WorkerMeta
+from ...schemas.records import HardwareSeen, ProfileTrigger, RawRequest, RawTrace, WindowFeatures, WorkerMeta
 from .redact import Redaction
 from .retention import RawStore, slice_trace
 from .summarise import summarise
@@ -74,7 +75,7 @@ def to_trace_clock(samples: pa.Table, offset_us: float) -> pa.Table:
     return samples.set_column(i, samples.schema.field(i), pc.add(samples.column("t_us"), offset_us))
 
 
-def feature_batches(
+def window_features(
     summaries: list,
     trigger: ProfileTrigger,
     meta: WorkerMeta,
@@ -82,41 +83,41 @@ def feature_batches(
     *,
     tenant: str = "",
     now: float | None = None,
-) -> list[FeatureBatch]:
-    """One FeatureBatch per summarised step of the window (steps outside it are dropped).  The summaries were made
-    from redacted op events (:func:`process_window`): two names that redact alike are one function."""
+) -> WindowFeatures | None:
+    """The worker's summarised steps of the window in one record (steps outside it are dropped; None if none is left).
+    The summaries were made from redacted op events (:func:`process_window`): two names that redact alike are one function."""
     now = time.time() if now is None else now
-    out = []
-    for s in summaries:
-        if not trigger.start_step <= s.step < trigger.start_step + trigger.steps or not s.step_time_us > 0:
-            continue
-        table = s.functions
-        out.append(
-            FeatureBatch(
-                job=trigger.job,
-                window=trigger.window,
-                step=s.step,
-                window_start=trigger.start_step,
-                window_steps=trigger.steps,
-                expected_workers=trigger.expected_workers,
-                worker=meta,
-                step_time_us=float(s.step_time_us),
-                functions=ft.pack(ft.conform(table)),
-                hardware=hardware,
-                policy=trigger.policy_ref,
-                sent_at=now,
-                tenant=tenant or trigger.tenant,
-            )
-        )
-    return out
+    kept = [
+        s
+        for s in summaries
+        if trigger.start_step <= s.step < trigger.start_step + trigger.steps
+        and s.step_time_us > 0
+        and s.functions.num_rows
+    ]
+    if not kept:
+        return None
+    kept.sort(key=lambda s: s.step)
+    steps = [int(s.step) for s in kept]
+    table = ft.window_table(steps, [ft.conform(s.functions) for s in kept])
+    sw = trigger.shard_workers
+    return WindowFeatures(
+        job=trigger.job, window=trigger.window, window_start=trigger.start_step, window_steps=trigger.steps,
+        expected_workers=trigger.expected_workers, shard=meta.rank // sw, shard_workers=sw, worker=meta, steps=steps,
+        step_time_us=[float(s.step_time_us) for s in kept], functions=ft.pack_window(table), hardware=hardware,
+        policy=trigger.policy_ref, sent_at=now, tenant=tenant or trigger.tenant,
+    )  # fmt: skip
 
 
 @dataclass
 class WindowOutcome:
-    batches: list[FeatureBatch]
+    record: WindowFeatures | None  # the window's features (None: no step could be summarised)
     trace_bytes: int  # raw Chrome trace as exported
     events: int
     seconds: float  # export + read + summarise + pack
+
+    @property
+    def steps(self) -> int:
+        return len(self.record.steps) if self.record else 0
 
 
 def process_window(
@@ -146,11 +147,11 @@ def process_window(
         events = redaction.table(without_thread_events(te.events, own_threads))  # names as they may leave the host
         samples = to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries_unix_us))
         summaries = summarise(events, samples if samples.num_rows else None, te.step_bounds, min_share=min_share)
-        batches = feature_batches(summaries, trigger, meta, hardware, tenant=tenant)
+        record = window_features(summaries, trigger, meta, hardware, tenant=tenant)
         store.keep(trigger.window, raw, te.step_bounds)
     finally:
         Path(path).unlink(missing_ok=True)
-    return WindowOutcome(batches, len(raw), events.num_rows, time.perf_counter() - t0)
+    return WindowOutcome(record, len(raw), events.num_rows, time.perf_counter() - t0)
 
 
 def answer_raw_request(

@@ -13,7 +13,7 @@ import yaml
 
 from ...schemas import functions as ft
 from ...schemas.errors import LockstepError
-from ...schemas.records import FeatureBatch, ProfileTrigger, Sampling, StepHeartbeat, WorkerMeta
+from ...schemas.records import FeatureBatch, ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, WorkerMeta
 from .faults import Fault, FaultError, Truth, effects
 from .model import KIND, NAMES, SAMPLED, SimulatedStep, Static, Workload, simulate_step, step_rng
 from .topology import Topology, TopologyError
@@ -316,4 +316,47 @@ class FleetSimulator:
             )
             for i, m in enumerate(self.meta)
             if not sim.missing[i]
+        ]
+
+    def window_features(
+        self, sims: list[SimulatedStep], trigger: ProfileTrigger, sent_at: float | None = None
+    ) -> list[WindowFeatures]:
+        """One record per worker with the window's steps ``sims`` (those it was live in), as its agent publishes it
+        when the window ends."""
+        now = time.time() if sent_at is None else sent_at
+        n = self.topology.workers
+        parts, owners = [], []
+        for sim in sims:
+            table, row_worker = self.table(sim)
+            parts.append(ft.window_table(np.full(1, sim.step), [table]))
+            owners.append(row_worker)
+        owner = np.concatenate(owners)
+        order = np.argsort(owner, kind="stable")  # by worker, then step
+        t = pa.concat_tables(parts).take(pa.array(order)).combine_chunks()
+        counts = np.bincount(owner, minlength=n)
+        offsets = np.cumsum(counts) - counts
+        live = np.stack([~sim.missing for sim in sims])  # (steps, workers)
+        step_of = np.array([sim.step for sim in sims])
+        step_time = np.stack([sim.step_time_us for sim in sims])
+        sw = trigger.shard_workers
+        return [
+            WindowFeatures(
+                job=self.scenario.job,
+                window=trigger.window,
+                window_start=trigger.start_step,
+                window_steps=trigger.steps,
+                expected_workers=trigger.expected_workers,
+                shard=m.rank // sw,
+                shard_workers=sw,
+                worker=m,
+                steps=step_of[live[:, i]].tolist(),
+                step_time_us=step_time[live[:, i], i].tolist(),
+                functions=ft.pack_window(t.slice(int(offsets[i]), int(counts[i]))),
+                hardware=self.scenario.hardware,  # type: ignore[arg-type]
+                policy=trigger.policy_ref,
+                sent_at=now + float(sims[-1].clock_offset_s[i]),
+                tenant=self.scenario.tenant,
+            )
+            for i, m in enumerate(self.meta)
+            if live[:, i].any()
         ]

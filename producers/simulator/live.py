@@ -3,7 +3,9 @@
 Every step it publishes the workers' heartbeats; it follows the control topic
 like an agent does (a :class:`~lockstep.kafka.Tail` opened at the topic's end),
 accepts triggers for future steps (refuses those for steps already past), and
-during a window publishes each worker's feature batch keyed ``job:step``.
+when a window ends publishes each worker's ``WindowFeatures`` keyed ``job:window:shard``,
+as the agents do (``features="step"``: a ``FeatureBatch`` per worker and step, keyed
+``job:step``, during the window, as agents before issue 13 did).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import msgspec
 
-from ...kafka import Publisher, Tail, Topics, features_key
+from ...kafka import Publisher, Tail, Topics, features_key, window_features_key
 from ...schemas.records import ProfileTrigger
 from .fleet import FleetSimulator
 
@@ -41,6 +44,7 @@ def run_live(
     stop_after_windows: int = 1,
     tail_steps: int = 3,
     progress=None,
+    features: Literal["window", "step"] = "window",
 ) -> LiveResult:
     """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered.
 
@@ -52,6 +56,7 @@ def run_live(
     stop_at: int | None = None
     job = fleet.scenario.job
     echo: dict = {}  # the last trigger received, echoed in the next heartbeats (control latency)
+    profiled: dict[str, list] = {}  # window -> its steps simulated so far (features="window")
     for step in range(start_step, start_step + max_steps):
         for trig in control.records(ProfileTrigger, where=lambda t: t.job == job):  # refusals are for operators
             echo = {"trigger_window": trig.window, "trigger_latency_s": time.time() - trig.created_at}
@@ -82,10 +87,16 @@ def run_live(
         echo = {}
         for trig in list(active):
             if trig.start_step <= step < trig.start_step + trig.steps:
-                key = features_key(job, step)
-                for fb in fleet.feature_batches(sim, trig, now):
-                    publisher.send(topics.features, key, fb)
+                if features == "step":
+                    key = features_key(job, step)
+                    for fb in fleet.feature_batches(sim, trig, now):
+                        publisher.send(topics.features, key, fb)
+                else:
+                    profiled.setdefault(trig.window, []).append(sim)
             if step == trig.start_step + trig.steps - 1:
+                sims = profiled.pop(trig.window, [])
+                for wf in fleet.window_features(sims, trig, now) if sims else ():
+                    publisher.send(topics.windowfeatures, window_features_key(job, trig.window, wf.shard), wf)
                 active.remove(trig)
                 res.windows_done.append(trig.window)
                 if len(res.windows_done) >= stop_after_windows:

@@ -122,11 +122,16 @@ class StepResult:
 
 
 def _encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Dictionary-encode a string column: (codes, names)."""
-    enc = col.combine_chunks().dictionary_encode() if isinstance(col, pa.ChunkedArray) else col.dictionary_encode()
-    return enc.indices.to_numpy(zero_copy_only=False).astype(np.intp), np.asarray(
-        enc.dictionary.to_pylist(), dtype=object
-    )
+    """Dictionary-encode a string column (or take a dictionary column's codes): (codes, names), every name used."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    enc = arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.intp)
+    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    used = np.bincount(codes, minlength=names.size) > 0
+    if not used.all():  # a unified dictionary can hold names of rows dropped since
+        codes = (np.cumsum(used) - 1)[codes]
+        names = names[used]
+    return codes, names
 
 
 def _dense(n_w: int, n_f: int, rw: np.ndarray, fc: np.ndarray, values: np.ndarray, fill: float) -> np.ndarray:

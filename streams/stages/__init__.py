@@ -1,7 +1,8 @@
 """The processor's stages as plain objects: fed records, timer ticks and partition changes, writing to an Output.
 
 - :class:`DetectStage`  heartbeats -> slowdown detector -> triggers (and the step-time series)
-- :class:`StepStage`    feature batches -> step assembly + analysis -> step reports
+- :class:`ShardStage`   workers' window features -> a shard's workers per step, columnar -> step slices
+- :class:`StepStage`    feature batches and step slices -> step assembly + analysis -> step reports
 - :class:`WindowStage`  step reports -> window assembly + diagnosis -> findings, window reports, deviation maps
 
 No faust and no Kafka client in here: :mod:`lockstep.streams.app` is the faust adapter, and
@@ -12,6 +13,7 @@ from .base import Output, Partition, Policies, RecordIn, Stage
 from .detect import DetectStage
 from .memory import MemoryOutput
 from .processor import Processor, Tables
+from .shard import ShardStage
 from .step import StepStage
 from .window import WindowStage
 
@@ -23,6 +25,7 @@ __all__ = [
     "Policies",
     "Processor",
     "RecordIn",
+    "ShardStage",
     "Stage",
     "StepStage",
     "Tables",

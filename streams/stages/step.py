@@ -1,10 +1,12 @@
-"""The step stage: feature batches (key ``job:step``) -> one ``StepReport`` per step (key ``job``).
+"""The step stage: feature batches and step slices (key ``job:step``) -> one ``StepReport`` per step (key ``job``).
 
-:class:`~lockstep.streams.windows.StepAssembler` collects a step's batches until every expected
-worker reported (or the step timed out); the stage then checks the function tables of the whole step
-at once (``ft.check_tables``: the refused ones go to the dead-letter topic, the step goes on
-without them), runs :func:`analyze_step` and publishes the report.  A step's input records are
-acknowledged only once its report is sent, in offset order per partition (:class:`InOrderAcks`).
+:class:`~lockstep.streams.windows.StepAssembler` collects a step's workers, one ``FeatureBatch`` each from agents
+that send those, many in a ``StepSlice`` from the shard stage, until every expected worker is accounted for (or the
+step timed out); the stage then checks the function tables of the whole step at once (``ft.check_tables`` and
+``ft.bad_owners``: the refused records go to the dead-letter topic, the step goes on without them), builds the
+step's frame (:func:`step_frame`: a worker's first rows count, in rank order), runs :func:`analyze_step` and
+publishes the report.  A step's input records are acknowledged only once its report is sent, in offset order per
+partition (:class:`InOrderAcks`).
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 
+import numpy as np
+import pyarrow as pa
+
 from ...kafka import Topics
 from ...metrics import Metrics
 from ...schemas import functions as ft
-from ...schemas.records import FeatureBatch, RecordError, decode, encode
+from ...schemas.records import FeatureBatch, RecordError, StepSlice, decode, encode
 from ..diagnosis import StepFrame, analyze_step, step_report
-from ..windows import ClosedStep, StepAssembler
+from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
+from ..windows import ClosedStep, Handle, PendingStep, StepAssembler
 from .base import Clock, HoldingStage, Output, Partition, Policies, RecordIn
 
 
@@ -51,9 +57,13 @@ class StepStage(HoldingStage):
     async def _one(self, record: RecordIn) -> None:
         h = self.hold(record)
         try:
-            batch = decode(record.value, FeatureBatch)
-            table = ft.read(batch.functions, batch.functions_codec)  # values: checked per step (_finish)
-            closed, late = self.assembler.add(batch, table, len(record.value), h, self.clock())
+            rec = decode(record.value, (FeatureBatch, StepSlice))
+            if isinstance(rec, FeatureBatch):
+                table = ft.read(rec.functions, rec.functions_codec)  # values: checked per step (_finish)
+                closed, late = self.assembler.add(rec, table, len(record.value), h, self.clock())
+            else:
+                workers, functions = read_slice(rec)
+                closed, late = self.assembler.add_slice(rec, workers, functions, h, self.clock())
         except RecordError as err:
             await self.dead_letter(record, err)
             await self.release([h])
@@ -81,44 +91,21 @@ class StepStage(HoldingStage):
         p = closed.pending
         m = self.metrics
         t0 = time.perf_counter()
-        entries = [p.batches[r] for r in sorted(p.batches)] + p.replaced
         report = None
         try:
-            # the function tables' values, for the whole step at once (ft.read left them unchecked)
-            errors = ft.check_tables([table for _, table, _ in entries])
-            good = [e for e, err in zip(entries[: len(p.batches)], errors) if err is None]
-            if good:
-                recs = [b for b, _, _ in good]
-                diagnosis = self.policies.for_ref(p.policy).diagnosis
-                frame = StepFrame.from_tables(
-                    p.job,
-                    p.window,
-                    p.step,
-                    [b.worker for b in recs],
-                    [b.step_time_us for b in recs],
-                    [table for _, table, _ in good],
-                    diagnosis.peer_group_keys,
-                    [b.hardware for b in recs],
-                )
-                report = encode(
-                    step_report(
-                        analyze_step(frame, diagnosis),
-                        window_start=p.window_start,
-                        window_steps=p.window_steps,
-                        expected_workers=p.expected_workers,
-                        bytes_in=p.bytes_in,
-                        policy=p.policy,
-                        tenant=p.tenant,
-                        closed=closed.reason,
-                    )
-                )
+            diagnosis = self.policies.for_ref(p.policy).diagnosis
+            frame, refused = step_frame(p, diagnosis.peer_group_keys)
+            if frame is not None:
+                report = encode(step_report(
+                    analyze_step(frame, diagnosis), window_start=p.window_start, window_steps=p.window_steps,
+                    expected_workers=p.expected_workers, bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
+                ))  # fmt: skip
         except Exception as exc:
             await self.failed([h.item for h in p.handles], exc)
             await self.release(p.handles)
             return
-        for (_, _, handle), err in zip(entries, errors):
-            if err is not None:
-                await self.dead_letter(handle.item, err)
+        for handle, err in refused:
+            await self.dead_letter(handle.item, err)
         if report is not None:
             await self.send(self.topics.stepreports, p.job, report)
             m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
@@ -129,3 +116,79 @@ class StepStage(HoldingStage):
                 help="first feature batch of a step to its step report",
             )
         await self.release(p.handles)
+
+
+def read_slice(sl: StepSlice) -> tuple[pa.Table, pa.Table]:
+    """A slice's workers and their rows (values checked with the step's, :func:`step_frame`); RecordError if they disagree."""
+    workers = ft.unpack_ipc(sl.workers)
+    if not workers.schema.equals(WORKER_SCHEMA, check_metadata=False):
+        raise RecordError("bad_function_table", f"slice workers table is not {WORKER_SCHEMA.names}")
+    functions = ft.read_compact(sl.functions, sl.functions_codec, window=False, size=sl.functions_size)
+    rows = workers.column("rows").to_numpy(zero_copy_only=False)
+    if workers.column("rank").null_count or (rows < 0).any() or int(rows.sum()) != functions.num_rows:
+        raise RecordError(
+            "bad_function_table", f"slice workers claim {int(rows.sum())} rows, its table has {functions.num_rows}"
+        )
+    return workers, functions
+
+
+def step_frame(
+    p: PendingStep[RecordIn], peer_keys: tuple[str, ...]
+) -> tuple[StepFrame | None, list[tuple[Handle[RecordIn], RecordError]]]:
+    """The step's frame from its feature batches and slices (None when nothing usable came), and the records refused.
+
+    Values are checked for the whole step at once: the batches' tables (``ft.check_tables``), the slices' rows
+    (``ft.bad_owners``, a function once per worker).  A worker counts once, its first rows (a feature batch first: a
+    redelivered one replaced its twin), in rank order."""
+    entries = [p.batches[r] for r in sorted(p.batches)] + p.replaced
+    errors = ft.check_tables([table for _, table, _ in entries])
+    refused = [(h, err) for (_, _, h), err in zip(entries, errors) if err is not None]
+    parts_w: list[pa.Table] = []
+    parts_f: list[pa.Table] = []
+    good = [e for e, err in zip(entries[: len(p.batches)], errors) if err is None]
+    if good:
+        recs = [b for b, _, _ in good]
+        meta = worker_columns([b.worker for b in recs], peer_keys)
+        parts_w.append(pa.table({**meta, "step_time_us": [b.step_time_us for b in recs], "hardware": [b.hardware != "none" for b in recs],
+                                 "rows": [t.num_rows for _, t, _ in good]}, schema=WORKER_SCHEMA))  # fmt: skip
+        parts_f.append(ft.compact(pa.concat_tables([t for _, t, _ in good]).combine_chunks()))
+    if p.slices:
+        slices = sorted(
+            p.slices, key=lambda x: x[1].column("rank")[0].as_py() if x[1].num_rows else -1
+        )  # shards: rank ranges
+        t = ft.concat(
+            [f for _, _, f, _ in slices]
+        ).combine_chunks()  # one copy: the check and the analysis read whole columns
+        rows = np.concatenate([w.column("rows").to_numpy(zero_copy_only=False) for _, w, _, _ in slices]).astype(
+            np.int64
+        )
+        owner = np.repeat(np.repeat(np.arange(len(slices)), [w.num_rows for _, w, _, _ in slices]), rows)
+        worker = np.repeat(np.arange(rows.size), rows)
+        bad = ft.bad_owners(t, owner, len(slices), part=worker)
+        for i in np.flatnonzero(bad):
+            mine = owner == i
+            refused.append(
+                (
+                    slices[i][3],
+                    ft.refusal(t.filter(pa.array(mine)), worker[mine])
+                    or RecordError("bad_function_table", "slice refused"),
+                )
+            )
+        if bad.any():
+            t = t.filter(pa.array(~bad[owner]))
+        parts_w += [w for (_, w, _, _), b in zip(slices, bad) if not b]
+        parts_f.append(t)
+    workers = pa.concat_tables(parts_w) if parts_w else WORKER_SCHEMA.empty_table()
+    if workers.num_rows == 0:
+        return None, refused
+    functions = ft.complete(ft.concat(parts_f))
+    ranks = workers.column("rank").to_numpy(zero_copy_only=False)
+    rows = workers.column("rows").to_numpy(zero_copy_only=False).astype(np.int64)
+    _, first = np.unique(ranks, return_index=True)  # each rank's first entry, in rank order
+    if first.size != ranks.size or (first.size > 1 and (np.diff(ranks) <= 0).any()):
+        start = np.cumsum(rows) - rows
+        take = np.repeat(start[first] - (np.cumsum(rows[first]) - rows[first]), rows[first]) + np.arange(
+            int(rows[first].sum())
+        )
+        workers, functions = workers.take(pa.array(first)), functions.take(pa.array(take))
+    return StepFrame.from_parts(p.job, p.window, p.step, workers, functions.combine_chunks()), refused

@@ -25,7 +25,15 @@ from hypothesis import strategies as st
 
 from lockstep.app.runtime import Pipeline
 from lockstep.config import Settings
-from lockstep.kafka import Publisher, Topics, consumer_config, ensure_topics, features_key, producer_config
+from lockstep.kafka import (
+    Publisher,
+    Topics,
+    consumer_config,
+    ensure_topics,
+    features_key,
+    producer_config,
+    window_features_key,
+)
 from lockstep.metrics import value
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
@@ -41,16 +49,21 @@ from lockstep.schemas.records import (
     RecordError,
     StepHeartbeat,
     StepReport,
+    StepSlice,
     TriggerRequest,
+    WindowFeatures,
     WindowReport,
     WindowTimeout,
     decode,
     encode,
-)
+)  # fmt: skip
 from lockstep.sinks.sink import query
 from lockstep.streams.app import changelog_topics
 from lockstep.streams.diagnosis import StepFrame, analyze_step, step_report, step_result
 from lockstep.streams.policy import load_policy
+from lockstep.streams.stages.shard import step_slices
+from lockstep.streams.stages.step import read_slice
+from lockstep.streams.windows import Handle, ShardAssembler
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +76,9 @@ SCENARIO = Scenario(
 FLEET = FleetSimulator(SCENARIO)
 WINDOW = Window(60, 2)
 BATCHES = {s: FLEET.feature_batches(FLEET.step(s), FLEET.trigger(WINDOW), sent_at=time.time()) for s in WINDOW.range}
+WINDOW_FEATURES = FLEET.window_features(
+    [FLEET.step(s) for s in WINDOW.range], FLEET.trigger(WINDOW), sent_at=time.time()
+)
 
 
 def good_step_report(step: int) -> StepReport:
@@ -93,6 +109,7 @@ def good_step_report(step: int) -> StepReport:
 VALID = {
     "heartbeats": StepHeartbeat(job="hb-job", worker=1, step=5, step_time_s=0.2, host="h", sent_at=time.time()),
     "features": BATCHES[60][0],
+    "windowfeatures": WINDOW_FEATURES[0],
     "stepreports": good_step_report(60),
     "findings": None,  # filled below from the good window's diagnosis
     "windows": WindowReport(
@@ -112,15 +129,9 @@ VALID = {
         closed_at=time.time(),
     ),
     "control": FLEET.trigger(WINDOW, created_at=time.time()),
-}
-STAGE = {
-    "heartbeats": "detect",
-    "features": "steps",
-    "stepreports": "windows",
-    "findings": "sink",
-    "windows": "sink",
-    "control": "sink",
-}
+}  # fmt: skip
+STAGE = {"heartbeats": "detect", "features": "steps", "windowfeatures": "shards", "stepreports": "windows", "findings": "sink", "windows": "sink",
+         "control": "sink"}  # fmt: skip
 
 
 def _finding() -> Finding:
@@ -138,8 +149,24 @@ def expected_reason(kind: str, payload: bytes) -> str | None:
         if kind == "heartbeats":
             decode(payload, (StepHeartbeat, DetectorTick, TriggerRequest))
         elif kind == "features":
-            b = decode(payload, FeatureBatch)
-            ft.unpack(b.functions, b.functions_codec)
+            b = decode(payload, (FeatureBatch, StepSlice))
+            if isinstance(b, StepSlice):
+                read_slice(b)
+            else:
+                ft.unpack(b.functions, b.functions_codec)
+        elif (
+            kind == "windowfeatures"
+        ):  # the shard stage's read, then its check of the shard's records at the shard's close
+            w = decode(payload, WindowFeatures)
+            shards: ShardAssembler = ShardAssembler(0.0)
+            shards.add(w, ft.read_compact(w.functions, w.functions_codec), len(payload), Handle(0, 0, None), 0.0)
+            errors = [
+                err
+                for shard in shards.expire(1.0)
+                for _, err in step_slices(shard.pending, POLICY.diagnosis.peer_group_keys)[1]
+            ]
+            if errors:
+                return errors[0].reason
         elif kind == "stepreports":
             r = decode(payload, (StepReport, WindowTimeout))
             if isinstance(r, StepReport):
@@ -192,20 +219,21 @@ def field_mutation(draw, kind: str) -> bytes:
     MessagePack keeps NaN and infinities, JSON cannot carry them (they become null)."""
     d = msgspec.to_builtins(VALID[kind])
     target = d
-    if kind == "features" and draw(st.booleans()):
+    if kind in ("features", "windowfeatures") and draw(st.booleans()):
         target = d["worker"]
     key = draw(st.sampled_from(sorted(k for k in target if k != "schema")))
     target[key] = draw(ABSURD)
-    if draw(st.booleans()) or kind in ("features", "stepreports"):
+    if draw(st.booleans()) or kind in ("features", "windowfeatures", "stepreports"):
         return msgspec.msgpack.encode(d)
     return msgspec.json.encode(d)
 
 
 @st.composite
-def table_mutation(draw) -> bytes:
-    """A feature batch whose function table has one column broken: absurd values, a wrong type, or gone."""
-    b = BATCHES[60][draw(st.integers(0, 7))]
-    t = ft.unpack(b.functions)
+def table_mutation(draw, kind: str = "features") -> bytes:
+    """A feature batch (or a worker's window features) whose function table has one column broken: absurd values,
+    a wrong type, or gone."""
+    b = BATCHES[60][draw(st.integers(0, 7))] if kind == "features" else WINDOW_FEATURES[draw(st.integers(0, 7))]
+    t = ft.unpack(b.functions) if kind == "features" else ft.read_compact(b.functions)
     name = draw(st.sampled_from(t.column_names))
     how = draw(st.sampled_from(["value", "type", "drop"]))
     if how == "drop":
@@ -223,7 +251,11 @@ def table_mutation(draw) -> bytes:
         )
         col = t.column(name).to_pylist()
         col[draw(st.integers(0, len(col) - 1))] = v
-        t = t.set_column(t.column_names.index(name), name, pa.array(col, type=typ))
+        t = t.set_column(
+            t.column_names.index(name),
+            name,
+            pa.array(col, type=typ if not pa.types.is_dictionary(typ) else pa.string()),
+        )
     return encode(msgspec.structs.replace(b, functions=ft.pack(t)))
 
 
@@ -249,22 +281,16 @@ def wrong_version(draw) -> bytes:
 @st.composite
 def bad_record(draw) -> tuple[str, bytes]:
     kind = draw(KINDS)
-    payload = draw(
-        st.one_of(
-            st.binary(max_size=64),  # garbage
-            st.from_type(bool)
-            .map(lambda _: b"{")
-            .flatmap(lambda p: st.text(max_size=40).map(lambda s: p + s.encode())),  # broken JSON
-            st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=4).map(
-                msgspec.json.encode
-            ),  # objects without a record header
-            wrong_version(),
-            st.sampled_from([encode(r) for r in VALID.values()]),  # a valid record, on a topic that may not carry it
-            field_mutation(kind),
-            table_mutation() if kind == "features" else field_mutation(kind),
-            truncated_arrow() if kind == "features" else wrong_version(),
-        )
-    )
+    payload = draw(st.one_of(
+        st.binary(max_size=64),  # garbage
+        st.from_type(bool).map(lambda _: b"{").flatmap(lambda p: st.text(max_size=40).map(lambda s: p + s.encode())),  # broken JSON
+        st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=4).map(msgspec.json.encode),  # objects without a record header
+        wrong_version(),
+        st.sampled_from([encode(r) for r in VALID.values()]),  # a valid record, on a topic that may not carry it
+        field_mutation(kind),
+        table_mutation(kind) if kind in ("features", "windowfeatures") else field_mutation(kind),
+        truncated_arrow() if kind == "features" else wrong_version(),
+    ))  # fmt: skip
     return kind, payload
 
 
@@ -343,13 +369,14 @@ _serial = itertools.count()
 
 
 def _own_step(kind: str, payload: bytes, key: bytes) -> bytes:
-    """A feature batch that decodes is moved to a job of its own.  Its table's values are checked when its
-    step closes; a second batch of a step that already closed (an earlier example's, or the same example
-    replayed while hypothesis shrinks) is a late record, dropped as a replay, not a dead letter."""
-    if kind != "features":
+    """A feature batch (or a worker's window features) that decodes is moved to a job of its own.  Its table's
+    values are checked when its step (shard) closes; a second record of a step that already closed (an earlier
+    example's, or the same example replayed while hypothesis shrinks) is a late record, dropped as a replay, not a
+    dead letter."""
+    if kind not in ("features", "windowfeatures"):
         return payload
     try:
-        b = decode(payload, FeatureBatch)
+        b = decode(payload, (FeatureBatch, StepSlice) if kind == "features" else WindowFeatures)
     except RecordError:
         return payload
     return encode(msgspec.structs.replace(b, job=key.decode()))
@@ -386,6 +413,31 @@ def _replace_table(b: FeatureBatch, **columns) -> bytes:
     return encode(msgspec.structs.replace(b, functions=ft.pack(t)))
 
 
+def _window_table(w: WindowFeatures, job: str, **columns) -> bytes:
+    t = ft.read_compact(w.functions)
+    for name, v in columns.items():
+        col = t.column(name).to_pylist()
+        col[-1] = v
+        typ = t.schema.field(name).type
+        t = t.set_column(
+            t.column_names.index(name), name, pa.array(col, type=pa.string() if pa.types.is_dictionary(typ) else typ)
+        )
+    return encode(msgspec.structs.replace(w, job=job, functions=ft.pack(t)))
+
+
+def _slice() -> StepSlice:
+    """A good StepSlice (what the shard stage sends into the features topic), for cases against the step stage."""
+    shards: ShardAssembler = ShardAssembler(60.0)
+    closed = [shards.add(msgspec.structs.replace(w, job="slice-job"), ft.read_compact(w.functions), 1, Handle(0, i, None), 0.0)[0]
+              for i, w in enumerate(WINDOW_FEATURES)]  # fmt: skip
+    shard = closed[-1]  # the last member's record completes the shard
+    assert shard is not None and shard.reason == "complete"
+    return decode(step_slices(shard.pending, POLICY.diagnosis.peer_group_keys)[0][0][1], StepSlice)
+
+
+VALID_SLICE = _slice()
+
+
 def _mp(record, **fields) -> bytes:
     """MessagePack of a record with fields replaced without validation (NaN and infinities survive)."""
     return msgspec.msgpack.encode(msgspec.to_builtins(record, builtin_types=(bytes,)) | fields)
@@ -403,7 +455,7 @@ def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
         for w in range(4)
     ]
     rig.send([("heartbeats", b"fj", encode(h)) for h in job])  # a job the detector has seen reach step 39
-    fb, rep = BATCHES[60][1], VALID["stepreports"]
+    fb, rep, wf = BATCHES[60][1], VALID["stepreports"], WINDOW_FEATURES[1]
     wrong = ft.pack(pa.table({"a": [1, 2]}))
     cases = (
         [  # (topic, key, payload, reason)
@@ -435,6 +487,47 @@ def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
                 encode(msgspec.structs.replace(fb, functions=fb.functions[: len(fb.functions) // 2])),
                 "bad_function_table",
             ),
+            (
+                "windowfeatures",
+                b"w1",
+                encode(msgspec.structs.replace(wf, job="w1", steps=[61, 60])),
+                "invalid",
+            ),  # steps out of order
+            ("windowfeatures", b"w2", _mp(wf, job="w2", step_time_us=[float("nan"), 1.0]), "invalid"),
+            (
+                "windowfeatures",
+                b"w3",
+                encode(msgspec.structs.replace(wf, job="w3", shard=7)),
+                "invalid",
+            ),  # not the worker's shard
+            (
+                "windowfeatures",
+                b"w4",
+                encode(msgspec.structs.replace(wf, job="w4", steps=[60], step_time_us=[1.0])),
+                "bad_function_table",
+            ),  # rows of step 61
+            ("windowfeatures", b"w5", _window_table(wf, job="w5", critical_us=-5.0), "bad_function_table"),
+            ("windowfeatures", b"w6", _window_table(wf, job="w6", kind="quantum"), "bad_function_table"),
+            (
+                "windowfeatures",
+                b"w7",
+                encode(msgspec.structs.replace(wf, job="w7", functions=wf.functions[: len(wf.functions) // 2])),
+                "bad_function_table",
+            ),
+            (
+                "features",
+                b"w8",
+                encode(msgspec.structs.replace(VALID_SLICE, workers=ft.pack(pa.table({"rank": [1]})))),
+                "bad_function_table",
+            ),
+            ("features", b"w9", _mp(VALID_SLICE, missing=list(range(200_000))), "invalid"),
+            (
+                "features",
+                b"w10",
+                encode(msgspec.structs.replace(VALID_SLICE, functions_size=0)),
+                "bad_function_table",
+            ),  # lz4 without its size
+            ("features", b"w11", _mp(VALID_SLICE, functions_size=2**40), "invalid"),  # an lz4 block declaring 1 TiB
             ("stepreports", b"a12", encode(msgspec.structs.replace(rep, outliers=wrong)), "bad_function_table"),
             ("stepreports", b"a13", encode(msgspec.structs.replace(rep, groups=wrong)), "bad_function_table"),
             ("stepreports", b"a14", _mp(rep, step=2**64 - 1, window_start=2**64 - 1), "invalid"),
@@ -478,10 +571,16 @@ def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
         time.sleep(0.2)
     assert not want - have, f"missing dead letters: {[(k, r) for k, _, r in want - have]}"
 
-    # both processes still work: a good window is diagnosed and stored, its findings once
+    # both processes still work: a good window is diagnosed and stored, its findings once; so is the same window
+    # of another job from WindowFeatures
     rig.send([("features", features_key(SCENARIO.job, s), encode(b)) for s in WINDOW.range for b in BATCHES[s]])
+    rig.send([("windowfeatures", window_features_key("good-job-w", w.window, w.shard), encode(msgspec.structs.replace(w, job="good-job-w")))
+              for w in WINDOW_FEATURES])  # fmt: skip
     rows = until_rows(rig.settings, "SELECT workers, cause FROM findings WHERE job = 'good-job'")
     assert rows == [[[3], "gpu_slow"]]
+    assert until_rows(rig.settings, "SELECT workers, cause FROM findings WHERE job = 'good-job-w'") == [
+        [[3], "gpu_slow"]
+    ]
     m = rig.pipeline.metrics("processor")
     assert value(m, "lockstep_dead_letters_total", reason="from_the_future", stage="detect") == 2
 

@@ -7,8 +7,8 @@ import duckdb
 import pytest
 
 from lockstep.app.demo import default_scenario, run_demo
-from lockstep.kafka import Topics, features_key, read_all
-from lockstep.schemas.records import FeatureBatch, ProfileTrigger, StepReport, decode
+from lockstep.kafka import Topics, features_key, read_all, window_features_key
+from lockstep.schemas.records import ProfileTrigger, StepReport, StepSlice, WindowFeatures, decode
 
 pytestmark = pytest.mark.integration
 
@@ -31,13 +31,19 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     ((coverage, closed, expected),) = con.execute("SELECT coverage, closed, expected_workers FROM windows").fetchall()
     assert (coverage, closed, expected) == (1.0, "complete", 32)
 
-    # the records of a step really travelled through Kafka, keyed job:step
+    # the records really travelled through Kafka: one per worker and window, keyed job:window:shard; the shard
+    # stage's slices (one per step: the 32 workers are one shard), keyed job:step
     topics = Topics.named(settings.topic_prefix)
-    recs = read_all(settings, [topics.control, topics.features, topics.stepreports])
+    recs = read_all(settings, [topics.control, topics.windowfeatures, topics.features, topics.stepreports])
     (trigger,) = [decode(v, ProfileTrigger) for _, v in recs[topics.control]]
-    batches = [(k, decode(v, FeatureBatch)) for k, v in recs[topics.features]]
-    assert len(batches) == 32 * trigger.steps
-    assert all(k == features_key(b.job, b.step) for k, b in batches)
+    records = [(k, decode(v, WindowFeatures)) for k, v in recs[topics.windowfeatures]]
+    assert sorted(r.worker.rank for _, r in records) == list(range(32)) and all(
+        len(r.steps) == trigger.steps for _, r in records
+    )
+    assert all(k == window_features_key(r.job, r.window, 0) for k, r in records)
+    slices = [(k, decode(v, StepSlice)) for k, v in recs[topics.features]]
+    assert sorted(s.step for _, s in slices) == list(range(trigger.start_step, trigger.start_step + trigger.steps))
+    assert all(k == features_key(s.job, s.step) and s.missing == [] for k, s in slices)
     reports = [decode(v, StepReport) for _, v in recs[topics.stepreports]]
     assert sorted(r.step for r in reports) == list(range(trigger.start_step, trigger.start_step + trigger.steps))
     assert {t.topic: t.records for t in res.topics}[topics.findings] == 1

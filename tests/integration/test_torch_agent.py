@@ -18,9 +18,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
-from lockstep.kafka import Publisher, consumer_config, ensure_topics, features_key, producer_config, read_all
+from lockstep.kafka import Publisher, consumer_config, ensure_topics, producer_config, read_all, window_features_key
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import FeatureBatch, ProfileTrigger, Sampling, StepHeartbeat, decode
+from lockstep.schemas.records import ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, decode
 from lockstep.sinks.sink import query
 from lockstep.sinks.store import StoreError
 from lockstep.streams.app import changelog_topics
@@ -160,13 +160,15 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path):
     assert not any("preprocess" in function or "all_reduce" in function for workers, function, _ in named[1:]), rows
     assert windows == [[1.0, "complete", WORLD]]
 
-    # every rank delivered one feature batch per step of the window, keyed job:step
-    batches = [(k, decode(v, FeatureBatch)) for k, v in read_all(settings, [topics.features])[topics.features]]
-    assert sorted((b.worker.rank, b.step) for _, b in batches) == [
+    # every rank delivered one feature record with every step of the window, keyed job:window:shard
+    records = [
+        (k, decode(v, WindowFeatures)) for k, v in read_all(settings, [topics.windowfeatures])[topics.windowfeatures]
+    ]
+    assert sorted((b.worker.rank, s) for _, b in records for s in b.steps) == [
         (r, s) for r in range(WORLD) for s in range(start, start + 5)
     ]
-    assert all(k == features_key(JOB, b.step) and b.hardware == "host" for k, b in batches)
-    assert all(ft.unpack(b.functions).num_rows > 0 for _, b in batches)
+    assert all(k == window_features_key(JOB, "w-agent", 0) and b.hardware == "host" for k, b in records)
+    assert all(ft.read_compact(b.functions).num_rows > 0 for _, b in records)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert all(r["windows"][0]["window"] == "w-agent" and r["windows"][0]["error"] == "" for r in reports)
     assert all(r["counters"]["dropped_records"] == 0 for r in reports)

@@ -3,6 +3,7 @@ scenario's earlier window, and the whole standard suite (every finding's evidenc
 
 from dataclasses import replace
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -11,44 +12,66 @@ from lockstep.producers.simulator.faults import Fault, Truth
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
 from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import Evidence, Finding, Impact
+from lockstep.schemas.records import Evidence, Finding, Impact, StepSlice, decode
 from lockstep.streams.diagnosis import StepFrame, analyze_step
 from lockstep.streams.policy import Policy
+from lockstep.streams.stages.shard import step_slices
+from lockstep.streams.stages.step import read_slice, step_frame
+from lockstep.streams.windows import Handle, ShardAssembler, StepAssembler
+
+
+def _processor_frame(fleet, st, keys, trigger, kind):
+    """The step stage's frame of a simulated step, from feature batches or from the shard stage's slices."""
+    steps: StepAssembler = StepAssembler(60.0)
+    closed = []
+    if kind == "batches":
+        for i, b in enumerate(fleet.feature_batches(st, trigger)):
+            closed.append(steps.add(b, ft.read(b.functions), 0, Handle(0, i, None), 0.0)[0])
+    else:
+        shards: ShardAssembler = ShardAssembler(60.0)
+        full = [
+            shards.add(w, ft.read_compact(w.functions), 0, Handle(0, i, None), 0.0)[0]
+            for i, w in enumerate(fleet.window_features([st], trigger))
+        ]
+        for shard in [c for c in full if c is not None] + shards.expire(
+            1e9
+        ):  # the missing worker's shard: closed by its timeout
+            for i, (_, value) in enumerate(step_slices(shard.pending, keys)[0]):
+                sl = decode(value, StepSlice)
+                closed.append(steps.add_slice(sl, *read_slice(sl), Handle(1, i, None), 0.0)[0])
+    (done,) = [c for c in closed + steps.expire(1e9) if c is not None and c.pending.step == st.step]
+    return step_frame(done.pending, keys)[0]
 
 
 def test_one_table_per_step_gives_the_processors_step_analysis():
-    """evaluate renders all workers as one Arrow table; the processor concatenates one table per worker."""
-    fleet = FleetSimulator(
-        Scenario(
-            job="j",
-            topology=Topology(workers=64, pp=2, tp=2),
-            faults=(Fault(type="missing_worker", workers=(7,)), Fault(type="gpu_slow", workers=(40,), severity=0.3)),
-        )
-    )
+    """evaluate renders all workers as one Arrow table; the processor concatenates one table per worker (agents'
+    FeatureBatches), or a few shards' slices of many workers (their WindowFeatures): the same analysis."""
+    fleet = FleetSimulator(Scenario(job="j", topology=Topology(workers=64, pp=2, tp=2), faults=(Fault(type="missing_worker", workers=(7,)),
+                                    Fault(type="gpu_slow", workers=(40,), severity=0.3))))  # fmt: skip
     policy = Policy()
+    keys = policy.diagnosis.peer_group_keys
     st = fleet.step(61)
-    batches = fleet.feature_batches(st, fleet.trigger())
-    slow = StepFrame.from_tables(
-        "j",
-        "w60",
-        61,
-        [b.worker for b in batches],
-        [b.step_time_us for b in batches],
-        [ft.unpack(b.functions) for b in batches],
-        policy.diagnosis.peer_group_keys,
-        [b.hardware for b in batches],
-    )
-    fast = _Renderer(fleet, policy.diagnosis.peer_group_keys).frame(st, "w60")
-    a, b = analyze_step(slow, policy.diagnosis), analyze_step(fast, policy.diagnosis)
-    assert a.outliers.num_rows > 0 and a.workers_seen == b.workers_seen == 63
-    for x, y in ((a.outliers, b.outliers), (a.groups, b.groups)):
-        assert x.schema == y.schema and x.num_rows == y.num_rows
-        for name in x.column_names:
-            np.testing.assert_array_equal(
-                x.column(name).to_numpy(zero_copy_only=False),
-                y.column(name).to_numpy(zero_copy_only=False),
-                err_msg=name,
-            )
+    trigger = msgspec.structs.replace(fleet.trigger(), shard_workers=24)
+    batches = fleet.feature_batches(st, trigger)
+    one_by_one = StepFrame.from_tables("j", "w60", 61, [b.worker for b in batches], [b.step_time_us for b in batches],
+                                       [ft.unpack(b.functions) for b in batches], keys, [b.hardware for b in batches])  # fmt: skip
+    fast = _Renderer(fleet, keys).frame(st, "w60")
+    b = analyze_step(fast, policy.diagnosis)
+    for frame in (
+        one_by_one,
+        _processor_frame(fleet, st, keys, trigger, "batches"),
+        _processor_frame(fleet, st, keys, trigger, "slices"),
+    ):
+        a = analyze_step(frame, policy.diagnosis)
+        assert a.outliers.num_rows > 0 and a.workers_seen == b.workers_seen == 63
+        for x, y in ((a.outliers, b.outliers), (a.groups, b.groups)):
+            assert x.schema == y.schema and x.num_rows == y.num_rows
+            for name in x.column_names:
+                np.testing.assert_array_equal(
+                    x.column(name).to_numpy(zero_copy_only=False),
+                    y.column(name).to_numpy(zero_copy_only=False),
+                    err_msg=name,
+                )
 
 
 def _finding(workers, function, cause, devices=(), hosts=(), scope="worker", group=None):

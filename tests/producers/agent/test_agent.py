@@ -18,12 +18,12 @@ from lockstep.producers.agent.retention import decompress
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import (
     AgentCounters,
-    FeatureBatch,
     ProfileTrigger,
     RawRequest,
     RawTrace,
     Sampling,
     StepHeartbeat,
+    WindowFeatures,
     decode,
 )
 
@@ -125,25 +125,31 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
         agent.close()
     assert report.refused == [("w-past", "past")] and report.counters.refused_triggers == 1
     (window,) = report.windows
-    assert window.error == "" and window.batches == 3 and window.sampler.source == "host" and window.sampler.samples > 0
+    assert (
+        window.error == "" and window.summarised == 3 and window.sampler.source == "host" and window.sampler.samples > 0
+    )
 
-    recs = read_all(settings, [topics.features, topics.heartbeats, topics.raw])
-    batches = [(k, decode(v, FeatureBatch)) for k, v in recs[topics.features]]
-    assert sorted(b.step for _, b in batches) == [start, start + 1, start + 2]
-    for key, b in batches:
-        assert key == f"unit:{b.step}".encode()
-        assert (b.window, b.window_start, b.window_steps, b.expected_workers, b.policy, b.hardware) == (
-            "w1",
-            start,
-            3,
-            8,
-            "p@h",
-            "host",
-        )
-        assert (b.worker.rank, b.worker.labels) == (5, {"pp": "1"})
-        table = ft.unpack(b.functions)
-        assert table.num_rows > 0 and all(n.startswith("fn:") for n in table.column("function").to_pylist())
-        assert b.step_time_us > 0  # how long depends on the machine's load: not compared
+    recs = read_all(settings, [topics.windowfeatures, topics.heartbeats, topics.raw])
+    ((key, b),) = [(k, decode(v, WindowFeatures)) for k, v in recs[topics.windowfeatures]]  # the window in one record
+    assert (
+        key == b"unit:w1:0"
+        and b.steps == [start, start + 1, start + 2]
+        and window.record_bytes == len(recs[topics.windowfeatures][0][1])
+    )
+    assert (b.window, b.window_start, b.window_steps, b.expected_workers, b.policy, b.hardware) == (
+        "w1",
+        start,
+        3,
+        8,
+        "p@h",
+        "host",
+    )
+    assert (b.worker.rank, b.worker.labels, b.shard) == (5, {"pp": "1"}, 0)
+    table = ft.read_compact(b.functions)
+    assert set(table.column("step").to_pylist()) == set(b.steps) and all(
+        n.startswith("fn:") for n in table.column("function").to_pylist()
+    )
+    assert all(t > 0 for t in b.step_time_us)  # how long depends on the machine's load: not compared
     heartbeats = [decode(v, StepHeartbeat) for _, v in recs[topics.heartbeats]]
     *beats, final = heartbeats
     assert [h.step for h in beats] == list(range(len(beats))) and all(not h.final for h in beats)

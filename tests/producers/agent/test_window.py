@@ -1,12 +1,12 @@
-"""From summaries to feature batches: clock alignment, window bounds, the agent's own threads."""
+"""From summaries to the window's feature record: clock alignment, window bounds, the agent's own threads."""
 
 import numpy as np
 import pyarrow as pa
 
 from lockstep.producers.agent.window import (
     clock_offset_us,
-    feature_batches,
     to_trace_clock,
+    window_features,
     without_thread_events,
     without_threads,
 )
@@ -46,21 +46,18 @@ def test_samples_move_onto_the_traces_clock():
     )  # no common step: no samples rather than wrong ones
 
 
-def test_one_batch_per_step_of_the_window():
-    trig = ProfileTrigger(
-        job="j", window="w", start_step=5, steps=2, expected_workers=4, sampling=Sampling(), policy="p", policy_hash="h"
-    )
-    meta = WorkerMeta(rank=1, host="h1")
+def test_one_record_with_every_step_of_the_window():
+    trig = ProfileTrigger(job="j", window="w", start_step=5, steps=2, expected_workers=4, sampling=Sampling(), policy="p", policy_hash="h",
+                          shard_workers=2)  # fmt: skip
+    meta = WorkerMeta(rank=3, host="h1")
     summaries = [
         Summary(4, table(["a"])),
-        Summary(5, table(["train.py(3): f", "aten::mm"])),
         Summary(6, table(["a"])),
+        Summary(5, table(["train.py(3): f", "aten::mm"])),
         Summary(7, table(["a"])),
     ]
-    out = feature_batches(summaries, trig, meta, "host", now=1.0)
-    assert [b.step for b in out] == [5, 6]
-    b = out[0]
-    assert (b.job, b.window, b.window_start, b.window_steps, b.expected_workers, b.policy, b.hardware) == (
+    r = window_features(summaries, trig, meta, "host", now=1.0)
+    assert (r.job, r.window, r.window_start, r.window_steps, r.expected_workers, r.policy, r.hardware) == (
         "j",
         "w",
         5,
@@ -69,7 +66,19 @@ def test_one_batch_per_step_of_the_window():
         "p@h",
         "host",
     )
-    assert ft.unpack(b.functions).column("function").to_pylist() == ["train.py(3): f", "aten::mm"]
+    assert (r.steps, r.step_time_us, r.shard, r.shard_workers) == ([5, 6], [1000.0, 1000.0], 1, 2)
+    t = ft.read_compact(r.functions)
+    assert t.column("step").to_pylist() == [5, 5, 6] and t.column("function").to_pylist() == [
+        "train.py(3): f",
+        "aten::mm",
+        "a",
+    ]
+    assert t.schema.field("function").type == ft.DICTIONARY  # names once per record
+    # what the diagnosis never reads is not sent; optional columns without a value neither
+    assert (
+        "p50_us" not in t.column_names and "sm_clock_mhz_sd" not in t.column_names and "nic_gbps" not in t.column_names
+    )
+    assert window_features([Summary(9, table(["a"]))], trig, meta, "host") is None
 
 
 def test_the_agents_own_threads_leave_the_trace():

@@ -7,13 +7,14 @@ import asyncio
 import inspect
 from collections import Counter
 
+import msgspec
 import pytest
 
 from lockstep.kafka import Topics
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
-from lockstep.schemas.records import FeatureBatch, Record, encode
+from lockstep.schemas.records import FeatureBatch, Record, WindowFeatures, encode
 from lockstep.streams.policy import Policy
 from lockstep.streams.stages import MemoryOutput, Processor, RecordIn, Tables
 
@@ -53,20 +54,10 @@ class Pair:
         self.clock = Clock()
         self.out = out or MemoryOutput(partitions, deliver)
         self.tables = tables or Tables()
-        self.proc = Processor(
-            policy or Policy(),
-            TOPICS,
-            self.out,
-            self.tables,
-            step_timeout_s=step_timeout_s,
-            window_timeout_s=window_timeout_s,
-            clock=self.clock,
-        )
-        self.stage_of = {
-            TOPICS.heartbeats: self.proc.detect,
-            TOPICS.features: self.proc.steps,
-            TOPICS.stepreports: self.proc.windows,
-        }
+        self.proc = Processor(policy or Policy(), TOPICS, self.out, self.tables, step_timeout_s=step_timeout_s,
+                              window_timeout_s=window_timeout_s, clock=self.clock)  # fmt: skip
+        self.stage_of = {TOPICS.heartbeats: self.proc.detect, TOPICS.windowfeatures: self.proc.shards, TOPICS.features: self.proc.steps,
+                         TOPICS.stepreports: self.proc.windows}  # fmt: skip
         self._pumped = 0
 
     def produce(self, topic: str, key: str, record: Record | bytes) -> RecordIn:
@@ -131,3 +122,10 @@ def healthy_batches() -> dict[int, list[FeatureBatch]]:
     sim = FleetSimulator(Scenario(job="j", topology=Topology(workers=8, gpus_per_host=8)))
     trigger = sim.trigger(WINDOW)
     return {s: sim.feature_batches(sim.step(s), trigger, sent_at=1.8e9) for s in WINDOW.range}
+
+
+@pytest.fixture(scope="session")
+def window_features() -> list[WindowFeatures]:
+    """The same window as ``batches``, as agents send it since issue 13: one record per worker, shards of 4 workers."""
+    trigger = msgspec.structs.replace(SIM.trigger(WINDOW), shard_workers=4)
+    return SIM.window_features([SIM.step(s) for s in WINDOW.range], trigger, sent_at=1.8e9)

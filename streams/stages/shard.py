@@ -1,0 +1,194 @@
+"""The shard stage: workers' ``WindowFeatures`` (key ``job:window:shard``) -> per step, one columnar ``StepSlice``
+of the shard's workers (key ``job:step``, on the features topic, where the step stage assembles the step).
+
+A 100,000-worker job's window is 100,000 records; keyed by shard (``rank // shard_workers``, 256 by default) they
+spread over the partitions, so several processors read one window.  :class:`~lockstep.streams.windows.ShardAssembler`
+collects a shard's records until every member sent its own (or the shard timed out); then :func:`step_slices` checks
+them all at once (one vectorised pass, :func:`~lockstep.schemas.functions.bad_owners`: the refused records go to the
+dead-letter topic, the shard goes on without them) and cuts the shard's rows into one slice per step: the workers'
+metadata as columns, their function rows as one Arrow table, and the members that sent nothing for the step
+(``missing``), so that the step stage does not wait for them.  The step stage then reads a few hundred slices per step
+instead of one record per worker.  A shard's input records are acknowledged once its slices are sent, in offset order
+per partition; a replayed shard sends the same slices again, which the step stage ignores (it keeps a worker's first).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from ...kafka import Topics
+from ...metrics import Metrics
+from ...schemas import functions as ft
+from ...schemas.records import RecordError, StepSlice, WindowFeatures, decode, encode
+from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
+from ..windows import ClosedShard, Handle, PendingShard, ShardAssembler
+from .base import Clock, HoldingStage, Output, Partition, Policies, RecordIn
+
+#: a slice whose encoded record passes this is cut in two (Kafka's default record limit is 1 MiB)
+SLICE_MAX_BYTES = 768 << 10
+
+
+class ShardStage(HoldingStage):
+    """``topics.windowfeatures`` -> :class:`ShardAssembler` -> :func:`step_slices` -> ``topics.features``."""
+
+    name = "shards"
+
+    def __init__(
+        self,
+        topics: Topics,
+        out: Output,
+        policies: Policies,
+        metrics: Metrics,
+        timeout_s: float,
+        clock: Clock = time.time,
+    ):
+        super().__init__(topics, out, metrics, clock)
+        self.policies = policies
+        self.assembler: ShardAssembler[RecordIn] = ShardAssembler(timeout_s)
+
+    @property
+    def open_shards(self) -> int:
+        return self.assembler.open_shards
+
+    async def on_records(self, records: Sequence[RecordIn]) -> None:
+        for record in records:
+            await self._one(record)
+        self.metrics.set(
+            "open_shards", self.assembler.open_shards, help="shards of windows waiting for workers' features"
+        )
+
+    async def _one(self, record: RecordIn) -> None:
+        h = self.hold(record)
+        try:
+            rec = decode(record.value, WindowFeatures)
+            table = ft.read_compact(rec.functions, rec.functions_codec)  # values: checked per shard (_finish)
+            closed, late = self.assembler.add(rec, table, len(record.value), h, self.clock())
+        except RecordError as err:
+            await self.dead_letter(record, err)
+            await self.release([h])
+            return
+        except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
+            await self.failed([record], exc)
+            await self.release([h])
+            return
+        if late:
+            self.metrics.inc("late_records_total", stage=self.name, help="records for steps or windows already closed")
+            await self.release([h])
+        elif closed:
+            await self._finish(closed)
+
+    async def on_timer(self, now: float) -> None:
+        """Shards that waited ``timeout_s`` for their last workers close without them."""
+        for closed in self.assembler.expire(now):
+            await self._finish(closed)
+
+    def on_revoked(self, partitions: Collection[Partition]) -> None:
+        self.assembler.drop(partitions)
+        self.acks.drop(partitions)
+
+    async def _finish(self, closed: ClosedShard[RecordIn]) -> None:
+        p = closed.pending
+        try:
+            keys = self.policies.for_ref(p.policy).diagnosis.peer_group_keys
+            slices, errors = step_slices(p, keys)
+        except Exception as exc:
+            await self.failed([h.item for h in p.handles], exc)
+            await self.release(p.handles)
+            return
+        for handle, err in errors:
+            await self.dead_letter(handle.item, err)
+        for step, value in slices:
+            await self.send(self.topics.features, f"{p.job}:{step}", value)
+        self.metrics.inc("shards_closed_total", reason=closed.reason, help="shards of windows closed, by reason")
+        await self.release(p.handles)
+
+
+def step_slices(
+    p: PendingShard[Any], peer_keys: tuple[str, ...]
+) -> tuple[list[tuple[int, bytes]], list[tuple[Handle[Any], RecordError]]]:
+    """A closed shard's slices, one per step of its window (encoded, with their step; a slice over
+    :data:`SLICE_MAX_BYTES` is cut in parts), and the records refused, with their handles and reasons.
+
+    Pure and vectorised over the shard's rows: one concatenation, one values check, one sort by (step, worker)."""
+    entries = [
+        p.records[r] for r in sorted(p.records)
+    ] + p.replaced  # rank order; then twins, checked for the dead letters
+    n, live = len(entries), len(p.records)
+    recs = [e[0] for e in entries]
+    t = ft.concat([e[1] for e in entries])
+    owner = np.repeat(np.arange(n), [e[1].num_rows for e in entries])
+    ws, n_steps = p.window_start, p.window_steps
+    step = t.column("step").to_numpy(zero_copy_only=False).astype(np.int64) - ws
+    # each record's step times by step of the window (NaN: a step it did not summarise); validate() kept them inside
+    declared = np.full((n, n_steps), np.nan)
+    declared[np.repeat(np.arange(n), [len(r.steps) for r in recs]), np.concatenate([r.steps for r in recs]) - ws] = (
+        np.concatenate([r.step_time_us for r in recs])
+    )
+    part = np.clip(step, 0, n_steps - 1)
+    stray = (
+        np.bincount(owner, weights=~((step >= 0) & (step < n_steps) & ~np.isnan(declared[owner, part])), minlength=n)
+        > 0
+    )
+    bad = ft.bad_owners(t, owner, n, part=part) | stray
+    errors = []
+    for i in np.flatnonzero(bad):
+        mine = owner == i
+        err = RecordError("bad_function_table", "window table has rows of steps the record does not declare") if stray[i] else (
+            ft.refusal(t.filter(pa.array(mine)), step[mine]) or RecordError("bad_function_table", "window table refused"))  # fmt: skip
+        errors.append((entries[i][3], err))
+    # the members' good records: metadata once, then each step's workers and rows
+    good = ~bad[:live]
+    declared = declared[:live]
+    meta = {
+        k: np.asarray(v, dtype=np.int64 if k == "rank" else object)
+        for k, v in worker_columns([r.worker for r in recs[:live]], peer_keys).items()
+    }
+    meta["hardware"] = np.array([r.hardware != "none" for r in recs[:live]])
+    per_step_bytes = np.array([e[2] / len(e[0].steps) for e in entries[:live]])
+    order = np.flatnonzero((owner < live) & good[np.minimum(owner, live - 1)])
+    order = order[np.argsort(step[order] * live + owner[order], kind="stable")]  # by step, then worker (rank)
+    rows = ft.complete(t.take(pa.array(order)).drop_columns(["step"]), _present(t))
+    bounds = np.searchsorted(step[order], np.arange(n_steps + 1))
+    members = np.arange(p.members.start, p.members.stop)
+    out: list[tuple[int, bytes]] = []
+    for s in range(n_steps):  # one slice per step of the window: a handful per shard
+        who = np.flatnonzero(good & ~np.isnan(declared[:, s]))
+        counts = np.bincount(owner[order[bounds[s] : bounds[s + 1]]], minlength=live)[who]
+        workers = pa.table({**{k: v[who] for k, v in meta.items()}, "step_time_us": declared[who, s], "rows": counts.astype(np.int32)},
+                           schema=WORKER_SCHEMA)  # fmt: skip
+        base = StepSlice(job=p.job, window=p.window, step=ws + s, window_start=ws, window_steps=n_steps, expected_workers=p.expected_workers,
+                         shard=p.shard, missing=np.setdiff1d(members, meta["rank"][who]).tolist(), workers=b"", functions=b"",
+                         policy=p.policy, tenant=p.tenant)  # fmt: skip
+        functions = rows.slice(int(bounds[s]), int(bounds[s + 1] - bounds[s]))
+        out.extend((ws + s, v) for v in _encoded(base, workers, functions, per_step_bytes[who]))
+    return out, errors
+
+
+def _present(t: pa.Table) -> pa.Schema:
+    """The compact schema restricted to the columns ``t`` has (what the slice carries: nothing nobody sent)."""
+    names = set(t.column_names)
+    return pa.schema([f for f in ft.COMPACT_SCHEMA if f.name in names], metadata=ft.COMPACT_SCHEMA.metadata)
+
+
+def _encoded(base: StepSlice, workers: pa.Table, functions: pa.Table, sizes: np.ndarray) -> list[bytes]:
+    """The slice as records, cut in halves by workers until each fits :data:`SLICE_MAX_BYTES`."""
+    value = encode(_with(base, workers, functions, sizes))
+    if len(value) <= SLICE_MAX_BYTES or workers.num_rows < 2:
+        return [value]
+    half = workers.num_rows // 2
+    split = int(np.asarray(workers.column("rows"))[:half].sum())
+    return _encoded(base, workers.slice(0, half), functions.slice(0, split), sizes[:half]) + _encoded(
+        base, workers.slice(half), functions.slice(split), sizes[half:]
+    )
+
+
+def _with(base: StepSlice, workers: pa.Table, functions: pa.Table, sizes: np.ndarray) -> StepSlice:
+    packed, size = ft.pack_lz4(functions)
+    return msgspec.structs.replace(base, workers=ft.pack(workers), functions=packed, functions_codec="lz4", functions_size=size,
+                                   bytes_in=int(sizes.sum()))  # fmt: skip
