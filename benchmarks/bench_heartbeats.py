@@ -40,7 +40,7 @@ from lockstep.metrics import value
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
 from lockstep.producers.simulator.topology import Topology
-from lockstep.schemas.records import encode
+from lockstep.schemas.records import SHARD_WORKERS, batch_heartbeats, encode
 from lockstep.streams.app import changelog_topics
 
 TARGET = 50_000
@@ -54,7 +54,10 @@ def payloads(workers: int, steps: int, job: str, kind: str, topics) -> list[tupl
     now = time.time()
     for step in range(steps):
         sim = fleet.step(step, readings=False)
-        if kind == "batch":
+        if kind == "agent":  # each worker's own agent, one heartbeat per flush: one HeartbeatBatch of one row
+            out += [(topics.heartbeats, heartbeat_key(job, shard), encode(b)) for hb in fleet.heartbeats(sim, now + step)
+                    for shard, b in batch_heartbeats([hb], SHARD_WORKERS)]  # fmt: skip
+        elif kind == "batch":
             out += [
                 (topics.heartbeats, heartbeat_key(job, b.shard), encode(b))
                 for b in fleet.heartbeat_batches(sim, now + step)
@@ -74,7 +77,7 @@ def run(args) -> dict:
     log_dir = Path(tempfile.mkdtemp(prefix="lockstep-bench-heartbeats-"))
     settings = Settings(bootstrap_servers=args.bootstrap_servers, topic_prefix=f"bh{tag}", processor_id=f"bh-{tag}", sink_group=f"bh-sink-{tag}",
                         partitions=args.partitions, db=log_dir / "findings.duckdb")  # fmt: skip
-    figures: dict[str, list[dict]] = {"batch": [], "records": []}
+    figures: dict[str, list[dict]] = {k: [] for k in ("batch", "records", *(("agent",) if args.agent else ()))}
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
         topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
@@ -93,7 +96,8 @@ def run(args) -> dict:
         idle = (cpu_s(proc) - c0) / (time.monotonic() - t0)  # CPU-seconds per second, with nothing to read
         beats = 0.0
         for r in range(args.repeats):
-            for kind in ("batch", "records") if r % 2 == 0 else ("records", "batch"):
+            kinds = list(figures)
+            for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:  # each kind first in turn
                 records = jobs[(kind, r)]
                 c0, t0 = cpu_s(proc), time.monotonic()
                 for topic, key, v in records:
@@ -135,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3, help="runs per kind, alternating")
+    p.add_argument(
+        "--agent",
+        action="store_true",
+        help="also one HeartbeatBatch of one heartbeat per worker and step (an agent's own flush)",
+    )
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--idle-s", type=float, default=5.0, help="how long the idle processor's CPU is measured")
     p.add_argument("--timeout-s", type=float, default=300.0)
@@ -149,10 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{out['steps']} steps of a {out['workers']:,}-worker job's heartbeats through one processor on the embedded broker "
           f"({out['partitions']} partitions); processor CPU (idle {out['idle_cpu_per_s']:.3f} CPU-s/s subtracted), median of "
           f"{out['repeats']} runs each, alternating")  # fmt: skip
-    for name, x in (
+    rows = [
         ("HeartbeatBatch (one per host and shard, key job/shard)", b),
         ("StepHeartbeat (one per worker and step, before)", rec),
-    ):
+    ]
+    if "agent" in out:
+        rows.append(("HeartbeatBatch of one heartbeat (an agent's own flush)", out["agent"]))
+    for name, x in rows:
         print(f"  {name:55s} {x['records']:7,} records {x['bytes'] / x['records']:7,.0f} B each: {x['cpu_s']:6.2f} CPU-s"
               f" ({', '.join(map(str, x['cpu_s_all']))}), {x['heartbeats_per_cpu_s']:9,.0f} heartbeats/CPU-s")  # fmt: skip
     ok = b["heartbeats_per_cpu_s"] >= TARGET
