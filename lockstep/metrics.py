@@ -61,6 +61,16 @@ CATALOGUE: dict[str, Spec] = {
     "shards_closed_total": Spec(
         "counter", ("reason",), "shards of windows closed, by reason (complete, timeout)", _PROC
     ),
+    "heartbeats_total": Spec(
+        "counter",
+        (),
+        "heartbeats aggregated by the heartbeat stage (rows of HeartbeatBatch and StepHeartbeat records)",
+        _PROC,
+    ),
+    "open_heartbeat_steps": Spec("gauge", (), "shards' steps waiting for their workers' heartbeats", _PROC),
+    "step_partials_total": Spec(
+        "counter", ("closed",), "step partials sent to the detector, by why (complete, later, timeout, news)", _PROC
+    ),
     "open_steps": Spec("gauge", (), "steps waiting for feature batches", _PROC),
     "open_windows": Spec("gauge", (), "windows waiting for step reports", _PROC),
     "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout)", _PROC),

@@ -169,6 +169,158 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
             raise RecordError("invalid", f"step_time_s must be > 0, got {self.step_time_s}")
 
 
+#: rows of one HeartbeatBatch at most (a host relays its workers' heartbeats of a flush, an agent its own)
+MAX_BATCH_ROWS = 65_536
+#: workers a StepPartial names when some of its shard's workers are behind its step
+MAX_MISSING = 16
+#: a step time: positive and finite (NaN fails both bounds)
+Seconds = Annotated[float, msgspec.Meta(gt=0.0, lt=1e9)]
+
+
+class Echo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """A worker's echo of the last trigger it received: the detector measures the control topic's latency from it."""
+
+    worker: Rank
+    window: Name
+    latency_s: float  # its receipt (worker clock) - the trigger's created_at (processor clock)
+
+
+class WorkerCounters(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """One worker's agent counters, as they changed."""
+
+    worker: Rank
+    counters: AgentCounters
+
+
+class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
+    """Heartbeats of workers of one job shard, as columns: row ``i`` says worker ``worker[i]`` finished step
+    ``step[i]`` in ``step_time_s[i]``, sent at ``sent_at[i]`` on its own host's clock.  Key: ``job/shard``
+    (:func:`lockstep.kafka.heartbeat_key`), so that one job's heartbeats spread over partitions and processors.
+
+    Every worker belongs to shard ``worker // shard_workers``.  An agent sends one per flush (its own heartbeats
+    since the last one); a host relay one per host and flush.  What is rare travels sparsely: ``final`` (the rows
+    that are a worker's last heartbeat: its agent shut down, not a hang), ``echoes`` (trigger receipts) and
+    ``agents`` (counters that changed), by worker.  ``StepHeartbeat`` (one heartbeat, key ``job``) stays readable.
+    """
+
+    job: Name
+    tenant: str = ""
+    shard: Rank
+    shard_workers: ShardWorkers = SHARD_WORKERS
+    host: str = ""  # the host that sent it ("" for a relay of several)
+    worker: Annotated[list[Rank], msgspec.Meta(max_length=MAX_BATCH_ROWS)]
+    step: list[Step]
+    step_time_s: list[Seconds]
+    sent_at: list[Timestamp]
+    final: list[NonNegInt] = []  # row numbers
+    echoes: list[Echo] = []
+    agents: list[WorkerCounters] = []
+
+    def validate(self) -> None:
+        n = len(self.worker)
+        if not len(self.step) == len(self.step_time_s) == len(self.sent_at) == n:
+            raise RecordError("invalid", "worker, step, step_time_s and sent_at must have the same length")
+        lo, hi = self.shard * self.shard_workers, (self.shard + 1) * self.shard_workers
+        if self.final and max(self.final) >= n:
+            raise RecordError("invalid", f"final names row {max(self.final)} of {n}")
+        named = [*self.worker, *(e.worker for e in self.echoes), *(a.worker for a in self.agents)]
+        if named and not (lo <= min(named) and max(named) < hi):
+            outside = next(w for w in named if not lo <= w < hi)
+            raise RecordError(
+                "invalid", f"worker {outside} is not in shard {self.shard} of {self.shard_workers} workers"
+            )
+        for e in self.echoes:
+            _finite("echoes.latency_s", e.latency_s)
+
+    def heartbeats(self) -> list[StepHeartbeat]:
+        """The batch as one ``StepHeartbeat`` per row (the rare fields on the worker's first row), for readers that
+        want records, not columns."""
+        echo = {e.worker: e for e in self.echoes}
+        agent = {a.worker: a.counters for a in self.agents}
+        final = set(self.final)
+        out = []
+        for i, (w, step, t, at) in enumerate(zip(self.worker, self.step, self.step_time_s, self.sent_at)):
+            extra: dict[str, Any] = {"final": True} if i in final else {}
+            if (e := echo.pop(w, None)) is not None:
+                extra.update(trigger_window=e.window, trigger_latency_s=e.latency_s)
+            if (c := agent.pop(w, None)) is not None:
+                extra["agent"] = c
+            out.append(
+                StepHeartbeat(
+                    job=self.job,
+                    worker=w,
+                    step=step,
+                    step_time_s=t,
+                    host=self.host or "?",
+                    sent_at=at,
+                    tenant=self.tenant,
+                    **extra,
+                )
+            )
+        return out
+
+
+def batch_heartbeats(beats: list[StepHeartbeat], shard_workers: int) -> list[tuple[int, HeartbeatBatch]]:
+    """Heartbeats of one job (an agent's flush, a host's) as one ``HeartbeatBatch`` per shard, with its shard."""
+    by_shard: dict[int, list[StepHeartbeat]] = {}
+    for hb in beats:
+        by_shard.setdefault(hb.worker // shard_workers, []).append(hb)
+    out = []
+    for shard, hbs in by_shard.items():
+        hosts = {hb.host for hb in hbs}
+        out.append((shard, HeartbeatBatch(
+            job=hbs[0].job, tenant=hbs[0].tenant, shard=shard, shard_workers=shard_workers, host=hosts.pop() if len(hosts) == 1 else "",
+            worker=[hb.worker for hb in hbs], step=[hb.step for hb in hbs], step_time_s=[hb.step_time_s for hb in hbs],
+            sent_at=[hb.sent_at for hb in hbs], final=[i for i, hb in enumerate(hbs) if hb.final],
+            echoes=[Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s) for hb in hbs
+                    if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)],
+            agents=[WorkerCounters(worker=hb.worker, counters=hb.agent) for hb in hbs if isinstance(hb.agent, AgentCounters)],
+        )))  # fmt: skip
+    return out
+
+
+class StepPartial(_Record, tag="StepPartial", kw_only=True):
+    """Internal: one shard's heartbeats of one step, aggregated by the heartbeat stage for the detector.  Key:
+    ``job``, topic ``<prefix>.partials``.
+
+    A partial is identified by ``(job, step, shard, partition)``: only the processor that owns heartbeats partition
+    ``partition`` makes it, so the detector keeps the first of each (a replay sends it again).  ``shard`` -1: the
+    ``StepHeartbeat`` records (key ``job``) of that partition.  ``workers`` 0: no step, only the news (final
+    heartbeats, echoes, counters) of heartbeats whose step was sent before.
+    """
+
+    job: Name
+    tenant: str = ""
+    step: Step
+    shard: Annotated[int, msgspec.Meta(ge=-1, le=10_000_000)]
+    partition: NonNegInt
+    workers: Count  # workers that reported the step
+    slowest_s: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] = 0.0  # the slowest one's step time ...
+    slowest_worker: int = -1  # ... and who
+    median_s: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] = 0.0  # the workers' median step time (the pictures)
+    clock_worker: int = -1  # the shard's clock (its lowest worker), if it reported the step ...
+    clock_sent_at: Timestamp = 0.0  # ... and its sent_at: one host's clock, for the job's pace and the lag
+    newest_sent_at: Timestamp = 0.0
+    highest: Step  # the shard's highest step seen so far
+    missing: Annotated[
+        list[Rank], msgspec.Meta(max_length=MAX_MISSING)
+    ] = []  # workers of the shard behind the step (the first)
+    missing_total: Count = 0
+    final: Count = 0  # workers that sent their last heartbeat
+    echoes: list[Echo] = []  # the slowest receipt of each window
+    agents: AgentCounters | None = None  # the shard's agents' counters, summed, when one changed
+    closed: Literal["complete", "later", "timeout", "news"] = (
+        "complete"  # every worker; a later step; waited too long; news only
+    )
+    at: Timestamp = 0.0
+
+    def validate(self) -> None:
+        if self.workers and not (self.step <= self.highest):
+            raise RecordError("invalid", f"step {self.step} above the highest step {self.highest}")
+        for e in self.echoes:
+            _finite("echoes.latency_s", e.latency_s)
+
+
 class Sampling(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
     """How agents profile during a window."""
 
@@ -592,6 +744,8 @@ RECORD_TYPES: dict[str, type[_Record]] = {
     cast(str, t.__struct_config__.tag): t
     for t in (
         StepHeartbeat,
+        HeartbeatBatch,
+        StepPartial,
         ProfileTrigger,
         FeatureBatch,
         WindowFeatures,
@@ -616,6 +770,8 @@ BINARY_RECORDS = frozenset({"FeatureBatch", "WindowFeatures", "StepSlice", "Step
 
 Record = (
     StepHeartbeat
+    | HeartbeatBatch
+    | StepPartial
     | ProfileTrigger
     | FeatureBatch
     | WindowFeatures

@@ -1,7 +1,12 @@
 """Slowdown and hang detector: the always-on signal decides when to profile (brief 2.4).
 
 Pure: fed heartbeats, ticks, operator requests and the current time, it returns
-the triggers (and refusals) to publish; the faust agent around it does the I/O.
+the triggers (and refusals) to publish; the detect stage around it does the I/O.
+The processor feeds it :class:`~lockstep.schemas.records.StepPartial` records
+(:meth:`SlowdownDetector.observe_partial`): one shard's heartbeats of one step,
+aggregated by the heartbeat stage; it combines a step's partials (the first of
+each shard: replays happen).  :meth:`SlowdownDetector.observe` takes one
+heartbeat, a partial of one worker.
 
 - **Slowdown.** Per job the synchronised step time (the slowest worker of each
   step).  When a step completes, :class:`StepTimeChange` (policy ``rule: cusum``)
@@ -44,11 +49,13 @@ import numpy.typing as npt
 
 from ..schemas.records import (
     AgentCounters,
+    Echo,
     ProfileTrigger,
     RecordError,
     RefusalCode,
     Sampling,
     StepHeartbeat,
+    StepPartial,
     TriggerRefused,
     TriggerRequest,
 )
@@ -83,6 +90,8 @@ AUTOCORR_STEPS = 100
 SPIKE_SPREADS = 4.0
 #: ... and this many spikes are remembered to recognise periodic ones
 SPIKE_MEMORY = 32
+#: ``observe``'s partials are of one worker: their shard is the worker and their partition this
+ONE_WORKER = -1
 #: log step times the cusum rule keeps per job (at least; the reference and the current excursion must fit)
 LOG_STEPS = 2048
 _NORMAL = NormalDist()
@@ -381,7 +390,19 @@ def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None
 @dataclass
 class _StepAgg:
     slowest_s: float = 0.0
-    workers: set[int] = field(default_factory=set)
+    workers: int = 0
+    shards: set[tuple[int, int]] = field(default_factory=set)  # (shard, partition) of the partials counted
+
+
+@dataclass
+class _ShardView:
+    """What the detector last heard from one shard (one worker's, through ``observe``)."""
+
+    step: int = -1  # the last step it reported ...
+    workers: int = 0  # ... how many workers reported it ...
+    missing: list[int] = field(default_factory=list)  # ... and which of its workers were behind it (the first)
+    missing_total: int = 0
+    highest: int = -1  # the highest step it has seen
 
 
 @dataclass
@@ -408,9 +429,10 @@ class JobState:
     )
     counts: deque[int] = field(default_factory=lambda: deque(maxlen=16))  # workers of recent complete steps
     expected: int = 0  # workers a step waits for before it is complete (most of recent steps)
-    last_step_of: dict[int, int] = field(default_factory=dict)  # worker -> last step seen
+    shards: dict[tuple[int, int], _ShardView] = field(default_factory=dict)  # (shard, partition) -> what it last said
     sent_at: dict[int, float] = field(default_factory=dict)  # step -> clock worker's sent_at (one host's clock)
-    clock_worker: int | None = None
+    clock_key: tuple[int, int] | None = None  # the shard whose clock worker keeps the job's pace ...
+    clock_worker: int | None = None  # ... and that worker
     newest_sent_at: float = 0.0
     max_step: int = -1
     first_step: int = -1  # the first step judged: a job that never had a window counts from here
@@ -426,9 +448,9 @@ class JobState:
     tick_at: float = 0.0  # last hang check requested
     windows: list[OpenedWindow] = field(default_factory=list)  # open ones and the last closed one
     trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
-    agents: dict[int, AgentCounters] = field(
+    agents: dict[tuple[int, int], AgentCounters] = field(
         default_factory=dict
-    )  # worker -> its agent's last counters (sent on change)
+    )  # shard -> its agents' last counters (sent on change)
 
 
 class SlowdownDetector:
@@ -505,67 +527,99 @@ class SlowdownDetector:
     # ------------------------------------------------------------------ heartbeats
 
     def observe(self, hb: StepHeartbeat, now: float | None = None) -> list[ProfileTrigger]:
-        """Raises RecordError('from_the_future') for a heartbeat no real worker of the job can have sent."""
+        """One heartbeat: a partial of one worker.  Raises RecordError('from_the_future') for a heartbeat no real
+        worker of the job can have sent."""
         now = time.time() if now is None else now
-        self._plausible(hb, now)
-        st = self._job(hb.job, hb.tenant, now)
-        if hb.tenant != st.tenant:  # e.g. a job restored from the table before its first heartbeat
-            st.tenant, st.selected = hb.tenant, self.policy.jobs.matches(hb.job, hb.tenant)
-        if hb.step < st.last_complete - RESTART_STEPS and hb.sent_at > st.newest_sent_at:
+        self._plausible(hb.job, hb.step, hb.sent_at, now, f"worker {hb.worker}", f"host {hb.host!r}")
+        final = hb.final is True
+        echo = (
+            hb.trigger_window
+            if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
+            else None
+        )
+        p = StepPartial(job=hb.job, tenant=hb.tenant, step=hb.step, shard=hb.worker, partition=ONE_WORKER, workers=0 if final else 1,
+                        slowest_s=hb.step_time_s, slowest_worker=hb.worker, median_s=hb.step_time_s, clock_worker=hb.worker,
+                        clock_sent_at=hb.sent_at, newest_sent_at=hb.sent_at, highest=hb.step, final=int(final),
+                        echoes=[Echo(worker=hb.worker, window=echo, latency_s=hb.trigger_latency_s)] if echo else [],  # type: ignore[arg-type]
+                        agents=hb.agent if isinstance(hb.agent, AgentCounters) else None)  # fmt: skip
+        return self._observe(p, now)
+
+    def observe_partial(self, p: StepPartial, now: float | None = None) -> list[ProfileTrigger]:
+        """One shard's heartbeats of one step (the heartbeat stage's partial).  A step is complete once its partials
+        count as many workers as its recent steps had, or two later steps have started; the first partial of each
+        ``(shard, partition)`` counts (a replay sends it again).  Raises RecordError('from_the_future') as ``observe``."""
+        now = time.time() if now is None else now
+        self._plausible(p.job, p.highest, p.newest_sent_at, now, f"shard {p.shard}", f"a host of shard {p.shard}")
+        return self._observe(p, now)
+
+    def _observe(self, p: StepPartial, now: float) -> list[ProfileTrigger]:
+        st = self._job(p.job, p.tenant, now)
+        if p.tenant != st.tenant:  # e.g. a job restored from the table before its first heartbeat
+            st.tenant, st.selected = p.tenant, self.policy.jobs.matches(p.job, p.tenant)
+        if p.step < st.last_complete - RESTART_STEPS and p.newest_sent_at > st.newest_sent_at:
             # far behind yet newer than anything seen: the job restarted (from a checkpoint)
-            st = self.jobs[hb.job] = JobState(hb.job, tenant=st.tenant, selected=st.selected, last_progress_at=now)
+            st = self.jobs[p.job] = JobState(p.job, tenant=st.tenant, selected=st.selected, last_progress_at=now)
         st.last_seen_at = now
-        st.newest_sent_at = max(st.newest_sent_at, hb.sent_at)
-        if hb.trigger_window and isinstance(hb.trigger_latency_s, float):  # an agent's echo of a trigger
-            self._echo(st, hb.trigger_window, hb.trigger_latency_s)
-        st.last_step_of[hb.worker] = max(hb.step, st.last_step_of.get(hb.worker, -1))
-        if hb.agent:  # UNSET (absent) is falsy
-            st.agents[hb.worker] = hb.agent
-        if hb.final:
+        st.newest_sent_at = max(st.newest_sent_at, p.newest_sent_at)
+        for e in p.echoes:  # agents' echoes of a trigger
+            self._echo(st, e.window, e.latency_s)
+        key = (p.shard, p.partition)
+        view = st.shards.get(key)
+        if view is None:
+            view = st.shards[key] = _ShardView()
+        view.highest = max(view.highest, p.highest)
+        if p.workers and p.step >= view.step:
+            view.step, view.workers, view.missing, view.missing_total = p.step, p.workers, p.missing, p.missing_total
+        if p.agents is not None:
+            st.agents[key] = p.agents
+        out = (
+            self._add(st, key, p, now) if p.workers and p.step > st.last_complete else []
+        )  # else: late or replayed, judged already
+        if p.final:
             st.ended = True
-            return []
-        if hb.step <= st.last_complete:
-            return []  # late or replayed heartbeat of a step already judged
-        if hb.step > st.max_step:
-            st.max_step = hb.step
+        return out
+
+    def _add(self, st: JobState, key: tuple[int, int], p: StepPartial, now: float) -> list[ProfileTrigger]:
+        if p.highest > st.max_step:
+            st.max_step = p.highest
             st.last_progress_at = now
             st.ended = False
-        if st.clock_worker is None:
-            st.clock_worker = hb.worker
-        if hb.worker == st.clock_worker:
-            st.sent_at[hb.step] = hb.sent_at
-            st.lag_s.append(max(0.0, now - hb.sent_at))
-        agg = st.steps.get(hb.step)
+        if p.clock_worker >= 0:
+            if st.clock_key is None:
+                st.clock_key = key
+            if key == st.clock_key:
+                if p.clock_worker != st.clock_worker:  # its clock is another host's now: start the pace again
+                    st.clock_worker = p.clock_worker
+                    st.sent_at.clear()
+                st.sent_at[p.step] = p.clock_sent_at
+                st.lag_s.append(max(0.0, now - p.clock_sent_at))
+        agg = st.steps.get(p.step)
         if agg is None:
-            agg = st.steps[hb.step] = _StepAgg()
-        agg.slowest_s = max(agg.slowest_s, hb.step_time_s)
-        agg.workers.add(hb.worker)
+            agg = st.steps[p.step] = _StepAgg()
+        if key not in agg.shards:
+            agg.shards.add(key)
+            agg.workers += p.workers
+        agg.slowest_s = max(agg.slowest_s, p.slowest_s)
         if not self._complete_steps(st):
             return []
         return self._judge(st, now)
 
-    def _plausible(self, hb: StepHeartbeat, now: float) -> None:
+    def _plausible(self, job: str, step: int, sent_at: float, now: float, who: str, host: str) -> None:
         """Steps and clocks from the future poison a job's state (a step 10^9 ahead would schedule its
         windows at steps never reached and complete every real step early; a sent_at years ahead would
-        hide every later restart), so such heartbeats are refused before they touch it."""
-        if hb.sent_at > now + FUTURE_CLOCK_S:
-            raise RecordError(
-                "from_the_future",
-                f"sent_at is {(hb.sent_at - now) / 3600:.0f} h ahead of the processor's clock "
-                f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of host {hb.host!r} is broken",
-            )
-        st = self.jobs.get(hb.job)
-        if st is None or st.max_step < 0 or hb.step <= st.max_step + FUTURE_STEPS:
+        hide every later restart), so such records are refused before they touch it."""
+        if sent_at > now + FUTURE_CLOCK_S:
+            raise RecordError("from_the_future", f"sent_at is {(sent_at - now) / 3600:.0f} h ahead of the processor's clock "
+                              f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of {host} is broken")  # fmt: skip
+        st = self.jobs.get(job)
+        if st is None or st.max_step < 0 or step <= st.max_step + FUTURE_STEPS:
             return  # nothing shown yet (any step can be the job's), or near enough
         interval = self.step_interval_s(st)
         pace = FUTURE_PACE * (now - st.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
         allowed = FUTURE_STEPS + pace
-        if hb.step > st.max_step + allowed:
-            raise RecordError(
-                "from_the_future",
-                f"step {hb.step} of job {hb.job!r} (worker {hb.worker}) is {hb.step - st.max_step} steps "
-                f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible",
-            )
+        if step > st.max_step + allowed:
+            raise RecordError("from_the_future", f"step {step} of job {job!r} ({who}) is {step - st.max_step} steps "
+                              f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible")  # fmt: skip
 
     def _echo(self, st: JobState, window: str, latency_s: float) -> None:
         if latency_s > LATENCY_MAX_S:
@@ -581,12 +635,12 @@ class SlowdownDetector:
         for s in sorted(st.steps):
             agg = st.steps[s]
             # complete when as many workers reported as in recent steps, or two later steps have started
-            if (st.expected and len(agg.workers) >= st.expected) or s <= st.max_step - 2:
+            if (st.expected and agg.workers >= st.expected) or s <= st.max_step - 2:
                 st.history.append(agg.slowest_s)
                 dp = self.policy.detector
                 if dp.rule == "cusum" and st.selected:
                     st.alarm = st.change.update(s, agg.slowest_s, dp)
-                st.counts.append(len(agg.workers))
+                st.counts.append(agg.workers)
                 st.expected = max(st.counts)
                 st.last_complete = max(st.last_complete, s)
                 if st.first_step < 0:
@@ -709,19 +763,38 @@ class SlowdownDetector:
             return []
         dp = self.policy.detector
         silent = now - st.last_progress_at
-        behind = np.fromiter((w for w, s in st.last_step_of.items() if s < st.max_step), dtype=np.int64)
-        behind.sort()
-        who = (
-            f"; {behind.size} worker(s) behind step {st.max_step}: {', '.join(map(str, behind[:8]))}{', ...' if behind.size > 8 else ''}"
-            if behind.size
-            else ""
-        )
+        who = self._behind(st)
         reason = f"hang: no progress for {silent:.1f} s ({silent / self.step_interval_s(st):.0f}x the usual step interval) after step {st.max_step}{who}"
         # workers may be inside max_step + 1 already: start at the first step none can have begun
         out = self._automatic(st, now, "hang", reason, st.max_step + max(2, dp.min_margin_steps))
         if out:
             st.hang_step = st.max_step
         return out
+
+    def _behind(self, st: JobState) -> str:
+        """``; N worker(s) behind step S: a, b, ...``: the workers whose last heartbeat is of an earlier step (a shard's
+        partial names the first of its workers behind its step; a shard that did not reach the step counts whole)."""
+        named: list[int] = []
+        total = 0
+        for (shard, partition), v in st.shards.items():
+            if v.highest < st.max_step:
+                if partition == ONE_WORKER:
+                    named.append(shard)
+                    total += 1
+                else:
+                    named += v.missing
+                    total += v.workers + v.missing_total
+            elif v.step == st.max_step:
+                named += v.missing
+                total += v.missing_total
+        if not total:
+            return ""
+        shown = sorted(named)[:8]
+        return (
+            f"; {total} worker(s) behind step {st.max_step}"
+            + (f": {', '.join(map(str, shown))}" if shown else "")
+            + (", ..." if total > len(shown) and shown else "")
+        )
 
     # ------------------------------------------------------------------ operators
 
@@ -848,10 +921,10 @@ class SlowdownDetector:
     def active_workers(self, st: JobState) -> int:
         """Workers heard from recently: what a window's coverage is measured against."""
         horizon = st.max_step - 3 * self.policy.detector.recent_steps
-        return int(
-            np.count_nonzero(
-                np.fromiter(st.last_step_of.values(), dtype=np.int64, count=len(st.last_step_of)) >= horizon
-            )
+        return sum(
+            1 if partition == ONE_WORKER else v.workers
+            for (_, partition), v in st.shards.items()
+            if v.highest >= horizon
         )
 
     def control_latency_s(self, st: JobState) -> float:

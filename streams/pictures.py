@@ -1,9 +1,11 @@
 """What the processor publishes for the pictures (pure: records in, records out; no Kafka).
 
-- :class:`SeriesBuilder`: each job's step time per step from the heartbeats the detector reads (the
-  slowest worker's, the workers' median, how many reported), emitted as compact ``StepSeries``
-  records once a step is complete: a later step has been seen ``lag_steps`` ahead, or the step is
-  ``max_age_s`` old.  A heartbeat for a step already emitted is late and only counted.
+- :class:`SeriesBuilder`: each job's step time per step from what the detector reads (the slowest
+  worker's, the workers' median, how many reported), emitted as compact ``StepSeries`` records once a
+  step is complete: a later step has been seen ``lag_steps`` ahead, or the step is ``max_age_s`` old.
+  It takes heartbeats (one worker each) or the shards' partials of a step (the first of each shard;
+  the median is then the median of the shards' medians, weighted by their workers: exact for one
+  shard, close for many).  A record for a step already emitted is late and only counted.
 - :func:`deviation_map`: a window's worst workers x functions by robust z against their peers, from
   the step results the window stage already holds (their flagged rows), as a ``DeviationMap``.
 """
@@ -22,6 +24,7 @@ from ..schemas.records import (
     MAX_SERIES_POINTS,
     DeviationMap,
     StepHeartbeat,
+    StepPartial,
     StepSeries,
 )
 
@@ -29,7 +32,10 @@ from ..schemas.records import (
 @dataclass
 class _Job:
     tenant: str = ""
-    open: dict[int, list[float]] = field(default_factory=dict)  # step -> step times (s) of the workers that reported it
+    open: dict[int, list[tuple[float, float, int]]] = field(
+        default_factory=dict
+    )  # step -> (slowest s, median s, workers) of what reported it
+    shards: dict[int, set[tuple[int, int]]] = field(default_factory=dict)  # step -> the shards counted (partials)
     opened: dict[int, float] = field(default_factory=dict)  # step -> when its first heartbeat came
     done: list[tuple[int, float, float, int]] = field(
         default_factory=list
@@ -49,25 +55,41 @@ class SeriesBuilder:
         self._last_flush = -math.inf
 
     def add(self, hb: StepHeartbeat, now: float) -> None:
-        j = self.jobs.get(hb.job)
-        if j is None:
-            j = self.jobs[hb.job] = _Job(tenant=hb.tenant)
-        if hb.step <= j.emitted_upto:
-            self.late += 1
+        self._add(hb.job, hb.tenant, hb.step, (hb.step_time_s, hb.step_time_s, 1), now)
+
+    def add_partial(self, p: StepPartial, now: float) -> None:
+        """A shard's workers of a step (the first partial of each shard counts: a replay sends it again)."""
+        j, key = self.jobs.get(p.job), (p.shard, p.partition)
+        if not p.workers or (j is not None and key in j.shards.get(p.step, ())):
             return
-        times = j.open.get(hb.step)
-        if times is None:
+        if self._add(p.job, p.tenant, p.step, (p.slowest_s, p.median_s, p.workers), now):
+            self.jobs[p.job].shards.setdefault(p.step, set()).add(key)
+
+    def _add(self, job: str, tenant: str, step: int, point: tuple[float, float, int], now: float) -> bool:
+        j = self.jobs.get(job)
+        if j is None:
+            j = self.jobs[job] = _Job(tenant=tenant)
+        if step <= j.emitted_upto:
+            self.late += 1
+            return False
+        points = j.open.get(step)
+        if points is None:
             if len(j.open) >= self.max_open_steps:  # a job far behind or reporting scattered steps: close its oldest
                 self._close(j, min(j.open))
-            times = j.open[hb.step] = []
-            j.opened[hb.step] = now
-        times.append(hb.step_time_s)
-        j.highest = max(j.highest, hb.step)
+            points = j.open[step] = []
+            j.opened[step] = now
+        points.append(point)
+        j.highest = max(j.highest, step)
+        return True
 
     def _close(self, j: _Job, step: int) -> None:
-        t = np.asarray(j.open.pop(step), dtype=np.float64) * 1e6
+        pts = np.asarray(j.open.pop(step), dtype=np.float64)
         j.opened.pop(step, None)
-        j.done.append((step, round(float(t.max()), 1), round(float(np.median(t)), 1), int(t.size)))  # 0.1 µs is plenty
+        j.shards.pop(step, None)
+        slowest, medians, workers = pts[:, 0] * 1e6, pts[:, 1] * 1e6, pts[:, 2]
+        j.done.append(
+            (step, round(float(slowest.max()), 1), round(_weighted_median(medians, workers), 1), int(workers.sum()))
+        )  # 0.1 µs is plenty
         j.emitted_upto = max(j.emitted_upto, step)
 
     def due(self, now: float, force: bool = False) -> list[StepSeries]:
@@ -103,17 +125,18 @@ class SeriesBuilder:
             self.jobs.pop(job, None)
 
 
-def deviation_map(
-    job: str,
-    window: str,
-    tenant: str,
-    start_step: int,
-    steps: int,
-    results,
-    now: float,
-    max_workers: int = 32,
-    max_functions: int = 16,
-) -> DeviationMap:
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The median of ``values`` each counted ``weights`` times (np.median's when every weight is 1)."""
+    order = np.argsort(values, kind="stable")
+    v, c = values[order], np.cumsum(weights[order])
+    half = c[-1] / 2.0
+    lo = int(np.searchsorted(c, half, side="left"))  # the value holding the lower middle ...
+    hi = int(np.searchsorted(c, half, side="right")) if c[-1] % 2 == 0 else lo  # ... and, for an even count, the upper
+    return float((v[lo] + v[min(hi, v.size - 1)]) / 2.0)
+
+
+def deviation_map(job: str, window: str, tenant: str, start_step: int, steps: int, results, now: float,
+                  max_workers: int = 32, max_functions: int = 16) -> DeviationMap:  # fmt: skip
     """The worst ``max_workers`` x ``max_functions`` cells of a window by robust z against the peers.
 
     ``results`` are the window's step results (``StepResult``: ``outliers`` holds the flagged rows of a

@@ -85,6 +85,10 @@ class LoadResult:
     cpu_s: dict[str, float]  # process -> CPU seconds over the run
     dead_letters: float
     log_dir: Path = field(default=Path("."))
+    processors: int = 1
+    killed: dict[str, int] = field(default_factory=dict)  # processor SIGKILLed -> the fleet's step then
+    findings: dict[str, list[str]] = field(default_factory=dict)  # window -> its finding ids in DuckDB (one row each)
+    finding_rows: int = 0  # rows of the job's findings in DuckDB (== the ids' count: none stored twice)
 
     def quantiles(self, xs: list[float]) -> dict[str, float]:
         if not xs:
@@ -118,6 +122,8 @@ class LoadResult:
             "unconsumed": self.unconsumed,
             "cpu_s": {k: round(v, 1) for k, v in self.cpu_s.items()},
             "dead_letters": self.dead_letters,
+            "processors": self.processors,
+            "killed": self.killed,
         }
 
 
@@ -132,9 +138,14 @@ def scenario(workers: int) -> Scenario:
 
 def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120.0, steps_per_s: float = 1.0,
              log_dir: Path | None = None, drain_timeout_s: float = 120.0, windows: bool = True,
-             features: Literal["window", "step"] = "window") -> LoadResult:  # fmt: skip
+             features: Literal["window", "step"] = "window", processors: int = 1, kill: int | None = None) -> LoadResult:  # fmt: skip
     """``windows=False``: heartbeats only (the always-on signal's cost).  ``features``: what the fleet sends, one
-    ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (before issue 13)."""
+    ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (before issue 13).
+
+    ``processors``: that many processors in one consumer group share the partitions (the job's heartbeat shards and
+    feature shards spread over them).  ``kill``: the last processor is SIGKILLed halfway through window number
+    ``kill`` (0: the first) and not restarted: the others take its partitions over after the group's session timeout
+    and replay what it had not committed."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="lockstep-load-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     policy = log_dir / "load-policy.yaml"
@@ -147,9 +158,13 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
         pipeline = Pipeline(s, log_dir)
         stack.callback(pipeline.stop)
         pipeline.start("sink")
-        pipeline.start("processor")
+        names = ["processor", *(f"processor-{i}" for i in range(2, processors + 1))]
+        for name in names:
+            pipeline.start(name, command="processor")
         procs = {name: psutil.Process(child.proc.pid) for name, child in pipeline.children.items()}
         cpu0 = {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
+        cpu: dict[str, float] = {}  # a killed process's CPU seconds, taken just before
+        scraped = _Scraped(pipeline, names)
 
         fleet = FleetSimulator(sc)
         publisher = Publisher(producer_config(s))
@@ -162,6 +177,7 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
         samples: list[Sample] = []
         t0 = time.time()
         state: dict[str, Any] = {"step": 0, "asked_at": 0.0, "done": False}
+        killed: dict[str, int] = {}
 
         def progress(step, res) -> None:
             now = time.time()
@@ -170,6 +186,19 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
             last = res.triggers[-1] if res.triggers else None
             active = last is not None and step < last.start_step + last.steps
             asked = state["asked_at"] and (not last or last.created_at < state["asked_at"])
+            if (
+                kill is not None
+                and last is not None
+                and len(res.triggers) == kill + 1
+                and step >= last.start_step + last.steps // 2
+                and not killed
+            ):
+                victim = names[-1]
+                cpu[victim] = sum(procs[victim].cpu_times()[:2]) - cpu0[victim]
+                scraped.refresh()  # its counts so far stay in the sums
+                pipeline.kill(victim)
+                scraped.dead.add(victim)
+                killed[victim] = step
             if windows and not active and (not asked or now - state["asked_at"] > 10.0):
                 publisher.send(
                     topics.heartbeats,
@@ -177,20 +206,19 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
                     TriggerRequest(job=sc.job, request=uuid.uuid4().hex[:12], reason="load run", requested_at=now),
                 )
                 state["asked_at"] = now
-            pipeline.children["processor"].healthy()
+            for name in names:
+                if name not in scraped.dead:
+                    pipeline.children[name].healthy()
 
         def sample() -> None:
             while not state["done"]:
-                try:
-                    m = pipeline.metrics("processor")
-                except OSError:
-                    m = {}
+                scraped.refresh()
                 publisher.poll(0)  # run the delivery reports now: the count is this instant's
                 delivered = dict(publisher.stats.records)
                 samples.append(Sample(
                     at=time.time() - t0, step=state["step"],
-                    lag_records={t: delivered.get(t, 0) - value(m, "lockstep_records_in_total", topic=t) for t in inputs},
-                    lag_seconds={t: value(m, "lockstep_consumer_lag_seconds", topic=t) for t in inputs},
+                    lag_records={t: delivered.get(t, 0) - scraped.sum("lockstep_records_in_total", topic=t) for t in inputs},
+                    lag_seconds={t: scraped.max("lockstep_consumer_lag_seconds", topic=t) for t in inputs},
                 ))  # fmt: skip
                 time.sleep(1.0)
 
@@ -207,10 +235,10 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
                 return [r[0] for r in query(s.db, "SELECT DISTINCT window_id FROM findings WHERE job = ?", [sc.job])[1]]
 
             def drained() -> bool:  # every window's findings stored, and every heartbeat consumed
-                m = pipeline.metrics("processor")
+                scraped.refresh()
                 return (
                     set(done) <= set(stored())
-                    and value(m, "lockstep_records_in_total", topic=topics.heartbeats)
+                    and scraped.sum("lockstep_records_in_total", topic=topics.heartbeats)
                     >= publisher.stats.records[topics.heartbeats]
                 )
 
@@ -225,11 +253,17 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
         finally:
             state["done"] = True
             sampler.join(5)
-        cpu = {name: sum(p.cpu_times()[:2]) - cpu0[name] for name, p in procs.items()}
-        m = pipeline.metrics("processor")
+        cpu = {name: cpu.get(name) or sum(p.cpu_times()[:2]) - cpu0[name] for name, p in procs.items()}
+        scraped.refresh()
         publisher.poll(0)
-        unconsumed = {t: publisher.stats.records[t] - value(m, "lockstep_records_in_total", topic=t) for t in inputs}
-        dead = sum(v for (name, _), v in m.items() if name == "lockstep_dead_letters_total")
+        unconsumed = {t: publisher.stats.records[t] - scraped.sum("lockstep_records_in_total", topic=t) for t in inputs}
+        dead = sum(
+            v for m in scraped.last.values() for (name, _), v in m.items() if name == "lockstep_dead_letters_total"
+        )
+        ids = query(s.db, "SELECT window_id, id FROM findings WHERE job = ? ORDER BY window_id, id", [sc.job])[1]
+        findings: dict[str, list[str]] = {}
+        for window, fid in ids:
+            findings.setdefault(window, []).append(fid)
         rows = query(
             s.db,
             "SELECT window_id, min(epoch(first_seen)), list_distinct(flatten(list(workers))) FROM findings WHERE job = ? GROUP BY window_id",
@@ -271,4 +305,32 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
             cpu_s=cpu,
             dead_letters=dead,
             log_dir=log_dir,
+            processors=processors,
+            killed=killed,
+            findings=findings,
+            finding_rows=len(ids),
         )
+
+
+class _Scraped:
+    """The processors' /metrics, last scraped: counters summed over them (a killed one's counts as it left them:
+    what it consumed and did not commit is consumed again by the others, so sums can only overcount), gauges of
+    the live ones."""
+
+    def __init__(self, pipeline: Pipeline, names: list[str]):
+        self.pipeline = pipeline
+        self.names = names
+        self.last: dict[str, dict] = {}
+        self.dead: set[str] = set()
+
+    def refresh(self) -> None:
+        for name in self.names:
+            if name not in self.dead:
+                with contextlib.suppress(OSError):
+                    self.last[name] = self.pipeline.metrics(name)
+
+    def sum(self, metric: str, **labels: str) -> float:
+        return sum(value(m, metric, **labels) for m in self.last.values())
+
+    def max(self, metric: str, **labels: str) -> float:
+        return max((value(m, metric, **labels) for name, m in self.last.items() if name not in self.dead), default=0.0)

@@ -26,7 +26,7 @@ from .clients import (
 from .memory import MemoryKafka
 from .publisher import DeliveryError, Publisher, PublishStats
 from .tail import Message, Tail, ask, read_all
-from .topics import TopicError, Topics, ensure_topics, features_key, window_features_key
+from .topics import TopicError, Topics, ensure_topics, features_key, heartbeat_key, window_features_key
 
 __all__ = [
     "CONFLUENT",
@@ -49,6 +49,7 @@ __all__ = [
     "ensure_topics",
     "faust_broker_kwargs",
     "features_key",
+    "heartbeat_key",
     "producer_config",
     "read_all",
     "window_features_key",

@@ -23,7 +23,7 @@ class TopicError(LockstepError, RuntimeError):
 class Topics:
     """Every topic of the pipeline, with its key."""
 
-    heartbeats: str  # StepHeartbeat, key job
+    heartbeats: str  # HeartbeatBatch, key job/shard; StepHeartbeat, TriggerRequest, key job
     control: str  # ProfileTrigger, RawRequest, key job
     features: str  # FeatureBatch, key job:step; StepSlice (internal, from the shard stage), key job:step
     stepreports: str  # StepReport / WindowTimeout (internal), key job
@@ -33,6 +33,8 @@ class Topics:
     raw: str  # RawTrace (answers to a RawRequest on control), key job
     series: str  # StepSeries, DeviationMap (the pictures: step times, deviation maps), key job
     windowfeatures: str  # WindowFeatures (one worker's window), key job:window:shard
+    #: StepPartial (internal: a shard's heartbeats of a step), DetectorTick, TriggerRequest (passed on); key job
+    partials: str
 
     @classmethod
     def named(cls, prefix: str = "lockstep") -> Topics:
@@ -44,6 +46,11 @@ class Topics:
 
 def features_key(job: str, step: int) -> bytes:
     return f"{job}:{step}".encode()
+
+
+def heartbeat_key(job: str, shard: int) -> bytes:
+    """A ``HeartbeatBatch``: a job's heartbeats spread over partitions by worker shard (``worker // shard_workers``)."""
+    return f"{job}/{shard}".encode()
 
 
 def window_features_key(job: str, window: str, shard: int) -> bytes:

@@ -29,8 +29,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
-from ...kafka import CONFLUENT, Clients, Topics, agent_consumer_config, agent_producer_config, window_features_key
-from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, encode
+from ...kafka import (
+    CONFLUENT,
+    Clients,
+    Topics,
+    agent_consumer_config,
+    agent_producer_config,
+    heartbeat_key,
+    window_features_key,
+)
+from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, batch_heartbeats, encode
 from .control import ControlFollower
 from .meta import Identity, discover
 from .outbox import Outbox
@@ -96,6 +104,7 @@ class Agent:
             queue_max=config.queue_max,
             flush_interval_s=config.flush_interval_s,
             tick=self._io_tick,
+            coalesce=self._coalesce if config.heartbeat_shard_workers else None,
             clients=clients,
         )
         self._schedule = WindowSchedule()
@@ -191,6 +200,16 @@ class Agent:
             tenant=self.config.tenant,
             **extra,
         )
+
+    def _coalesce(self, items: list) -> list:
+        """The io thread, at each flush: the heartbeats that accumulated go as one ``HeartbeatBatch`` (key ``job/shard``),
+        ahead of the other records, which are unchanged."""
+        beats = [record for _, _, record in items if isinstance(record, StepHeartbeat)]
+        if not beats:
+            return items
+        batches = [(self.topics.heartbeats, heartbeat_key(self.config.job, shard), batch)
+                   for shard, batch in batch_heartbeats(beats, self.config.heartbeat_shard_workers)]  # fmt: skip
+        return batches + [item for item in items if not isinstance(item[2], StepHeartbeat)]
 
     def _take_triggers(self) -> None:
         while self._inbox:

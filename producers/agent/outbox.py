@@ -83,6 +83,7 @@ class Outbox:
         flush_interval_s: float = 0.2,
         retry_s: float = 2.0,
         tick: Callable[[float], bool] | None = None,
+        coalesce: Callable[[list], list] | None = None,
         name: str = "lockstep-agent-io",
         clients: Clients = CONFLUENT,
     ):
@@ -95,6 +96,7 @@ class Outbox:
         self._flush_interval_s = flush_interval_s
         self._retry_s = retry_s
         self._tick = tick
+        self._coalesce = coalesce  # what accumulated -> what is sent (the agent: heartbeats as one batch)
         self._down = False
         self._next_probe = 0.0
         self._replaying: dict[Path, int] = {}  # segment -> records not yet reported back
@@ -161,7 +163,8 @@ class Outbox:
         """One round: send what is queued, serve callbacks, probe / replay the spool."""
         with self._lock:
             batch, self._queue = self._queue, deque()
-        for topic, key, record in batch:
+        items = self._coalesce(list(batch)) if self._coalesce is not None and batch else batch
+        for topic, key, record in items:
             value = record if isinstance(record, bytes) else encode(record)
             self._send(topic, key, value)
         self._producer.poll(0)

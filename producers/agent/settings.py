@@ -107,6 +107,14 @@ class AgentConfig:
             "parse": lockstep_config.positive_float,
         },
     )
+    heartbeat_shard_workers: int = field(
+        default=256,
+        metadata={
+            "help": "a flush's heartbeats go as one HeartbeatBatch keyed job/shard, shard = rank // this "
+            "(0: one StepHeartbeat per step keyed job, for processors before issue 13)",
+            "parse": _nonneg_int,
+        },
+    )
     delivery_timeout_s: float = field(
         default=10.0,
         metadata={

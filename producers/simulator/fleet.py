@@ -13,7 +13,17 @@ import yaml
 
 from ...schemas import functions as ft
 from ...schemas.errors import LockstepError
-from ...schemas.records import FeatureBatch, ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, WorkerMeta
+from ...schemas.records import (
+    SHARD_WORKERS,
+    Echo,
+    FeatureBatch,
+    HeartbeatBatch,
+    ProfileTrigger,
+    Sampling,
+    StepHeartbeat,
+    WindowFeatures,
+    WorkerMeta,
+)
 from .faults import Fault, FaultError, Truth, effects
 from .model import KIND, NAMES, SAMPLED, SimulatedStep, Static, Workload, simulate_step, step_rng
 from .topology import Topology, TopologyError
@@ -198,6 +208,12 @@ class FleetSimulator:
         self.topology = scenario.topology
         self.meta: list[WorkerMeta] = self.topology.meta()
         self.static = Static.draw(self.topology, scenario.workload, scenario.seed)
+        self._ranks = np.array([m.rank for m in self.meta], dtype=np.int64)
+        self._hosts = (
+            np.unique([m.host for m in self.meta], return_inverse=True)[1].reshape(-1)
+            if self.meta
+            else np.zeros(0, dtype=np.int64)
+        )
 
     def step(
         self,
@@ -256,6 +272,27 @@ class FleetSimulator:
             for i, m in enumerate(self.meta)
             if not sim.missing[i]
         ]
+
+    def heartbeat_batches(self, sim: SimulatedStep, sent_at: float | None = None, shard_workers: int = SHARD_WORKERS,
+                          echo: tuple[str, float] | None = None) -> list[HeartbeatBatch]:  # fmt: skip
+        """The live workers' heartbeats of one step as hosts with a relay send them: one ``HeartbeatBatch`` per host
+        and shard (``worker // shard_workers``), ``sent_at`` on each host's own clock; ``echo`` (window, latency):
+        every worker echoes the trigger it received."""
+        now = time.time() if sent_at is None else sent_at
+        live = np.flatnonzero(~sim.missing)
+        ranks, hosts = self._ranks[live], self._hosts[live]
+        group = hosts.astype(np.int64) * (int(ranks.max(initial=0)) // shard_workers + 1) + ranks // shard_workers
+        cuts = np.flatnonzero(np.diff(group)) + 1
+        times, sent = (sim.step_time_us[live] / 1e6).tolist(), (now + sim.clock_offset_s[live]).tolist()
+        out = []
+        for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, live.size].tolist()):
+            workers = ranks[lo:hi].tolist()
+            out.append(HeartbeatBatch(
+                job=self.scenario.job, tenant=self.scenario.tenant, shard=workers[0] // shard_workers, shard_workers=shard_workers,
+                host=self.meta[int(live[lo])].host, worker=workers, step=[sim.step] * len(workers), step_time_s=times[lo:hi],
+                sent_at=sent[lo:hi], echoes=[Echo(worker=w, window=echo[0], latency_s=echo[1]) for w in workers] if echo else [],
+            ))  # fmt: skip
+        return out
 
     def table(self, sim: SimulatedStep) -> tuple[pa.Table, np.ndarray]:
         """Every live worker's function table of one step as one Arrow table, and the worker of each row.

@@ -1,6 +1,8 @@
 """Run a simulated fleet live against Kafka, behaving like the real agents.
 
-Every step it publishes the workers' heartbeats; it follows the control topic
+Every step it publishes the workers' heartbeats, as hosts with a relay do: one ``HeartbeatBatch`` per host
+(its workers of one shard), keyed ``job/shard`` (``shard_workers=0``: one ``StepHeartbeat`` per worker, keyed
+``job``, as agents before issue 13 did); it follows the control topic
 like an agent does (a :class:`~lockstep.kafka.Tail` opened at the topic's end),
 accepts triggers for future steps (refuses those for steps already past), and
 when a window ends publishes each worker's ``WindowFeatures`` keyed ``job:window:shard``,
@@ -17,8 +19,8 @@ from typing import Literal
 
 import msgspec
 
-from ...kafka import Publisher, Tail, Topics, features_key, window_features_key
-from ...schemas.records import ProfileTrigger
+from ...kafka import Publisher, Tail, Topics, features_key, heartbeat_key, window_features_key
+from ...schemas.records import SHARD_WORKERS, ProfileTrigger
 from .fleet import FleetSimulator
 
 log = logging.getLogger("lockstep.simulator")
@@ -45,6 +47,7 @@ def run_live(
     tail_steps: int = 3,
     progress=None,
     features: Literal["window", "step"] = "window",
+    shard_workers: int = SHARD_WORKERS,
 ) -> LiveResult:
     """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered.
 
@@ -82,8 +85,14 @@ def run_live(
         rates = [t.sampling.hardware_hz for t in active if t.start_step <= step < t.start_step + t.steps]
         sim = fleet.step(step, hardware_hz=rates[0] if rates else None)
         now = time.time()
-        for hb in fleet.heartbeats(sim, now):
-            publisher.send(topics.heartbeats, job, msgspec.structs.replace(hb, **echo) if echo else hb)
+        if shard_workers:
+            for batch in fleet.heartbeat_batches(
+                sim, now, shard_workers, echo=(echo["trigger_window"], echo["trigger_latency_s"]) if echo else None
+            ):
+                publisher.send(topics.heartbeats, heartbeat_key(job, batch.shard), batch)
+        else:
+            for hb in fleet.heartbeats(sim, now):
+                publisher.send(topics.heartbeats, job, msgspec.structs.replace(hb, **echo) if echo else hb)
         echo = {}
         for trig in list(active):
             if trig.start_step <= step < trig.start_step + trig.steps:

@@ -1,6 +1,7 @@
 """The processor's stages as plain objects: fed records, timer ticks and partition changes, writing to an Output.
 
-- :class:`DetectStage`  heartbeats -> slowdown detector -> triggers (and the step-time series)
+- :class:`HeartbeatStage` heartbeats of a job's shards -> one partial per shard and step, columnar -> step partials
+- :class:`DetectStage`  step partials -> slowdown detector -> triggers (and the step-time series)
 - :class:`ShardStage`   workers' window features -> a shard's workers per step, columnar -> step slices
 - :class:`StepStage`    feature batches and step slices -> step assembly + analysis -> step reports
 - :class:`WindowStage`  step reports -> window assembly + diagnosis -> findings, window reports, deviation maps
@@ -11,6 +12,7 @@ No faust and no Kafka client in here: :mod:`lockstep.streams.app` is the faust a
 
 from .base import Output, Partition, Policies, RecordIn, Stage
 from .detect import DetectStage
+from .heartbeat import HeartbeatStage
 from .memory import MemoryOutput
 from .processor import Processor, Tables
 from .shard import ShardStage
@@ -19,6 +21,7 @@ from .window import WindowStage
 
 __all__ = [
     "DetectStage",
+    "HeartbeatStage",
     "MemoryOutput",
     "Output",
     "Partition",

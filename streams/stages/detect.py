@@ -1,11 +1,13 @@
-"""The detect stage: heartbeats (and the detector's own ticks, operators' requests) -> triggers on control.
+"""The detect stage: the shards' step partials (and the detector's own ticks, operators' requests) -> triggers on control.
 
 Around the pure :class:`~lockstep.streams.detector.SlowdownDetector` it keeps what the processor
 needs: each job's last window in the ``detector`` table (``"start,end"``: the cool-down survives
 restarts), the jobs of each partition (dropped when the partition goes), the step-time series for
 the pictures (:class:`~lockstep.streams.pictures.SeriesBuilder`), and the hang check: no heartbeat
 arrives during a hang, so the timer sends a ``DetectorTick`` into the job's own partition and the
-check happens in order with the heartbeats, where the table can be written.
+check happens in order with the partials, where the table can be written.  It reads the partials
+topic (key ``job``: a job's partials, ticks and requests meet in one partition), which the heartbeat
+stage fills from the heartbeats of every shard of the job.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ...schemas.records import (
     DetectorTick,
     ProfileTrigger,
     RecordError,
-    StepHeartbeat,
+    StepPartial,
     TriggerRefused,
     TriggerRequest,
     decode,
@@ -42,7 +44,7 @@ AGENT_COUNTERS = {
 
 
 class DetectStage(Stage):
-    """``topics.heartbeats`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries`` -> ``topics.series``)."""
+    """``topics.partials`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries`` -> ``topics.series``)."""
 
     name = "detect"
 
@@ -59,7 +61,7 @@ class DetectStage(Stage):
         self.table = table  # job -> "start,end" of its last window
         self.detector = SlowdownDetector(policy)
         self.series = SeriesBuilder()
-        self.job_partition: dict[str, Partition] = {}  # job -> the heartbeats partition it was seen on
+        self.job_partition: dict[str, Partition] = {}  # job -> the partials partition it was seen on
 
     def set_policy(self, policy: Policy) -> None:
         self.detector.set_policy(policy)
@@ -79,15 +81,15 @@ class DetectStage(Stage):
         await self.out.acknowledge(records)  # each record is done once it has been processed
 
     def _decide(self, record: RecordIn) -> Sequence[ProfileTrigger | TriggerRefused]:
-        rec = decode(record.value, (StepHeartbeat, DetectorTick, TriggerRequest))
+        rec = decode(record.value, (StepPartial, DetectorTick, TriggerRequest))
         self.job_partition[rec.job] = record.source
         if rec.job not in self.detector.jobs and rec.job in self.table:
             last_start, last_end = map(int, self.table[rec.job].split(","))
             self.detector.restore(rec.job, last_start, last_end)
         now = self.clock()
-        if isinstance(rec, StepHeartbeat):
-            decisions = self.detector.observe(rec, now)  # raises RecordError('from_the_future')
-            self.series.add(rec, now)
+        if isinstance(rec, StepPartial):
+            decisions = self.detector.observe_partial(rec, now)  # raises RecordError('from_the_future')
+            self.series.add_partial(rec, now)
             return decisions
         if isinstance(rec, DetectorTick):
             return self.detector.tick(rec.job, now)
@@ -117,7 +119,7 @@ class DetectStage(Stage):
         forgotten, the step-time series published, the detector's gauges."""
         m = self.metrics
         for job in self.detector.due_ticks(now):
-            await self.send(self.topics.heartbeats, job, DetectorTick(job=job, at=now))
+            await self.send(self.topics.partials, job, DetectorTick(job=job, at=now))
         for job in self.detector.forget_idle(now):
             self.job_partition.pop(job, None)
             self.series.drop([job])

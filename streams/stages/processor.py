@@ -11,6 +11,7 @@ from ...metrics import Metrics
 from ..policy import Policy
 from .base import Clock, Output, Policies, Stage
 from .detect import DetectStage
+from .heartbeat import HeartbeatStage
 from .shard import ShardStage
 from .step import StepStage
 from .window import WindowStage
@@ -26,7 +27,7 @@ class Tables:
 
 
 class Processor:
-    """The detect, shard, step and window stages over one Output, and the process's health (set by the adapter)."""
+    """The heartbeat, detect, shard, step and window stages over one Output, and the process's health (set by the adapter)."""
 
     def __init__(
         self,
@@ -42,13 +43,14 @@ class Processor:
     ):
         self.metrics = metrics if metrics is not None else Metrics()
         self.policies = Policies(policy, self.metrics)
+        self.heartbeats = HeartbeatStage(topics, out, self.metrics, clock)
         self.detect = DetectStage(topics, out, tables.detector, policy, self.metrics, clock)
         self.shards = ShardStage(topics, out, self.policies, self.metrics, step_timeout_s, clock)
         self.steps = StepStage(topics, out, self.policies, self.metrics, step_timeout_s, clock)
         self.windows = WindowStage(
             topics, out, tables.closed_windows, tables.job_history, self.policies, self.metrics, window_timeout_s, clock
         )
-        self.stages: tuple[Stage, ...] = (self.detect, self.shards, self.steps, self.windows)
+        self.stages: tuple[Stage, ...] = (self.heartbeats, self.detect, self.shards, self.steps, self.windows)
         self.assigned = False  # partitions were assigned once (/healthz: ok)
         self.crashed: dict[str, str] = {}  # agent -> why it died (/healthz: failed)
 

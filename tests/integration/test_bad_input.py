@@ -130,7 +130,7 @@ VALID = {
     ),
     "control": FLEET.trigger(WINDOW, created_at=time.time()),
 }  # fmt: skip
-STAGE = {"heartbeats": "detect", "features": "steps", "windowfeatures": "shards", "stepreports": "windows", "findings": "sink", "windows": "sink",
+STAGE = {"heartbeats": "heartbeats", "features": "steps", "windowfeatures": "shards", "stepreports": "windows", "findings": "sink", "windows": "sink",
          "control": "sink"}  # fmt: skip
 
 
@@ -582,7 +582,7 @@ def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
         [[3], "gpu_slow"]
     ]
     m = rig.pipeline.metrics("processor")
-    assert value(m, "lockstep_dead_letters_total", reason="from_the_future", stage="detect") == 2
+    assert value(m, "lockstep_dead_letters_total", reason="from_the_future", stage="heartbeats") == 2
 
 
 def until_rows(settings, sql: str, timeout_s: float = 60.0) -> list:

@@ -84,6 +84,7 @@ def test_broker_outage_spools_without_blocking_training_and_reports_what_the_bou
             spool_max_bytes=SPOOL_MAX,
             delivery_timeout_s=1.0,
             flush_interval_s=0.05,
+            heartbeat_shard_workers=0,  # one record per heartbeat: the spool's accounting counted per step below
         )
         train = Training(agent)
         before, _, _ = train.run(300, waits=thread_waits)

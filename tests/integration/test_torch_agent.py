@@ -20,7 +20,7 @@ from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
 from lockstep.kafka import Publisher, consumer_config, ensure_topics, producer_config, read_all, window_features_key
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, decode
+from lockstep.schemas.records import HeartbeatBatch, ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, decode
 from lockstep.sinks.sink import query
 from lockstep.sinks.store import StoreError
 from lockstep.streams.app import changelog_topics
@@ -72,9 +72,10 @@ def start_ranks(settings, tmp_path: Path) -> list[subprocess.Popen]:
 def steps_seen(consumer: Consumer, seen: dict[int, int]) -> dict[int, int]:
     for msg in consumer.consume(500, timeout=0.2):
         if not msg.error():
-            hb = decode(msg.value(), StepHeartbeat)
-            if hb.job == JOB:
-                seen[hb.worker] = max(seen.get(hb.worker, -1), hb.step)
+            rec = decode(msg.value(), (StepHeartbeat, HeartbeatBatch))  # agents send batches since issue 13
+            for hb in rec.heartbeats() if isinstance(rec, HeartbeatBatch) else [rec]:
+                if hb.job == JOB:
+                    seen[hb.worker] = max(seen.get(hb.worker, -1), hb.step)
     return seen
 
 

@@ -18,6 +18,7 @@ from lockstep.producers.agent.retention import decompress
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import (
     AgentCounters,
+    HeartbeatBatch,
     ProfileTrigger,
     RawRequest,
     RawTrace,
@@ -28,6 +29,15 @@ from lockstep.schemas.records import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+def heartbeats_of(values) -> list[StepHeartbeat]:
+    """The heartbeats in the topic's records, in order: agents send a ``HeartbeatBatch`` per flush since issue 13."""
+    out: list[StepHeartbeat] = []
+    for v in values:
+        rec = decode(v, (StepHeartbeat, HeartbeatBatch))
+        out += rec.heartbeats() if isinstance(rec, HeartbeatBatch) else [rec]
+    return out
 
 
 def train_until(agent, cond, timeout_s=60.0, step_s=0.02):
@@ -150,7 +160,7 @@ def test_a_trigger_profiles_exactly_its_steps_then_nothing_stays_attached(settin
         n.startswith("fn:") for n in table.column("function").to_pylist()
     )
     assert all(t > 0 for t in b.step_time_us)  # how long depends on the machine's load: not compared
-    heartbeats = [decode(v, StepHeartbeat) for _, v in recs[topics.heartbeats]]
+    heartbeats = heartbeats_of(v for _, v in recs[topics.heartbeats])
     *beats, final = heartbeats
     assert [h.step for h in beats] == list(range(len(beats))) and all(not h.final for h in beats)
     assert final.final is True and final.step == beats[-1].step  # the detector knows the worker ended, not hung
@@ -211,7 +221,7 @@ def test_the_launcher_attaches_the_agent_to_an_unedited_script(settings, tmp_pat
         cmd, capture_output=True, text=True, timeout=120, env={"RANK": "3", "WORLD_SIZE": "4", "PATH": "/usr/bin:/bin"}
     )
     assert done.returncode == 0, done.stderr
-    beats = [decode(v, StepHeartbeat) for _, v in read_all(settings, [topics.heartbeats])[topics.heartbeats]]
+    beats = heartbeats_of(v for _, v in read_all(settings, [topics.heartbeats])[topics.heartbeats])
     # the first optimizer step creates the agent; every later one of the same optimizer ends a step
     assert [(h.job, h.worker, h.step, bool(h.final)) for h in beats] == [
         ("launched", 3, s, False) for s in range(1, 12)

@@ -56,7 +56,7 @@ class Pair:
         self.tables = tables or Tables()
         self.proc = Processor(policy or Policy(), TOPICS, self.out, self.tables, step_timeout_s=step_timeout_s,
                               window_timeout_s=window_timeout_s, clock=self.clock)  # fmt: skip
-        self.stage_of = {TOPICS.heartbeats: self.proc.detect, TOPICS.windowfeatures: self.proc.shards, TOPICS.features: self.proc.steps,
+        self.stage_of = {TOPICS.heartbeats: self.proc.heartbeats, TOPICS.partials: self.proc.detect, TOPICS.windowfeatures: self.proc.shards, TOPICS.features: self.proc.steps,
                          TOPICS.stepreports: self.proc.windows}  # fmt: skip
         self._pumped = 0
 

@@ -1,11 +1,12 @@
-"""The detect stage in memory: triggers and the table that carries a job's last window across restarts,
-hang checks through a tick in the job's own partition, the step-time series, records from the future,
-revoked partitions; every heartbeat acknowledged once it was processed."""
+"""The detect stage in memory, fed by the heartbeat stage's partials: triggers and the table that carries a job's
+last window across restarts, hang checks through a tick in the job's own partition, the step-time series, records
+from the future, revoked partitions; every heartbeat acknowledged once its partial was sent."""
 
 from __future__ import annotations
 
 from lockstep.kafka import Topics
 from lockstep.schemas.records import (
+    DetectorTick,
     ProfileTrigger,
     StepHeartbeat,
     StepSeries,
@@ -47,9 +48,11 @@ def heartbeats(p, steps, step_time_s=0.2, workers=8, interval=0.2) -> list:
 
 
 async def run(p, beats, batch=False) -> None:
+    """Each step's heartbeats to the heartbeat stage, its partials (and what it forwarded) to the detect stage."""
     for now, records in beats:
         p.clock.t = now
         await p.feed(records, batch=batch)
+        await p.pump()
 
 
 def control(p) -> list:
@@ -91,7 +94,8 @@ async def test_a_restarted_processor_keeps_the_jobs_cooldown_from_the_table(pair
     answers = []
     for restarted in (pair(tables=p.tables), pair()):  # with the old table, and without it
         await run(restarted, heartbeats(restarted, after, step_time_s=0.3))
-        await restarted.feed([restarted.produce(TOPICS.heartbeats, "j", request)])
+        await restarted.feed([restarted.produce(TOPICS.heartbeats, "j", request)])  # forwarded to the partials topic
+        await restarted.pump()
         answers += control(restarted)
     refused, accepted = answers
     assert isinstance(refused, TriggerRefused) and refused.code == "cooldown" and refused.request == "r1"
@@ -104,10 +108,12 @@ async def test_a_hang_is_checked_by_a_tick_the_timer_sends_into_the_jobs_partiti
     await run(p, beats)
     last = p.clock.t
     await p.proc.detect.on_timer(last + 29.0)
-    assert p.sent(TOPICS.heartbeats) == []  # not silent long enough (hang_min_s 30)
+    assert [
+        r for r in p.sent(TOPICS.partials) if isinstance(r, DetectorTick)
+    ] == []  # not silent long enough (hang_min_s 30)
     p.clock.t = last + 31.0
     await p.proc.detect.on_timer(p.clock.t)
-    (tick,) = p.out.records(TOPICS.heartbeats)
+    (tick,) = [r for r in p.out.records(TOPICS.partials) if r.value.startswith(b'{"schema":"DetectorTick"')]
     assert tick.key == b"j" and tick.partition == beats[0][1][0].partition  # into the job's own partition
     assert (
         p.tables.detector == {} and control(p) == []
@@ -119,7 +125,7 @@ async def test_a_hang_is_checked_by_a_tick_the_timer_sends_into_the_jobs_partiti
         and trigger.start_step >= 41
         and p.tables.detector["j"].startswith(f"{trigger.start_step},")
     )
-    assert p.acked(TOPICS.heartbeats)[-1] == tick.offset
+    assert p.acked(TOPICS.partials)[-1] == tick.offset
 
 
 async def test_the_timer_publishes_the_jobs_step_times_and_the_gauges(pair):
@@ -143,14 +149,16 @@ async def test_a_heartbeat_from_the_future_is_dead_lettered_and_changes_nothing(
         StepHeartbeat(job="j", worker=0, step=10**9, step_time_s=0.2, host="h0", sent_at=p.clock.t),
     )
     await p.feed([far])
-    assert p.dead() == {("detect", "from_the_future"): 1}
+    assert p.dead() == {
+        ("heartbeats", "from_the_future"): 1
+    }  # refused by the stage that aggregates the job's heartbeats
     assert p.proc.detect.detector.jobs["j"].max_step == 39 and p.acked(TOPICS.heartbeats)[-1] == far.offset
 
 
 async def test_a_revoked_partition_takes_its_jobs_with_it(pair):
     p = pair()
     await run(p, heartbeats(p, range(10)))
-    p.proc.detect.on_revoked({Partition(TOPICS.heartbeats, 1)})  # not the job's
+    p.proc.detect.on_revoked({Partition(TOPICS.partials, 1)})  # not the job's
     assert "j" in p.proc.detect.detector.jobs
-    p.proc.detect.on_revoked({Partition(TOPICS.heartbeats, 0)})
+    p.proc.detect.on_revoked({Partition(TOPICS.partials, 0)})
     assert p.proc.detect.detector.jobs == {} and p.proc.detect.series.jobs == {} and p.proc.detect.job_partition == {}

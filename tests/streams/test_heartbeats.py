@@ -1,0 +1,95 @@
+"""The heartbeat shards (pure): a job's heartbeats aggregated per shard and step, in columns, and combined by the
+detector, decide as the detector fed every heartbeat does; a replayed shard's partials are counted once."""
+
+import numpy as np
+
+from lockstep.schemas.records import StepHeartbeat
+from lockstep.streams.detector import SlowdownDetector
+from lockstep.streams.heartbeats import HeartbeatShards, Held, Rows
+from lockstep.streams.policy import Policy
+
+WORKERS, SHARD, INTERVAL, LAG = 64, 16, 0.2, 0.05
+
+
+def step_times(n_healthy=40, n_slow=100, seed=1):
+    rng = np.random.default_rng(seed)
+    return np.r_[0.2 * rng.normal(1, 0.01, n_healthy), 0.26 * rng.normal(1, 0.01, n_slow)]
+
+
+def rows(step: int, st: float, workers: np.ndarray, sent: float) -> Rows:
+    n = workers.size
+    return Rows(
+        workers.astype(np.int64),
+        np.full(n, step, dtype=np.int64),
+        st * (1 + 0.001 * workers),
+        np.full(n, sent),
+        np.zeros(n, dtype=np.int64),
+    )
+
+
+def by_records(times) -> list[tuple[str, int, int]]:
+    det = SlowdownDetector(Policy())
+    out = []
+    for step, st in enumerate(times):
+        sent = 1000.0 + step * INTERVAL
+        for w in range(WORKERS):
+            hb = StepHeartbeat(
+                job="j", worker=w, step=step, step_time_s=float(st) * (1 + 0.001 * w), host=f"h{w // 8}", sent_at=sent
+            )
+            out += det.observe(hb, now=sent + LAG)
+    return [(t.window, t.start_step, t.steps) for t in out]
+
+
+def by_shards(times, replay_every: int = 0) -> tuple[list[tuple[str, int, int]], int]:
+    """Four shards of 16 on two partitions (two processors); ``replay_every``: every so many steps, a shard's
+    partials of that step are delivered twice (a processor that crashed before its commit)."""
+    det = SlowdownDetector(Policy())
+    shards: HeartbeatShards[int] = HeartbeatShards()
+    out, partials = [], 0
+    for step, st in enumerate(times):
+        sent = 1000.0 + step * INTERVAL
+        now = sent + LAG
+        keys = []
+        for shard in range(WORKERS // SHARD):
+            key = ("j", shard, shard % 2)
+            keys.append(key)
+            workers = np.arange(shard * SHARD, (shard + 1) * SHARD)
+            shards.add(key, "", rows(step, float(st), workers, sent), [Held(step)], now)
+        for partial, _ in shards.ready(keys, now):
+            partials += 1
+            out += det.observe_partial(partial, now)
+            if replay_every and step % replay_every == 0:
+                out += det.observe_partial(partial, now)
+    return [(t.window, t.start_step, t.steps) for t in out], partials
+
+
+def test_partials_of_four_shards_on_two_partitions_trigger_as_every_heartbeat_does():
+    times = step_times()
+    want = by_records(times)
+    assert want, "the slowdown must trigger a window"
+    got, partials = by_shards(times)
+    assert got == want
+    assert partials == len(times) * WORKERS // SHARD  # one per shard and step: 4 records per step instead of 64
+
+
+def test_a_replayed_partial_counts_once():
+    times = step_times(seed=2)
+    assert by_shards(times, replay_every=3)[0] == by_records(times)
+
+
+def test_a_shard_step_waits_for_its_workers_and_goes_when_two_later_steps_started():
+    shards: HeartbeatShards[int] = HeartbeatShards()
+    key = ("j", 0, 0)
+    workers = np.arange(16)
+    sent = []
+    for step in range(3):  # the first step waits until two later ones started; then the shard knows its 16 workers
+        shards.add(key, "", rows(step, 0.2, workers, 1000.0 + step), [Held(step)], 1000.0 + step)
+        sent.append([(p.step, p.closed) for p, _ in shards.ready([key], 1000.0 + step)])
+    assert sent == [[], [], [(0, "later"), (1, "complete"), (2, "complete")]]
+    shards.add(key, "", rows(3, 0.2, workers[:15], 1003.0), [Held(3)], 1003.0)  # worker 15 is behind
+    assert shards.ready([key], 1003.0) == []
+    shards.add(key, "", rows(4, 0.2, workers[:15], 1004.0), [Held(4)], 1004.0)
+    shards.add(key, "", rows(5, 0.2, workers[:15], 1005.0), [Held(5)], 1005.0)
+    ((p, done),) = shards.ready([key], 1005.0)
+    assert (p.step, p.workers, p.missing, p.closed) == (3, 15, [15], "later")
+    assert done == [3]  # the record that fed step 3 is released with its partial
