@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from ...kafka import Topics
 from ...metrics import Metrics
@@ -185,3 +185,58 @@ class HoldingStage(Stage):
         done = self.acks.release(handles)
         if done:
             await self.out.acknowledge(done)
+
+
+C = TypeVar("C")
+
+
+class Assembler(Protocol[C]):
+    """What :class:`AssemblingStage` needs of its assembler (``StepAssembler``, ``ShardAssembler``)."""
+
+    def expire(self, now: float) -> list[C]: ...
+
+    def drop(self, partitions: Collection[Partition]) -> None: ...
+
+
+class AssemblingStage(HoldingStage, Generic[C]):
+    """A holding stage whose records go into an assembler until a unit (a step, a shard) is complete or timed out.
+
+    Subclasses say how a record is added (:meth:`_add`: the unit it closed, if any, and whether it came too late)
+    and what a closed unit becomes (:meth:`_finish`); the handling of bad records, bugs, late records, timeouts and
+    revoked partitions is this class's.
+    """
+
+    assembler: Assembler[C]
+
+    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[C | None, bool]:
+        raise NotImplementedError
+
+    async def _finish(self, closed: C) -> None:
+        raise NotImplementedError
+
+    async def _one(self, record: RecordIn) -> None:
+        h = self.hold(record)
+        try:
+            closed, late = self._add(record, h)
+        except RecordError as err:
+            await self.dead_letter(record, err)
+            await self.release([h])
+            return
+        except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
+            await self.failed([record], exc)
+            await self.release([h])
+            return
+        if late:
+            self.metrics.inc("late_records_total", stage=self.name, help="records for steps or windows already closed")
+            await self.release([h])
+        elif closed is not None:
+            await self._finish(closed)
+
+    async def on_timer(self, now: float) -> None:
+        """Units that waited the assembler's timeout for their last workers close without them."""
+        for closed in self.assembler.expire(now):
+            await self._finish(closed)
+
+    def on_revoked(self, partitions: Collection[Partition]) -> None:
+        self.assembler.drop(partitions)
+        self.acks.drop(partitions)

@@ -15,7 +15,7 @@ per partition; a replayed shard sends the same slices again, which the step stag
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -28,13 +28,13 @@ from ...schemas import functions as ft
 from ...schemas.records import RecordError, StepSlice, WindowFeatures, decode, encode
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedShard, Handle, PendingShard, ShardAssembler
-from .base import Clock, HoldingStage, Output, Partition, Policies, RecordIn
+from .base import AssemblingStage, Clock, Output, Policies, RecordIn
 
 #: a slice whose encoded record passes this is cut in two (Kafka's default record limit is 1 MiB)
 SLICE_MAX_BYTES = 768 << 10
 
 
-class ShardStage(HoldingStage):
+class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
     """``topics.windowfeatures`` -> :class:`ShardAssembler` -> :func:`step_slices` -> ``topics.features``."""
 
     name = "shards"
@@ -63,34 +63,10 @@ class ShardStage(HoldingStage):
             "open_shards", self.assembler.open_shards, help="shards of windows waiting for workers' features"
         )
 
-    async def _one(self, record: RecordIn) -> None:
-        h = self.hold(record)
-        try:
-            rec = decode(record.value, WindowFeatures)
-            table = ft.read_compact(rec.functions, rec.functions_codec)  # values: checked per shard (_finish)
-            closed, late = self.assembler.add(rec, table, len(record.value), h, self.clock())
-        except RecordError as err:
-            await self.dead_letter(record, err)
-            await self.release([h])
-            return
-        except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
-            await self.failed([record], exc)
-            await self.release([h])
-            return
-        if late:
-            self.metrics.inc("late_records_total", stage=self.name, help="records for steps or windows already closed")
-            await self.release([h])
-        elif closed:
-            await self._finish(closed)
-
-    async def on_timer(self, now: float) -> None:
-        """Shards that waited ``timeout_s`` for their last workers close without them."""
-        for closed in self.assembler.expire(now):
-            await self._finish(closed)
-
-    def on_revoked(self, partitions: Collection[Partition]) -> None:
-        self.assembler.drop(partitions)
-        self.acks.drop(partitions)
+    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedShard[RecordIn] | None, bool]:
+        rec = decode(record.value, WindowFeatures)
+        table = ft.read_compact(rec.functions, rec.functions_codec)  # values: checked per shard (_finish)
+        return self.assembler.add(rec, table, len(record.value), handle, self.clock())
 
     async def _finish(self, closed: ClosedShard[RecordIn]) -> None:
         p = closed.pending

@@ -12,7 +12,7 @@ partition (:class:`InOrderAcks`).
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,10 +24,10 @@ from ...schemas.records import FeatureBatch, RecordError, StepSlice, decode, enc
 from ..diagnosis import StepFrame, analyze_step, step_report
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedStep, Handle, PendingStep, StepAssembler
-from .base import Clock, HoldingStage, Output, Partition, Policies, RecordIn
+from .base import AssemblingStage, Clock, Output, Policies, RecordIn
 
 
-class StepStage(HoldingStage):
+class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
     """``topics.features`` -> :class:`StepAssembler` + :func:`analyze_step` -> ``topics.stepreports``."""
 
     name = "steps"
@@ -54,38 +54,13 @@ class StepStage(HoldingStage):
             await self._one(record)
         self.metrics.set("open_steps", self.assembler.open_steps)
 
-    async def _one(self, record: RecordIn) -> None:
-        h = self.hold(record)
-        try:
-            rec = decode(record.value, (FeatureBatch, StepSlice))
-            if isinstance(rec, FeatureBatch):
-                table = ft.read(rec.functions, rec.functions_codec)  # values: checked per step (_finish)
-                closed, late = self.assembler.add(rec, table, len(record.value), h, self.clock())
-            else:
-                workers, functions = read_slice(rec)
-                closed, late = self.assembler.add_slice(rec, workers, functions, h, self.clock())
-        except RecordError as err:
-            await self.dead_letter(record, err)
-            await self.release([h])
-            return
-        except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
-            await self.failed([record], exc)
-            await self.release([h])
-            return
-        if late:
-            self.metrics.inc("late_records_total", stage=self.name, help="records for steps or windows already closed")
-            await self.release([h])
-        elif closed:
-            await self._finish(closed)
-
-    async def on_timer(self, now: float) -> None:
-        """Steps that waited ``timeout_s`` for their last workers close without them."""
-        for closed in self.assembler.expire(now):
-            await self._finish(closed)
-
-    def on_revoked(self, partitions: Collection[Partition]) -> None:
-        self.assembler.drop(partitions)
-        self.acks.drop(partitions)
+    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedStep[RecordIn] | None, bool]:
+        rec = decode(record.value, (FeatureBatch, StepSlice))
+        if isinstance(rec, FeatureBatch):
+            table = ft.read(rec.functions, rec.functions_codec)  # values: checked per step (_finish)
+            return self.assembler.add(rec, table, len(record.value), handle, self.clock())
+        workers, functions = read_slice(rec)
+        return self.assembler.add_slice(rec, workers, functions, handle, self.clock())
 
     async def _finish(self, closed: ClosedStep[RecordIn]) -> None:
         p = closed.pending
