@@ -162,8 +162,10 @@ def overhead(args) -> None:
         f"  all background threads of the agent per step (publishing thread + librdkafka's): {1e6 * bg:.1f} us = {pct(bg / mb)}"
     )
     cost = call + max(bg, io)
-    print(f"  agent cost per step (training-thread call + background CPU): {1e6 * cost:.0f} us = {pct(cost / mb)} of the step;"
-          f" {pct(cost / 0.074)} of a 74 ms step (target <= 0.1%: {'met' if cost <= 74e-6 else 'NOT met'})")  # fmt: skip
+    print(
+        f"  agent cost per step (training-thread call + background CPU): {1e6 * cost:.0f} us = {pct(cost / mb)} of the step;"
+        f" {pct(cost / 0.074)} of a 74 ms step (target <= 0.1%: {'met' if cost <= 74e-6 else 'NOT met'})"
+    )
 
 
 # --------------------------------------------------------------------------- one profiled window
@@ -205,8 +207,10 @@ SETTINGS = {
 def bytes_(args) -> None:
     step = model_step(layers=args.layers)
     meta = WorkerMeta(rank=0, host="bench-host", device="bench-host/cpu", nic="eth0", labels={"pp": "0"})
-    print(f"bytes per worker per window: {args.steps} steps of a {args.layers}-layer transformer, raw Chrome trace vs the record sent "
-          f"(one WindowFeatures; before issue 13 one FeatureBatch per step, 26.7 KB default, 69.8 KB with stack+shapes)")  # fmt: skip
+    print(
+        f"bytes per worker per window: {args.steps} steps of a {args.layers}-layer transformer, raw Chrome trace vs the record sent "
+        f"(one WindowFeatures; before issue 13 one FeatureBatch per step, 26.7 KB default, 69.8 KB with stack+shapes)"
+    )
     for name, sampling in SETTINGS.items():
         with tempfile.TemporaryDirectory() as tmp:
             store = RawStore(Path(tmp), 1 << 34)
@@ -218,10 +222,12 @@ def bytes_(args) -> None:
         assert out.record is not None, "no step of the window was summarised"
         sent = len(encode(out.record))
         rows = ft.read_compact(out.record.functions).num_rows / len(out.record.steps)
-        print(f"  {name:18s} raw trace {out.trace_bytes / 1e6:8.2f} MB ({out.events:6d} events kept by the reader; zstd {kept / 1e6:.2f} MB)"
-              f" -> WindowFeatures {sent / 1e3:5.1f} KB for {len(out.record.steps)} steps ({rows:.0f} functions/step)"
-              f" = {out.trace_bytes / sent:7.0f}x smaller"
-              f" (targets: <= 10 KB: {'met' if sent <= 10_000 else 'NOT met'}; >= 1000x)")  # fmt: skip
+        print(
+            f"  {name:18s} raw trace {out.trace_bytes / 1e6:8.2f} MB ({out.events:6d} events kept by the reader; zstd {kept / 1e6:.2f} MB)"
+            f" -> WindowFeatures {sent / 1e3:5.1f} KB for {len(out.record.steps)} steps ({rows:.0f} functions/step)"
+            f" = {out.trace_bytes / sent:7.0f}x smaller"
+            f" (targets: <= 10 KB: {'met' if sent <= 10_000 else 'NOT met'}; >= 1000x)"
+        )
 
 
 # --------------------------------------------------------------------------- summariser

@@ -127,11 +127,24 @@ def window_records(
     for w, m in enumerate(metas):
         rows = ft.window_table(np.arange(len(steps)), [t.slice(w * per, per) for t in tables])
         assert rows.column("step").to_numpy().tolist() == step_col.tolist()
-        out.append(encode(WindowFeatures(
-            job="bench", window="w0", window_start=0, window_steps=len(steps), expected_workers=n, shard=w // shard_workers,
-            shard_workers=shard_workers, worker=m, steps=list(range(len(steps))), step_time_us=[float(st[w]) for st, _ in steps],
-            functions=ft.pack_window(rows), hardware="nvml",
-        )))  # fmt: skip
+        out.append(
+            encode(
+                WindowFeatures(
+                    job="bench",
+                    window="w0",
+                    window_start=0,
+                    window_steps=len(steps),
+                    expected_workers=n,
+                    shard=w // shard_workers,
+                    shard_workers=shard_workers,
+                    worker=m,
+                    steps=list(range(len(steps))),
+                    step_time_us=[float(st[w]) for st, _ in steps],
+                    functions=ft.pack_window(rows),
+                    hardware="nvml",
+                )
+            )
+        )
     return out
 
 
@@ -278,16 +291,34 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.workers * args.functions * args.steps
     med = {k: statistics.median(v) for k, v in times.items()}
     frame_s, analysis_s = statistics.median(per_step["frame"]), statistics.median(per_step["analysis"])
-    ratios = {"frame_vs_analysis": frame_s / analysis_s, "window_vs_floor": med["slices"] / med["floor"],
-              "tables_window_vs_floor": med["tables"] / med["floor"]}  # fmt: skip
+    ratios = {
+        "frame_vs_analysis": frame_s / analysis_s,
+        "window_vs_floor": med["slices"] / med["floor"],
+        "tables_window_vs_floor": med["tables"] / med["floor"],
+    }
     shard_rate = len(records) / med["shards"]
     record_bytes = statistics.median(len(r) for r in records)
     found = [f"{f.workers[:3]} {f.function} {f.cause}" for f in d.findings]
     if args.json:
-        print(json.dumps({"workers": args.workers, "functions": args.functions, "steps": args.steps, "rows": rows, "runs": args.runs,
-                          "median_s": med, "rows_per_s": {k: rows / med[k] for k in ("prebuilt", "slices", "tables")},
-                          "per_step_s": {"frame": frame_s, "analysis": analysis_s}, "ratios": ratios, "floor_bytes": numeric_bytes(frames),
-                          "shard_stage_records_per_s": shard_rate, "window_features_bytes": record_bytes, "findings": found}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "workers": args.workers,
+                    "functions": args.functions,
+                    "steps": args.steps,
+                    "rows": rows,
+                    "runs": args.runs,
+                    "median_s": med,
+                    "rows_per_s": {k: rows / med[k] for k in ("prebuilt", "slices", "tables")},
+                    "per_step_s": {"frame": frame_s, "analysis": analysis_s},
+                    "ratios": ratios,
+                    "floor_bytes": numeric_bytes(frames),
+                    "shard_stage_records_per_s": shard_rate,
+                    "window_features_bytes": record_bytes,
+                    "findings": found,
+                }
+            )
+        )
         return 0
     ok = {True: "met", False: "NOT met"}
     print(
@@ -308,19 +339,27 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  partition-median floor ({numeric_bytes(frames) / 1e6:.0f} MB of numeric columns, np.partition):   {med['floor']:.3f} s"
     )
-    print(f"  shard stage: {len(records):,} WindowFeatures ({record_bytes / 1e3:.1f} KB each) -> StepSlices:   {med['shards']:.3f} s"
-          f" = {shard_rate:,.0f} records/s ({shard_rate * args.steps:,.0f} worker-steps/s)")  # fmt: skip
+    print(
+        f"  shard stage: {len(records):,} WindowFeatures ({record_bytes / 1e3:.1f} KB each) -> StepSlices:   {med['shards']:.3f} s"
+        f" = {shard_rate:,.0f} records/s ({shard_rate * args.steps:,.0f} worker-steps/s)"
+    )
     print(
         f"  the hop between the stages (StepReport built, encoded, decoded, read, checked):   {med['hop'] / args.steps * 1e3:.2f} ms per step"
     )
     print()
-    print(f"  one step: frame from slices {frame_s * 1e3:.1f} ms vs its analysis {analysis_s * 1e3:.1f} ms = {ratios['frame_vs_analysis']:.2f}x"
-          f" (target <= 2x: {ok[ratios['frame_vs_analysis'] <= 2]})")  # fmt: skip
-    print(f"  whole window with frames from slices vs the floor: {ratios['window_vs_floor']:.2f}x (target <= 5x: {ok[ratios['window_vs_floor'] <= 5]});"
-          f" from one table per worker: {ratios['tables_window_vs_floor']:.2f}x")  # fmt: skip
-    print(f"  shard stage: {shard_rate * args.steps:,.0f} worker-steps/s on one core, {shard_rate:,.0f} WindowFeatures of {args.steps} steps"
-          f" (target >= 10,000 feature batches/s, a batch being one worker's step: {ok[shard_rate * args.steps >= 10_000]};"
-          f" through faust and Kafka: benchmarks/bench_processor.py features)")  # fmt: skip
+    print(
+        f"  one step: frame from slices {frame_s * 1e3:.1f} ms vs its analysis {analysis_s * 1e3:.1f} ms = {ratios['frame_vs_analysis']:.2f}x"
+        f" (target <= 2x: {ok[ratios['frame_vs_analysis'] <= 2]})"
+    )
+    print(
+        f"  whole window with frames from slices vs the floor: {ratios['window_vs_floor']:.2f}x (target <= 5x: {ok[ratios['window_vs_floor'] <= 5]});"
+        f" from one table per worker: {ratios['tables_window_vs_floor']:.2f}x"
+    )
+    print(
+        f"  shard stage: {shard_rate * args.steps:,.0f} worker-steps/s on one core, {shard_rate:,.0f} WindowFeatures of {args.steps} steps"
+        f" (target >= 10,000 feature batches/s, a batch being one worker's step: {ok[shard_rate * args.steps >= 10_000]};"
+        f" through faust and Kafka: benchmarks/bench_processor.py features)"
+    )
     print(f"\nfindings: {'; '.join(found) or 'none'}")
     return 0
 

@@ -48,15 +48,23 @@ TARGET = 50_000
 
 def payloads(workers: int, steps: int, job: str, kind: str, topics) -> list[tuple[str, bytes, bytes]]:
     """``steps`` steps of a ``workers`` job's heartbeats (one slow GPU), as (topic, key, value)."""
-    fleet = FleetSimulator(Scenario(job=job, topology=Topology(workers=workers, gpus_per_host=8),
-                                    faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),)))  # fmt: skip
+    fleet = FleetSimulator(
+        Scenario(
+            job=job,
+            topology=Topology(workers=workers, gpus_per_host=8),
+            faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),),
+        )
+    )
     out = []
     now = time.time()
     for step in range(steps):
         sim = fleet.step(step, readings=False)
         if kind == "agent":  # each worker's own agent, one heartbeat per flush: one HeartbeatBatch of one row
-            out += [(topics.heartbeats, heartbeat_key(job, shard), encode(b)) for hb in fleet.heartbeats(sim, now + step)
-                    for shard, b in batch_heartbeats([hb], SHARD_WORKERS)]  # fmt: skip
+            out += [
+                (topics.heartbeats, heartbeat_key(job, shard), encode(b))
+                for hb in fleet.heartbeats(sim, now + step)
+                for shard, b in batch_heartbeats([hb], SHARD_WORKERS)
+            ]
         elif kind == "batch":
             out += [
                 (topics.heartbeats, heartbeat_key(job, b.shard), encode(b))
@@ -75,8 +83,14 @@ def cpu_s(proc: psutil.Process) -> float:
 def run(args) -> dict:
     tag = uuid.uuid4().hex[:8]
     log_dir = Path(tempfile.mkdtemp(prefix="lockstep-bench-heartbeats-"))
-    settings = Settings(bootstrap_servers=args.bootstrap_servers, topic_prefix=f"bh{tag}", processor_id=f"bh-{tag}", sink_group=f"bh-sink-{tag}",
-                        partitions=args.partitions, db=log_dir / "findings.duckdb")  # fmt: skip
+    settings = Settings(
+        bootstrap_servers=args.bootstrap_servers,
+        topic_prefix=f"bh{tag}",
+        processor_id=f"bh-{tag}",
+        sink_group=f"bh-sink-{tag}",
+        partitions=args.partitions,
+        db=log_dir / "findings.duckdb",
+    )
     figures: dict[str, list[dict]] = {k: [] for k in ("batch", "records", *(("agent",) if args.agent else ()))}
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
@@ -124,12 +138,25 @@ def run(args) -> dict:
         dead = sum(v for (name, _), v in m.items() if name == "lockstep_dead_letters_total")
         partials = value(m, "lockstep_records_out_total", topic=topics.partials)
     heartbeats = args.workers * args.steps
-    out = {"workers": args.workers, "steps": args.steps, "repeats": args.repeats, "partitions": args.partitions, "idle_cpu_per_s": idle,
-           "dead_letters": dead, "partials_sent": partials}  # fmt: skip
+    out = {
+        "workers": args.workers,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "partitions": args.partitions,
+        "idle_cpu_per_s": idle,
+        "dead_letters": dead,
+        "partials_sent": partials,
+    }
     for kind, runs in figures.items():
         cpu = statistics.median(x["cpu_s"] for x in runs)
-        out[kind] = {"records": runs[0]["records"], "bytes": runs[0]["bytes"], "cpu_s": cpu, "cpu_s_all": [round(x["cpu_s"], 3) for x in runs],
-                     "wall_s": statistics.median(x["wall_s"] for x in runs), "heartbeats_per_cpu_s": heartbeats / cpu}  # fmt: skip
+        out[kind] = {
+            "records": runs[0]["records"],
+            "bytes": runs[0]["bytes"],
+            "cpu_s": cpu,
+            "cpu_s_all": [round(x["cpu_s"], 3) for x in runs],
+            "wall_s": statistics.median(x["wall_s"] for x in runs),
+            "heartbeats_per_cpu_s": heartbeats / cpu,
+        }
     return out
 
 
@@ -155,9 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     b, rec = out["batch"], out["records"]
-    print(f"{out['steps']} steps of a {out['workers']:,}-worker job's heartbeats through one processor on the embedded broker "
-          f"({out['partitions']} partitions); processor CPU (idle {out['idle_cpu_per_s']:.3f} CPU-s/s subtracted), median of "
-          f"{out['repeats']} runs each, alternating")  # fmt: skip
+    print(
+        f"{out['steps']} steps of a {out['workers']:,}-worker job's heartbeats through one processor on the embedded broker "
+        f"({out['partitions']} partitions); processor CPU (idle {out['idle_cpu_per_s']:.3f} CPU-s/s subtracted), median of "
+        f"{out['repeats']} runs each, alternating"
+    )
     rows = [
         ("HeartbeatBatch (one per host and shard, key job/shard)", b),
         ("StepHeartbeat (one per worker and step, before)", rec),
@@ -165,12 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     if "agent" in out:
         rows.append(("HeartbeatBatch of one heartbeat (an agent's own flush)", out["agent"]))
     for name, x in rows:
-        print(f"  {name:55s} {x['records']:7,} records {x['bytes'] / x['records']:7,.0f} B each: {x['cpu_s']:6.2f} CPU-s"
-              f" ({', '.join(map(str, x['cpu_s_all']))}), {x['heartbeats_per_cpu_s']:9,.0f} heartbeats/CPU-s")  # fmt: skip
+        print(
+            f"  {name:55s} {x['records']:7,} records {x['bytes'] / x['records']:7,.0f} B each: {x['cpu_s']:6.2f} CPU-s"
+            f" ({', '.join(map(str, x['cpu_s_all']))}), {x['heartbeats_per_cpu_s']:9,.0f} heartbeats/CPU-s"
+        )
     ok = b["heartbeats_per_cpu_s"] >= TARGET
-    print(f"  heartbeats per processor core: {b['heartbeats_per_cpu_s']:,.0f}/s, {b['heartbeats_per_cpu_s'] / rec['heartbeats_per_cpu_s']:.1f}x the"
-          f" StepHeartbeat path (target >= {TARGET:,}/s: {'met' if ok else 'NOT met'}); partials sent {out['partials_sent']:.0f};"
-          f" dead letters: {out['dead_letters']:.0f}")  # fmt: skip
+    print(
+        f"  heartbeats per processor core: {b['heartbeats_per_cpu_s']:,.0f}/s, {b['heartbeats_per_cpu_s'] / rec['heartbeats_per_cpu_s']:.1f}x the"
+        f" StepHeartbeat path (target >= {TARGET:,}/s: {'met' if ok else 'NOT met'}); partials sent {out['partials_sent']:.0f};"
+        f" dead letters: {out['dead_letters']:.0f}"
+    )
     return 0
 
 

@@ -45,8 +45,13 @@ from lockstep.streams.app import changelog_topics
 
 def payloads(workers: int, steps: int, job: str, kind: str, topics) -> list[tuple[str, bytes, bytes]]:
     """One window of a ``workers`` job with a throttled GPU, as (topic, key, value)."""
-    fleet = FleetSimulator(Scenario(job=job, topology=Topology(workers=workers, gpus_per_host=8),
-                                    faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),)))  # fmt: skip
+    fleet = FleetSimulator(
+        Scenario(
+            job=job,
+            topology=Topology(workers=workers, gpus_per_host=8),
+            faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),),
+        )
+    )
     w = Window(60, steps)
     trig = fleet.trigger(w)
     sims = [fleet.step(s) for s in w.range]
@@ -70,8 +75,14 @@ def cpu_s(proc: psutil.Process) -> float:
 def features(args) -> dict:
     tag = uuid.uuid4().hex[:8]
     log_dir = Path(tempfile.mkdtemp(prefix="lockstep-bench-processor-"))
-    settings = Settings(bootstrap_servers=args.bootstrap_servers, topic_prefix=f"bp{tag}", processor_id=f"bp-{tag}", sink_group=f"bp-sink-{tag}",
-                        partitions=args.partitions, db=log_dir / "findings.duckdb")  # fmt: skip
+    settings = Settings(
+        bootstrap_servers=args.bootstrap_servers,
+        topic_prefix=f"bp{tag}",
+        processor_id=f"bp-{tag}",
+        sink_group=f"bp-sink-{tag}",
+        partitions=args.partitions,
+        db=log_dir / "findings.duckdb",
+    )
     figures: dict[str, list[dict]] = {"window": [], "step": []}
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
@@ -123,9 +134,15 @@ def features(args) -> dict:
     }
     for kind, runs in figures.items():
         cpu = statistics.median(x["cpu_s"] for x in runs)
-        out[kind] = {"records": runs[0]["records"], "bytes": runs[0]["bytes"], "cpu_s": cpu, "cpu_s_all": [round(x["cpu_s"], 3) for x in runs],
-                     "wall_s": statistics.median(x["wall_s"] for x in runs), "records_per_cpu_s": runs[0]["records"] / cpu,
-                     "worker_steps_per_cpu_s": worker_steps / cpu}  # fmt: skip
+        out[kind] = {
+            "records": runs[0]["records"],
+            "bytes": runs[0]["bytes"],
+            "cpu_s": cpu,
+            "cpu_s_all": [round(x["cpu_s"], 3) for x in runs],
+            "wall_s": statistics.median(x["wall_s"] for x in runs),
+            "records_per_cpu_s": runs[0]["records"] / cpu,
+            "worker_steps_per_cpu_s": worker_steps / cpu,
+        }
     return out
 
 
@@ -148,17 +165,23 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     w, st = out["window"], out["step"]
-    print(f"one window of a {out['workers']:,}-worker job ({out['steps']} steps) through one processor on the embedded broker; "
-          f"processor CPU (idle {out['idle_cpu_per_s']:.3f} CPU-s/s subtracted), median of {out['repeats']} windows each, alternating")  # fmt: skip
+    print(
+        f"one window of a {out['workers']:,}-worker job ({out['steps']} steps) through one processor on the embedded broker; "
+        f"processor CPU (idle {out['idle_cpu_per_s']:.3f} CPU-s/s subtracted), median of {out['repeats']} windows each, alternating"
+    )
     for name, x in (
         ("WindowFeatures (one per worker and window)", w),
         ("FeatureBatch (one per worker and step, before)", st),
     ):
-        print(f"  {name:48s} {x['records']:7,} records {x['bytes'] / x['records'] / 1e3:5.1f} KB each: {x['cpu_s']:6.2f} CPU-s"
-              f" ({', '.join(map(str, x['cpu_s_all']))}), {x['records_per_cpu_s']:8,.0f} records/CPU-s, {x['worker_steps_per_cpu_s']:8,.0f} worker-steps/CPU-s")  # fmt: skip
+        print(
+            f"  {name:48s} {x['records']:7,} records {x['bytes'] / x['records'] / 1e3:5.1f} KB each: {x['cpu_s']:6.2f} CPU-s"
+            f" ({', '.join(map(str, x['cpu_s_all']))}), {x['records_per_cpu_s']:8,.0f} records/CPU-s, {x['worker_steps_per_cpu_s']:8,.0f} worker-steps/CPU-s"
+        )
     ok = w["worker_steps_per_cpu_s"] >= 10_000
-    print(f"  feature batches (worker-steps) per processor core: {w['worker_steps_per_cpu_s']:,.0f}/s, {w['worker_steps_per_cpu_s'] / st['worker_steps_per_cpu_s']:.1f}x"
-          f" the FeatureBatch path (target >= 10,000/s: {'met' if ok else 'NOT met'}); dead letters: {out['dead_letters']:.0f}")  # fmt: skip
+    print(
+        f"  feature batches (worker-steps) per processor core: {w['worker_steps_per_cpu_s']:,.0f}/s, {w['worker_steps_per_cpu_s'] / st['worker_steps_per_cpu_s']:.1f}x"
+        f" the FeatureBatch path (target >= 10,000/s: {'met' if ok else 'NOT met'}); dead letters: {out['dead_letters']:.0f}"
+    )
     return 0
 
 

@@ -61,10 +61,25 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     log_dir = args.log_dir or Path(f"/tmp/lockstep-load-{tag}")
     log_dir.mkdir(parents=True, exist_ok=True)
-    settings = Settings(bootstrap_servers=args.bootstrap_servers, topic_prefix=f"load{tag}", processor_id=f"load-{tag}",
-                        sink_group=f"load-sink-{tag}", partitions=args.partitions, db=log_dir / "findings.duckdb")  # fmt: skip
-    res = run_load(settings, workers=args.workers, duration_s=args.minutes * 60, steps_per_s=args.steps_per_s, log_dir=log_dir,
-                   windows=not args.no_windows, features=args.features, processors=args.processors, kill=args.kill)  # fmt: skip
+    settings = Settings(
+        bootstrap_servers=args.bootstrap_servers,
+        topic_prefix=f"load{tag}",
+        processor_id=f"load-{tag}",
+        sink_group=f"load-sink-{tag}",
+        partitions=args.partitions,
+        db=log_dir / "findings.duckdb",
+    )
+    res = run_load(
+        settings,
+        workers=args.workers,
+        duration_s=args.minutes * 60,
+        steps_per_s=args.steps_per_s,
+        log_dir=log_dir,
+        windows=not args.no_windows,
+        features=args.features,
+        processors=args.processors,
+        kill=args.kill,
+    )
     summary = res.summary()
     summary["load_average_after"] = os.getloadavg()
     if args.json:

@@ -402,8 +402,24 @@ def _check_values(t: pa.Table) -> None:
 LINK_SHAPE = ("nic_gbps_sd", "nic_gbps_p95", "nvlink_gbps_sd", "nvlink_gbps_p95")
 #: what the diagnosis reads of a function table: not ``first_start_us``, ``p50_us``, ``max_us``, nor the spread
 #: and peak of the metrics other than the links'
-COMPACT = ("function", "kind", "resource", "calls", "total_us", "critical_us", "wait_us", "mean_us", "p95_us", "bytes",
-           "samples", "clock_events") + HARDWARE + LINK_SHAPE  # fmt: skip
+COMPACT = (
+    (
+        "function",
+        "kind",
+        "resource",
+        "calls",
+        "total_us",
+        "critical_us",
+        "wait_us",
+        "mean_us",
+        "p95_us",
+        "bytes",
+        "samples",
+        "clock_events",
+    )
+    + HARDWARE
+    + LINK_SHAPE
+)
 _NAMES = ("function", "kind", "resource")
 DICTIONARY = pa.dictionary(pa.int32(), pa.string())
 #: the compact table (the processor's step frames): names dictionary-encoded, every column present
@@ -563,9 +579,12 @@ def describe() -> str:
 
 def describe_window() -> str:
     """Human-readable window table schema, as published in schemas/arrow/window_table.txt."""
-    lines = [f"# Lockstep window table, version {WINDOW_VERSION}: one worker's steps of a window (WindowFeatures.functions;",
-             "# Arrow IPC stream, zstd-compressed as a whole).  One row per (step, function); names dictionary-encoded;",
-             "# optional columns without any value in the record are left out (readers fill NaN, or 0 for counts).", ""]  # fmt: skip
+    lines = [
+        f"# Lockstep window table, version {WINDOW_VERSION}: one worker's steps of a window (WindowFeatures.functions;",
+        "# Arrow IPC stream, zstd-compressed as a whole).  One row per (step, function); names dictionary-encoded;",
+        "# optional columns without any value in the record are left out (readers fill NaN, or 0 for counts).",
+        "",
+    ]
     for f in WINDOW_SCHEMA:
         doc = "the step of the window this row belongs to" if f.name == "step" else COLUMNS[f.name][1]
         req = "required" if f.name in _WINDOW_REQUIRED else "optional"

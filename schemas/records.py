@@ -268,15 +268,38 @@ def batch_heartbeats(beats: list[StepHeartbeat], shard_workers: int) -> list[tup
     out = []
     for shard, hbs in by_shard.items():
         hosts = {hb.host for hb in hbs}
-        out.append((shard, HeartbeatBatch(
-            job=hbs[0].job, tenant=hbs[0].tenant, shard=shard, shard_workers=shard_workers, host=hosts.pop() if len(hosts) == 1 else "",
-            worker=[hb.worker for hb in hbs], step=[hb.step for hb in hbs], step_time_s=[hb.step_time_s for hb in hbs],
-            sent_at=[hb.sent_at for hb in hbs], final=[i for i, hb in enumerate(hbs) if hb.final],
-            echoes=[Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s) for hb in hbs
-                    if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)],
-            agents=[WorkerCounters(worker=hb.worker, counters=hb.agent) for hb in hbs if isinstance(hb.agent, AgentCounters)],
-        )))  # fmt: skip
+        out.append(
+            (
+                shard,
+                HeartbeatBatch(
+                    job=hbs[0].job,
+                    tenant=hbs[0].tenant,
+                    shard=shard,
+                    shard_workers=shard_workers,
+                    host=hosts.pop() if len(hosts) == 1 else "",
+                    worker=[hb.worker for hb in hbs],
+                    step=[hb.step for hb in hbs],
+                    step_time_s=[hb.step_time_s for hb in hbs],
+                    sent_at=[hb.sent_at for hb in hbs],
+                    final=[i for i, hb in enumerate(hbs) if hb.final],
+                    echoes=[
+                        Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s)
+                        for hb in hbs
+                        if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
+                    ],
+                    agents=[
+                        WorkerCounters(worker=hb.worker, counters=hb.agent)
+                        for hb in hbs
+                        if isinstance(hb.agent, AgentCounters)
+                    ],
+                ),
+            )
+        )
     return out
+
+
+#: why a shard sent its partial: every worker; a later step; waited too long; news only (echoes, counters)
+PartialClosed = Literal["complete", "later", "timeout", "news"]
 
 
 class StepPartial(_Record, tag="StepPartial", kw_only=True):
@@ -309,9 +332,7 @@ class StepPartial(_Record, tag="StepPartial", kw_only=True):
     final: Count = 0  # workers that sent their last heartbeat
     echoes: list[Echo] = []  # the slowest receipt of each window
     agents: AgentCounters | None = None  # the shard's agents' counters, summed, when one changed
-    closed: Literal["complete", "later", "timeout", "news"] = (
-        "complete"  # every worker; a later step; waited too long; news only
-    )
+    closed: PartialClosed = "complete"
     at: Timestamp = 0.0
 
     def validate(self) -> None:

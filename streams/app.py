@@ -234,8 +234,13 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
 
     every(1.0, "reload_policy", reload_policy)
     every(1.0, "report_lag", report_lag)
-    inputs = {"heartbeats": (topics.heartbeats, processor.heartbeats, "expire_heartbeats"), "detect": (topics.partials, processor.detect, "hang_ticks"), "shards": (topics.windowfeatures, processor.shards, "expire_shards"),
-              "steps": (topics.features, processor.steps, "expire_steps"), "windows": (topics.stepreports, processor.windows, "request_timeouts")}  # fmt: skip
+    inputs = {
+        "heartbeats": (topics.heartbeats, processor.heartbeats, "expire_heartbeats"),
+        "detect": (topics.partials, processor.detect, "hang_ticks"),
+        "shards": (topics.windowfeatures, processor.shards, "expire_shards"),
+        "steps": (topics.features, processor.steps, "expire_steps"),
+        "windows": (topics.stepreports, processor.windows, "request_timeouts"),
+    }
     for role in roles:
         topic, stage, timer = inputs[role]
         app.agent(output.topics[topic], name=role, concurrency=1)(feed(role, stage, batches=role == "heartbeats"))

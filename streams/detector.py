@@ -537,11 +537,24 @@ class SlowdownDetector:
             if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
             else None
         )
-        p = StepPartial(job=hb.job, tenant=hb.tenant, step=hb.step, shard=hb.worker, partition=ONE_WORKER, workers=0 if final else 1,
-                        slowest_s=hb.step_time_s, slowest_worker=hb.worker, median_s=hb.step_time_s, clock_worker=hb.worker,
-                        clock_sent_at=hb.sent_at, newest_sent_at=hb.sent_at, highest=hb.step, final=int(final),
-                        echoes=[Echo(worker=hb.worker, window=echo, latency_s=hb.trigger_latency_s)] if echo else [],  # type: ignore[arg-type]
-                        agents=hb.agent if isinstance(hb.agent, AgentCounters) else None)  # fmt: skip
+        p = StepPartial(
+            job=hb.job,
+            tenant=hb.tenant,
+            step=hb.step,
+            shard=hb.worker,
+            partition=ONE_WORKER,
+            workers=0 if final else 1,
+            slowest_s=hb.step_time_s,
+            slowest_worker=hb.worker,
+            median_s=hb.step_time_s,
+            clock_worker=hb.worker,
+            clock_sent_at=hb.sent_at,
+            newest_sent_at=hb.sent_at,
+            highest=hb.step,
+            final=int(final),
+            echoes=[Echo(worker=hb.worker, window=echo, latency_s=hb.trigger_latency_s)] if echo else [],  # type: ignore[arg-type]
+            agents=hb.agent if isinstance(hb.agent, AgentCounters) else None,
+        )
         return self._observe(p, now)
 
     def observe_partial(self, p: StepPartial, now: float | None = None) -> list[ProfileTrigger]:
@@ -609,8 +622,11 @@ class SlowdownDetector:
         windows at steps never reached and complete every real step early; a sent_at years ahead would
         hide every later restart), so such records are refused before they touch it."""
         if sent_at > now + FUTURE_CLOCK_S:
-            raise RecordError("from_the_future", f"sent_at is {(sent_at - now) / 3600:.0f} h ahead of the processor's clock "
-                              f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of {host} is broken")  # fmt: skip
+            raise RecordError(
+                "from_the_future",
+                f"sent_at is {(sent_at - now) / 3600:.0f} h ahead of the processor's clock "
+                f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of {host} is broken",
+            )
         st = self.jobs.get(job)
         if st is None or st.max_step < 0 or step <= st.max_step + FUTURE_STEPS:
             return  # nothing shown yet (any step can be the job's), or near enough
@@ -618,8 +634,11 @@ class SlowdownDetector:
         pace = FUTURE_PACE * (now - st.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
         allowed = FUTURE_STEPS + pace
         if step > st.max_step + allowed:
-            raise RecordError("from_the_future", f"step {step} of job {job!r} ({who}) is {step - st.max_step} steps "
-                              f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible")  # fmt: skip
+            raise RecordError(
+                "from_the_future",
+                f"step {step} of job {job!r} ({who}) is {step - st.max_step} steps "
+                f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible",
+            )
 
     def _echo(self, st: JobState, window: str, latency_s: float) -> None:
         if latency_s > LATENCY_MAX_S:

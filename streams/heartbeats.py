@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..schemas.records import MAX_MISSING, AgentCounters, Echo, StepPartial, WorkerCounters
+from ..schemas.records import MAX_MISSING, AgentCounters, Echo, PartialClosed, StepPartial, WorkerCounters
 from .detector import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS, RESTART_STEPS
 
 T = TypeVar("T")
@@ -184,8 +184,10 @@ class HeartbeatShards(Generic[T]):
             ahead = float(sent_at.max()) - now
             return f"sent_at is {ahead / 3600:.0f} h ahead of the processor's clock (at most {FUTURE_CLOCK_S / 3600:.0f} h): a host's clock is broken"
         sh = self.shards[key]
-        return (f"step {int(step.max())} of job {key[0]!r} is {int(step.max()) - sh.highest} steps beyond the highest its shard "
-                f"{key[1]} has shown ({sh.highest}); at most {FUTURE_STEPS} plus its pace are plausible")  # fmt: skip
+        return (
+            f"step {int(step.max())} of job {key[0]!r} is {int(step.max()) - sh.highest} steps beyond the highest its shard "
+            f"{key[1]} has shown ({sh.highest}); at most {FUTURE_STEPS} plus its pace are plausible"
+        )
 
     def add(
         self, key: ShardKey, tenant: str, rows: Rows, holders: list[Held[T]], now: float
@@ -237,8 +239,15 @@ class HeartbeatShards(Generic[T]):
                 op.holders.append(held)
         return out
 
-    def news(self, key: ShardKey, tenant: str, holder: Held[T], final: int = 0, echoes: Iterable[Echo] = (),
-             agents: Iterable[WorkerCounters] = ()) -> None:  # fmt: skip
+    def news(
+        self,
+        key: ShardKey,
+        tenant: str,
+        holder: Held[T],
+        final: int = 0,
+        echoes: Iterable[Echo] = (),
+        agents: Iterable[WorkerCounters] = (),
+    ) -> None:
         """What is rare, from one record: final heartbeats, trigger echoes, agent counters.  It goes out with the shard's
         next partial (a final heartbeat only once none of the shard's steps is open: the detector sees the steps
         first); the record is held until then."""
@@ -303,12 +312,22 @@ class HeartbeatShards(Generic[T]):
         for key in [k for k in self.shards if k[2] in partitions]:
             del self.shards[key]
 
-    def _emit(self, sh: _Shard, step: int | None, closed: str, now: float) -> tuple[StepPartial, list[T]]:
+    def _emit(self, sh: _Shard, step: int | None, closed: PartialClosed, now: float) -> tuple[StepPartial, list[T]]:
         job, shard, partition = sh.key
         release: list[Held[T]] = []
         if step is None:  # news only
-            p = StepPartial(job=job, tenant=sh.tenant, step=max(sh.highest, 0), shard=shard, partition=partition, workers=0,
-                            newest_sent_at=sh.newest_sent_at, highest=max(sh.highest, 0), closed="news", at=now)  # fmt: skip
+            p = StepPartial(
+                job=job,
+                tenant=sh.tenant,
+                step=max(sh.highest, 0),
+                shard=shard,
+                partition=partition,
+                workers=0,
+                newest_sent_at=sh.newest_sent_at,
+                highest=max(sh.highest, 0),
+                closed="news",
+                at=now,
+            )
         else:
             op = sh.open.pop(step)
             sh.counts.append(op.n)
@@ -320,11 +339,24 @@ class HeartbeatShards(Generic[T]):
             sh.done_max = max(sh.done_max, step)
             times = np.concatenate(op.times) if op.times else np.zeros(1)
             p = StepPartial(
-                job=job, tenant=sh.tenant, step=step, shard=shard, partition=partition, workers=op.n, slowest_s=op.slowest_s,
-                slowest_worker=op.slowest_worker, median_s=float(np.median(times)), clock_worker=int(op.lowest[0]) if clock else -1,
-                clock_sent_at=op.lowest[1] if clock else 0.0, newest_sent_at=op.newest_sent_at, highest=sh.highest,
-                missing=behind[:MAX_MISSING].tolist(), missing_total=int(behind.size), closed=closed, at=now,  # type: ignore[arg-type]
-            )  # fmt: skip
+                job=job,
+                tenant=sh.tenant,
+                step=step,
+                shard=shard,
+                partition=partition,
+                workers=op.n,
+                slowest_s=op.slowest_s,
+                slowest_worker=op.slowest_worker,
+                median_s=float(np.median(times)),
+                clock_worker=int(op.lowest[0]) if clock else -1,
+                clock_sent_at=op.lowest[1] if clock else 0.0,
+                newest_sent_at=op.newest_sent_at,
+                highest=sh.highest,
+                missing=behind[:MAX_MISSING].tolist(),
+                missing_total=int(behind.size),
+                closed=closed,
+                at=now,
+            )
             release = op.holders
         if sh.echoes or sh.agents_changed:
             p.echoes = sorted(sh.echoes.values(), key=lambda e: e.window)

@@ -135,8 +135,17 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float((v[lo] + v[min(hi, v.size - 1)]) / 2.0)
 
 
-def deviation_map(job: str, window: str, tenant: str, start_step: int, steps: int, results, now: float,
-                  max_workers: int = 32, max_functions: int = 16) -> DeviationMap:  # fmt: skip
+def deviation_map(
+    job: str,
+    window: str,
+    tenant: str,
+    start_step: int,
+    steps: int,
+    results,
+    now: float,
+    max_workers: int = 32,
+    max_functions: int = 16,
+) -> DeviationMap:
     """The worst ``max_workers`` x ``max_functions`` cells of a window by robust z against the peers.
 
     ``results`` are the window's step results (``StepResult``: ``outliers`` holds the flagged rows of a

@@ -248,10 +248,19 @@ class ShardAssembler(Generic[T]):
         if p is None:
             lo = rec.shard * rec.shard_workers
             p = self._open[key] = PendingShard(
-                job=rec.job, window=rec.window, shard=rec.shard, shard_workers=rec.shard_workers, window_start=rec.window_start,
-                window_steps=rec.window_steps, expected_workers=rec.expected_workers, policy=rec.policy, tenant=rec.tenant,
-                partition=handle.partition, opened_at=now, members=range(lo, max(lo, min(lo + rec.shard_workers, rec.expected_workers))),
-            )  # fmt: skip
+                job=rec.job,
+                window=rec.window,
+                shard=rec.shard,
+                shard_workers=rec.shard_workers,
+                window_start=rec.window_start,
+                window_steps=rec.window_steps,
+                expected_workers=rec.expected_workers,
+                policy=rec.policy,
+                tenant=rec.tenant,
+                partition=handle.partition,
+                opened_at=now,
+                members=range(lo, max(lo, min(lo + rec.shard_workers, rec.expected_workers))),
+            )
         rank = rec.worker.rank
         twin = p.records.get(rank)
         if twin is not None:

@@ -136,9 +136,19 @@ def scenario(workers: int) -> Scenario:
     )
 
 
-def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120.0, steps_per_s: float = 1.0,
-             log_dir: Path | None = None, drain_timeout_s: float = 120.0, windows: bool = True,
-             features: Literal["window", "step"] = "window", processors: int = 1, kill: int | None = None) -> LoadResult:  # fmt: skip
+def run_load(
+    settings: Settings,
+    *,
+    workers: int = 1024,
+    duration_s: float = 120.0,
+    steps_per_s: float = 1.0,
+    log_dir: Path | None = None,
+    drain_timeout_s: float = 120.0,
+    windows: bool = True,
+    features: Literal["window", "step"] = "window",
+    processors: int = 1,
+    kill: int | None = None,
+) -> LoadResult:
     """``windows=False``: heartbeats only (the always-on signal's cost).  ``features``: what the fleet sends, one
     ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (before issue 13).
 
@@ -215,18 +225,32 @@ def run_load(settings: Settings, *, workers: int = 1024, duration_s: float = 120
                 scraped.refresh()
                 publisher.poll(0)  # run the delivery reports now: the count is this instant's
                 delivered = dict(publisher.stats.records)
-                samples.append(Sample(
-                    at=time.time() - t0, step=state["step"],
-                    lag_records={t: delivered.get(t, 0) - scraped.sum("lockstep_records_in_total", topic=t) for t in inputs},
-                    lag_seconds={t: scraped.max("lockstep_consumer_lag_seconds", topic=t) for t in inputs},
-                ))  # fmt: skip
+                samples.append(
+                    Sample(
+                        at=time.time() - t0,
+                        step=state["step"],
+                        lag_records={
+                            t: delivered.get(t, 0) - scraped.sum("lockstep_records_in_total", topic=t) for t in inputs
+                        },
+                        lag_seconds={t: scraped.max("lockstep_consumer_lag_seconds", topic=t) for t in inputs},
+                    )
+                )
                 time.sleep(1.0)
 
         sampler = threading.Thread(target=sample, name="load-sampler", daemon=True)
         sampler.start()
         try:
-            live = run_live(fleet, publisher, control, topics, steps_per_s=steps_per_s, max_steps=int(duration_s * steps_per_s),
-                            stop_after_windows=10**9, progress=progress, features=features)  # fmt: skip
+            live = run_live(
+                fleet,
+                publisher,
+                control,
+                topics,
+                steps_per_s=steps_per_s,
+                max_steps=int(duration_s * steps_per_s),
+                stop_after_windows=10**9,
+                progress=progress,
+                features=features,
+            )
             seconds = time.time() - t0
             t_end = time.time()
             done = list(live.windows_done)

@@ -207,8 +207,10 @@ class Agent:
         beats = [record for _, _, record in items if isinstance(record, StepHeartbeat)]
         if not beats:
             return items
-        batches = [(self.topics.heartbeats, heartbeat_key(self.config.job, shard), batch)
-                   for shard, batch in batch_heartbeats(beats, self.config.heartbeat_shard_workers)]  # fmt: skip
+        batches = [
+            (self.topics.heartbeats, heartbeat_key(self.config.job, shard), batch)
+            for shard, batch in batch_heartbeats(beats, self.config.heartbeat_shard_workers)
+        ]
         return batches + [item for item in items if not isinstance(item[2], StepHeartbeat)]
 
     def _take_triggers(self) -> None:
@@ -376,10 +378,17 @@ class Agent:
         record.summarised = outcome.steps
         record.trace_bytes, record.events, record.summarise_s = outcome.trace_bytes, outcome.events, outcome.seconds
         self._windows.append(record)
-        log.info("window %s: %d step(s) summarised, a %d-byte feature record from a %d-byte trace, in %.2fs; sampler %s at %.0f Hz (%.1f%% of a core)",
-                 trigger.window, record.summarised, record.record_bytes, record.trace_bytes, record.summarise_s,
-                 record.sampler.source if record.sampler else "-", record.sampler.hz_achieved if record.sampler else 0,
-                 100 * record.sampler.cpu_share if record.sampler else 0)  # fmt: skip
+        log.info(
+            "window %s: %d step(s) summarised, a %d-byte feature record from a %d-byte trace, in %.2fs; sampler %s at %.0f Hz (%.1f%% of a core)",
+            trigger.window,
+            record.summarised,
+            record.record_bytes,
+            record.trace_bytes,
+            record.summarise_s,
+            record.sampler.source if record.sampler else "-",
+            record.sampler.hz_achieved if record.sampler else 0,
+            100 * record.sampler.cpu_share if record.sampler else 0,
+        )
 
     def _answer(self, req: RawRequest) -> None:
         from .window import answer_raw_request

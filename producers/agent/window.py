@@ -101,11 +101,22 @@ def window_features(
     table = ft.window_table(steps, [ft.conform(s.functions) for s in kept])
     sw = trigger.shard_workers
     return WindowFeatures(
-        job=trigger.job, window=trigger.window, window_start=trigger.start_step, window_steps=trigger.steps,
-        expected_workers=trigger.expected_workers, shard=meta.rank // sw, shard_workers=sw, worker=meta, steps=steps,
-        step_time_us=[float(s.step_time_us) for s in kept], functions=ft.pack_window(table), hardware=hardware,
-        policy=trigger.policy_ref, sent_at=now, tenant=tenant or trigger.tenant,
-    )  # fmt: skip
+        job=trigger.job,
+        window=trigger.window,
+        window_start=trigger.start_step,
+        window_steps=trigger.steps,
+        expected_workers=trigger.expected_workers,
+        shard=meta.rank // sw,
+        shard_workers=sw,
+        worker=meta,
+        steps=steps,
+        step_time_us=[float(s.step_time_us) for s in kept],
+        functions=ft.pack_window(table),
+        hardware=hardware,
+        policy=trigger.policy_ref,
+        sent_at=now,
+        tenant=tenant or trigger.tenant,
+    )
 
 
 @dataclass

@@ -273,8 +273,13 @@ class FleetSimulator:
             if not sim.missing[i]
         ]
 
-    def heartbeat_batches(self, sim: SimulatedStep, sent_at: float | None = None, shard_workers: int = SHARD_WORKERS,
-                          echo: tuple[str, float] | None = None) -> list[HeartbeatBatch]:  # fmt: skip
+    def heartbeat_batches(
+        self,
+        sim: SimulatedStep,
+        sent_at: float | None = None,
+        shard_workers: int = SHARD_WORKERS,
+        echo: tuple[str, float] | None = None,
+    ) -> list[HeartbeatBatch]:
         """The live workers' heartbeats of one step as hosts with a relay send them: one ``HeartbeatBatch`` per host
         and shard (``worker // shard_workers``), ``sent_at`` on each host's own clock; ``echo`` (window, latency):
         every worker echoes the trigger it received."""
@@ -287,11 +292,20 @@ class FleetSimulator:
         out = []
         for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, live.size].tolist()):
             workers = ranks[lo:hi].tolist()
-            out.append(HeartbeatBatch(
-                job=self.scenario.job, tenant=self.scenario.tenant, shard=workers[0] // shard_workers, shard_workers=shard_workers,
-                host=self.meta[int(live[lo])].host, worker=workers, step=[sim.step] * len(workers), step_time_s=times[lo:hi],
-                sent_at=sent[lo:hi], echoes=[Echo(worker=w, window=echo[0], latency_s=echo[1]) for w in workers] if echo else [],
-            ))  # fmt: skip
+            out.append(
+                HeartbeatBatch(
+                    job=self.scenario.job,
+                    tenant=self.scenario.tenant,
+                    shard=workers[0] // shard_workers,
+                    shard_workers=shard_workers,
+                    host=self.meta[int(live[lo])].host,
+                    worker=workers,
+                    step=[sim.step] * len(workers),
+                    step_time_s=times[lo:hi],
+                    sent_at=sent[lo:hi],
+                    echoes=[Echo(worker=w, window=echo[0], latency_s=echo[1]) for w in workers] if echo else [],
+                )
+            )
         return out
 
     def table(self, sim: SimulatedStep) -> tuple[pa.Table, np.ndarray]:

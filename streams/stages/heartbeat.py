@@ -85,15 +85,23 @@ class _Group:
             self.step_time_s.append(hb.step_time_s)
             self.sent_at.append(hb.sent_at)
             self.holder.append(i)
-        echoes = [Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s)] \
-            if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float) else []  # fmt: skip
+        echoes = (
+            [Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s)]
+            if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
+            else []
+        )
         agents = [WorkerCounters(worker=hb.worker, counters=hb.agent)] if hb.agent else []
         if final or echoes or agents:
             self.news[i] = (int(final), echoes, agents)
 
     def rows(self) -> Rows:
-        return Rows(np.asarray(self.worker, dtype=np.int64), np.asarray(self.step, dtype=np.int64), np.asarray(self.step_time_s, dtype=np.float64),
-                    np.asarray(self.sent_at, dtype=np.float64), np.asarray(self.holder, dtype=np.int64))  # fmt: skip
+        return Rows(
+            np.asarray(self.worker, dtype=np.int64),
+            np.asarray(self.step, dtype=np.int64),
+            np.asarray(self.step_time_s, dtype=np.float64),
+            np.asarray(self.sent_at, dtype=np.float64),
+            np.asarray(self.holder, dtype=np.int64),
+        )
 
 
 class HeartbeatStage(HoldingStage):

@@ -115,8 +115,14 @@ def step_slices(
     errors = []
     for i in np.flatnonzero(bad):
         mine = owner == i
-        err = RecordError("bad_function_table", "window table has rows of steps the record does not declare") if stray[i] else (
-            ft.refusal(t.filter(pa.array(mine)), step[mine]) or RecordError("bad_function_table", "window table refused"))  # fmt: skip
+        err = (
+            RecordError("bad_function_table", "window table has rows of steps the record does not declare")
+            if stray[i]
+            else (
+                ft.refusal(t.filter(pa.array(mine)), step[mine])
+                or RecordError("bad_function_table", "window table refused")
+            )
+        )
         errors.append((entries[i][3], err))
     # the members' good records: metadata once, then each step's workers and rows
     good = ~bad[:live]
@@ -136,11 +142,24 @@ def step_slices(
     for s in range(n_steps):  # one slice per step of the window: a handful per shard
         who = np.flatnonzero(good & ~np.isnan(declared[:, s]))
         counts = np.bincount(owner[order[bounds[s] : bounds[s + 1]]], minlength=live)[who]
-        workers = pa.table({**{k: v[who] for k, v in meta.items()}, "step_time_us": declared[who, s], "rows": counts.astype(np.int32)},
-                           schema=WORKER_SCHEMA)  # fmt: skip
-        base = StepSlice(job=p.job, window=p.window, step=ws + s, window_start=ws, window_steps=n_steps, expected_workers=p.expected_workers,
-                         shard=p.shard, missing=np.setdiff1d(members, meta["rank"][who]).tolist(), workers=b"", functions=b"",
-                         policy=p.policy, tenant=p.tenant)  # fmt: skip
+        workers = pa.table(
+            {**{k: v[who] for k, v in meta.items()}, "step_time_us": declared[who, s], "rows": counts.astype(np.int32)},
+            schema=WORKER_SCHEMA,
+        )
+        base = StepSlice(
+            job=p.job,
+            window=p.window,
+            step=ws + s,
+            window_start=ws,
+            window_steps=n_steps,
+            expected_workers=p.expected_workers,
+            shard=p.shard,
+            missing=np.setdiff1d(members, meta["rank"][who]).tolist(),
+            workers=b"",
+            functions=b"",
+            policy=p.policy,
+            tenant=p.tenant,
+        )
         functions = rows.slice(int(bounds[s]), int(bounds[s + 1] - bounds[s]))
         out.extend((ws + s, v) for v in _encoded(base, workers, functions, per_step_bytes[who]))
     return out, errors
@@ -166,5 +185,11 @@ def _encoded(base: StepSlice, workers: pa.Table, functions: pa.Table, sizes: np.
 
 def _with(base: StepSlice, workers: pa.Table, functions: pa.Table, sizes: np.ndarray) -> StepSlice:
     packed, size = ft.pack_lz4(functions)
-    return msgspec.structs.replace(base, workers=ft.pack(workers), functions=packed, functions_codec="lz4", functions_size=size,
-                                   bytes_in=int(sizes.sum()))  # fmt: skip
+    return msgspec.structs.replace(
+        base,
+        workers=ft.pack(workers),
+        functions=packed,
+        functions_codec="lz4",
+        functions_size=size,
+        bytes_in=int(sizes.sum()),
+    )

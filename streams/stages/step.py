@@ -71,10 +71,18 @@ class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
             diagnosis = self.policies.for_ref(p.policy).diagnosis
             frame, refused = step_frame(p, diagnosis.peer_group_keys)
             if frame is not None:
-                report = encode(step_report(
-                    analyze_step(frame, diagnosis), window_start=p.window_start, window_steps=p.window_steps,
-                    expected_workers=p.expected_workers, bytes_in=p.bytes_in, policy=p.policy, tenant=p.tenant, closed=closed.reason,
-                ))  # fmt: skip
+                report = encode(
+                    step_report(
+                        analyze_step(frame, diagnosis),
+                        window_start=p.window_start,
+                        window_steps=p.window_steps,
+                        expected_workers=p.expected_workers,
+                        bytes_in=p.bytes_in,
+                        policy=p.policy,
+                        tenant=p.tenant,
+                        closed=closed.reason,
+                    )
+                )
         except Exception as exc:
             await self.failed([h.item for h in p.handles], exc)
             await self.release(p.handles)
@@ -124,8 +132,17 @@ def step_frame(
     if good:
         recs = [b for b, _, _ in good]
         meta = worker_columns([b.worker for b in recs], peer_keys)
-        parts_w.append(pa.table({**meta, "step_time_us": [b.step_time_us for b in recs], "hardware": [b.hardware != "none" for b in recs],
-                                 "rows": [t.num_rows for _, t, _ in good]}, schema=WORKER_SCHEMA))  # fmt: skip
+        parts_w.append(
+            pa.table(
+                {
+                    **meta,
+                    "step_time_us": [b.step_time_us for b in recs],
+                    "hardware": [b.hardware != "none" for b in recs],
+                    "rows": [t.num_rows for _, t, _ in good],
+                },
+                schema=WORKER_SCHEMA,
+            )
+        )
         parts_f.append(ft.compact(pa.concat_tables([t for _, t, _ in good]).combine_chunks()))
     if p.slices:
         slices = sorted(

@@ -56,7 +56,7 @@ from lockstep.schemas.records import (
     WindowTimeout,
     decode,
     encode,
-)  # fmt: skip
+)
 from lockstep.sinks.sink import query
 from lockstep.streams.app import changelog_topics
 from lockstep.streams.diagnosis import StepFrame, analyze_step, step_report, step_result
@@ -129,9 +129,16 @@ VALID = {
         closed_at=time.time(),
     ),
     "control": FLEET.trigger(WINDOW, created_at=time.time()),
-}  # fmt: skip
-STAGE = {"heartbeats": "heartbeats", "features": "steps", "windowfeatures": "shards", "stepreports": "windows", "findings": "sink", "windows": "sink",
-         "control": "sink"}  # fmt: skip
+}
+STAGE = {
+    "heartbeats": "heartbeats",
+    "features": "steps",
+    "windowfeatures": "shards",
+    "stepreports": "windows",
+    "findings": "sink",
+    "windows": "sink",
+    "control": "sink",
+}
 
 
 def _finding() -> Finding:
@@ -281,16 +288,22 @@ def wrong_version(draw) -> bytes:
 @st.composite
 def bad_record(draw) -> tuple[str, bytes]:
     kind = draw(KINDS)
-    payload = draw(st.one_of(
-        st.binary(max_size=64),  # garbage
-        st.from_type(bool).map(lambda _: b"{").flatmap(lambda p: st.text(max_size=40).map(lambda s: p + s.encode())),  # broken JSON
-        st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=4).map(msgspec.json.encode),  # objects without a record header
-        wrong_version(),
-        st.sampled_from([encode(r) for r in VALID.values()]),  # a valid record, on a topic that may not carry it
-        field_mutation(kind),
-        table_mutation(kind) if kind in ("features", "windowfeatures") else field_mutation(kind),
-        truncated_arrow() if kind == "features" else wrong_version(),
-    ))  # fmt: skip
+    payload = draw(
+        st.one_of(
+            st.binary(max_size=64),  # garbage
+            st.from_type(bool)
+            .map(lambda _: b"{")
+            .flatmap(lambda p: st.text(max_size=40).map(lambda s: p + s.encode())),  # broken JSON
+            st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=4).map(
+                msgspec.json.encode
+            ),  # objects without a record header
+            wrong_version(),
+            st.sampled_from([encode(r) for r in VALID.values()]),  # a valid record, on a topic that may not carry it
+            field_mutation(kind),
+            table_mutation(kind) if kind in ("features", "windowfeatures") else field_mutation(kind),
+            truncated_arrow() if kind == "features" else wrong_version(),
+        )
+    )
     return kind, payload
 
 
@@ -428,8 +441,12 @@ def _window_table(w: WindowFeatures, job: str, **columns) -> bytes:
 def _slice() -> StepSlice:
     """A good StepSlice (what the shard stage sends into the features topic), for cases against the step stage."""
     shards: ShardAssembler = ShardAssembler(60.0)
-    closed = [shards.add(msgspec.structs.replace(w, job="slice-job"), ft.read_compact(w.functions), 1, Handle(0, i, None), 0.0)[0]
-              for i, w in enumerate(WINDOW_FEATURES)]  # fmt: skip
+    closed = [
+        shards.add(
+            msgspec.structs.replace(w, job="slice-job"), ft.read_compact(w.functions), 1, Handle(0, i, None), 0.0
+        )[0]
+        for i, w in enumerate(WINDOW_FEATURES)
+    ]
     shard = closed[-1]  # the last member's record completes the shard
     assert shard is not None and shard.reason == "complete"
     return decode(step_slices(shard.pending, POLICY.diagnosis.peer_group_keys)[0][0][1], StepSlice)
@@ -574,8 +591,16 @@ def test_absurd_values_become_dead_letters_and_good_input_still_flows(rig):
     # both processes still work: a good window is diagnosed and stored, its findings once; so is the same window
     # of another job from WindowFeatures
     rig.send([("features", features_key(SCENARIO.job, s), encode(b)) for s in WINDOW.range for b in BATCHES[s]])
-    rig.send([("windowfeatures", window_features_key("good-job-w", w.window, w.shard), encode(msgspec.structs.replace(w, job="good-job-w")))
-              for w in WINDOW_FEATURES])  # fmt: skip
+    rig.send(
+        [
+            (
+                "windowfeatures",
+                window_features_key("good-job-w", w.window, w.shard),
+                encode(msgspec.structs.replace(w, job="good-job-w")),
+            )
+            for w in WINDOW_FEATURES
+        ]
+    )
     rows = until_rows(rig.settings, "SELECT workers, cause FROM findings WHERE job = 'good-job'")
     assert rows == [[[3], "gpu_slow"]]
     assert until_rows(rig.settings, "SELECT workers, cause FROM findings WHERE job = 'good-job-w'") == [

@@ -22,16 +22,18 @@ def record(parts: int) -> pa.Table:
     """One record's compact rows: ``parts`` parts (steps, workers) of the four functions each."""
     n = parts * len(FUNCTIONS)
     return ft.complete(
-        pa.table({
-            "function": pa.array(FUNCTIONS * parts).dictionary_encode(),
-            "kind": pa.array(KINDS * parts).dictionary_encode(),
-            "resource": pa.array([ft.default_resource(k) for k in KINDS] * parts).dictionary_encode(),
-            "calls": pa.array(np.full(n, 2, dtype=np.int32)),
-            "total_us": pa.array(np.full(n, 100.0, dtype=np.float32)),
-            "critical_us": pa.array(np.full(n, 90.0, dtype=np.float32)),
-            "wait_us": pa.array(np.full(n, np.nan, dtype=np.float32)),
-        })
-    )  # fmt: skip
+        pa.table(
+            {
+                "function": pa.array(FUNCTIONS * parts).dictionary_encode(),
+                "kind": pa.array(KINDS * parts).dictionary_encode(),
+                "resource": pa.array([ft.default_resource(k) for k in KINDS] * parts).dictionary_encode(),
+                "calls": pa.array(np.full(n, 2, dtype=np.int32)),
+                "total_us": pa.array(np.full(n, 100.0, dtype=np.float32)),
+                "critical_us": pa.array(np.full(n, 90.0, dtype=np.float32)),
+                "wait_us": pa.array(np.full(n, np.nan, dtype=np.float32)),
+            }
+        )
+    )
 
 
 def spoil(t: pa.Table, column: str, row: int, v) -> pa.Table:
@@ -46,10 +48,17 @@ def spoil(t: pa.Table, column: str, row: int, v) -> pa.Table:
 
 @settings(max_examples=examples(80), deadline=None)
 @given(
-    spoilt=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["total_us", "critical_us", "wait_us", "calls", "kind", "resource", "function"]),
-                              st.integers(0, 11), st.sampled_from([-1.0, math.inf, math.nan, None, "quantum", "fwd.gemm", 7])), max_size=4),
+    spoilt=st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.sampled_from(["total_us", "critical_us", "wait_us", "calls", "kind", "resource", "function"]),
+            st.integers(0, 11),
+            st.sampled_from([-1.0, math.inf, math.nan, None, "quantum", "fwd.gemm", 7]),
+        ),
+        max_size=4,
+    ),
     shuffled=st.booleans(),
-)  # fmt: skip
+)
 def test_the_many_records_check_refuses_exactly_the_records_a_part_by_part_check_refuses(spoilt, shuffled):
     """Six records of three parts each (a function once per part), some spoilt: absurd values, unknown kinds, a name
     twice in a part.  Rows in record order (the stages' case, counted without a sort) or shuffled (sorted)."""

@@ -46,15 +46,28 @@ def _processor_frame(fleet, st, keys, trigger, kind):
 def test_one_table_per_step_gives_the_processors_step_analysis():
     """evaluate renders all workers as one Arrow table; the processor concatenates one table per worker (agents'
     FeatureBatches), or a few shards' slices of many workers (their WindowFeatures): the same analysis."""
-    fleet = FleetSimulator(Scenario(job="j", topology=Topology(workers=64, pp=2, tp=2), faults=(Fault(type="missing_worker", workers=(7,)),
-                                    Fault(type="gpu_slow", workers=(40,), severity=0.3))))  # fmt: skip
+    fleet = FleetSimulator(
+        Scenario(
+            job="j",
+            topology=Topology(workers=64, pp=2, tp=2),
+            faults=(Fault(type="missing_worker", workers=(7,)), Fault(type="gpu_slow", workers=(40,), severity=0.3)),
+        )
+    )
     policy = Policy()
     keys = policy.diagnosis.peer_group_keys
     st = fleet.step(61)
     trigger = msgspec.structs.replace(fleet.trigger(), shard_workers=24)
     batches = fleet.feature_batches(st, trigger)
-    one_by_one = StepFrame.from_tables("j", "w60", 61, [b.worker for b in batches], [b.step_time_us for b in batches],
-                                       [ft.unpack(b.functions) for b in batches], keys, [b.hardware for b in batches])  # fmt: skip
+    one_by_one = StepFrame.from_tables(
+        "j",
+        "w60",
+        61,
+        [b.worker for b in batches],
+        [b.step_time_us for b in batches],
+        [ft.unpack(b.functions) for b in batches],
+        keys,
+        [b.hardware for b in batches],
+    )
     fast = _Renderer(fleet, keys).frame(st, "w60")
     b = analyze_step(fast, policy.diagnosis)
     for frame in (

@@ -47,8 +47,17 @@ def test_samples_move_onto_the_traces_clock():
 
 
 def test_one_record_with_every_step_of_the_window():
-    trig = ProfileTrigger(job="j", window="w", start_step=5, steps=2, expected_workers=4, sampling=Sampling(), policy="p", policy_hash="h",
-                          shard_workers=2)  # fmt: skip
+    trig = ProfileTrigger(
+        job="j",
+        window="w",
+        start_step=5,
+        steps=2,
+        expected_workers=4,
+        sampling=Sampling(),
+        policy="p",
+        policy_hash="h",
+        shard_workers=2,
+    )
     meta = WorkerMeta(rank=3, host="h1")
     summaries = [
         Summary(4, table(["a"])),

@@ -54,10 +54,22 @@ class Pair:
         self.clock = Clock()
         self.out = out or MemoryOutput(partitions, deliver)
         self.tables = tables or Tables()
-        self.proc = Processor(policy or Policy(), TOPICS, self.out, self.tables, step_timeout_s=step_timeout_s,
-                              window_timeout_s=window_timeout_s, clock=self.clock)  # fmt: skip
-        self.stage_of = {TOPICS.heartbeats: self.proc.heartbeats, TOPICS.partials: self.proc.detect, TOPICS.windowfeatures: self.proc.shards, TOPICS.features: self.proc.steps,
-                         TOPICS.stepreports: self.proc.windows}  # fmt: skip
+        self.proc = Processor(
+            policy or Policy(),
+            TOPICS,
+            self.out,
+            self.tables,
+            step_timeout_s=step_timeout_s,
+            window_timeout_s=window_timeout_s,
+            clock=self.clock,
+        )
+        self.stage_of = {
+            TOPICS.heartbeats: self.proc.heartbeats,
+            TOPICS.partials: self.proc.detect,
+            TOPICS.windowfeatures: self.proc.shards,
+            TOPICS.features: self.proc.steps,
+            TOPICS.stepreports: self.proc.windows,
+        }
         self._pumped = 0
 
     def produce(self, topic: str, key: str, record: Record | bytes) -> RecordIn:
