@@ -160,6 +160,9 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     agent: AgentCounters | msgspec.UnsetType = (
         msgspec.UNSET
     )  # the agent's counters, on the first heartbeat after one changed
+    # workers in the job as the agent knows it (torch.distributed, WORLD_SIZE): the job's membership, which steps and
+    # windows are counted against; on the agent's first heartbeats and every so often (absent: unknown)
+    world_size: Count | msgspec.UnsetType = msgspec.UNSET
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
@@ -215,6 +218,7 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
     final: list[NonNegInt] = []  # row numbers
     echoes: list[Echo] = []
     agents: list[WorkerCounters] = []
+    world_size: Count = 0  # workers in the job as its agents know it (0: unknown): the job's membership
 
     def validate(self) -> None:
         n = len(self.worker)
@@ -245,6 +249,8 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
                 extra.update(trigger_window=e.window, trigger_latency_s=e.latency_s)
             if (c := agent.pop(w, None)) is not None:
                 extra["agent"] = c
+            if self.world_size:
+                extra["world_size"] = self.world_size
             out.append(
                 StepHeartbeat(
                     job=self.job,
@@ -292,13 +298,15 @@ def batch_heartbeats(beats: list[StepHeartbeat], shard_workers: int) -> list[tup
                         for hb in hbs
                         if isinstance(hb.agent, AgentCounters)
                     ],
+                    world_size=max((hb.world_size for hb in hbs if isinstance(hb.world_size, int)), default=0),
                 ),
             )
         )
     return out
 
 
-#: why a shard sent its partial: every worker; a later step; waited too long; news only (echoes, counters)
+#: why a shard sent its partial: every worker it expects; (before issue 20: a later step); waited as long as the
+#: processor's lateness bound allows; news only (echoes, counters)
 PartialClosed = Literal["complete", "later", "timeout", "news"]
 
 
@@ -334,6 +342,11 @@ class StepPartial(_Record, tag="StepPartial", kw_only=True):
     agents: AgentCounters | None = None  # the shard's agents' counters, summed, when one changed
     closed: PartialClosed = "complete"
     at: Timestamp = 0.0
+    # added with issue 20: the shard's membership when the partial was made (the workers it waited for: seen
+    # lately or named by the job's world size, less those that ended; 0: a processor before issue 20) ...
+    members: Count = 0
+    # ... and the job's world size as the shard's agents report it (0: unknown)
+    world_size: Count = 0
 
     def validate(self) -> None:
         if self.workers and not (self.step <= self.highest):

@@ -6,11 +6,19 @@ it got to one :class:`~lockstep.schemas.records.StepPartial` (workers reported, 
 ``sent_at``, the workers behind the step): the detector combines a step's partials, a few per step instead of
 one record per worker.  ``StepHeartbeat`` records (key ``job``) are shard -1 of their partition.
 
-A shard's step is sent when its workers all reported (as many as in its recent steps), when a step two later has
-started, or, with nothing later (a hang, the job's end), ``timeout`` after its first heartbeat.  The input
-records that fed an open step are held (:class:`Held`) until its partial is out: the stage acknowledges them then,
-in offset order, so a replay after a crash rebuilds what was open.  Decoding and aggregating are per batch: numpy
-over the batch's columns, a Python loop only over the (few) shards and steps in it.
+A shard's step is sent when every worker the shard expects reported it (``complete``), or once it has waited as long
+as the processor's lateness bound allows (``timeout``: ``lateness_s`` on the processor's clock since its first
+heartbeat, three step intervals on a slow job, or ``lateness_steps`` behind the shard's newest step): never merely
+because a later step of another worker came first.  Agents send their heartbeats in batches, one per flush, and the
+batches of different hosts arrive in any order, a few flush intervals apart; a step closed on a later step would
+count the heartbeats of every worker whose batch came second as late.  The workers a shard expects are its
+membership: the workers it has heard from, and the members the job's world size names (agents report it), less
+those that sent their final heartbeat and those ``lateness_steps`` behind the shard's newest step (gone: not waited
+for).  The partial carries that membership (``members``) and the world size, which the detector counts a step's
+and a window's workers against.  The input records that fed an open step are held (:class:`Held`) until its
+partial is out: the stage acknowledges them then, in offset order, so a replay after a crash rebuilds what was
+open.  Decoding and aggregating are per batch: numpy over the batch's columns, a Python loop only over the (few)
+shards and steps in it.
 """
 
 from __future__ import annotations
@@ -30,8 +38,14 @@ T = TypeVar("T")
 
 #: (job, shard, heartbeats partition): who makes a shard's partials (one owner per partition at a time)
 ShardKey = tuple[str, int, int]
-#: steps a shard remembers having sent (a heartbeat for one of them is late)
+#: steps a shard remembers having sent (a heartbeat for one of them is late), beyond the lateness bound in steps
 DONE_MEMORY = 256
+#: the default lateness bound: a step waits this long (processor clock) for its missing workers ...
+LATENESS_S = 2.0
+#: ... or until the shard is this many steps past it; a worker this far behind is no longer waited for
+LATENESS_STEPS = 256
+#: the members a world size names are added to a shard up to this many (a larger shard is learnt from heartbeats)
+MAX_NAMED_MEMBERS = 65_536
 #: a shard silent this long is forgotten
 FORGET_AFTER_S = 3600.0
 _I8 = np.int64
@@ -95,8 +109,11 @@ class _Shard:
     def __init__(self, key: ShardKey, tenant: str):
         self.key = key
         self.tenant = tenant
-        self.ranks = np.empty(0, dtype=_I8)  # workers seen, ascending
-        self.last = np.empty(0, dtype=_I8)  # ... and the highest step each reported
+        self.ranks = np.empty(0, dtype=_I8)  # members (workers seen or named by the world size), ascending
+        self.last = np.empty(0, dtype=_I8)  # ... the highest step each reported (-1: none) ...
+        self.since = np.empty(0, dtype=_I8)  # ... the shard's highest step when it became a member ...
+        self.ended = np.empty(0, dtype=bool)  # ... and whether it sent its final heartbeat
+        self.world = 0  # the job's world size as the shard's agents report it (0: unknown)
         self.open: dict[int, _Open] = {}
         self.news_holders: list[Held] = []
         self.final = 0
@@ -111,7 +128,7 @@ class _Shard:
         self.last[:] = -1
         self.done = np.empty(0, dtype=_I8)  # steps sent lately
         self.done_max = -1
-        self.counts: deque[int] = deque(maxlen=16)  # workers of recent steps
+        self.since[:] = -1
         self.highest = -1
         self.newest_sent_at = 0.0
         self.pace: deque[tuple[int, float]] = deque(maxlen=16)  # (step, the clock worker's sent_at)
@@ -129,12 +146,20 @@ class _Shard:
         moved = np.searchsorted(ranks, self.ranks)
         last = np.full(ranks.size, -1, dtype=_I8)
         last[moved] = self.last
+        since = np.full(ranks.size, max(self.highest, 0), dtype=_I8)
+        since[moved] = self.since
+        ended = np.zeros(ranks.size, dtype=bool)
+        ended[moved] = self.ended
         for op in self.open.values():
             seen = np.zeros(ranks.size, dtype=bool)
             seen[moved] = op.seen
             op.seen = seen
-        self.ranks, self.last = ranks, last
+        self.ranks, self.last, self.since, self.ended = ranks, last, since, ended
         return np.searchsorted(ranks, workers)
+
+    def expected(self, lateness_steps: int) -> np.ndarray:
+        """The members a step waits for: not ended, and not ``lateness_steps`` behind the shard's newest step."""
+        return ~self.ended & (np.maximum(self.last, self.since) >= self.highest - lateness_steps)
 
     def interval_s(self) -> float:
         """Seconds per step on the clock worker's own clock; NaN while unknown."""
@@ -148,9 +173,13 @@ class _Shard:
 class HeartbeatShards(Generic[T]):
     """Per shard and step: heartbeats in, :class:`StepPartial` out, and the held records each partial releases."""
 
-    def __init__(self, timeout_min_s: float = 1.0, timeout_steps: float = 3.0):
-        self.timeout_min_s = timeout_min_s
-        self.timeout_steps = timeout_steps
+    def __init__(
+        self, lateness_s: float = LATENESS_S, lateness_steps: int = LATENESS_STEPS, timeout_steps: float = 3.0
+    ):
+        self.lateness_s = lateness_s  # a step waits this long for its missing workers (processor clock) ...
+        self.lateness_steps = lateness_steps  # ... or until the shard is this many steps past it
+        self.timeout_steps = timeout_steps  # ... or, on a slow job, this many of its step intervals
+        self.memory = max(DONE_MEMORY, lateness_steps)  # steps sent that a shard remembers
         self.shards: dict[ShardKey, _Shard] = {}
         self.late = 0  # heartbeats of steps already sent
         self.heartbeats = 0
@@ -190,12 +219,29 @@ class HeartbeatShards(Generic[T]):
         )
 
     def add(
-        self, key: ShardKey, tenant: str, rows: Rows, holders: list[Held[T]], now: float
+        self,
+        key: ShardKey,
+        tenant: str,
+        rows: Rows,
+        holders: list[Held[T]],
+        now: float,
+        world_size: int = 0,
+        shard_workers: int = 0,
     ) -> list[tuple[StepPartial, list[T]]]:
-        """A batch's rows of one shard; returns what a restart of the job from a checkpoint sent (the old run's steps)."""
+        """A batch's rows of one shard; returns what a restart of the job from a checkpoint sent (the old run's steps).
+
+        ``world_size`` (0: not reported): the job's workers as the agents know them; with ``shard_workers`` (0: the
+        shard holds every worker, as ``StepHeartbeat`` records' shard does) it names the shard's members, which its
+        steps wait for before any of them reported."""
         sh = self._shard(key, tenant)
         sh.last_seen_at = now
         out: list[tuple[StepPartial, list[T]]] = []
+        if world_size > sh.world:
+            sh.world = world_size
+            lo = max(key[1], 0) * shard_workers if shard_workers else 0
+            hi = min(lo + shard_workers, world_size) if shard_workers else world_size
+            if 0 < hi - lo <= MAX_NAMED_MEMBERS:
+                sh.index(np.arange(lo, hi, dtype=_I8))
         if not len(rows):
             return out
         self.heartbeats += len(rows)
@@ -208,11 +254,13 @@ class HeartbeatShards(Generic[T]):
                 keep = rows.step < before  # what is not of the new run is a straggler of the old one
                 self.late += int((~keep).sum())
                 rows = rows.where(keep)
+                sh.since[:] = int(rows.step.min())  # every member is waited for again from the new run's start
         idx = sh.index(rows.worker)
         np.maximum.at(sh.last, idx, rows.step)
+        sh.ended[idx] = False  # a worker that reports steps again did not end
         sh.newest_sent_at = max(sh.newest_sent_at, float(rows.sent_at.max()))
         sh.highest = max(sh.highest, int(rows.step.max()))
-        live = ~np.isin(rows.step, sh.done) & (rows.step > sh.done_max - DONE_MEMORY)
+        live = ~np.isin(rows.step, sh.done) & (rows.step > sh.done_max - self.memory)
         self.late += int(live.size - np.count_nonzero(live))
         steps = rows.step[live]
         for step in np.unique(steps).tolist():
@@ -247,12 +295,15 @@ class HeartbeatShards(Generic[T]):
         final: int = 0,
         echoes: Iterable[Echo] = (),
         agents: Iterable[WorkerCounters] = (),
+        ended: Collection[int] = (),
     ) -> None:
         """What is rare, from one record: final heartbeats, trigger echoes, agent counters.  It goes out with the shard's
         next partial (a final heartbeat only once none of the shard's steps is open: the detector sees the steps
-        first); the record is held until then."""
+        first); the record is held until then.  ``ended``: the workers of those final heartbeats, no longer waited for."""
         sh = self._shard(key, tenant)
         sh.final += final
+        if ended:
+            sh.ended[sh.index(np.unique(np.asarray(list(ended), dtype=_I8)))] = True
         for e in echoes:
             seen = sh.echoes.get(e.window)
             if seen is None or e.latency_s > seen.latency_s:
@@ -267,44 +318,46 @@ class HeartbeatShards(Generic[T]):
     # ------------------------------------------------------------------ out
 
     def ready(self, keys: Iterable[ShardKey], now: float) -> list[tuple[StepPartial, list[T]]]:
-        """The partials the shards ``keys`` can send now: complete steps (in order), and news."""
-        out = []
+        """The partials the shards ``keys`` can send now: steps every expected worker reported, or that waited as long
+        as the lateness bound allows (in step order), and news."""
+        out: list[tuple[StepPartial, list[T]]] = []
         for key in keys:
             sh = self.shards.get(key)
-            if sh is None:
-                continue
-            for step in sorted(sh.open):
-                op = sh.open[step]
-                expected = max(sh.counts, default=0)  # a step just sent may have taught it
-                if expected and op.n >= expected:
-                    out.append(self._emit(sh, step, "complete", now))
-                elif step <= sh.highest - 2:
-                    out.append(self._emit(sh, step, "later", now))
-                else:
-                    break
-            if sh.news and not sh.open:
-                out.append(self._emit(sh, None, "news", now))
+            if sh is not None:
+                out += self._due(sh, now)
         return out
 
     def expire(self, now: float) -> list[tuple[StepPartial, list[T]]]:
-        """Steps that waited ``timeout`` for their last workers go out without them (a hang: the detector hears which
-        workers are behind); shards silent for an hour are forgotten."""
+        """Steps that waited the lateness bound for their last workers go out without them (a hang: the detector hears
+        which workers are behind); shards silent for an hour are forgotten."""
         out = []
         for key, sh in list(self.shards.items()):
-            interval = sh.interval_s()
-            timeout = (
-                max(self.timeout_min_s, self.timeout_steps * interval)
-                if math.isfinite(interval)
-                else self.timeout_min_s
-            )
-            for step in sorted(sh.open):
-                if now - sh.open[step].opened_at < timeout:
-                    break
-                out.append(self._emit(sh, step, "timeout", now))
-            if sh.news and not sh.open:
-                out.append(self._emit(sh, None, "news", now))
+            out += self._due(sh, now)
             if not sh.open and not sh.news and now - sh.last_seen_at > FORGET_AFTER_S:
                 del self.shards[key]
+        return out
+
+    def wait_s(self, sh: _Shard) -> float:
+        """How long a step of the shard waits for its missing workers: ``lateness_s``, or on a slow job
+        ``timeout_steps`` of its step intervals."""
+        interval = sh.interval_s()
+        return max(self.lateness_s, self.timeout_steps * interval) if math.isfinite(interval) else self.lateness_s
+
+    def _due(self, sh: _Shard, now: float) -> list[tuple[StepPartial, list[T]]]:
+        out = []
+        if sh.open:
+            expected = sh.expected(self.lateness_steps)
+            wait = self.wait_s(sh)
+            for step in sorted(sh.open):
+                op = sh.open[step]
+                if (op.seen | ~expected).all():
+                    out.append(self._emit(sh, step, "complete", now, expected))
+                elif now - op.opened_at >= wait or step <= sh.highest - self.lateness_steps:
+                    out.append(self._emit(sh, step, "timeout", now, expected))
+                else:
+                    break
+        if sh.news and not sh.open:
+            out.append(self._emit(sh, None, "news", now))
         return out
 
     def drop(self, partitions: Collection[int]) -> None:
@@ -312,9 +365,14 @@ class HeartbeatShards(Generic[T]):
         for key in [k for k in self.shards if k[2] in partitions]:
             del self.shards[key]
 
-    def _emit(self, sh: _Shard, step: int | None, closed: PartialClosed, now: float) -> tuple[StepPartial, list[T]]:
+    def _emit(
+        self, sh: _Shard, step: int | None, closed: PartialClosed, now: float, expected: np.ndarray | None = None
+    ) -> tuple[StepPartial, list[T]]:
         job, shard, partition = sh.key
         release: list[Held[T]] = []
+        if expected is None:
+            expected = sh.expected(self.lateness_steps)
+        members = int(np.count_nonzero(expected))
         if step is None:  # news only
             p = StepPartial(
                 job=job,
@@ -327,15 +385,16 @@ class HeartbeatShards(Generic[T]):
                 highest=max(sh.highest, 0),
                 closed="news",
                 at=now,
+                members=members,
+                world_size=sh.world,
             )
         else:
             op = sh.open.pop(step)
-            sh.counts.append(op.n)
-            behind = sh.ranks[sh.last < step]
+            behind = sh.ranks[(sh.last < step) & ~sh.ended]
             clock = op.lowest[0] == sh.ranks[0]
             if clock:
                 sh.pace.append((step, op.lowest[1]))
-            sh.done = np.sort(np.append(sh.done, step))[-DONE_MEMORY:]
+            sh.done = np.sort(np.append(sh.done, step))[-self.memory :]
             sh.done_max = max(sh.done_max, step)
             times = np.concatenate(op.times) if op.times else np.zeros(1)
             p = StepPartial(
@@ -356,6 +415,8 @@ class HeartbeatShards(Generic[T]):
                 missing_total=int(behind.size),
                 closed=closed,
                 at=now,
+                members=max(members, op.n),
+                world_size=sh.world,
             )
             release = op.holders
         if sh.echoes or sh.agents_changed:

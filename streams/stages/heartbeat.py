@@ -33,7 +33,7 @@ from ...schemas.records import (
     WorkerCounters,
     decode,
 )
-from ..heartbeats import HeartbeatShards, Held, Rows, ShardKey
+from ..heartbeats import LATENESS_S, LATENESS_STEPS, HeartbeatShards, Held, Rows, ShardKey
 from ..windows import Handle
 from .base import Clock, HoldingStage, Output, Partition, RecordIn
 
@@ -44,10 +44,23 @@ RECORDS_SHARD = -1
 class _Group:
     """One shard's rows and news in one batch."""
 
-    __slots__ = ("helds", "holder", "news", "sent_at", "step", "step_time_s", "tenant", "worker")
+    __slots__ = (
+        "helds",
+        "holder",
+        "news",
+        "sent_at",
+        "shard_workers",
+        "step",
+        "step_time_s",
+        "tenant",
+        "worker",
+        "world_size",
+    )
 
     def __init__(self, tenant: str):
         self.tenant = tenant
+        self.world_size = 0  # the largest the records reported (0: none did)
+        self.shard_workers = 0  # of the HeartbeatBatch records (0: StepHeartbeat records, one shard of every worker)
         self.worker: list[int] = []
         self.step: list[int] = []
         self.step_time_s: list[float] = []
@@ -55,13 +68,16 @@ class _Group:
         self.holder: list[int] = []
         self.helds: list[Held[Handle[RecordIn]]] = []
         self.news: dict[
-            int, tuple[int, list[Echo], list[WorkerCounters]]
-        ] = {}  # held -> (final heartbeats, echoes, counters)
+            int, tuple[list[int], list[Echo], list[WorkerCounters]]
+        ] = {}  # held -> (workers of final heartbeats, echoes, counters)
 
     def batch(self, rec: HeartbeatBatch, held: Held[Handle[RecordIn]]) -> None:
         i = len(self.helds)
         self.helds.append(held)
+        self.world_size = max(self.world_size, rec.world_size)
+        self.shard_workers = rec.shard_workers
         worker, step, step_time_s, sent_at = rec.worker, rec.step, rec.step_time_s, rec.sent_at
+        ended = [worker[j] for j in rec.final]
         if rec.final:  # a worker's last heartbeat says it shuts down: news, not a step
             final = set(rec.final)
             keep = [j for j in range(len(worker)) if j not in final]
@@ -73,11 +89,13 @@ class _Group:
         self.sent_at += sent_at
         self.holder += [i] * len(worker)
         if rec.final or rec.echoes or rec.agents:
-            self.news[i] = (len(rec.final), rec.echoes, rec.agents)
+            self.news[i] = (ended, rec.echoes, rec.agents)
 
     def beat(self, hb: StepHeartbeat, held: Held[Handle[RecordIn]]) -> None:
         i = len(self.helds)
         self.helds.append(held)
+        if isinstance(hb.world_size, int):
+            self.world_size = max(self.world_size, hb.world_size)
         final = hb.final is True
         if not final:
             self.worker.append(hb.worker)
@@ -92,7 +110,7 @@ class _Group:
         )
         agents = [WorkerCounters(worker=hb.worker, counters=hb.agent)] if hb.agent else []
         if final or echoes or agents:
-            self.news[i] = (int(final), echoes, agents)
+            self.news[i] = ([hb.worker] if final else [], echoes, agents)
 
     def rows(self) -> Rows:
         return Rows(
@@ -110,10 +128,16 @@ class HeartbeatStage(HoldingStage):
     name = "heartbeats"
 
     def __init__(
-        self, topics: Topics, out: Output, metrics: Metrics, clock: Clock = time.time, timeout_min_s: float = 1.0
+        self,
+        topics: Topics,
+        out: Output,
+        metrics: Metrics,
+        clock: Clock = time.time,
+        lateness_s: float = LATENESS_S,
+        lateness_steps: int = LATENESS_STEPS,
     ):
         super().__init__(topics, out, metrics, clock)
-        self.shards: HeartbeatShards[Handle[RecordIn]] = HeartbeatShards(timeout_min_s)
+        self.shards: HeartbeatShards[Handle[RecordIn]] = HeartbeatShards(lateness_s, lateness_steps)
 
     @property
     def open_steps(self) -> int:
@@ -157,7 +181,7 @@ class HeartbeatStage(HoldingStage):
         )  # fed nothing open
         sent += self.shards.ready(groups.keys(), now)
         await self._send(sent)
-        if self.shards.late > late:
+        if self.shards.late > late:  # heartbeats of steps already sent (rows, not records, for this stage)
             self.metrics.inc("late_records_total", self.shards.late - late, stage=self.name)
 
     async def _aggregate(
@@ -176,10 +200,10 @@ class HeartbeatStage(HoldingStage):
                 await self.dead_letter(group.helds[i].item.item, err)
             rows = rows.where(~np.isin(rows.holder, list(refused)))
         self.metrics.inc("heartbeats_total", len(rows))
-        out = self.shards.add(key, group.tenant, rows, group.helds, now)
-        for i, (final, echoes, agents) in group.news.items():
+        out = self.shards.add(key, group.tenant, rows, group.helds, now, group.world_size, group.shard_workers)
+        for i, (ended, echoes, agents) in group.news.items():
             if i not in refused:
-                self.shards.news(key, group.tenant, group.helds[i], final, echoes, agents)
+                self.shards.news(key, group.tenant, group.helds[i], len(ended), echoes, agents, ended)
         return out
 
     async def _send(self, sent: list[tuple[StepPartial, list[Handle[RecordIn]]]]) -> None:
