@@ -94,6 +94,11 @@ SPIKE_MEMORY = 32
 ONE_WORKER = -1
 #: log step times the cusum rule keeps per job (at least; the reference and the current excursion must fit)
 LOG_STEPS = 2048
+#: a step waits this long (processor clock, from its first partial) for the partials of its missing shards: twice
+#: the heartbeat stage's default lateness bound, which each shard's partial may already have waited ...
+STEP_LATENESS_S = 4.0
+#: ... or until the job is this many steps past it
+STEP_LATENESS_STEPS = 256
 _NORMAL = NormalDist()
 
 
@@ -389,6 +394,7 @@ def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None
 
 @dataclass
 class _StepAgg:
+    opened_at: float  # processor clock at its first partial
     slowest_s: float = 0.0
     workers: int = 0
     shards: set[tuple[int, int]] = field(default_factory=set)  # (shard, partition) of the partials counted
@@ -403,6 +409,7 @@ class _ShardView:
     missing: list[int] = field(default_factory=list)  # ... and which of its workers were behind it (the first)
     missing_total: int = 0
     highest: int = -1  # the highest step it has seen
+    members: int = 0  # the workers it expects (its membership, as its last partial said)
 
 
 @dataclass
@@ -427,8 +434,9 @@ class JobState:
     profiled: tuple[int, float, int] | None = (
         None  # the slowdown a window was opened for: (excursion, level, step its cool-down ends)
     )
-    counts: deque[int] = field(default_factory=lambda: deque(maxlen=16))  # workers of recent complete steps
-    expected: int = 0  # workers a step waits for before it is complete (most of recent steps)
+    world_size: int = 0  # workers in the job as its agents report it (0: not reported)
+    born: float = 0.0  # processor clock when the detector first heard of the job (or of its restart)
+    expected: int = 0  # workers a step waits for before it is complete: the job's membership (:meth:`members`)
     shards: dict[tuple[int, int], _ShardView] = field(default_factory=dict)  # (shard, partition) -> what it last said
     sent_at: dict[int, float] = field(default_factory=dict)  # step -> clock worker's sent_at (one host's clock)
     clock_key: tuple[int, int] | None = None  # the shard whose clock worker keeps the job's pace ...
@@ -446,6 +454,7 @@ class JobState:
     ended: bool = False  # a worker sent its final heartbeat and nothing progressed since
     hang_step: int = -1  # max_step at which a hang window was triggered
     tick_at: float = 0.0  # last hang check requested
+    tick_step: int = -1  # the open step a tick was last requested for (it waited the lateness bound)
     windows: list[OpenedWindow] = field(default_factory=list)  # open ones and the last closed one
     trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
     agents: dict[tuple[int, int], AgentCounters] = field(
@@ -454,8 +463,10 @@ class JobState:
 
 
 class SlowdownDetector:
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, lateness_s: float = STEP_LATENESS_S, lateness_steps: int = STEP_LATENESS_STEPS):
         self.policy = policy
+        self.lateness_s = lateness_s  # a step waits this long for its missing shards' partials ...
+        self.lateness_steps = lateness_steps  # ... or until the job is this many steps past it
         self.jobs: dict[str, JobState] = {}
         self.suppressed: Counter[str] = Counter()  # automatic windows not opened, by refusal code
 
@@ -470,7 +481,7 @@ class SlowdownDetector:
         st = self.jobs.get(job)
         if st is None:
             st = self.jobs[job] = JobState(
-                job, tenant=tenant, selected=self.policy.jobs.matches(job, tenant), last_progress_at=now
+                job, tenant=tenant, selected=self.policy.jobs.matches(job, tenant), last_progress_at=now, born=now
             )
         return st
 
@@ -554,6 +565,8 @@ class SlowdownDetector:
             final=int(final),
             echoes=[Echo(worker=hb.worker, window=echo, latency_s=hb.trigger_latency_s)] if echo else [],  # type: ignore[arg-type]
             agents=hb.agent if isinstance(hb.agent, AgentCounters) else None,
+            members=0 if final else 1,
+            world_size=hb.world_size if isinstance(hb.world_size, int) else 0,
         )
         return self._observe(p, now)
 
@@ -571,7 +584,9 @@ class SlowdownDetector:
             st.tenant, st.selected = p.tenant, self.policy.jobs.matches(p.job, p.tenant)
         if p.step < st.last_complete - RESTART_STEPS and p.newest_sent_at > st.newest_sent_at:
             # far behind yet newer than anything seen: the job restarted (from a checkpoint)
-            st = self.jobs[p.job] = JobState(p.job, tenant=st.tenant, selected=st.selected, last_progress_at=now)
+            st = self.jobs[p.job] = JobState(
+                p.job, tenant=st.tenant, selected=st.selected, last_progress_at=now, born=now
+            )
         st.last_seen_at = now
         st.newest_sent_at = max(st.newest_sent_at, p.newest_sent_at)
         for e in p.echoes:  # agents' echoes of a trigger
@@ -583,6 +598,11 @@ class SlowdownDetector:
         view.highest = max(view.highest, p.highest)
         if p.workers and p.step >= view.step:
             view.step, view.workers, view.missing, view.missing_total = p.step, p.workers, p.missing, p.missing_total
+        if p.members or p.final:
+            view.members = p.members
+        elif p.workers:  # a processor before issue 20: the workers of the step and those behind it
+            view.members = max(view.members, p.workers + p.missing_total)
+        st.world_size = max(st.world_size, p.world_size)
         if p.agents is not None:
             st.agents[key] = p.agents
         out = (
@@ -608,12 +628,13 @@ class SlowdownDetector:
                 st.lag_s.append(max(0.0, now - p.clock_sent_at))
         agg = st.steps.get(p.step)
         if agg is None:
-            agg = st.steps[p.step] = _StepAgg()
+            agg = st.steps[p.step] = _StepAgg(now)
+            st.expected = self.members(st)
         if key not in agg.shards:
             agg.shards.add(key)
             agg.workers += p.workers
         agg.slowest_s = max(agg.slowest_s, p.slowest_s)
-        if not self._complete_steps(st):
+        if not self._complete_steps(st, now):
             return []
         return self._judge(st, now)
 
@@ -648,19 +669,28 @@ class SlowdownDetector:
         while len(lat) > LATENCY_WINDOWS:
             del lat[next(iter(lat))]
 
-    def _complete_steps(self, st: JobState) -> bool:
-        """Move complete steps to the history (and through the cusum rule); True if any completed."""
+    def _complete_steps(self, st: JobState, now: float) -> bool:
+        """Move complete steps to the history (and through the cusum rule), in step order; True if any completed.
+
+        A step is complete once its partials count the job's membership, or every shard the job has lately heard
+        from sent its partial of it (each shard's partial already waited for its own late workers), or it waited the
+        lateness bound (``lateness_s`` since its first partial, or ``lateness_steps`` behind the job): never merely
+        because a later step of another shard came first.  Until the job's agents report its world size, its
+        membership is learnt during its first ``lateness_s``: its steps wait the bound until then."""
         done = False
+        known = bool(st.world_size) or now - st.born >= self.lateness_s
         for s in sorted(st.steps):
             agg = st.steps[s]
-            # complete when as many workers reported as in recent steps, or two later steps have started
-            if (st.expected and agg.workers >= st.expected) or s <= st.max_step - 2:
+            if (
+                (known and st.expected and agg.workers >= st.expected)
+                or now - agg.opened_at >= self.lateness_s
+                or s <= st.max_step - self.lateness_steps
+                or (known and self._shards_in(st, agg))
+            ):
                 st.history.append(agg.slowest_s)
                 dp = self.policy.detector
                 if dp.rule == "cusum" and st.selected:
                     st.alarm = st.change.update(s, agg.slowest_s, dp)
-                st.counts.append(agg.workers)
-                st.expected = max(st.counts)
                 st.last_complete = max(st.last_complete, s)
                 if st.first_step < 0:
                     st.first_step = s
@@ -765,20 +795,34 @@ class SlowdownDetector:
     def due_ticks(self, now: float) -> list[str]:
         """Jobs that look hung: the caller sends each a tick into its partition (then :meth:`tick`).
 
-        At most one tick per job per hang interval, so a refused hang window is retried.
+        At most one tick per job per hang interval, so a refused hang window is retried.  A job whose oldest open
+        step waited the lateness bound gets one too (once per such step): no later partial may come to close it (the
+        job's end, a hang), and only the stream may judge it.
         """
         due = []
         for job, st in self.jobs.items():
             if self._stalled(st, now) and now - st.tick_at >= self.hang_after_s(st):
                 st.tick_at = now
                 due.append(job)
+            elif st.steps:
+                oldest = min(st.steps)
+                if oldest != st.tick_step and now - st.steps[oldest].opened_at >= self.lateness_s:
+                    st.tick_step = oldest
+                    due.append(job)
         return due
 
     def tick(self, job: str, now: float | None = None) -> list[ProfileTrigger]:
-        """Check a job for a hang (inside the stream, in order with its heartbeats)."""
+        """Close the job's steps that waited the lateness bound, and check it for a hang (inside the stream, in order
+        with its heartbeats)."""
         now = time.time() if now is None else now
         st = self.jobs.get(job)
-        if st is None or not self._stalled(st, now):
+        if st is None:
+            return []
+        if st.steps and self._complete_steps(st, now):
+            judged = self._judge(st, now)
+            if judged:
+                return judged
+        if not self._stalled(st, now):
             return []
         dp = self.policy.detector
         silent = now - st.last_progress_at
@@ -937,14 +981,23 @@ class SlowdownDetector:
 
     # ------------------------------------------------------------------ margin
 
-    def active_workers(self, st: JobState) -> int:
-        """Workers heard from recently: what a window's coverage is measured against."""
+    def _live(self, st: JobState) -> list[tuple[tuple[int, int], _ShardView]]:
+        """The shards heard from lately (their highest step within ``3 x recent_steps`` of the job's) with members."""
         horizon = st.max_step - 3 * self.policy.detector.recent_steps
-        return sum(
-            1 if partition == ONE_WORKER else v.workers
-            for (_, partition), v in st.shards.items()
-            if v.highest >= horizon
-        )
+        return [(k, v) for k, v in st.shards.items() if v.highest >= horizon and v.members]
+
+    def _shards_in(self, st: JobState, agg: _StepAgg) -> bool:
+        return all(k in agg.shards for k, _ in self._live(st))
+
+    def members(self, st: JobState) -> int:
+        """The job's membership: its world size as its agents report it, else (and at least) the members of the
+        shards heard from lately (the workers each shard heard from lately, less those that ended)."""
+        return max(st.world_size, sum(v.members for _, v in self._live(st)))
+
+    def active_workers(self, st: JobState) -> int:
+        """What a window's expected workers and coverage are measured against: the job's membership
+        (:meth:`members`), not the workers of its newest step (which a late worker leaves short)."""
+        return self.members(st)
 
     def control_latency_s(self, st: JobState) -> float:
         """The slowest echoed receipt of a trigger among the job's recent windows, else among any

@@ -121,6 +121,7 @@ class _Shard:
         self.agents: dict[int, AgentCounters] = {}  # worker -> its agent's last counters
         self.agents_changed = False
         self.last_seen_at = 0.0
+        self.born = 0.0  # processor clock at its first heartbeat (or its job's restart)
         self.reset()
 
     def reset(self) -> None:
@@ -188,10 +189,11 @@ class HeartbeatShards(Generic[T]):
     def open_steps(self) -> int:
         return sum(len(sh.open) for sh in self.shards.values())
 
-    def _shard(self, key: ShardKey, tenant: str) -> _Shard:
+    def _shard(self, key: ShardKey, tenant: str, now: float) -> _Shard:
         sh = self.shards.get(key)
         if sh is None:
             sh = self.shards[key] = _Shard(key, tenant)
+            sh.born = now
         sh.tenant = tenant or sh.tenant
         return sh
 
@@ -233,7 +235,7 @@ class HeartbeatShards(Generic[T]):
         ``world_size`` (0: not reported): the job's workers as the agents know them; with ``shard_workers`` (0: the
         shard holds every worker, as ``StepHeartbeat`` records' shard does) it names the shard's members, which its
         steps wait for before any of them reported."""
-        sh = self._shard(key, tenant)
+        sh = self._shard(key, tenant, now)
         sh.last_seen_at = now
         out: list[tuple[StepPartial, list[T]]] = []
         if world_size > sh.world:
@@ -255,6 +257,7 @@ class HeartbeatShards(Generic[T]):
                 self.late += int((~keep).sum())
                 rows = rows.where(keep)
                 sh.since[:] = int(rows.step.min())  # every member is waited for again from the new run's start
+                sh.born = now
         idx = sh.index(rows.worker)
         np.maximum.at(sh.last, idx, rows.step)
         sh.ended[idx] = False  # a worker that reports steps again did not end
@@ -300,7 +303,7 @@ class HeartbeatShards(Generic[T]):
         """What is rare, from one record: final heartbeats, trigger echoes, agent counters.  It goes out with the shard's
         next partial (a final heartbeat only once none of the shard's steps is open: the detector sees the steps
         first); the record is held until then.  ``ended``: the workers of those final heartbeats, no longer waited for."""
-        sh = self._shard(key, tenant)
+        sh = self._shard(key, tenant, 0.0)  # (the stage adds the record's rows first, which made the shard)
         sh.final += final
         if ended:
             sh.ended[sh.index(np.unique(np.asarray(list(ended), dtype=_I8)))] = True
@@ -348,9 +351,11 @@ class HeartbeatShards(Generic[T]):
         if sh.open:
             expected = sh.expected(self.lateness_steps)
             wait = self.wait_s(sh)
+            # until the world size named its members, a shard learns them from heartbeats during its first wait
+            known = bool(sh.world) or now - sh.born >= wait
             for step in sorted(sh.open):
                 op = sh.open[step]
-                if (op.seen | ~expected).all():
+                if known and (op.seen | ~expected).all():
                     out.append(self._emit(sh, step, "complete", now, expected))
                 elif now - op.opened_at >= wait or step <= sh.highest - self.lateness_steps:
                     out.append(self._emit(sh, step, "timeout", now, expected))

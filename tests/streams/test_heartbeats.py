@@ -77,19 +77,25 @@ def test_a_replayed_partial_counts_once():
     assert by_shards(times, replay_every=3)[0] == by_records(times)
 
 
-def test_a_shard_step_waits_for_its_workers_and_goes_when_two_later_steps_started():
-    shards: HeartbeatShards[int] = HeartbeatShards()
+def test_a_shard_step_waits_for_its_members_not_for_a_later_step_and_goes_at_the_lateness_bound():
+    shards: HeartbeatShards[int] = HeartbeatShards(lateness_s=2.0)
     key = ("j", 0, 0)
     workers = np.arange(16)
-    sent = []
-    for step in range(3):  # the first step waits until two later ones started; then the shard knows its 16 workers
-        shards.add(key, "", rows(step, 0.2, workers, 1000.0 + step), [Held(step)], 1000.0 + step)
-        sent.append([(p.step, p.closed) for p, _ in shards.ready([key], 1000.0 + step)])
-    assert sent == [[], [], [(0, "later"), (1, "complete"), (2, "complete")]]
-    shards.add(key, "", rows(3, 0.2, workers[:15], 1003.0), [Held(3)], 1003.0)  # worker 15 is behind
-    assert shards.ready([key], 1003.0) == []
-    shards.add(key, "", rows(4, 0.2, workers[:15], 1004.0), [Held(4)], 1004.0)
-    shards.add(key, "", rows(5, 0.2, workers[:15], 1005.0), [Held(5)], 1005.0)
-    ((p, done),) = shards.ready([key], 1005.0)
-    assert (p.step, p.workers, p.missing, p.closed) == (3, 15, [15], "later")
-    assert done == [3]  # the record that fed step 3 is released with its partial
+    for step in range(3):  # no world size: the shard learns its members during its first 2 s
+        shards.add(key, "", rows(step, 0.2, workers, 1000.0 + step / 10), [Held(step)], 1000.0 + step / 10)
+        assert shards.ready([key], 1000.0 + step / 10) == []
+    assert [(p.step, p.closed) for p, _ in shards.expire(1002.0)] == [(s, "complete") for s in range(3)]
+    for step in range(3, 8):  # worker 15 is behind: later steps do not close step 3
+        now = 1002.0 + step / 10
+        shards.add(key, "", rows(step, 0.2, workers[:15], 1000.0 + step / 10), [Held(step)], now)
+        assert shards.ready([key], now) == []
+    assert shards.expire(1004.2) == []
+    out = shards.expire(1004.45)  # step 3 opened at 1002.3, step 4 at 1002.4: they waited 2 s
+    assert [(p.step, p.workers, p.members, p.missing, p.closed) for p, _ in out] == [
+        (3, 15, 16, [15], "timeout"),
+        (4, 15, 16, [15], "timeout"),
+    ]
+    assert [done for _, done in out] == [[3], [4]]  # the record that fed a step is released with its partial
+    assert shards.late == 0
+    shards.add(key, "", rows(3, 0.2, workers[15:], 1000.3), [Held(99)], 1004.5)  # worker 15's step 3, too late
+    assert shards.late == 1

@@ -20,7 +20,8 @@ T0 = 1.8e9
 
 
 def heartbeats(p, steps, step_time_s=0.2, workers=8, interval=0.2) -> list:
-    """Each step's heartbeats, the pair's clock at their arrival (50 ms after they were sent)."""
+    """Each step's heartbeats, the pair's clock at their arrival (50 ms after they were sent); the agents report the
+    job's world size, so that its steps go as soon as every worker reported them."""
     out = []
     for step in steps:
         sent = T0 + step * interval
@@ -38,6 +39,7 @@ def heartbeats(p, steps, step_time_s=0.2, workers=8, interval=0.2) -> list:
                             step_time_s=step_time_s * (1 + 0.001 * w),
                             host=f"h{w}",
                             sent_at=sent,
+                            world_size=workers,
                         ),
                     )
                     for w in range(workers)
