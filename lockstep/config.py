@@ -182,6 +182,22 @@ class Settings:
         parse=positive_float,
         read_by=("processor",),
     )
+    heartbeat_lateness_s: float = setting(
+        2.0,
+        help="a shard's step waits this long (processor clock, from its first heartbeat; on a slow job three step "
+        "intervals) for the heartbeats of its missing workers before it goes without them; agents send theirs in "
+        "batches every flush_interval_s, which arrive in any order: keep it a few flush intervals (the detector "
+        "waits twice as long for a step's missing shards)",
+        parse=positive_float,
+        read_by=("processor",),
+    )
+    heartbeat_lateness_steps: int = setting(
+        256,
+        help="... or until its shard is this many steps past it; a worker this far behind its shard's newest step is "
+        "no longer waited for (gone), and the detector forgets a step this far behind the job",
+        parse=positive_int,
+        read_by=("processor",),
+    )
     window_timeout_s: float = setting(
         30.0, help="close a window this long after its first step report", parse=positive_float, read_by=("processor",)
     )
@@ -238,6 +254,11 @@ class Settings:
             raise ConfigError(f"routes: file {self.routes} does not exist")
         if not 0.0 <= self.resolve_min_coverage <= 1.0:
             raise ConfigError(f"resolve_min_coverage: {self.resolve_min_coverage} must lie in [0, 1]")
+        if self.heartbeat_lateness_s >= self.step_timeout_s:
+            raise ConfigError(
+                f"heartbeat_lateness_s: {self.heartbeat_lateness_s} must be below step_timeout_s "
+                f"({self.step_timeout_s}): heartbeats that wait longer than a window's steps hold up every trigger"
+            )
         return self
 
 

@@ -162,6 +162,8 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         tables,
         step_timeout_s=settings.step_timeout_s,
         window_timeout_s=settings.window_timeout_s,
+        heartbeat_lateness_s=settings.heartbeat_lateness_s,
+        heartbeat_lateness_steps=settings.heartbeat_lateness_steps,
         metrics=Metrics("processor"),
     )
     policy_file = PolicyFile(settings.policy, policy)  # watched: edits apply without a restart

@@ -27,7 +27,7 @@ from ...schemas.records import (
     TriggerRequest,
     decode,
 )
-from ..detector import SlowdownDetector
+from ..detector import STEP_LATENESS_S, STEP_LATENESS_STEPS, SlowdownDetector
 from ..pictures import SeriesBuilder
 from ..policy import Policy
 from .base import Clock, Output, Partition, RecordIn, Stage
@@ -56,10 +56,12 @@ class DetectStage(Stage):
         policy: Policy,
         metrics: Metrics,
         clock: Clock = time.time,
+        lateness_s: float = STEP_LATENESS_S,
+        lateness_steps: int = STEP_LATENESS_STEPS,
     ):
         super().__init__(topics, out, metrics, clock)
         self.table = table  # job -> "start,end" of its last window
-        self.detector = SlowdownDetector(policy)
+        self.detector = SlowdownDetector(policy, lateness_s, lateness_steps)
         self.series = SeriesBuilder()
         self.job_partition: dict[str, Partition] = {}  # job -> the partials partition it was seen on
 

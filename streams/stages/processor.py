@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ...kafka import Topics
 from ...metrics import Metrics
+from ..heartbeats import LATENESS_S, LATENESS_STEPS
 from ..policy import Policy
 from .base import Clock, Output, Policies, Stage
 from .detect import DetectStage
@@ -38,13 +39,27 @@ class Processor:
         *,
         step_timeout_s: float,
         window_timeout_s: float,
+        heartbeat_lateness_s: float = LATENESS_S,
+        heartbeat_lateness_steps: int = LATENESS_STEPS,
         metrics: Metrics | None = None,
         clock: Clock = time.time,
     ):
         self.metrics = metrics if metrics is not None else Metrics()
         self.policies = Policies(policy, self.metrics)
-        self.heartbeats = HeartbeatStage(topics, out, self.metrics, clock)
-        self.detect = DetectStage(topics, out, tables.detector, policy, self.metrics, clock)
+        self.heartbeats = HeartbeatStage(
+            topics, out, self.metrics, clock, lateness_s=heartbeat_lateness_s, lateness_steps=heartbeat_lateness_steps
+        )
+        # a step's shards' partials may each have waited the heartbeat stage's bound: the detector waits twice as long
+        self.detect = DetectStage(
+            topics,
+            out,
+            tables.detector,
+            policy,
+            self.metrics,
+            clock,
+            lateness_s=2.0 * heartbeat_lateness_s,
+            lateness_steps=heartbeat_lateness_steps,
+        )
         self.shards = ShardStage(topics, out, self.policies, self.metrics, step_timeout_s, clock)
         self.steps = StepStage(topics, out, self.policies, self.metrics, step_timeout_s, clock)
         self.windows = WindowStage(
