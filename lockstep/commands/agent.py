@@ -77,6 +77,10 @@ def agent_env(args) -> dict[str, str]:
     overrides.update(
         bootstrap_servers=settings.bootstrap_servers, topic_prefix=settings.topic_prefix, kafka=settings.kafka
     )
+    if "run_id" not in overrides and not os.environ.get(agent_settings.env_name("run_id")):
+        # every process the command starts is one run: its ranks' spools and exports are its own (a later run of
+        # the same job never sends them), and a restart of a rank within the run (torchrun) finds its spool
+        overrides["run_id"] = agent_settings.discovered_run_id(dict(os.environ)) or agent_settings.new_run_id()
     cfg = agent_settings.load(overrides, source="--{flag}")
     env = agent_settings.to_env(cfg)
     env[agent_settings.env_name("job")] = cfg.job  # always: it is what switches the hook on

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from ...kafka import (
     CONFLUENT,
     Clients,
@@ -88,6 +90,7 @@ class Agent:
         ident = identity or discover(config)
         self.meta = ident.meta
         self.world_size = ident.world_size
+        self._world_reported = ident.world_size if ident.world_known else msgspec.UNSET  # never a guess of 1
         self._gpu_uuid = ident.gpu_uuid
         self._pid = os.getpid()
         settings = config.settings()
@@ -141,8 +144,9 @@ class Agent:
         )
         atexit.register(self.close)
         log.info(
-            "lockstep agent attached: job %s, worker %d of %d on %s (%s), NIC %s, publishing to %s",
+            "lockstep agent attached: job %s (run %s), worker %d of %d on %s (%s), NIC %s, publishing to %s",
             config.job,
+            config.run_id,
             self.meta.rank,
             self.world_size,
             self.meta.host,
@@ -198,6 +202,7 @@ class Agent:
             host=self.meta.host,
             sent_at=time.time(),
             tenant=self.config.tenant,
+            world_size=self._world_reported,  # the job's membership, which the processor counts steps and windows against
             **extra,
         )
 

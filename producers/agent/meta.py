@@ -32,6 +32,7 @@ class Identity:
     meta: WorkerMeta
     world_size: int
     gpu_uuid: str = ""  # NVML can be opened by UUID; "" without a GPU
+    world_known: bool = False  # the world size was set or discovered (not the default of 1)
 
 
 def first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
@@ -125,6 +126,7 @@ def discover(cfg: AgentConfig, env: dict[str, str] | None = None) -> Identity:
     rank = cfg.rank if cfg.rank is not None else (dist[0] if dist else first_int(env, RANK_VARS))
     world = cfg.world_size if cfg.world_size is not None else (dist[1] if dist else first_int(env, WORLD_VARS))
     local_rank = cfg.local_rank if cfg.local_rank is not None else first_int(env, LOCAL_RANK_VARS)
+    known = bool(world)
     rank, world, local_rank = rank or 0, world or 1, local_rank or 0
     host = cfg.host or socket.gethostname()
     device, uuid = (cfg.device, "") if cfg.device else _gpu(host, local_rank, env)
@@ -143,4 +145,4 @@ def discover(cfg: AgentConfig, env: dict[str, str] | None = None) -> Identity:
     meta = WorkerMeta(
         rank=rank, host=host, device=device, local_rank=local_rank, nic=nic, switch=cfg.switch, labels=labels
     )
-    return Identity(meta=meta, world_size=world, gpu_uuid=uuid)
+    return Identity(meta=meta, world_size=world, gpu_uuid=uuid, world_known=known)

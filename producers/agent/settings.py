@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,10 +124,21 @@ class AgentConfig:
             "parse": lockstep_config.positive_float,
         },
     )
+    run_id: str = field(
+        default="",
+        metadata={
+            "help": "this run of the job: the spool, window exports and raw traces are kept per run and rank, so "
+            "that a later job of the same name never sends what this one left, while a restart of the same run "
+            "(same id) sends its spool (default: SLURM_JOB_ID, TORCHELASTIC_RUN_ID unless 'none'; `lockstep agent "
+            "run` makes a fresh one for its command; else one per process)",
+            "parse": str,
+        },
+    )
     spool_dir: Path | None = field(
         default=None,
         metadata={
-            "help": "on-disk spool for when Kafka is unreachable (default: TMPDIR/lockstep-agent/JOB/rankN)",
+            "help": "on-disk spool for when Kafka is unreachable, kept in SPOOL_DIR/run-RUN_ID/rankN "
+            "(default: TMPDIR/lockstep-agent/JOB/run-RUN_ID/rankN)",
             "parse": _opt_path,
         },
     )
@@ -153,7 +166,10 @@ class AgentConfig:
     )
     raw_dir: Path | None = field(
         default=None,
-        metadata={"help": "where the last window's raw trace is kept (default: SPOOL_DIR/raw)", "parse": _opt_path},
+        metadata={
+            "help": "where the last window's raw trace is kept, in RAW_DIR/run-RUN_ID/rankN (default: the spool's raw/)",
+            "parse": _opt_path,
+        },
     )
     raw_max_bytes: int = field(
         default=256 << 20,
@@ -219,14 +235,40 @@ class AgentConfig:
         self.settings()  # the pipeline's own checks (topic prefix, kafka properties)
         return self
 
+    def _per_run(self, base: Path, rank: int) -> Path:
+        """``base/run-RUN_ID/rankN``: one rank of one run (every rank of a host may share ``base``)."""
+        return base / f"run-{_safe(self.run_id or 'default')}" / f"rank{rank}"
+
     def resolved_spool_dir(self, rank: int) -> Path:
-        if self.spool_dir is not None:
-            return self.spool_dir
-        safe_job = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.job)
-        return Path(tempfile.gettempdir()) / "lockstep-agent" / safe_job / f"rank{rank}"
+        base = self.spool_dir if self.spool_dir is not None else Path(tempfile.gettempdir()) / "lockstep-agent" / _safe(self.job)
+        return self._per_run(base, rank)
 
     def resolved_raw_dir(self, rank: int) -> Path:
-        return self.raw_dir if self.raw_dir is not None else self.resolved_spool_dir(rank) / "raw"
+        return self._per_run(self.raw_dir, rank) if self.raw_dir is not None else self.resolved_spool_dir(rank) / "raw"
+
+
+def _safe(name: str) -> str:
+    """A name as one path component."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
+
+
+#: launchers' variables naming one run of a job (kept across restarts of that run)
+RUN_VARS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+
+
+def new_run_id() -> str:
+    """A fresh run id: the time and a random part (``20261201T201530-3fa9c2``)."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def discovered_run_id(env: dict[str, str]) -> str:
+    """The launcher's id of this run (Slurm's job id, with its step; torchrun's rendezvous id unless its default)."""
+    slurm = env.get("SLURM_JOB_ID", "")
+    if slurm:
+        step = env.get("SLURM_STEP_ID", "")
+        return f"{slurm}.{step}" if step else slurm
+    elastic = env.get("TORCHELASTIC_RUN_ID", "")
+    return elastic if elastic not in ("", "none") else ""
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
@@ -257,6 +299,8 @@ def load(
         values["job"] = next(
             (env[k] for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") if env.get(k) not in (None, "", "none")), ""
         )
+    if not values.get("run_id"):  # the launcher's, else one per process (the agent's spool is then its own)
+        values["run_id"] = discovered_run_id(env) or new_run_id()
     # the Kafka connection: the pipeline's settings, unless given to the agent itself
     kafka_missing = [n for n, f in FIELDS.items() if f.metadata.get("kafka") and n not in values]
     if kafka_missing:

@@ -63,7 +63,7 @@ class Training:
 
 
 def spool_bytes(path) -> int:
-    return sum(p.stat().st_size for p in path.glob("*.spool"))
+    return sum(p.stat().st_size for p in path.rglob("*.spool"))  # SPOOL_DIR/run-RUN/rankN
 
 
 @pytest.mark.parametrize(

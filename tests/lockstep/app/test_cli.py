@@ -165,6 +165,7 @@ def test_every_agent_setting_the_readme_lists_is_a_flag_of_agent_run(tmp_path):
         and env["LOCKSTEP_AGENT_DEVICE"] == "hx/gpu3"
     )
     assert env["LOCKSTEP_AGENT_LABELS"] == "pp=1" and env["LOCKSTEP_AGENT_JOB"] == "j"
+    assert env["LOCKSTEP_AGENT_RUN_ID"] == "3"  # given; without it, a fresh one for every process the command starts
     help_text = lockstep("agent", "run", "--help").stdout
     assert "AGENTCFG" not in help_text and "--rank RANK" in help_text
 

@@ -59,3 +59,27 @@ def test_to_env_reproduces_the_settings_in_a_child_process(tmp_path):
     again = agent_settings.load({}, agent_settings.to_env(cfg))
     assert again == cfg
     assert again.redact == Redaction(names="hash", salt="s")
+
+
+def test_spools_exports_and_raw_traces_are_per_rank_and_per_run_even_when_a_directory_is_set(tmp_path):
+    """``lockstep agent run`` gives every rank of a host the same --spool-dir: each rank still gets its own spool (their
+    window exports went to one file before), and a later run of the same job never opens what this one left."""
+    one = agent_settings.load({"job": "j", "spool_dir": tmp_path, "run_id": "r1"}, BASE)
+    two = agent_settings.load({"job": "j", "spool_dir": tmp_path, "run_id": "r2"}, BASE)
+    dirs = {cfg.resolved_spool_dir(rank) for cfg in (one, two) for rank in (0, 1)}
+    assert len(dirs) == 4 and all(d.is_relative_to(tmp_path) for d in dirs)
+    assert one.resolved_spool_dir(1) == tmp_path / "run-r1" / "rank1"
+    assert one.resolved_raw_dir(1) == tmp_path / "run-r1" / "rank1" / "raw"
+    raw = agent_settings.load({"job": "j", "raw_dir": tmp_path / "raw", "run_id": "r1"}, BASE)
+    assert {raw.resolved_raw_dir(r) for r in (0, 1)} == {tmp_path / "raw" / "run-r1" / f"rank{r}" for r in (0, 1)}
+    default = agent_settings.load({"job": "a/b", "run_id": "../x"}, BASE).resolved_spool_dir(0)
+    assert default.parts[-3:] == ("a_b", "run-.._x", "rank0")  # names as single path components
+
+
+def test_the_run_id_comes_from_the_launcher_else_is_fresh_for_each_process():
+    slurm = agent_settings.load({"job": "j"}, {**BASE, "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"})
+    assert slurm.run_id == "77.0"  # a requeued Slurm job is the same run: it sends its own spool
+    assert agent_settings.load({"job": "j"}, {**BASE, "TORCHELASTIC_RUN_ID": "rdzv9"}).run_id == "rdzv9"
+    fresh = {agent_settings.load({"job": "j"}, {**BASE, "TORCHELASTIC_RUN_ID": "none"}).run_id for _ in range(2)}
+    assert len(fresh) == 2  # torchrun's default rendezvous id names no run
+    assert agent_settings.load({"job": "j"}, {**BASE, "LOCKSTEP_AGENT_RUN_ID": "mine"}).run_id == "mine"
