@@ -176,6 +176,8 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
 MAX_BATCH_ROWS = 65_536
 #: workers a StepPartial names when some of its shard's workers are behind its step
 MAX_MISSING = 16
+#: workers a StepReport or a WindowReport names of those expected that delivered nothing
+MAX_NAMED_MISSING = 64
 #: a step time: positive and finite (NaN fails both bounds)
 Seconds = Annotated[float, msgspec.Meta(gt=0.0, lt=1e9)]
 
@@ -657,6 +659,10 @@ class StepReport(_Record, tag="StepReport", kw_only=True):
     policy: str = "default"
     tenant: str = ""
     closed: Literal["complete", "timeout"] = "complete"
+    # added with issue 20: the expected workers (ranks 0..expected_workers-1) that delivered nothing for the step
+    # (the first MAX_NAMED_MISSING), and how many
+    missing: Annotated[list[Rank], msgspec.Meta(max_length=MAX_NAMED_MISSING)] = []
+    missing_total: Count = 0
 
 
 class WindowTimeout(_Record, tag="WindowTimeout", kw_only=True):
@@ -687,6 +693,10 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     tenant: str = ""
     #: training progress lost while profiling, as a share of the window's step time; None until measured
     profiling_overhead: float | None = None
+    # added with issue 20: the expected workers missing from any step of the window (they refused the trigger, were
+    # late or failed; the first MAX_NAMED_MISSING), and how many: a window with any is never ``complete``
+    missing_workers: Annotated[list[Rank], msgspec.Meta(max_length=MAX_NAMED_MISSING)] = []
+    missing_total: Count = 0
 
     def validate(self) -> None:
         _finite("bytes_per_worker", self.bytes_per_worker)

@@ -311,6 +311,8 @@ class PendingWindow(Generic[T]):
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
     timeout_requested: bool = False
+    missing: set[int] = field(default_factory=set)  # expected workers a step report named missing ...
+    missing_total: int = 0  # ... and the most any step missed (more than it could name)
 
 
 @dataclass
@@ -345,8 +347,13 @@ class WindowAssembler(Generic[T]):
         if report.step not in w.results:  # a replayed duplicate never replaces the first report
             w.results[report.step] = result
             w.bytes_in += report.bytes_in
+            w.missing.update(report.missing)
+            short = max(report.missing_total, report.expected_workers - report.workers_seen)
+            w.missing_total = max(w.missing_total, short, len(w.missing))
         if len(w.results) >= w.window_steps:
-            return self.close(key, "complete")
+            # every step reported; a window that misses an expected worker in any of them (it refused the trigger,
+            # was late, failed) waited for it: it closes as a timeout, never ``complete``
+            return self.close(key, "timeout" if w.missing_total else "complete")
         return None
 
     def hold(self, key: tuple[str, str], handle: Handle[T]) -> bool:

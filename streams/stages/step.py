@@ -20,7 +20,7 @@ import pyarrow as pa
 from ...kafka import Topics
 from ...metrics import Metrics
 from ...schemas import functions as ft
-from ...schemas.records import FeatureBatch, RecordError, StepSlice, decode, encode
+from ...schemas.records import MAX_NAMED_MISSING, FeatureBatch, RecordError, StepSlice, decode, encode
 from ..diagnosis import StepFrame, analyze_step, step_report
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedStep, Handle, PendingStep, StepAssembler
@@ -71,18 +71,18 @@ class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
             diagnosis = self.policies.for_ref(p.policy).diagnosis
             frame, refused = step_frame(p, diagnosis.peer_group_keys)
             if frame is not None:
-                report = encode(
-                    step_report(
-                        analyze_step(frame, diagnosis),
-                        window_start=p.window_start,
-                        window_steps=p.window_steps,
-                        expected_workers=p.expected_workers,
-                        bytes_in=p.bytes_in,
-                        policy=p.policy,
-                        tenant=p.tenant,
-                        closed=closed.reason,
-                    )
+                rec = step_report(
+                    analyze_step(frame, diagnosis),
+                    window_start=p.window_start,
+                    window_steps=p.window_steps,
+                    expected_workers=p.expected_workers,
+                    bytes_in=p.bytes_in,
+                    policy=p.policy,
+                    tenant=p.tenant,
+                    closed=closed.reason,
                 )
+                rec.missing, rec.missing_total = missing_workers(p.expected_workers, frame.rank)
+                report = encode(rec)
         except Exception as exc:
             await self.failed([h.item for h in p.handles], exc)
             await self.release(p.handles)
@@ -99,6 +99,12 @@ class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
                 help="first feature batch of a step to its step report",
             )
         await self.release(p.handles)
+
+
+def missing_workers(expected: int, seen: np.ndarray) -> tuple[list[int], int]:
+    """The expected workers (ranks ``0..expected-1``) not in ``seen``: the first :data:`MAX_NAMED_MISSING`, and how many."""
+    lost = np.setdiff1d(np.arange(expected, dtype=np.int64), seen, assume_unique=False)
+    return lost[:MAX_NAMED_MISSING].tolist(), int(lost.size)
 
 
 def read_slice(sl: StepSlice) -> tuple[pa.Table, pa.Table]:

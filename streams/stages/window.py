@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Collection, MutableMapping, Sequence
 
 from ...kafka import Topics
 from ...metrics import Metrics
-from ...schemas.records import RecordError, StepReport, WindowTimeout, decode, encode
+from ...schemas.records import MAX_NAMED_MISSING, RecordError, StepReport, WindowTimeout, decode, encode
 from ..diagnosis import HistoryError, JobHistory, WindowInfo, diagnose_window, step_result
 from ..pictures import deviation_map
 from ..windows import ClosedWindow, WindowAssembler
@@ -136,6 +136,8 @@ class WindowStage(HoldingStage):
                 else None
             )
             out = [(f.cause, encode(f)) for f in diagnosis.findings]
+            diagnosis.report.missing_workers = sorted(w.missing)[:MAX_NAMED_MISSING]
+            diagnosis.report.missing_total = max(w.missing_total, len(w.missing))
             report = encode(diagnosis.report)
         except Exception as exc:
             await self.failed([h.item for h in w.handles], exc)
@@ -166,11 +168,14 @@ class WindowStage(HoldingStage):
             help="first step report of a window to its findings published",
         )
         log.info(
-            "window %s/%s closed (%s): %d finding(s), coverage %.2f",
+            "window %s/%s closed (%s): %d finding(s), coverage %.2f%s",
             w.job,
             w.window,
             closed.reason,
             len(diagnosis.findings),
             diagnosis.report.coverage,
+            f", {diagnosis.report.missing_total} expected worker(s) missing: {diagnosis.report.missing_workers}"
+            if diagnosis.report.missing_total
+            else "",
         )
         await self.release(w.handles)

@@ -177,3 +177,24 @@ async def test_a_revoked_partition_is_forgotten_and_its_new_owner_closes_the_win
     await new.feed(features(new, batches[61]))
     await new.pump()
     assert [(f.workers, f.cause) for f in findings(new)] == [([3], "gpu_slow")] and len(window_reports(new)) == 1
+
+
+async def test_a_window_missing_a_worker_that_refused_the_trigger_is_not_complete_and_names_it(pair, window_features):
+    """Worker 6 refused the trigger (its start step had begun): it sends nothing.  Its shard waits for it, then goes
+    without it; every step reports, but the window misses an expected worker: it closes as a timeout, naming it."""
+    from lockstep.kafka import window_features_key
+
+    p = pair(step_timeout_s=5.0)
+    sent = [w for w in window_features if w.worker.rank != 6]
+    await p.feed(
+        [p.produce(TOPICS.windowfeatures, window_features_key(r.job, r.window, r.shard).decode(), r) for r in sent]
+    )
+    await p.pump()
+    p.clock.t += 5.0
+    await p.proc.shards.on_timer(p.clock.t)
+    await p.pump()
+    (report,) = window_reports(p)
+    assert (report.closed, report.steps_seen, report.expected_workers, report.workers_seen) == ("timeout", 2, 8, 7)
+    assert (report.missing_workers, report.missing_total, report.coverage) == ([6], 1, 0.875)
+    assert [(f.workers, f.cause) for f in findings(p)] == [([3], "gpu_slow")]  # the others still give findings
+    assert p.proc.metrics.get("windows_closed_total", reason="timeout") == 1
