@@ -240,7 +240,11 @@ class AgentConfig:
         return base / f"run-{_safe(self.run_id or 'default')}" / f"rank{rank}"
 
     def resolved_spool_dir(self, rank: int) -> Path:
-        base = self.spool_dir if self.spool_dir is not None else Path(tempfile.gettempdir()) / "lockstep-agent" / _safe(self.job)
+        base = (
+            self.spool_dir
+            if self.spool_dir is not None
+            else Path(tempfile.gettempdir()) / "lockstep-agent" / _safe(self.job)
+        )
         return self._per_run(base, rank)
 
     def resolved_raw_dir(self, rank: int) -> Path:
