@@ -436,6 +436,7 @@ class JobState:
     )
     world_size: int = 0  # workers in the job as its agents report it (0: not reported)
     born: float = 0.0  # processor clock when the detector first heard of the job (or of its restart)
+    live_shards: int = 0  # shards heard from lately, when a step last opened
     expected: int = 0  # workers a step waits for before it is complete: the job's membership (:meth:`members`)
     shards: dict[tuple[int, int], _ShardView] = field(default_factory=dict)  # (shard, partition) -> what it last said
     sent_at: dict[int, float] = field(default_factory=dict)  # step -> clock worker's sent_at (one host's clock)
@@ -987,12 +988,15 @@ class SlowdownDetector:
         return [(k, v) for k, v in st.shards.items() if v.highest >= horizon and v.members]
 
     def _shards_in(self, st: JobState, agg: _StepAgg) -> bool:
-        return all(k in agg.shards for k, _ in self._live(st))
+        """Every shard heard from lately sent its partial of the step (counted only once the step has as many)."""
+        return len(agg.shards) >= st.live_shards and all(k in agg.shards for k, _ in self._live(st))
 
     def members(self, st: JobState) -> int:
         """The job's membership: its world size as its agents report it, else (and at least) the members of the
         shards heard from lately (the workers each shard heard from lately, less those that ended)."""
-        return max(st.world_size, sum(v.members for _, v in self._live(st)))
+        live = self._live(st)
+        st.live_shards = len(live)
+        return max(st.world_size, sum(v.members for _, v in live))
 
     def active_workers(self, st: JobState) -> int:
         """What a window's expected workers and coverage are measured against: the job's membership

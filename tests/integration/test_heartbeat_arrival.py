@@ -93,7 +93,10 @@ def processor(kafka_bootstrap, tmp_path_factory):
     ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
     port = free_port()
     proc = Child(
-        "processor", ["processor", *settings_flags(settings), "--http-port", str(port)], tmp, f"http://127.0.0.1:{port}/healthz"
+        "processor",
+        ["processor", *settings_flags(settings), "--http-port", str(port)],
+        tmp,
+        f"http://127.0.0.1:{port}/healthz",
     )
     try:
         proc.wait_healthy(60)
@@ -112,7 +115,9 @@ def test_real_agents_per_rank_batches_arrive_without_late_heartbeats_and_trigger
         while min(job.step for job in jobs) < 150:  # ~14 s: hundreds of batches per job
             assert time.monotonic() < deadline, [job.step for job in jobs]
             time.sleep(0.1)
-        triggers = {job.ranks: request_window(settings, job.job, steps=4, reason="arrival", timeout_s=20) for job in jobs}
+        triggers = {
+            job.ranks: request_window(settings, job.job, steps=4, reason="arrival", timeout_s=20) for job in jobs
+        }
     finally:
         for job in jobs:
             job.close()
@@ -121,7 +126,9 @@ def test_real_agents_per_rank_batches_arrive_without_late_heartbeats_and_trigger
         text = r.read().decode()
     beats = metric(text, "heartbeats_total")
     late = metric(text, "late_records_total", stage="heartbeats")
-    print(f"heartbeats {beats:.0f}, late {late:.0f}; expected workers {[t.expected_workers for t in triggers.values()]}")
+    print(
+        f"heartbeats {beats:.0f}, late {late:.0f}; expected workers {[t.expected_workers for t in triggers.values()]}"
+    )
     assert beats >= 0.9 * sum(job.ranks * 150 for job in jobs)
     assert late <= 0.002 * beats  # ~0 (a quarter of a real job's before issue 20)
     for ranks, t in triggers.items():
