@@ -8,9 +8,11 @@ detector would send) and reads the finding from the sink.  Rank 2 is slowed in
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,8 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path):
             proc.healthy()
             time.sleep(0.5)
         windows = window_stored()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
         _, rows = query(
             settings.db,
             "SELECT workers, function, cause, hosts FROM findings WHERE window_id = 'w-agent' ORDER BY step_time_share DESC",
@@ -160,6 +164,13 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path):
     ), rows
     assert not any("preprocess" in function or "all_reduce" in function for workers, function, _ in named[1:]), rows
     assert windows == [[1.0, "complete", WORLD]]
+    # each rank's agent batched its own heartbeats every flush, the batches of the ranks arriving in any order: the
+    # heartbeat stage counted none of them late (issue 20: about a quarter before)
+    beats = re.search(r"^lockstep_heartbeats_total (\S+)$", metrics, re.M)
+    late = re.search(r'^lockstep_late_records_total\{stage="heartbeats"\} (\S+)$', metrics, re.M)
+    beats, late = float(beats.group(1)) if beats else 0.0, float(late.group(1)) if late else 0.0
+    print(f"heartbeats {beats:.0f}, late {late:.0f}")
+    assert beats > 0 and late <= 0.002 * beats
 
     # every rank delivered one feature record with every step of the window, keyed job:window:shard
     records = [
