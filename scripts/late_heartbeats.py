@@ -94,9 +94,8 @@ def main() -> int:
                     *("--spool-dir", str(out / "spool"), "--", torchrun, "--nproc-per-node", str(n)),
                     *("--master-port", str(free_port()), str(out / "train.py")),
                 ]
-                jobs[n] = subprocess.Popen(
-                    cmd, stdout=open(out / f"job{n}.log", "wb"), stderr=subprocess.STDOUT, env=env
-                )  # noqa: SIM115 - closed with the process
+                log = open(out / f"job{n}.log", "wb")  # noqa: SIM115 - closed with the process
+                jobs[n] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             triggers: dict[int, ProfileTrigger] = {}
             deadline = time.monotonic() + args.seconds
             while len(triggers) < len(jobs) and time.monotonic() < deadline:
