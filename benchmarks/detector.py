@@ -40,6 +40,7 @@ def heartbeats(jobs: int, workers: int, steps: int) -> list[StepHeartbeat]:
             step_time_s=float(times[j, s, w]),
             host=f"h{w // 8}",
             sent_at=1000.0 + 0.5 * s,
+            world_size=workers,
         )
         for s in range(steps)
         for j in range(jobs)

@@ -202,7 +202,8 @@ def replay(policy: Policy, times: np.ndarray) -> list[int]:
     for step, t in enumerate(times.tolist()):
         sent += t
         for trig in det.observe(
-            StepHeartbeat(job="eval", worker=0, step=step, step_time_s=t, host="h0", sent_at=sent), now=sent + 0.05
+            StepHeartbeat(job="eval", worker=0, step=step, step_time_s=t, host="h0", sent_at=sent, world_size=1),
+            now=sent + 0.05,
         ):
             if trig.kind == "slowdown":
                 fired.append(step)

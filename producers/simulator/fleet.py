@@ -268,6 +268,7 @@ class FleetSimulator:
                 host=m.host,
                 sent_at=now + float(sim.clock_offset_s[i]),
                 tenant=tenant,
+                world_size=self.topology.workers,  # as agents report it: the job's membership
             )
             for i, m in enumerate(self.meta)
             if not sim.missing[i]
@@ -304,6 +305,7 @@ class FleetSimulator:
                     step_time_s=times[lo:hi],
                     sent_at=sent[lo:hi],
                     echoes=[Echo(worker=w, window=echo[0], latency_s=echo[1]) for w in workers] if echo else [],
+                    world_size=self.topology.workers,
                 )
             )
         return out
