@@ -410,6 +410,7 @@ class _ShardView:
     missing_total: int = 0
     highest: int = -1  # the highest step it has seen
     members: int = 0  # the workers it expects (its membership, as its last partial said)
+    heard_at: float = 0.0  # processor clock at its last partial
 
 
 @dataclass
@@ -597,6 +598,7 @@ class SlowdownDetector:
         if view is None:
             view = st.shards[key] = _ShardView()
         view.highest = max(view.highest, p.highest)
+        view.heard_at = now
         if p.workers and p.step >= view.step:
             view.step, view.workers, view.missing, view.missing_total = p.step, p.workers, p.missing, p.missing_total
         if p.members or p.final:
@@ -983,9 +985,12 @@ class SlowdownDetector:
     # ------------------------------------------------------------------ margin
 
     def _live(self, st: JobState) -> list[tuple[tuple[int, int], _ShardView]]:
-        """The shards heard from lately (their highest step within ``3 x recent_steps`` of the job's) with members."""
+        """The shards heard from lately, with members: their highest step within ``3 x recent_steps`` of the job's, or
+        a partial of theirs within the lateness bound of the job's last one (a shard whose partials wait for a late
+        worker falls behind the others by that much)."""
         horizon = st.max_step - 3 * self.policy.detector.recent_steps
-        return [(k, v) for k, v in st.shards.items() if v.highest >= horizon and v.members]
+        recent = st.last_seen_at - self.lateness_s
+        return [(k, v) for k, v in st.shards.items() if v.members and (v.highest >= horizon or v.heard_at >= recent)]
 
     def _shards_in(self, st: JobState, agg: _StepAgg) -> bool:
         """Every shard heard from lately sent its partial of the step (counted only once the step has as many)."""

@@ -99,3 +99,36 @@ def test_a_shard_step_waits_for_its_members_not_for_a_later_step_and_goes_at_the
     assert shards.late == 0
     shards.add(key, "", rows(3, 0.2, workers[15:], 1000.3), [Held(99)], 1004.5)  # worker 15's step 3, too late
     assert shards.late == 1
+
+
+def test_the_detector_waits_for_a_shard_whose_partials_wait_for_a_late_worker():
+    """Two shards of two workers; shard 1's partials come 1.9 s after shard 0's (they waited for a late worker), 20
+    steps behind at 11 steps/s.  Every step is judged with both shards (shard 1's slowest is the step's), never
+    closed because shard 0's later steps came first; the job's membership is both shards'."""
+    from lockstep.schemas.records import StepPartial
+
+    det = SlowdownDetector(Policy())
+    arrivals = []
+    for step in range(200):
+        sent = 1000.0 + 0.09 * step
+        for shard, delay, slowest in ((0, 0.3, 0.09), (1, 2.2, 0.1)):
+            p = StepPartial(
+                job="j",
+                step=step,
+                shard=shard,
+                partition=shard,
+                workers=2,
+                slowest_s=slowest,
+                members=2,
+                clock_worker=2 * shard,
+                clock_sent_at=sent,
+                newest_sent_at=sent,
+                highest=step,
+            )
+            arrivals.append((sent + delay, p))
+    for now, p in sorted(arrivals, key=lambda a: a[0]):
+        det.observe_partial(p, now)
+    st = det.jobs["j"]
+    assert st.last_complete >= 150 and len(st.history) == st.last_complete + 1
+    assert set(st.history) == {0.1}  # shard 1's partial was in every step judged
+    assert det.active_workers(st) == 4
