@@ -65,7 +65,7 @@ async def deliver(p: Pair, arrivals, tick: float = 0.1) -> None:
         p.clock.t = at
         await p.feed([p.out.append(TOPICS.heartbeats, key, _encode(batch))])
         await p.pump()
-    for _ in range(60):  # the last steps wait at most the lateness bound
+    for _ in range(100):  # the last steps wait at most both lateness bounds (2 s, then the detector's 4 s)
         clock += tick
         p.clock.t = clock
         await p.proc.heartbeats.on_timer(clock)
