@@ -108,6 +108,7 @@ class Driver(threading.Thread):
                 host=f"h{w}",
                 sent_at=now,
                 final=job.stop == "final",
+                world_size=job.workers,  # as agents report it: the job's steps go as soon as every worker is in
             )
             self.pub.send(self.topic, job.name, hb)
         if job.stop:
