@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...schemas.records import DeviationMap, Finding, ProfileTrigger, StepSeries, WindowReport
 
@@ -293,10 +294,38 @@ def registered(con: duckdb.DuckDBPyConnection, name: str, rows: pa.Table) -> Ite
         con.unregister(name)
 
 
+#: the longest text a text column of the store keeps; longer text (a forged record's) is cut at write.  JSON columns
+#: (a record as it came, bounded by the record's own size limit) are kept whole: cut, they would not parse
+MAX_TEXT_CHARS = 64 << 10
+
+
+def bounded_text(rows: pa.Table, keep: frozenset[str] = frozenset()) -> pa.Table:
+    """``rows`` with every text value cut to :data:`MAX_TEXT_CHARS` characters (one vectorised pass per text column),
+    except in the columns ``keep``."""
+    for i, f in enumerate(rows.schema):
+        if f.name not in keep and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)):
+            col = rows.column(i)
+            longest = pc.max(pc.utf8_length(col)).as_py()
+            if longest is not None and longest > MAX_TEXT_CHARS:
+                rows = rows.set_column(i, f, pc.utf8_slice_codeunits(col, 0, MAX_TEXT_CHARS))
+    return rows
+
+
+def _json_columns(con: duckdb.DuckDBPyConnection, table: str) -> frozenset[str]:
+    return frozenset(
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND data_type = 'JSON'", [table]
+        ).fetchall()
+    )
+
+
 def upsert(
     con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, key: tuple[str, ...], keep: tuple[str, ...] = ()
 ) -> None:
-    """INSERT the Arrow rows; on a key conflict update every column except ``key`` and ``keep``."""
+    """INSERT the Arrow rows (text cut to :data:`MAX_TEXT_CHARS`); on a key conflict update every column except ``key``
+    and ``keep``."""
+    rows = bounded_text(rows, _json_columns(con, table))
     cols = ", ".join(f'"{c}"' for c in rows.column_names)
     updates = ", ".join(f'"{c}" = excluded."{c}"' for c in rows.column_names if c not in key + keep)
     on_conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
