@@ -10,7 +10,7 @@ from confluent_kafka.admin import NewTopic
 
 from ..config import Settings
 from ..schemas.errors import LockstepError
-from .clients import admin
+from .clients import MAX_BATCH_BYTES, admin
 
 log = logging.getLogger("lockstep.kafka")
 
@@ -73,7 +73,10 @@ def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeo
             name,
             num_partitions=n,
             replication_factor=settings.replication_factor,
-            config={"cleanup.policy": "compact"} if name.endswith("-changelog") else {},
+            config={
+                "max.message.bytes": str(MAX_BATCH_BYTES),
+                **({"cleanup.policy": "compact"} if name.endswith("-changelog") else {}),
+            },
         )
         for name, n in wanted.items()
         if name not in existing
