@@ -233,7 +233,9 @@ class Sink:
         m.inc("triggers_written_total", len(batch.triggers))
         m.inc("step_series_written_total", sum(len(s.steps) for s in batch.series))
         for ch in batch.changes:
-            m.inc("job_changes_written_total", change=ch.change, help="the detector's JobChange records stored, by change")
+            m.inc(
+                "job_changes_written_total", change=ch.change, help="the detector's JobChange records stored, by change"
+            )
         self._after(events)
         return batch
 

@@ -844,7 +844,9 @@ class SlowdownDetector:
             f"within {dp.slowdown_threshold * 50:g}% of {w.before_s * 1e3:.1f} ms before the slowdown since step {w.onset_step}"
         )
         self._change(st, "recovered", step, st.last_seen_at, after_s=level, steps=len(w.since), reason=reason)
-        st.watch = IncidentWatch(finals=w.finals, finals_step=w.finals_step, final_at=w.final_at, ended_step=w.ended_step)
+        st.watch = IncidentWatch(
+            finals=w.finals, finals_step=w.finals_step, final_at=w.final_at, ended_step=w.ended_step
+        )
 
     def _heard_final(self, st: JobState, finals: int, now: float) -> None:
         """Final heartbeats: the job has ended once every worker it had sent one (since its highest step last advanced)."""
@@ -877,8 +879,12 @@ class SlowdownDetector:
             return
         last = list(st.history)[-max(1, self.policy.detector.recent_steps) :]
         level = _median_sorted(sorted(last)) if last else 0.0
-        self._change(st, "ended", st.max_step, now, after_s=level, end=end, reason=f"ended at step {st.max_step}: {why}")
-        st.watch = IncidentWatch(finals=w.finals, finals_step=w.finals_step, final_at=w.final_at, ended_step=st.max_step)
+        self._change(
+            st, "ended", st.max_step, now, after_s=level, end=end, reason=f"ended at step {st.max_step}: {why}"
+        )
+        st.watch = IncidentWatch(
+            finals=w.finals, finals_step=w.finals_step, final_at=w.final_at, ended_step=st.max_step
+        )
 
     # ------------------------------------------------------------------ hangs
 

@@ -131,6 +131,8 @@ EVENT_SCHEMA = pa.schema(
     ]
 )
 INCIDENT_TIMES = ("opened_at", "last_seen_at", "resolved_at", "first_trigger_at")
+
+
 #: the incidents columns as Incident fields (timestamps as epoch seconds)
 def incident_select(columns: list[str]) -> str:
     """The SELECT list of these incidents columns as Incident fields (timestamps as epoch seconds)."""

@@ -122,7 +122,9 @@ class DetectStage(Stage):
         for ch in changes:
             log.info("job %s: %s", ch.job, ch.reason)
             self.metrics.inc(
-                "job_changes_total", change=ch.change, help="slowdowns profiled, recovered, and jobs ended, as the detector saw them"
+                "job_changes_total",
+                change=ch.change,
+                help="slowdowns profiled, recovered, and jobs ended, as the detector saw them",
             )
             await self.send(self.topics.series, ch.job, ch)
 

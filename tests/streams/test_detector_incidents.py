@@ -64,7 +64,9 @@ def test_a_fault_removed_mid_run_is_recovered_after_recovery_steps_back_at_the_l
 def test_a_level_short_of_the_one_before_is_not_a_recovery_and_zero_steps_switches_it_off():
     det = SlowdownDetector(policy(recovery_steps=30))
     slowed(det)
-    feed(det, "j", noisy(HEALTHY * 1.05, 100, 3), start=120)  # better, not back: 5% above, beyond half the 1.5% threshold
+    feed(
+        det, "j", noisy(HEALTHY * 1.05, 100, 3), start=120
+    )  # better, not back: 5% above, beyond half the 1.5% threshold
     assert [c.change for c in det.take_changes()] == []
     off = SlowdownDetector(policy(recovery_steps=0))
     slowed(off)
