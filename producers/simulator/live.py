@@ -51,8 +51,10 @@ def run_live(
     progress=None,
     features: Literal["window", "step"] = "window",
     shard_workers: int = SHARD_WORKERS,
+    end_job: bool = True,
 ) -> LiveResult:
-    """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered.
+    """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered (or ``max_steps``),
+    then (``end_job``) send every worker's final heartbeat: the job ended.
 
     ``control`` is the control topic, open (from its end as it was when the fleet started)."""
     res = LiveResult()
@@ -124,7 +126,7 @@ def run_live(
         delay = next_t - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-    if sim is not None:
+    if end_job and sim is not None:
         send_final_heartbeats(fleet, sim, publisher, topics, shard_workers)
     publisher.flush()
     return res
