@@ -122,7 +122,9 @@ CATALOGUE: dict[str, Spec] = {
     "windows_written_total": Spec("counter", (), "window rows upserted", _SINK),
     "triggers_written_total": Spec("counter", (), "profiling trigger rows upserted", _SINK),
     "step_series_written_total": Spec("counter", (), "step-time series points upserted", _SINK),
-    "job_changes_written_total": Spec("counter", ("change",), "the detector's JobChange records stored, by change", _SINK),
+    "job_changes_written_total": Spec(
+        "counter", ("change",), "the detector's JobChange records stored, by change", _SINK
+    ),
     "write_seconds": Spec("histogram", (), "one DuckDB transaction (rows, incidents and offsets)", _SINK),
     "incident_events_total": Spec(
         "counter", ("action",), "incident changes, by action (trigger, update, resolve)", _SINK
