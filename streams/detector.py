@@ -472,7 +472,7 @@ class JobState:
     agents: dict[tuple[int, int], AgentCounters] = field(
         default_factory=dict
     )  # shard -> its agents' last counters (sent on change)
-    watch: IncidentWatch = field(default_factory=lambda: IncidentWatch())  # what the sink's incidents need to hear
+    watch: IncidentWatch = field(default_factory=IncidentWatch)  # what the sink's incidents need to hear
 
 
 class SlowdownDetector:
