@@ -748,6 +748,39 @@ class DeviationMap(_Record, tag="DeviationMap", kw_only=True):
                     _finite("z", x)
 
 
+#: what a JobChange says: a slowdown was profiled; its step time is back at the level before it; the job ended
+JobChangeKind = Literal["slowdown", "recovered", "ended"]
+#: how a job ended: every worker sent its final heartbeat, or a final heartbeat came and then silence past the hang bound
+JobEnd = Literal["final", "silent"]
+
+
+class JobChange(_Record, tag="JobChange", kw_only=True):
+    """The detector's news of a job for the sink's incidents.  Key: ``job``; topic ``<prefix>.series``.
+
+    ``slowdown``: a window (``window``) was opened for a slowdown that began at ``onset_step`` (``onset_at``, the
+    processor's clock, estimated from the job's pace), when the step time went from ``before_s`` to ``during_s``.
+    ``recovered``: the median of the ``steps`` steps up to ``step`` is back at ``after_s``, within half the
+    slowdown threshold of ``before_s`` (the onset's fields repeated).  ``ended``: the job ended at step ``step``
+    (``end``: how the detector knows).  The detector may send one again (a replay after a restart): the sink's
+    effects are idempotent.
+    """
+
+    job: Name
+    tenant: str = ""
+    change: JobChangeKind
+    step: Step  # slowdown: the last step seen when the window was opened; recovered: the last step back; ended: the last step
+    window: str = ""  # slowdown, recovered: the window opened for the slowdown
+    onset_step: Step = 0
+    onset_at: Timestamp = 0.0
+    before_s: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] = 0.0  # median step time before the onset
+    during_s: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] = 0.0  # the slowdown's level
+    after_s: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] = 0.0  # recovered: the level back; ended: the last steps'
+    steps: Count = 0  # recovered: the steps whose median is after_s
+    end: JobEnd | None = None  # ended: how
+    reason: str = ""  # one line, for people
+    at: Timestamp = 0.0  # the processor's clock
+
+
 class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
     """A record a stage could not accept, with the reason. Key: the original key."""
 
@@ -783,6 +816,7 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         RawTrace,
         StepSeries,
         DeviationMap,
+        JobChange,
     )
 }
 #: versions of each record this build reads
@@ -809,6 +843,7 @@ Record = (
     | RawTrace
     | StepSeries
     | DeviationMap
+    | JobChange
 )
 
 

@@ -144,6 +144,15 @@ class Report:
 # --------------------------------------------------------------------------- small helpers
 
 
+#: how an incident was resolved, for people (``incidents.resolved_by``; anything else is the window that did not see it)
+RESOLVED_BY = {
+    "job_ended": "the job ended",
+    "recovered": "the job's step time is back at its level before the slowdown",
+    "stale": "nothing saw it for long",
+    "": "-",
+}
+
+
 def _e(v: object) -> str:
     return html.escape(str(v), quote=True)
 
@@ -532,7 +541,7 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
         state = (
             f"open since {_when(inc.opened_at)}, seen in {plural(inc.windows, 'window')}"
             if inc.status == "open"
-            else f"resolved {_when(inc.resolved_at)} by {inc.resolved_by or '-'}"
+            else f"resolved {_when(inc.resolved_at)}: {RESOLVED_BY.get(inc.resolved_by or '', f'window {inc.resolved_by} did not see it')}"
         )
         page_items = "".join(
             f"<li>{_e(p.route)} ({_e(p.receiver)}): {_e(p.action)} {_e(p.status)}"

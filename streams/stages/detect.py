@@ -20,6 +20,7 @@ from ...kafka import Topics
 from ...metrics import Metrics
 from ...schemas.records import (
     DetectorTick,
+    JobChange,
     ProfileTrigger,
     RecordError,
     StepPartial,
@@ -44,7 +45,8 @@ AGENT_COUNTERS = {
 
 
 class DetectStage(Stage):
-    """``topics.partials`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries`` -> ``topics.series``)."""
+    """``topics.partials`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries``, ``JobChange`` ->
+    ``topics.series``)."""
 
     name = "detect"
 
@@ -78,6 +80,7 @@ class DetectStage(Stage):
                 continue
             for decision in decisions:
                 await self._decided(decision)
+            await self._changes(self.detector.take_changes())
         await self.out.acknowledge(records)  # each record is done once it has been processed
 
     def _decide(self, record: RecordIn) -> Sequence[ProfileTrigger | TriggerRefused]:
@@ -114,12 +117,24 @@ class DetectStage(Stage):
             m.inc("trigger_refusals_total", code=decision.code, help="operators' trigger requests refused, by reason")
         await self.send(self.topics.control, decision.job, decision)
 
+    async def _changes(self, changes: Sequence[JobChange]) -> None:
+        """The detector's news for the sink's incidents (a slowdown profiled, recovered; a job ended) -> ``topics.series``."""
+        for ch in changes:
+            log.info("job %s: %s", ch.job, ch.reason)
+            self.metrics.inc(
+                "job_changes_total",
+                change=ch.change,
+                help="slowdowns profiled, recovered, and jobs ended, as the detector saw them",
+            )
+            await self.send(self.topics.series, ch.job, ch)
+
     async def on_timer(self, now: float) -> None:
         """Hang checks (a tick into each due job's partition: a timer cannot write the table), idle jobs
         forgotten, the step-time series published, the detector's gauges."""
         m = self.metrics
         for job in self.detector.due_ticks(now):
             await self.send(self.topics.partials, job, DetectorTick(job=job, at=now))
+        await self._changes(self.detector.due_endings(now))
         for job in self.detector.forget_idle(now):
             self.job_partition.pop(job, None)
             self.series.drop([job])
