@@ -127,11 +127,12 @@ class WindowStage(HoldingStage):
     def _terminal(self, closed: ClosedWindow[RecordIn]) -> tuple[Closed, str]:
         """How the window ended, and why (for people) unless it is complete."""
         w = closed.pending
-        if w.invalid:
-            step, why = min(w.invalid.items())
+        invalid = {s: why for s, why in w.invalid.items() if s not in w.results}  # a good twin supersedes it
+        if invalid:
+            step, why = min(invalid.items())
             return "failed", (
-                f"{len(w.invalid)} of {w.window_steps} step reports unreadable (step {step}: {why}); "
-                f"findings from the other {len(w.results)}"
+                f"{len(invalid)} of {w.window_steps} step reports unreadable (step {step}: {why}); "
+                f"findings from the {len(w.results)} others"
             )
         if not w.results:
             return "failed", (

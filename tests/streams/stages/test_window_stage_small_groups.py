@@ -2,7 +2,8 @@
 workers ran, zero and sub-microsecond times, measured and estimated waits, workers missing from a step.  Every
 step report the step stage publishes must be readable by the window stage, nothing may go to the dead letters,
 and the window must end in a report with a terminal state (``complete`` when every worker sent every step,
-``timeout`` otherwise), with a finite score on every deviation."""
+``timeout`` otherwise; ``failed`` if the trigger announced it and no step came), with a finite score on every
+deviation."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from lockstep.kafka import Topics
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import FeatureBatch, StepReport, WindowReport, WorkerMeta
+from lockstep.schemas.records import FeatureBatch, StepReport, WindowExpected, WindowReport, WorkerMeta
 from lockstep.streams.diagnosis import step_result
 from lockstep.streams.diagnosis.handoff import MAX_VALUE
 from tests.tiers import examples
@@ -83,28 +84,40 @@ def batch(step: int, rank: int, label: dict, fns: dict[str, float], waits: dict,
     )
 
 
-async def run(labels, steps) -> Pair:
+async def run(labels, steps, announced: bool) -> Pair:
     p = Pair(step_timeout_s=STEP_TIMEOUT_S, window_timeout_s=WINDOW_TIMEOUT_S)
     n = len(labels)
+    t = p.clock.t
+    if announced:  # as the detect stage does for every trigger
+        notice = WindowExpected(
+            job="j",
+            window=f"w{START}",
+            start_step=START,
+            steps=STEPS,
+            expected_workers=n,
+            created_at=t,
+            deadline=t + 10,
+        )
+        await p.stage_of[TOPICS.stepreports].on_record(p.produce(TOPICS.stepreports, "j", notice))
     for i, workers in enumerate(steps):
         for rank, sent in enumerate(workers):
             if sent is not None:
                 b = batch(START + i, rank, labels[rank], *sent, n)
                 await p.stage_of[TOPICS.features].on_record(p.produce(TOPICS.features, f"j:{START + i}", b))
     await p.pump()
-    t = p.clock.t
     await p.proc.steps.on_timer(t + STEP_TIMEOUT_S)  # steps missing a worker close without it
     await p.pump()
-    await p.proc.windows.on_timer(t + STEP_TIMEOUT_S + WINDOW_TIMEOUT_S)  # a window missing a step times out
+    # a window missing a step times out; one that no step reached fails at its deadline (10 s) + the timeout
+    await p.proc.windows.on_timer(t + 10 + STEP_TIMEOUT_S + WINDOW_TIMEOUT_S)
     await p.pump()
     return p
 
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(job())
-def test_every_step_report_of_a_small_group_validates_and_its_window_ends(case):
+@given(job(), st.booleans())
+def test_every_step_report_of_a_small_group_validates_and_its_window_ends(case, announced):
     labels, steps = case
-    p = asyncio.run(run(labels, steps))
+    p = asyncio.run(run(labels, steps, announced))
     assert p.dead() == {}
     reports = [r for r in p.sent(TOPICS.stepreports) if isinstance(r, StepReport)]
     sent_steps = [i for i, workers in enumerate(steps) if any(w is not None for w in workers)]
@@ -114,12 +127,14 @@ def test_every_step_report_of_a_small_group_validates_and_its_window_ends(case):
         z = result.outliers.column("z").to_numpy()
         assert np.isfinite(z).all() and (np.abs(z) <= MAX_VALUE).all()
     windows = [r for r in p.sent(TOPICS.windows) if isinstance(r, WindowReport)]
-    if not reports:
+    if not reports and not announced:
         assert windows == []  # no step at all, and no trigger announced it: nothing to close
         return
     (w,) = windows
     everyone = all(w is not None for workers in steps for w in workers)
-    assert w.closed == ("complete" if len(sent_steps) == STEPS else "timeout")
+    assert w.closed == ("complete" if len(sent_steps) == STEPS else "timeout" if sent_steps else "failed")
+    assert (w.closed_reason == "") == (w.closed == "complete")
     assert w.steps_seen == len(sent_steps) and (w.coverage == 1.0) == everyone
     assert p.proc.windows.open_windows == 0 and p.proc.steps.open_steps == 0
-    assert sorted(p.acked(TOPICS.stepreports)) == list(range(len(p.out.records(TOPICS.stepreports))))
+    offsets = len(p.out.records(TOPICS.stepreports)) + announced  # the notice was produced, the rest sent
+    assert sorted(p.acked(TOPICS.stepreports)) == list(range(offsets))
