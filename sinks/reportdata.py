@@ -80,7 +80,23 @@ def fetch_windows(run: Run, job: str | None = None, since: str | None = None, li
         f"FROM triggers t{tcond} ORDER BY ended_at DESC LIMIT {int(limit)}",
         params + tparams,
     )
-    return [WindowRow(*r[:10], math.nan if r[10] is None else r[10], r[11]) for r in rows]
+    return [
+        WindowRow(
+            job=r[0],
+            window=r[1],
+            start_step=r[2],
+            steps=r[3],
+            coverage=r[4],
+            findings=r[5],
+            closed=r[6],
+            closed_at=r[7],
+            expected_workers=r[8],
+            workers_seen=r[9],
+            bytes_per_worker=math.nan if r[10] is None else r[10],
+            closed_reason=r[11],
+        )
+        for r in rows
+    ]
 
 
 def _in(values: list) -> tuple[str, list]:
