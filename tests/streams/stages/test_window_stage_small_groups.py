@@ -54,13 +54,22 @@ def job(draw):
             if all(t is None for t in fns.values()):  # a function table has at least one row (else: bad input)
                 fns["fwd"] = draw(st.floats(min_value=0.0, max_value=200_000.0))
             waits = {f: draw(st.one_of(st.none(), st.floats(0.0, 100_000.0))) for f in ("allreduce", "send")}
-            workers.append(({f: t for f, t in fns.items() if t is not None}, waits))
+            # the all-reduce's link samples (the links' shapes are compared, in small rings too): none, or a mean,
+            # spread and peak, any of them zero
+            gbps = st.one_of(st.just(0.0), st.floats(1e-6, 400.0))
+            link = draw(st.one_of(st.none(), st.tuples(st.integers(0, 50), gbps, gbps, gbps)))
+            workers.append(({f: t for f, t in fns.items() if t is not None}, waits, link))
         steps.append(workers)
     return labels, steps
 
 
-def batch(step: int, rank: int, label: dict, fns: dict[str, float], waits: dict, n: int) -> FeatureBatch:
+def batch(step: int, rank: int, label: dict, fns: dict[str, float], waits: dict, link, n: int) -> FeatureBatch:
     names = list(fns)
+    samples, mean, sd, peak = link or (0, math.nan, math.nan, math.nan)
+
+    def on_allreduce(v, other):
+        return [v if f == "allreduce" else other for f in names]
+
     table = ft.make_table(
         {
             "function": names,
@@ -69,6 +78,10 @@ def batch(step: int, rank: int, label: dict, fns: dict[str, float], waits: dict,
             "total_us": [fns[f] for f in names],
             "critical_us": [fns[f] for f in names],
             "wait_us": [math.nan if waits.get(f) is None else min(waits[f], fns[f]) for f in names],
+            "samples": on_allreduce(samples, 0),
+            "nic_gbps": on_allreduce(mean, math.nan),
+            "nic_gbps_sd": on_allreduce(sd, math.nan),
+            "nic_gbps_p95": on_allreduce(peak, math.nan),
         }
     )
     return FeatureBatch(
