@@ -66,6 +66,8 @@ def test_the_reports_windows_hold_the_failed_one_with_its_reason_and_the_open_tr
         ("w100", "complete", ""),
     ]
     assert [w.window for w in fetch_windows(run, job="other")] == []
+    assert [w.window for w in fetch_windows(run, job="j", since="1d")] == ["w300", "w200", "w100"]  # stored in 2027
+    assert [w.window for w in fetch_windows(run, since="2027-01-15T08:02:00")] == ["w300", "w200"]
     page = render(gather(run))
     assert "3 windows · 1 failed · 1 open" in page
     assert f"No findings. 1 window failed (below), the latest: j / w200, {WHY}" in page.replace("&#x27;", "'")
