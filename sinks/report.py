@@ -578,6 +578,7 @@ svg{display:block;margin:.3em 0;font:12px system-ui,sans-serif} svg.strip{displa
 svg .axis{fill:#7f8c8d;font-size:11px} svg .label{font-size:11px;fill:#6e2c00} svg .z{font-size:10px}
 table{border-collapse:collapse} td,th{padding:.15em .7em;text-align:left;border-bottom:1px solid #eee;vertical-align:middle}
 td.v{text-align:right;white-space:nowrap} td.bad{color:#c0392b;font-weight:600} abbr{text-decoration:underline dotted}
+td.closed-failed{color:#c0392b;font-weight:600} td.closed-failed .meta{font-weight:normal}
 .key{display:inline-block;width:.9em;height:.7em;margin:0 .2em 0 .6em} .key.bad{background:#c0392b} .key.peer{background:#7f8c8d}
 .key.spread{background:#d5dbdb} code{background:#f4f6f7;padding:0 .3em;border-radius:3px}
 .next ul,.pages{margin:.2em 0 .2em 1.2em;padding:0} .summary{display:flex;gap:2.5em;margin:.8em 0}
