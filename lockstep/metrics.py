@@ -74,7 +74,9 @@ CATALOGUE: dict[str, Spec] = {
     "open_steps": Spec("gauge", (), "steps waiting for feature batches", _PROC),
     "open_windows": Spec("gauge", (), "windows waiting for step reports", _PROC),
     "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout)", _PROC),
-    "windows_closed_total": Spec("counter", ("reason",), "windows closed, by reason (complete, timeout)", _PROC),
+    "windows_closed_total": Spec(
+        "counter", ("reason",), "windows closed, by terminal state (complete, timeout, failed)", _PROC
+    ),
     "step_analysis_seconds": Spec("gauge", (), "time of the last step analysis", _PROC),
     "step_close_latency_seconds": Spec("histogram", (), "first feature batch of a step to its step report", _PROC),
     "window_close_latency_seconds": Spec(

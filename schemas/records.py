@@ -653,6 +653,32 @@ class WindowTimeout(_Record, tag="WindowTimeout", kw_only=True):
     window: Name
 
 
+#: how a profiling window ended: every step reported (``complete``), not every step by the window stage's timeout
+#: (``timeout``), or something went wrong that the window's report names in ``closed_reason`` (``failed``: invalid
+#: step reports, no step report at all by the trigger's deadline, a bug in the diagnosis)
+Closed = Literal["complete", "timeout", "failed"]
+
+
+class WindowExpected(_Record, tag="WindowExpected", kw_only=True):
+    """Internal: the detect stage tells the window stage that it triggered a window, so that the window ends in a
+    ``WindowReport`` even if no step report ever comes (``failed`` once ``deadline`` passed).  Key: ``job``, on the
+    step reports topic (the window's own partition there)."""
+
+    job: Name
+    window: Name
+    start_step: Step
+    steps: WindowSteps
+    expected_workers: Workers
+    kind: Literal["slowdown", "hang", "manual", "baseline"] = "slowdown"
+    policy: str = "default"  # the trigger's policy_ref (id@hash)
+    tenant: str = ""
+    created_at: Timestamp = 0.0
+    deadline: Timestamp = 0.0  # processor clock: by then its workers should have profiled and sent every step
+
+    def validate(self) -> None:
+        _finite("deadline", self.deadline)
+
+
 class WindowReport(_Record, tag="WindowReport", kw_only=True):
     """The observability budget of one closed profiling window. Key: ``job``."""
 
@@ -668,12 +694,14 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     findings: Count
     actionable: bool  # at least one finding with a cause (not ``unknown``, not ``undetermined``)
     reached_device: bool  # at least one finding names a device
-    closed: Literal["complete", "timeout"]
+    closed: Closed
     closed_at: Timestamp
     policy: str = "default"
     tenant: str = ""
     #: training progress lost while profiling, as a share of the window's step time; None until measured
     profiling_overhead: float | None = None
+    #: why a window closed ``failed`` or ``timeout`` (one line, for people); "" when it closed ``complete``
+    closed_reason: str = ""
 
     def validate(self) -> None:
         _finite("bytes_per_worker", self.bytes_per_worker)
@@ -807,6 +835,7 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         Finding,
         StepReport,
         WindowTimeout,
+        WindowExpected,
         WindowReport,
         DeadLetter,
         TriggerRequest,
@@ -834,6 +863,7 @@ Record = (
     | Finding
     | StepReport
     | WindowTimeout
+    | WindowExpected
     | WindowReport
     | DeadLetter
     | TriggerRequest

@@ -26,7 +26,7 @@ class Topics:
     heartbeats: str  # HeartbeatBatch, key job/shard; StepHeartbeat, TriggerRequest, key job
     control: str  # ProfileTrigger, RawRequest, key job
     features: str  # FeatureBatch, key job:step; StepSlice (internal, from the shard stage), key job:step
-    stepreports: str  # StepReport / WindowTimeout (internal), key job
+    stepreports: str  # StepReport / WindowTimeout / WindowExpected (internal), key job
     findings: str  # Finding, key job
     windows: str  # WindowReport, key job
     deadletter: str  # DeadLetter, key: the original key

@@ -227,7 +227,9 @@ class FindingsStore:
         """
         rows = self.con.execute(
             """
-            SELECT tenant, job, window_id, start_step, coverage, epoch(closed_at) FROM windows w
+            SELECT tenant, job, window_id, start_step,
+                   -- a failed window cannot clear a problem: what it lost may be what it would have seen
+                   CASE WHEN closed = 'failed' THEN 0.0 ELSE coverage END, epoch(closed_at) FROM windows w
             WHERE NOT coalesce(incidents_checked, false) AND (
                 (SELECT count(*) FROM findings f WHERE f.job = w.job AND f.window_id = w.window_id) >= w.findings
                 OR EXISTS (SELECT 1 FROM windows l WHERE l.job = w.job AND l.start_step > w.start_step))

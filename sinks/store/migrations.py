@@ -307,6 +307,29 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             FROM incident_timeline GROUP BY ALL;
         """,
     ),
+    (
+        6,
+        "windows.closed_reason (why a window failed or timed out), trigger_outcomes, failed windows per job",
+        """
+        ALTER TABLE windows ADD COLUMN closed_reason VARCHAR;
+        CREATE VIEW trigger_outcomes AS
+            SELECT t.tenant, t.job, t.window_id, t.kind, t.reason AS trigger_reason, t.start_step, t.steps,
+                   t.expected_workers, t.created_at AS triggered_at,
+                   coalesce(w.closed, 'open') AS closed, w.closed_reason, w.closed_at,
+                   w.steps_seen, w.workers_seen, w.coverage, w.findings
+            FROM triggers t LEFT JOIN windows w ON w.job = t.job AND w.window_id = t.window_id;
+        CREATE OR REPLACE VIEW coverage_by_job AS
+            SELECT tenant, job, count(*) AS windows,
+                   avg(coverage) AS mean_coverage, min(coverage) AS min_coverage,
+                   avg(bytes_per_worker) AS mean_bytes_per_worker,
+                   avg(profiling_overhead) AS mean_profiling_overhead,
+                   avg(reached_device::INTEGER) AS reached_device_share,
+                   count(*) FILTER (WHERE closed = 'timeout') AS timed_out,
+                   max(closed_at) AS last_closed_at,
+                   count(*) FILTER (WHERE closed = 'failed') AS failed
+            FROM windows GROUP BY tenant, job;
+        """,
+    ),
 ]
 
 

@@ -67,6 +67,7 @@ _WINDOW_SCHEMA = pa.schema(
         ("closed_at", pa.timestamp("us")),
         ("policy", pa.string()),
         ("profiling_overhead", pa.float64()),
+        ("closed_reason", pa.string()),
     ]
 )
 _TRIGGER_SCHEMA = pa.schema(

@@ -26,9 +26,10 @@ from ...schemas.records import (
     StepPartial,
     TriggerRefused,
     TriggerRequest,
+    WindowExpected,
     decode,
 )
-from ..detector import SlowdownDetector
+from ..detector import WINDOW_EXPIRY_MIN_S, SlowdownDetector
 from ..pictures import SeriesBuilder
 from ..policy import Policy
 from .base import Clock, Output, Partition, RecordIn, Stage
@@ -46,7 +47,7 @@ AGENT_COUNTERS = {
 
 class DetectStage(Stage):
     """``topics.partials`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries``, ``JobChange`` ->
-    ``topics.series``)."""
+    ``topics.series``; each trigger's ``WindowExpected`` -> ``topics.stepreports``)."""
 
     name = "detect"
 
@@ -112,6 +113,8 @@ class DetectStage(Stage):
                 decision.reason,
             )
             m.inc("triggers_total", kind=decision.kind, help="profiling windows triggered, by what opened them")
+            # the window stage opens the window now, so that it ends in a report even if no step report ever comes
+            await self.send(self.topics.stepreports, decision.job, self._expected(decision))
         else:
             log.info("refused a window for %s (request %s): %s", decision.job, decision.request, decision.reason)
             m.inc("trigger_refusals_total", code=decision.code, help="operators' trigger requests refused, by reason")
@@ -127,6 +130,25 @@ class DetectStage(Stage):
                 help="slowdowns profiled, recovered, and jobs ended, as the detector saw them",
             )
             await self.send(self.topics.series, ch.job, ch)
+
+    def _expected(self, t: ProfileTrigger) -> WindowExpected:
+        """The window stage's notice of a trigger, with the detector's own deadline for the window (by then its
+        workers should have profiled every step: a few times the window's expected duration, at least a minute)."""
+        st = self.detector.jobs.get(t.job)
+        opened = next((w for w in st.windows if w.name == t.window), None) if st is not None else None
+        deadline = opened.expires_at if opened is not None else t.created_at + WINDOW_EXPIRY_MIN_S
+        return WindowExpected(
+            job=t.job,
+            window=t.window,
+            start_step=t.start_step,
+            steps=t.steps,
+            expected_workers=t.expected_workers,
+            kind=t.kind,
+            policy=t.policy_ref,
+            tenant=t.tenant,
+            created_at=t.created_at,
+            deadline=max(deadline, t.created_at),
+        )
 
     async def on_timer(self, now: float) -> None:
         """Hang checks (a tick into each due job's partition: a timer cannot write the table), idle jobs
