@@ -74,7 +74,9 @@ CATALOGUE: dict[str, Spec] = {
     "open_steps": Spec("gauge", (), "steps waiting for feature batches", _PROC),
     "open_windows": Spec("gauge", (), "windows waiting for step reports", _PROC),
     "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout)", _PROC),
-    "windows_closed_total": Spec("counter", ("reason",), "windows closed, by reason (complete, timeout)", _PROC),
+    "windows_closed_total": Spec(
+        "counter", ("reason",), "windows closed, by terminal state (complete, timeout, failed)", _PROC
+    ),
     "step_analysis_seconds": Spec("gauge", (), "time of the last step analysis", _PROC),
     "step_close_latency_seconds": Spec("histogram", (), "first feature batch of a step to its step report", _PROC),
     "window_close_latency_seconds": Spec(
@@ -92,6 +94,9 @@ CATALOGUE: dict[str, Spec] = {
     "detector_jobs": Spec("gauge", (), "jobs the detector follows", _PROC),
     "detector_open_windows": Spec("gauge", (), "windows open or scheduled by this processor", _PROC),
     "step_series_points_total": Spec("counter", (), "points of the per-job step-time series published", _PROC),
+    "job_changes_total": Spec(
+        "counter", ("change",), "slowdowns profiled, recovered, and jobs ended, as the detector saw them", _PROC
+    ),
     # the host agents' own counters, carried on their heartbeats
     "agent_dropped_records": Spec(
         "gauge",
@@ -119,6 +124,9 @@ CATALOGUE: dict[str, Spec] = {
     "windows_written_total": Spec("counter", (), "window rows upserted", _SINK),
     "triggers_written_total": Spec("counter", (), "profiling trigger rows upserted", _SINK),
     "step_series_written_total": Spec("counter", (), "step-time series points upserted", _SINK),
+    "job_changes_written_total": Spec(
+        "counter", ("change",), "the detector's JobChange records stored, by change", _SINK
+    ),
     "write_seconds": Spec("histogram", (), "one DuckDB transaction (rows, incidents and offsets)", _SINK),
     "incident_events_total": Spec(
         "counter", ("action",), "incident changes, by action (trigger, update, resolve)", _SINK

@@ -3,7 +3,9 @@
 The processor (``/healthz``, ``/metrics``) and the sink (those, ``/query`` and the live page ``/``)
 serve through :class:`HttpServer`, which bounds what a client can hold:
 
-- at most ``max_connections`` open connections; one more is answered ``503`` and closed;
+- at most ``max_connections`` open connections for any request, and ``health_reserve`` more that are answered only
+  on ``/healthz`` and ``/metrics`` (anything else ``503``), so that idle or slow clients holding every connection do
+  not make the process look unhealthy; one more than both is answered ``503`` and closed;
 - a connection that sends no complete request within ``idle_timeout_s`` is closed (aiohttp's
   keep-alive timer runs from the connection's start, so a client that never sends, or sends its
   headers a byte at a time, is dropped);
@@ -45,11 +47,16 @@ class Busy(LockstepError):
 @dataclass(frozen=True)
 class Limits:
     max_connections: int = 64
+    health_reserve: int = 16  # connections beyond max_connections that serve only HEALTH_PATHS
     idle_timeout_s: float = 15.0
     body_timeout_s: float = 10.0
     max_body: int = 1 << 20
     workers: int = 4
     max_waiting: int = 8
+
+
+#: the paths a connection of the health reserve is answered on
+HEALTH_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 def json_response(body: object, status: int = 200, **kwargs) -> web.Response:
@@ -80,6 +87,7 @@ class HttpServer:
         self.port: int | None = None
         self._pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix=f"{name}-work")
         self._pending = 0
+        self._reserve: set[asyncio.BaseTransport] = set()  # open connections beyond max_connections
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -131,6 +139,9 @@ class HttpServer:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
+            if request.transport in self._reserve and request.path not in HEALTH_PATHS:
+                self.metrics.inc("http_refused_total", reason="connections")
+                raise Busy()
             resp = await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -191,7 +202,12 @@ class HttpServer:
 
         def bounded(handler, transport) -> None:
             connection_made(handler, transport)
-            if len(server.connections) > lim.max_connections:
+            n = len(server.connections)
+            if n > lim.max_connections:
+                self._reserve = {t for t in self._reserve if not t.is_closing()}
+            if lim.max_connections < n <= lim.max_connections + lim.health_reserve:
+                self._reserve.add(transport)  # answered on HEALTH_PATHS only (_guard)
+            elif n > lim.max_connections:
                 self.metrics.inc("http_refused_total", reason="connections")
                 body = b'{"error": "too many connections"}'
                 transport.write(

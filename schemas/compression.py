@@ -8,7 +8,8 @@ lies about it, or carries more frames after it, cannot write past it; anything e
 decompressed as a stream, in chunks, and refused as soon as the output passes the bound.
 
 Arrow IPC can compress its buffers itself, each declaring the length Arrow allocates before
-reading it; :func:`read_ipc_stream` refuses such streams (Lockstep compresses whole streams).
+reading it; :func:`read_ipc_stream` refuses such streams (Lockstep compresses whole streams), and validates every
+table it reads in full (indices, offsets, lengths, null counts, UTF-8) before anything uses it.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def _stream(data: bytes, max_bytes: int) -> bytes:
     parts, total = [], 0
     try:
         stream = pa.CompressedInputStream(pa.py_buffer(data), "zstd")
-        while chunk := stream.read(min(_CHUNK, max_bytes + 1 - total)):
-            total += len(chunk)
+        # read_buffer, not read: read() of a stream that turns out corrupt leaves its buffer allocated (pyarrow 26)
+        while (chunk := stream.read_buffer(min(_CHUNK, max_bytes + 1 - total))).size:
+            total += chunk.size
             if total > max_bytes:
                 raise CompressionError(f"zstd payload expands beyond the {max_bytes}-byte bound")
             parts.append(chunk)
@@ -136,7 +138,19 @@ def ipc_body_compressed(raw: bytes | memoryview) -> bool:
 
 
 def read_ipc_stream(raw: bytes | memoryview) -> pa.Table:
-    """An Arrow IPC stream as a table; CompressionError when a message compresses its buffers."""
+    """An Arrow IPC stream as a table, fully validated; CompressionError when a message compresses its buffers.
+
+    Arrow's reader checks the framing, not the values: a dictionary index outside its dictionary, an offset past its
+    data, a null count that lies or a string that is not UTF-8 reach the caller as they are, and the first kernel
+    that trusts them reads (or copies into a message) memory outside the table, or crashes the process.  The full
+    validation checks every index, offset, length and null count (linear in the table's size) and raises
+    ``pa.ArrowInvalid``, which readers turn into a refusal of the one record that carried the table."""
     if ipc_body_compressed(raw):
         raise CompressionError("Arrow IPC buffers compressed inside the stream (compress the whole stream instead)")
-    return pa.ipc.open_stream(raw).read_all()
+    table = pa.ipc.open_stream(raw).read_all()
+    table.validate(full=True)
+    try:
+        table.schema.names  # noqa: B018 - decoded here, so that a name that is not UTF-8 is refused with the table
+    except UnicodeDecodeError as exc:
+        raise pa.ArrowInvalid(f"a column name is not UTF-8 ({exc})") from None
+    return table

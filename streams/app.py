@@ -4,7 +4,7 @@ The stages (:mod:`lockstep.streams.stages`) hold the processor's logic; this mod
 them to faust, one app (one consumer group), at-least-once, concurrency 1:
 
 - ``heartbeats`` lockstep.heartbeats -> HeartbeatStage -> lockstep.partials (a shard's heartbeats of a step)
-- ``detect``   lockstep.partials    -> DetectStage  -> lockstep.control, lockstep.series
+- ``detect``   lockstep.partials    -> DetectStage  -> lockstep.control, lockstep.series, lockstep.stepreports (WindowExpected)
 - ``shards``   lockstep.windowfeatures -> ShardStage -> lockstep.features (step slices)
 - ``steps``    lockstep.features    -> StepStage    -> lockstep.stepreports
 - ``windows``  lockstep.stepreports -> WindowStage  -> lockstep.findings, lockstep.windows, lockstep.series
@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 
@@ -313,6 +314,24 @@ def _coerce(v: str):
     return {"true": True, "false": False}.get(v.lower(), v)
 
 
+#: how long a processor told to stop may take to stop cleanly; then it exits as it is (its effects are idempotent and
+#: its offsets are committed only after their records' effects, so nothing is lost: the next owner replays)
+STOP_GRACE_S = 10.0
+
+
+def exit_after(grace_s: float) -> None:
+    """End this process ``grace_s`` seconds from now unless it ended before: a faust worker whose Kafka client is
+    stuck (its broker gone) never finishes stopping, and logged errors for as long as it was left."""
+
+    def stop() -> None:
+        time.sleep(grace_s)
+        log.warning("did not stop within %.0f s of being told to; exiting now", grace_s)
+        logging.shutdown()
+        os._exit(0)
+
+    threading.Thread(target=stop, name="exit-after", daemon=True).start()
+
+
 def run_worker(app: faust.App, loglevel: str = "INFO", log_format: str = "text") -> None:
     """Run the faust worker in this process until SIGTERM/SIGINT, logging in the format of every other
     command (:func:`lockstep.logs.setup_logging`), not faust's own."""
@@ -327,6 +346,10 @@ def run_worker(app: faust.App, loglevel: str = "INFO", log_format: str = "text")
 
         def _setup_logging(self) -> None:
             setup_logging(loglevel, log_format)
+
+        def _schedule_shutdown(self, signum) -> None:  # SIGTERM, SIGINT (and a dead parent's SIGTERM)
+            exit_after(STOP_GRACE_S)
+            super()._schedule_shutdown(signum)
 
     asyncio.set_event_loop(asyncio.new_event_loop())
     worker = _Worker(

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 import pyarrow as pa
 
-from ..schemas.records import FeatureBatch, StepReport, StepSlice, WindowFeatures
+from ..schemas.records import FeatureBatch, StepReport, StepSlice, WindowExpected, WindowFeatures
 from .diagnosis.step import StepResult
 
 T = TypeVar("T")
@@ -311,8 +311,18 @@ class PendingWindow(Generic[T]):
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
     timeout_requested: bool = False
+    #: when its first step report came (valid or not); None while only its trigger's notice is in
+    first_report_at: float | None = None
+    #: no step report by then (the trigger's deadline, plus the timeout): close it ``failed``; None: not announced
+    deadline: float | None = None
+    #: steps whose report could not be read, with why (first wins): the window closes ``failed``, the others count
+    invalid: dict[int, str] = field(default_factory=dict)
     missing: set[int] = field(default_factory=set)  # expected workers a step report named missing ...
     missing_total: int = 0  # ... and the most any step missed (more than it could name)
+
+    @property
+    def steps_reported(self) -> int:
+        return len(self.results) + len(self.invalid.keys() - self.results.keys())
 
 
 @dataclass
@@ -322,38 +332,69 @@ class ClosedWindow(Generic[T]):
 
 
 class WindowAssembler(Generic[T]):
-    """Collects the step reports of a window; closes when every step reported, or on request."""
+    """Collects the step reports of a window; closes when every step reported (an unreadable report counts as
+    reported, and is remembered), or on request.  A window announced by its trigger (:meth:`expect`) is open before
+    any step report comes, so that it closes even if none ever does."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self._open: dict[tuple[str, str], PendingWindow[T]] = {}
 
-    def add(self, report: StepReport, result: StepResult, handle: Handle[T], now: float) -> ClosedWindow[T] | None:
-        key = (report.job, report.window)
+    def _window(
+        self, rec: StepReport | WindowExpected, handle: Handle[T], now: float
+    ) -> tuple[tuple[str, str], PendingWindow[T]]:
+        key = (rec.job, rec.window)
         w = self._open.get(key)
         if w is None:
+            if isinstance(rec, WindowExpected):
+                start, steps, policy = rec.start_step, rec.steps, rec.policy
+            else:
+                start, steps, policy = rec.window_start, rec.window_steps, rec.policy
             w = self._open[key] = PendingWindow(
-                job=report.job,
-                window=report.window,
-                window_start=report.window_start,
-                window_steps=report.window_steps,
-                expected_workers=report.expected_workers,
-                policy=report.policy,
-                tenant=report.tenant,
+                job=rec.job,
+                window=rec.window,
+                window_start=start,
+                window_steps=steps,
+                expected_workers=rec.expected_workers,
+                policy=policy,
+                tenant=rec.tenant,
                 partition=handle.partition,
                 opened_at=now,
             )
         w.handles.append(handle)
+        return key, w
+
+    def expect(self, notice: WindowExpected, handle: Handle[T], now: float) -> None:
+        """The trigger's notice: the window is open from now on, and fails if no step report came by its deadline."""
+        _, w = self._window(notice, handle, now)
+        w.deadline = max(notice.deadline, now) + self.timeout_s
+
+    def add(self, report: StepReport, result: StepResult, handle: Handle[T], now: float) -> ClosedWindow[T] | None:
+        key, w = self._window(report, handle, now)
+        if w.first_report_at is None:
+            w.first_report_at = now
         if report.step not in w.results:  # a replayed duplicate never replaces the first report
             w.results[report.step] = result
             w.bytes_in += report.bytes_in
+            # an expected worker missing from a step (it refused the trigger, was late, failed): the window is not
+            # complete (the window stage closes it as a timeout that names them)
             w.missing.update(report.missing)
             short = max(report.missing_total, report.expected_workers - report.workers_seen)
             w.missing_total = max(w.missing_total, short, len(w.missing))
-        if len(w.results) >= w.window_steps:
-            # every step reported; a window that misses an expected worker in any of them (it refused the trigger,
-            # was late, failed) waited for it: it closes as a timeout, never ``complete``
-            return self.close(key, "timeout" if w.missing_total else "complete")
+        return self._complete(key, w)
+
+    def add_invalid(self, report: StepReport, why: str, handle: Handle[T], now: float) -> ClosedWindow[T] | None:
+        """A step report whose tables could not be read: the step counts as reported (the window does not wait for
+        it) and the window will say why it failed; the other steps still count."""
+        key, w = self._window(report, handle, now)
+        if w.first_report_at is None:
+            w.first_report_at = now
+        w.invalid.setdefault(report.step, why)
+        return self._complete(key, w)
+
+    def _complete(self, key: tuple[str, str], w: PendingWindow[T]) -> ClosedWindow[T] | None:
+        if w.steps_reported >= w.window_steps:
+            return self.close(key, "complete")
         return None
 
     def hold(self, key: tuple[str, str], handle: Handle[T]) -> bool:
@@ -365,10 +406,17 @@ class WindowAssembler(Generic[T]):
         return True
 
     def due(self, now: float) -> list[tuple[str, str]]:
-        """Windows past their timeout for which no close was requested yet (marks them requested)."""
+        """Windows past their timeout (from their first step report) or, with no step report yet, past their
+        deadline, for which no close was requested yet (marks them requested)."""
         out = []
         for k, w in self._open.items():
-            if not w.timeout_requested and now - w.opened_at >= self.timeout_s:
+            if w.timeout_requested:
+                continue
+            if w.first_report_at is not None:
+                late = now - w.first_report_at >= self.timeout_s
+            else:
+                late = now >= (w.deadline if w.deadline is not None else w.opened_at + self.timeout_s)
+            if late:
                 w.timeout_requested = True
                 out.append(k)
         return out

@@ -46,6 +46,7 @@ class QueryLimits:
 
     timeout_s: float = 20.0  # then the query is interrupted (lockstep query waits 30 s for the sink's answer)
     max_rows: int = 100_000  # a larger result is refused: add a LIMIT or aggregate
+    max_bytes: int = 64 << 20  # so is one whose text and blobs add up to more (estimated while it is fetched)
     memory_bytes: int = 1 << 30  # DuckDB's memory_limit; no spilling to disk (max_temp_directory_size 0)
     threads: int = 2
     concurrent: int = 2  # queries at once through the sink; more are refused (QueryBusy)
@@ -261,7 +262,7 @@ def run_query(
                 deadline.watch(box)
             cur = box.execute(sql, params or []) if box is not None else con.execute(sql, params or [])
             cols = [d[0] for d in cur.description] if cur.description else []
-            rows = cur.fetchmany(limits.max_rows + 1)
+            rows = _fetch(cur, limits)
         finally:
             con.execute("ROLLBACK")
     except duckdb.InterruptException:
@@ -285,6 +286,28 @@ def run_query(
     return cols, rows
 
 
+_FETCH_ROWS = 2048
+
+
+def _fetch(cur: duckdb.DuckDBPyConnection, limits: QueryLimits) -> list[tuple]:
+    """The result's rows, fetched a chunk at a time: at most ``max_rows`` + 1 of them, and refused as soon as their
+    size passes ``max_bytes`` (text and blobs by length, anything else 16 bytes), before the rest is fetched."""
+    rows: list[tuple] = []
+    size = 0
+    while len(rows) <= limits.max_rows:
+        chunk = cur.fetchmany(min(_FETCH_ROWS, limits.max_rows + 1 - len(rows)))
+        if not chunk:
+            break
+        size += sum(len(v) if isinstance(v, (str, bytes)) else 16 for row in chunk for v in row)
+        if size > limits.max_bytes:
+            raise StoreError(
+                f"the result is larger than {limits.max_bytes >> 20} MiB, the most a query may return: "
+                "select fewer columns, add a LIMIT or aggregate"
+            )
+        rows.extend(chunk)
+    return rows
+
+
 def open_read_only(path: Path | str, limits: QueryLimits = QUERY_LIMITS) -> duckdb.DuckDBPyConnection:
     """The findings file, read-only, locked down (:func:`duckdb_config`): for commands that query it while no sink runs."""
     path = Path(path)
@@ -305,7 +328,7 @@ def jsonable(value):
     if isinstance(value, str) and value[:1] in "[{":
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than a parser's stack (50,000 '[')
             return value
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}

@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from lockstep.broker import EmbeddedBroker, free_port
 from lockstep.metrics import Metrics
 from lockstep.sinks.sink import QueryServer, sidecar
 from lockstep.sinks.store import FindingsStore
@@ -92,3 +93,39 @@ def test_a_parent_killed_with_sigkill_leaves_no_broker_and_no_child_behind(tmp_p
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.slow  # a real processor, and its broker taken away
+def test_a_processor_told_to_stop_ends_even_when_its_broker_is_gone(tmp_path):
+    """Before: a processor whose broker had gone (the demo SIGKILLed: broker and sink exit with it) never finished
+    stopping, on SIGTERM or its parent's death, and logged 7.4 KB/s of errors for as long as it was left."""
+    from lockstep.app.runtime import Child, settings_flags
+    from lockstep.config import Settings
+    from lockstep.kafka import ensure_topics
+
+    broker = EmbeddedBroker().start()
+    settings = Settings(
+        bootstrap_servers=broker.bootstrap_servers,
+        topic_prefix="stop",
+        processor_id="proc-stop",
+        sink_group="sink-stop",
+        partitions=2,
+        db=tmp_path / "f.duckdb",
+    )
+    ensure_topics(settings)
+    port = free_port()
+    proc = Child(
+        "processor",
+        ["processor", *settings_flags(settings, "processor"), "--http-port", str(port)],
+        tmp_path,
+        f"http://127.0.0.1:{port}/healthz",
+    )
+    try:
+        proc.wait_healthy(90)
+        broker.stop()
+        time.sleep(2)  # its client now retries a broker that is not there
+        proc.proc.send_signal(signal.SIGTERM)
+        assert _wait_gone(proc.proc.pid, 60), f"the processor did not end after SIGTERM:\n{proc.tail()}"
+    finally:
+        proc.kill()
+        broker.stop()

@@ -196,5 +196,6 @@ async def test_a_window_missing_a_worker_that_refused_the_trigger_is_not_complet
     (report,) = window_reports(p)
     assert (report.closed, report.steps_seen, report.expected_workers, report.workers_seen) == ("timeout", 2, 8, 7)
     assert (report.missing_workers, report.missing_total, report.coverage) == ([6], 1, 0.875)
+    assert "1 of 8 expected workers delivered nothing for some steps (6)" in report.closed_reason
     assert [(f.workers, f.cause) for f in findings(p)] == [([3], "gpu_slow")]  # the others still give findings
     assert p.proc.metrics.get("windows_closed_total", reason="timeout") == 1
