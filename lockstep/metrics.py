@@ -59,7 +59,7 @@ CATALOGUE: dict[str, Spec] = {
     # the processor's stages
     "open_shards": Spec("gauge", (), "shards of windows waiting for workers' features", _PROC),
     "shards_closed_total": Spec(
-        "counter", ("reason",), "shards of windows closed, by reason (complete, timeout)", _PROC
+        "counter", ("reason",), "shards of windows closed, by reason (complete, timeout, budget)", _PROC
     ),
     "heartbeats_total": Spec(
         "counter",
@@ -73,7 +73,7 @@ CATALOGUE: dict[str, Spec] = {
     ),
     "open_steps": Spec("gauge", (), "steps waiting for feature batches", _PROC),
     "open_windows": Spec("gauge", (), "windows waiting for step reports", _PROC),
-    "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout)", _PROC),
+    "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout, budget)", _PROC),
     "windows_closed_total": Spec(
         "counter", ("reason",), "windows closed, by terminal state (complete, timeout, failed)", _PROC
     ),
@@ -84,6 +84,12 @@ CATALOGUE: dict[str, Spec] = {
     ),
     "findings_total": Spec("counter", ("cause",), "findings published, by cause", _PROC),
     "late_records_total": Spec("counter", ("stage",), "records for steps or windows already closed", _PROC),
+    "budget_closes_total": Spec(
+        "counter",
+        ("stage",),
+        "steps or shards closed early because the stage's open units held more than its memory budget",
+        _PROC,
+    ),
     # the detector
     "triggers_total": Spec("counter", ("kind",), "profiling windows triggered, by what opened them", _PROC),
     "triggers_suppressed": Spec(

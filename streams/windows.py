@@ -99,12 +99,13 @@ class PendingStep(Generic[T]):
     accounted: set[int] = field(default_factory=set)  # ranks seen, or declared missing by their shard
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
+    held: int = 0  # bytes of the tables it holds (decompressed)
 
 
 @dataclass
 class ClosedStep(Generic[T]):
     pending: PendingStep[T]
-    reason: str  # complete | timeout
+    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
 
 
 class StepAssembler(Generic[T]):
@@ -117,6 +118,7 @@ class StepAssembler(Generic[T]):
         self._closed: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._remember = remember
         self.late = 0  # records for steps already closed
+        self.held_bytes = 0  # the open steps' tables
 
     def add(
         self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float
@@ -131,6 +133,7 @@ class StepAssembler(Generic[T]):
         p.batches[batch.worker.rank] = (batch, table, handle)  # a redelivered record replaces its twin
         p.accounted.add(batch.worker.rank)
         p.bytes_in += size
+        self._hold(p, table.nbytes)
         return self._complete(p), False
 
     def add_slice(
@@ -144,7 +147,19 @@ class StepAssembler(Generic[T]):
         p.accounted.update(workers.column("rank").to_pylist())
         p.accounted.update(sl.missing)
         p.bytes_in += sl.bytes_in
+        self._hold(p, workers.nbytes + functions.nbytes)
         return self._complete(p), False
+
+    def _hold(self, p: PendingStep[T], nbytes: int) -> None:
+        p.held += nbytes
+        self.held_bytes += nbytes
+
+    def close_largest(self) -> ClosedStep[T] | None:
+        """The open step holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
+        if not self._open:
+            return None
+        key = max(self._open, key=lambda k: self._open[k].held)
+        return self._close(key, "budget")
 
     def _pending(self, rec: FeatureBatch | StepSlice, handle: Handle[T], now: float) -> PendingStep[T] | None:
         """The open step of a record (opened by it if need be); None if the step closed already (the record is late)."""
@@ -180,6 +195,7 @@ class StepAssembler(Generic[T]):
 
     def _close(self, key: tuple[str, int], reason: str) -> ClosedStep[T]:
         p = self._open.pop(key)
+        self.held_bytes -= p.held
         self._closed[key] = None
         while len(self._closed) > self._remember:
             self._closed.popitem(last=False)
@@ -187,7 +203,7 @@ class StepAssembler(Generic[T]):
 
     def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, p in self._open.items() if p.partition in partitions]:
-            del self._open[k]
+            self.held_bytes -= self._open.pop(k).held
 
     @property
     def open_steps(self) -> int:
@@ -219,12 +235,13 @@ class PendingShard(Generic[T]):
     )  # twins a later record replaced
     present: int = 0  # members that sent their record
     handles: list[Handle[T]] = field(default_factory=list)
+    held: int = 0  # bytes of the tables it holds (decompressed)
 
 
 @dataclass
 class ClosedShard(Generic[T]):
     pending: PendingShard[T]
-    reason: str  # complete | timeout
+    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
 
 
 class ShardAssembler(Generic[T]):
@@ -236,6 +253,7 @@ class ShardAssembler(Generic[T]):
         self._open: dict[tuple[str, str, int, int], PendingShard[T]] = {}
         self._closed: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._remember = remember
+        self.held_bytes = 0  # the open shards' tables
 
     def add(
         self, rec: WindowFeatures, table: pa.Table, size: int, handle: Handle[T], now: float
@@ -269,6 +287,8 @@ class ShardAssembler(Generic[T]):
             p.present += 1
         p.records[rank] = (rec, table, size, handle)  # a redelivered record replaces its twin
         p.handles.append(handle)
+        p.held += table.nbytes
+        self.held_bytes += table.nbytes
         if p.present >= len(p.members):
             return self._close(key, "complete"), False
         return None, False
@@ -277,8 +297,16 @@ class ShardAssembler(Generic[T]):
         due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
         return [self._close(k, "timeout") for k in due]
 
+    def close_largest(self) -> ClosedShard[T] | None:
+        """The open shard holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
+        if not self._open:
+            return None
+        key = max(self._open, key=lambda k: self._open[k].held)
+        return self._close(key, "budget")
+
     def _close(self, key: tuple[str, str, int, int], reason: str) -> ClosedShard[T]:
         p = self._open.pop(key)
+        self.held_bytes -= p.held
         self._closed[key] = None
         while len(self._closed) > self._remember:
             self._closed.popitem(last=False)
@@ -286,7 +314,7 @@ class ShardAssembler(Generic[T]):
 
     def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, p in self._open.items() if p.partition in partitions]:
-            del self._open[k]
+            self.held_bytes -= self._open.pop(k).held
 
     @property
     def open_shards(self) -> int:

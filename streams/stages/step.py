@@ -79,7 +79,7 @@ class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
                     bytes_in=p.bytes_in,
                     policy=p.policy,
                     tenant=p.tenant,
-                    closed=closed.reason,
+                    closed="complete" if closed.reason == "complete" else "timeout",  # budget: closed early
                 )
                 rec.missing, rec.missing_total = missing_workers(p.expected_workers, frame.rank)
                 report = encode(rec)
