@@ -188,3 +188,25 @@ def test_each_commands_help_lists_the_settings_it_reads_only():
     # the flags the help leaves out are still accepted where they are settings (one set of flags for every process)
     r = lockstep("processor", "--db", "x.duckdb", "--partitions", "zero")
     assert "partitions" in r.stderr and "unrecognized" not in r.stderr
+
+
+def test_agent_env_gives_each_command_a_run_of_its_own_unless_the_launcher_names_one():
+    """Every process one `lockstep agent run` starts shares its run id (their spools are that run's); the next
+    command is another run (it never sends what this one left), unless the launcher names the run (a requeued Slurm
+    job is the same run: it sends its own spool)."""
+
+    def run_id(**env):
+        base = {"PATH": "/usr/bin:/bin", "LOCKSTEP_BOOTSTRAP_SERVERS": "127.0.0.1:1", **env}
+        r = subprocess.run(
+            [sys.executable, "-m", "lockstep", "agent", "env", "--job", "j", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=base,
+        )
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["LOCKSTEP_AGENT_RUN_ID"]
+
+    assert run_id() != run_id()
+    assert run_id(SLURM_JOB_ID="41", SLURM_STEP_ID="2") == "41.2"
+    assert run_id(LOCKSTEP_AGENT_RUN_ID="again") == "again"
