@@ -1,0 +1,185 @@
+"""Real jobs, live: torch DDP jobs of 2, 3 and 4 ranks launched as a user would (``lockstep agent run -- torchrun``),
+next to the real broker, processor and sink under the default policy.  A fault is switched on mid-run (one rank spends
+more time in one function); nobody sends a trigger by hand.  Each job's slow rank and function must be named live,
+every trigger must end in a window with a terminal state, the windows must expect every rank, and the heartbeat stage
+must count (almost) no heartbeat as late.  A healthy job must give no confident finding.
+
+Onset-to-finding (steps and seconds) is printed, not asserted (``-s`` shows it; ``benchmarks/time_to_diagnosis.py``
+measures it over several runs).
+
+Before issue 20: a 2-rank job lost every window (its step reports were dead-lettered), a quarter of real heartbeats
+counted as late, and windows expected too few workers (a 2-rank window said "1 of 1, coverage 100%").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lockstep.app.runtime import Pipeline
+from lockstep.broker import free_port
+from lockstep.kafka import ensure_topics
+from lockstep.metrics import value
+from lockstep.sinks.sink import query, wait_for
+from lockstep.streams.app import changelog_topics
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+FAULT_AT = 120  # the step from which the slow rank is slow
+
+
+@dataclass
+class LiveJob:
+    """A running ``lockstep agent run -- torchrun`` job and where it writes."""
+
+    job: str
+    world: int
+    proc: subprocess.Popen
+    out: Path
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        (self.out / "stop").touch()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def step_times(self) -> list[tuple[int, float]]:
+        path = self.out / "steps.txt"
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                rows.append((int(parts[0]), float(parts[1])))
+        return rows
+
+
+def start_job(settings, tmp_path: Path, job: str, world: int, slow_rank: int, slow_ms: float = 30.0) -> LiveJob:
+    out = tmp_path / job
+    out.mkdir()
+    env = {
+        **os.environ,
+        "SLOW_RANK": str(slow_rank),
+        "SLOW_MS": str(slow_ms),
+        "FAULT_AT": str(FAULT_AT),
+        "STOP_FILE": str(out / "stop"),
+        "OUT_DIR": str(out),
+        "MAX_STEPS": "4000",
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "LOCKSTEP_AGENT_REDACT": "none",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "lockstep",
+        "agent",
+        "run",
+        "--job",
+        job,
+        "--bootstrap-servers",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        settings.topic_prefix,
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(world),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(HERE / "live_job.py"),
+    ]
+    log = open(out / "job.log", "wb")  # noqa: SIM115 - the job writes into it until it ends
+    return LiveJob(job, world, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), out)
+
+
+def findings(settings, job: str) -> list[tuple]:
+    return query(
+        settings.db,
+        "SELECT window_id, workers, function, cause, confidence, epoch(created_at) FROM findings WHERE job = ?",
+        [job],
+    )[1]
+
+
+def onset_to_finding(job: LiveJob, stored_at: float) -> tuple[int, float]:
+    """(steps, seconds) from the first slow step to the step the job was at when the finding was stored."""
+    times = job.step_times()
+    onset = next(t for s, t in times if s == FAULT_AT)
+    at = max((s for s, t in times if t <= stored_at), default=FAULT_AT)
+    return at - FAULT_AT, stored_at - onset
+
+
+@pytest.fixture
+def pipeline(settings, tmp_path):
+    ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
+    p = Pipeline(settings, tmp_path)
+    p.start("sink", 60)
+    p.start("processor", 60)
+    yield p
+    p.stop()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_real_job_with_a_slow_rank_is_named_live(settings, tmp_path, pipeline, world):
+    slow_rank = world - 1
+    job = start_job(settings, tmp_path, f"live{world}", world, slow_rank)
+    try:
+
+        def named() -> list[tuple]:
+            if job.proc.poll() is not None:
+                pytest.fail(f"the job ended early:\n{(job.out / 'job.log').read_text()[-3000:]}")
+            return [
+                f
+                for f in findings(settings, job.job)
+                if slow_rank in f[1] and re.search("preprocess", f[2]) and len(f[1]) < world
+            ]
+
+        assert wait_for(named, 300, 1.0), f"no finding named rank {slow_rank}: {findings(settings, job.job)}"
+        hit = min(named(), key=lambda f: f[5])
+        steps, seconds = onset_to_finding(job, hit[5])
+        print(f"\nLIVE {world} ranks: rank {slow_rank} {hit[2]} ({hit[3]}, {hit[4]:.2f}) {steps} steps, {seconds:.1f} s")
+    finally:
+        job.stop()
+
+    def all_ended() -> bool:
+        return query(settings.db, "SELECT count(*) FROM trigger_outcomes WHERE job = ? AND closed = 'open'", [job.job])[
+            1
+        ][0][0] == 0
+
+    assert wait_for(all_ended, 120, 1.0), query(settings.db, "SELECT * FROM trigger_outcomes WHERE job = ?", [job.job])
+    windows = query(settings.db, "SELECT window_id, expected_workers, closed FROM windows WHERE job = ?", [job.job])[1]
+    assert windows and all(expected == world for _, expected, _ in windows), windows
+    triggers = query(settings.db, "SELECT count(*) FROM triggers WHERE job = ?", [job.job])[1][0][0]
+    assert triggers == len(windows), (triggers, windows)  # every trigger a window
+    samples = pipeline.metrics("processor")
+    late = value(samples, "lockstep_late_records_total", stage="heartbeats")
+    beats = value(samples, "lockstep_heartbeats_total")
+    print(f"LIVE {world} ranks: {late:.0f} of {beats:.0f} heartbeats late")
+    assert beats > 0 and late <= 0.01 * beats, (late, beats)  # before: about a quarter
+
+
+@pytest.mark.timeout(600)
+def test_a_healthy_real_job_gives_no_confident_finding(settings, tmp_path, pipeline):
+    job = start_job(settings, tmp_path, "healthy", 2, -1)
+    try:
+        assert wait_for(lambda: len(job.step_times()) >= FAULT_AT + 150 or job.proc.poll() is not None, 300, 1.0)
+    finally:
+        job.stop()
+    time.sleep(settings.window_timeout_s)  # a window that was open has closed
+    assert [f for f in findings(settings, job.job) if f[4] >= 0.5] == []
