@@ -66,6 +66,9 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 #: workers per shard of a window's feature records (``WindowFeatures``), unless the trigger says otherwise
 SHARD_WORKERS = 256
+#: the most steps one HeartbeatBatch may span: an agent's (or a host relay's) batch covers one flush interval, a few
+#: hundred steps at most; the heartbeat stage opens a step, with a flag per member of the shard, for each distinct one
+MAX_BATCH_STEP_SPAN = 1024
 ShardWorkers = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
 
 FUNCTION_KINDS = ("compute", "memcpy", "collective", "p2p", "python", "dataloader", "optimizer", "other", "sync")
@@ -237,6 +240,12 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
             )
         for e in self.echoes:
             _finite("echoes.latency_s", e.latency_s)
+        if n and (span := max(self.step) - min(self.step)) >= MAX_BATCH_STEP_SPAN:
+            raise RecordError(
+                "invalid",
+                f"steps {min(self.step)}..{max(self.step)} span {span + 1}, over the {MAX_BATCH_STEP_SPAN} "
+                "a batch may cover (an agent's batch covers one flush interval)",
+            )
 
     def heartbeats(self) -> list[StepHeartbeat]:
         """The batch as one ``StepHeartbeat`` per row (the rare fields on the worker's first row), for readers that
