@@ -121,8 +121,10 @@ def real_run(settings: Settings, world: int, tmp: Path, timeout_s: float) -> dic
     job = live.start_job(settings, tmp, f"real{world}-{uuid.uuid4().hex[:4]}", world, world - 1)
     try:
         ok = wait_for(
-            lambda: any(world - 1 in f[1] and "preprocess" in f[2] for f in live.findings(settings, job.job))
-            or job.proc.poll() is not None,
+            lambda: (
+                any(world - 1 in f[1] and "preprocess" in f[2] for f in live.findings(settings, job.job))
+                or job.proc.poll() is not None
+            ),
             timeout_s,
             1.0,
         )
@@ -163,7 +165,9 @@ def summarise(label: str, runs: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per cost and per job size (default 3)")
-    ap.add_argument("--costs", default="0.02,0.05,0.20", help="fault costs as shares of the step (default 2%%, 5%%, 20%%)")
+    ap.add_argument(
+        "--costs", default="0.02,0.05,0.20", help="fault costs as shares of the step (default 2%%, 5%%, 20%%)"
+    )
     ap.add_argument("--steps-per-s", type=float, default=10.0, help="simulated jobs' speed (default 10 steps/s)")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="how long a run may take to find it (default 60)")
     ap.add_argument("--real", action="store_true", help="also real torch DDP jobs of 2, 3 and 4 ranks")
@@ -189,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             pipeline.start("sink", 60)
             pipeline.start("processor", 60)
             for cost in (float(c) for c in args.costs.split(",")):
-                runs = [simulated_run(settings, cost, 100 + i, args.steps_per_s, args.timeout_s) for i in range(args.runs)]
+                runs = [
+                    simulated_run(settings, cost, 100 + i, args.steps_per_s, args.timeout_s) for i in range(args.runs)
+                ]
                 rows.append(summarise(f"simulated, cost {cost:.0%}", runs))
             if args.real:
                 for world in (2, 3, 4):

@@ -45,6 +45,21 @@ AGENT_COUNTERS = {
 }
 
 
+#: per-job metric series: at most this many jobs each (the largest values), the rest summed as one series
+TOP_JOBS = 50
+OTHER_JOBS = "(other)"
+
+
+def top_jobs(values: dict[str, float], k: int = TOP_JOBS) -> dict[tuple[tuple[str, str], ...], float]:
+    """A per-job gauge's series, bounded in number: the ``k`` jobs of largest non-zero value, and the others' sum as
+    ``job="(other)"`` (a scrape of 100,000 jobs' series was 101.6 MB and took 4 s).  Jobs at zero have no series."""
+    nonzero = sorted(((v, j) for j, v in values.items() if v), reverse=True)
+    out: dict[tuple[tuple[str, str], ...], float] = {(("job", j),): v for v, j in nonzero[:k]}
+    if len(nonzero) > k:
+        out[(("job", OTHER_JOBS),)] = sum(v for v, _ in nonzero[k:])
+    return out
+
+
 class DetectStage(Stage):
     """``topics.partials`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries``, ``JobChange`` ->
     ``topics.series``; each trigger's ``WindowExpected`` -> ``topics.stepreports``)."""
@@ -180,8 +195,9 @@ class DetectStage(Stage):
         for name, what in AGENT_COUNTERS.items():
             m.replace(
                 f"agent_{name}",
-                {(("job", job),): getattr(c, name) for job, c in counters.items()},
-                help=f"{what}, summed over the job's workers as their agents last reported (jobs this processor follows)",
+                top_jobs({job: getattr(c, name) for job, c in counters.items()}),
+                help=f"{what}, summed over the job's workers as their agents last reported (jobs this processor "
+                f"follows; the {TOP_JOBS} largest, the rest as job={OTHER_JOBS!r})",
             )
 
     def on_revoked(self, partitions: Collection[Partition]) -> None:

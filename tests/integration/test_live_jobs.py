@@ -153,14 +153,19 @@ def test_a_real_job_with_a_slow_rank_is_named_live(settings, tmp_path, pipeline,
         assert wait_for(named, 300, 1.0), f"no finding named rank {slow_rank}: {findings(settings, job.job)}"
         hit = min(named(), key=lambda f: f[5])
         steps, seconds = onset_to_finding(job, hit[5])
-        print(f"\nLIVE {world} ranks: rank {slow_rank} {hit[2]} ({hit[3]}, {hit[4]:.2f}) {steps} steps, {seconds:.1f} s")
+        print(
+            f"\nLIVE {world} ranks: rank {slow_rank} {hit[2]} ({hit[3]}, {hit[4]:.2f}) {steps} steps, {seconds:.1f} s"
+        )
     finally:
         job.stop()
 
     def all_ended() -> bool:
-        return query(settings.db, "SELECT count(*) FROM trigger_outcomes WHERE job = ? AND closed = 'open'", [job.job])[
-            1
-        ][0][0] == 0
+        return (
+            query(settings.db, "SELECT count(*) FROM trigger_outcomes WHERE job = ? AND closed = 'open'", [job.job])[1][
+                0
+            ][0]
+            == 0
+        )
 
     assert wait_for(all_ended, 120, 1.0), query(settings.db, "SELECT * FROM trigger_outcomes WHERE job = ?", [job.job])
     windows = query(settings.db, "SELECT window_id, expected_workers, closed FROM windows WHERE job = ?", [job.job])[1]

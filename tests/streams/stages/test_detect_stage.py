@@ -185,3 +185,19 @@ async def test_a_revoked_partition_takes_its_jobs_with_it(pair):
     assert "j" in p.proc.detect.detector.jobs
     p.proc.detect.on_revoked({Partition(TOPICS.partials, 0)})
     assert p.proc.detect.detector.jobs == {} and p.proc.detect.series.jobs == {} and p.proc.detect.job_partition == {}
+
+
+def test_per_job_agent_series_are_bounded_in_number_the_rest_summed():
+    """Before: one series per job the processor follows (100,000 jobs: /metrics 101.6 MB, 4 s a scrape)."""
+    from lockstep.metrics import Metrics
+    from lockstep.streams.stages.detect import OTHER_JOBS, top_jobs
+
+    values = {f"j{i}": float(i % 7) for i in range(100_000)}
+    series = top_jobs(values, k=50)
+    assert len(series) == 51 and sum(series.values()) == sum(values.values())
+    assert series[(("job", OTHER_JOBS),)] == sum(sorted(values.values())[:-50])
+    assert top_jobs({"a": 0.0, "b": 0.0}) == {}  # nothing to report: no series
+    m = Metrics()
+    m.replace("agent_dropped_records", top_jobs(values))
+    m.replace("agent_dropped_records", top_jobs({"a": 0.0}))  # every job back at zero: the series disappear
+    assert "agent_dropped_records{" not in m.render()
