@@ -181,7 +181,7 @@ class Agent:
     def _join_relay(self) -> None:
         """Become the host's relay (local rank 0) or link to it; without either, the agent works on its own."""
         cfg = self.config
-        directory = cfg.relay_dir if cfg.relay_dir is not None else run_dir(cfg.job)
+        directory = cfg.relay_dir if cfg.relay_dir is not None else run_dir(cfg.job, self.meta.host)
         try:
             if self.meta.local_rank == 0:
                 self._relay = Relay(directory, alive_interval_s=min(cfg.flush_interval_s, 1.0)).start()
@@ -374,8 +374,8 @@ class Agent:
         relay_dropped = self._relay.counters.dropped_rows if self._relay is not None else 0
         self._io_snapshot = (self._outbox.dropped + relay_dropped, len(self._outbox.spool))
         if self._link is not None:
-            records: list | None = self._link.poll(timeout_s)  # waits only while the relay answers
-            if self._link.relayed:  # the relay forwards the control records: no consumer of our own
+            records: list | None = self._link.poll(timeout_s)  # waits only while the relay answers (or may soon)
+            if self._link.relayed or self._link.joining:  # the relay forwards the control records: no consumer
                 if self._control.connected:
                     self._control.close()
             else:  # on our own: follow the control topic too (a record seen twice is refused as a duplicate)
@@ -529,6 +529,8 @@ class Agent:
         self._window_thread.join(timeout=timeout_s)
         if self._relay is not None:  # the host's agents send themselves from now on; what they handed over goes below
             self._relay.close()
+        if self._link is not None:  # a relay that has not answered yet is waited for no longer
+            self._link.leave()
         self._outbox.close(timeout_s)
         self._control.close()
         if self._link is not None:

@@ -68,6 +68,8 @@ RELAY_SOCKET = "relay.sock"
 PENDING_ROWS_MAX = 200_000
 #: an agent not heard from for this long is no longer sent control records and pings
 PEER_FORGET_S = 60.0
+#: heartbeat rows an agent keeps while it waits for a relay to start; beyond, it sends them itself
+HELD_ROWS_MAX = 10_000
 #: an agent without relay says hello again after this long, then twice as long each time, up to its ``retry_s``
 FIRST_RETRY_S = 0.5
 #: environment variables naming one run of a launcher (what tells two runs of the same job apart)
@@ -107,10 +109,11 @@ def run_id(env: Mapping[str, str]) -> str:
     return ",".join([*ids, f"ppid={os.getppid()}"])
 
 
-def run_dir(job: str, env: Mapping[str, str] | None = None, base: Path | None = None) -> Path:
-    """The per-run directory the ranks of one run on one host meet in (short: a socket path has <= 107 bytes)."""
+def run_dir(job: str, host: str = "", env: Mapping[str, str] | None = None, base: Path | None = None) -> Path:
+    """The per-run directory the ranks of one run on one host meet in (short: a socket path has <= 107 bytes).
+    ``host`` is the host the agent says it is on: ranks configured as different hosts never share a relay."""
     env = os.environ if env is None else env
-    digest = hashlib.sha1(f"{job}\0{run_id(env)}".encode()).hexdigest()[:16]
+    digest = hashlib.sha1(f"{job}\0{host}\0{run_id(env)}".encode()).hexdigest()[:16]
     return (base or Path(tempfile.gettempdir())) / f"lockstep-relay-{os.getuid()}" / digest
 
 
@@ -244,6 +247,7 @@ class Relay:
         self.path = directory / RELAY_SOCKET
         self._sock = _bind(self.path)
         self._sock.setblocking(False)
+        self._inode = self.path.stat().st_ino  # to remove only our own socket (a later relay may bind the path)
         self._alive_interval_s = alive_interval_s
         self._pending_rows_max = pending_rows_max
         self._pending: deque[HeartbeatBatch] = deque()
@@ -356,7 +360,8 @@ class Relay:
             return
         self._stop.set()
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+            if self.path.stat().st_ino == self._inode:
+                self.path.unlink()
         if self._thread.is_alive():
             self._thread.join(timeout=self._alive_interval_s + 2.0)
         with contextlib.suppress(OSError):
@@ -387,14 +392,34 @@ class RelayLink:
         self.relayed = True  # the relay takes our heartbeats and sends us control records
         self._heard_at = time.monotonic()  # when the relay last spoke (monotonic)
         self._next_hello = 0.0
+        self._joining_until = 0.0  # a relay that starts a little later is waited for until then (monotonic)
+        self._held: list[HeartbeatBatch] = []  # heartbeats kept for it meanwhile
+        self._held_rows = 0
         if not self._send(frame(HELLO)):
             self.relayed = False
+            self._joining_until = time.monotonic() + silence_s
             self._next_hello = time.monotonic() + self._backoff_s
-            log.info("no host relay at %s yet: this agent sends to Kafka itself until it answers", self.relay_path)
+
+    @property
+    def joining(self) -> bool:
+        """Whether the agent still waits for a relay that was not there when it started (it keeps its heartbeats)."""
+        return not self.relayed and time.monotonic() < self._joining_until
+
+    def leave(self) -> None:
+        """Wait for the relay no longer (the agent closes): what was kept for it goes with the next hand-over."""
+        self._joining_until = 0.0
 
     def hand_over(self, batches: list[HeartbeatBatch]) -> list[HeartbeatBatch]:
         """Hand ``batches`` to the relay; returns those it could not take (the agent sends them itself)."""
+        if self._held:
+            batches, self._held, self._held_rows = [*self._held, *batches], [], 0
         if not self.relayed:
+            if self.joining and self._held_rows + sum(len(b.worker) for b in batches) <= HELD_ROWS_MAX:
+                self._held, self._held_rows = batches, sum(len(b.worker) for b in batches)
+                return []
+            if self._joining_until:
+                self._joining_until = 0.0
+                log.info("no host relay at %s: this agent sends to Kafka itself until one answers", self.relay_path)
             return batches
         for i, b in enumerate(batches):
             for data in heartbeat_frames([b]):
@@ -420,6 +445,7 @@ class RelayLink:
             self.fallbacks += 1
             log.warning("host relay lost (%s): this agent sends to Kafka itself", why)
         self.relayed = False
+        self._joining_until = 0.0
         self._backoff_s = FIRST_RETRY_S
         self._next_hello = time.monotonic() + self._backoff_s
 
@@ -431,7 +457,7 @@ class RelayLink:
             self._backoff_s = min(self._retry_s, 2 * self._backoff_s)
             self._next_hello = now + self._backoff_s
             self._send(frame(HELLO))
-        if self.relayed and timeout_s > 0:
+        if (self.relayed or self.joining) and timeout_s > 0:
             try:
                 select.select([self._sock], [], [], timeout_s)
             except (OSError, ValueError):
@@ -457,7 +483,7 @@ class RelayLink:
                 continue
             self._heard_at = time.monotonic()
             if not self.relayed:
-                self.relayed = True
+                self.relayed, self._joining_until = True, 0.0
                 log.info("handing heartbeats to the host relay %s", self.relay_path)
             if rec is not None:
                 out.append(rec)

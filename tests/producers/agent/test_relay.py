@@ -133,9 +133,12 @@ def test_heartbeat_frames_fit_a_datagram():
 
 
 def test_run_dir_is_per_job_and_run():
-    a = run_dir("j", {"TORCHELASTIC_RUN_ID": "r1"})
-    assert a == run_dir("j", {"TORCHELASTIC_RUN_ID": "r1"})
-    assert a != run_dir("j", {"TORCHELASTIC_RUN_ID": "r2"}) and a != run_dir("k", {"TORCHELASTIC_RUN_ID": "r1"})
+    a = run_dir("j", "h", {"TORCHELASTIC_RUN_ID": "r1"})
+    assert a == run_dir("j", "h", {"TORCHELASTIC_RUN_ID": "r1"})
+    assert a != run_dir("j", "h", {"TORCHELASTIC_RUN_ID": "r2"}) and a != run_dir(
+        "k", "h", {"TORCHELASTIC_RUN_ID": "r1"}
+    )
+    assert a != run_dir("j", "h2", {"TORCHELASTIC_RUN_ID": "r1"})  # ranks configured as other hosts: apart
     assert len(str(a / "agent-4194304.sock")) < 100
 
 
@@ -201,6 +204,31 @@ def test_agents_fall_back_when_the_relay_ends_and_come_back_when_one_answers(rel
     finally:
         relay.close()
         link.close()
+
+
+def test_an_agent_waits_a_little_for_a_relay_that_starts_after_it(relay_dir):
+    early = RelayLink(relay_dir, silence_s=5.0)  # no relay yet: it keeps its heartbeats for a while
+    lonely = None
+    relay = None
+    try:
+        b1, b2 = batch_of(beats(1, range(3))), batch_of(beats(1, range(3, 6)))
+        assert early.joining and not early.relayed and early.hand_over([b1]) == []
+        relay = Relay(relay_dir, alive_interval_s=0.05).start()
+        wait_for(lambda: (early.poll(0.02), early.relayed)[1])  # its hello is answered
+        assert early.hand_over([b2]) == []
+        wait_for(lambda: relay.counters.rows_in == 6)
+        assert rows(relay.take()) == rows([b1, b2])
+
+        lonely = RelayLink(run_dir(f"none-{time.monotonic_ns()}"), silence_s=0.2)  # no relay ever
+        assert lonely.hand_over([b1]) == []
+        time.sleep(0.25)
+        assert not lonely.joining and lonely.hand_over([b2]) == [b1, b2]  # the agent sends them itself
+    finally:
+        if relay is not None:
+            relay.close()
+        early.close()
+        if lonely is not None:
+            lonely.close()
 
 
 def test_a_silent_relay_is_left_and_a_stalled_one_never_blocks_the_agent(relay_dir):
