@@ -482,6 +482,8 @@ class Agent:
 
     def report(self) -> AgentReport:
         dropped, spooled = self._outbox.dropped, len(self._outbox.spool)
+        if self._relay is not None:
+            dropped += self._relay.counters.dropped_rows
         counters = AgentCounters(
             dropped_records=dropped,
             spooled_records=spooled,

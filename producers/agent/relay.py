@@ -395,7 +395,8 @@ class RelayLink:
         self._joining_until = 0.0  # a relay that starts a little later is waited for until then (monotonic)
         self._held: list[HeartbeatBatch] = []  # heartbeats kept for it meanwhile
         self._held_rows = 0
-        if not self._send(frame(HELLO)):
+        self._hello_ok = self._send(frame(HELLO))  # only a relay our last hello reached is taken back
+        if not self._hello_ok:
             self.relayed = False
             self._joining_until = time.monotonic() + silence_s
             self._next_hello = time.monotonic() + self._backoff_s
@@ -445,6 +446,7 @@ class RelayLink:
             self.fallbacks += 1
             log.warning("host relay lost (%s): this agent sends to Kafka itself", why)
         self.relayed = False
+        self._hello_ok = False  # a ping the relay sent before it ended, read now, does not bring it back
         self._joining_until = 0.0
         self._backoff_s = FIRST_RETRY_S
         self._next_hello = time.monotonic() + self._backoff_s
@@ -456,7 +458,7 @@ class RelayLink:
         if not self.relayed and now >= self._next_hello:
             self._backoff_s = min(self._retry_s, 2 * self._backoff_s)
             self._next_hello = now + self._backoff_s
-            self._send(frame(HELLO))
+            self._hello_ok = self._send(frame(HELLO))
         if (self.relayed or self.joining) and timeout_s > 0:
             try:
                 select.select([self._sock], [], [], timeout_s)
@@ -482,7 +484,7 @@ class RelayLink:
                 log.debug("relay link: ignoring a datagram: %s", exc)
                 continue
             self._heard_at = time.monotonic()
-            if not self.relayed:
+            if not self.relayed and self._hello_ok:
                 self.relayed, self._joining_until = True, 0.0
                 log.info("handing heartbeats to the host relay %s", self.relay_path)
             if rec is not None:

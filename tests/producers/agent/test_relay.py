@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from lockstep.config import ConfigError
 from lockstep.kafka import MemoryKafka, Topics, heartbeat_key
 from lockstep.producers.agent.agent import Agent
 from lockstep.producers.agent.meta import Identity
@@ -25,7 +26,7 @@ from lockstep.producers.agent.relay import (
     run_dir,
     split_batch,
 )
-from lockstep.producers.agent.settings import AgentConfig
+from lockstep.producers.agent.settings import AgentConfig, load
 from lockstep.schemas.records import (
     AgentCounters,
     HeartbeatBatch,
@@ -276,9 +277,10 @@ def test_the_relay_ignores_what_is_not_a_frame_and_bounds_what_it_holds(relay_di
 # --------------------------------------------------------------------------- two agents with Kafka in memory
 
 
-def agent(kafka: MemoryKafka, relay_dir, rank: int, tmp_path) -> Agent:
+def agent(kafka: MemoryKafka, relay_dir, rank: int, tmp_path, **settings) -> Agent:
     cfg = AgentConfig(
         job="j",
+        **settings,
         bootstrap_servers="memory:0",
         topic_prefix="t",
         flush_interval_s=0.05,
@@ -347,3 +349,24 @@ def test_two_agents_on_a_host_send_through_one_producer_and_go_their_own_way_whe
     finally:
         a0.close()
         a1.close()
+
+
+def test_relay_off_or_one_process_is_an_agent_on_its_own(tmp_path, relay_dir):
+    assert load({"job": "j", "relay": "OFF"}, env={"LOCKSTEP_BOOTSTRAP_SERVERS": "k:9092"}).relay == "off"
+    with pytest.raises(ConfigError, match="relay"):
+        load({"job": "j", "relay": "sometimes"}, env={"LOCKSTEP_BOOTSTRAP_SERVERS": "k:9092"})
+    topics = Topics.named("t")
+    kafka = MemoryKafka({topics.heartbeats: 1, topics.control: 1})
+    off = [agent(kafka, relay_dir, r, tmp_path, relay="off") for r in (0, 1)]
+    try:
+        assert [a.relay_role for a in off] == ["direct", "direct"] and all(a.report().kafka_producer for a in off)
+        assert not (relay_dir / RELAY_SOCKET).exists()
+    finally:
+        for a in off:
+            a.close()
+    cfg = AgentConfig(job="j", bootstrap_servers="memory:0", topic_prefix="t", relay_dir=relay_dir).validate()
+    alone = Agent(cfg, Identity(meta=WorkerMeta(rank=0, host="h0", local_rank=0), world_size=1), kafka.clients())
+    try:
+        assert alone.relay_role == "direct" and not (relay_dir / RELAY_SOCKET).exists()  # one process: no relay
+    finally:
+        alone.close()
