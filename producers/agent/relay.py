@@ -304,7 +304,7 @@ class Relay:
             try:
                 select.select([self._sock], [], [], max(0.0, next_alive - time.monotonic()))
                 self._drain()
-            except (OSError, ValueError):
+            except Exception:  # a bug here must not end the relay's thread: the agents would wait for its silence
                 if self._stop.is_set():
                     return
                 log.exception("host relay: receiving failed; continuing")
@@ -435,10 +435,10 @@ class RelayLink:
             self._sock.sendto(data, self.relay_path)
         except UNREACHABLE:
             return False
-        except OSError as exc:
-            if exc.errno in (errno.ENOBUFS, errno.EAGAIN, errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
-                return False
-            raise
+        except OSError as exc:  # anything else too: the agent sends itself rather than lose a flush
+            if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ECONNREFUSED, errno.ENOENT):
+                log.warning("relay link: cannot send to %s: %s", self.relay_path, exc)
+            return False
         return True
 
     def _fall_back(self, why: str) -> None:
