@@ -127,6 +127,7 @@ def overhead(args) -> None:
         calls: list[float] = []
         io_cpu: list[float] = []  # the agent's publishing thread, per step
         bg_cpu_s = 0.0  # the agent's threads and its Kafka clients' (librdkafka) threads, over every agent block
+        agent_wall_s = 0.0  # the measured steps' wall time, over every agent block
         kafka_clients = 0  # agent blocks that ended with a Kafka client of the agent's own (--local-rank)
         for block in range(args.blocks):
             medians = {}
@@ -177,6 +178,7 @@ def overhead(args) -> None:
                         kafka_clients += agent._outbox.connected or agent._control.connected
                     io_cpu.append((thread_cpu_s(agent._outbox._thread) - io0) / args.steps)
                     bg_cpu_s += sum(v - bg0.get(t, 0.0) for t, v in tasks_cpu_s(own).items())
+                    agent_wall_s += sum(times)
                     agent.close()
                 else:
                     base += times
@@ -208,6 +210,13 @@ def overhead(args) -> None:
         f"  all background threads of the agent per step (publishing thread + librdkafka's): {1e6 * bg:.1f} us = {pct(bg / mb)}"
     )
     cost = call + max(bg, io)
+    # the background threads wake on the clock (flushes, pings, librdkafka's timers), not per step: their CPU per
+    # second of training, at a 74 ms step, is what the target means when this machine's step is not 74 ms
+    rate = bg_cpu_s / agent_wall_s
+    print(
+        f"  background CPU per second of training: {1e3 * rate:.2f} ms/s; at a 74 ms step: {1e6 * (call + rate * 0.074):.0f} us"
+        f" = {pct((call + rate * 0.074) / 0.074)} of the step (target <= 0.1%: {'met' if call + rate * 0.074 <= 74e-6 else 'NOT met'})"
+    )
     print(
         f"  agent cost per step (training-thread call + background CPU): {1e6 * cost:.0f} us = {pct(cost / mb)} of the step;"
         f" {pct(cost / 0.074)} of a 74 ms step (target <= 0.1%: {'met' if cost <= 74e-6 else 'NOT met'})"

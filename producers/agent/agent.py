@@ -184,7 +184,9 @@ class Agent:
         directory = cfg.relay_dir if cfg.relay_dir is not None else run_dir(cfg.job, self.meta.host)
         try:
             if self.meta.local_rank == 0:
-                self._relay = Relay(directory, alive_interval_s=min(cfg.flush_interval_s, 1.0)).start()
+                # pings at a third of the agents' silence bound: each wakes every agent's publishing thread
+                alive = max(RELAY_SILENCE_S, 6 * cfg.flush_interval_s) / 3
+                self._relay = Relay(directory, alive_interval_s=alive).start()
             else:
                 silence = max(RELAY_SILENCE_S, 6 * cfg.flush_interval_s)
                 self._link = RelayLink(directory, silence_s=silence, retry_s=2 * silence)

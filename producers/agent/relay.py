@@ -328,6 +328,8 @@ class Relay:
             self._take_datagram(data, peer if answer else None)
 
     def _take_datagram(self, data: bytes, peer: str | None) -> None:
+        if not data:
+            return  # close()'s wake-up
         try:
             kind, payload = parse_frame(data)
             batch = decode(payload, HeartbeatBatch) if kind == HEARTBEATS else None
@@ -359,6 +361,8 @@ class Relay:
         if self._stop.is_set():
             return
         self._stop.set()
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as wake:
+            wake.sendto(b"", str(self.path))  # the thread's wait ends now, not at its next ping
         with contextlib.suppress(FileNotFoundError):
             if self.path.stat().st_ino == self._inode:
                 self.path.unlink()
@@ -452,19 +456,26 @@ class RelayLink:
         self._next_hello = time.monotonic() + self._backoff_s
 
     def poll(self, timeout_s: float = 0.0) -> list[ControlRecord]:
-        """Control records the relay forwarded, waiting up to ``timeout_s`` for the first (only while relayed; else
-        at once).  Says hello every ``retry_s`` while not relayed, and notices a relay that went silent."""
+        """Control records the relay forwarded, waiting up to ``timeout_s`` for the first (only while relayed or
+        joining; else at once: the agent then waits on the control topic).  A ping does not end the wait (the
+        publishing thread wakes once per flush interval, as without relay).  Says hello every ``retry_s`` while
+        not relayed, and notices a relay that went silent."""
         now = time.monotonic()
         if not self.relayed and now >= self._next_hello:
             self._backoff_s = min(self._retry_s, 2 * self._backoff_s)
             self._next_hello = now + self._backoff_s
             self._hello_ok = self._send(frame(HELLO))
-        if (self.relayed or self.joining) and timeout_s > 0:
-            try:
-                select.select([self._sock], [], [], timeout_s)
-            except (OSError, ValueError):
-                pass
         out = self._read()
+        deadline = now + timeout_s
+        while not out and (self.relayed or self.joining):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                select.select([self._sock], [], [], left)
+            except (OSError, ValueError):
+                break
+            out = self._read()
         if self.relayed and time.monotonic() - self._heard_at > self._silence_s:
             self._fall_back(f"silent for over {self._silence_s:g} s")
         return out
