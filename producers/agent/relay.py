@@ -11,15 +11,18 @@ at all:
   them with its own heartbeats (:func:`merge_batches`) and sends one ``HeartbeatBatch`` per shard
   through its one Kafka producer;
 - the relay forwards the control records it reads (``ProfileTrigger``, ``RawRequest``) to every agent
-  it has heard from, and tells each, every flush interval, that it is alive.
+  it has heard from, and answers an agent's hello (no periodic pings: each would wake every agent's
+  publishing thread; a hand-over the relay takes says it is there, one it cannot take that it is not).
 
 Robustness: a hand-over that the relay cannot take (no socket: the relay is not there or has ended;
-its queue is full: it is stalled) fails at once, and so does a relay that stays silent for
-``silence_s``: the agent then sends that flush and every later one itself, through its own (lazily
-created) Kafka producer and spool, and follows the control topic itself, as an agent without relay
-does.  Every ``retry_s`` it says hello to the relay; once the relay answers, it hands over again.
-Buffers are bounded (the relay's pending rows, the sockets' kernel buffers).  What a relay killed
-outright held (at most about one flush of each agent's heartbeats) is lost.
+nobody bound: it was killed; its queue is full: it is stalled, since Linux queues at most
+``net.unix.max_dgram_qlen`` datagrams, 10 by default) fails at once: the agent then sends that flush
+and every later one itself, through its own (lazily created) Kafka producer and spool, and follows the
+control topic itself, as an agent without relay does.  It says hello with backoff up to ``retry_s``;
+once a relay answers, it hands over again.  An agent that starts before its relay keeps its
+heartbeats (bounded) for up to ``join_s``.  Buffers are bounded (the relay's pending rows, the
+sockets' kernel queues).  What a relay killed outright held (about one flush of each agent's
+heartbeats) is lost.
 
 Frames (version 1): ``b"LSR" + version byte + kind byte + payload``; kinds ``H`` (payload: an encoded
 ``HeartbeatBatch``), ``C`` (an encoded ``ProfileTrigger`` or ``RawRequest``), ``A`` (alive, empty),
@@ -66,6 +69,8 @@ MAX_DATAGRAM = 60 << 10
 RELAY_SOCKET = "relay.sock"
 #: heartbeat rows the relay holds for its next flush; beyond, the oldest batches are dropped and counted
 PENDING_ROWS_MAX = 200_000
+#: how often the relay's thread forgets agents gone quiet
+HOUSEKEEPING_S = 1.0
 #: an agent not heard from for this long is no longer sent control records and pings
 PEER_FORGET_S = 60.0
 #: heartbeat rows an agent keeps while it waits for a relay to start; beyond, it sends them itself
@@ -241,14 +246,13 @@ class RelayCounters:
 class Relay:
     """Gathers the heartbeats the host's other agents hand over and forwards control records to them."""
 
-    def __init__(self, directory: Path, *, alive_interval_s: float = 0.5, pending_rows_max: int = PENDING_ROWS_MAX):
+    def __init__(self, directory: Path, *, pending_rows_max: int = PENDING_ROWS_MAX):
         _private_dir(directory)
         self.directory = directory
         self.path = directory / RELAY_SOCKET
         self._sock = _bind(self.path)
         self._sock.setblocking(False)
         self._inode = self.path.stat().st_ino  # to remove only our own socket (a later relay may bind the path)
-        self._alive_interval_s = alive_interval_s
         self._pending_rows_max = pending_rows_max
         self._pending: deque[HeartbeatBatch] = deque()
         self._pending_rows = 0
@@ -298,25 +302,23 @@ class Relay:
         return False
 
     def _run(self) -> None:
-        next_alive = 0.0
-        ping = frame(ALIVE)
+        interval = HOUSEKEEPING_S
+        next_round = 0.0
         while not self._stop.is_set():
             try:
-                select.select([self._sock], [], [], max(0.0, next_alive - time.monotonic()))
+                select.select([self._sock], [], [], max(0.0, next_round - time.monotonic()))
                 self._drain()
-            except Exception:  # a bug here must not end the relay's thread: the agents would wait for its silence
+            except Exception:  # a bug here must not end the relay's thread (the agents' hand-overs would pile up)
                 if self._stop.is_set():
                     return
                 log.exception("host relay: receiving failed; continuing")
-                time.sleep(self._alive_interval_s)
+                time.sleep(interval)
             now = time.monotonic()
-            if now >= next_alive:
-                next_alive = now + self._alive_interval_s
+            if now >= next_round:
+                next_round = now + interval
                 for peer_path, seen in list(self._peers.items()):
                     if now - seen > PEER_FORGET_S:
                         self._peers.pop(peer_path, None)
-                    else:
-                        self._send(ping, peer_path)
 
     def _drain(self, answer: bool = True) -> None:
         """Take every datagram waiting (never waits: the socket is non-blocking)."""
@@ -367,7 +369,7 @@ class Relay:
             if self.path.stat().st_ino == self._inode:
                 self.path.unlink()
         if self._thread.is_alive():
-            self._thread.join(timeout=self._alive_interval_s + 2.0)
+            self._thread.join(timeout=HOUSEKEEPING_S + 2.0)
         with contextlib.suppress(OSError):
             self._drain(answer=False)
         self._sock.close()
@@ -379,22 +381,20 @@ class Relay:
 class RelayLink:
     """An agent's end: hands heartbeats to the relay, receives control records and pings from it."""
 
-    def __init__(self, directory: Path, *, silence_s: float = 3.0, retry_s: float = 5.0):
+    def __init__(self, directory: Path, *, join_s: float = 3.0, retry_s: float = 5.0):
         _private_dir(directory)
         self.relay_path = str(directory / RELAY_SOCKET)
         self.path = directory / f"agent-{os.getpid()}-{next(_LINKS)}.sock"
         self._sock = _bind(self.path)
         self._sock.setblocking(False)
-        self._silence_s = silence_s
         self._retry_s = retry_s
         self._backoff_s = FIRST_RETRY_S  # hello again after this long; doubles up to retry_s
         self.handed = 0  # heartbeat batches handed over
         self.fallbacks = 0  # times the agent went its own way
         self.bad_frames = 0
         self._closed = False
-        # optimistic: the relay has ``silence_s`` to answer this hello before the agent goes its own way
+        # a hello the relay's socket takes: handing over from the first flush on; else wait ``join_s`` for a relay
         self.relayed = True  # the relay takes our heartbeats and sends us control records
-        self._heard_at = time.monotonic()  # when the relay last spoke (monotonic)
         self._next_hello = 0.0
         self._joining_until = 0.0  # a relay that starts a little later is waited for until then (monotonic)
         self._held: list[HeartbeatBatch] = []  # heartbeats kept for it meanwhile
@@ -402,7 +402,7 @@ class RelayLink:
         self._hello_ok = self._send(frame(HELLO))  # only a relay our last hello reached is taken back
         if not self._hello_ok:
             self.relayed = False
-            self._joining_until = time.monotonic() + silence_s
+            self._joining_until = time.monotonic() + join_s
             self._next_hello = time.monotonic() + self._backoff_s
 
     @property
@@ -476,8 +476,6 @@ class RelayLink:
             except (OSError, ValueError):
                 break
             out = self._read()
-        if self.relayed and time.monotonic() - self._heard_at > self._silence_s:
-            self._fall_back(f"silent for over {self._silence_s:g} s")
         return out
 
     def _read(self) -> list[ControlRecord]:
@@ -494,7 +492,6 @@ class RelayLink:
                 self.bad_frames += 1
                 log.debug("relay link: ignoring a datagram: %s", exc)
                 continue
-            self._heard_at = time.monotonic()
             if not self.relayed and self._hello_ok:
                 self.relayed, self._joining_until = True, 0.0
                 log.info("handing heartbeats to the host relay %s", self.relay_path)

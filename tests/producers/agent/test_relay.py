@@ -160,8 +160,8 @@ def relay_dir(tmp_path_factory):
 
 
 def test_agents_hand_heartbeats_over_and_receive_control_records(relay_dir):
-    relay = Relay(relay_dir, alive_interval_s=0.05).start()
-    links = [RelayLink(relay_dir, silence_s=2.0) for _ in range(2)]
+    relay = Relay(relay_dir).start()
+    links = [RelayLink(relay_dir, join_s=2.0) for _ in range(2)]
     try:
         for link in links:
             assert link.relayed
@@ -187,8 +187,8 @@ def test_agents_hand_heartbeats_over_and_receive_control_records(relay_dir):
 
 
 def test_agents_fall_back_when_the_relay_ends_and_come_back_when_one_answers(relay_dir):
-    relay = Relay(relay_dir, alive_interval_s=0.05).start()
-    link = RelayLink(relay_dir, silence_s=1.0, retry_s=0.2)
+    relay = Relay(relay_dir).start()
+    link = RelayLink(relay_dir, join_s=1.0, retry_s=0.2)
     try:
         b = batch_of(beats(1, range(3)))
         assert link.hand_over([b]) == []
@@ -198,7 +198,7 @@ def test_agents_fall_back_when_the_relay_ends_and_come_back_when_one_answers(rel
         assert link.hand_over([b]) == [b]  # at once, never a wait: the agent sends it itself
         assert not link.relayed and link.fallbacks == 1
         assert link.hand_over([b]) == [b]
-        relay = Relay(relay_dir, alive_interval_s=0.05).start()  # a relay again (e.g. a restarted one)
+        relay = Relay(relay_dir).start()  # a relay again (e.g. a restarted one)
         wait_for(lambda: (link.poll(0.02), link.relayed)[1])
         assert link.hand_over([b]) == []
         wait_for(lambda: relay.counters.rows_in == 3)
@@ -208,19 +208,19 @@ def test_agents_fall_back_when_the_relay_ends_and_come_back_when_one_answers(rel
 
 
 def test_an_agent_waits_a_little_for_a_relay_that_starts_after_it(relay_dir):
-    early = RelayLink(relay_dir, silence_s=5.0)  # no relay yet: it keeps its heartbeats for a while
+    early = RelayLink(relay_dir, join_s=5.0)  # no relay yet: it keeps its heartbeats for a while
     lonely = None
     relay = None
     try:
         b1, b2 = batch_of(beats(1, range(3))), batch_of(beats(1, range(3, 6)))
         assert early.joining and not early.relayed and early.hand_over([b1]) == []
-        relay = Relay(relay_dir, alive_interval_s=0.05).start()
+        relay = Relay(relay_dir).start()
         wait_for(lambda: (early.poll(0.02), early.relayed)[1])  # its hello is answered
         assert early.hand_over([b2]) == []
         wait_for(lambda: relay.counters.rows_in == 6)
         assert rows(relay.take()) == rows([b1, b2])
 
-        lonely = RelayLink(run_dir(f"none-{time.monotonic_ns()}"), silence_s=0.2)  # no relay ever
+        lonely = RelayLink(run_dir(f"none-{time.monotonic_ns()}"), join_s=0.2)  # no relay ever
         assert lonely.hand_over([b1]) == []
         time.sleep(0.25)
         assert not lonely.joining and lonely.hand_over([b2]) == [b1, b2]  # the agent sends them itself
@@ -232,11 +232,11 @@ def test_an_agent_waits_a_little_for_a_relay_that_starts_after_it(relay_dir):
             lonely.close()
 
 
-def test_a_silent_relay_is_left_and_a_stalled_one_never_blocks_the_agent(relay_dir):
+def test_a_stalled_relay_never_blocks_the_agent_and_is_left(relay_dir):
     relay_dir.mkdir(parents=True, mode=0o700)
     stalled = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # bound, never read, never answers
     stalled.bind(str(relay_dir / RELAY_SOCKET))
-    link = RelayLink(relay_dir, silence_s=0.3)
+    link = RelayLink(relay_dir, join_s=0.3)
     try:
         b = batch_of(beats(1, range(50)))
         handed = 0
@@ -244,7 +244,7 @@ def test_a_silent_relay_is_left_and_a_stalled_one_never_blocks_the_agent(relay_d
             handed += 1
             assert handed < 100_000
         assert not link.relayed and handed > 0
-        link2 = RelayLink(relay_dir, silence_s=0.3)  # its queue is full; or, silent: left after silence_s
+        link2 = RelayLink(relay_dir, join_s=0.3)  # its queue is full: the hello fails, waited for join_s, then left
         time.sleep(0.4)
         link2.poll(0.0)
         assert not link2.relayed
@@ -255,12 +255,12 @@ def test_a_silent_relay_is_left_and_a_stalled_one_never_blocks_the_agent(relay_d
 
 
 def test_the_relay_ignores_what_is_not_a_frame_and_bounds_what_it_holds(relay_dir):
-    relay = Relay(relay_dir, alive_interval_s=0.05, pending_rows_max=100).start()
+    relay = Relay(relay_dir, pending_rows_max=100).start()
     sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         for junk in (b"hello", frame(HEARTBEATS, b"{not json"), frame(CONTROL, b"{}")):
             sender.sendto(junk, str(relay.path))
-        link = RelayLink(relay_dir, silence_s=2.0)
+        link = RelayLink(relay_dir, join_s=2.0)
         for s in range(5):
             assert link.hand_over([batch_of(beats(1, range(s * 40, s * 40 + 40)))]) == []
         wait_for(lambda: relay.counters.batches_in == 5)
