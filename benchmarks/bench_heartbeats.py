@@ -13,6 +13,11 @@ the heartbeat stage, the detector) from the first record until every heartbeat w
 the stage sent was consumed by the detect stage (polled on its /metrics four times a second: a scrape costs the
 processor CPU too), less what the idle processor spends over as long.
 
+``--agent`` adds what one agent sends alone (one ``HeartbeatBatch`` of its own heartbeat per flush), ``--relay``
+what a host relay sends (``lockstep.producers.agent.relay``: each of the host's ``--ranks-per-host`` agents hands
+over its flush of ``--steps-per-flush`` steps, the relay merges them with :func:`merge_batches`, exactly as it does
+live, into one ``HeartbeatBatch`` per host, shard and flush); both measured the same way, in the same run.
+
 Figure: heartbeats per processor CPU-second (one worker's heartbeat of one step, whatever record carries it).
 Target (issue 13): >= 50,000 heartbeats per second per processor core.
 """
@@ -37,6 +42,7 @@ from lockstep.broker import kafka_or_embedded
 from lockstep.config import Settings
 from lockstep.kafka import Publisher, ensure_topics, heartbeat_key, producer_config
 from lockstep.metrics import value
+from lockstep.producers.agent.relay import merge_batches
 from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
 from lockstep.producers.simulator.topology import Topology
@@ -46,20 +52,41 @@ from lockstep.streams.app import changelog_topics
 TARGET = 50_000
 
 
-def payloads(workers: int, steps: int, job: str, kind: str, topics) -> list[tuple[str, bytes, bytes]]:
+def relay_records(beats: list, job: str, topics) -> list[tuple[str, bytes, bytes]]:
+    """What the host relays send for one flush of these heartbeats: each agent's own flush (``batch_heartbeats`` of
+    its heartbeats), merged per host by the relay's own code."""
+    by_host: dict[str, dict[int, list]] = {}
+    for hb in beats:
+        by_host.setdefault(hb.host, {}).setdefault(hb.worker, []).append(hb)
+    return [
+        (topics.heartbeats, heartbeat_key(job, b.shard), encode(b))
+        for ranks in by_host.values()
+        for b in merge_batches(batch for mine in ranks.values() for _, batch in batch_heartbeats(mine, SHARD_WORKERS))
+    ]
+
+
+def payloads(
+    workers: int, steps: int, job: str, kind: str, topics, ranks_per_host: int = 8, steps_per_flush: int = 1
+) -> list[tuple[str, bytes, bytes]]:
     """``steps`` steps of a ``workers`` job's heartbeats (one slow GPU), as (topic, key, value)."""
     fleet = FleetSimulator(
         Scenario(
             job=job,
-            topology=Topology(workers=workers, gpus_per_host=8),
+            topology=Topology(workers=workers, gpus_per_host=ranks_per_host),
             faults=(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3),),
         )
     )
     out = []
     now = time.time()
+    flush: list = []  # the relay's heartbeats of the flush being gathered
     for step in range(steps):
         sim = fleet.step(step, readings=False)
-        if kind == "agent":  # each worker's own agent, one heartbeat per flush: one HeartbeatBatch of one row
+        if kind == "relay":
+            flush += fleet.heartbeats(sim, now + step)
+            if (step + 1) % steps_per_flush == 0 or step == steps - 1:
+                out += relay_records(flush, job, topics)
+                flush = []
+        elif kind == "agent":  # each worker's own agent, one heartbeat per flush: one HeartbeatBatch of one row
             out += [
                 (topics.heartbeats, heartbeat_key(job, shard), encode(b))
                 for hb in fleet.heartbeats(sim, now + step)
@@ -91,12 +118,16 @@ def run(args) -> dict:
         partitions=args.partitions,
         db=log_dir / "findings.duckdb",
     )
-    figures: dict[str, list[dict]] = {k: [] for k in ("batch", "records", *(("agent",) if args.agent else ()))}
+    figures: dict[str, list[dict]] = {
+        k: [] for k in ("batch", "records", *(("agent",) if args.agent else ()), *(("relay",) if args.relay else ()))
+    }
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
         topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
         jobs = {
-            (kind, r): payloads(args.workers, args.steps, f"bench-{kind}-{r}", kind, topics)
+            (kind, r): payloads(
+                args.workers, args.steps, f"bench-{kind}-{r}", kind, topics, args.ranks_per_host, args.steps_per_flush
+            )
             for r in range(args.repeats)
             for kind in figures
         }
@@ -143,6 +174,8 @@ def run(args) -> dict:
         "steps": args.steps,
         "repeats": args.repeats,
         "partitions": args.partitions,
+        "ranks_per_host": args.ranks_per_host,
+        "steps_per_flush": args.steps_per_flush,
         "idle_cpu_per_s": idle,
         "dead_letters": dead,
         "partials_sent": partials,
@@ -171,6 +204,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also one HeartbeatBatch of one heartbeat per worker and step (an agent's own flush)",
     )
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="also what host relays send: one HeartbeatBatch per host, shard and flush (--ranks-per-host agents)",
+    )
+    p.add_argument("--ranks-per-host", type=int, default=8, help="ranks (GPUs) per host (default 8)")
+    p.add_argument(
+        "--steps-per-flush",
+        type=int,
+        default=1,
+        help="steps in one flush of the agents (default 1: steps as long as the flush interval, the fewest rows)",
+    )
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--idle-s", type=float, default=5.0, help="how long the idle processor's CPU is measured")
     p.add_argument("--timeout-s", type=float, default=300.0)
@@ -193,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if "agent" in out:
         rows.append(("HeartbeatBatch of one heartbeat (an agent's own flush)", out["agent"]))
+    if "relay" in out:
+        rows.append(
+            (
+                f"HeartbeatBatch of a host relay ({out['ranks_per_host']} ranks x {out['steps_per_flush']} step(s))",
+                out["relay"],
+            )
+        )
     for name, x in rows:
         print(
             f"  {name:55s} {x['records']:7,} records {x['bytes'] / x['records']:7,.0f} B each: {x['cpu_s']:6.2f} CPU-s"
@@ -204,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         f" StepHeartbeat path (target >= {TARGET:,}/s: {'met' if ok else 'NOT met'}); partials sent {out['partials_sent']:.0f};"
         f" dead letters: {out['dead_letters']:.0f}"
     )
+    if "relay" in out:
+        r = out["relay"]["heartbeats_per_cpu_s"]
+        print(
+            f"  as host relays send them: {r:,.0f}/s"
+            + (f", {r / out['agent']['heartbeats_per_cpu_s']:.1f}x what agents send alone" if "agent" in out else "")
+            + f" (target >= {TARGET:,}/s: {'met' if r >= TARGET else 'NOT met'})"
+        )
     return 0
 
 

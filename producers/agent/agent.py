@@ -8,6 +8,10 @@ Three threads, so that the training step never waits for the agent:
   ``torch.profiler`` and the hardware sampler;
 - ``lockstep-agent-io`` publishes (batched, spooled when Kafka is away) and follows
   the control topic;
+- on a host of several ranks (``relay``, :mod:`~lockstep.producers.agent.relay`), the agent of
+  local rank 0 also runs ``lockstep-agent-relay``, which gathers the other agents' heartbeats for
+  its one Kafka producer and forwards them the control records; those agents hand their heartbeats
+  over on a local socket and have no Kafka client while the relay answers;
 - ``lockstep-agent-window`` exports the finished window's trace, summarises it into
   one feature record (``WindowFeatures``), keeps the raw trace, and answers raw-trace requests.
 
@@ -44,6 +48,7 @@ from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHe
 from .control import ControlFollower
 from .meta import Identity, discover
 from .outbox import Outbox
+from .relay import Relay, RelayLink, merge_batches, run_dir
 from .retention import RawStore
 from .sampler import HardwareSampler, SamplerStats
 from .schedule import ScheduledWindow, WindowSchedule
@@ -54,6 +59,11 @@ if TYPE_CHECKING:  # torch is imported only when a window starts
     from .profiler import TorchWindow
 
 log = logging.getLogger("lockstep.agent")
+
+#: an agent linked to a relay closes its own Kafka producer after this long without a record of its own to send
+IDLE_PRODUCER_S = 30.0
+#: an agent that starts before its host's relay waits this long (or six flush intervals) for it, keeping its heartbeats
+RELAY_JOIN_S = 3.0
 
 
 @dataclass
@@ -82,6 +92,11 @@ class AgentReport:
     refused: list[tuple[str, str]] = field(default_factory=list)  # (window, reason)
     windows: list[WindowRecord] = field(default_factory=list)
     raw_answers: int = 0
+    relay_role: str = "direct"  # Agent.relay_role
+    handed_over: int = 0  # heartbeat batches this agent handed to its host's relay
+    relay_fallbacks: int = 0  # times the relay stopped answering and this agent went its own way
+    relayed_rows: int = 0  # heartbeats of other agents this agent relayed
+    kafka_producer: bool = True  # whether this agent holds a Kafka producer now
 
 
 class Agent:
@@ -98,6 +113,10 @@ class Agent:
         self._job_key = config.job.encode()
         spool = Spool(config.resolved_spool_dir(self.meta.rank), config.spool_max_bytes)
         self._store = RawStore(config.resolved_raw_dir(self.meta.rank), config.raw_max_bytes)
+        self._relay: Relay | None = None  # local rank 0: this agent relays its host's heartbeats
+        self._link: RelayLink | None = None  # another local rank: this agent hands its heartbeats to the relay
+        if config.relay == "auto" and self.world_size > 1 and config.heartbeat_shard_workers > 0:
+            self._join_relay()
         self._control = ControlFollower(
             agent_consumer_config(settings, config.job), self.topics.control, config.job, clients=clients
         )
@@ -109,6 +128,8 @@ class Agent:
             tick=self._io_tick,
             coalesce=self._coalesce if config.heartbeat_shard_workers else None,
             clients=clients,
+            lazy=self._link is not None,  # a Kafka producer only when a record has to go to Kafka itself
+            idle_close_s=IDLE_PRODUCER_S if self._link is not None else None,
         )
         self._schedule = WindowSchedule()
         self._inbox: deque[ProfileTrigger] = deque()  # io thread -> training thread
@@ -140,7 +161,13 @@ class Agent:
         self._window_thread.start()
         #: the agent's own threads, whose events are taken out of the trace before summarising
         self._own_threads: frozenset[int] = frozenset(
-            t for t in (self._outbox.native_id, self._window_thread.native_id) if t is not None
+            t
+            for t in (
+                self._outbox.native_id,
+                self._window_thread.native_id,
+                self._relay.native_id if self._relay is not None else None,
+            )
+            if t is not None
         )
         atexit.register(self.close)
         log.info(
@@ -154,6 +181,29 @@ class Agent:
             self.meta.nic or "?",
             settings.bootstrap_servers,
         )
+
+    def _join_relay(self) -> None:
+        """Become the host's relay (local rank 0) or link to it; without either, the agent works on its own."""
+        cfg = self.config
+        directory = cfg.relay_dir if cfg.relay_dir is not None else run_dir(cfg.job, self.meta.host)
+        try:
+            if self.meta.local_rank == 0:
+                # no periodic pings: each would wake every agent's publishing thread (~0.1 ms of CPU here); a
+                # hand-over the relay takes tells an agent it is there, one it cannot take that it is not
+                self._relay = Relay(directory).start()
+            else:
+                join = max(RELAY_JOIN_S, 6 * cfg.flush_interval_s)
+                self._link = RelayLink(directory, join_s=join, retry_s=2 * join)
+        except OSError as exc:
+            log.warning("no host relay in %s (%s): this agent sends to Kafka itself", directory, exc)
+
+    @property
+    def relay_role(self) -> str:
+        """``relay`` (this agent sends its host's heartbeats), ``relayed`` (it hands its own to the relay now),
+        ``direct`` (it sends its own: no relay, or the relay does not answer)."""
+        if self._relay is not None:
+            return "relay"
+        return "relayed" if self._link is not None and self._link.relayed else "direct"
 
     # ------------------------------------------------------------------ the training thread
 
@@ -208,15 +258,20 @@ class Agent:
 
     def _coalesce(self, items: list) -> list:
         """The io thread, at each flush: the heartbeats that accumulated go as one ``HeartbeatBatch`` (key ``job/shard``),
-        ahead of the other records, which are unchanged."""
+        ahead of the other records, which are unchanged.  A relay adds what its host's agents handed over (one batch
+        per shard for the host); an agent linked to a relay hands its batch over instead (what the relay does not
+        take goes to Kafka here)."""
         beats = [record for _, _, record in items if isinstance(record, StepHeartbeat)]
+        batches = [b for _, b in batch_heartbeats(beats, self.config.heartbeat_shard_workers)] if beats else []
+        if self._relay is not None:
+            batches = merge_batches([*batches, *self._relay.take()])
+        elif self._link is not None and batches:
+            batches = self._link.hand_over(batches)
         if not beats:
-            return items
-        batches = [
-            (self.topics.heartbeats, heartbeat_key(self.config.job, shard), batch)
-            for shard, batch in batch_heartbeats(beats, self.config.heartbeat_shard_workers)
+            return [(self.topics.heartbeats, heartbeat_key(b.job, b.shard), b) for b in batches] + items
+        return [(self.topics.heartbeats, heartbeat_key(b.job, b.shard), b) for b in batches] + [
+            item for item in items if not isinstance(item[2], StepHeartbeat)
         ]
-        return batches + [item for item in items if not isinstance(item[2], StepHeartbeat)]
 
     def _take_triggers(self) -> None:
         while self._inbox:
@@ -323,8 +378,20 @@ class Agent:
 
     def _io_tick(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for control records and route them; False if it could not wait (not connected)."""
-        self._io_snapshot = (self._outbox.dropped, len(self._outbox.spool))
-        records = self._control.poll(timeout_s)
+        relay_dropped = self._relay.counters.dropped_rows if self._relay is not None else 0
+        self._io_snapshot = (self._outbox.dropped + relay_dropped, len(self._outbox.spool))
+        if self._link is not None:
+            records: list | None = self._link.poll(timeout_s)  # waits only while the relay answers (or may soon)
+            if self._link.relayed or self._link.joining:  # the relay forwards the control records: no consumer
+                if self._control.connected:
+                    self._control.close()
+            else:  # on our own: follow the control topic too (a record seen twice is refused as a duplicate)
+                more = self._control.poll(timeout_s)
+                records = None if more is None and not records else [*(records or ()), *(more or ())]
+        else:
+            records = self._control.poll(timeout_s)
+            if self._relay is not None and records:
+                self._relay.fan_out(records)
         for rec in records or ():
             if isinstance(rec, ProfileTrigger):
                 self._echo = (rec.window, time.time() - rec.created_at) if rec.created_at else None
@@ -422,6 +489,8 @@ class Agent:
 
     def report(self) -> AgentReport:
         dropped, spooled = self._outbox.dropped, len(self._outbox.spool)
+        if self._relay is not None:
+            dropped += self._relay.counters.dropped_rows
         counters = AgentCounters(
             dropped_records=dropped,
             spooled_records=spooled,
@@ -437,6 +506,11 @@ class Agent:
             refused=list(self._refused),
             windows=list(self._windows),
             raw_answers=self._raw_answers,
+            relay_role=self.relay_role,
+            handed_over=self._link.handed if self._link is not None else 0,
+            relay_fallbacks=self._link.fallbacks if self._link is not None else 0,
+            relayed_rows=self._relay.counters.rows_in if self._relay is not None else 0,
+            kafka_producer=self._outbox.connected,
         )
 
     def drain(self, timeout_s: float = 30.0) -> None:
@@ -462,8 +536,14 @@ class Agent:
         self.drain(timeout_s)
         self._work.put(None)
         self._window_thread.join(timeout=timeout_s)
+        if self._relay is not None:  # the host's agents send themselves from now on; what they handed over goes below
+            self._relay.close()
+        if self._link is not None:  # a relay that has not answered yet is waited for no longer
+            self._link.leave()
         self._outbox.close(timeout_s)
         self._control.close()
+        if self._link is not None:
+            self._link.close()
         log.info("lockstep agent closed at step %d", self._step)
 
     def __enter__(self) -> Agent:

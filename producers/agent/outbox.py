@@ -15,6 +15,10 @@ metadata; once it answers, spooled segments are sent again, oldest first, and a
 segment is deleted when each of its records was delivered or spooled anew
 (at-least-once: a record whose delivery timed out may arrive twice, which every
 consumer of agent records tolerates).
+
+With ``lazy`` (an agent that hands its heartbeats to a host relay) the Kafka producer is
+created only when a record has to go to Kafka, and closed again after ``idle_close_s``
+with nothing in flight or spooled: librdkafka's idle connections and timers are not free.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException
 
-from ...kafka import CONFLUENT, Clients
+from ...kafka import CONFLUENT, Clients, ProducerClient
 from ...schemas.records import encode
 from .spool import Spool
 
@@ -86,8 +90,14 @@ class Outbox:
         coalesce: Callable[[list], list] | None = None,
         name: str = "lockstep-agent-io",
         clients: Clients = CONFLUENT,
+        lazy: bool = False,
+        idle_close_s: float | None = None,
     ):
-        self._producer = clients.producer(producer_config)
+        self._producer_config = producer_config
+        self._clients = clients
+        self._producer: ProducerClient | None = None if lazy else clients.producer(producer_config)
+        self._idle_close_s = idle_close_s
+        self._last_produce = 0.0
         self.spool = spool
         self.counters = OutboxCounters()
         self._queue: deque = deque()
@@ -140,6 +150,18 @@ class Outbox:
     def down(self) -> bool:
         return self._down
 
+    @property
+    def connected(self) -> bool:
+        """Whether a Kafka producer exists now (always, unless ``lazy``)."""
+        return self._producer is not None
+
+    def _client(self) -> ProducerClient:
+        if self._producer is None:
+            self._producer = self._clients.producer(self._producer_config)
+            log.debug("agent Kafka producer created")
+        self._last_produce = time.monotonic()
+        return self._producer
+
     # ------------------------------------------------------------------ the publishing thread
 
     def start(self) -> Outbox:
@@ -163,22 +185,45 @@ class Outbox:
         """One round: send what is queued, serve callbacks, probe / replay the spool."""
         with self._lock:
             batch, self._queue = self._queue, deque()
-        items = self._coalesce(list(batch)) if self._coalesce is not None and batch else batch
+        # the coalescer runs every round, queue empty or not (a relay has its host's hand-overs to send)
+        items = self._coalesce(list(batch)) if self._coalesce is not None else batch
         for topic, key, record in items:
             value = record if isinstance(record, bytes) else encode(record)
             self._send(topic, key, value)
-        self._producer.poll(0)
+        if self._producer is not None:
+            self._producer.poll(0)
         if self._down and time.monotonic() >= self._next_probe:
             self._probe()
-        if not self._down and len(self.spool) and not self._replaying and len(self._producer) < REPLAY_INFLIGHT_MAX:
+        if (
+            not self._down
+            and len(self.spool)
+            and not self._replaying
+            and (self._producer is None or len(self._producer) < REPLAY_INFLIGHT_MAX)
+        ):
             self._replay_segment()
+        if self._idle_close_s is not None and self._producer is not None:
+            self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        assert self._producer is not None
+        if (
+            self._down
+            or self._replaying
+            or len(self.spool)
+            or len(self._producer)
+            or time.monotonic() - self._last_produce < self._idle_close_s  # type: ignore[operator]
+        ):
+            return
+        self._producer.flush(0)
+        self._producer = None  # librdkafka's threads and connections end with it
+        log.debug("agent Kafka producer closed: idle")
 
     def _send(self, topic: str, key: bytes | None, value: bytes, on_delivery=None) -> None:
         if self._down:
             self._to_spool(topic, key, value)
             return
         try:
-            self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery or self._delivered)
+            self._client().produce(topic, value=value, key=key, on_delivery=on_delivery or self._delivered)
         except BufferError:
             self._mark_down("librdkafka's queue is full")
             self._to_spool(topic, key, value)
@@ -198,7 +243,7 @@ class Outbox:
 
     def _probe(self) -> None:
         try:
-            self._producer.list_topics(timeout=1.0)
+            self._client().list_topics(timeout=1.0)
         except KafkaException:
             self._next_probe = time.monotonic() + self._retry_s
             return
@@ -216,6 +261,7 @@ class Outbox:
             log.warning("record for %s rejected by Kafka: %s", msg.topic(), err.str())
 
     def _replay_segment(self) -> None:
+        producer = self._client()
         segment = self.spool.segments()[0]
         records = list(self.spool.read(segment))
         self._replaying[segment] = len(records)
@@ -236,13 +282,13 @@ class Outbox:
         for topic, key, value in records:
             if not self._down:
                 try:
-                    self._producer.produce(topic, value=value, key=key, on_delivery=done)
+                    producer.produce(topic, value=value, key=key, on_delivery=done)
                     continue
                 except BufferError:
                     self._mark_down("librdkafka's queue is full")
             self._to_spool(topic, key, value)  # Kafka went away again: into a new segment
             finished()
-        self._producer.poll(0)
+        producer.poll(0)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -252,11 +298,13 @@ class Outbox:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_s + 5)
+        self._idle_close_s = None  # what is sent now is flushed below, not closed on the way
         self.pump()
-        left = self._producer.flush(0 if self._down else timeout_s)
-        if left:
-            self._producer.purge(in_queue=True, in_flight=True)
-            self._producer.flush(1.0)  # serves the purge callbacks: the records go to the spool
+        producer = self._producer
+        left = producer.flush(0 if self._down else timeout_s) if producer is not None else 0
+        if left and producer is not None:
+            producer.purge(in_queue=True, in_flight=True)
+            producer.flush(1.0)  # serves the purge callbacks: the records go to the spool
         self.spool.close()
         if len(self.spool):
             log.warning(

@@ -46,6 +46,13 @@ def _opt_path(v: Any) -> Path | None:
     return None if v is None or v == "" else Path(v)
 
 
+def _relay_mode(v: Any) -> str:
+    mode = str(v).strip().lower()
+    if mode not in ("auto", "off"):
+        raise ValueError("must be auto or off")
+    return mode
+
+
 def _redaction(v: Any) -> Redaction:
     return v if isinstance(v, Redaction) else Redaction.parse(str(v))
 
@@ -115,6 +122,22 @@ class AgentConfig:
             "help": "a flush's heartbeats go as one HeartbeatBatch keyed job/shard, shard = rank // this "
             "(0: one StepHeartbeat per step keyed job, for processors before issue 13)",
             "parse": _nonneg_int,
+        },
+    )
+    relay: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: the agent of local rank 0 relays its host's heartbeats and triggers, the others hand theirs "
+            "to it (each falls back to its own Kafka client when it does not answer); off: every agent its own",
+            "parse": _relay_mode,
+        },
+    )
+    relay_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "where a host's agents meet their relay (default: TMPDIR/lockstep-relay-UID/<hash of job, the "
+            "launcher's run id and the parent process>)",
+            "parse": _opt_path,
         },
     )
     delivery_timeout_s: float = field(

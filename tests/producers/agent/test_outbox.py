@@ -109,3 +109,26 @@ def test_an_agent_that_starts_before_the_pipeline_creates_no_topic_and_waits_for
         assert wait_for(lambda: ob.counters.sent == 1 and len(ob.spool) == 0, 40), (ob.counters, len(ob.spool))
         ob.close()
         assert read_all(settings, ["t.heartbeats"])["t.heartbeats"] == [(b"j", b"early")]
+
+
+def test_a_lazy_outbox_holds_a_producer_only_while_it_has_records_to_send(tmp_path):
+    kafka = MemoryKafka({"t": 1})
+    made = []
+    clients = kafka.clients()
+    counting = type(clients)(
+        producer=lambda config: made.append(clients.producer(config)) or made[-1], consumer=clients.consumer
+    )
+    ob = Outbox(
+        {}, Spool(tmp_path / "spool", 1 << 20), flush_interval_s=0.02, clients=counting, lazy=True, idle_close_s=0.1
+    ).start()
+    try:
+        time.sleep(0.1)
+        assert not ob.connected and made == []  # nothing to send: no Kafka client
+        ob.put("t", b"k", b"one")
+        assert wait_for(lambda: ob.counters.sent == 1, 5)
+        assert wait_for(lambda: not ob.connected, 5) and len(made) == 1  # idle: closed again
+        ob.put("t", b"k", b"two")
+        assert wait_for(lambda: ob.counters.sent == 2, 5) and len(made) == 2
+    finally:
+        ob.close()
+    assert [m.value() for m in kafka.messages("t")] == [b"one", b"two"]
