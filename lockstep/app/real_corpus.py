@@ -5,7 +5,7 @@ of the run: every worker's function table per step with ``worker``, ``step``, ``
 ``device`` and ``hardware`` columns, written by ``tests/integration/real_faults.py``), and ``ID.json``, its
 :class:`Manifest` (the fault's mechanism, resource class, severity intended and measured, culprits, the
 function it slows, the causes that are right for it, and the case's part of the split, ``dev`` or ``test``).
-``lockstep evaluate --real`` (:mod:`lockstep.app.real_eval`) diagnoses every case and scores it.
+``lockstep evaluate --real`` (:func:`lockstep.app.evaluate.evaluate_real`) diagnoses every case and scores it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ..producers.agent.summarise import StepSummary
 from ..schemas import functions as ft
+from ..schemas.errors import LockstepError
 from ..schemas.records import WorkerMeta
 from .offline import Inputs
 
@@ -30,14 +31,16 @@ META = ("worker", "step", "step_time_us", "host", "device", "hardware")
 PARTS = ("dev", "test")
 
 
-class CorpusError(ValueError):
+class CorpusError(LockstepError, ValueError):
     """A corpus folder or one of its manifests is unusable (the message names the file)."""
 
 
 class Measured(msgspec.Struct, kw_only=True):
     """The fault's cost, measured from the recording."""
 
-    healthy_step_us: float  # the job's healthy step: its warm-up steps' median (the slowest rank's), before the fault
+    healthy_step_us: (
+        float  # the job's healthy step: its fastest warm-up step after the first (the slowest rank's), before the fault
+    )
     step_us: float  # the profiled steps' mean step time (the median worker's)
     step_slowdown: float  # step_us / healthy_step_us - 1 (the profiler's own cost included: compare healthy jobs')
     function: str | None  # the culprits' function (matching the manifest's) whose time exceeds the peers' most

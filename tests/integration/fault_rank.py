@@ -19,7 +19,7 @@ The real-fault corpus (``real_faults.py --corpus``) adds the mechanisms of :data
 work of its kind (extra Python in a hook, cyclic garbage for the collector, fresh pages of fresh
 allocations, pages evicted and read back, ``fsync``-ed writes, cold reads, a CPU transform, more
 optimizer arithmetic, an evaluation), done until it has cost ``--severity`` of the job's healthy step
-(the warm-up steps' median, the slowest rank's, agreed by an all-reduce), per step or, for a function that
+(its fastest warm-up step after the first, the slowest rank's, agreed by an all-reduce), per step or, for a function that
 runs every ``--period``-th step, ``--period`` times that at each occurrence.  The other corpus mechanisms
 come from outside (a cgroup's CPU quota, a busy core, ``nice``, ``tc``): for those this rank runs healthy.
 """
@@ -66,7 +66,7 @@ TIMED = (
     "slow_transform",
 )
 #: mechanisms made from outside by the harness (the rank itself runs healthy)
-OUTSIDE = ("cgroup_quota", "taskset_busy", "nice", "tbf_burst", "htb", "u32_police", "neighbour")
+OUTSIDE = ("cgroup_quota", "taskset_busy", "nice", "tbf_burst", "htb", "u32_path", "neighbour")
 PAGE = mmap.PAGESIZE
 
 
@@ -301,8 +301,8 @@ def main() -> int:
     for step in range(steps):
         t0 = time.perf_counter()
         if step == args.warmup:
-            # every rank agrees on the healthy step: the slowest rank's median warm-up step
-            healthy = torch.tensor([float(np.median(warm[1:] or warm))])
+            # every rank agrees on the healthy step: the slowest rank's fastest warm-up step after the first
+            healthy = torch.tensor([float(np.min(warm[1:] or warm))])
             dist.all_reduce(healthy, op=dist.ReduceOp.MAX)
             budget.s = args.severity * float(healthy) if timed else 0.0
             healthy_us = float(healthy) * 1e6

@@ -412,7 +412,7 @@ MECHANISMS: dict[str, Mechanism] = {
     # network quality beyond bandwidth (made from outside, in namespaces; the rate follows the healthy step)
     "tbf_burst": Mechanism("network", r"gloo:all_reduce", ("nic", "undetermined"), {}),
     "htb": Mechanism("network", r"gloo:all_reduce", ("nic", "undetermined"), {}),
-    "u32_police": Mechanism("network", r"gloo:all_reduce", ("nic", "undetermined"), {}),
+    "u32_path": Mechanism("network", r"gloo:all_reduce", ("nic", "undetermined"), {}),
     # framework and software
     "extra_forward": Mechanism("software", r"^forward$", ("rank_specific_code", "undetermined"), {}),
     "hook_python": Mechanism(
@@ -432,7 +432,7 @@ MECHANISMS: dict[str, Mechanism] = {
     # the input pipeline
     "slow_transform": Mechanism("input", r"DataLoader|enumerate", ("dataloader", "undetermined"), {}),
 }
-NETWORK = ("tbf_burst", "htb", "u32_police")
+NETWORK = ("tbf_burst", "htb", "u32_path")
 
 
 @dataclass(frozen=True)
@@ -480,7 +480,9 @@ def split_of(case_id: str, cases: list[Case]) -> str:
     return ("dev", "test")[(peers.index(me) + start) % 2]
 
 
-def _shape(kind: str, ns: str, dev: str, host_side: str, rate_mbit: float) -> None:
+def _shape(
+    kind: str, severity: str, world: int, rank: int, ns: str, dev: str, host_side: str, rate_mbit: float
+) -> None:
     """Degrade one rank's link both ways (its namespace's egress and its host-side veth's egress)."""
 
     def tc(netns: str | None, *args: str) -> None:
@@ -488,18 +490,39 @@ def _shape(kind: str, ns: str, dev: str, host_side: str, rate_mbit: float) -> No
         subprocess.run(cmd, check=True, capture_output=True)
 
     rate = f"{max(1, int(rate_mbit))}mbit"
-    for netns, d in ((ns, dev), (None, host_side)):
+    peer = lambda r: f"10.231.0.{r % world + 1}/32"  # noqa: E731
+    for netns, d, match in ((ns, dev, ("dst", peer(rank + 1))), (None, host_side, ("src", peer(rank - 1)))):
         if kind == "tbf_burst":  # a token bucket with tiny burst and queue limits: packets dropped, not queued
-            tc(netns, "qdisc", "add", "dev", d, "root", "tbf", "rate", rate, "burst", "4kb", "limit", "8kb")
+            burst, limit = ("32kb", "64kb") if severity == "mild" else ("4kb", "8kb")
+            tc(netns, "qdisc", "add", "dev", d, "root", "tbf", "rate", rate, "burst", burst, "limit", limit)
         elif kind == "htb":  # hierarchical shaping: one class at the rate, everything in it
             tc(netns, "qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "10")
             tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate)
-        elif kind == "u32_police":  # a u32 filter polices the rank's traffic: above the rate, dropped
-            tc(netns, "qdisc", "add", "dev", d, "root", "handle", "1:", "prio")
+        elif (
+            kind == "u32_path"
+        ):  # a u32 filter sends the traffic of one path (to the next rank, from the previous) to a slow class
+            tc(netns, "qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "20")
+            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate)
+            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:20", "htb", "rate", "20gbit")
             tc(
-                netns, "filter", "add", "dev", d, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                "match", "ip", "dst", "10.231.0.0/24", "police", "rate", rate, "burst", "64kb", "drop", "flowid", "1:1",
-            )  # fmt: skip
+                netns,
+                "filter",
+                "add",
+                "dev",
+                d,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                *match,
+                "flowid",
+                "1:10",
+            )
         else:
             raise ValueError(kind)
 
@@ -604,11 +627,22 @@ def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
                         with contextlib.suppress(OSError):
                             os.setpriority(os.PRIO_PROCESS, int(tid), knobs["nice"])
             elif case.mechanism in NETWORK:
-                rate = _link_rate_mbit(case, healthy_us)
+                rate = _link_rate_mbit(case, healthy_us) * (
+                    2 if case.mechanism == "tbf_burst" and case.severity == "mild" else 1
+                )
                 knobs["rate_mbit"] = round(rate, 1)
                 pid = os.getpid()
                 for c in case.culprits:
-                    _shape(case.mechanism, names[c], f"eth{c}", f"{NS_PREFIX}h{pid}x{c}", rate)
+                    _shape(
+                        case.mechanism,
+                        case.severity,
+                        case.world,
+                        c,
+                        names[c],
+                        f"eth{c}",
+                        f"{NS_PREFIX}h{pid}x{c}",
+                        rate,
+                    )
             knobs["healthy_step_us"] = round(healthy_us, 1)
             go.touch()
             for r, p in enumerate(procs):
@@ -680,6 +714,7 @@ def record_corpus(dest: Path, only: list[str]) -> int:
     unknown = set(only) - {c.id for c in cases}
     if unknown:
         raise SystemExit(f"no such corpus case: {', '.join(sorted(unknown))}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: the clean-up (ranks, namespaces, cgroups) runs
     for c in sorted(todo, key=lambda c: c.world):  # the small jobs first
         t0 = time.monotonic()
         try:
