@@ -333,16 +333,21 @@ def summary(findings: list[dict]) -> str:
 META = ("worker", "step", "step_time_us", "host", "device", "hardware")
 
 
-def write_fixture(out: Path, path: Path, min_share: float = 0.001, files: list[Path] | None = None) -> None:
+def write_fixture(
+    out: Path, path: Path, min_share: float = 0.001, files: list[Path] | None = None, first_step: int = 0
+) -> None:
     """The run's diagnosis inputs (function tables per worker and step, hardware mean/sd/p95 included) as one Parquet file.
 
-    Functions below ``min_share`` of the step are left out, as the agent leaves them out of its feature batches.
+    Functions below ``min_share`` of the step are left out, as the agent leaves them out of its feature batches;
+    steps before ``first_step`` (warm-up steps profiled to measure the healthy step) too.
     """
     from lockstep.app.offline import load_inputs
 
     inputs = load_inputs(files or traces(out), None, out / "samples.parquet")
     parts = []
     for s in inputs.summaries:
+        if s.step < first_step:
+            continue
         f = s.functions
         share = pc.max_element_wise(f.column("critical_us"), f.column("total_us"))
         f = f.filter(pc.greater_equal(pc.divide(pc.cast(share, pa.float64()), s.step_time_us), min_share))
@@ -377,6 +382,9 @@ CORPUS_WARMUP = 4
 CORPUS_HZ = 500.0
 SEVERITIES = {"mild": 0.04, "strong": 0.22}  # intended cost: a share of the healthy step
 SIZES = (2, 3, 4, 8)
+#: network cases: a longer step (more compute per step), since this machine's veths and qdiscs cost ~10 ms per
+#: 3 MB all-reduce at any rate they shape (measured with a TCP transfer between two namespaces)
+NET_BATCH = 256
 CPU_WORK = r"forward|backward|Optimizer|aten::|DataLoader"  # a rank short of CPU is slow in all its own work
 
 
@@ -400,7 +408,7 @@ MECHANISMS: dict[str, Mechanism] = {
         "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"duty": 0.2}, "strong": {"duty": 0.8}}
     ),
     "nice": Mechanism(
-        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"nice": 3}, "strong": {"nice": 12}}
+        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"nice": 5}, "strong": {"nice": 19}}
     ),
     # memory
     "alloc_churn": Mechanism("memory", r"^forward$", ("host_memory", "rank_specific_code", "undetermined"), {}),
@@ -410,9 +418,33 @@ MECHANISMS: dict[str, Mechanism] = {
     "log_fsync": Mechanism("storage", r"log_metrics", ("storage", "undetermined"), {}),
     "cold_reads": Mechanism("storage", r"DataLoader|enumerate", ("storage", "dataloader", "undetermined"), {}),
     # network quality beyond bandwidth (made from outside, in namespaces; the rate follows the healthy step)
-    "tbf_burst": Mechanism("network", r"gloo:all_reduce", ("nic", "undetermined"), {}),
-    "htb": Mechanism("network", r"gloo:all_reduce", ("nic", "undetermined"), {}),
-    "u32_path": Mechanism("network", r"gloo:all_reduce", ("nic", "undetermined"), {}),
+    "tbf_burst": Mechanism(
+        "network",
+        r"gloo:all_reduce",
+        ("nic", "undetermined"),
+        {
+            "mild": {"rate_mbit": 8000, "burst_kb": 256, "limit_kb": 512, "batch": NET_BATCH},
+            "strong": {"rate_mbit": 2400, "burst_kb": 32, "limit_kb": 64, "batch": NET_BATCH},
+        },
+    ),
+    "htb": Mechanism(
+        "network",
+        r"gloo:all_reduce",
+        ("nic", "undetermined"),
+        {
+            "mild": {"rate_mbit": 8000, "burst_kb": 256, "batch": NET_BATCH},
+            "strong": {"rate_mbit": 1000, "burst_kb": 256, "batch": NET_BATCH},
+        },
+    ),
+    "u32_path": Mechanism(
+        "network",
+        r"gloo:all_reduce",
+        ("nic", "undetermined"),
+        {
+            "mild": {"rate_mbit": 8000, "burst_kb": 256, "batch": NET_BATCH},
+            "strong": {"rate_mbit": 1000, "burst_kb": 256, "batch": NET_BATCH},
+        },
+    ),
     # framework and software
     "extra_forward": Mechanism("software", r"^forward$", ("rank_specific_code", "undetermined"), {}),
     "hook_python": Mechanism(
@@ -480,62 +512,34 @@ def split_of(case_id: str, cases: list[Case]) -> str:
     return ("dev", "test")[(peers.index(me) + start) % 2]
 
 
-def _shape(
-    kind: str, severity: str, world: int, rank: int, ns: str, dev: str, host_side: str, rate_mbit: float
-) -> None:
+def _shape(kind: str, knobs: dict, world: int, rank: int, ns: str, dev: str, host_side: str) -> None:
     """Degrade one rank's link both ways (its namespace's egress and its host-side veth's egress)."""
 
     def tc(netns: str | None, *args: str) -> None:
         cmd = ["tc", *args] if netns is None else ["ip", "netns", "exec", netns, "tc", *args]
         subprocess.run(cmd, check=True, capture_output=True)
 
-    rate = f"{max(1, int(rate_mbit))}mbit"
+    rate, burst = f"{knobs['rate_mbit']}mbit", f"{knobs['burst_kb']}kb"
     peer = lambda r: f"10.231.0.{r % world + 1}/32"  # noqa: E731
     for netns, d, match in ((ns, dev, ("dst", peer(rank + 1))), (None, host_side, ("src", peer(rank - 1)))):
-        if kind == "tbf_burst":  # a token bucket with tiny burst and queue limits: packets dropped, not queued
-            burst, limit = ("32kb", "64kb") if severity == "mild" else ("4kb", "8kb")
+        if kind == "tbf_burst":  # a token bucket with small burst and queue limits: packets dropped, not queued
+            limit = f"{knobs['limit_kb']}kb"
             tc(netns, "qdisc", "add", "dev", d, "root", "tbf", "rate", rate, "burst", burst, "limit", limit)
         elif kind == "htb":  # hierarchical shaping: one class at the rate, everything in it
             tc(netns, "qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "10")
-            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate)
+            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
+               "burst", burst, "cburst", burst)  # fmt: skip
         elif (
             kind == "u32_path"
-        ):  # a u32 filter sends the traffic of one path (to the next rank, from the previous) to a slow class
+        ):  # a u32 filter sends one path's packets (to the next rank, from the previous) to a slow class
             tc(netns, "qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "20")
-            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate)
+            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
+               "burst", burst, "cburst", burst)  # fmt: skip
             tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:20", "htb", "rate", "20gbit")
-            tc(
-                netns,
-                "filter",
-                "add",
-                "dev",
-                d,
-                "parent",
-                "1:",
-                "protocol",
-                "ip",
-                "prio",
-                "1",
-                "u32",
-                "match",
-                "ip",
-                *match,
-                "flowid",
-                "1:10",
-            )
+            tc(netns, "filter", "add", "dev", d, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+               "match", "ip", *match, "flowid", "1:10")  # fmt: skip
         else:
             raise ValueError(kind)
-
-
-def _link_rate_mbit(case: Case, healthy_us: float) -> float:
-    """The rate at which the ring's traffic of a step (twice (n-1)/n of the gradients each way) takes the intended
-    share of the healthy step longer than at ~4 Gbit/s (what a veth pair moves here at most)."""
-    from fault_rank import WIDTH
-
-    grad_bytes = 3 * (WIDTH * WIDTH + WIDTH) * 4
-    sent = 2 * (case.world - 1) / case.world * grad_bytes
-    base_s = sent * 8 / 4e9
-    return sent * 8 / (base_s + SEVERITIES[case.severity] * healthy_us / 1e6) / 1e6
 
 
 @contextlib.contextmanager
@@ -569,7 +573,7 @@ def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
 
     out.mkdir(parents=True, exist_ok=True)
     mech = MECHANISMS.get(case.mechanism)
-    inside = case.mechanism if mech and not mech.knobs and case.mechanism not in NETWORK else "none"
+    inside = case.mechanism if mech and not mech.knobs else "none"
     go = out / "go"
     base = [
         sys.executable, str(RANK), "--world", str(case.world), "--out", str(out), "--case", inside,
@@ -579,6 +583,8 @@ def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     knobs: dict = dict(mech.knobs.get(case.severity, {})) if mech else {}
+    if "batch" in knobs:
+        base += ["--batch", str(knobs["batch"])]
     if inside != "none":
         knobs["severity"] = SEVERITIES[case.severity]
     with contextlib.ExitStack() as stack:
@@ -621,28 +627,17 @@ def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
             elif case.mechanism == "taskset_busy":
                 stack.enter_context(busy_process(1, nice=0, duty=knobs["duty"]))
                 knobs["cpu"] = 1
-            elif case.mechanism == "nice":
+            elif case.mechanism == "nice":  # a lower priority matters where the CPUs are contended: a busy process too
+                stack.enter_context(busy_process(None, nice=0, duty=1.0))
+                knobs["neighbour_duty"] = 1.0
                 for c in case.culprits:
                     for tid in os.listdir(f"/proc/{procs[c].pid}/task"):
                         with contextlib.suppress(OSError):
                             os.setpriority(os.PRIO_PROCESS, int(tid), knobs["nice"])
             elif case.mechanism in NETWORK:
-                rate = _link_rate_mbit(case, healthy_us) * (
-                    2 if case.mechanism == "tbf_burst" and case.severity == "mild" else 1
-                )
-                knobs["rate_mbit"] = round(rate, 1)
                 pid = os.getpid()
                 for c in case.culprits:
-                    _shape(
-                        case.mechanism,
-                        case.severity,
-                        case.world,
-                        c,
-                        names[c],
-                        f"eth{c}",
-                        f"{NS_PREFIX}h{pid}x{c}",
-                        rate,
-                    )
+                    _shape(case.mechanism, knobs, case.world, c, names[c], f"eth{c}", f"{NS_PREFIX}h{pid}x{c}")
             knobs["healthy_step_us"] = round(healthy_us, 1)
             go.touch()
             for r, p in enumerate(procs):
@@ -681,7 +676,7 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"corpus-{case.id}-") as tmp:
         out = Path(tmp)
         knobs = run_case(case, out)
-        write_fixture(out, dest / f"{case.id}.parquet", files=corpus_traces(out, case.world))
+        write_fixture(out, dest / f"{case.id}.parquet", files=corpus_traces(out, case.world), first_step=CORPUS_WARMUP)
     fixture = dest / f"{case.id}.parquet"
     function = mech.function if mech else ""
     manifest = Manifest(
