@@ -402,7 +402,7 @@ class Mechanism:
 MECHANISMS: dict[str, Mechanism] = {
     # CPU share and scheduling (made from outside)
     "cgroup_quota": Mechanism(
-        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"quota": 0.45}, "strong": {"quota": 0.2}}
+        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"quota": 0.3}, "strong": {"quota": 0.1}}
     ),
     "taskset_busy": Mechanism(
         "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"duty": 0.2}, "strong": {"duty": 0.8}}
@@ -455,7 +455,7 @@ MECHANISMS: dict[str, Mechanism] = {
     ),
     "gc_heavy": Mechanism(
         "software",
-        r"ProfilerStep|python|forward|backward",
+        r"^forward$",
         ("python_overhead", "rank_specific_code", "undetermined"),
         {},
     ),
