@@ -104,14 +104,15 @@ def load_fixture(path: Path) -> Inputs:
     worker, step = t.column("worker").to_numpy(), t.column("step").to_numpy()
     starts = [0, *(i for i in range(1, t.num_rows) if (worker[i], step[i]) != (worker[i - 1], step[i - 1])), t.num_rows]
     inputs = Inputs(files=1)
+    host, device, hardware = (t.column(c).to_pylist() for c in ("host", "device", "hardware"))
+    step_time = t.column("step_time_us").to_numpy()
+    functions = t.drop_columns(list(META)).combine_chunks()
     for a, b in itertools.pairwise(starts):
-        part = t.slice(a, b - a)
-        first = part.slice(0, 1).to_pylist()[0]
-        w = int(first["worker"])
-        inputs.workers.setdefault(w, WorkerMeta(rank=w, host=first["host"], device=first["device"]))
-        inputs.hardware[w] = first["hardware"]
+        w = int(worker[a])
+        inputs.workers.setdefault(w, WorkerMeta(rank=w, host=host[a], device=device[a]))
+        inputs.hardware[w] = hardware[a]
         inputs.summaries.append(
-            StepSummary(w, int(first["step"]), float(first["step_time_us"]), ft.conform(part.drop_columns(list(META))))
+            StepSummary(w, int(step[a]), float(step_time[a]), ft.conform(functions.slice(a, b - a)))
         )
     return inputs
 

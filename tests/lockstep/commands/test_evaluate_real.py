@@ -147,15 +147,28 @@ def test_the_findings_listed_are_lockstep_diagnoses(run_json):
         ]
 
 
-def test_the_text_table_has_both_parts_and_a_part_alone(capsys):
-    assert main(["evaluate", "--real"]) == 0
-    text = capsys.readouterr().out
+def test_the_text_table_has_both_parts(run_json):
+    from lockstep.commands.evaluate import real_report
+
+    text = real_report(run_json)
     assert re.search(r"^dev\s+overall", text, re.M) and re.search(r"^test\s+overall", text, re.M)
+    for mech in {m["mechanism"] for m in manifests().values()}:
+        assert re.search(rf"^test\s+mechanism {mech}\s", text, re.M), mech
     assert "calibration error on the real corpus" in text
-    assert main(["evaluate", "--real", "--part", "dev", "--json"]) == 0
+
+
+def test_a_part_alone_and_another_corpus_folder(tmp_path, capsys):
+    import shutil
+
+    mans = manifests()
+    picked = [next(k for k, m in sorted(mans.items()) if m["split"] == part) for part in ("dev", "test")]
+    for case in picked:
+        shutil.copy(CORPUS / f"{case}.json", tmp_path)
+        shutil.copy(CORPUS / mans[case]["fixture"], tmp_path)
+    assert main(["evaluate", "--real", str(tmp_path), "--part", "dev", "--json", "--scenarios"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["parts"]) == {"dev"}
-    assert out["parts"]["dev"]["overall"]["cases"] == sum(m["split"] == "dev" for m in manifests().values())
+    assert set(out["parts"]) == {"dev"} and out["parts"]["dev"]["overall"]["cases"] == 1
+    assert [c["case"] for c in out["cases"]] == [picked[0]]
 
 
 def test_a_missing_corpus_is_a_one_line_error(tmp_path, capsys):
