@@ -59,7 +59,7 @@ CATALOGUE: dict[str, Spec] = {
     # the processor's stages
     "open_shards": Spec("gauge", (), "shards of windows waiting for workers' features", _PROC),
     "shards_closed_total": Spec(
-        "counter", ("reason",), "shards of windows closed, by reason (complete, timeout)", _PROC
+        "counter", ("reason",), "shards of windows closed, by reason (complete, timeout, budget)", _PROC
     ),
     "heartbeats_total": Spec(
         "counter",
@@ -73,8 +73,10 @@ CATALOGUE: dict[str, Spec] = {
     ),
     "open_steps": Spec("gauge", (), "steps waiting for feature batches", _PROC),
     "open_windows": Spec("gauge", (), "windows waiting for step reports", _PROC),
-    "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout)", _PROC),
-    "windows_closed_total": Spec("counter", ("reason",), "windows closed, by reason (complete, timeout)", _PROC),
+    "steps_closed_total": Spec("counter", ("reason",), "steps closed, by reason (complete, timeout, budget)", _PROC),
+    "windows_closed_total": Spec(
+        "counter", ("reason",), "windows closed, by terminal state (complete, timeout, failed)", _PROC
+    ),
     "step_analysis_seconds": Spec("gauge", (), "time of the last step analysis", _PROC),
     "step_close_latency_seconds": Spec("histogram", (), "first feature batch of a step to its step report", _PROC),
     "window_close_latency_seconds": Spec(
@@ -82,6 +84,12 @@ CATALOGUE: dict[str, Spec] = {
     ),
     "findings_total": Spec("counter", ("cause",), "findings published, by cause", _PROC),
     "late_records_total": Spec("counter", ("stage",), "records for steps or windows already closed", _PROC),
+    "budget_closes_total": Spec(
+        "counter",
+        ("stage",),
+        "steps or shards closed early because the stage's open units held more than its memory budget",
+        _PROC,
+    ),
     # the detector
     "triggers_total": Spec("counter", ("kind",), "profiling windows triggered, by what opened them", _PROC),
     "triggers_suppressed": Spec(
@@ -92,6 +100,9 @@ CATALOGUE: dict[str, Spec] = {
     "detector_jobs": Spec("gauge", (), "jobs the detector follows", _PROC),
     "detector_open_windows": Spec("gauge", (), "windows open or scheduled by this processor", _PROC),
     "step_series_points_total": Spec("counter", (), "points of the per-job step-time series published", _PROC),
+    "job_changes_total": Spec(
+        "counter", ("change",), "slowdowns profiled, recovered, and jobs ended, as the detector saw them", _PROC
+    ),
     # the host agents' own counters, carried on their heartbeats
     "agent_dropped_records": Spec(
         "gauge",
@@ -119,6 +130,9 @@ CATALOGUE: dict[str, Spec] = {
     "windows_written_total": Spec("counter", (), "window rows upserted", _SINK),
     "triggers_written_total": Spec("counter", (), "profiling trigger rows upserted", _SINK),
     "step_series_written_total": Spec("counter", (), "step-time series points upserted", _SINK),
+    "job_changes_written_total": Spec(
+        "counter", ("change",), "the detector's JobChange records stored, by change", _SINK
+    ),
     "write_seconds": Spec("histogram", (), "one DuckDB transaction (rows, incidents and offsets)", _SINK),
     "incident_events_total": Spec(
         "counter", ("action",), "incident changes, by action (trigger, update, resolve)", _SINK

@@ -67,8 +67,9 @@ def _stream(data: bytes, max_bytes: int) -> bytes:
     parts, total = [], 0
     try:
         stream = pa.CompressedInputStream(pa.py_buffer(data), "zstd")
-        while chunk := stream.read(min(_CHUNK, max_bytes + 1 - total)):
-            total += len(chunk)
+        # read_buffer, not read: read() of a stream that turns out corrupt leaves its buffer allocated (pyarrow 26)
+        while (chunk := stream.read_buffer(min(_CHUNK, max_bytes + 1 - total))).size:
+            total += chunk.size
             if total > max_bytes:
                 raise CompressionError(f"zstd payload expands beyond the {max_bytes}-byte bound")
             parts.append(chunk)

@@ -653,6 +653,32 @@ class WindowTimeout(_Record, tag="WindowTimeout", kw_only=True):
     window: Name
 
 
+#: how a profiling window ended: every step reported (``complete``), not every step by the window stage's timeout
+#: (``timeout``), or something went wrong that the window's report names in ``closed_reason`` (``failed``: invalid
+#: step reports, no step report at all by the trigger's deadline, a bug in the diagnosis)
+Closed = Literal["complete", "timeout", "failed"]
+
+
+class WindowExpected(_Record, tag="WindowExpected", kw_only=True):
+    """Internal: the detect stage tells the window stage that it triggered a window, so that the window ends in a
+    ``WindowReport`` even if no step report ever comes (``failed`` once ``deadline`` passed).  Key: ``job``, on the
+    step reports topic (the window's own partition there)."""
+
+    job: Name
+    window: Name
+    start_step: Step
+    steps: WindowSteps
+    expected_workers: Workers
+    kind: Literal["slowdown", "hang", "manual", "baseline"] = "slowdown"
+    policy: str = "default"  # the trigger's policy_ref (id@hash)
+    tenant: str = ""
+    created_at: Timestamp = 0.0
+    deadline: Timestamp = 0.0  # processor clock: by then its workers should have profiled and sent every step
+
+    def validate(self) -> None:
+        _finite("deadline", self.deadline)
+
+
 class WindowReport(_Record, tag="WindowReport", kw_only=True):
     """The observability budget of one closed profiling window. Key: ``job``."""
 
@@ -668,12 +694,14 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     findings: Count
     actionable: bool  # at least one finding with a cause (not ``unknown``, not ``undetermined``)
     reached_device: bool  # at least one finding names a device
-    closed: Literal["complete", "timeout"]
+    closed: Closed
     closed_at: Timestamp
     policy: str = "default"
     tenant: str = ""
     #: training progress lost while profiling, as a share of the window's step time; None until measured
     profiling_overhead: float | None = None
+    #: why a window closed ``failed`` or ``timeout`` (one line, for people); "" when it closed ``complete``
+    closed_reason: str = ""
 
     def validate(self) -> None:
         _finite("bytes_per_worker", self.bytes_per_worker)
@@ -748,6 +776,39 @@ class DeviationMap(_Record, tag="DeviationMap", kw_only=True):
                     _finite("z", x)
 
 
+#: what a JobChange says: a slowdown was profiled; its step time is back at the level before it; the job ended
+JobChangeKind = Literal["slowdown", "recovered", "ended"]
+#: how a job ended: every worker sent its final heartbeat, or a final heartbeat came and then silence past the hang bound
+JobEnd = Literal["final", "silent"]
+
+
+class JobChange(_Record, tag="JobChange", kw_only=True):
+    """The detector's news of a job for the sink's incidents.  Key: ``job``; topic ``<prefix>.series``.
+
+    ``slowdown``: a window (``window``) was opened for a slowdown that began at ``onset_step`` (``onset_at``, the
+    processor's clock, estimated from the job's pace), when the step time went from ``before_s`` to ``during_s``.
+    ``recovered``: the median of the ``steps`` steps up to ``step`` is back at ``after_s``, within half the
+    slowdown threshold of ``before_s`` (the onset's fields repeated).  ``ended``: the job ended at step ``step``
+    (``end``: how the detector knows).  The detector may send one again (a replay after a restart): the sink's
+    effects are idempotent.
+    """
+
+    job: Name
+    tenant: str = ""
+    change: JobChangeKind
+    step: Step  # slowdown: the last step seen when the window was opened; recovered: the last step back; ended: the last step
+    window: str = ""  # slowdown, recovered: the window opened for the slowdown
+    onset_step: Step = 0
+    onset_at: Timestamp = 0.0
+    before_s: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] = 0.0  # median step time before the onset
+    during_s: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] = 0.0  # the slowdown's level
+    after_s: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] = 0.0  # recovered: the level back; ended: the last steps'
+    steps: Count = 0  # recovered: the steps whose median is after_s
+    end: JobEnd | None = None  # ended: how
+    reason: str = ""  # one line, for people
+    at: Timestamp = 0.0  # the processor's clock
+
+
 class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
     """A record a stage could not accept, with the reason. Key: the original key."""
 
@@ -774,6 +835,7 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         Finding,
         StepReport,
         WindowTimeout,
+        WindowExpected,
         WindowReport,
         DeadLetter,
         TriggerRequest,
@@ -783,6 +845,7 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         RawTrace,
         StepSeries,
         DeviationMap,
+        JobChange,
     )
 }
 #: versions of each record this build reads
@@ -800,6 +863,7 @@ Record = (
     | Finding
     | StepReport
     | WindowTimeout
+    | WindowExpected
     | WindowReport
     | DeadLetter
     | TriggerRequest
@@ -809,6 +873,7 @@ Record = (
     | RawTrace
     | StepSeries
     | DeviationMap
+    | JobChange
 )
 
 

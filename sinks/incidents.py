@@ -10,9 +10,16 @@ finding's identity **without the window**::
     kernel; which one costs most may change from window to window)
 
 An incident opens with its first finding (``trigger``), takes later findings
-(``update``, no new page) and resolves when a later window of the job closes with
-enough coverage and without it (``resolve``), or when nothing has seen it for
-``stale_after_s`` (the detector opens no window for a job that is healthy again).
+(``update``, no new page) and resolves (``resolve``, with its ``resolved_reason``):
+
+- ``window``: a later window of the job closed with enough coverage and without it;
+- ``recovered``: the detector saw the job's step time back at its level before the slowdown
+  (a ``JobChange`` ``recovered``, :func:`on_job_news`): the incidents first seen from the
+  slowdown's onset on;
+- ``job_ended``: the job ended (a ``JobChange`` ``ended``: its final heartbeats, or silence
+  after one), which stops its GPU-hour clock;
+- ``stale``: nothing has seen it for ``stale_after_s``.
+
 A finding of the same key after the resolve reopens it as the next
 ``occurrence``: a new incident id, a new page.
 """
@@ -75,6 +82,16 @@ class Incident:
     confidence: float
     step_time_share: float
     gpu_hours_per_day: float
+    # --- added with issue 20 (incidents that end)
+    first_window: str = ""  # the window of its first finding ...
+    first_step: int = 0  # ... and that window's first step in which it was seen
+    first_trigger_at: float | None = None  # when that window was triggered (None: no trigger stored)
+    resolved_reason: str | None = None  # window | recovered | job_ended | stale
+    after_s: float | None = None  # recovered: the job's step time back (the median of the steps the detector judged)
+
+
+#: how an incident can end (``Incident.resolved_reason``)
+RESOLVED_REASONS = ("window", "recovered", "job_ended", "stale")
 
 
 @dataclass(frozen=True)
@@ -86,8 +103,21 @@ class Event:
     job: str
     action: str  # trigger | update | resolve
     finding_id: str  # the finding that caused it; for a resolve, the incident's last finding
-    reason: str  # window id for findings and window resolves, "stale" for time-outs
+    reason: str  # window id for findings and window resolves, "stale" for time-outs, "recovered", "job_ended"
     occurred_at: float
+
+
+@dataclass(frozen=True)
+class JobNews:
+    """What resolving needs of the detector's ``JobChange`` records ``recovered`` and ``ended``."""
+
+    tenant: str
+    job: str
+    change: str  # recovered | ended
+    step: int  # recovered: the last step judged back at its level; ended: the job's last step
+    onset_step: int  # recovered: where the slowdown began
+    at: float  # the processor's clock
+    after_s: float  # the step time back (recovered)
 
 
 @dataclass(frozen=True)
@@ -171,6 +201,8 @@ def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | 
         confidence=f.confidence,
         step_time_share=f.impact.step_time_share,
         gpu_hours_per_day=f.impact.gpu_hours_per_day,
+        first_window=f.window,
+        first_step=first,
     )
     return inc, Event(inc.id, f.tenant, f.job, "trigger", f.id, f.window, f.created_at)
 
@@ -185,7 +217,12 @@ def on_window(
     for inc in open_incidents:
         if inc.status == "open" and inc.tenant == w.tenant and inc.job == w.job and inc.last_step < w.start_step:
             done = replace(
-                inc, status="resolved", resolved_at=w.closed_at, resolved_by=w.window, resolved_step=w.start_step
+                inc,
+                status="resolved",
+                resolved_at=w.closed_at,
+                resolved_by=w.window,
+                resolved_step=w.start_step,
+                resolved_reason="window",
             )
             out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, w.window, w.closed_at)))
     return out
@@ -197,7 +234,51 @@ def on_clock(open_incidents: list[Incident], now: float, policy: IncidentPolicy)
     for inc in open_incidents:
         if inc.status == "open" and now - inc.last_seen_at >= policy.stale_after_s:
             done = replace(
-                inc, status="resolved", resolved_at=now, resolved_by="stale", resolved_step=inc.last_step + 1
+                inc,
+                status="resolved",
+                resolved_at=now,
+                resolved_by="stale",
+                resolved_step=inc.last_step + 1,
+                resolved_reason="stale",
             )
             out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, "stale", now)))
+    return out
+
+
+def applies(inc: Incident, news: JobNews) -> bool:
+    """Whether the detector's news ends this incident.
+
+    Both concern the incidents the job showed up to then: their first window was triggered before the news (when the
+    trigger is stored; else their first step is not after the news's step), so that a later run of a job of the same
+    name, or a later fault, is not resolved by an earlier end or recovery.  A recovery ends only the incidents first
+    seen from the slowdown's onset on: one seen before it was part of the level the job went back to.
+    """
+    if inc.status != "open" or inc.tenant != news.tenant or inc.job != news.job:
+        return False
+    before = inc.first_trigger_at <= news.at if inc.first_trigger_at is not None else inc.first_step <= news.step
+    if news.change == "ended":
+        return before
+    return news.change == "recovered" and before and news.onset_step <= inc.first_step
+
+
+def on_job_news(open_incidents: list[Incident], news: list[JobNews]) -> list[tuple[Incident, Event]]:
+    """Resolve the open incidents that a job's end (``job_ended``) or recovery (``recovered``) ends; the earliest news
+    that applies resolves each.  Pure; applying the same news again changes nothing (the incidents are resolved)."""
+    out = []
+    ordered = sorted(news, key=lambda n: (n.at, n.step))
+    for inc in open_incidents:
+        n = next((n for n in ordered if applies(inc, n)), None)
+        if n is None:
+            continue
+        reason = "job_ended" if n.change == "ended" else "recovered"
+        done = replace(
+            inc,
+            status="resolved",
+            resolved_at=n.at,
+            resolved_by=reason,
+            resolved_step=n.step + 1,
+            resolved_reason=reason,
+            after_s=n.after_s if n.change == "recovered" else None,
+        )
+        out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, reason, n.at)))
     return out

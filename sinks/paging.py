@@ -28,7 +28,7 @@ class Page:
     occurrence: int
     finding: dict[str, Any]  # the Finding record (for a resolve: the incident's last finding)
     severity: str
-    reason: str  # the window that showed or cleared it; "stale" when nothing saw it for long
+    reason: str  # the window that showed or cleared it; "stale" when nothing saw it for long; "recovered"; "job_ended"
     occurred_at: float
 
 
@@ -97,6 +97,14 @@ def _details(p: Page) -> dict[str, Any]:
     }
 
 
+#: a resolve's reason, for people (any other reason is the window that closed without the problem)
+RESOLVED_WHY = {
+    "stale": "nothing has seen it for a while",
+    "recovered": "the job's step time is back at its level before the slowdown",
+    "job_ended": "the job ended",
+}
+
+
 def pagerduty(p: Page) -> dict[str, Any]:
     """PagerDuty Events API v2, without ``routing_key`` (added when sent: it is a secret)."""
     if p.action == "resolve":
@@ -137,7 +145,7 @@ def slack(p: Page) -> dict[str, Any]:
     """Slack incoming webhook: ``text`` (notifications, fallback) and Block Kit ``blocks``; every text escaped."""
     f = p.finding
     if p.action == "resolve":
-        why = "nothing has seen it for a while" if p.reason == "stale" else f"window {p.reason} closed without it"
+        why = RESOLVED_WHY.get(p.reason) or f"window {p.reason} closed without it"
         text = slack_escape(f":white_check_mark: Resolved {_headline(p)} ({why})")
         return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]}
     text = slack_escape(f"{_EMOJI.get(p.severity, '')} {p.severity.upper()} {_headline(p)}")

@@ -50,6 +50,7 @@ class WindowRow:
     expected_workers: int = 0
     workers_seen: int = 0
     bytes_per_worker: float = math.nan
+    closed_reason: str = ""  # why it failed or timed out; ``closed`` is ``open`` for a trigger not reported yet
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,15 @@ class Report:
 
 
 # --------------------------------------------------------------------------- small helpers
+
+
+#: how an incident was resolved, for people (``incidents.resolved_by``; anything else is the window that did not see it)
+RESOLVED_BY = {
+    "job_ended": "the job ended",
+    "recovered": "the job's step time is back at its level before the slowdown",
+    "stale": "nothing saw it for long",
+    "": "-",
+}
 
 
 def _e(v: object) -> str:
@@ -532,7 +542,7 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
         state = (
             f"open since {_when(inc.opened_at)}, seen in {plural(inc.windows, 'window')}"
             if inc.status == "open"
-            else f"resolved {_when(inc.resolved_at)} by {inc.resolved_by or '-'}"
+            else f"resolved {_when(inc.resolved_at)}: {RESOLVED_BY.get(inc.resolved_by or '', f'window {inc.resolved_by} did not see it')}"
         )
         page_items = "".join(
             f"<li>{_e(p.route)} ({_e(p.receiver)}): {_e(p.action)} {_e(p.status)}"
@@ -577,6 +587,7 @@ svg{display:block;margin:.3em 0;font:12px system-ui,sans-serif} svg.strip{displa
 svg .axis{fill:#7f8c8d;font-size:11px} svg .label{font-size:11px;fill:#6e2c00} svg .z{font-size:10px}
 table{border-collapse:collapse} td,th{padding:.15em .7em;text-align:left;border-bottom:1px solid #eee;vertical-align:middle}
 td.v{text-align:right;white-space:nowrap} td.bad{color:#c0392b;font-weight:600} abbr{text-decoration:underline dotted}
+td.closed-failed{color:#c0392b;font-weight:600} td.closed-failed .meta{font-weight:normal}
 .key{display:inline-block;width:.9em;height:.7em;margin:0 .2em 0 .6em} .key.bad{background:#c0392b} .key.peer{background:#7f8c8d}
 .key.spread{background:#d5dbdb} code{background:#f4f6f7;padding:0 .3em;border-radius:3px}
 .next ul,.pages{margin:.2em 0 .2em 1.2em;padding:0} .summary{display:flex;gap:2.5em;margin:.8em 0}
@@ -623,11 +634,14 @@ def render(
     open_inc = sum(c.open_incidents for c in r.causes)
     per_day = sum(c.gpu_hours_per_day for c in r.causes)
     lost = sum(c.gpu_hours_lost for c in r.causes)
-    cov = [w.coverage for w in r.windows]
+    cov = [w.coverage for w in r.windows if w.closed != "open"]
+    failed = [w for w in r.windows if w.closed == "failed"]
+    waiting = sum(w.closed == "open" for w in r.windows)
+    ended = "".join(f" · {n} {what}" for n, what in ((len(failed), "failed"), (waiting, "open")) if n)
     body = [
         '<main id="content">',
         f'<div class="meta">{_e(scope or "every job")} · generated {now.strftime("%Y-%m-%d %H:%M:%S UTC")} · '
-        f"{plural(len(r.findings), 'finding')} · {plural(len(r.windows), 'window')}</div>",
+        f"{plural(len(r.findings), 'finding')} · {plural(len(r.windows), 'window')}{ended}</div>",
         f'<div class="summary"><div><b>{open_inc}</b>open {"incident" if open_inc == 1 else "incidents"}</div>'
         f"<div><b>{_e(number(per_day))}</b>GPU-h per day being lost now</div><div><b>{_e(number(lost))}</b>GPU-h lost so far</div>"
         f"<div><b>{_e(f'{sum(cov) / len(cov):.0%}' if cov else '-')}</b>mean coverage of the windows</div></div>",
@@ -662,7 +676,16 @@ def render(
                 f'<div class="card"><h3>{_e(job)}</h3><div class="meta">{_e(n)}; shaded: profiling windows</div>{chart}</div>'
             )
     body.append("<h2>Findings</h2>")
-    body += [_finding_card(f, r, now) for f in r.findings] or ["<p>No findings.</p>"]
+    body += [_finding_card(f, r, now) for f in r.findings] or [
+        "<p>No findings."
+        + (
+            f" {plural(len(failed), 'window')} failed (below), the latest: {_e(failed[0].job)} / "
+            f"{_e(failed[0].window)}, {_e(failed[0].closed_reason)}"
+            if failed
+            else ""
+        )
+        + "</p>"
+    ]
     heat = _heat_section(r)
     if heat:
         body += ["<h2>Deviation from the peers, per window</h2>", *heat]
@@ -671,7 +694,9 @@ def render(
             (
                 f"{w.job} / {w.window}",
                 w.coverage,
-                f"coverage {w.coverage:.0%} · {plural(w.findings, 'finding')} · closed {w.closed}",
+                f"coverage {w.coverage:.0%} · {plural(w.findings, 'finding')} · "
+                + (f"closed {w.closed}" if w.closed != "open" else "open")
+                + (f": {w.closed_reason}" if w.closed_reason else ""),
             )
             for w in r.windows
         ]
@@ -683,7 +708,10 @@ def render(
         body += [
             f"<tr><td>{_e(w.job)}</td><td>{_e(w.window)}</td><td>{w.start_step:,}..{w.start_step + w.steps - 1:,}</td>"
             f"<td>{w.workers_seen or '-'} of {w.expected_workers or '-'}</td><td>{w.coverage:.0%}</td>"
-            f"<td>{_e(with_unit('B', w.bytes_per_worker))}</td><td>{w.findings}</td><td>{_e(w.closed)}</td><td>{_e(_when(w.closed_at))}</td></tr>"
+            f"<td>{_e(with_unit('B', w.bytes_per_worker))}</td><td>{w.findings}</td>"
+            f'<td class="closed-{_e(w.closed)}" title="{_e(w.closed_reason)}">{_e(w.closed)}'
+            + (f'<div class="meta">{_e(w.closed_reason)}</div>' if w.closed_reason else "")
+            + f"</td><td>{_e(_when(w.closed_at))}</td></tr>"
             for w in r.windows
         ]
         body.append("</table>")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 from collections.abc import Callable
 
@@ -63,6 +64,41 @@ def fetch_findings(run: Run, job=None, since=None, cause=None, limit=100, open_o
     return [r[0] if isinstance(r[0], dict) else json.loads(r[0]) for r in rows]
 
 
+def fetch_windows(run: Run, job: str | None = None, since: str | None = None, limit: int = 50) -> list[WindowRow]:
+    """Profiling windows, newest first, each with how it ended (``complete``, ``timeout``, ``failed`` and why), and
+    the triggers whose window has not reported yet (``open``, at the time of their trigger)."""
+    cond, params = where(job, since, time_column="closed_at")
+    tcond, tparams = where(job, since, time_column="t.created_at")
+    tcond = tcond.replace("job = ?", "t.job = ?")
+    no_window = "NOT EXISTS (SELECT 1 FROM windows w WHERE w.job = t.job AND w.window_id = t.window_id)"
+    tcond = f"{tcond} AND {no_window}" if tcond else f" WHERE {no_window}"
+    _, rows = run(
+        "SELECT job, window_id, start_step, steps, coverage, findings, closed, CAST(closed_at AS VARCHAR) AS ended_at, "
+        f"expected_workers, workers_seen, bytes_per_worker, coalesce(closed_reason, '') FROM windows{cond} "
+        "UNION ALL SELECT t.job, t.window_id, t.start_step, t.steps, 0.0, 0, 'open', CAST(t.created_at AS VARCHAR), "
+        "t.expected_workers, 0, NULL, 'triggered; the window has not reported yet' "
+        f"FROM triggers t{tcond} ORDER BY ended_at DESC LIMIT {int(limit)}",
+        params + tparams,
+    )
+    return [
+        WindowRow(
+            job=r[0],
+            window=r[1],
+            start_step=r[2],
+            steps=r[3],
+            coverage=r[4],
+            findings=r[5],
+            closed=r[6],
+            closed_at=r[7],
+            expected_workers=r[8],
+            workers_seen=r[9],
+            bytes_per_worker=math.nan if r[10] is None else r[10],
+            closed_reason=r[11],
+        )
+        for r in rows
+    ]
+
+
 def _in(values: list) -> tuple[str, list]:
     """``IN (?, ?, ...)`` for a non-empty list (DuckDB binds lists too, but every driver binds scalars)."""
     return "(" + ", ".join("?" for _ in values) + ")", list(values)
@@ -73,13 +109,7 @@ def gather(
 ) -> Report:
     """Everything the report shows, for the selection (as ``lockstep findings``' --job, --since, --open)."""
     findings = [msgspec.convert(r, Finding) for r in fetch_findings(run, job, since, None, limit, open_only)]
-    cond, params = where(job, since, time_column="closed_at")
-    _, rows = run(
-        "SELECT job, window_id, start_step, steps, coverage, findings, closed, CAST(closed_at AS VARCHAR), expected_workers, "
-        f"workers_seen, bytes_per_worker FROM windows{cond} ORDER BY closed_at DESC LIMIT {int(limit)}",
-        params,
-    )
-    windows = [WindowRow(*r) for r in rows]
+    windows = fetch_windows(run, job, since, limit)
     # the gpu_hours_lost_by_cause view's figures, for the selected job only when one is selected
     _, rows = run(
         """

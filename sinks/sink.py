@@ -1,4 +1,4 @@
-"""The DuckDB sink: consumes findings, window reports and profiling triggers with confluent-kafka.
+"""The DuckDB sink: consumes findings, window reports, profiling triggers and the detector's news with confluent-kafka.
 
 Exactly-once into DuckDB on an at-least-once stream: the sink does not trust
 Kafka's committed offsets; it stores the next offset of every partition in the
@@ -37,6 +37,7 @@ from ..schemas.records import (
     CAUSES,
     DeviationMap,
     Finding,
+    JobChange,
     ProfileTrigger,
     RecordError,
     StepSeries,
@@ -184,7 +185,7 @@ class Sink:
             if kind != TIMESTAMP_NOT_AVAILABLE:
                 lag_s[msg.topic()] = max(0.0, now - ts_ms / 1000.0)
             try:
-                rec = decode(msg.value(), (Finding, WindowReport, ProfileTrigger, StepSeries, DeviationMap))
+                rec = decode(msg.value(), (Finding, WindowReport, ProfileTrigger, StepSeries, DeviationMap, JobChange))
             except RecordError as err:
                 if err.reason == "wrong_record" and msg.topic() == self.control_topic:
                     continue  # another control record (not a trigger): not the sink's business
@@ -231,6 +232,10 @@ class Sink:
         m.inc("windows_written_total", len(batch.windows))
         m.inc("triggers_written_total", len(batch.triggers))
         m.inc("step_series_written_total", sum(len(s.steps) for s in batch.series))
+        for ch in batch.changes:
+            m.inc(
+                "job_changes_written_total", change=ch.change, help="the detector's JobChange records stored, by change"
+            )
         self._after(events)
         return batch
 

@@ -4,7 +4,7 @@ The stages (:mod:`lockstep.streams.stages`) hold the processor's logic; this mod
 them to faust, one app (one consumer group), at-least-once, concurrency 1:
 
 - ``heartbeats`` lockstep.heartbeats -> HeartbeatStage -> lockstep.partials (a shard's heartbeats of a step)
-- ``detect``   lockstep.partials    -> DetectStage  -> lockstep.control, lockstep.series
+- ``detect``   lockstep.partials    -> DetectStage  -> lockstep.control, lockstep.series, lockstep.stepreports (WindowExpected)
 - ``shards``   lockstep.windowfeatures -> ShardStage -> lockstep.features (step slices)
 - ``steps``    lockstep.features    -> StepStage    -> lockstep.stepreports
 - ``windows``  lockstep.stepreports -> WindowStage  -> lockstep.findings, lockstep.windows, lockstep.series

@@ -50,6 +50,9 @@ import numpy.typing as npt
 from ..schemas.records import (
     AgentCounters,
     Echo,
+    JobChange,
+    JobChangeKind,
+    JobEnd,
     ProfileTrigger,
     RecordError,
     RefusalCode,
@@ -414,6 +417,24 @@ class OpenedWindow:
 
 
 @dataclass
+class IncidentWatch:
+    """What the detector follows of a job for the sink's incidents (:class:`JobChange`): the slowdown a window was opened
+    for, until its step time is back at the level before it, and the final heartbeats, until the job has ended."""
+
+    window: str = ""  # the window opened for the slowdown watched ("" none) ...
+    onset_step: int = -1  # ... where it began ...
+    onset_at: float = 0.0
+    before_s: float = 0.0  # ... the median step time before it ...
+    during_s: float = 0.0  # ... and its level
+    from_step: int = -1  # the highest step when the window was opened: the steps after it are judged
+    since: deque[float] = field(default_factory=deque)  # step times completed since the window was opened (the latest)
+    finals: int = 0  # final heartbeats heard since the job's highest step last advanced ...
+    finals_step: int = -1  # ... that step ...
+    final_at: float = 0.0  # ... and when the first of them came (processor clock)
+    ended_step: int = -1  # the highest step when the job's end was last reported
+
+
+@dataclass
 class JobState:
     job: str
     tenant: str = ""
@@ -451,6 +472,7 @@ class JobState:
     agents: dict[tuple[int, int], AgentCounters] = field(
         default_factory=dict
     )  # shard -> its agents' last counters (sent on change)
+    watch: IncidentWatch = field(default_factory=IncidentWatch)  # what the sink's incidents need to hear
 
 
 class SlowdownDetector:
@@ -458,6 +480,7 @@ class SlowdownDetector:
         self.policy = policy
         self.jobs: dict[str, JobState] = {}
         self.suppressed: Counter[str] = Counter()  # automatic windows not opened, by refusal code
+        self.changes: list[JobChange] = []  # for the sink's incidents, until the caller takes them (take_changes)
 
     # ------------------------------------------------------------------ state
 
@@ -590,6 +613,7 @@ class SlowdownDetector:
         )  # else: late or replayed, judged already
         if p.final:
             st.ended = True
+            self._heard_final(st, p.final, now)
         return out
 
     def _add(self, st: JobState, key: tuple[int, int], p: StepPartial, now: float) -> list[ProfileTrigger]:
@@ -656,6 +680,7 @@ class SlowdownDetector:
             # complete when as many workers reported as in recent steps, or two later steps have started
             if (st.expected and agg.workers >= st.expected) or s <= st.max_step - 2:
                 st.history.append(agg.slowest_s)
+                self._watch_step(st, s, agg.slowest_s)
                 dp = self.policy.detector
                 if dp.rule == "cusum" and st.selected:
                     st.alarm = st.change.update(s, agg.slowest_s, dp)
@@ -703,6 +728,7 @@ class SlowdownDetector:
                 out
             ):  # until its cool-down ends, the same slowdown asks again (refused and counted, as a worse one would be)
                 st.profiled = (alarm.excursion, alarm.level_s, out[0].start_step + out[0].steps + dp.cooldown_steps)
+                self._watch_slowdown(st, out[0], alarm.since_step, alarm.baseline_s, alarm.level_s, now)
             return out
         medians = _median_rule(st, dp)
         if medians is None:
@@ -711,7 +737,10 @@ class SlowdownDetector:
         if not recent > baseline * (1.0 + dp.slowdown_threshold):
             return self._baseline(st, now)
         reason = f"slowdown: median of last {dp.recent_steps} steps {recent * 1e3:.1f} ms vs baseline {baseline * 1e3:.1f} ms (+{(recent / baseline - 1) * 100:.0f}%)"
-        return self._automatic(st, now, "slowdown", reason)
+        out = self._automatic(st, now, "slowdown", reason)
+        if out:
+            self._watch_slowdown(st, out[0], max(0, st.last_complete - dp.recent_steps + 1), baseline, recent, now)
+        return out
 
     def _baseline(self, st: JobState, now: float) -> list[ProfileTrigger]:
         """A healthy job is profiled now and then, so that the window stage has the job's own healthy past
@@ -739,6 +768,123 @@ class SlowdownDetector:
             self.suppressed[decision.code] += 1
             return []
         return [decision]
+
+    # ------------------------------------------------------------------ incidents: slowdowns that recover, jobs that end
+
+    def take_changes(self) -> list[JobChange]:
+        """The :class:`JobChange` records decided since the last call (the caller publishes them)."""
+        out, self.changes = self.changes, []
+        return out
+
+    def _change(
+        self,
+        st: JobState,
+        change: JobChangeKind,
+        step: int,
+        now: float,
+        *,
+        onset: tuple[int, float, float] | None = None,
+        after_s: float = 0.0,
+        steps: int = 0,
+        end: JobEnd | None = None,
+        reason: str = "",
+    ) -> None:
+        """Queue a :class:`JobChange`; ``onset``: (step, time, level) of this slowdown, else the watched one's."""
+        w = st.watch
+        onset_step, onset_at, during_s = onset or (w.onset_step, w.onset_at, w.during_s)
+        self.changes.append(
+            JobChange(
+                job=st.job,
+                tenant=st.tenant,
+                change=change,
+                step=max(0, step),
+                window=w.window,
+                onset_step=max(0, onset_step),
+                onset_at=onset_at,
+                before_s=w.before_s,
+                during_s=during_s,
+                after_s=after_s,
+                steps=steps,
+                end=end,
+                reason=reason,
+                at=now,
+            )
+        )
+
+    def _watch_slowdown(
+        self, st: JobState, trigger: ProfileTrigger, onset_step: int, before_s: float, during_s: float, now: float
+    ) -> None:
+        """A window was opened for a slowdown: say so, and watch the step time from now on for a recovery.  A slowdown on
+        top of one already watched keeps the first one's onset and level before (the job has recovered once it is back
+        there)."""
+        w = st.watch
+        interval = self.step_interval_s(st)
+        onset_at = max(0.0, now - max(0, st.max_step - onset_step) * interval) if math.isfinite(interval) else now
+        if not w.window:
+            w.onset_step, w.onset_at, w.before_s, w.during_s = onset_step, onset_at, before_s, during_s
+        w.window, w.from_step = trigger.window, st.max_step
+        w.since = deque(maxlen=max(1, self.policy.detector.recovery_steps))
+        reason = f"slowdown since step {onset_step}: {before_s * 1e3:.1f} ms -> {during_s * 1e3:.1f} ms; window {trigger.window}"
+        self._change(st, "slowdown", st.max_step, now, onset=(onset_step, onset_at, during_s), reason=reason)
+
+    def _watch_step(self, st: JobState, step: int, step_time_s: float) -> None:
+        """A step completed: once the median of ``recovery_steps`` steps since the window was opened is back within half
+        the slowdown threshold of the level before the onset, the slowdown has recovered."""
+        w, dp = st.watch, self.policy.detector
+        if not w.window or dp.recovery_steps <= 0 or step <= w.from_step:
+            return
+        w.since.append(step_time_s)
+        if len(w.since) < dp.recovery_steps:
+            return
+        level = _median_sorted(sorted(w.since))
+        if level > w.before_s * (1.0 + 0.5 * dp.slowdown_threshold):
+            return
+        reason = (
+            f"recovered: median of the {len(w.since)} steps to step {step} {level * 1e3:.1f} ms, "
+            f"within {dp.slowdown_threshold * 50:g}% of {w.before_s * 1e3:.1f} ms before the slowdown since step {w.onset_step}"
+        )
+        self._change(st, "recovered", step, st.last_seen_at, after_s=level, steps=len(w.since), reason=reason)
+        st.watch = IncidentWatch(
+            finals=w.finals, finals_step=w.finals_step, final_at=w.final_at, ended_step=w.ended_step
+        )
+
+    def _heard_final(self, st: JobState, finals: int, now: float) -> None:
+        """Final heartbeats: the job has ended once every worker it had sent one (since its highest step last advanced)."""
+        w = st.watch
+        if w.finals_step != st.max_step:
+            w.finals, w.finals_step, w.final_at = 0, st.max_step, now
+        w.finals += finals
+        if w.finals >= max(1, st.expected):
+            self._ended(st, "final", f"every worker sent its final heartbeat ({w.finals} of {st.expected})", now)
+
+    def due_endings(self, now: float) -> list[JobChange]:
+        """Jobs whose final heartbeat came and that have been silent since for the hang bound (``hang_after_s``, or
+        ``hang_min_s`` while the pace is unknown): they ended without every worker saying so.  Returns every change
+        decided so far (:meth:`take_changes`)."""
+        for st in self.jobs.values():
+            w = st.watch
+            if not st.ended or w.ended_step == st.max_step or w.finals_step != st.max_step:
+                continue
+            after = self.hang_after_s(st)
+            bound = after if math.isfinite(after) else self.policy.detector.hang_min_s
+            if now - max(st.last_progress_at, w.final_at) >= bound:
+                self._ended(
+                    st, "silent", f"{w.finals} worker(s) sent a final heartbeat, then {bound:.0f} s of silence", now
+                )
+        return self.take_changes()
+
+    def _ended(self, st: JobState, end: JobEnd, why: str, now: float) -> None:
+        w = st.watch
+        if w.ended_step == st.max_step:
+            return
+        last = list(st.history)[-max(1, self.policy.detector.recent_steps) :]
+        level = _median_sorted(sorted(last)) if last else 0.0
+        self._change(
+            st, "ended", st.max_step, now, after_s=level, end=end, reason=f"ended at step {st.max_step}: {why}"
+        )
+        st.watch = IncidentWatch(
+            finals=w.finals, finals_step=w.finals_step, final_at=w.final_at, ended_step=st.max_step
+        )
 
     # ------------------------------------------------------------------ hangs
 

@@ -69,6 +69,8 @@ class DetectorPolicy:
     step_cap: float = 3.0  # one step scores at most this many spreads (a hiccup alone cannot raise an alarm)
     spread_floor: float = 0.002  # the job's step-to-step spread (robust, of log step time) counts as at least this
     periodic_min_gap: int = 4  # a slow step that recurs at a fixed interval of at least this many steps is periodic (checkpoint, evaluation) and ignored (0: off)
+    # --- added with issue 20 (incidents that end)
+    recovery_steps: int = 30  # a slowdown that was profiled has recovered once the median of this many steps since its window was opened is back within half the slowdown_threshold of its step time before the onset (0: never)
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,7 @@ _RANGES = (
     ("detector", "step_cap", lambda v: v > 0, "> 0"),
     ("detector", "spread_floor", lambda v: 0 < v < 1, "in (0, 1)"),
     ("detector", "periodic_min_gap", lambda v: v == 0 or v >= 2, "0 (off) or >= 2"),
+    ("detector", "recovery_steps", lambda v: 0 <= v <= 100_000, "0 (never) or in 1..100000"),
     ("diagnosis", "persistence", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("diagnosis", "link_steady_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("diagnosis", "link_burst_cv", lambda v: v > 0, "> 0"),

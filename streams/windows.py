@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 import pyarrow as pa
 
-from ..schemas.records import FeatureBatch, StepReport, StepSlice, WindowFeatures
+from ..schemas.records import FeatureBatch, StepReport, StepSlice, WindowExpected, WindowFeatures
 from .diagnosis.step import StepResult
 
 T = TypeVar("T")
@@ -99,12 +99,13 @@ class PendingStep(Generic[T]):
     accounted: set[int] = field(default_factory=set)  # ranks seen, or declared missing by their shard
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
+    held: int = 0  # bytes of the tables it holds (decompressed)
 
 
 @dataclass
 class ClosedStep(Generic[T]):
     pending: PendingStep[T]
-    reason: str  # complete | timeout
+    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
 
 
 class StepAssembler(Generic[T]):
@@ -117,6 +118,7 @@ class StepAssembler(Generic[T]):
         self._closed: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._remember = remember
         self.late = 0  # records for steps already closed
+        self.held_bytes = 0  # the open steps' tables
 
     def add(
         self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float
@@ -131,6 +133,7 @@ class StepAssembler(Generic[T]):
         p.batches[batch.worker.rank] = (batch, table, handle)  # a redelivered record replaces its twin
         p.accounted.add(batch.worker.rank)
         p.bytes_in += size
+        self._hold(p, table.nbytes)
         return self._complete(p), False
 
     def add_slice(
@@ -144,7 +147,19 @@ class StepAssembler(Generic[T]):
         p.accounted.update(workers.column("rank").to_pylist())
         p.accounted.update(sl.missing)
         p.bytes_in += sl.bytes_in
+        self._hold(p, workers.nbytes + functions.nbytes)
         return self._complete(p), False
+
+    def _hold(self, p: PendingStep[T], nbytes: int) -> None:
+        p.held += nbytes
+        self.held_bytes += nbytes
+
+    def close_largest(self) -> ClosedStep[T] | None:
+        """The open step holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
+        if not self._open:
+            return None
+        key = max(self._open, key=lambda k: self._open[k].held)
+        return self._close(key, "budget")
 
     def _pending(self, rec: FeatureBatch | StepSlice, handle: Handle[T], now: float) -> PendingStep[T] | None:
         """The open step of a record (opened by it if need be); None if the step closed already (the record is late)."""
@@ -180,6 +195,7 @@ class StepAssembler(Generic[T]):
 
     def _close(self, key: tuple[str, int], reason: str) -> ClosedStep[T]:
         p = self._open.pop(key)
+        self.held_bytes -= p.held
         self._closed[key] = None
         while len(self._closed) > self._remember:
             self._closed.popitem(last=False)
@@ -187,7 +203,7 @@ class StepAssembler(Generic[T]):
 
     def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, p in self._open.items() if p.partition in partitions]:
-            del self._open[k]
+            self.held_bytes -= self._open.pop(k).held
 
     @property
     def open_steps(self) -> int:
@@ -219,12 +235,13 @@ class PendingShard(Generic[T]):
     )  # twins a later record replaced
     present: int = 0  # members that sent their record
     handles: list[Handle[T]] = field(default_factory=list)
+    held: int = 0  # bytes of the tables it holds (decompressed)
 
 
 @dataclass
 class ClosedShard(Generic[T]):
     pending: PendingShard[T]
-    reason: str  # complete | timeout
+    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
 
 
 class ShardAssembler(Generic[T]):
@@ -236,6 +253,7 @@ class ShardAssembler(Generic[T]):
         self._open: dict[tuple[str, str, int, int], PendingShard[T]] = {}
         self._closed: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._remember = remember
+        self.held_bytes = 0  # the open shards' tables
 
     def add(
         self, rec: WindowFeatures, table: pa.Table, size: int, handle: Handle[T], now: float
@@ -269,6 +287,8 @@ class ShardAssembler(Generic[T]):
             p.present += 1
         p.records[rank] = (rec, table, size, handle)  # a redelivered record replaces its twin
         p.handles.append(handle)
+        p.held += table.nbytes
+        self.held_bytes += table.nbytes
         if p.present >= len(p.members):
             return self._close(key, "complete"), False
         return None, False
@@ -277,8 +297,16 @@ class ShardAssembler(Generic[T]):
         due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
         return [self._close(k, "timeout") for k in due]
 
+    def close_largest(self) -> ClosedShard[T] | None:
+        """The open shard holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
+        if not self._open:
+            return None
+        key = max(self._open, key=lambda k: self._open[k].held)
+        return self._close(key, "budget")
+
     def _close(self, key: tuple[str, str, int, int], reason: str) -> ClosedShard[T]:
         p = self._open.pop(key)
+        self.held_bytes -= p.held
         self._closed[key] = None
         while len(self._closed) > self._remember:
             self._closed.popitem(last=False)
@@ -286,7 +314,7 @@ class ShardAssembler(Generic[T]):
 
     def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, p in self._open.items() if p.partition in partitions]:
-            del self._open[k]
+            self.held_bytes -= self._open.pop(k).held
 
     @property
     def open_shards(self) -> int:
@@ -311,6 +339,16 @@ class PendingWindow(Generic[T]):
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
     timeout_requested: bool = False
+    #: when its first step report came (valid or not); None while only its trigger's notice is in
+    first_report_at: float | None = None
+    #: no step report by then (the trigger's deadline, plus the timeout): close it ``failed``; None: not announced
+    deadline: float | None = None
+    #: steps whose report could not be read, with why (first wins): the window closes ``failed``, the others count
+    invalid: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def steps_reported(self) -> int:
+        return len(self.results) + len(self.invalid.keys() - self.results.keys())
 
 
 @dataclass
@@ -320,32 +358,63 @@ class ClosedWindow(Generic[T]):
 
 
 class WindowAssembler(Generic[T]):
-    """Collects the step reports of a window; closes when every step reported, or on request."""
+    """Collects the step reports of a window; closes when every step reported (an unreadable report counts as
+    reported, and is remembered), or on request.  A window announced by its trigger (:meth:`expect`) is open before
+    any step report comes, so that it closes even if none ever does."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self._open: dict[tuple[str, str], PendingWindow[T]] = {}
 
-    def add(self, report: StepReport, result: StepResult, handle: Handle[T], now: float) -> ClosedWindow[T] | None:
-        key = (report.job, report.window)
+    def _window(
+        self, rec: StepReport | WindowExpected, handle: Handle[T], now: float
+    ) -> tuple[tuple[str, str], PendingWindow[T]]:
+        key = (rec.job, rec.window)
         w = self._open.get(key)
         if w is None:
+            if isinstance(rec, WindowExpected):
+                start, steps, policy = rec.start_step, rec.steps, rec.policy
+            else:
+                start, steps, policy = rec.window_start, rec.window_steps, rec.policy
             w = self._open[key] = PendingWindow(
-                job=report.job,
-                window=report.window,
-                window_start=report.window_start,
-                window_steps=report.window_steps,
-                expected_workers=report.expected_workers,
-                policy=report.policy,
-                tenant=report.tenant,
+                job=rec.job,
+                window=rec.window,
+                window_start=start,
+                window_steps=steps,
+                expected_workers=rec.expected_workers,
+                policy=policy,
+                tenant=rec.tenant,
                 partition=handle.partition,
                 opened_at=now,
             )
         w.handles.append(handle)
+        return key, w
+
+    def expect(self, notice: WindowExpected, handle: Handle[T], now: float) -> None:
+        """The trigger's notice: the window is open from now on, and fails if no step report came by its deadline."""
+        _, w = self._window(notice, handle, now)
+        w.deadline = max(notice.deadline, now) + self.timeout_s
+
+    def add(self, report: StepReport, result: StepResult, handle: Handle[T], now: float) -> ClosedWindow[T] | None:
+        key, w = self._window(report, handle, now)
+        if w.first_report_at is None:
+            w.first_report_at = now
         if report.step not in w.results:  # a replayed duplicate never replaces the first report
             w.results[report.step] = result
             w.bytes_in += report.bytes_in
-        if len(w.results) >= w.window_steps:
+        return self._complete(key, w)
+
+    def add_invalid(self, report: StepReport, why: str, handle: Handle[T], now: float) -> ClosedWindow[T] | None:
+        """A step report whose tables could not be read: the step counts as reported (the window does not wait for
+        it) and the window will say why it failed; the other steps still count."""
+        key, w = self._window(report, handle, now)
+        if w.first_report_at is None:
+            w.first_report_at = now
+        w.invalid.setdefault(report.step, why)
+        return self._complete(key, w)
+
+    def _complete(self, key: tuple[str, str], w: PendingWindow[T]) -> ClosedWindow[T] | None:
+        if w.steps_reported >= w.window_steps:
             return self.close(key, "complete")
         return None
 
@@ -358,10 +427,17 @@ class WindowAssembler(Generic[T]):
         return True
 
     def due(self, now: float) -> list[tuple[str, str]]:
-        """Windows past their timeout for which no close was requested yet (marks them requested)."""
+        """Windows past their timeout (from their first step report) or, with no step report yet, past their
+        deadline, for which no close was requested yet (marks them requested)."""
         out = []
         for k, w in self._open.items():
-            if not w.timeout_requested and now - w.opened_at >= self.timeout_s:
+            if w.timeout_requested:
+                continue
+            if w.first_report_at is not None:
+                late = now - w.first_report_at >= self.timeout_s
+            else:
+                late = now >= (w.deadline if w.deadline is not None else w.opened_at + self.timeout_s)
+            if late:
                 w.timeout_requested = True
                 out.append(k)
         return out

@@ -214,6 +214,7 @@ def run_demo(
             steps_per_s=steps_per_s,
             max_steps=int(timeout_s * steps_per_s),
             progress=progress,
+            end_job=False,  # the demo shows a job that still runs: its incident stays open for the reader's queries
         )
         if not live.windows_done:
             raise RuntimeFailure(

@@ -79,3 +79,27 @@ def findings_table(findings: list[dict]) -> str:
         rows,
         max_width=72,
     )
+
+
+def windows_table(windows: list[dict]) -> str:
+    """Profiling windows and how each ended (``closed``: complete, timeout, failed; ``open``: a trigger whose window
+    has not reported yet), with why when it did not complete."""
+    if not windows:
+        return "no windows"
+    rows = [
+        [
+            w["job"],
+            w["window"],
+            f"{w['start_step']}..{w['start_step'] + w['steps'] - 1}",
+            f"{w['workers_seen'] or '-'} of {w['expected_workers'] or '-'}",
+            f"{w['coverage']:.0%}",
+            w["findings"],
+            w["closed"],
+            w["closed_at"],
+            w["closed_reason"],
+        ]
+        for w in windows
+    ]
+    return table(
+        ["job", "window", "steps", "workers", "coverage", "findings", "closed", "at", "why"], rows, max_width=90
+    )

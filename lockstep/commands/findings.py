@@ -17,6 +17,12 @@ def register(sub) -> None:
     )
     p.add_argument("--limit", type=int, default=100, help="most findings listed (default 100)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
+    p.add_argument(
+        "--windows",
+        action="store_true",
+        help="list the profiling windows instead, with how each ended (complete, timeout, failed and why; open: "
+        "triggered, not reported yet)",
+    )
     p.set_defaults(func=run)
 
 
@@ -48,6 +54,8 @@ def run(args) -> int:
     from ..sinks.reportdata import fetch_findings
 
     db = args.db or config.load(None).db
+    if args.windows:
+        return _windows(args, store_runner(db, args.tenant, wanted(args.json)))
     found = fetch_findings(
         store_runner(db, args.tenant, wanted(args.json)),
         args.job,
@@ -60,4 +68,38 @@ def run(args) -> int:
         print_json(found)
     else:
         print(findings_table(found))
+        note = _unfinished(store_runner(db, args.tenant, False), args)
+        if note:
+            print(note)
     return 0
+
+
+def _windows(args, run) -> int:
+    import dataclasses
+
+    from ..app.output import print_json, windows_table
+    from ..sinks.reportdata import fetch_windows
+
+    rows = [dataclasses.asdict(w) for w in fetch_windows(run, args.job, args.since, positive_limit(args.limit))]
+    for w in rows:
+        w["bytes_per_worker"] = None if w["bytes_per_worker"] != w["bytes_per_worker"] else w["bytes_per_worker"]
+    if args.json:
+        print_json(rows)
+    else:
+        print(windows_table(rows))
+    return 0
+
+
+def _unfinished(run, args) -> str:
+    """A line under the findings when windows of the selection failed or have not reported: a window that found
+    nothing because it failed must not read as a healthy job."""
+    from ..sinks.reportdata import fetch_windows
+
+    rows = fetch_windows(run, args.job, args.since, 1000)
+    failed = sum(w.closed == "failed" for w in rows)
+    waiting = sum(w.closed == "open" for w in rows)
+    if not failed and not waiting:
+        return ""
+    parts = [f"{failed} window{'s' if failed != 1 else ''} failed"] if failed else []
+    parts += [f"{waiting} trigger{'s' if waiting != 1 else ''} not reported yet"] if waiting else []
+    return f"\n{' and '.join(parts)}: lockstep findings --windows"

@@ -19,8 +19,19 @@ def register(sub) -> None:
         "--publish", action="store_true", help="publish live through Kafka, following the control topic like agents do"
     )
     p.add_argument("--steps-per-s", type=float, default=25.0, help="pace of the live fleet (default 25 steps/s)")
-    p.add_argument("--max-steps", type=int, default=2000)
-    p.add_argument("--windows", type=int, default=1, help="stop after this many profiling windows were delivered")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=2000,
+        help="--publish: stop after this many steps at most, whatever was delivered (default 2000)",
+    )
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=1,
+        help="--publish: stop 3 steps after this many profiling windows were delivered (default 1); "
+        "either way every worker then sends its final heartbeat, as agents do when a job ends",
+    )
     p.set_defaults(func=run)
 
 

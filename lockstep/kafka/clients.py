@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from ..config import ConfigError, Settings
+from ..schemas.records import MAX_RECORD_BYTES
 
 #: librdkafka's own log lines go through Python logging (not straight to stderr)
 librdkafka_log = logging.getLogger("lockstep.librdkafka")
@@ -76,6 +77,13 @@ class Clients:
 CONFLUENT = Clients()
 
 
+#: the largest record batch a Lockstep client sends or fetches, and what its topics accept (``max.message.bytes``): the
+#: largest record any stage reads (``MAX_RECORD_BYTES``, 32 MiB) and a margin for the batch's framing.  What Kafka
+#: holds compressed is bounded by it; what a client inflates from a compressed batch is not (librdkafka and aiokafka
+#: decompress a batch whole): restrict who may write to the pipeline's topics (Kafka ACLs), RELIABILITY.md.
+MAX_BATCH_BYTES = MAX_RECORD_BYTES + (1 << 20)
+
+
 def common_config(settings: Settings) -> dict[str, Any]:
     if not settings.bootstrap_servers:
         raise ConfigError(
@@ -100,6 +108,7 @@ def producer_config(settings: Settings, **overrides: object) -> dict[str, Any]:
         "partitioner": "murmur2_random",
         "linger.ms": 5,
         "message.timeout.ms": 30000,
+        "message.max.bytes": MAX_BATCH_BYTES,
     }
     cfg.update(common_config(settings))
     cfg.update(overrides)
@@ -132,6 +141,9 @@ def consumer_config(settings: Settings, group: str | None, **overrides: object) 
         "heartbeat.interval.ms": max(500, settings.session_timeout_ms // 6),
         "enable.partition.eof": False,
         "fetch.wait.max.ms": settings.fetch_wait_ms,
+        "fetch.max.bytes": MAX_BATCH_BYTES,
+        "max.partition.fetch.bytes": MAX_BATCH_BYTES,
+        "receive.message.max.bytes": MAX_BATCH_BYTES + (1 << 20),  # a fetch response: the batch and its framing
     }
     if group:
         cfg["group.id"] = group

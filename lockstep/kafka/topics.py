@@ -10,7 +10,7 @@ from confluent_kafka.admin import NewTopic
 
 from ..config import Settings
 from ..schemas.errors import LockstepError
-from .clients import admin
+from .clients import MAX_BATCH_BYTES, admin
 
 log = logging.getLogger("lockstep.kafka")
 
@@ -26,7 +26,7 @@ class Topics:
     heartbeats: str  # HeartbeatBatch, key job/shard; StepHeartbeat, TriggerRequest, key job
     control: str  # ProfileTrigger, RawRequest, key job
     features: str  # FeatureBatch, key job:step; StepSlice (internal, from the shard stage), key job:step
-    stepreports: str  # StepReport / WindowTimeout (internal), key job
+    stepreports: str  # StepReport / WindowTimeout / WindowExpected (internal), key job
     findings: str  # Finding, key job
     windows: str  # WindowReport, key job
     deadletter: str  # DeadLetter, key: the original key
@@ -73,7 +73,10 @@ def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeo
             name,
             num_partitions=n,
             replication_factor=settings.replication_factor,
-            config={"cleanup.policy": "compact"} if name.endswith("-changelog") else {},
+            config={
+                "max.message.bytes": str(MAX_BATCH_BYTES),
+                **({"cleanup.policy": "compact"} if name.endswith("-changelog") else {}),
+            },
         )
         for name, n in wanted.items()
         if name not in existing

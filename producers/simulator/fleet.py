@@ -279,10 +279,12 @@ class FleetSimulator:
         sent_at: float | None = None,
         shard_workers: int = SHARD_WORKERS,
         echo: tuple[str, float] | None = None,
+        final: bool = False,
     ) -> list[HeartbeatBatch]:
         """The live workers' heartbeats of one step as hosts with a relay send them: one ``HeartbeatBatch`` per host
         and shard (``worker // shard_workers``), ``sent_at`` on each host's own clock; ``echo`` (window, latency):
-        every worker echoes the trigger it received."""
+        every worker echoes the trigger it received; ``final``: every row is its worker's last heartbeat (the job
+        ends, as agents say when they close)."""
         now = time.time() if sent_at is None else sent_at
         live = np.flatnonzero(~sim.missing)
         ranks, hosts = self._ranks[live], self._hosts[live]
@@ -304,6 +306,7 @@ class FleetSimulator:
                     step_time_s=times[lo:hi],
                     sent_at=sent[lo:hi],
                     echoes=[Echo(worker=w, window=echo[0], latency_s=echo[1]) for w in workers] if echo else [],
+                    final=list(range(len(workers))) if final else [],
                 )
             )
         return out

@@ -7,7 +7,9 @@ like an agent does (a :class:`~lockstep.kafka.Tail` opened at the topic's end),
 accepts triggers for future steps (refuses those for steps already past), and
 when a window ends publishes each worker's ``WindowFeatures`` keyed ``job:window:shard``,
 as the agents do (``features="step"``: a ``FeatureBatch`` per worker and step, keyed
-``job:step``, during the window, as agents before issue 13 did).
+``job:step``, during the window, as agents before issue 13 did).  When it stops, every
+worker sends its final heartbeat, as an agent does when it closes: the job ended (the
+detector does not take the silence for a hang, and the job's incidents resolve).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import msgspec
 from ...kafka import Publisher, Tail, Topics, features_key, heartbeat_key, window_features_key
 from ...schemas.records import SHARD_WORKERS, ProfileTrigger
 from .fleet import FleetSimulator
+from .model import SimulatedStep
 
 log = logging.getLogger("lockstep.simulator")
 
@@ -48,8 +51,10 @@ def run_live(
     progress=None,
     features: Literal["window", "step"] = "window",
     shard_workers: int = SHARD_WORKERS,
+    end_job: bool = True,
 ) -> LiveResult:
-    """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered.
+    """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered (or ``max_steps``),
+    then (``end_job``) send every worker's final heartbeat: the job ended.
 
     ``control`` is the control topic, open (from its end as it was when the fleet started)."""
     res = LiveResult()
@@ -60,6 +65,7 @@ def run_live(
     job = fleet.scenario.job
     echo: dict = {}  # the last trigger received, echoed in the next heartbeats (control latency)
     profiled: dict[str, list] = {}  # window -> its steps simulated so far (features="window")
+    sim: SimulatedStep | None = None  # the last step simulated
     for step in range(start_step, start_step + max_steps):
         for trig in control.records(ProfileTrigger, where=lambda t: t.job == job):  # refusals are for operators
             echo = {"trigger_window": trig.window, "trigger_latency_s": time.time() - trig.created_at}
@@ -120,5 +126,20 @@ def run_live(
         delay = next_t - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+    if end_job and sim is not None:
+        send_final_heartbeats(fleet, sim, publisher, topics, shard_workers)
     publisher.flush()
     return res
+
+
+def send_final_heartbeats(
+    fleet: FleetSimulator, sim: SimulatedStep, publisher: Publisher, topics: Topics, shard_workers: int
+) -> None:
+    """Every live worker's last heartbeat (its last step again, ``final``), as an agent sends it when it closes."""
+    job, now = fleet.scenario.job, time.time()
+    if shard_workers:
+        for batch in fleet.heartbeat_batches(sim, now, shard_workers, final=True):
+            publisher.send(topics.heartbeats, heartbeat_key(job, batch.shard), batch)
+    else:
+        for hb in fleet.heartbeats(sim, now):
+            publisher.send(topics.heartbeats, job, msgspec.structs.replace(hb, final=True))

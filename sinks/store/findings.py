@@ -13,7 +13,18 @@ import msgspec
 import pyarrow as pa
 
 from ...schemas.records import Finding
-from ..incidents import Event, Incident, IncidentPolicy, ReportedWindow, incident_key, on_clock, on_finding, on_window
+from ..incidents import (
+    Event,
+    Incident,
+    IncidentPolicy,
+    JobNews,
+    ReportedWindow,
+    incident_key,
+    on_clock,
+    on_finding,
+    on_job_news,
+    on_window,
+)
 from . import migrations
 from .reads import QUERY_LIMITS, QueryBusy, QueryLimits, StoreError, StoreLocked, duckdb_config, one, run_query
 from .writes import (
@@ -22,9 +33,11 @@ from .writes import (
     INCIDENT_SELECT,
     INCIDENT_TIMES,
     Batch,
+    changes_table,
     deviations_table,
     epoch_us,
     findings_table,
+    incident_select,
     registered,
     series_table,
     transaction,
@@ -115,6 +128,9 @@ class FindingsStore:
                 upsert(con, "triggers", triggers_table(triggers), ("job", "window_id"))
             if batch.series:
                 upsert(con, "step_series", series_table(batch.series, now), ("job", "step"))
+            if batch.changes:
+                changes = list({(c.job, c.change, c.step, c.window): c for c in batch.changes}.values())
+                upsert(con, "job_changes", changes_table(changes), ("job", "change", "step", "window_id"))
             if batch.maps:
                 maps = list({(d.job, d.window): d for d in batch.maps}.values())
                 with registered(
@@ -132,8 +148,12 @@ class FindingsStore:
                     "next_offset": list(batch.offsets.values()),
                 }
                 upsert(con, "sink_offsets", pa.table(offsets), ("topic", "partition"))
+            self._triggered_at(incidents)
             events += self._on_windows(incidents)
+            events += self._on_job_news(incidents, {c.job for c in batch.changes})
             self._save(incidents, events)
+            if incidents or batch.changes:
+                self._onsets()
         return events
 
     def expire(self, now: float | None = None) -> list[Event]:
@@ -156,8 +176,21 @@ class FindingsStore:
 
     # -------------------------------------------------------------- incidents (inside the caller's transaction)
 
+    def _incident_columns(self) -> list[str]:
+        """The incidents columns this file has of INCIDENT_SCHEMA's (a migration's data step runs before later
+        migrations added theirs)."""
+        have = {
+            r[0]
+            for r in self.con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = 'incidents' AND database_name = current_database()"
+            ).fetchall()
+        }
+        return [c for c in INCIDENT_SCHEMA.names if c in have]
+
     def _incidents(self, where: str, params: list) -> list[Incident]:
-        cur = self.con.execute(f"SELECT {INCIDENT_SELECT} FROM incidents WHERE {where}", params)
+        cols = self._incident_columns()
+        select = INCIDENT_SELECT if len(cols) == len(INCIDENT_SCHEMA.names) else incident_select(cols)
+        cur = self.con.execute(f"SELECT {select} FROM incidents WHERE {where}", params)
         cols = [d[0] for d in cur.description]
         return [Incident(**dict(zip(cols, r))) for r in cur.fetchall()]
 
@@ -194,7 +227,9 @@ class FindingsStore:
         """
         rows = self.con.execute(
             """
-            SELECT tenant, job, window_id, start_step, coverage, epoch(closed_at) FROM windows w
+            SELECT tenant, job, window_id, start_step,
+                   -- a failed window cannot clear a problem: what it lost may be what it would have seen
+                   CASE WHEN closed = 'failed' THEN 0.0 ELSE coverage END, epoch(closed_at) FROM windows w
             WHERE NOT coalesce(incidents_checked, false) AND (
                 (SELECT count(*) FROM findings f WHERE f.job = w.job AND f.window_id = w.window_id) >= w.findings
                 OR EXISTS (SELECT 1 FROM windows l WHERE l.job = w.job AND l.start_step > w.start_step))
@@ -219,13 +254,65 @@ class FindingsStore:
             )
         return events
 
+    def _triggered_at(self, incidents: dict[str, Incident]) -> None:
+        """New incidents learn when their first window was triggered (the triggers table)."""
+        todo = [i for i in incidents.values() if i.first_trigger_at is None and i.first_window]
+        if not todo:
+            return
+        rows = self.con.execute(
+            "SELECT job, window_id, epoch(created_at) FROM triggers WHERE list_contains(?, job) AND list_contains(?, window_id)",
+            [sorted({i.job for i in todo}), sorted({i.first_window for i in todo})],
+        ).fetchall()
+        at = {(j, w): t for j, w, t in rows}
+        for inc in todo:
+            if (t := at.get((inc.job, inc.first_window))) is not None:
+                incidents[inc.id] = dataclasses.replace(inc, first_trigger_at=t)
+
+    def _on_job_news(self, incidents: dict[str, Incident], jobs: set[str]) -> list[Event]:
+        """Resolve the open incidents that the detector's news (a job ended, a slowdown recovered) ends: those of the
+        jobs with news in this transaction, and this transaction's open incidents (their finding may come after the
+        news: findings and the detector's news travel on different topics)."""
+        jobs = jobs | {i.job for i in incidents.values() if i.status == "open"}
+        if not jobs:
+            return []
+        rows = self.con.execute(
+            "SELECT tenant, job, change, step, coalesce(onset_step, 0), epoch(changed_at), coalesce(after_s, 0) FROM job_changes "
+            "WHERE list_contains(?, job) AND change IN ('ended', 'recovered')",
+            [sorted(jobs)],
+        ).fetchall()
+        if not rows:
+            return []
+        news = [JobNews(*r) for r in rows]
+        with_news = sorted({n.job for n in news})
+        state = {inc.id: inc for inc in self._incidents("status = 'open' AND list_contains(?, job)", [with_news])}
+        state.update(incidents)  # this transaction's changes are newer
+        changes = on_job_news([i for i in state.values() if i.job in with_news], news)
+        for inc, _ in changes:
+            incidents[inc.id] = inc
+        return [ev for _, ev in changes]
+
+    def _onsets(self) -> None:
+        """Incidents whose first window the detector opened for a slowdown keep its onset and step times before and
+        during (the ``slowdown`` news, whichever of it and the finding came first)."""
+        self.con.execute(
+            """
+            UPDATE incidents SET onset_step = c.onset_step, onset_at = c.onset_at, before_s = c.before_s,
+                                 during_s = c.during_s
+            FROM job_changes c
+            WHERE c.change = 'slowdown' AND c.job = incidents.job AND c.window_id = incidents.first_window
+              AND incidents.onset_at IS NULL
+            """
+        )
+
     def _save(self, incidents: dict[str, Incident], events: list[Event]) -> None:
         con = self.con
         if incidents:
             rows = [
                 dataclasses.asdict(i) | {c: epoch_us(getattr(i, c)) for c in INCIDENT_TIMES} for i in incidents.values()
             ]
-            upsert(con, "incidents", pa.Table.from_pylist(rows, schema=INCIDENT_SCHEMA), ("id",))
+            table = pa.Table.from_pylist(rows, schema=INCIDENT_SCHEMA)
+            cols = self._incident_columns()
+            upsert(con, "incidents", table.select(cols) if len(cols) < table.num_columns else table, ("id",))
         if events:
             seq = one(con.execute("SELECT coalesce(max(seq), 0) FROM incident_events").fetchone(), "the last event")[0]
             rows = [

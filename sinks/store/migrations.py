@@ -242,6 +242,94 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        5,
+        "incidents that end: job_changes (the detector's slowdowns, recoveries, job ends), incidents' onset, "
+        "resolution reason and step times, views incident_timeline and incident_outcomes",
+        """
+        CREATE TABLE job_changes (
+            job VARCHAR NOT NULL,
+            tenant VARCHAR NOT NULL,
+            change VARCHAR NOT NULL,
+            step BIGINT NOT NULL,
+            window_id VARCHAR NOT NULL,
+            onset_step BIGINT,
+            onset_at TIMESTAMP,
+            before_s DOUBLE,
+            during_s DOUBLE,
+            after_s DOUBLE,
+            steps INTEGER,
+            job_end VARCHAR,
+            reason VARCHAR,
+            changed_at TIMESTAMP,
+            PRIMARY KEY (job, change, step, window_id)
+        );
+        ALTER TABLE incidents ADD COLUMN first_window VARCHAR;
+        ALTER TABLE incidents ADD COLUMN first_step BIGINT;
+        ALTER TABLE incidents ADD COLUMN first_trigger_at TIMESTAMP;
+        ALTER TABLE incidents ADD COLUMN resolved_reason VARCHAR;
+        ALTER TABLE incidents ADD COLUMN after_s DOUBLE;
+        ALTER TABLE incidents ADD COLUMN onset_step BIGINT;
+        ALTER TABLE incidents ADD COLUMN onset_at TIMESTAMP;
+        ALTER TABLE incidents ADD COLUMN before_s DOUBLE;
+        ALTER TABLE incidents ADD COLUMN during_s DOUBLE;
+        UPDATE incidents SET first_window = f.window_id, first_step = coalesce(list_min(f.steps), 0)
+            FROM findings f WHERE f.id = incidents.first_finding;
+        UPDATE incidents SET first_trigger_at = t.created_at
+            FROM triggers t WHERE t.job = incidents.job AND t.window_id = incidents.first_window;
+        UPDATE incidents SET resolved_reason = CASE WHEN resolved_by = 'stale' THEN 'stale' ELSE 'window' END
+            WHERE status = 'resolved';
+        CREATE OR REPLACE VIEW gpu_hours_lost_by_cause AS
+            SELECT tenant, cause, count(*) AS incidents,
+                   count(*) FILTER (WHERE status = 'open') AS open_incidents,
+                   coalesce(sum(gpu_hours_per_day) FILTER (WHERE status = 'open'), 0) AS gpu_hours_per_day,
+                   sum(gpu_hours_per_day * greatest(0, epoch(coalesce(resolved_at, timezone('UTC', now())) - opened_at)) / 86400) AS gpu_hours_lost
+            FROM incidents GROUP BY tenant, cause;
+        CREATE VIEW incident_timeline AS
+            SELECT id, tenant, job, cause, function, workers, devices, status, first_window, first_step,
+                   onset_step, onset_at, first_trigger_at, opened_at AS first_finding_at, resolved_at, resolved_step,
+                   resolved_reason, before_s, during_s, after_s,
+                   epoch(opened_at - coalesce(onset_at, first_trigger_at)) AS time_to_diagnose_s,
+                   CASE WHEN resolved_reason IN ('recovered', 'window')
+                        THEN epoch(resolved_at - coalesce(onset_at, opened_at)) END AS time_to_recover_s,
+                   gpu_hours_per_day,
+                   gpu_hours_per_day * greatest(0, epoch(coalesce(resolved_at, timezone('UTC', now()))
+                                                       - coalesce(onset_at, opened_at))) / 86400 AS gpu_hours_lost
+            FROM incidents;
+        CREATE VIEW incident_outcomes AS
+            SELECT tenant, cause, CASE WHEN status = 'open' THEN 'open' ELSE resolved_reason END AS resolution,
+                   count(*) AS incidents,
+                   median(time_to_diagnose_s) AS median_time_to_diagnose_s,
+                   median(time_to_recover_s) AS median_time_to_recover_s,
+                   sum(gpu_hours_lost) AS gpu_hours_lost,
+                   coalesce(sum(gpu_hours_per_day) FILTER (WHERE resolved_reason IN ('recovered', 'window')), 0)
+                       AS gpu_hours_per_day_recovered
+            FROM incident_timeline GROUP BY ALL;
+        """,
+    ),
+    (
+        6,
+        "windows.closed_reason (why a window failed or timed out), trigger_outcomes, failed windows per job",
+        """
+        ALTER TABLE windows ADD COLUMN closed_reason VARCHAR;
+        CREATE VIEW trigger_outcomes AS
+            SELECT t.tenant, t.job, t.window_id, t.kind, t.reason AS trigger_reason, t.start_step, t.steps,
+                   t.expected_workers, t.created_at AS triggered_at,
+                   coalesce(w.closed, 'open') AS closed, w.closed_reason, w.closed_at,
+                   w.steps_seen, w.workers_seen, w.coverage, w.findings
+            FROM triggers t LEFT JOIN windows w ON w.job = t.job AND w.window_id = t.window_id;
+        CREATE OR REPLACE VIEW coverage_by_job AS
+            SELECT tenant, job, count(*) AS windows,
+                   avg(coverage) AS mean_coverage, min(coverage) AS min_coverage,
+                   avg(bytes_per_worker) AS mean_bytes_per_worker,
+                   avg(profiling_overhead) AS mean_profiling_overhead,
+                   avg(reached_device::INTEGER) AS reached_device_share,
+                   count(*) FILTER (WHERE closed = 'timeout') AS timed_out,
+                   max(closed_at) AS last_closed_at,
+                   count(*) FILTER (WHERE closed = 'failed') AS failed
+            FROM windows GROUP BY tenant, job;
+        """,
+    ),
 ]
 
 

@@ -12,7 +12,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ...schemas.records import DeviationMap, Finding, ProfileTrigger, StepSeries, WindowReport
+from ...schemas.records import DeviationMap, Finding, JobChange, ProfileTrigger, StepSeries, WindowReport
 
 
 def epoch_us(epoch: float | None) -> int | None:
@@ -67,6 +67,7 @@ _WINDOW_SCHEMA = pa.schema(
         ("closed_at", pa.timestamp("us")),
         ("policy", pa.string()),
         ("profiling_overhead", pa.float64()),
+        ("closed_reason", pa.string()),
     ]
 )
 _TRIGGER_SCHEMA = pa.schema(
@@ -112,6 +113,11 @@ INCIDENT_SCHEMA = pa.schema(
         ("confidence", pa.float64()),
         ("step_time_share", pa.float64()),
         ("gpu_hours_per_day", pa.float64()),
+        ("first_window", pa.string()),
+        ("first_step", pa.int64()),
+        ("first_trigger_at", pa.timestamp("us")),
+        ("resolved_reason", pa.string()),
+        ("after_s", pa.float64()),
     ]
 )
 EVENT_SCHEMA = pa.schema(
@@ -126,9 +132,16 @@ EVENT_SCHEMA = pa.schema(
         ("occurred_at", pa.timestamp("us")),
     ]
 )
-INCIDENT_TIMES = ("opened_at", "last_seen_at", "resolved_at")
+INCIDENT_TIMES = ("opened_at", "last_seen_at", "resolved_at", "first_trigger_at")
+
+
 #: the incidents columns as Incident fields (timestamps as epoch seconds)
-INCIDENT_SELECT = ", ".join(f"epoch({c}) AS {c}" if c in INCIDENT_TIMES else c for c in INCIDENT_SCHEMA.names)
+def incident_select(columns: list[str]) -> str:
+    """The SELECT list of these incidents columns as Incident fields (timestamps as epoch seconds)."""
+    return ", ".join(f"epoch({c}) AS {c}" if c in INCIDENT_TIMES else c for c in columns)
+
+
+INCIDENT_SELECT = incident_select(INCIDENT_SCHEMA.names)
 
 
 _SERIES_SCHEMA = pa.schema(
@@ -157,6 +170,41 @@ _DEVIATION_SCHEMA = pa.schema(
         ("functions_total", pa.int32()),
     ]
 )
+
+
+_CHANGE_SCHEMA = pa.schema(
+    [
+        ("job", pa.string()),
+        ("tenant", pa.string()),
+        ("change", pa.string()),
+        ("step", pa.int64()),
+        ("window_id", pa.string()),
+        ("onset_step", pa.int64()),
+        ("onset_at", pa.timestamp("us")),
+        ("before_s", pa.float64()),
+        ("during_s", pa.float64()),
+        ("after_s", pa.float64()),
+        ("steps", pa.int32()),
+        ("job_end", pa.string()),
+        ("reason", pa.string()),
+        ("changed_at", pa.timestamp("us")),
+    ]
+)
+
+
+def changes_table(changes: list[JobChange]) -> pa.Table:
+    """The detector's ``JobChange`` records, one row each (key: job, change, step, window)."""
+    rows = [
+        {c: getattr(ch, c, None) for c in _CHANGE_SCHEMA.names}
+        | {
+            "window_id": ch.window,
+            "onset_at": epoch_us(ch.onset_at) if ch.onset_at else None,
+            "job_end": ch.end,
+            "changed_at": epoch_us(ch.at),
+        }
+        for ch in changes
+    ]
+    return pa.Table.from_pylist(rows, schema=_CHANGE_SCHEMA)
 
 
 def series_table(series: list[StepSeries], now: float) -> pa.Table:
@@ -344,6 +392,7 @@ class Batch:
     triggers: list[ProfileTrigger] = field(default_factory=list)
     series: list[StepSeries] = field(default_factory=list)
     maps: list[DeviationMap] = field(default_factory=list)
+    changes: list[JobChange] = field(default_factory=list)
 
     @classmethod
     def of(cls, records: list, offsets: dict[tuple[str, int], int]) -> Batch:
@@ -355,6 +404,7 @@ class Batch:
             ProfileTrigger: b.triggers,
             StepSeries: b.series,
             DeviationMap: b.maps,
+            JobChange: b.changes,
         }
         for rec in records:
             lists[type(rec)].append(rec)

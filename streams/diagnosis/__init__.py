@@ -13,7 +13,7 @@ from .frame import StepFrame, peer_group_key
 from .handoff import step_report, step_result
 from .history import HistoryError, JobHistory
 from .step import StepResult, analyze_step
-from .window import WindowDiagnosis, WindowInfo, diagnose_window
+from .window import WindowDiagnosis, WindowInfo, diagnose_window, window_report
 
 __all__ = [
     "HistoryError",
@@ -27,4 +27,5 @@ __all__ = [
     "peer_group_key",
     "step_report",
     "step_result",
+    "window_report",
 ]

@@ -307,7 +307,10 @@ def _compare_work(grid: _Grid, w: _Work, policy: DiagnosisPolicy) -> _WorkCompar
         with np.errstate(invalid="ignore", divide="ignore"):
             flag_ratio = valid & ~flag_work & (work > rise * other) & (work - other > min_excess)
             low_ratio = grid.present & (work * rise < fastest) & (fastest - work > min_excess)
-            z = np.where(flag_ratio, work / other - 1.0, z)  # ratio rows: the rise over the slowest other worker
+            # ratio rows: the rise over the slowest other worker, relative to at least a microsecond (like the robust
+            # z's scale): a function that no other worker ran (their work is 0) rises by its own work in µs, never
+            # by infinity, and a near-zero peer cannot blow it past any bound
+            z = np.where(flag_ratio, (work - other) / np.maximum(other, 1.0), z)
         excess = np.where(flag_ratio, work - other, excess)
         flag_work |= flag_ratio
     return _WorkComparison(med, mad, z, excess, enough, flag_work, flag_ratio, low_ratio, other)

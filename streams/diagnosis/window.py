@@ -88,16 +88,14 @@ def diagnose_window(
     *,
     now: float,
     closed: str = "complete",
+    closed_reason: str = "",
     bytes_in: int = 0,
     history: JobHistory | None = None,
 ) -> WindowDiagnosis:
     dp = policy.diagnosis
     results = sorted(results, key=lambda r: r.step)
     steps_seen = len(results)
-    # worker-steps delivered of those expected: a step nobody delivered counts as 0
-    coverage = sum(min(r.workers_seen, info.expected_workers) for r in results) / (
-        info.expected_workers * max(info.steps, steps_seen, 1)
-    )
+    coverage = _coverage(info, results)
     findings: list[Finding] = []
     groups = _concat([r.groups for r in results], results)
     if steps_seen:
@@ -112,16 +110,43 @@ def diagnose_window(
     healthy = not any(f.scope != "job" or f.cause == "regression" for f in findings)
     if steps_seen >= 2 and healthy and coverage >= MIN_COVERAGE:
         history = fold(history, info.job, info.window, window_medians(groups), dp.history_weight, now)
+    report = window_report(
+        info, results, policy, now=now, closed=closed, closed_reason=closed_reason, bytes_in=bytes_in, findings=findings
+    )
+    return WindowDiagnosis(findings=findings, report=report, history=history)
+
+
+def _coverage(info: WindowInfo, results: list[StepResult]) -> float:
+    """Worker-steps delivered of those expected: a step nobody delivered counts as 0."""
+    return sum(min(r.workers_seen, info.expected_workers) for r in results) / (
+        info.expected_workers * max(info.steps, len(results), 1)
+    )
+
+
+def window_report(
+    info: WindowInfo,
+    results: list[StepResult],
+    policy: Policy,
+    *,
+    now: float,
+    closed: str,
+    closed_reason: str = "",
+    bytes_in: int = 0,
+    findings: list[Finding] | None = None,
+) -> WindowReport:
+    """The window's report: what came (steps, workers, bytes), how it closed and why, what it found.  Without
+    ``findings`` (a window that failed before its diagnosis), it reports none."""
+    findings = findings or []
     seen = max((r.workers_seen for r in results), default=0)
-    report = WindowReport(
+    return WindowReport(
         job=info.job,
         window=info.window,
         start_step=info.start_step,
         steps=info.steps,
-        steps_seen=steps_seen,
+        steps_seen=len(results),
         expected_workers=info.expected_workers,
         workers_seen=seen,
-        coverage=round(min(1.0, coverage), 4),
+        coverage=round(min(1.0, _coverage(info, results)), 4),
         bytes_per_worker=round(bytes_in / seen, 1) if seen else 0.0,
         findings=len(findings),
         actionable=any(f.cause not in ("unknown", "undetermined") for f in findings),
@@ -130,8 +155,8 @@ def diagnose_window(
         closed_at=now,
         policy=info.policy or policy.ref,
         tenant=info.tenant,
+        closed_reason=closed_reason,
     )
-    return WindowDiagnosis(findings=findings, report=report, history=history)
 
 
 def _concat(tables: list[pa.Table], results: list[StepResult]) -> pa.Table:

@@ -193,7 +193,11 @@ C = TypeVar("C")
 class Assembler(Protocol[C]):
     """What :class:`AssemblingStage` needs of its assembler (``StepAssembler``, ``ShardAssembler``)."""
 
+    held_bytes: int  # what the open units' tables hold
+
     def expire(self, now: float) -> list[C]: ...
+
+    def close_largest(self) -> C | None: ...
 
     def drop(self, partitions: Collection[Partition]) -> None: ...
 
@@ -207,6 +211,8 @@ class AssemblingStage(HoldingStage, Generic[C]):
     """
 
     assembler: Assembler[C]
+    #: the most bytes of tables the open units may hold together; past it the largest closes as it is (``budget``)
+    budget_bytes: int = 512 << 20
 
     def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[C | None, bool]:
         raise NotImplementedError
@@ -231,6 +237,9 @@ class AssemblingStage(HoldingStage, Generic[C]):
             await self.release([h])
         elif closed is not None:
             await self._finish(closed)
+        while self.assembler.held_bytes > self.budget_bytes and (largest := self.assembler.close_largest()):
+            self.metrics.inc("budget_closes_total", stage=self.name)
+            await self._finish(largest)
 
     async def on_timer(self, now: float) -> None:
         """Units that waited the assembler's timeout for their last workers close without them."""

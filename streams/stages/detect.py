@@ -20,14 +20,16 @@ from ...kafka import Topics
 from ...metrics import Metrics
 from ...schemas.records import (
     DetectorTick,
+    JobChange,
     ProfileTrigger,
     RecordError,
     StepPartial,
     TriggerRefused,
     TriggerRequest,
+    WindowExpected,
     decode,
 )
-from ..detector import SlowdownDetector
+from ..detector import WINDOW_EXPIRY_MIN_S, SlowdownDetector
 from ..pictures import SeriesBuilder
 from ..policy import Policy
 from .base import Clock, Output, Partition, RecordIn, Stage
@@ -44,7 +46,8 @@ AGENT_COUNTERS = {
 
 
 class DetectStage(Stage):
-    """``topics.partials`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries`` -> ``topics.series``)."""
+    """``topics.partials`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries``, ``JobChange`` ->
+    ``topics.series``; each trigger's ``WindowExpected`` -> ``topics.stepreports``)."""
 
     name = "detect"
 
@@ -78,6 +81,7 @@ class DetectStage(Stage):
                 continue
             for decision in decisions:
                 await self._decided(decision)
+            await self._changes(self.detector.take_changes())
         await self.out.acknowledge(records)  # each record is done once it has been processed
 
     def _decide(self, record: RecordIn) -> Sequence[ProfileTrigger | TriggerRefused]:
@@ -109,10 +113,42 @@ class DetectStage(Stage):
                 decision.reason,
             )
             m.inc("triggers_total", kind=decision.kind, help="profiling windows triggered, by what opened them")
+            # the window stage opens the window now, so that it ends in a report even if no step report ever comes
+            await self.send(self.topics.stepreports, decision.job, self._expected(decision))
         else:
             log.info("refused a window for %s (request %s): %s", decision.job, decision.request, decision.reason)
             m.inc("trigger_refusals_total", code=decision.code, help="operators' trigger requests refused, by reason")
         await self.send(self.topics.control, decision.job, decision)
+
+    async def _changes(self, changes: Sequence[JobChange]) -> None:
+        """The detector's news for the sink's incidents (a slowdown profiled, recovered; a job ended) -> ``topics.series``."""
+        for ch in changes:
+            log.info("job %s: %s", ch.job, ch.reason)
+            self.metrics.inc(
+                "job_changes_total",
+                change=ch.change,
+                help="slowdowns profiled, recovered, and jobs ended, as the detector saw them",
+            )
+            await self.send(self.topics.series, ch.job, ch)
+
+    def _expected(self, t: ProfileTrigger) -> WindowExpected:
+        """The window stage's notice of a trigger, with the detector's own deadline for the window (by then its
+        workers should have profiled every step: a few times the window's expected duration, at least a minute)."""
+        st = self.detector.jobs.get(t.job)
+        opened = next((w for w in st.windows if w.name == t.window), None) if st is not None else None
+        deadline = opened.expires_at if opened is not None else t.created_at + WINDOW_EXPIRY_MIN_S
+        return WindowExpected(
+            job=t.job,
+            window=t.window,
+            start_step=t.start_step,
+            steps=t.steps,
+            expected_workers=t.expected_workers,
+            kind=t.kind,
+            policy=t.policy_ref,
+            tenant=t.tenant,
+            created_at=t.created_at,
+            deadline=max(deadline, t.created_at),
+        )
 
     async def on_timer(self, now: float) -> None:
         """Hang checks (a tick into each due job's partition: a timer cannot write the table), idle jobs
@@ -120,6 +156,7 @@ class DetectStage(Stage):
         m = self.metrics
         for job in self.detector.due_ticks(now):
             await self.send(self.topics.partials, job, DetectorTick(job=job, at=now))
+        await self._changes(self.detector.due_endings(now))
         for job in self.detector.forget_idle(now):
             self.job_partition.pop(job, None)
             self.series.drop([job])

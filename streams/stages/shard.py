@@ -32,6 +32,21 @@ from .base import AssemblingStage, Clock, Output, Policies, RecordIn
 
 #: a slice whose encoded record passes this is cut in two (Kafka's default record limit is 1 MiB)
 SLICE_MAX_BYTES = 768 << 10
+#: the most workers a shard of a window may have (triggers ask for 256; the record type allows 100,000)
+MAX_SHARD_WORKERS = 4096
+
+
+def check_sizes(rec: WindowFeatures, max_window_steps: int) -> None:
+    """Refuse a record whose declared sizes no trigger asks for: the shard builds one slice per step of the window,
+    each naming the shard's members that sent nothing.  The sizes come from the policy the window was opened under,
+    not from the record (a 2 KB record claiming 200 steps of 100,000-worker shards took the processor to 1.85 GB and
+    had it publish 74 MB).  Raises RecordError('invalid')."""
+    if rec.window_steps > max_window_steps:
+        raise RecordError(
+            "invalid", f"window_steps {rec.window_steps} exceeds the policy's max_window_steps ({max_window_steps})"
+        )
+    if rec.shard_workers > MAX_SHARD_WORKERS:
+        raise RecordError("invalid", f"shard_workers {rec.shard_workers} exceeds {MAX_SHARD_WORKERS}")
 
 
 class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
@@ -65,6 +80,7 @@ class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
 
     def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedShard[RecordIn] | None, bool]:
         rec = decode(record.value, WindowFeatures)
+        check_sizes(rec, self.policies.for_ref(rec.policy).detector.max_window_steps)
         table = ft.read_compact(rec.functions, rec.functions_codec)  # values: checked per shard (_finish)
         return self.assembler.add(rec, table, len(record.value), handle, self.clock())
 

@@ -80,7 +80,7 @@ class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
                         bytes_in=p.bytes_in,
                         policy=p.policy,
                         tenant=p.tenant,
-                        closed=closed.reason,
+                        closed="complete" if closed.reason == "complete" else "timeout",  # budget: closed early
                     )
                 )
         except Exception as exc:

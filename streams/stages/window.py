@@ -2,7 +2,13 @@
 
 :class:`~lockstep.streams.windows.WindowAssembler` collects a window's step reports until every
 step reported; a window that waits too long is closed by a ``WindowTimeout`` that the timer sends
-into the window's own partition (the close writes tables, which only the input stream may).  Two
+into the window's own partition (the close writes tables, which only the input stream may).  Every
+trigger ends in a ``WindowReport`` with a terminal state (:data:`~lockstep.schemas.records.Closed`):
+the detect stage announces each window it triggers (``WindowExpected``), so a window whose step
+reports never come closes ``failed`` at its deadline; a step report whose tables cannot be read is
+dead-lettered and counted as reported, and its window closes ``failed`` with the reason while the
+other steps still give their findings; a bug in the diagnosis closes the window ``failed`` too (its
+records go to the dead letters, to be replayed once the bug is fixed).  Two
 tables: ``closed_windows`` (``job:window`` -> when it closed) makes a replay that holds only part of
 a closed window be dropped instead of diagnosed again, and is written only once the window's
 findings and report are acknowledged by Kafka (a crash in between must not skip a window whose
@@ -19,10 +25,10 @@ from collections.abc import Awaitable, Collection, MutableMapping, Sequence
 
 from ...kafka import Topics
 from ...metrics import Metrics
-from ...schemas.records import RecordError, StepReport, WindowTimeout, decode, encode
-from ..diagnosis import HistoryError, JobHistory, WindowInfo, diagnose_window, step_result
+from ...schemas.records import Closed, RecordError, StepReport, WindowExpected, WindowTimeout, decode, encode
+from ..diagnosis import HistoryError, JobHistory, WindowInfo, diagnose_window, step_result, window_report
 from ..pictures import deviation_map
-from ..windows import ClosedWindow, WindowAssembler
+from ..windows import ClosedWindow, Handle, PendingWindow, WindowAssembler
 from .base import Clock, HoldingStage, Output, Partition, Policies, RecordIn
 
 log = logging.getLogger("lockstep.processor")
@@ -63,7 +69,7 @@ class WindowStage(HoldingStage):
     async def _one(self, record: RecordIn) -> None:
         h = self.hold(record)
         try:
-            rec = decode(record.value, (StepReport, WindowTimeout))
+            rec = decode(record.value, (StepReport, WindowTimeout, WindowExpected))
             if f"{rec.job}:{rec.window}" in self.closed_windows:
                 self.metrics.inc("late_records_total", stage=self.name)
                 await self.release([h])
@@ -74,8 +80,11 @@ class WindowStage(HoldingStage):
                     await self.release([h])
                     return
                 closed = self.assembler.close(key, "timeout")
+            elif isinstance(rec, WindowExpected):
+                self.assembler.expect(rec, h, self.clock())
+                closed = None
             else:
-                closed = self.assembler.add(rec, step_result(rec), h, self.clock())
+                closed = await self._add(record, rec, h)
         except RecordError as err:
             await self.dead_letter(record, err)
             await self.release([h])
@@ -86,6 +95,16 @@ class WindowStage(HoldingStage):
             return
         if closed:
             await self._finish(closed)
+
+    async def _add(self, record: RecordIn, rec: StepReport, h: Handle[RecordIn]) -> ClosedWindow[RecordIn] | None:
+        """A step report into its window; one whose tables cannot be read goes to the dead letters (for people to
+        read) and still counts for its window, which then closes ``failed`` with the reason instead of vanishing."""
+        try:
+            result = step_result(rec)
+        except RecordError as err:
+            await self.dead_letter(record, err)
+            return self.assembler.add_invalid(rec, str(err), h, self.clock())
+        return self.assembler.add(rec, result, h, self.clock())
 
     async def on_timer(self, now: float) -> None:
         """Windows past their timeout: a ``WindowTimeout`` into the window's partition closes them there."""
@@ -105,6 +124,29 @@ class WindowStage(HoldingStage):
             log.warning("job %s: dropping its stored history: %s", job, err)
             return None
 
+    def _terminal(self, closed: ClosedWindow[RecordIn]) -> tuple[Closed, str]:
+        """How the window ended, and why (for people) unless it is complete."""
+        w = closed.pending
+        invalid = {s: why for s, why in w.invalid.items() if s not in w.results}  # a good twin supersedes it
+        if invalid:
+            step, why = min(invalid.items())
+            return "failed", (
+                f"{len(invalid)} of {w.window_steps} step reports unreadable (step {step}: {why}); "
+                f"findings from the {len(w.results)} others"
+            )
+        if not w.results:
+            return "failed", (
+                f"no step report by the trigger's deadline (+{self.assembler.timeout_s:g} s): the workers did not "
+                "profile the window, or their features were lost or refused (see the agents' failed and refused "
+                "windows, and the dead letters)"
+            )
+        if closed.reason == "timeout":
+            return "timeout", (
+                f"{len(w.results)} of {w.window_steps} steps reported within {self.assembler.timeout_s:g} s "
+                "of the first"
+            )
+        return "complete", ""
+
     async def _finish(self, closed: ClosedWindow[RecordIn]) -> None:
         w = closed.pending
         m = self.metrics
@@ -119,6 +161,7 @@ class WindowStage(HoldingStage):
             tenant=w.tenant,
             policy=policy.ref,
         )
+        state, why = self._terminal(closed)
         history = self._history(w.job)
         try:
             diagnosis = diagnose_window(
@@ -126,7 +169,8 @@ class WindowStage(HoldingStage):
                 list(w.results.values()),
                 policy,
                 now=now,
-                closed=closed.reason,
+                closed=state,
+                closed_reason=why,
                 bytes_in=w.bytes_in,
                 history=history,
             )
@@ -138,8 +182,7 @@ class WindowStage(HoldingStage):
             out = [(f.cause, encode(f)) for f in diagnosis.findings]
             report = encode(diagnosis.report)
         except Exception as exc:
-            await self.failed([h.item for h in w.handles], exc)
-            await self.release(w.handles)
+            await self._diagnosis_failed(w, info, exc)
             return
         sent: list[Awaitable[object]] = []
         for cause, value in out:
@@ -149,28 +192,51 @@ class WindowStage(HoldingStage):
         # the tables' changelogs travel apart from the findings: mark the window closed (which makes a replay
         # skip it) only once its findings and report are in Kafka, or a crash in between would lose them
         await asyncio.gather(*sent)
-        try:  # the window's heatmap: for people, so it must never hold up the window
-            dmap = deviation_map(
-                w.job, w.window, w.tenant, w.window_start, w.window_steps, list(w.results.values()), now
-            )
-            await self.send(self.topics.series, w.job, dmap)
-        except Exception:
-            log.exception("window %s/%s: no deviation map", w.job, w.window)
+        if w.results:
+            try:  # the window's heatmap: for people, so it must never hold up the window
+                dmap = deviation_map(
+                    w.job, w.window, w.tenant, w.window_start, w.window_steps, list(w.results.values()), now
+                )
+                await self.send(self.topics.series, w.job, dmap)
+            except Exception:
+                log.exception("window %s/%s: no deviation map", w.job, w.window)
         if new_history is not None:
             self.job_history[w.job] = new_history
         self.closed_windows[f"{w.job}:{w.window}"] = now
-        m.inc("windows_closed_total", reason=closed.reason, help="windows closed, by reason")
-        m.observe(
-            "window_close_latency_seconds",
-            self.clock() - w.opened_at,
-            help="first step report of a window to its findings published",
-        )
-        log.info(
-            "window %s/%s closed (%s): %d finding(s), coverage %.2f",
+        m.inc("windows_closed_total", reason=state, help="windows closed, by terminal state")
+        if w.first_report_at is not None:
+            m.observe(
+                "window_close_latency_seconds",
+                self.clock() - w.first_report_at,
+                help="first step report of a window to its findings published",
+            )
+        (log.warning if state == "failed" else log.info)(
+            "window %s/%s closed (%s%s): %d finding(s), coverage %.2f",
             w.job,
             w.window,
-            closed.reason,
+            state,
+            f": {why}" if why else "",
             len(diagnosis.findings),
             diagnosis.report.coverage,
         )
+        await self.release(w.handles)
+
+    async def _diagnosis_failed(self, w: PendingWindow[RecordIn], info: WindowInfo, exc: Exception) -> None:
+        """A bug in the diagnosis: the window's records go to the dead letters (to be replayed once it is fixed, so the
+        window is not marked closed), and the window still ends visibly, ``failed`` with the exception."""
+        await self.failed([h.item for h in w.handles], exc)
+        try:
+            report = window_report(
+                info,
+                list(w.results.values()),
+                self.policies.for_ref(w.policy),
+                now=self.clock(),
+                closed="failed",
+                closed_reason=f"the diagnosis failed ({type(exc).__name__}: {exc}); its step reports are in the dead letters",
+                bytes_in=w.bytes_in,
+            )
+            await (await self.send(self.topics.windows, w.job, report))
+            self.metrics.inc("windows_closed_total", reason="failed", help="windows closed, by terminal state")
+        except Exception:
+            log.exception("window %s/%s: no report of its failure either", w.job, w.window)
         await self.release(w.handles)

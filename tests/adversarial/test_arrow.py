@@ -165,3 +165,52 @@ def test_a_window_features_record_with_a_negative_kind_index_is_what_the_issue_r
         got = decode(encode(rec), WindowFeatures)
         ft.read_compact(got.functions, got.functions_codec)
     assert "-5" in err.value.detail
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "detail"),
+    [
+        ("window_steps", 200, "exceeds the policy's max_window_steps (64)"),
+        ("shard_workers", 100_000, "shard_workers 100000 exceeds 4096"),
+    ],
+)
+def test_sizes_a_record_declares_beyond_what_a_trigger_asks_are_refused(field, value, detail):
+    """Before: one 2 KB WindowFeatures claiming window_steps=200, shard_workers=100000, expected_workers=10000000
+    made the shard stage build 200 slices in memory (1.85 GB) and publish 74 MB."""
+    out = MemoryOutput(1, True)
+    proc = Processor(Policy(), TOPICS, out, Tables(), step_timeout_s=5.0, window_timeout_s=30.0, clock=lambda: 1.8e9)
+    rec = msgspec.structs.replace(_window_features()[0], expected_workers=10_000_000, **{field: value})
+    if field == "shard_workers":
+        rec = msgspec.structs.replace(rec, shard=0)
+
+    async def go():
+        await proc.shards.on_record(
+            out.append(TOPICS.windowfeatures, window_features_key(rec.job, rec.window, rec.shard), encode(rec))
+        )
+        await proc.shards.on_timer(1.8e9 + 60)
+
+    asyncio.run(go())
+    dead = [d for d in out.decoded(TOPICS.deadletter) if isinstance(d, DeadLetter)]
+    assert [(d.reason, detail in d.detail) for d in dead] == [("invalid", True)], dead
+    assert out.decoded(TOPICS.features) == []
+
+
+def test_a_stage_past_its_memory_budget_closes_its_largest_step_and_holds_no_more():
+    """Before: decompressed tables were held until their step closed, bounded per record (64 MiB) but not per step or
+    stage: 20 records, 4.5 MB on the wire, held +1.07 GB until the timeout."""
+    out = MemoryOutput(1, True)
+    proc = Processor(Policy(), TOPICS, out, Tables(), step_timeout_s=5.0, window_timeout_s=30.0, clock=lambda: 1.8e9)
+    proc.steps.budget_bytes = 8 << 10
+    trigger = msgspec.structs.replace(SIM.trigger(Window(60, 2)), expected_workers=1000)  # steps that never complete
+    batches = [b for s in (60, 61) for b in SIM.feature_batches(SIM.step(s), trigger, sent_at=1.8e9)]
+    from lockstep.kafka import features_key
+
+    async def go():
+        for b in batches:
+            await proc.steps.on_record(out.append(TOPICS.features, features_key(b.job, b.step), encode(b)))
+            assert proc.steps.assembler.held_bytes <= proc.steps.budget_bytes
+
+    asyncio.run(go())
+    assert proc.metrics.get("budget_closes_total", stage="steps") >= 1
+    assert proc.metrics.get("steps_closed_total", reason="budget") >= 1
+    assert out.decoded(TOPICS.stepreports)  # what it held was diagnosed, not dropped

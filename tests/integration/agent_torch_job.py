@@ -1,7 +1,8 @@
 """A small DDP training job (CPU, gloo) instrumented with the agent in one line; used by test_torch_agent.py.
 
 Every rank runs ``preprocess`` before its forward pass; rank ``SLOW_RANK`` takes
-``SLOW_MS`` longer in it (a rank-specific slowdown, like logging on rank 0).  The
+``SLOW_MS`` longer in it (a rank-specific slowdown, like logging on rank 0), or, with
+``SLOW_REGION=slow_only``, spends them in a region of that name that no other rank runs.  The
 job trains until ``STOP_FILE`` exists, then writes the agent's report to ``OUT_DIR``.
 """
 
@@ -22,15 +23,20 @@ torch.set_num_threads(1)
 rank = int(os.environ["RANK"])
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))
 SLOW_MS = float(os.environ.get("SLOW_MS", "40"))
+SLOW_REGION = os.environ.get("SLOW_REGION", "preprocess")
 STOP_FILE = Path(os.environ["STOP_FILE"])
 OUT_DIR = Path(os.environ["OUT_DIR"])
 MAX_S = float(os.environ.get("MAX_S", "120"))
 
 
 def preprocess(x: torch.Tensor) -> torch.Tensor:
+    slow = rank == SLOW_RANK
     with torch.profiler.record_function("preprocess"):
-        time.sleep((5 + (SLOW_MS if rank == SLOW_RANK else 0)) / 1000)
-        return x * 2
+        time.sleep((5 + (SLOW_MS if slow and SLOW_REGION == "preprocess" else 0)) / 1000)
+    if slow and SLOW_REGION != "preprocess":
+        with torch.profiler.record_function(SLOW_REGION):
+            time.sleep(SLOW_MS / 1000)
+    return x * 2
 
 
 def main() -> int:

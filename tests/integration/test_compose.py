@@ -126,6 +126,19 @@ def test_every_compose_service_runs_as_its_container_would(tmp_path):
             row = next(line for line in r.stdout.splitlines() if "gpu_throttle_thermal" in line)
             assert "node0001/gpu5" in row  # worker 13 of scenarios/demo.yaml
 
+            # the simulated job ended like a job (every worker's final heartbeat): its incident resolves as job_ended,
+            # read with the documented query command in the sink's container
+            sql = "SELECT cause, resolved_reason FROM incidents"
+            deadline = time.monotonic() + 60
+            while True:
+                r = run("sink", ["lockstep", "query", "--db", "/data/lockstep.duckdb", sql], 60)
+                assert r.returncode == 0, r.stderr
+                if "job_ended" in r.stdout:
+                    break
+                assert time.monotonic() < deadline, r.stdout
+                time.sleep(1)
+            assert "gpu_throttle_thermal" in r.stdout
+
             # the documented way to the live page: its address, with the token, from inside the sink's container
             (url_cmd,) = [c for c in documented_commands() if c[:2] == ["exec", "sink"] and "--live-url" in c]
             r = run("sink", url_cmd[2:], 60)

@@ -549,3 +549,33 @@ def test_test_page_reaches_every_route_signed_and_resolves_what_it_opened(tmp_pa
     assert "URLError" in line and "refused" in line.lower()
     r = cli("--route", "nope")
     assert r.returncode == 2 and "no route named nope" in r.stderr
+
+
+def test_an_incident_that_ends_with_its_job_or_recovers_resolves_with_the_same_dedup_key(tmp_path, receiver):
+    from lockstep.schemas.records import JobChange
+
+    store = FindingsStore(tmp_path / "f.duckdb")
+    pager = Pager(store, paging(receiver))
+    store.write(Batch([finding(), finding(window="w9", job="k")], [], {}))
+    pager.fan_out()
+    assert pager.drain(10)
+    now = time.time()
+    store.write(
+        Batch.of(
+            [
+                JobChange(job="j", tenant="acme", change="ended", step=500, end="final", at=now),
+                JobChange(job="k", tenant="acme", change="recovered", step=500, onset_step=0, at=now),
+            ],
+            {},
+        )
+    )
+    pager.fan_out()
+    assert pager.drain(10)
+    triggers = {json.loads(r["body"])["dedup_key"] for r in receiver.to("/pd")[:2]}
+    resolves = [json.loads(r["body"]) for r in receiver.to("/pd")[2:]]
+    assert {r["event_action"] for r in resolves} == {"resolve"} and {r["dedup_key"] for r in resolves} == triggers
+    said = sorted(json.loads(r["body"])["text"] for r in receiver.to("/slack")[2:])
+    assert any("(the job ended)" in s for s in said)
+    assert any("back at its level before the slowdown" in s for s in said)
+    reasons = sorted(json.loads(r["body"])["data"]["incident"]["reason"] for r in receiver.to("/hook")[2:])
+    assert reasons == ["job_ended", "recovered"]

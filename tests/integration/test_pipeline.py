@@ -8,7 +8,7 @@ import pytest
 
 from lockstep.app.demo import default_scenario, run_demo
 from lockstep.kafka import Topics, features_key, read_all, window_features_key
-from lockstep.schemas.records import ProfileTrigger, StepReport, StepSlice, WindowFeatures, decode
+from lockstep.schemas.records import ProfileTrigger, StepReport, StepSlice, WindowExpected, WindowFeatures, decode
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,10 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     slices = [(k, decode(v, StepSlice)) for k, v in recs[topics.features]]
     assert sorted(s.step for _, s in slices) == list(range(trigger.start_step, trigger.start_step + trigger.steps))
     assert all(k == features_key(s.job, s.step) and s.missing == [] for k, s in slices)
-    reports = [decode(v, StepReport) for _, v in recs[topics.stepreports]]
+    on_stepreports = [decode(v) for _, v in recs[topics.stepreports]]
+    reports = [r for r in on_stepreports if isinstance(r, StepReport)]
+    # the detect stage announced the window to the window stage, on the same topic
+    assert [r.window for r in on_stepreports if isinstance(r, WindowExpected)] == [trigger.window]
     assert sorted(r.step for r in reports) == list(range(trigger.start_step, trigger.start_step + trigger.steps))
     assert {t.topic: t.records for t in res.topics}[topics.findings] == 1
 

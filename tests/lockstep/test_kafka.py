@@ -130,3 +130,19 @@ def test_the_publisher_counts_deliveries_and_flush_raises_when_a_record_was_not_
     with pytest.raises(DeliveryError, match=r"1 record\(s\) were not delivered: t\.missing: "):
         pub.flush()
     assert pub.stats.failed["t.missing"] == 1
+
+
+def test_every_client_and_topic_bounds_the_batches_it_sends_fetches_and_accepts(tmp_path):
+    """Explicit message and fetch limits (librdkafka's defaults: 1 MB sent, 50 MB fetched, 100 MB a response; the
+    embedded broker enforces none), all at the largest record a stage reads plus the batch's framing."""
+    from lockstep.config import Settings
+    from lockstep.kafka.clients import MAX_BATCH_BYTES, agent_producer_config, consumer_config, producer_config
+    from lockstep.schemas.records import MAX_RECORD_BYTES
+
+    settings = Settings(bootstrap_servers="127.0.0.1:1", db=tmp_path / "f.duckdb")
+    assert MAX_RECORD_BYTES < MAX_BATCH_BYTES <= MAX_RECORD_BYTES + (4 << 20)
+    for cfg in (producer_config(settings), agent_producer_config(settings, 5.0)):
+        assert cfg["message.max.bytes"] == MAX_BATCH_BYTES
+    cfg = consumer_config(settings, "g")
+    assert cfg["fetch.max.bytes"] == cfg["max.partition.fetch.bytes"] == MAX_BATCH_BYTES
+    assert cfg["receive.message.max.bytes"] > MAX_BATCH_BYTES

@@ -102,6 +102,8 @@ def test_migrations_are_versioned_and_idempotent(tmp_path):
         (2,),
         (3,),
         (4,),
+        (5,),
+        (6,),
     ]
 
 
@@ -215,9 +217,15 @@ def test_migrates_a_version_1_file_and_builds_its_incidents(tmp_path):
         (2,),
         (3,),
         (4,),
+        (5,),
+        (6,),
     ]
     inc = store.con.execute("SELECT id, status, first_finding, windows FROM incidents").fetchall()
     assert len(inc) == 1 and inc[0][1:] == ("open", "f1", 1)
+    # migration 5: the first window and step of each incident, from its first finding
+    assert store.con.execute("SELECT first_window, first_step, resolved_reason FROM incidents").fetchall() == [
+        (finding().window, min(finding().steps), None)
+    ]
     assert store.con.execute("SELECT incident_id FROM findings").fetchall() == [(inc[0][0],)]
     assert store.con.execute("SELECT profiling_overhead, incidents_checked FROM windows").fetchall() == [(None, True)]
     assert store.con.execute("SELECT count(*) FROM incident_events").fetchone()[0] == 0  # history is not paged

@@ -7,6 +7,7 @@ from __future__ import annotations
 from lockstep.kafka import Topics
 from lockstep.schemas.records import (
     DetectorTick,
+    JobChange,
     ProfileTrigger,
     StepHeartbeat,
     StepSeries,
@@ -138,6 +139,26 @@ async def test_the_timer_publishes_the_jobs_step_times_and_the_gauges(pair):
     assert (
         m.get("step_series_points_total") == 8 and m.get("detector_jobs") == 1 and m.get("detector_open_windows") == 0
     )
+
+
+async def test_the_detectors_news_of_a_slowdown_and_of_the_jobs_end_goes_to_the_series_topic(pair):
+    p = pair()
+    trigger = await slowed_down(p)
+    (news,) = [r for r in p.sent(TOPICS.series) if isinstance(r, JobChange)]
+    assert (news.change, news.window, news.job) == ("slowdown", trigger.window, "j")
+    assert [r.key for r in p.out.records(TOPICS.series)] == [b"j"]
+    # every worker's final heartbeat (of its last step, as an agent's close sends it)
+    sent = T0 + 59 * 0.2
+    p.clock.t = sent + 0.05
+    for w in range(8):
+        hb = StepHeartbeat(job="j", worker=w, step=59, step_time_s=0.3, host=f"h{w}", sent_at=sent, final=True)
+        await p.feed([p.produce(TOPICS.heartbeats, "j", hb)])
+    await p.pump()
+    await p.proc.detect.on_timer(p.clock.t)  # the heartbeat stage's news goes out with its next partial
+    await p.pump()
+    ended = [r for r in p.sent(TOPICS.series) if isinstance(r, JobChange) and r.change == "ended"]
+    assert [(e.end, e.step) for e in ended] == [("final", 59)]
+    assert p.proc.metrics.get("job_changes_total", change="ended") == 1
 
 
 async def test_a_heartbeat_from_the_future_is_dead_lettered_and_changes_nothing(pair):
