@@ -1,6 +1,7 @@
 """Real faults in small multi-process jobs (CPU PyTorch, gloo): the harness of test_real_faults.py, and its fixtures.
 
     python tests/integration/real_faults.py tests/data/real [CASE ...]   # rerun the jobs; write tests/data/real/CASE.parquet
+    python tests/integration/real_faults.py --corpus [CASE_ID ...]        # record the real-fault corpus (missing cases, or those named)
 
 Four ranks run ``fault_rank.py`` (profiled like the agent profiles, sampled by the agent's
 sampler); rank ``CULPRIT`` carries the fault:
@@ -16,6 +17,11 @@ A fixture is what the diagnosis reads of such a run: every worker's function tab
 (the host-side summary, hardware mean/sd/p95 included) with ``worker``, ``step``,
 ``step_time_us``, ``host``, ``device`` and ``hardware`` columns; :func:`load_fixture` turns
 it back into ``lockstep diagnose``'s inputs.
+
+The real-fault corpus (``--corpus``, issue 21; ``tests/data/real/corpus/README.md``): :data:`MECHANISMS` (17, in six
+resource classes) at two severities on jobs of 2, 3, 4 and 8 ranks, some with two culprits, and healthy jobs with
+and without a noisy neighbour (:func:`corpus_cases`); :func:`record_case` runs one and writes its fixture and its
+manifest (:class:`lockstep.app.real_corpus.Manifest`), with its part of the split (:func:`split_of`).
 """
 
 from __future__ import annotations
