@@ -337,3 +337,188 @@ def evaluate(scenarios: list[Scenario], policy: Policy, progress=None) -> tuple[
         if progress:
             progress(i + 1, len(scenarios), results[-1])
     return summarise(results), results
+
+
+# --------------------------------------------------------------------------- the real-fault corpus (``--real``)
+
+
+@dataclass
+class RealCaseResult:
+    """One corpus case through the diagnosis (``lockstep diagnose``'s :func:`lockstep.app.offline.diagnose`)."""
+
+    manifest: Any  # lockstep.app.real_corpus.Manifest
+    findings: list[Finding]
+    named: list[Finding | None]  # per culprit: the best finding that names it (and no worker that is not a culprit)
+    seconds: float
+
+    @property
+    def healthy(self) -> bool:
+        return not self.manifest.culprits
+
+    def right(self, f: Finding) -> bool:
+        """The finding names culprits only, a function the fault slows and a cause that is right for it."""
+        import re
+
+        m = self.manifest
+        return (
+            bool(f.workers)
+            and set(f.workers) <= set(m.culprits)
+            and re.search(m.function, f.function or "") is not None
+            and f.cause in m.causes
+        )
+
+    def function_right(self, f: Finding | None) -> bool:
+        import re
+
+        return f is not None and re.search(self.manifest.function, f.function or "") is not None
+
+    @property
+    def worker(self) -> bool:
+        """Every culprit is named."""
+        return not self.healthy and all(f is not None for f in self.named)
+
+    @property
+    def worker_function(self) -> bool:
+        """Every culprit is named, with a function the fault slows."""
+        return not self.healthy and all(self.function_right(f) for f in self.named)
+
+    @property
+    def cause(self) -> bool:
+        """Every culprit is named with a function the fault slows and a cause that is right for it."""
+        return not self.healthy and all(f is not None and self.right(f) for f in self.named)
+
+    @property
+    def paging(self) -> bool:
+        """Worker and function right, each at confidence >= 0.5."""
+        return self.worker_function and all(f is not None and f.confidence >= PAGING for f in self.named)
+
+    @property
+    def false_findings(self) -> list[Finding]:
+        """Findings that name a worker that is not a culprit (on a healthy job: every finding)."""
+        return [f for f in self.findings if not f.workers or not set(f.workers) <= set(self.manifest.culprits)]
+
+    @property
+    def job_wide(self) -> list[Finding]:
+        """On a job with culprits: the findings of job scope."""
+        return [] if self.healthy else [f for f in self.findings if f.scope == "job"]
+
+
+#: the confidence from which a finding pages
+PAGING = 0.5
+
+
+def _best(r_findings: list[Finding], culprit: int, culprits: list[int], judge) -> Finding | None:
+    names = [f for f in r_findings if culprit in f.workers and set(f.workers) <= set(culprits)]
+    return max(names, key=lambda f: (judge(f), f.confidence), default=None)
+
+
+def run_real_case(manifest, fixture: Path, policy: Policy) -> RealCaseResult:
+    from .offline import diagnose as diagnose_inputs
+    from .real_corpus import load_fixture
+
+    t0 = time.perf_counter()
+    # a fixed clock: the same fixture gives the same findings
+    findings = diagnose_inputs(load_fixture(fixture), policy, manifest.case, now=0.0).findings
+    r = RealCaseResult(manifest, findings, [], 0.0)
+    r.named = [
+        _best(findings, c, manifest.culprits, lambda f: (r.right(f), r.function_right(f))) for c in manifest.culprits
+    ]
+    r.seconds = time.perf_counter() - t0
+    return r
+
+
+@dataclass
+class _RealTally:
+    results: list[RealCaseResult] = field(default_factory=list)
+
+    def figures(self) -> dict:
+        faults = [r for r in self.results if not r.healthy]
+        healthy = [r for r in self.results if r.healthy]
+        n = len(faults)
+        share = lambda k: _share(sum(bool(k(r)) for r in faults), n)  # noqa: E731
+        named = [f for r in faults if r.worker_function for f in r.named if f is not None]
+        healthy_findings = [f for r in healthy for f in r.findings]
+        wrong = [f for r in faults for f in r.false_findings]
+        pairs = [(f.confidence, r.right(f)) for r in self.results for f in r.findings]
+        return {
+            "cases": len(self.results),
+            "faults": n,
+            "worker": share(lambda r: r.worker),
+            "worker_function": share(lambda r: r.worker_function),
+            "cause": share(lambda r: r.cause),
+            "paging": share(lambda r: r.paging),
+            "confidence": _mean([f.confidence for f in named]),
+            "healthy": len(healthy),
+            "healthy_findings": len(healthy_findings),
+            "healthy_confident": sum(f.confidence >= PAGING for f in healthy_findings),
+            "false_confident": sum(f.confidence >= PAGING for f in wrong),
+            "job_wide": sum(bool(r.job_wide) for r in faults),
+            "job_wide_confident": sum(any(f.confidence >= PAGING for f in r.job_wide) for r in faults),
+            "findings": len(pairs),
+            "calibration_error": _calibration(pairs)[1],
+            "seconds": round(sum(r.seconds for r in self.results), 2),
+        }
+
+
+def _calibration(pairs: list[tuple[float, bool]]) -> tuple[list[dict[str, Any]], float | None]:
+    """(bins of confidence with the share of their findings that were right, expected calibration error)."""
+    bins: list[dict[str, Any]] = []
+    for lo, hi in itertools.pairwise(CALIBRATION_BINS):
+        inside = [(c, ok) for c, ok in pairs if lo <= c < hi or c == hi == 1.0]
+        bins.append(
+            {
+                "confidence": [lo, hi],
+                "findings": len(inside),
+                "mean_confidence": _mean([c for c, _ in inside]),
+                "right": _share(sum(ok for _, ok in inside), len(inside)),
+            }
+        )
+    error = (
+        round(
+            sum(b["findings"] / len(pairs) * abs(b["mean_confidence"] - b["right"]) for b in bins if b["findings"]), 4
+        )
+        if pairs
+        else None
+    )
+    return bins, error
+
+
+REAL_PARTS = ("dev", "test", "all")
+
+
+def summarise_real(results: list[RealCaseResult], part: str = "all") -> dict:
+    """The ``--real --json`` shape: {"parts": {PART: {"overall", "by_mechanism", "by_size", "calibration"}}}.
+
+    ``part`` ``all`` gives the parts dev, test and all (both together); ``dev`` or ``test`` that part alone.
+    """
+    if part not in REAL_PARTS:
+        raise ValueError(f"part must be one of {REAL_PARTS}, got {part!r}")
+    parts: dict[str, dict] = {}
+    for name in REAL_PARTS if part == "all" else (part,):
+        mine = [r for r in results if name == "all" or r.manifest.split == name]
+        by_mech: dict[str, _RealTally] = {}
+        by_size: dict[int, _RealTally] = {}
+        for r in mine:
+            by_mech.setdefault(r.manifest.mechanism, _RealTally()).results.append(r)
+            by_size.setdefault(r.manifest.ranks, _RealTally()).results.append(r)
+        pairs = [(f.confidence, r.right(f)) for r in mine for f in r.findings]
+        parts[name] = {
+            "overall": _RealTally(mine).figures(),
+            "by_mechanism": {k: by_mech[k].figures() for k in sorted(by_mech)},
+            "by_size": {str(k): by_size[k].figures() for k in sorted(by_size)},
+            "calibration": _calibration(pairs)[0],
+        }
+    return {"parts": parts}
+
+
+def evaluate_real(folder: Path, policy: Policy, part: str = "all", progress=None) -> tuple[dict, list[RealCaseResult]]:
+    """Every case of the corpus in ``folder`` (of the part asked for) diagnosed and scored."""
+    from .real_corpus import load_corpus
+
+    cases = [(m, p) for m, p in load_corpus(folder) if part == "all" or m.split == part]
+    results = []
+    for i, (m, p) in enumerate(cases):
+        results.append(run_real_case(m, p, policy))
+        if progress:
+            progress(i + 1, len(cases), results[-1])
+    return summarise_real(results, part), results

@@ -1,7 +1,10 @@
 """``lockstep evaluate [SUITE]``: how well the diagnosis finds injected faults, per fault type.
 
 ``lockstep evaluate --detector``: how soon the slowdown detector finds sustained slowdowns, and how
-often it fires on healthy jobs (``lockstep/app/detector_eval.py``)."""
+often it fires on healthy jobs (``lockstep/app/detector_eval.py``).
+
+``lockstep evaluate --real [CORPUS]``: the diagnosis on the real-fault corpus (``tests/data/real/corpus/``,
+recorded real jobs), per part of its split (dev, test), per mechanism and per job size."""
 
 from __future__ import annotations
 
@@ -22,6 +25,20 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--scenarios", action="store_true", help="also list every scenario with its findings (table) or outcome (JSON)"
+    )
+    r = p.add_argument_group("real-fault corpus")
+    r.add_argument(
+        "--real",
+        action="store_true",
+        help="score the diagnosis on the real-fault corpus (SUITE: its folder; default tests/data/real/corpus)",
+    )
+    r.add_argument(
+        "--part", choices=["dev", "test", "all"], default="all", help="with --real: the part of the split (default all)"
+    )
+    r.add_argument(
+        "--simulated",
+        action="store_true",
+        help="with --real: also evaluate the standard suite (~1.5 min) for its calibration error beside the corpus's",
     )
     d = p.add_argument_group("detector evaluation")
     d.add_argument(
@@ -67,6 +84,10 @@ def run(args) -> int:
     policy = load_policy(settings.policy)
     if args.detector:
         return run_detector(args, policy)
+    if args.real:
+        return run_real(args, policy)
+    if args.part != "all" or args.simulated:
+        raise config.ConfigError("--part and --simulated apply to --real only")
     if args.days != 1.0 or args.runs != 40 or args.seed != 0 or args.series:
         raise config.ConfigError("--runs, --days, --seed and --series apply to --detector only")
     scenarios = load_suite(args.suite) if args.suite else standard_suite()
@@ -89,6 +110,159 @@ def run(args) -> int:
         print()
         print(scenario_table(results))
     return 0
+
+
+def run_real(args, policy) -> int:
+    from ..app.evaluate import evaluate, evaluate_real
+    from ..app.progress import Progress, wanted
+    from ..app.real_corpus import CORPUS
+    from ..producers.simulator.suite import standard_suite
+
+    if args.detector:
+        raise config.ConfigError("--real and --detector are two evaluations: give one")
+    folder = args.suite or CORPUS
+    with Progress(wanted(args.json), "cases", unit="case") as bar:
+
+        def progress(i: int, n: int, r) -> None:
+            bar.status(r.manifest.case)
+            bar.update()
+
+        summary, results = evaluate_real(folder, policy, args.part, progress)
+    summary["corpus"] = str(folder)
+    summary["policy"] = policy.ref
+    summary["simulated"] = None
+    if args.simulated:
+        simulated, _ = evaluate(standard_suite(), policy)
+        summary["simulated"] = {
+            "suite": "standard",
+            "scenarios": simulated["overall"]["scenarios"],
+            "calibration_error": simulated["overall"]["calibration_error"],
+        }
+    if args.scenarios:
+        summary["cases"] = [real_case_json(r) for r in results]
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(real_report(summary))
+    if args.scenarios:
+        print()
+        print(real_case_table(results))
+    return 0
+
+
+def real_case_json(r) -> dict:
+    m = r.manifest
+    return {
+        "case": m.case,
+        "split": m.split,
+        "mechanism": m.mechanism,
+        "resource": m.resource,
+        "ranks": m.ranks,
+        "culprits": m.culprits,
+        "function": m.function,
+        "causes": m.causes,
+        "worker": r.worker,
+        "worker_function": r.worker_function,
+        "cause": r.cause,
+        "paging": r.paging,
+        "findings": [
+            {
+                "id": f.id,
+                "scope": f.scope,
+                "workers": f.workers,
+                "function": f.function,
+                "cause": f.cause,
+                "confidence": f.confidence,
+                "step_time_share": f.impact.step_time_share,
+            }
+            for f in r.findings
+        ],
+    }
+
+
+def real_report(summary: dict) -> str:
+    from ..app.output import table
+
+    headers = [
+        "part",
+        "group",
+        "cases",
+        "faults",
+        "worker",
+        "worker+fn",
+        "cause",
+        "paging",
+        "conf",
+        "healthy: conf/all",
+        "false conf",
+        "job-wide",
+        "calib err",
+    ]
+    rows = []
+    for part, p in summary["parts"].items():
+        groups = [
+            ("overall", p["overall"]),
+            *((f"mechanism {k}", v) for k, v in p["by_mechanism"].items()),
+            *((f"{k} ranks", v) for k, v in p["by_size"].items()),
+        ]
+        for name, f in groups:
+            rows.append(
+                [
+                    part,
+                    name,
+                    f["cases"],
+                    f["faults"] or "-",
+                    _pct(f["worker"]),
+                    _pct(f["worker_function"]),
+                    _pct(f["cause"]),
+                    _pct(f["paging"]),
+                    "-" if f["confidence"] is None else f"{f['confidence']:.2f}",
+                    f"{f['healthy_confident']}/{f['healthy_findings']} on {f['healthy']}" if f["healthy"] else "-",
+                    f["false_confident"],
+                    f"{f['job_wide']} ({f['job_wide_confident']} conf)" if f["faults"] else "-",
+                    "-" if f["calibration_error"] is None else f"{f['calibration_error']:.2f}",
+                ]
+            )
+    sim = summary.get("simulated")
+    cal = ", ".join(
+        f"{part} {p['overall']['calibration_error']:.2f}"
+        for part, p in summary["parts"].items()
+        if p["overall"]["calibration_error"] is not None
+    )
+    lines = [
+        f"Real-fault corpus: {summary['corpus']}; policy {summary['policy']}.",
+        "",
+        table(headers, rows),
+        "",
+        f"Expected calibration error on the real corpus: {cal or '-'}; "
+        + (
+            f"on the simulator's standard suite ({sim['scenarios']} scenarios): {sim['calibration_error']:.2f}."
+            if sim and sim["calibration_error"] is not None
+            else "the simulator's: lockstep evaluate --real --simulated."
+        ),
+        "worker: every culprit named (by findings naming culprits only); worker+fn: and with a function the fault slows;",
+        "cause: and a cause right for it; paging: worker+fn at confidence >= 0.5; conf: mean confidence of those findings;",
+        "healthy conf: confident/all findings on healthy jobs; false conf: confident findings naming a worker that is no",
+        "culprit on faulty jobs; job-wide: faulty jobs with a job-scope finding; calib err: expected calibration error.",
+    ]
+    return "\n".join(lines)
+
+
+def real_case_table(results) -> str:
+    from ..app.output import table
+
+    rows = []
+    for r in results:
+        m = r.manifest
+        got = (
+            "; ".join(
+                f"{f.cause} {f.function} {','.join(map(str, f.workers[:4]))} {f.confidence:.2f}" for f in r.findings
+            )
+            or "(none)"
+        )
+        ok = "healthy" if r.healthy else ("ok" if r.cause else "fn" if r.worker_function else "MISS")
+        rows.append([m.case, m.split, ok, ",".join(map(str, m.culprits)) or "-", got])
+    return table(["case", "part", "result", "culprits", "findings"], rows, max_width=70)
 
 
 def run_detector(args, policy) -> int:

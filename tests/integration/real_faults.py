@@ -1,6 +1,7 @@
 """Real faults in small multi-process jobs (CPU PyTorch, gloo): the harness of test_real_faults.py, and its fixtures.
 
     python tests/integration/real_faults.py tests/data/real [CASE ...]   # rerun the jobs; write tests/data/real/CASE.parquet
+    python tests/integration/real_faults.py --corpus [CASE_ID ...]        # record the real-fault corpus (missing cases, or those named)
 
 Four ranks run ``fault_rank.py`` (profiled like the agent profiles, sampled by the agent's
 sampler); rank ``CULPRIT`` carries the fault:
@@ -16,12 +17,16 @@ A fixture is what the diagnosis reads of such a run: every worker's function tab
 (the host-side summary, hardware mean/sd/p95 included) with ``worker``, ``step``,
 ``step_time_us``, ``host``, ``device`` and ``hardware`` columns; :func:`load_fixture` turns
 it back into ``lockstep diagnose``'s inputs.
+
+The real-fault corpus (``--corpus``, issue 21; ``tests/data/real/corpus/README.md``): :data:`MECHANISMS` (17, in six
+resource classes) at two severities on jobs of 2, 3, 4 and 8 ranks, some with two culprits, and healthy jobs with
+and without a noisy neighbour (:func:`corpus_cases`); :func:`record_case` runs one and writes its fixture and its
+manifest (:class:`lockstep.app.real_corpus.Manifest`), with its part of the split (:func:`split_of`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import re
@@ -124,7 +129,7 @@ def network(world: int, limited: int, rate: str):
             _ip("-n", ns, "addr", "add", f"10.231.0.{r + 1}/24", "dev", f"eth{r}")
             _ip("-n", ns, "link", "set", f"eth{r}", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-            if r == limited:  # a degraded link: slow both ways
+            if r == limited and rate:  # a degraded link: slow both ways
                 tbf = ["root", "tbf", "rate", rate, "burst", "32kbit", "latency", "100ms"]
                 subprocess.run(
                     ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", f"eth{r}", *tbf],
@@ -143,15 +148,23 @@ def network(world: int, limited: int, rate: str):
 
 
 @contextlib.contextmanager
-def busy_process(cpu: int):
-    """A process that spins on ``cpu`` at nice -10 (a host service of raised priority), or at 0 where that is not allowed."""
+def busy_process(cpu: int | None, *, nice: int = -10, duty: float = 1.0):
+    """A process that spins on ``cpu`` (any CPU: None) at ``nice`` (-10: a host service of raised priority; 0 where
+    that is not allowed), ``duty`` of the time (it spins and sleeps in turns of 10 ms)."""
 
     def pin() -> None:
-        os.sched_setaffinity(0, {cpu})
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
         with contextlib.suppress(PermissionError):
-            os.setpriority(os.PRIO_PROCESS, 0, -10)
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
 
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+    code = (
+        "while True: pass"
+        if duty >= 1.0
+        else f"import time\nwhile True:\n    end = time.perf_counter() + {0.01 * duty!r}\n    while time.perf_counter() < end: pass\n"
+        f"    time.sleep({0.01 * (1 - duty)!r})"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], preexec_fn=pin)
     try:
         yield proc
     finally:
@@ -326,16 +339,21 @@ def summary(findings: list[dict]) -> str:
 META = ("worker", "step", "step_time_us", "host", "device", "hardware")
 
 
-def write_fixture(out: Path, path: Path, min_share: float = 0.001) -> None:
+def write_fixture(
+    out: Path, path: Path, min_share: float = 0.001, files: list[Path] | None = None, first_step: int = 0
+) -> None:
     """The run's diagnosis inputs (function tables per worker and step, hardware mean/sd/p95 included) as one Parquet file.
 
-    Functions below ``min_share`` of the step are left out, as the agent leaves them out of its feature batches.
+    Functions below ``min_share`` of the step are left out, as the agent leaves them out of its feature batches;
+    steps before ``first_step`` (warm-up steps profiled to measure the healthy step) too.
     """
     from lockstep.app.offline import load_inputs
 
-    inputs = load_inputs(traces(out), None, out / "samples.parquet")
+    inputs = load_inputs(files or traces(out), None, out / "samples.parquet")
     parts = []
     for s in inputs.summaries:
+        if s.step < first_step:
+            continue
         f = s.functions
         share = pc.max_element_wise(f.column("critical_us"), f.column("total_us"))
         f = f.filter(pc.greater_equal(pc.divide(pc.cast(share, pa.float64()), s.step_time_us), min_share))
@@ -356,31 +374,364 @@ def write_fixture(out: Path, path: Path, min_share: float = 0.001) -> None:
 
 
 def load_fixture(path: Path):
-    """A fixture -> the inputs of :func:`lockstep.app.offline.diagnose`."""
-    from lockstep.app.offline import Inputs
-    from lockstep.producers.agent.summarise import StepSummary
-    from lockstep.schemas import functions as ft
-    from lockstep.schemas.records import WorkerMeta
+    """A fixture -> the inputs of :func:`lockstep.app.offline.diagnose` (:func:`lockstep.app.real_corpus.load_fixture`)."""
+    from lockstep.app.real_corpus import load_fixture as load
 
-    t = pq.read_table(path).sort_by([("worker", "ascending"), ("step", "ascending")])
-    worker, step = t.column("worker").to_numpy(), t.column("step").to_numpy()
-    starts = [0, *(i for i in range(1, t.num_rows) if (worker[i], step[i]) != (worker[i - 1], step[i - 1])), t.num_rows]
-    inputs = Inputs(files=1)
-    for a, b in itertools.pairwise(starts):
-        part = t.slice(a, b - a)
-        first = part.slice(0, 1).to_pylist()[0]
-        w = int(first["worker"])
-        inputs.workers.setdefault(w, WorkerMeta(rank=w, host=first["host"], device=first["device"]))
-        inputs.hardware[w] = first["hardware"]
-        inputs.summaries.append(
-            StepSummary(w, int(first["step"]), float(first["step_time_us"]), ft.conform(part.drop_columns(list(META))))
-        )
-    return inputs
+    return load(path)
+
+
+# --------------------------------------------------------------------------- the real-fault corpus (issue 21)
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "real" / "corpus"
+CORPUS_STEPS = 10
+CORPUS_WARMUP = 4
+CORPUS_HZ = 500.0
+SEVERITIES = {"mild": 0.04, "strong": 0.22}  # intended cost: a share of the healthy step
+SIZES = (2, 3, 4, 8)
+#: network cases: a longer step (more compute per step), since this machine's veths and qdiscs cost ~10 ms per
+#: 3 MB all-reduce at any rate they shape (measured with a TCP transfer between two namespaces)
+NET_BATCH = 256
+CPU_WORK = r"forward|backward|Optimizer|aten::|DataLoader"  # a rank short of CPU is slow in all its own work
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A way to make one rank slow: its resource class, the functions it slows (a regular expression), the causes that
+    are right for it (``undetermined``: the evidence may support none), and the knobs of each severity."""
+
+    resource: str
+    function: str
+    causes: tuple[str, ...]
+    knobs: dict
+
+
+MECHANISMS: dict[str, Mechanism] = {
+    # CPU share and scheduling (made from outside)
+    "cgroup_quota": Mechanism(
+        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"quota": 0.3}, "strong": {"quota": 0.1}}
+    ),
+    "taskset_busy": Mechanism(
+        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"duty": 0.2}, "strong": {"duty": 0.8}}
+    ),
+    "nice": Mechanism(
+        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"nice": 5}, "strong": {"nice": 19}}
+    ),
+    # memory
+    "alloc_churn": Mechanism("memory", r"^forward$", ("host_memory", "rank_specific_code", "undetermined"), {}),
+    "mmap_pageout": Mechanism("memory", r"^forward$", ("host_memory", "storage", "undetermined"), {}),
+    # storage and I/O
+    "checkpoint_k": Mechanism("storage", r"save_checkpoint", ("storage", "undetermined"), {}),
+    "log_fsync": Mechanism("storage", r"log_metrics", ("storage", "undetermined"), {}),
+    "cold_reads": Mechanism("storage", r"DataLoader|enumerate", ("storage", "dataloader", "undetermined"), {}),
+    # network quality beyond bandwidth (made from outside, in namespaces; the rate follows the healthy step)
+    "tbf_burst": Mechanism(
+        "network",
+        r"gloo:all_reduce",
+        ("nic", "undetermined"),
+        {
+            "mild": {"rate_mbit": 8000, "burst_kb": 256, "limit_kb": 512, "batch": NET_BATCH},
+            "strong": {"rate_mbit": 2400, "burst_kb": 32, "limit_kb": 64, "batch": NET_BATCH},
+        },
+    ),
+    "htb": Mechanism(
+        "network",
+        r"gloo:all_reduce",
+        ("nic", "undetermined"),
+        {
+            "mild": {"rate_mbit": 8000, "burst_kb": 256, "batch": NET_BATCH},
+            "strong": {"rate_mbit": 1000, "burst_kb": 256, "batch": NET_BATCH},
+        },
+    ),
+    "u32_path": Mechanism(
+        "network",
+        r"gloo:all_reduce",
+        ("nic", "undetermined"),
+        {
+            "mild": {"rate_mbit": 8000, "burst_kb": 256, "batch": NET_BATCH},
+            "strong": {"rate_mbit": 1000, "burst_kb": 256, "batch": NET_BATCH},
+        },
+    ),
+    # framework and software
+    "extra_forward": Mechanism("software", r"^forward$", ("rank_specific_code", "undetermined"), {}),
+    "hook_python": Mechanism(
+        "software",
+        r"DistributedDataParallel\.forward|^forward$|nn\.Module",
+        ("python_overhead", "rank_specific_code", "undetermined"),
+        {},
+    ),
+    "gc_heavy": Mechanism(
+        "software",
+        r"^forward$",
+        ("python_overhead", "rank_specific_code", "undetermined"),
+        {},
+    ),
+    "slow_optimizer": Mechanism("software", r"Optimizer", ("rank_specific_code", "undetermined"), {}),
+    "rank_eval": Mechanism("software", r"evaluate", ("rank_specific_code", "undetermined"), {}),
+    # the input pipeline
+    "slow_transform": Mechanism("input", r"DataLoader|enumerate", ("dataloader", "undetermined"), {}),
+}
+NETWORK = ("tbf_burst", "htb", "u32_path")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    mechanism: str  # a key of MECHANISMS, or "healthy"
+    severity: str  # mild | strong | none
+    world: int
+    culprits: tuple[int, ...]
+    neighbour: bool = False  # a healthy job with a noisy neighbour process on the host
+
+
+def corpus_cases() -> list[Case]:
+    """The corpus: every mechanism at both severities on two job sizes, some with two culprits, and healthy jobs."""
+    cases = []
+    for i, name in enumerate(MECHANISMS):
+        for j, sev in enumerate(SEVERITIES):
+            world = SIZES[(i + 2 * j) % len(SIZES)]
+            culprit = (3 * i + j + 1) % world
+            cases.append(Case(f"{name}-{sev}-w{world}", name, sev, world, (culprit,)))
+    for name, sev, world, culprits in (
+        ("extra_forward", "strong", 4, (1, 3)),
+        ("slow_optimizer", "strong", 8, (2, 6)),
+        ("alloc_churn", "mild", 8, (0, 5)),
+        ("nice", "strong", 8, (3, 4)),
+        ("cgroup_quota", "strong", 4, (0, 2)),
+    ):
+        cases.append(Case(f"{name}-{sev}-w{world}-two", name, sev, world, culprits))
+    for world in SIZES:
+        cases.append(Case(f"healthy-w{world}", "healthy", "none", world, ()))
+        cases.append(Case(f"healthy-neighbour-w{world}", "healthy", "none", world, (), neighbour=True))
+    return cases
+
+
+def split_of(case_id: str, cases: list[Case]) -> str:
+    """dev or test, fixed by the case ids alone: within each stratum (the mechanism, or healthy with/without a
+    neighbour) the cases are ordered by a hash of their ids and alternate dev, test, dev, ... from a hash-chosen start."""
+    import hashlib
+
+    h = lambda x: hashlib.sha256(x.encode()).hexdigest()  # noqa: E731
+    stratum = lambda c: (c.mechanism, c.neighbour)  # noqa: E731
+    me = next(c for c in cases if c.id == case_id)
+    peers = sorted((c for c in cases if stratum(c) == stratum(me)), key=lambda c: h(c.id))
+    start = int(h(f"{me.mechanism}/{me.neighbour}"), 16) % 2
+    return ("dev", "test")[(peers.index(me) + start) % 2]
+
+
+def _shape(kind: str, knobs: dict, world: int, rank: int, ns: str, dev: str, host_side: str) -> None:
+    """Degrade one rank's link both ways (its namespace's egress and its host-side veth's egress)."""
+
+    def tc(netns: str | None, *args: str) -> None:
+        cmd = ["tc", *args] if netns is None else ["ip", "netns", "exec", netns, "tc", *args]
+        subprocess.run(cmd, check=True, capture_output=True)
+
+    rate, burst = f"{knobs['rate_mbit']}mbit", f"{knobs['burst_kb']}kb"
+    peer = lambda r: f"10.231.0.{r % world + 1}/32"  # noqa: E731
+    for netns, d, match in ((ns, dev, ("dst", peer(rank + 1))), (None, host_side, ("src", peer(rank - 1)))):
+        if kind == "tbf_burst":  # a token bucket with small burst and queue limits: packets dropped, not queued
+            limit = f"{knobs['limit_kb']}kb"
+            tc(netns, "qdisc", "add", "dev", d, "root", "tbf", "rate", rate, "burst", burst, "limit", limit)
+        elif kind == "htb":  # hierarchical shaping: one class at the rate, everything in it
+            tc(netns, "qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "10")
+            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
+               "burst", burst, "cburst", burst)  # fmt: skip
+        elif (
+            kind == "u32_path"
+        ):  # a u32 filter sends one path's packets (to the next rank, from the previous) to a slow class
+            tc(netns, "qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "20")
+            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
+               "burst", burst, "cburst", burst)  # fmt: skip
+            tc(netns, "class", "add", "dev", d, "parent", "1:", "classid", "1:20", "htb", "rate", "20gbit")
+            tc(netns, "filter", "add", "dev", d, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+               "match", "ip", *match, "flowid", "1:10")  # fmt: skip
+        else:
+            raise ValueError(kind)
+
+
+@contextlib.contextmanager
+def _cgroup_quota(pids: list[int], quota: float):
+    """Each pid in a cpu cgroup (v1) of its own, limited to ``quota`` of a CPU per 10 ms period."""
+    root = Path("/sys/fs/cgroup/cpu")
+    if not (root / "cpu.cfs_quota_us").exists():
+        raise Unavailable("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+    made = []
+    try:
+        for pid in pids:
+            g = root / f"{NS_PREFIX}{os.getpid()}c{pid}"
+            g.mkdir()
+            made.append(g)
+            (g / "cpu.cfs_period_us").write_text("10000")
+            (g / "cpu.cfs_quota_us").write_text(str(int(10000 * quota)))
+            (g / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for g in made:
+            for pid in (g / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (root / "cgroup.procs").write_text(pid)
+            with contextlib.suppress(OSError):
+                g.rmdir()
+
+
+def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
+    """Run one corpus case's job; ``out`` receives the traces and samples.  Returns the knobs used."""
+    from lockstep.broker import free_port
+
+    out.mkdir(parents=True, exist_ok=True)
+    mech = MECHANISMS.get(case.mechanism)
+    inside = case.mechanism if mech and not mech.knobs else "none"
+    go = out / "go"
+    base = [
+        sys.executable, str(RANK), "--world", str(case.world), "--out", str(out), "--case", inside,
+        "--culprit", ",".join(map(str, case.culprits)) or "-1", "--steps", str(CORPUS_STEPS), "--hz", str(CORPUS_HZ),
+        "--warmup", str(CORPUS_WARMUP), "--severity", str(SEVERITIES.get(case.severity, 0.0)), "--go", str(go),
+        "--go-after-warmup", "--scratch", str(out / "scratch"),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    knobs: dict = dict(mech.knobs.get(case.severity, {})) if mech else {}
+    if "batch" in knobs:
+        base += ["--batch", str(knobs["batch"])]
+    if inside != "none":
+        knobs["severity"] = SEVERITIES[case.severity]
+    with contextlib.ExitStack() as stack:
+        if case.mechanism in NETWORK:
+            names = stack.enter_context(network(case.world, -1, ""))
+            cmds = [
+                ["ip", "netns", "exec", names[r], *base, "--rank", str(r), "--master", "10.231.0.1:29500", "--nic", f"eth{r}"]
+                for r in range(case.world)
+            ]  # fmt: skip
+        else:
+            master = f"127.0.0.1:{free_port()}"
+            cmds = [[*base, "--rank", str(r), "--master", master, "--nic", "lo"] for r in range(case.world)]
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        if case.mechanism == "taskset_busy":
+            cmds = [[*c, "--cpus", "1"] if r in case.culprits else c for r, c in enumerate(cmds)]
+        procs = []
+        try:
+            for r, cmd in enumerate(cmds):
+                rank_env = {**env, "GLOO_SOCKET_IFNAME": f"eth{r}"} if case.mechanism in NETWORK else env
+                log = (out / f"rank{r}.log").open("wb")
+                procs.append(subprocess.Popen(cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT))
+                log.close()
+            deadline = time.monotonic() + timeout_s
+            while not all(go.with_name(f"go.rank{r}").exists() for r in range(case.world)):
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    raise RuntimeError(
+                        f"the {case.id} job did not get ready:\n{(out / 'rank0.log').read_text()[-3000:]}"
+                    )
+                time.sleep(0.05)
+            time.sleep(0.05)  # the files are written whole
+            healthy_us = max(
+                json.loads(go.with_name(f"go.rank{r}").read_text())["healthy_step_us"] for r in range(case.world)
+            )
+            # the fault from outside starts now, after the warm-up (its healthy step measured)
+            if case.neighbour:
+                stack.enter_context(busy_process(None, nice=0, duty=0.5))
+                knobs["neighbour_duty"] = 0.5  # on any CPU, at nice 0
+            if case.mechanism == "cgroup_quota":
+                stack.enter_context(_cgroup_quota([procs[c].pid for c in case.culprits], knobs["quota"]))
+            elif case.mechanism == "taskset_busy":
+                stack.enter_context(busy_process(1, nice=0, duty=knobs["duty"]))
+                knobs["cpu"] = 1
+            elif case.mechanism == "nice":  # a lower priority matters where the CPUs are contended: a busy process too
+                stack.enter_context(busy_process(None, nice=0, duty=1.0))
+                knobs["neighbour_duty"] = 1.0
+                for c in case.culprits:
+                    for tid in os.listdir(f"/proc/{procs[c].pid}/task"):
+                        with contextlib.suppress(OSError):
+                            os.setpriority(os.PRIO_PROCESS, int(tid), knobs["nice"])
+            elif case.mechanism in NETWORK:
+                pid = os.getpid()
+                for c in case.culprits:
+                    _shape(case.mechanism, knobs, case.world, c, names[c], f"eth{c}", f"{NS_PREFIX}h{pid}x{c}")
+            knobs["healthy_step_us"] = round(healthy_us, 1)
+            go.touch()
+            for r, p in enumerate(procs):
+                rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+                if rc != 0:
+                    raise RuntimeError(
+                        f"rank {r} of {case.id} failed ({rc}):\n{(out / f'rank{r}.log').read_text()[-3000:]}"
+                    )
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+                    p.wait()
+    pq.write_table(
+        pa.concat_tables([pq.read_table(out / f"samples{r}.parquet") for r in range(case.world)]),
+        out / "samples.parquet",
+    )
+    return knobs
+
+
+def corpus_traces(out: Path, world: int) -> list[Path]:
+    return [out / f"rank{r}.json" for r in range(world)]
+
+
+def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
+    """Run the case's job and write ``dest/ID.parquet`` (the fixture) and ``dest/ID.json`` (its manifest)."""
+    import datetime
+    import tempfile
+
+    from lockstep.app.real_corpus import FORMAT, Manifest, measure, read_manifest, write_manifest
+
+    mech = MECHANISMS.get(case.mechanism)
+    old = dest / f"{case.id}.json"
+    split = read_manifest(old).split if old.exists() else split_of(case.id, cases)  # a case keeps its part for good
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"corpus-{case.id}-") as tmp:
+        out = Path(tmp)
+        knobs = run_case(case, out)
+        write_fixture(out, dest / f"{case.id}.parquet", files=corpus_traces(out, case.world), first_step=CORPUS_WARMUP)
+    fixture = dest / f"{case.id}.parquet"
+    function = mech.function if mech else ""
+    manifest = Manifest(
+        format=FORMAT,
+        case=case.id,
+        mechanism=case.mechanism,
+        resource=mech.resource if mech else "none",
+        severity=case.severity,
+        intended_share=SEVERITIES.get(case.severity, 0.0),
+        measured=measure(load_fixture(fixture), list(case.culprits), function, knobs.get("healthy_step_us", 0.0)),
+        ranks=case.world,
+        culprits=list(case.culprits),
+        function=function,
+        causes=list(mech.causes) if mech else [],
+        split=split,
+        neighbour=case.neighbour,
+        knobs=knobs,
+        fixture=fixture.name,
+        recorded=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        record_seconds=round(time.monotonic() - t0, 1),
+    )
+    write_manifest(manifest, dest / f"{case.id}.json")
+    return manifest.measured
+
+
+def record_corpus(dest: Path, only: list[str]) -> int:
+    """``--corpus [CASE ...]``: record the cases (all, or those named) that have no fixture yet, or those named again."""
+    cases = corpus_cases()
+    todo = [c for c in cases if c.id in only] if only else [c for c in cases if not (dest / f"{c.id}.json").exists()]
+    unknown = set(only) - {c.id for c in cases}
+    if unknown:
+        raise SystemExit(f"no such corpus case: {', '.join(sorted(unknown))}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: the clean-up (ranks, namespaces, cgroups) runs
+    for c in sorted(todo, key=lambda c: c.world):  # the small jobs first
+        t0 = time.monotonic()
+        try:
+            measured = record_case(c, cases, dest)
+        except (RuntimeError, subprocess.SubprocessError, Unavailable) as exc:
+            print(f"{c.id}: FAILED {exc}", flush=True)
+            continue
+        print(f"{c.id}: {time.monotonic() - t0:.0f} s, {measured}", flush=True)
+    return 0
 
 
 def main(argv: list[str]) -> int:
     import tempfile
 
+    if argv and argv[0] == "--corpus":
+        return record_corpus(CORPUS, argv[1:])
     dest = Path(argv[0])
     for case in argv[1:] or CASES:
         with tempfile.TemporaryDirectory() as tmp:

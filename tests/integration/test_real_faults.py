@@ -71,3 +71,22 @@ def test_a_slow_data_loader(tmp_path):
 def test_extra_compute_in_one_ranks_forward(tmp_path):
     out = run("compute", tmp_path)
     rf.check_named("compute", rf.diagnose_cli(out))
+
+
+def test_a_corpus_case_records_a_fixture_and_its_manifest(tmp_path):
+    """The corpus harness (``real_faults.py --corpus``) on one case: a job of two ranks whose rank 0 fsyncs its log."""
+    from lockstep.app.real_corpus import load_corpus
+
+    cases = rf.corpus_cases()
+    case = next(c for c in cases if c.id == "log_fsync-strong-w2")
+    measured = rf.record_case(case, cases, tmp_path)
+    [(m, fixture)] = load_corpus(tmp_path)
+    assert (m.case, m.mechanism, m.resource, m.ranks, m.culprits) == (case.id, "log_fsync", "storage", 2, [0])
+    assert m.split == rf.split_of(case.id, cases) and m.fixture == fixture.name
+    # every worker at each of the profiled steps (the warm-up left out); the cost measured in the culprit's log function
+    inputs = rf.load_fixture(fixture)
+    assert sorted({s.step for s in inputs.summaries}) == list(
+        range(rf.CORPUS_WARMUP, rf.CORPUS_WARMUP + rf.CORPUS_STEPS)
+    )
+    assert measured.function == "log_metrics" and measured.healthy_step_us > 0
+    assert m.measured == measured and m.knobs["severity"] == rf.SEVERITIES["strong"]

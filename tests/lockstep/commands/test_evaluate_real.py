@@ -1,0 +1,179 @@
+"""`lockstep evaluate --real`: the real-fault corpus's table, recounted independently from the findings it lists.
+
+The figures are not asserted to be high (the diagnosis changes); they must be what the listed findings and the
+manifests say, counted here by other code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import msgspec
+import pytest
+
+from lockstep.app.cli import main
+from lockstep.app.offline import diagnose
+from lockstep.app.real_corpus import CORPUS, load_fixture
+from lockstep.streams.policy import Policy
+
+PAGING = 0.5
+
+
+@pytest.fixture(scope="module")
+def run_json():
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["evaluate", "--real", "--json", "--scenarios"]) == 0
+    return json.loads(out.getvalue())
+
+
+def manifests() -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(CORPUS.glob("*.json"))}
+
+
+def names_only_culprits(f: dict, culprits: list[int]) -> bool:
+    return bool(f["workers"]) and set(f["workers"]) <= set(culprits)
+
+
+def recount(cases: list[dict], mans: dict[str, dict]) -> dict:
+    """The figures of a group of cases, from their findings and manifests alone."""
+    faults = [c for c in cases if mans[c["case"]]["culprits"]]
+    healthy = [c for c in cases if not mans[c["case"]]["culprits"]]
+
+    def per_culprit(c: dict, ok) -> bool:
+        m = mans[c["case"]]
+        return all(
+            any(c_ in f["workers"] and names_only_culprits(f, m["culprits"]) and ok(f, m) for f in c["findings"])
+            for c_ in m["culprits"]
+        )
+
+    fn = lambda f, m: re.search(m["function"], f["function"] or "") is not None  # noqa: E731
+    cause = lambda f, m: fn(f, m) and f["cause"] in m["causes"]  # noqa: E731
+    share = lambda k: round(k / len(faults), 4) if faults else None  # noqa: E731
+    healthy_findings = [f for c in healthy for f in c["findings"]]
+    wrong = [f for c in faults for f in c["findings"] if not names_only_culprits(f, mans[c["case"]]["culprits"])]
+    return {
+        "cases": len(cases),
+        "faults": len(faults),
+        "worker": share(sum(per_culprit(c, lambda f, m: True) for c in faults)),
+        "worker_function": share(sum(per_culprit(c, fn) for c in faults)),
+        "cause": share(sum(per_culprit(c, cause) for c in faults)),
+        "paging": share(sum(per_culprit(c, lambda f, m: fn(f, m) and f["confidence"] >= PAGING) for c in faults)),
+        "healthy": len(healthy),
+        "healthy_findings": len(healthy_findings),
+        "healthy_confident": sum(f["confidence"] >= PAGING for f in healthy_findings),
+        "false_confident": sum(f["confidence"] >= PAGING for f in wrong),
+        "job_wide": sum(any(f["scope"] == "job" for f in c["findings"]) for c in faults),
+        "findings": sum(len(c["findings"]) for c in cases),
+    }
+
+
+def test_the_corpus_is_broad_and_split_in_both_parts():
+    mans = manifests()
+    faulty = [m for m in mans.values() if m["culprits"]]
+    mechanisms = {m["mechanism"] for m in faulty}
+    assert len(mechanisms) >= 12 and len({m["resource"] for m in faulty}) >= 6
+    for mech in mechanisms:  # both severities, both parts
+        mine = [m for m in faulty if m["mechanism"] == mech]
+        assert {m["severity"] for m in mine} == {"mild", "strong"}, mech
+        assert {m["split"] for m in mine} == {"dev", "test"}, mech
+    assert {m["ranks"] for m in faulty} == {2, 3, 4, 8}
+    assert any(len(m["culprits"]) == 2 for m in faulty)
+    healthy = [m for m in mans.values() if not m["culprits"]]
+    assert any(m["neighbour"] for m in healthy) and any(not m["neighbour"] for m in healthy)
+    for m in mans.values():
+        assert (CORPUS / m["fixture"]).stat().st_size < 200_000, m["case"]
+        assert all(0 <= c < m["ranks"] for c in m["culprits"])
+
+
+def test_the_table_is_an_independent_recount_of_the_findings(run_json):
+    mans = manifests()
+    out = run_json
+    assert set(out["parts"]) == {"dev", "test", "all"}
+    cases = out["cases"]
+    assert sorted(c["case"] for c in cases) == sorted(mans)
+    for c in cases:
+        assert c["split"] == mans[c["case"]]["split"]
+    for part, figures in out["parts"].items():
+        mine = [c for c in cases if part == "all" or mans[c["case"]]["split"] == part]
+        groups = {"overall": ("overall", mine)}
+        for mech in {mans[c["case"]]["mechanism"] for c in mine}:
+            groups[f"m:{mech}"] = (("by_mechanism", mech), [c for c in mine if mans[c["case"]]["mechanism"] == mech])
+        for size in {mans[c["case"]]["ranks"] for c in mine}:
+            groups[f"s:{size}"] = (("by_size", str(size)), [c for c in mine if mans[c["case"]]["ranks"] == size])
+        assert set(figures["by_mechanism"]) == {k[2:] for k in groups if k.startswith("m:")}
+        assert set(figures["by_size"]) == {k[2:] for k in groups if k.startswith("s:")}
+        for where, group in groups.values():
+            got = figures["overall"] if where == "overall" else figures[where[0]][where[1]]
+            expected = recount(group, mans)
+            assert {k: got[k] for k in expected} == expected, (part, where)
+        # calibration: findings binned by confidence, the right ones (culprits only, function and cause right)
+        bins = figures["calibration"]
+        assert sum(b["findings"] for b in bins) == figures["overall"]["findings"]
+        for b in bins:
+            lo, hi = b["confidence"]
+            inside = [
+                (f, mans[c["case"]])
+                for c in mine
+                for f in c["findings"]
+                if lo <= f["confidence"] < hi or f["confidence"] == hi == 1.0
+            ]
+            assert b["findings"] == len(inside)
+            right = sum(
+                names_only_culprits(f, m["culprits"])
+                and re.search(m["function"], f["function"] or "") is not None
+                and f["cause"] in m["causes"]
+                for f, m in inside
+            )
+            assert b["right"] == (round(right / len(inside), 4) if inside else None)
+
+
+def test_the_findings_listed_are_lockstep_diagnoses(run_json):
+    """The findings of a faulty and a healthy case are what the library ``lockstep diagnose`` uses gives."""
+    mans = manifests()
+    by_case = {c["case"]: c for c in run_json["cases"]}
+    faulty = next(k for k, m in sorted(mans.items()) if m["culprits"])
+    healthy = next(k for k, m in sorted(mans.items()) if not m["culprits"])
+    for case in (faulty, healthy):
+        findings = diagnose(load_fixture(CORPUS / mans[case]["fixture"]), Policy(), case, now=0.0).findings
+        listed = by_case[case]["findings"]
+        assert [f["id"] for f in listed] == [f.id for f in findings]
+        assert [(f["workers"], f["function"], f["cause"]) for f in listed] == [
+            (msgspec.to_builtins(f.workers), f.function, f.cause) for f in findings
+        ]
+
+
+def test_the_text_table_has_both_parts(run_json):
+    from lockstep.commands.evaluate import real_report
+
+    text = real_report(run_json)
+    assert re.search(r"^dev\s+overall", text, re.M) and re.search(r"^test\s+overall", text, re.M)
+    for mech in {m["mechanism"] for m in manifests().values()}:
+        assert re.search(rf"^test\s+mechanism {mech}\s", text, re.M), mech
+    assert "calibration error on the real corpus" in text
+
+
+def test_a_part_alone_and_another_corpus_folder(tmp_path, capsys):
+    import shutil
+
+    mans = manifests()
+    picked = [next(k for k, m in sorted(mans.items()) if m["split"] == part) for part in ("dev", "test")]
+    for case in picked:
+        shutil.copy(CORPUS / f"{case}.json", tmp_path)
+        shutil.copy(CORPUS / mans[case]["fixture"], tmp_path)
+    assert main(["evaluate", "--real", str(tmp_path), "--part", "dev", "--json", "--scenarios"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["parts"]) == {"dev"} and out["parts"]["dev"]["overall"]["cases"] == 1
+    assert [c["case"] for c in out["cases"]] == [picked[0]]
+
+
+def test_a_missing_corpus_is_a_one_line_error(tmp_path, capsys):
+    assert main(["evaluate", "--real", str(tmp_path / "nowhere")]) != 0
+    err = capsys.readouterr().err
+    assert "no such corpus folder" in err and "Traceback" not in err
+    assert main(["evaluate", "--part", "dev"]) != 0
+    assert "--real only" in capsys.readouterr().err
