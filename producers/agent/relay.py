@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...schemas.errors import LockstepError
 from ...schemas.records import (
     MAX_BATCH_ROWS,
     HeartbeatBatch,
@@ -87,7 +88,7 @@ _LINKS = itertools.count()  # links of this process (tests hold several)
 UNREACHABLE = (FileNotFoundError, ConnectionRefusedError, BlockingIOError, ConnectionResetError, InterruptedError)
 
 
-class FrameError(ValueError):
+class FrameError(LockstepError, ValueError):
     """A datagram that is not a frame this version reads."""
 
 
