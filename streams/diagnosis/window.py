@@ -278,13 +278,15 @@ def _persistent_pairs(ctx: _Ctx) -> _Pairs | None:
 
 
 def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
-    """Per (group, function): the steps of the window in which the group ran the function (a checkpoint that runs
-    every third step occurs in a third of them); the window's steps where the step tables do not say."""
+    """Per (group, function): the steps of the window in which most of the group ran the function (a checkpoint that
+    runs every third step occurs in a third of them); the window's steps where none did or the tables do not say.
+    Most, not any: a function table leaves out what is below its size budget, so a function that only one worker
+    reports, in the steps where it was slow there, would otherwise seem to occur only then."""
     n = len(ctx.results)
     g = ctx.groups
     if g is None or g.num_rows == 0:
         return np.full(group.size, n, dtype=np.int64)
-    ran = _np(g, "present") > 0
+    ran = 2 * _np(g, "present") > _np(g, "workers")
     keys, inv, _ = _keys(_np(g, "group").astype(str)[ran], _np(g, "function").astype(str)[ran])
     per = _steps_per_key(inv, _np(g, "step")[ran], keys.size) if keys.size else np.zeros(0, dtype=np.int64)
     want = np.char.add(np.char.add(group.astype(str), "\x1f"), fn.astype(str))
