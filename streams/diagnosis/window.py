@@ -292,8 +292,8 @@ def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
     want = np.char.add(np.char.add(group.astype(str), "\x1f"), fn.astype(str))
     pos = np.clip(np.searchsorted(keys, want), 0, max(keys.size - 1, 0))
     found = (keys[pos] == want) if keys.size else np.zeros(want.size, dtype=bool)
-    out: np.ndarray = np.where(found, per[pos] if keys.size else 0, n).astype(np.int64)
-    return np.minimum(out, n)
+    out: np.ndarray = np.minimum(np.where(found, per[pos] if keys.size else 0, n), n).astype(np.int64)
+    return out
 
 
 def _need(ctx: _Ctx, occurrences: np.ndarray) -> np.ndarray:

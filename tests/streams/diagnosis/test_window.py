@@ -469,6 +469,14 @@ def test_rank_specific_code_is_found_although_the_peers_never_run_it():
     assert ev["workers_running_it"].value == 1 and ev["work_us"].peer_value == 0
 
 
+def test_a_ratio_finding_whose_worker_holds_the_step_pages_without_history():
+    """Of two workers without an earlier healthy window, the one whose work is the step's highest is the one the other
+    waits for: it is slow, not its peer fast (issue 21: 0.30 before, below paging)."""
+    f = only(run(n=2, fault=slower(["fwd.gemm"], [1], 1.3), hardware=False))
+    assert (f.workers, f.function, f.cause) == ([1], "fwd.gemm", "undetermined")
+    assert "the others wait for it" in f.summary and f.confidence >= 0.5, f.summary
+
+
 def periodic(slow_at, every=3, worker=5, factor=2.0):
     """Every worker saves a checkpoint every ``every``-th step (20 ms); ``worker``'s save takes ``factor`` times as
     long at the occurrences ``slow_at`` (indices among the occurrences)."""
