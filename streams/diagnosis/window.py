@@ -546,8 +546,9 @@ def _confidence(
         notes.append(f"compared by ratio with {others} (too few for a robust z-score)")
         # against the job's own earlier healthy windows: did this worker get slower, or its peers faster?
         if (not math.isfinite(s.baseline_us) or s.baseline_us <= 0) and s.holds_step:
-            # the straggler's peers wait for it (its work is the step's highest), so they are not merely faster
-            peers = 0.85
+            # the straggler's peers wait for it (its work is the step's highest), so they are not merely faster; the
+            # job's own past (below) compares the worker with itself and weighs a little more
+            peers = 0.8
             notes.append("its work the step's highest (the others wait for it); no earlier healthy window of the job")
         elif not math.isfinite(s.baseline_us) or s.baseline_us <= 0:
             peers = 0.6
