@@ -406,7 +406,7 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
     ]
     evidence = list(att.evidence) + history_ev + others[:8]
     flagged_steps = sorted({int(x) for x in pairs.step[np.isin(pairs.pair, members)]})
-    persistence = float(np.mean(pairs.n_steps[members] / np.maximum(pairs.occurrences[members], 1)))
+    persistence = float(np.mean(np.minimum(pairs.n_steps[members] / np.maximum(pairs.occurrences[members], 1), 1.0)))
     occurred = int(pairs.occurrences[members].max())
     n_window = len(ctx.results)
     share = _what_if(
