@@ -160,8 +160,12 @@ def _keys(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return uniq, inv, first
 
 
-def _steps_per_key(inv: np.ndarray, step: np.ndarray, n: int) -> np.ndarray:
-    """Distinct steps in which each key occurs."""
+def _steps_per_key(inv: np.ndarray, step: np.ndarray, n: int, where: np.ndarray | None = None) -> np.ndarray:
+    """Distinct steps in which each key occurs (only the rows ``where`` says, if given)."""
+    if where is not None:
+        inv, step = inv[where], step[where]
+    if step.size == 0:
+        return np.zeros(n, dtype=np.int64)
     span = int(step.max()) + 1
     return np.bincount(np.unique(inv * span + step) // span, minlength=n)
 
@@ -278,21 +282,40 @@ def _persistent_pairs(ctx: _Ctx) -> _Pairs | None:
 
 
 def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
-    """Per (group, function): the steps of the window in which most of the group ran the function (a checkpoint that
-    runs every third step occurs in a third of them); the window's steps where none did or the tables do not say.
-    Most, not any: a function table leaves out what is below its size budget, so a function that only one worker
-    reports, in the steps where it was slow there, would otherwise seem to occur only then."""
+    """Per (group, function): the steps of the window in which the function occurs (a checkpoint that runs every third
+    step occurs in a third of them); the window's steps where it does not occur periodically.
+
+    It occurs where most of the group ran it.  Not where any worker did: a function table leaves out what is below
+    its size budget, so a function that one worker reports only in the steps where it was slow there would seem to
+    occur only then.  A function fewer run (code of one rank, an evaluation every k-th step) occurs where anyone ran
+    it only when those steps are evenly spaced, at least two apart, from the window's start to its end (a period):
+    what a budget cuts at random is not."""
     n = len(ctx.results)
     g = ctx.groups
     if g is None or g.num_rows == 0:
         return np.full(group.size, n, dtype=np.int64)
-    ran = 2 * _np(g, "present") > _np(g, "workers")
-    keys, inv, _ = _keys(_np(g, "group").astype(str)[ran], _np(g, "function").astype(str)[ran])
-    per = _steps_per_key(inv, _np(g, "step")[ran], keys.size) if keys.size else np.zeros(0, dtype=np.int64)
+    key = np.char.add(np.char.add(_np(g, "group").astype(str), "\x1f"), _np(g, "function").astype(str))
+    step = _np(g, "step").astype(np.int64)
+    keys, inv = np.unique(key, return_inverse=True)
+    most = _steps_per_key(inv, step, keys.size, 2 * _np(g, "present") > _np(g, "workers"))
+    # the steps in which anyone ran it: evenly spaced, at least two apart, spanning the window (a period)
+    order = np.lexsort((step, inv))
+    k, st = inv[order], step[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    count = np.diff(np.r_[starts, k.size])
+    gap = np.diff(st, prepend=st[0])
+    gap[starts] = -1  # no gap before a key's first step
+    big = np.where(gap < 0, np.iinfo(np.int64).max, gap)
+    lo, hi = np.minimum.reduceat(big, starts), np.maximum.reduceat(gap, starts)
+    first, last = st[starts], st[np.r_[starts[1:], k.size] - 1]
+    w0, w1 = ctx.results[0].step, ctx.results[-1].step
+    periodic = (count >= 2) & (lo == hi) & (lo >= 2) & (first - w0 < lo) & (w1 - last < lo)
+    per = np.full(keys.size, n, dtype=np.int64)
+    per[k[starts][periodic]] = count[periodic]
+    per = np.where(most > 0, most, per)
     want = np.char.add(np.char.add(group.astype(str), "\x1f"), fn.astype(str))
-    pos = np.clip(np.searchsorted(keys, want), 0, max(keys.size - 1, 0))
-    found = (keys[pos] == want) if keys.size else np.zeros(want.size, dtype=bool)
-    out: np.ndarray = np.minimum(np.where(found, per[pos] if keys.size else 0, n), n).astype(np.int64)
+    pos = np.clip(np.searchsorted(keys, want), 0, keys.size - 1)
+    out: np.ndarray = np.minimum(np.where(keys[pos] == want, per[pos], n), n).astype(np.int64)
     return out
 
 
