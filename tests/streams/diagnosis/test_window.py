@@ -504,6 +504,28 @@ def test_a_periodic_function_slow_at_one_of_its_occurrences_is_not_persistent():
     assert run(fault=periodic(slow_at=(1,)), extra=("save_checkpoint",), steps=9, start=99).findings == []
 
 
+def rank_only(steps_run):
+    """Only rank 5 evaluates (20 ms), in the steps ``steps_run``."""
+
+    def fault(s):
+        if s.step in steps_run:
+            s.present[5, len(FUNCS)] = True
+            s.dur[5, len(FUNCS)] = 20_000.0
+
+    return fault
+
+
+def test_code_only_one_rank_runs_every_third_step_is_persistent_by_its_period():
+    f = only(run(fault=rank_only({100, 103, 106}), extra=("evaluate",), steps=9, start=99))
+    assert (f.workers, f.function, f.cause) == ([5], "evaluate", "rank_specific_code")
+    assert "ran in 3 of the window's 9 steps" in f.summary
+
+
+def test_a_function_one_worker_reports_at_uneven_steps_is_not_periodic():
+    """What a function table's size budget cuts, it cuts at random: steps 100, 103 and 104 are no period."""
+    assert run(fault=rank_only({100, 103, 104}), extra=("evaluate",), steps=9, start=99).findings == []
+
+
 def test_two_ranks_of_one_host_with_their_own_code_are_two_findings():
     # software causes belong to ranks, not hosts: a rank that logs and a rank that evaluates on the
     # same machine are two problems (hardware causes of one host, by contrast, merge)
