@@ -104,7 +104,7 @@ def slowed(events: pa.Table, bounds: dict[int, tuple[float, float]], kernel: str
 
 
 def _from_zero(events: pa.Table, bounds: dict[int, tuple[float, float]]):
-    """Steps numbered from 0 in each trace: independent runs (``v100x4``) were profiled at other iterations."""
+    """Steps numbered from 0 in each trace: independent runs (``v100a``) were profiled at other iterations."""
     first = min(bounds) if bounds else 0
     step = events.column("step").to_numpy() - first
     events = events.set_column(events.schema.get_field_index("step"), "step", pa.array(step, pa.int64()))
