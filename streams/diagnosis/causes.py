@@ -74,6 +74,7 @@ class Suspect:
     peer_mad_us: float = math.nan
     baseline_us: float = math.nan  # the group's work in the function in the job's earlier healthy windows
     baseline_windows: int = 0
+    holds_step: bool = False  # its work (the step minus its waits) was the step's highest in most flagged steps
 
 
 @dataclass
@@ -105,7 +106,8 @@ def _unique(xs: list[str]) -> list[str]:
 
 
 #: certainty of an ``undetermined`` cause: the worker, function and device are as sure as any, the cause is not named
-UNDETERMINED_CERTAINTY = 0.5
+#: (the cause says so); the finding's confidence is about where the fault is, and a localised fault must page
+UNDETERMINED_CERTAINTY = 0.8
 
 
 def classify(s: Suspect, policy: DiagnosisPolicy) -> Attribution:

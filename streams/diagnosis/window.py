@@ -52,6 +52,10 @@ HOST_HARDWARE_CAUSES = frozenset(
 )
 
 
+#: causes that name none: findings of one worker merge only within one resource (a GPU's kernels, a host's CPU work)
+UNNAMED_CAUSES = frozenset({"undetermined", "unknown"})
+
+
 @dataclass
 class WindowInfo:
     job: str
@@ -79,6 +83,7 @@ class _Ctx:
     now: float
     policy_ref: str
     coverage: float
+    groups: pa.Table | None = None  # the steps' per-(group, function) tables, with their step: when a function ran
 
 
 def diagnose_window(
@@ -100,7 +105,7 @@ def diagnose_window(
     groups = _concat([r.groups for r in results], results)
     if steps_seen:
         need = max(min(dp.min_persistent_steps, steps_seen), math.ceil(dp.persistence * steps_seen))
-        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage)
+        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups)
         findings += _worker_findings(ctx, history)
         findings += _group_findings(ctx, groups)
         explained = {f.function for f in findings}
@@ -180,8 +185,12 @@ def _keys(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return uniq, inv, first
 
 
-def _steps_per_key(inv: np.ndarray, step: np.ndarray, n: int) -> np.ndarray:
-    """Distinct steps in which each key occurs."""
+def _steps_per_key(inv: np.ndarray, step: np.ndarray, n: int, where: np.ndarray | None = None) -> np.ndarray:
+    """Distinct steps in which each key occurs (only the rows ``where`` says, if given)."""
+    if where is not None:
+        inv, step = inv[where], step[where]
+    if step.size == 0:
+        return np.zeros(n, dtype=np.int64)
     span = int(step.max()) + 1
     return np.bincount(np.unique(inv * span + step) // span, minlength=n)
 
@@ -237,7 +246,9 @@ class _Pairs:
     step: np.ndarray  # per row
     pair: np.ndarray  # per row: its pair
     n_steps: np.ndarray  # per pair: steps it was flagged in
-    persistent: np.ndarray  # per pair: flagged in enough steps, and not persistently low too
+    occurrences: np.ndarray  # per pair: steps of the window in which the worker's peer group ran the function
+    holds: np.ndarray  # per pair: share of its flagged steps in which the worker's work was the step's highest
+    persistent: np.ndarray  # per pair: flagged in enough of its occurrences, and not persistently low too
     num: dict[str, np.ndarray]  # per pair: the median of each of _PAIR_NUMERIC over its rows
     label: dict[str, np.ndarray]  # per pair: each of _PAIR_LABELS
     clock_events: np.ndarray  # per pair: any of its rows' clock-event bits
@@ -266,9 +277,14 @@ def _persistent_pairs(ctx: _Ctx) -> _Pairs | None:
     pairs, pair, first = _keys(worker, fn)
     n_pairs = pairs.size
     n_steps = _steps_per_key(pair, step, n_pairs)
-    persistent = (n_steps >= ctx.need) & ~np.isin(pairs, low_pairs)
+    occurrences = _occurrences(ctx, _np(out, "group").astype(str)[first], fn[first])
+    persistent = (n_steps >= _need(ctx, occurrences)) & ~np.isin(pairs, low_pairs)
     if not persistent.any():
         return None
+    # the straggler holds the step: its work (the step minus its waits) is the step's highest, the others wait for it
+    steps_r = np.array([r.step for r in ctx.results])
+    work_max = np.array([r.work_max_us for r in ctx.results])[np.searchsorted(steps_r, step)]
+    holds = np.bincount(pair, weights=_np(out, "worker_work_us") >= work_max, minlength=n_pairs)
     ce_or = np.zeros(n_pairs, dtype=np.uint64)
     np.bitwise_or.at(ce_or, pair, _np(out, "clock_events").astype(np.uint64))
     pce_and = np.full(n_pairs, np.iinfo(np.uint64).max, dtype=np.uint64)
@@ -280,12 +296,62 @@ def _persistent_pairs(ctx: _Ctx) -> _Pairs | None:
         step=step,
         pair=pair,
         n_steps=n_steps,
+        occurrences=occurrences,
+        holds=holds / np.maximum(n_steps, 1),
         persistent=persistent,
         num={c: group_median(_np(out, c).astype(np.float64), pair, n_pairs) for c in _PAIR_NUMERIC},
         label={c: _np(out, c)[first] for c in _PAIR_LABELS},
         clock_events=ce_or,
         peer_clock_events=pce_and,
     )
+
+
+def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    """Per (group, function): the steps of the window in which the function occurs (a checkpoint that runs every third
+    step occurs in a third of them); the window's steps where it does not occur periodically.
+
+    It occurs where most of the group ran it.  Not where any worker did: a function table leaves out what is below
+    its size budget, so a function that one worker reports only in the steps where it was slow there would seem to
+    occur only then.  A function fewer run (code of one rank, an evaluation every k-th step) occurs where anyone ran
+    it only when those steps are evenly spaced, at least two apart, from the window's start to its end (a period):
+    what a budget cuts at random is not."""
+    n = len(ctx.results)
+    g = ctx.groups
+    if g is None or g.num_rows == 0:
+        return np.full(group.size, n, dtype=np.int64)
+    key = np.char.add(np.char.add(_np(g, "group").astype(str), "\x1f"), _np(g, "function").astype(str))
+    step = _np(g, "step").astype(np.int64)
+    keys, inv = np.unique(key, return_inverse=True)
+    most = _steps_per_key(inv, step, keys.size, 2 * _np(g, "present") > _np(g, "workers"))
+    # the steps in which anyone ran it: evenly spaced, at least two apart, spanning the window (a period)
+    order = np.lexsort((step, inv))
+    k, st = inv[order], step[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    count = np.diff(np.r_[starts, k.size])
+    gap = np.diff(st, prepend=st[0])
+    gap[starts] = -1  # no gap before a key's first step
+    big = np.where(gap < 0, np.iinfo(np.int64).max, gap)
+    lo, hi = np.minimum.reduceat(big, starts), np.maximum.reduceat(gap, starts)
+    first, last = st[starts], st[np.r_[starts[1:], k.size] - 1]
+    w0, w1 = ctx.results[0].step, ctx.results[-1].step
+    periodic = (count >= 2) & (lo == hi) & (lo >= 2) & (first - w0 < lo) & (w1 - last < lo)
+    per = np.full(keys.size, n, dtype=np.int64)
+    per[k[starts][periodic]] = count[periodic]
+    per = np.where(most > 0, most, per)
+    want = np.char.add(np.char.add(group.astype(str), "\x1f"), fn.astype(str))
+    pos = np.clip(np.searchsorted(keys, want), 0, keys.size - 1)
+    out: np.ndarray = np.minimum(np.where(keys[pos] == want, per[pos], n), n).astype(np.int64)
+    return out
+
+
+def _need(ctx: _Ctx, occurrences: np.ndarray) -> np.ndarray:
+    """Steps a deviation must hold in, by the function's occurrences (persistence by occurrence): ``persistence`` of
+    them and at least ``min_persistent_steps`` (one slow run of a function is no deviation either); a function
+    that ran in every step needs what the window needs."""
+    dp = ctx.dp
+    floor = min(dp.min_persistent_steps, len(ctx.results))
+    by_occurrence = np.maximum(floor, np.ceil(dp.persistence * occurrences - 1e-9)).astype(np.int64)
+    return np.minimum(ctx.need, by_occurrence)
 
 
 def _suspects(pairs: _Pairs, history: JobHistory | None) -> list[tuple[Suspect, np.ndarray]]:
@@ -334,6 +400,7 @@ def _suspects(pairs: _Pairs, history: JobHistory | None) -> list[tuple[Suspect, 
             signal=next((x for x in ("hardware", "ratio") if np.all(col["signal"][m] == x)), "work"),
             baseline_us=baseline.get((str(col["group"][m[0]]), str(col["function"][m[0]])), math.nan),
             baseline_windows=history.windows if history is not None else 0,
+            holds_step=bool(np.median(pairs.holds[m]) > 0.5),
         )
         out.append((s, m))
     return out
@@ -349,6 +416,8 @@ def _by_owner(attributed: list[_Attributed]) -> dict[tuple[str, tuple[Any, ...]]
     merged: dict[tuple[str, tuple[Any, ...]], list[_Attributed]] = {}
     for s, att, m in attributed:
         owner: tuple[Any, ...] = tuple(sorted(set(s.hosts))) if att.cause in HOST_HARDWARE_CAUSES else tuple(s.workers)
+        if att.cause in UNNAMED_CAUSES:  # no cause ties them: a slow kernel and a slow loader are two problems
+            owner += (s.resource,)
         merged.setdefault((att.cause, owner), []).append((s, att, m))
     return merged
 
@@ -385,7 +454,9 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
     ]
     evidence = list(att.evidence) + history_ev + others[:8]
     flagged_steps = sorted({int(x) for x in pairs.step[np.isin(pairs.pair, members)]})
-    persistence = float(np.mean(pairs.n_steps[members])) / len(ctx.results)
+    persistence = float(np.mean(np.minimum(pairs.n_steps[members] / np.maximum(pairs.occurrences[members], 1), 1.0)))
+    occurred = int(pairs.occurrences[members].max())
+    n_window = len(ctx.results)
     share = _what_if(
         ctx.results,
         pairs.out,
@@ -422,9 +493,11 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
             cause,
             devices,
             len(flagged_steps),
-            len(ctx.results),
+            occurred,
             len(functions) - 1,
-            notes + ([att.undecided] if att.undecided else []),
+            notes
+            + ([f"it ran in {occurred} of the window's {n_window} steps"] if occurred < n_window else [])
+            + ([att.undecided] if att.undecided else []),
         ),
         window_steps=len(ctx.results),
     )
@@ -520,7 +593,12 @@ def _confidence(
         others = "its only peer" if s.peers == 2 else f"the slowest of its {s.peers - 1} peers"
         notes.append(f"compared by ratio with {others} (too few for a robust z-score)")
         # against the job's own earlier healthy windows: did this worker get slower, or its peers faster?
-        if not math.isfinite(s.baseline_us) or s.baseline_us <= 0:
+        if (not math.isfinite(s.baseline_us) or s.baseline_us <= 0) and s.holds_step:
+            # the straggler's peers wait for it (its work is the step's highest), so they are not merely faster; the
+            # job's own past (below) compares the worker with itself and weighs a little more
+            peers = 0.8
+            notes.append("its work the step's highest (the others wait for it); no earlier healthy window of the job")
+        elif not math.isfinite(s.baseline_us) or s.baseline_us <= 0:
             peers = 0.6
             notes.append("no earlier healthy window of the job to tell a slow worker from faster peers")
         elif s.work_us > (1.0 + dp.regression_rise) * s.baseline_us:

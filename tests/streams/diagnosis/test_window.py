@@ -469,6 +469,63 @@ def test_rank_specific_code_is_found_although_the_peers_never_run_it():
     assert ev["workers_running_it"].value == 1 and ev["work_us"].peer_value == 0
 
 
+def test_a_ratio_finding_whose_worker_holds_the_step_pages_without_history():
+    """Of two workers without an earlier healthy window, the one whose work is the step's highest is the one the other
+    waits for: it is slow, not its peer fast (issue 21: 0.30 before, below paging)."""
+    f = only(run(n=2, fault=slower(["fwd.gemm"], [1], 1.3), hardware=False))
+    assert (f.workers, f.function, f.cause) == ([1], "fwd.gemm", "undetermined")
+    assert "the others wait for it" in f.summary and f.confidence >= 0.5, f.summary
+
+
+def periodic(slow_at, every=3, worker=5, factor=2.0):
+    """Every worker saves a checkpoint every ``every``-th step (20 ms); ``worker``'s save takes ``factor`` times as
+    long at the occurrences ``slow_at`` (indices among the occurrences)."""
+
+    def fault(s):
+        if s.step % every:
+            return
+        s.present[:, len(FUNCS)] = True
+        s.dur[:, len(FUNCS)] = 20_000.0 * s.dur[:, len(FUNCS)] / 500.0
+        if (s.step // every) % 3 in slow_at:
+            s.dur[worker, len(FUNCS)] *= factor
+
+    return fault
+
+
+def test_a_function_that_runs_every_third_step_is_persistent_by_its_occurrences():
+    """Slow at each of its 3 occurrences in a window of 9 steps: 3 steps of 9, but all of its own (issue 21)."""
+    d = run(fault=periodic(slow_at=(0, 1, 2)), extra=("save_checkpoint",), steps=9, start=99)
+    f = only(d)
+    assert (f.workers, f.function, f.steps) == ([5], "save_checkpoint", [99, 102, 105])
+    assert "ran in 3 of the window's 9 steps" in f.summary and f.confidence >= 0.5, f.summary
+
+
+def test_a_periodic_function_slow_at_one_of_its_occurrences_is_not_persistent():
+    assert run(fault=periodic(slow_at=(1,)), extra=("save_checkpoint",), steps=9, start=99).findings == []
+
+
+def rank_only(steps_run):
+    """Only rank 5 evaluates (20 ms), in the steps ``steps_run``."""
+
+    def fault(s):
+        if s.step in steps_run:
+            s.present[5, len(FUNCS)] = True
+            s.dur[5, len(FUNCS)] = 20_000.0
+
+    return fault
+
+
+def test_code_only_one_rank_runs_every_third_step_is_persistent_by_its_period():
+    f = only(run(fault=rank_only({100, 103, 106}), extra=("evaluate",), steps=9, start=99))
+    assert (f.workers, f.function, f.cause) == ([5], "evaluate", "rank_specific_code")
+    assert "ran in 3 of the window's 9 steps" in f.summary
+
+
+def test_a_function_one_worker_reports_at_uneven_steps_is_not_periodic():
+    """What a function table's size budget cuts, it cuts at random: steps 100, 103 and 104 are no period."""
+    assert run(fault=rank_only({100, 103, 104}), extra=("evaluate",), steps=9, start=99).findings == []
+
+
 def test_two_ranks_of_one_host_with_their_own_code_are_two_findings():
     # software causes belong to ranks, not hosts: a rank that logs and a rank that evaluates on the
     # same machine are two problems (hardware causes of one host, by contrast, merge)
