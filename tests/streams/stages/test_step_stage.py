@@ -160,3 +160,19 @@ async def test_every_record_is_acknowledged_exactly_once(pair, batches, partitio
     recs = features(p, batches[60] + batches[61])
     await p.feed(recs)
     assert sorted((r.partition, r.offset) for r in p.out.acknowledged) == sorted((r.partition, r.offset) for r in recs)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_missing_workers_names_the_first_missing_ranks_and_counts_all_without_a_rank_per_expected_worker(seed):
+    import numpy as np
+
+    from lockstep.schemas.records import MAX_NAMED_MISSING
+    from lockstep.streams.stages.step import missing_workers
+
+    rng = np.random.default_rng(seed)
+    expected = int(rng.integers(1, 400))
+    seen = rng.integers(-3, expected + 5, size=int(rng.integers(0, 300)))
+    lost = np.setdiff1d(np.arange(expected), seen)
+    assert missing_workers(expected, seen) == (lost[:MAX_NAMED_MISSING].tolist(), int(lost.size))
+    named, total = missing_workers(10_000_000, np.arange(4))  # a record's claim: counted, not enumerated
+    assert total == 9_999_996 and named == list(range(4, 4 + MAX_NAMED_MISSING))
