@@ -222,8 +222,11 @@ class FindingsStore:
     def _on_windows(self, incidents: dict[str, Incident]) -> list[Event]:
         """Resolve, for every window whose findings are all stored, the open incidents it did not see.
 
-        A window counts once all of its findings are in (``windows.findings``), or once a later window
-        of the job is: findings and window reports travel on different topics and may arrive in either order.
+        A window counts once all of its findings are in (``windows.findings``), or once all of a later window's are
+        (the job's findings share one partition, in window order: a later window's in means this one's are): findings
+        and window reports travel on different topics and may arrive in either order.  A later window's report alone
+        is no such evidence (a sink restarted mid-stream stored it before the earlier window's findings, which then
+        resolved and reopened 200 incidents).
         """
         rows = self.con.execute(
             """
@@ -232,7 +235,9 @@ class FindingsStore:
                    CASE WHEN closed = 'failed' THEN 0.0 ELSE coverage END, epoch(closed_at) FROM windows w
             WHERE NOT coalesce(incidents_checked, false) AND (
                 (SELECT count(*) FROM findings f WHERE f.job = w.job AND f.window_id = w.window_id) >= w.findings
-                OR EXISTS (SELECT 1 FROM windows l WHERE l.job = w.job AND l.start_step > w.start_step))
+                OR EXISTS (SELECT 1 FROM windows l WHERE l.job = w.job AND l.start_step > w.start_step AND l.findings > 0
+                           AND (SELECT count(*) FROM findings f WHERE f.job = l.job AND f.window_id = l.window_id)
+                               >= l.findings))
             ORDER BY start_step
             """
         ).fetchall()

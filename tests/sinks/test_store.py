@@ -589,3 +589,18 @@ def test_a_windows_deviation_map_replaces_its_previous_one(tmp_path):
     assert store.con.execute(
         "SELECT worker, function, worker_rank, function_rank, z, flagged_steps FROM window_deviations ORDER BY 3, 4"
     ).fetchall() == [(3, "f", 0, 0, 7.0, 8), (3, "g", 0, 1, 1.5, 8)]
+
+
+def test_later_window_reports_alone_do_not_count_an_earlier_window_whose_findings_are_still_coming(tmp_path):
+    """A sink restarted mid-stream: the reports of w2 and w3 are stored before w2's finding (another topic); w3's
+    report alone must not count w2, nor may w2 resolve the problem its own finding is still bringing."""
+    store = FindingsStore(tmp_path / "f.duckdb")
+    assert [e.action for e in store.write(Batch([fnd("a1", window_="w1")], [win("j", "w1", 100, findings=1)], {}))] == [
+        "trigger"
+    ]
+    assert store.write(Batch([], [win("j", "w2", 200, findings=1), win("j", "w3", 300, findings=1)], {})) == []
+    events = store.write(Batch([fnd("a2", window_="w2", steps=(200, 201))], [], {}))
+    assert [e.action for e in events] == ["update"]  # before: w3's report had counted w2, which resolved the incident
+    events = store.write(Batch([fnd("a3", window_="w3", steps=(300, 301))], [], {}))
+    assert [e.action for e in events] == ["update"]
+    assert store.con.execute("SELECT count(*), min(status) FROM incidents").fetchall() == [(1, "open")]
