@@ -208,16 +208,24 @@ class HeartbeatShards(Generic[T]):
             interval = sh.interval_s()
             pace = FUTURE_PACE * (now - sh.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
             bad |= step > sh.highest + FUTURE_STEPS + pace
+        elif step.size > 1:  # a shard's first rows, in one batch of records: judged against their own median
+            bad |= step > float(np.median(step)) + FUTURE_STEPS
         return bad
 
     def future_detail(self, key: ShardKey, step: np.ndarray, sent_at: np.ndarray, now: float) -> str:
         if (sent_at > now + FUTURE_CLOCK_S).any():
             ahead = float(sent_at.max()) - now
             return f"sent_at is {ahead / 3600:.0f} h ahead of the processor's clock (at most {FUTURE_CLOCK_S / 3600:.0f} h): a host's clock is broken"
-        sh = self.shards[key]
+        sh = self.shards.get(key)
+        highest = sh.highest if sh is not None and sh.highest >= 0 else -1
+        if highest < 0:
+            return (
+                f"step {int(step.max())} of job {key[0]!r} is more than {FUTURE_STEPS} steps beyond the other steps its "
+                f"shard {key[1]} first showed: not plausible"
+            )
         return (
-            f"step {int(step.max())} of job {key[0]!r} is {int(step.max()) - sh.highest} steps beyond the highest its shard "
-            f"{key[1]} has shown ({sh.highest}); at most {FUTURE_STEPS} plus its pace are plausible"
+            f"step {int(step.max())} of job {key[0]!r} is {int(step.max()) - highest} steps beyond the highest its shard "
+            f"{key[1]} has shown ({highest}); at most {FUTURE_STEPS} plus its pace are plausible"
         )
 
     def add(

@@ -132,3 +132,20 @@ def test_the_detector_waits_for_a_shard_whose_partials_wait_for_a_late_worker():
     assert st.last_complete >= 150 and len(st.history) == st.last_complete + 1
     assert set(st.history) == {0.1}  # shard 1's partial was in every step judged
     assert det.active_workers(st) == 4
+
+
+def test_a_far_future_step_among_a_new_shards_first_rows_is_refused_with_them_not_after():
+    """A new job's first heartbeats and a step a million ahead in one batch of records: the shard knew nothing yet,
+    so the far one was judged against nothing and poisoned the shard (the bad-input test failed when they shared a
+    fetch)."""
+    import numpy as np
+
+    from lockstep.streams.heartbeats import HeartbeatShards
+
+    shards = HeartbeatShards()
+    steps = np.array([*range(40), 1_000_039])
+    bad = shards.future(("fj", -1, 0), steps, np.full(steps.size, 1.8e9), 1.8e9)
+    assert bad.tolist() == [False] * 40 + [True]
+    assert "not plausible" in shards.future_detail(("fj", -1, 0), steps[-1:], np.full(1, 1.8e9), 1.8e9)
+    # a resumed job's first steps may be anywhere: alone, or all together, they are not judged
+    assert not shards.future(("r", -1, 0), np.arange(500_000, 500_040), np.full(40, 1.8e9), 1.8e9).any()
