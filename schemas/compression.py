@@ -150,7 +150,9 @@ def read_ipc_stream(raw: bytes | memoryview) -> pa.Table:
     table = pa.ipc.open_stream(raw).read_all()
     table.validate(full=True)
     try:
-        table.schema.names  # noqa: B018 - decoded here, so that a name that is not UTF-8 is refused with the table
+        names = table.schema.names  # decoded here, so that a name that is not UTF-8 is refused with the table
     except UnicodeDecodeError as exc:
         raise pa.ArrowInvalid(f"a column name is not UTF-8 ({exc})") from None
+    if len(set(names)) != len(names):  # which one a reader gets is undefined, and concatenation refuses them
+        raise pa.ArrowInvalid(f"duplicate column names ({sorted({n for n in names if names.count(n) > 1})})")
     return table

@@ -214,3 +214,13 @@ def test_a_stage_past_its_memory_budget_closes_its_largest_step_and_holds_no_mor
     assert proc.metrics.get("budget_closes_total", stage="steps") >= 1
     assert proc.metrics.get("steps_closed_total", reason="budget") >= 1
     assert out.decoded(TOPICS.stepreports)  # what it held was diagnosed, not dropped
+
+
+def test_a_table_with_two_columns_of_one_name_is_refused_with_its_record():
+    """Found by the fuzzer: a flipped byte turned one column's name into another's, and the shard stage's
+    concatenation of its workers' tables failed for the whole shard (processing_failed)."""
+    rec = _window_features()[0]
+    t = ft.read_compact(rec.functions, rec.functions_codec)
+    dup = pa.Table.from_arrays([*t.columns, t.column("calls")], names=[*t.column_names, "calls"])
+    with pytest.raises(RecordError, match="duplicate column names"):
+        ft.read_compact(_ipc(dup), "none")
