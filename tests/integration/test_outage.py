@@ -141,7 +141,9 @@ def test_broker_outage_spools_without_blocking_training_and_reports_what_the_bou
     steps = {b.step for b in beats if not b.final}
     lost = sorted(set(range(down_at, back_at)) - steps)
     # the spool counts records: one heartbeat each, or a flush's heartbeats as one batch
-    assert len(lost) == dropped if shard_workers == 0 else len(lost) >= dropped, (len(lost), dropped)
+    # (a record the agent gave up on may still have been written: librdkafka reports _MSG_TIMED_OUT for a message
+    # whose fate it does not know, STACK-NOTES; a loaded CI run saw 1,338 steps lost for 1,490 records dropped)
+    assert 0 < len(lost) <= dropped if shard_workers == 0 else len(lost) >= dropped, (len(lost), dropped)
     assert lost == list(range(lost[0], lost[0] + len(lost)))  # the oldest of the outage, in one run
     assert set(range(down_at, last)) - steps == set(
         lost
