@@ -359,13 +359,20 @@ def bounded_text(rows: pa.Table, keep: frozenset[str] = frozenset()) -> pa.Table
     return rows
 
 
+#: table -> its JSON columns (the migrations give every store the same tables: asked once per process, not per write)
+_JSON_COLUMNS: dict[str, frozenset[str]] = {}
+
+
 def _json_columns(con: duckdb.DuckDBPyConnection, table: str) -> frozenset[str]:
-    return frozenset(
-        r[0]
-        for r in con.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND data_type = 'JSON'", [table]
-        ).fetchall()
-    )
+    cols = _JSON_COLUMNS.get(table)
+    if cols is None:
+        cols = _JSON_COLUMNS[table] = frozenset(
+            r[0]
+            for r in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND data_type = 'JSON'", [table]
+            ).fetchall()
+        )
+    return cols
 
 
 def upsert(
