@@ -96,8 +96,8 @@ def feature(name: str) -> Feature:
 
 
 def number(v: float | int | None, digits: int = 3) -> str:
-    """1,522 · 105.9 · 0.0356 · 4.1e-07: thousands separators, about ``digits`` significant digits, no exponent
-    unless the number is tiny."""
+    """1,522 · 105.9 · 0.0356 · < 0.0001: thousands separators, about ``digits`` significant digits, never an
+    exponent (a figure below 0.0001 is "< 0.0001": callers with a unit scale it first, as :func:`hours`)."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     if isinstance(v, bool):
@@ -110,7 +110,27 @@ def number(v: float | int | None, digits: int = 3) -> str:
     if a >= 1e-4:
         decimals = max(0, digits - 1 - math.floor(math.log10(a)))
         return f"{v:,.{decimals}f}".rstrip("0").rstrip(".")
-    return f"{v:.1e}"
+    return "< 0.0001" if v > 0 else "> -0.0001"  # people read a tiny figure as about nothing, not as 4.1e-06
+
+
+def hours(v: float | None, unit: str = "GPU") -> str:
+    """Device-hours for people, in the unit that keeps the figure readable: ``285 GPU-h``, ``12 GPU-min``,
+    ``15 CPU-s``; ``unit`` is the device (GPU, CPU, device)."""
+    if v is None or not math.isfinite(v):
+        return "-"
+    a = abs(v)
+    if a == 0 or a >= 0.1:
+        return f"{number(v)} {unit}-h"
+    if a * 60 >= 1:
+        return f"{number(v * 60)} {unit}-min"
+    if a * 3600 >= 0.001:
+        return f"{number(v * 3600)} {unit}-s"
+    return f"< 1 {unit}-ms"
+
+
+def unit_label(unit: str) -> str:
+    """A feature's unit as people write it (``us`` is the code's spelling of µs; a count has none)."""
+    return {"us": "µs", "": "count"}.get(unit, unit)
 
 
 def duration_us(us: float) -> str:
@@ -168,3 +188,42 @@ def joined(items: Iterable[object], limit: int = 8) -> str:
     items = list(items)
     text = ", ".join(str(x) for x in items[:limit])
     return text + (f" … (+{len(items) - limit})" if len(items) > limit else "")
+
+
+#: the evidence features that decided each cause, first the one that decided it (the rules of
+#: ``streams/diagnosis/causes.py``): the evidence is shown in this order, then the work, then the rest
+DECIDED_BY: dict[str, tuple[str, ...]] = {
+    "gpu_throttle_thermal": ("clock_events", "sm_clock_mhz", "gpu_temp_c"),
+    "gpu_throttle_power": ("clock_events", "sm_clock_mhz", "gpu_power_w"),
+    "gpu_throttle": ("sm_clock_mhz", "clock_events"),
+    "gpu_slow": ("work_us", "sm_clock_mhz", "sm_active"),  # slower at the same clock
+    "pcie": ("pcie_gbps",),
+    "nvlink": ("nvlink_gbps_sd", "nvlink_gbps_p95", "nvlink_gbps"),  # steady while the ring-mates burst
+    "nic": ("nic_gbps_sd", "nic_gbps_p95", "nic_gbps"),
+    "switch": ("nic_gbps_sd", "nic_gbps_p95", "nic_gbps"),
+    "host_cpu_contention": ("cpu_other", "cpu_self"),
+    "host_memory": ("mem_used_frac",),
+    "storage": ("disk_read_mbps",),
+    "dataloader": ("cpu_other", "disk_read_mbps", "cpu_self"),
+    "input_imbalance": ("input_bytes", "bytes", "calls"),
+    "rank_specific_code": ("workers_running_it", "work_us"),
+    "python_overhead": ("work_us", "cpu_other", "calls"),
+    "regression": ("baseline_work_us", "healthy_windows"),
+}
+
+
+def decided_order(cause: str, features: list[str]) -> list[int]:
+    """The order to show evidence in (indices into ``features``): what decided ``cause`` first, then the work
+    against the peers', then the rest as the diagnosis gave them (``undetermined`` and ``unknown`` lead with the
+    work: no characteristic decided them)."""
+    deciding = DECIDED_BY.get(cause, ())
+
+    def rank(i: int) -> tuple[int, int]:
+        base = features[i].partition("[")[0]
+        if features[i] in deciding:
+            return (0, deciding.index(features[i]))
+        if base == "work_us":
+            return (1, 0)
+        return (2, i)
+
+    return sorted(range(len(features)), key=rank)

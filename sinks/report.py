@@ -25,11 +25,14 @@ import datetime as dt
 import html
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 from ..schemas.records import CAUSES, Evidence, Finding
-from ..units import feature, joined, number, plural, value, with_unit
+from ..units import DECIDED_BY, decided_order, feature, hours, joined, number, plural, unit_label, value, with_unit
 
 BAD, PEER, SPREAD, EMPTY, WINDOW, ACCENT = "#c0392b", "#7f8c8d", "#d5dbdb", "#ecf0f1", "#f5cba7", "#2471a3"
+WINDOW_MARK = "#e67e22"
+SIGMA = "\N{GREEK SMALL LETTER SIGMA}"  # a deviation in units of the peers' spread
 
 
 # --------------------------------------------------------------------------- typed rows
@@ -172,11 +175,24 @@ def _ms(us: float) -> str:
 # --------------------------------------------------------------------------- pictures
 
 
-def hbars(rows: list[tuple[str, float, str]], width: int = 1100, bar_h: int = 18, label_w: int = 240) -> str:
-    """Horizontal bars, one per (label, value, note), scaled to the largest value."""
+def coverage_colour(coverage: float) -> str:
+    """Red means low coverage (a window that saw too few workers to trust), amber middling, green complete."""
+    return BAD if coverage < 0.5 else "#e67e22" if coverage < 0.9 else "#27ae60"
+
+
+def hbars(
+    rows: list[tuple[str, float, str]],
+    width: int = 1100,
+    bar_h: int = 18,
+    label_w: int = 240,
+    colour=lambda v: BAD,
+    top: float | None = None,
+) -> str:
+    """Horizontal bars, one per (label, value, note), scaled to ``top`` (default: the largest value), each
+    coloured by ``colour(value)``."""
     if not rows:
         return ""
-    top = max((v for _, v, _ in rows if math.isfinite(v)), default=0.0) or 1.0
+    top = top or max((v for _, v, _ in rows if math.isfinite(v)), default=0.0) or 1.0
     room = width - label_w - 420
     parts = []
     for i, (label, val, note) in enumerate(rows):
@@ -184,7 +200,7 @@ def hbars(rows: list[tuple[str, float, str]], width: int = 1100, bar_h: int = 18
         w = max(1.0, room * max(0.0, val) / top) if math.isfinite(val) else 0.0
         parts.append(
             f'<text x="{label_w - 6}" y="{y + bar_h - 5}" text-anchor="end">{_e(label)}</text>'
-            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{BAD}"><title>{_e(label)}: {number(val)}</title></rect>'
+            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{colour(val)}"><title>{_e(label)}: {number(val)}</title></rect>'
             f'<text x="{label_w + w + 6:.1f}" y="{y + bar_h - 5}">{_e(note)}</text>'
         )
     height = 4 + len(rows) * (bar_h + 6)
@@ -254,16 +270,36 @@ def _rolling_median(xs: list[float], k: int = 5) -> list[float]:
     return out
 
 
-def first_bad_step(points: list[SeriesPoint], before_step: int, rise: float = 0.10) -> tuple[int, float, float] | None:
+def _quantile(sorted_xs: list[float], q: float) -> float:
+    return sorted_xs[min(len(sorted_xs) - 1, max(0, round(q * (len(sorted_xs) - 1))))]
+
+
+#: the least and the most a slowdown must rise above its baseline to be marked (between them: six times the
+#: baseline's own noise, so that a 2% slowdown of a steady job is marked and a noisy job's jitter is not)
+MIN_RISE, MAX_RISE = 0.01, 0.10
+
+
+def first_bad_step(
+    points: list[SeriesPoint], before_step: int, rise: float | None = None
+) -> tuple[int, float, float] | None:
     """Where a slowdown that led to a window began: the first step of the run, ending just before
     ``before_step``, in which the rolling median of the synchronised step time stays more than ``rise``
-    above the baseline (the 25th percentile of the rolling median before it, as the detector's).
-    Returns (step, baseline µs, step time µs at the end of the run), or None when there was no such run."""
+    above the baseline (the 25th percentile of the rolling median before it, as the detector's).  ``rise``
+    by default is six times the baseline's noise (the robust spread of the lower half of the rolling
+    median), within [1%, 10%].  Returns (step, baseline µs, step time µs at the end of the run), or None."""
     pts = [p for p in points if p.step < before_step]
     if len(pts) < 10:
         return None
     r = _rolling_median([p.step_time_us for p in pts])
-    base = sorted(r)[len(r) // 4]
+    ordered = sorted(r)
+    base = _quantile(ordered, 0.25)
+    if base <= 0:
+        return None
+    if rise is None:
+        low = ordered[: max(2, len(ordered) // 2)]
+        mid = _quantile(low, 0.5)
+        noise = 1.4826 * _quantile(sorted(abs(x - mid) for x in low), 0.5) / base
+        rise = min(MAX_RISE, max(MIN_RISE, 6 * noise))
     i = len(r) - 1
     if r[i] <= base * (1 + rise):
         return None
@@ -276,6 +312,49 @@ def first_bad_step(points: list[SeriesPoint], before_step: int, rise: float = 0.
     return pts[j].step, base, r[-1]
 
 
+@dataclass(frozen=True)
+class YRange:
+    """A step chart's y-axis: ``lo``..``hi`` µs, chosen from the bulk of the points; ``clipped``: the points above
+    it (a first step of seconds, a checkpoint), drawn at the top edge and marked."""
+
+    lo: float
+    hi: float
+    clipped: list[SeriesPoint]
+
+
+def robust_range(points: list[SeriesPoint]) -> YRange:
+    """The y-range that shows the bulk of the step times: points beyond three interquartile ranges above the
+    slowest worker's upper quartile are outliers (clipped and marked); the range is then the rest's least and
+    most, padded by 8% (and at least 4% of the top, so that a flat series is not magnified into noise).  It
+    starts at 0 only when the data come near it: a 2% slowdown must be as visible as a 30% one."""
+    slow = sorted(p.step_time_us for p in points)
+    q1, q3 = _quantile(slow, 0.25), _quantile(slow, 0.75)
+    fence = q3 + 3 * max(q3 - q1, 0.02 * q3)
+    clipped = [p for p in points if p.step_time_us > fence]
+    kept = [p for p in points if p.step_time_us <= fence] or points
+    hi = max(p.step_time_us for p in kept)
+    lo = min(min(p.median_us for p in kept), min(p.step_time_us for p in kept))
+    span = max(hi - lo, 0.04 * hi, 1.0)
+    lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    if lo < 0.25 * hi:  # the data come near zero anyway: let the axis start there
+        lo = 0.0
+    return YRange(max(0.0, lo), hi, clipped)
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About ``n`` round values between ``lo`` and ``hi`` (steps of 1, 2, 2.5 or 5 times a power of ten)."""
+    raw = (hi - lo) / max(1, n - 1)
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + k * step for k in range(int((hi - first) / step) + 1)]
+
+
+def _text_w(text: str, px: float = 6.2) -> float:
+    """The width of a label at the charts' 11 px font, about (a layout that avoids collisions needs no more)."""
+    return len(text) * px
+
+
 def step_chart(
     job: str,
     points: list[SeriesPoint],
@@ -283,68 +362,112 @@ def step_chart(
     triggers: dict[tuple[str, str], TriggerRow],
     findings: list[Finding],
     width: int = 1100,
-    height: int = 230,
+    height: int = 280,
 ) -> str:
-    """A job's step time per step: the slowest worker (red) and the median worker (grey), the profiling
-    windows as bands (labelled; darker where they found something) and where the slowdown began."""
+    """A job's step time per step: the slowest worker (red) and the median worker (grey) on a robust y-range
+    (outliers clipped to the top edge and marked ▲), the profiling windows as bands (labelled in a strip above
+    the plot; darker where they found something) and where the slowdown began (a dashed line, labelled in a
+    second strip).  Labels live in strips of their own, the legend below the axis: nothing overlaps the lines."""
     if not points:
         return ""
-    left, right, top, bottom = 64, 12, 14, 34
+    left, right, top, bottom = 72, 16, 40, 50
     pw, ph = width - left - right, height - top - bottom
     s0, s1 = points[0].step, points[-1].step
     wins = [w for w in windows if w.job == job]
     s0 = min([s0] + [w.start_step for w in wins if w.start_step + w.steps >= s0 - 50])
     s1 = max([s1] + [w.start_step + w.steps - 1 for w in wins if w.start_step <= s1 + 50])
+    wins = [w for w in wins if w.start_step + w.steps - 1 >= s0 and w.start_step <= s1]
     span = max(1, s1 - s0)
-    ymax = max(p.step_time_us for p in points) * 1.12 or 1.0
+    yr = robust_range(points)
+    ylo, yhi = yr.lo, yr.hi
 
     def x(step: float) -> float:
         return left + pw * (step - s0) / span
 
     def y(us: float) -> float:
-        return top + ph * (1 - us / ymax)
+        return top + ph * (1 - (min(max(us, ylo), yhi) - ylo) / (yhi - ylo))
 
     parts = []
-    for k in range(5):  # horizontal grid, in ms
-        v = ymax * k / 4
+    for v in _ticks(ylo, yhi):  # horizontal grid, in ms
         parts.append(
             f'<line x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
             f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="axis">{_e(_ms(v))}</text>'
         )
+    if ylo > 0:  # say so: the axis does not start at zero
+        parts.append(
+            f'<text x="{left - 6}" y="{top + ph + 14}" text-anchor="end" class="axis"><title>the y-axis starts at '
+            f"{_e(_ms(ylo))}, not at zero, so that small changes show</title>≈</text>"
+        )
     for k in range(6):
         st = round(s0 + span * k / 5)
-        parts.append(f'<text x="{x(st):.1f}" y="{height - 16}" text-anchor="middle" class="axis">{st:,}</text>')
-    parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 2}" text-anchor="middle" class="axis">step</text>')
+        parts.append(f'<text x="{x(st):.1f}" y="{top + ph + 16}" text-anchor="middle" class="axis">{st:,}</text>')
+    parts.append(f'<text x="{left + pw}" y="{height - 6}" text-anchor="end" class="axis">step</text>')
     found = {(f.job, f.window) for f in findings}
-    for w in wins:
+    label_end = -math.inf  # the right end of the last window label drawn: labels that would overlap are left out
+    for w in sorted(wins, key=lambda w: w.start_step):
         x0, x1 = x(w.start_step - 0.5), x(w.start_step + w.steps - 0.5)
+        x0, x1 = max(left, x0), min(left + pw, x1)
+        if x1 - x0 < 3:  # a short window on a long series: at least 3 px, so it is always seen
+            x0, x1 = (x0 + x1) / 2 - 1.5, (x0 + x1) / 2 + 1.5
         t = triggers.get((w.job, w.window))
         why = f" · {_reason(t)}" if t else ""
         hit = w.findings > 0 or (w.job, w.window) in found
-        parts.append(
-            f'<rect class="window" x="{x0:.1f}" y="{top}" width="{max(2.0, x1 - x0):.1f}" height="{ph}" fill="{WINDOW if hit else EMPTY}" '
-            f'opacity="0.8"><title>window {_e(w.window)}: steps {w.start_step}..{w.start_step + w.steps - 1}, '
-            f"{plural(w.findings, 'finding')}{_e(why)}</title></rect>"
-            f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 11}" text-anchor="middle" class="label">{_e(w.window)}</text>'
+        tip = (
+            f"window {w.window}: steps {w.start_step}..{w.start_step + w.steps - 1}, "
+            f"{plural(w.findings, 'finding')}{why}"
         )
+        parts.append(
+            f'<rect class="window" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="{ph}" fill="{WINDOW if hit else EMPTY}" '
+            f'opacity="0.8"><title>{_e(tip)}</title></rect>'
+            f'<path class="window-mark" d="M{(x0 + x1) / 2 - 4:.1f},{top - 1} h8 l-4,5 z" fill="{WINDOW_MARK if hit else PEER}">'
+            f"<title>{_e(tip)}</title></path>"
+        )
+        cx, half = (x0 + x1) / 2, _text_w(w.window) / 2
+        cx = min(max(cx, left + half), left + pw - half)
+        if cx - half > label_end + 4:
+            parts.append(
+                f'<text class="label window-label" x="{cx:.1f}" y="{top - 6}" text-anchor="middle">{_e(w.window)}'
+                f"<title>{_e(tip)}</title></text>"
+            )
+            label_end = cx + half
     line = " ".join(f"{x(p.step):.1f},{y(p.step_time_us):.1f}" for p in _thin(points, pw))
     med = " ".join(f"{x(p.step):.1f},{y(p.median_us):.1f}" for p in _thin(points, pw))
     parts.append(f'<polyline class="median" points="{med}" fill="none" stroke="{PEER}" stroke-width="1.2"/>')
     parts.append(f'<polyline class="slowest" points="{line}" fill="none" stroke="{BAD}" stroke-width="1.6"/>')
+    for p in yr.clipped[:50]:  # outliers: a mark at the top edge, the value on hover and in the legend below
+        parts.append(
+            f'<path class="clipped" d="M{x(p.step) - 4:.1f},{top + 7} l4,-7 l4,7 z" fill="{BAD}">'
+            f"<title>step {p.step:,}: {_e(_ms(p.step_time_us))}, off the scale</title></path>"
+        )
     first_window = min((w.start_step for w in wins if w.findings > 0 or (w.job, w.window) in found), default=None)
+    if first_window is None:  # a slowdown the detector saw is worth marking even before a finding
+        first_window = min(
+            (w.start_step for w in wins if (t := triggers.get((w.job, w.window))) and t.kind == "slowdown"),
+            default=None,
+        )
     if first_window is not None:
         bad = first_bad_step(points, first_window)
         if bad is not None:
             step, base, now = bad
+            sx = x(step)
+            text = f"slower from step {step:,} ({_ms(base)} → {_ms(now)}, {now / base - 1:+.0%})"
+            anchor, tx = ("end", sx - 4) if sx + _text_w(text) + 4 > left + pw else ("start", sx + 4)
             parts.append(
-                f'<line class="onset" x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{top}" y2="{top + ph}" stroke="{ACCENT}" '
+                f'<line class="onset" x1="{sx:.1f}" x2="{sx:.1f}" y1="{top - 16}" y2="{top + ph}" stroke="{ACCENT}" '
                 f'stroke-dasharray="4 3" stroke-width="1.5"><title>slower from step {step}: {_e(_ms(now))} against {_e(_ms(base))} before'
-                f'</title></line><text x="{x(step) + 4:.1f}" y="{top + ph - 6}" class="label" fill="{ACCENT}">'
-                f"slower from step {step:,} ({_e(_ms(base))} → {_e(_ms(now))})</text>"
+                f'</title></line><text class="label onset-label" x="{tx:.1f}" y="{top - 20}" text-anchor="{anchor}" fill="{ACCENT}">'
+                f"{_e(text)}</text>"
             )
+    off = ""
+    if yr.clipped:
+        worst = max(yr.clipped, key=lambda p: p.step_time_us)
+        off = (
+            f'  <tspan fill="{BAD}">▲ off the scale: {plural(len(yr.clipped), "step")}, up to {_e(_ms(worst.step_time_us))} '
+            f"(step {worst.step:,})</tspan>"
+        )
     legend = (
-        f'<text x="{left + 6}" y="{top + 11}" class="axis"><tspan fill="{BAD}">━ slowest worker</tspan>'
-        f'  <tspan fill="{PEER}">━ median worker</tspan></text>'
+        f'<text class="axis legend" x="{left}" y="{height - 6}"><tspan fill="{BAD}">━ slowest worker</tspan>'
+        f'  <tspan fill="{PEER}">━ median worker</tspan>{off}</text>'
     )
     return f'<svg class="steps" data-job="{_e(job)}" width="{width}" height="{height}" role="img">{"".join(parts)}{legend}</svg>'
 
@@ -357,53 +480,196 @@ def _thin(points: list[SeriesPoint], pixels: float) -> list[SeriesPoint]:
     return [max(points[i : i + k], key=lambda p: p.step_time_us) for i in range(0, len(points), k)]
 
 
-def _heat_colour(z: float | None) -> str:
-    if z is None:
+#: a deviation this many peers' spreads away is as significant as any (the colour saturates there)
+Z_FULL = 50.0
+#: causes whose culprit is a link or a device: their findings get rows of their own (a saturated link slows every
+#: ring-mate alike, so its workers' work does not stand out against the peers')
+DEVICE_CAUSES = frozenset(
+    {"nic", "switch", "nvlink", "pcie", "gpu_throttle_thermal", "gpu_throttle_power", "gpu_throttle", "gpu_slow"}
+)
+
+
+def significance(z: float | None, held: int, steps: int) -> float:
+    """How much a cell of the heatmap matters, 0..1: its deviation in peers' spreads (on a log scale, full at
+    :data:`Z_FULL`) times the share of the window's steps it held in.  A persistent 14-spread slowdown outranks
+    one step's 300-spread spike (a log flush, a page fault): the colour says what persisted, not what spiked."""
+    if z is None or not math.isfinite(z) or held <= 0 or steps <= 0:
+        return 0.0
+    return min(1.0, held / steps) * min(1.0, math.log1p(abs(z)) / math.log1p(Z_FULL))
+
+
+def _is_link_cell(c: HeatCell) -> bool:
+    """A cell the step stage flagged by its link's samples, not by its work (its z is 0 by construction)."""
+    return c.z == 0.0 and c.flagged_steps > 0
+
+
+def _heat_colour(z: float | None, sig: float = 1.0, link: bool = False) -> str:
+    if z is None or (sig <= 0 and not link):
         return "#f4f6f7"
-    a = min(1.0, abs(z) / 12.0) * 0.85 + 0.15
+    a = 0.12 + 0.88 * sig
+    if link:
+        return f"rgba(125,60,152,{a:.2f})"  # a link or device: violet
     return f"rgba(192,57,43,{a:.2f})" if z > 0 else f"rgba(36,113,163,{a:.2f})"
 
 
-def heatmap(job: str, window: str, cells: list[HeatCell], cell: int = 34, label_w: int = 110, head_h: int = 120) -> str:
-    """Workers (rows) x functions (columns) of a window, coloured by robust z against the peers (red: slower,
-    blue: faster, pale: within the peers' spread in every step); the worst first."""
-    if not cells:
+@dataclass(frozen=True)
+class DeviceRow:
+    """A row of the heatmap for a link or device a finding named: its deciding evidence, where it held."""
+
+    device: str
+    function: str
+    label: str  # the deciding evidence, short: "NIC spread -78%"
+    detail: str  # the same, whole, for the tooltip
+    held: int
+    cause: str
+
+
+def device_rows(findings: list[Finding]) -> list[DeviceRow]:
+    """One row per device of each finding whose culprit is a link or a device (:data:`DEVICE_CAUSES`)."""
+    out = []
+    for f in findings:
+        if f.cause not in DEVICE_CAUSES or not f.devices:
+            continue
+        order = decided_order(f.cause, [e.feature for e in f.evidence])
+        numeric = [
+            f.evidence[i]
+            for i in order
+            if f.evidence[i].value is not None
+            and f.evidence[i].peer_value  # a relative change needs a non-zero peer value
+            and feature(f.evidence[i].feature).unit != "bits"
+        ]
+        lead = numeric[0] if numeric else None
+        label, detail = f.cause, f.cause
+        if lead is not None:
+            ft = feature(lead.feature)
+            label = f"{ft.label} {cast(float, lead.value) / cast(float, lead.peer_value) - 1:+.0%}"
+            peers = f" vs {value(lead.feature, lead.peer_value)}" if lead.peer_value is not None else ""
+            detail = f"{f.cause}: {ft.label} {value(lead.feature, lead.value)}{peers}"
+        for d in f.devices:
+            out.append(DeviceRow(d, f.function, label, detail, len(f.steps), f.cause))
+    return out
+
+
+def heatmap(
+    job: str,
+    window: str,
+    cells: list[HeatCell],
+    findings: list[Finding] | None = None,
+    steps: int = 0,
+    cell_w: int = 64,
+    cell_h: int = 40,
+    label_w: int = 190,
+    head_h: int = 150,
+) -> str:
+    """Workers (rows) x functions (columns) of a window, coloured by :func:`significance` (red: slower, blue:
+    faster, pale: within the peers' spread in every step); each cell says how many of the peers' spreads it
+    deviated (median over the steps it was flagged in) and in how many of the window's steps it held.  The
+    findings' cells are outlined; links and devices that findings named get rows of their own below the workers
+    (violet), with the evidence that decided them."""
+    findings = [f for f in findings or [] if (f.job, f.window) == (job, window)]
+    if not cells and not findings:
         return ""
-    workers = sorted({(c.worker_rank, c.worker) for c in cells})
-    functions = sorted({(c.function_rank, c.function) for c in cells})
+    workers = [w for _, w in sorted({(c.worker_rank, c.worker) for c in cells})]
+    functions = [fn for _, fn in sorted({(c.function_rank, c.function) for c in cells})]
+    devices = device_rows(findings)
+    for fn in [f.function for f in findings] + [d.function for d in devices]:
+        if fn not in functions:
+            functions.append(fn)
+    for f in findings:
+        workers += [w for w in f.workers if w not in workers and f.cause not in DEVICE_CAUSES]
+    steps = (
+        steps or max((c.flagged_steps for c in cells), default=0) or max((len(f.steps) for f in findings), default=1)
+    )
     by = {(c.worker, c.function): c for c in cells}
-    width, height = (
-        label_w + cell * len(functions) + 90,
-        head_h + cell * len(workers) + 4,
-    )  # room for the last slanted name
+    outlined = {(w, f.function) for f in findings for w in f.workers}
+    rows = len(workers) + len(devices) + (1 if devices else 0)
+    width, height = label_w + cell_w * len(functions) + 120, head_h + cell_h * rows + 8  # room for the last name
     parts = []
-    for j, (_, fn) in enumerate(functions):
-        cx = label_w + j * cell + cell / 2
+    for j, fn in enumerate(functions):
+        cx = label_w + j * cell_w + cell_w / 2
         parts.append(
-            f'<text transform="translate({cx + 4:.1f},{head_h - 6}) rotate(-55)" class="axis">{_e(fn[:28])}</text>'
+            f'<text transform="translate({cx + 4:.1f},{head_h - 6}) rotate(-50)" class="axis fn">{_e(fn[:40])}'
+            f"<title>{_e(fn)}</title></text>"
         )
-    for i, (_, w) in enumerate(workers):
-        y0 = head_h + i * cell
+
+    def box(x0: float, y0: float, fill: str, tip: str, top: str, below: str, outline: bool, dark: bool) -> str:
+        stroke = ' stroke="#1b2631" stroke-width="3"' if outline else ""
+        ink = "#fff" if dark else "#2c3e50"
+        text = (
+            f'<text x="{x0 + (cell_w - 2) / 2:.1f}" y="{y0 + 16}" text-anchor="middle" class="z" fill="{ink}">{_e(top)}</text>'
+            f'<text x="{x0 + (cell_w - 2) / 2:.1f}" y="{y0 + 31}" text-anchor="middle" class="held" fill="{ink}">{_e(below)}</text>'
+            if top
+            else ""
+        )
+        return (
+            f'<rect class="cell{" finding" if outline else ""}" x="{x0}" y="{y0}" width="{cell_w - 2}" height="{cell_h - 2}" '
+            f'fill="{fill}"{stroke}><title>{_e(tip)}</title></rect>{text}'
+        )
+
+    for i, w in enumerate(workers):
+        y0 = head_h + i * cell_h
         parts.append(
-            f'<text x="{label_w - 6}" y="{y0 + cell / 2 + 4:.1f}" text-anchor="end" class="axis">worker {w}</text>'
+            f'<text x="{label_w - 8}" y="{y0 + cell_h / 2 + 4:.1f}" text-anchor="end" class="axis">worker {w}</text>'
         )
-        for j, (_, fn) in enumerate(functions):
+        for j, fn in enumerate(functions):
             c = by.get((w, fn))
             z = c.z if c else None
-            tip = (
-                f"worker {w} · {fn}: z {z:+.1f} against its peers in {c.flagged_steps} step(s)"
-                if c and z is not None
-                else f"worker {w} · {fn}: within its peers' spread"
-            )
-            parts.append(
-                f'<rect class="cell" x="{label_w + j * cell}" y="{y0}" width="{cell - 2}" height="{cell - 2}" fill="{_heat_colour(z)}">'
-                f"<title>{_e(tip)}</title></rect>"
-            )
-            if z is not None:
-                parts.append(
-                    f'<text x="{label_w + j * cell + (cell - 2) / 2:.1f}" y="{y0 + cell / 2 + 3:.1f}" text-anchor="middle" '
-                    f'class="z" fill="{"#fff" if abs(z) > 6 else "#2c3e50"}">{z:+.0f}</text>'
+            held = c.flagged_steps if c else 0
+            link = c is not None and _is_link_cell(c)
+            sig = significance(z, held, steps) if not link else min(1.0, held / max(1, steps))
+            if link:
+                tip, top = (
+                    f"worker {w} · {fn}: its link was flagged (steady while its ring-mates burst) in {held} of {steps} steps",
+                    "link",
                 )
+            elif c and z is not None:
+                tip = (
+                    f"worker {w} · {fn}: {z:+.1f} peers' spreads from the peers' median (median over the steps it was "
+                    f"flagged in), held in {held} of {steps} steps"
+                )
+                top = f"{z:+.0f}{SIGMA}"
+            else:
+                tip, top = f"worker {w} · {fn}: within its peers' spread", ""
+            if (w, fn) in outlined:
+                tip += " · a finding"
+            parts.append(
+                box(
+                    label_w + j * cell_w,
+                    y0,
+                    _heat_colour(z, sig, link),
+                    tip,
+                    top,
+                    f"{held}/{steps}",
+                    (w, fn) in outlined,
+                    sig > 0.55,
+                )
+            )
+    if devices:
+        y0 = head_h + len(workers) * cell_h
+        parts.append(
+            f'<text x="4" y="{y0 + cell_h / 2 + 8:.1f}" class="axis devices-head">'
+            "links and devices the findings named (the evidence that decided, against the peers')</text>"
+        )
+        for k, d in enumerate(devices):
+            y0 = head_h + (len(workers) + 1 + k) * cell_h
+            parts.append(
+                f'<text x="{label_w - 8}" y="{y0 + cell_h / 2 - 2:.1f}" text-anchor="end" class="axis device">{_e(d.device)}'
+                f'<tspan x="{label_w - 8}" dy="13">{_e(d.label.rsplit(" ", 1)[0])}</tspan></text>'
+            )
+            j = functions.index(d.function)
+            sig = min(1.0, d.held / max(1, steps))
+            parts.append(
+                box(
+                    label_w + j * cell_w,
+                    y0,
+                    _heat_colour(1.0, sig, link=True),
+                    f"{d.device} · {d.function}: {d.detail}, held in {d.held} of {steps} steps · a finding",
+                    d.label.rsplit(" ", 1)[-1],
+                    f"{d.held}/{steps}",
+                    True,
+                    sig > 0.55,
+                ).replace('class="cell finding"', 'class="cell device finding"')
+            )
     return f'<svg class="heatmap" data-window="{_e(job)}/{_e(window)}" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
 
 
@@ -485,13 +751,18 @@ def _when(t: str | None) -> str:
 def evidence_table(f: Finding) -> str:
     bars = evidence_bars(f)
     rows = []
-    for i, e in enumerate(f.evidence):
+    for n, i in enumerate(decided_order(f.cause, [e.feature for e in f.evidence])):
+        e = f.evidence[i]
         ft = feature(e.feature)
         spread = peer_spread(f, e)
         ratio = f"×{e.value / e.peer_value:.2f}" if e.value is not None and e.peer_value not in (None, 0) else ""
         peers = value(e.feature, e.peer_value) if e.peer_value is not None else "-"
+        deciding = e.feature in DECIDED_BY.get(f.cause, ())
+        cls = ' class="decided"' if deciding else ""
+        note = '<div class="meta">decided the cause</div>' if deciding and n == 0 else ""
         rows.append(
-            f'<tr><td><abbr title="{_e(ft.meaning)}">{_e(ft.label)}</abbr></td><td class="v bad">{_e(value(e.feature, e.value))}</td>'
+            f'<tr{cls}><td><abbr title="{_e(ft.meaning)}">{_e(ft.label)}</abbr>{note}</td>'
+            f'<td class="v bad">{_e(value(e.feature, e.value))}</td>'
             f'<td class="v">{_e(peers)}</td><td class="v">{"± " + _e(value(e.feature, spread)) if spread else ""}</td>'
             f'<td class="v">{_e(ratio)}</td><td>{bars.get(i, "")}</td></tr>'
         )
@@ -499,6 +770,26 @@ def evidence_table(f: Finding) -> str:
         '<table class="evidence"><tr><th>evidence</th><th>this</th><th>peers (median)</th><th>peers\' spread</th><th>ratio</th>'
         f'<th><span class="key bad"></span> this <span class="key peer"></span> peers <span class="key spread"></span> spread</th></tr>{"".join(rows)}</table>'
     )
+
+
+def device_kind(findings: list[Finding]) -> str:
+    """What the job's hours are hours of, from the devices its findings name: ``GPU`` where any is a GPU (or an
+    accelerator), ``CPU`` where every one is a CPU or a host, else ``device`` (nothing says)."""
+    devices = [d.lower() for f in findings for d in f.devices]
+    if any(k in d for d in devices for k in ("gpu", "cuda", "mtia", "nvlink", "pcie")):
+        return "GPU"
+    if devices and all(d.endswith("/cpu") or "/" not in d for d in devices):
+        return "CPU"
+    return "device"
+
+
+def jobs_by_cost(r: Report) -> list[str]:
+    """The jobs to draw, the costliest first: what their open incidents lose per day, else their findings' cost,
+    then their name."""
+    cost: dict[str, float] = dict.fromkeys(r.series, 0.0)
+    for f in r.findings:
+        cost[f.job] = cost.get(f.job, 0.0) + f.impact.gpu_hours_per_day
+    return sorted(cost, key=lambda j: (-cost[j], j))
 
 
 def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
@@ -512,9 +803,10 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
     inc = r.incidents.get(r.incident_of.get(f.id, ""))
     pages = r.pages.get(inc.id, []) if inc else []
     host = f.hosts[0] if f.hosts else "the host"
-    cost = f"{f.impact.step_time_share:.1%} of every step · {number(f.impact.gpu_hours_per_day)} GPU-h per day while it lasts"
+    dev = device_kind([f])
+    cost = f"{f.impact.step_time_share:.1%} of every step · {hours(f.impact.gpu_hours_per_day, dev)} per day while it lasts"
     if inc is not None:
-        lost = f"{number(inc.gpu_hours_lost)} GPU-h lost so far ({'since' if inc.status == 'open' else 'from'} {_when(inc.opened_at)}"
+        lost = f"{hours(inc.gpu_hours_lost, dev)} lost so far ({'since' if inc.status == 'open' else 'from'} {_when(inc.opened_at)}"
         cost += f" · {lost}{', ' + _ago(inc.opened_at, now) if inc.status == 'open' else ''})"
     out = [
         f'<div class="card finding" data-finding="{_e(f.id)}"><h3><span class="cause">{_e(f.cause)}</span> · {_e(f.function)} · '
@@ -563,16 +855,23 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
 
 def _heat_section(r: Report) -> list[str]:
     out = []
-    for (job, window), cells in sorted(r.heatmaps.items()):
+    keys = sorted(set(r.heatmaps) | {(f.job, f.window) for f in r.findings if f.cause in DEVICE_CAUSES})
+    for job, window in keys:
+        cells = r.heatmaps.get((job, window), [])
         w = next((x for x in r.windows if (x.job, x.window) == (job, window)), None)
         shown_w, shown_f = len({c.worker for c in cells}), len({c.function for c in cells})
-        total_w, total_f = cells[0].workers_total, cells[0].functions_total
+        total_w, total_f = (cells[0].workers_total, cells[0].functions_total) if cells else (0, 0)
         seen = f" of the window's {plural(w.workers_seen, 'worker')}" if w and w.workers_seen else ""
+        found = [f for f in r.findings if (f.job, f.window) == (job, window)]
         out.append(
             f'<div class="card"><h3>{_e(job)} / {_e(window)}</h3><div class="meta">The {shown_w} of {plural(total_w, "worker")} '
-            f"that deviated in some step{_e(seen)}, and {shown_f} of their {plural(total_f, 'function')}, worst first: robust z of the "
-            "work against the peer group's median (red: slower, blue: faster; pale: within the peers' spread in every step).</div>"
-            f"{heatmap(job, window, cells)}</div>"
+            f"that deviated in some step{_e(seen)}, and {shown_f} of their {plural(total_f, 'function')}, worst first. "
+            f"Each cell: how many of the peers' spreads the work deviated from the peers' median ({SIGMA}, the median over the "
+            "steps it was flagged in), and in how many of the window's steps it held. The colour is the significance: "
+            "the deviation (log scale) times the share of steps it held, so what persisted is darker than a one-step "
+            "spike (red: slower, blue: faster, pale: within the peers' spread in every step). Outlined: the findings; "
+            "violet: links and devices (a saturated link slows its ring-mates alike, so it shows on its own row).</div>"
+            f"{heatmap(job, window, cells, found, w.steps if w else 0)}</div>"
         )
     return out
 
@@ -584,9 +883,10 @@ h1{font-size:1.5em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px sol
 .card h3{margin:.1em 0 .3em;font-size:1.05em} .cause{color:#c0392b} .why{color:#7f8c8d;font-style:italic}
 .kv{display:flex;flex-wrap:wrap;align-items:center;gap:.3em 1.6em;margin:.35em 0} .kv b{font-weight:600}
 svg{display:block;margin:.3em 0;font:12px system-ui,sans-serif} svg.strip{display:inline-block;margin:0}
-svg .axis{fill:#7f8c8d;font-size:11px} svg .label{font-size:11px;fill:#6e2c00} svg .z{font-size:10px}
+svg .axis{fill:#7f8c8d;font-size:11px} svg .label{font-size:11px;fill:#6e2c00} svg .z{font-size:13px;font-weight:600}
+svg .held{font-size:10px} svg .fn{fill:#2c3e50;font-size:12px} svg .device,svg .devices-head{fill:#7d3c98}
 table{border-collapse:collapse} td,th{padding:.15em .7em;text-align:left;border-bottom:1px solid #eee;vertical-align:middle}
-td.v{text-align:right;white-space:nowrap} td.bad{color:#c0392b;font-weight:600} abbr{text-decoration:underline dotted}
+td.v{text-align:right;white-space:nowrap} tr.decided td:first-child{border-left:3px solid #c0392b;padding-left:.5em} td.bad{color:#c0392b;font-weight:600} abbr{text-decoration:underline dotted}
 td.closed-failed{color:#c0392b;font-weight:600} td.closed-failed .meta{font-weight:normal}
 .key{display:inline-block;width:.9em;height:.7em;margin:0 .2em 0 .6em} .key.bad{background:#c0392b} .key.peer{background:#7f8c8d}
 .key.spread{background:#d5dbdb} code{background:#f4f6f7;padding:0 .3em;border-radius:3px}
@@ -631,6 +931,7 @@ def render(
     """The whole page.  ``r.findings`` in the order to show (costliest first); ``scope`` says what was selected;
     ``refresh_s``: the live page (refreshes itself that often)."""
     now = generated_at or dt.datetime.now(dt.UTC)
+    dev = device_kind(r.findings)
     open_inc = sum(c.open_incidents for c in r.causes)
     per_day = sum(c.gpu_hours_per_day for c in r.causes)
     lost = sum(c.gpu_hours_lost for c in r.causes)
@@ -643,7 +944,7 @@ def render(
         f'<div class="meta">{_e(scope or "every job")} · generated {now.strftime("%Y-%m-%d %H:%M:%S UTC")} · '
         f"{plural(len(r.findings), 'finding')} · {plural(len(r.windows), 'window')}{ended}</div>",
         f'<div class="summary"><div><b>{open_inc}</b>open {"incident" if open_inc == 1 else "incidents"}</div>'
-        f"<div><b>{_e(number(per_day))}</b>GPU-h per day being lost now</div><div><b>{_e(number(lost))}</b>GPU-h lost so far</div>"
+        f"<div><b>{_e(hours(per_day, dev))}</b>per day being lost now</div><div><b>{_e(hours(lost, dev))}</b>lost so far</div>"
         f"<div><b>{_e(f'{sum(cov) / len(cov):.0%}' if cov else '-')}</b>mean coverage of the windows</div></div>",
     ]
     if r.causes:
@@ -651,13 +952,13 @@ def render(
             (
                 c.cause,
                 c.gpu_hours_lost,
-                f"{number(c.gpu_hours_lost)} GPU-h lost · {number(c.gpu_hours_per_day)} GPU-h/day now · "
+                f"{hours(c.gpu_hours_lost, dev)} lost · {hours(c.gpu_hours_per_day, dev)}/day now · "
                 f"{c.open_incidents} of {plural(c.incidents, 'incident')} open",
             )
             for c in r.causes
         ]
-        body += ["<h2>GPU-hours lost by cause</h2>", hbars(rows)]
-    jobs = sorted(set(r.series) | {f.job for f in r.findings})
+        body += [f"<h2>{_e(dev)}-hours lost by cause</h2>", hbars(rows)]
+    jobs = jobs_by_cost(r)
     if jobs:
         body.append("<h2>Step time</h2>")
         for job in jobs:
@@ -700,7 +1001,7 @@ def render(
             )
             for w in r.windows
         ]
-        body += ["<h2>Profiling windows</h2>", hbars(rows)]
+        body += ["<h2>Profiling windows</h2>", hbars(rows, colour=coverage_colour, top=1.0)]
         body.append(
             "<table><tr><th>job</th><th>window</th><th>steps</th><th>workers</th><th>coverage</th><th>per worker</th>"
             "<th>findings</th><th>closed</th><th>at</th></tr>"
@@ -719,7 +1020,7 @@ def render(
     if used:
         body.append("<h2>What the evidence means</h2><table>")
         body += [
-            f"<tr><td>{_e(feature(u).label)}</td><td>{_e(feature(u).unit or 'count')}</td><td>{_e(feature(u).meaning)}</td></tr>"
+            f"<tr><td>{_e(feature(u).label)}</td><td>{_e(unit_label(feature(u).unit))}</td><td>{_e(feature(u).meaning)}</td></tr>"
             for u in used
         ]
         body.append("</table>")

@@ -52,6 +52,25 @@ def evidence_text(e: dict) -> str:
     return f"{feature(e['feature']).label} {value(e['feature'], e['value'])}{peer}"
 
 
+#: characters of the findings table's evidence column
+EVIDENCE_WIDTH = 72
+
+
+def evidence_line(cause: str, evidence: list[dict], width: int = EVIDENCE_WIDTH) -> str:
+    """The evidence that decided ``cause`` first, each item whole, as many as fit in ``width`` characters (at least
+    one), then how many more: ``clock events 0x40 (HW thermal slowdown) vs none; SM clock 1,522 MHz vs 1,981 MHz (+2)``."""
+    from ..units import decided_order
+
+    items = [evidence_text(evidence[i]) for i in decided_order(cause, [e["feature"] for e in evidence])]
+    out: list[str] = []
+    for i, item in enumerate(items):
+        more = f" (+{len(items) - i - 1})" if i < len(items) - 1 else ""  # room for the count after this item
+        if out and len("; ".join([*out, item])) + len(more) > width:
+            return "; ".join(out) + f" (+{len(items) - i})"
+        out.append(item)
+    return "; ".join(out)
+
+
 def findings_table(findings: list[dict]) -> str:
     """The people's view of findings (the --json shape is the Finding record itself)."""
     if not findings:
@@ -59,7 +78,7 @@ def findings_table(findings: list[dict]) -> str:
     rows = []
     for f in findings:
         culprit = joined(f["workers"]) if f["workers"] else f["scope"]
-        ev = "; ".join(evidence_text(e) for e in f["evidence"][:3])
+        ev = evidence_line(f["cause"], f["evidence"], EVIDENCE_WIDTH)
         rows.append(
             [
                 f["job"],
@@ -77,7 +96,7 @@ def findings_table(findings: list[dict]) -> str:
     return table(
         ["job", "window", "workers", "device", "function", "cause", "conf", "cost", "steps", "evidence"],
         rows,
-        max_width=72,
+        max_width=max(72, max(len(r[-1]) for r in rows)),  # evidence is fitted whole by evidence_line, never cut
     )
 
 
