@@ -143,6 +143,8 @@ class Report:
     incidents: dict[str, IncidentRow] = field(default_factory=dict)
     pages: dict[str, list[PageRow]] = field(default_factory=dict)  # incident id -> its pages
     incident_of: dict[str, str] = field(default_factory=dict)  # finding id -> incident id
+    #: job -> rank -> (step, step time µs): each rank's own line on the step chart (offline windows of few ranks)
+    rank_series: dict[str, dict[int, list[tuple[int, float]]]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -363,6 +365,7 @@ def step_chart(
     findings: list[Finding],
     width: int = 1100,
     height: int = 280,
+    ranks: dict[int, list[tuple[int, float]]] | None = None,
 ) -> str:
     """A job's step time per step: the slowest worker (red) and the median worker (grey) on a robust y-range
     (outliers clipped to the top edge and marked ▲), the profiling windows as bands (labelled in a strip above
@@ -430,6 +433,12 @@ def step_chart(
                 f"<title>{_e(tip)}</title></text>"
             )
             label_end = cx + half
+    for rank, pts in sorted((ranks or {}).items()):  # each rank's own line, faint, under the two series
+        own = " ".join(f"{x(st):.1f},{y(us):.1f}" for st, us in pts)
+        parts.append(
+            f'<polyline class="rank" points="{own}" fill="none" stroke="{PEER}" stroke-opacity="0.35" stroke-width="1">'
+            f"<title>rank {rank}</title></polyline>"
+        )
     line = " ".join(f"{x(p.step):.1f},{y(p.step_time_us):.1f}" for p in _thin(points, pw))
     med = " ".join(f"{x(p.step):.1f},{y(p.median_us):.1f}" for p in _thin(points, pw))
     parts.append(f'<polyline class="median" points="{med}" fill="none" stroke="{PEER}" stroke-width="1.2"/>')
@@ -496,6 +505,11 @@ def significance(z: float | None, held: int, steps: int) -> float:
     if z is None or not math.isfinite(z) or held <= 0 or steps <= 0:
         return 0.0
     return min(1.0, held / steps) * min(1.0, math.log1p(abs(z)) / math.log1p(Z_FULL))
+
+
+def sigmas(z: float) -> str:
+    """A deviation in peers' spreads, short enough for a cell: ``+14σ``, ``+493σ``, ``+11kσ``."""
+    return f"{z:+.0f}{SIGMA}" if abs(z) < 1000 else f"{z / 1000:+.0f}k{SIGMA}"
 
 
 def _is_link_cell(c: HeatCell) -> bool:
@@ -627,7 +641,7 @@ def heatmap(
                     f"worker {w} · {fn}: {z:+.1f} peers' spreads from the peers' median (median over the steps it was "
                     f"flagged in), held in {held} of {steps} steps"
                 )
-                top = f"{z:+.0f}{SIGMA}"
+                top = sigmas(z)
             else:
                 tip, top = f"worker {w} · {fn}: within its peers' spread", ""
             if (w, fn) in outlined:
@@ -886,7 +900,8 @@ svg{display:block;margin:.3em 0;font:12px system-ui,sans-serif} svg.strip{displa
 svg .axis{fill:#7f8c8d;font-size:11px} svg .label{font-size:11px;fill:#6e2c00} svg .z{font-size:13px;font-weight:600}
 svg .held{font-size:10px} svg .fn{fill:#2c3e50;font-size:12px} svg .device,svg .devices-head{fill:#7d3c98}
 table{border-collapse:collapse} td,th{padding:.15em .7em;text-align:left;border-bottom:1px solid #eee;vertical-align:middle}
-td.v{text-align:right;white-space:nowrap} tr.decided td:first-child{border-left:3px solid #c0392b;padding-left:.5em} td.bad{color:#c0392b;font-weight:600} abbr{text-decoration:underline dotted}
+td.v{text-align:right;white-space:nowrap} tr.decided td:first-child{border-left:3px solid #c0392b;padding-left:.5em}
+.evidence td:first-child{max-width:26em;overflow-wrap:anywhere} td.bad{color:#c0392b;font-weight:600} abbr{text-decoration:underline dotted}
 td.closed-failed{color:#c0392b;font-weight:600} td.closed-failed .meta{font-weight:normal}
 .key{display:inline-block;width:.9em;height:.7em;margin:0 .2em 0 .6em} .key.bad{background:#c0392b} .key.peer{background:#7f8c8d}
 .key.spread{background:#d5dbdb} code{background:#f4f6f7;padding:0 .3em;border-radius:3px}
@@ -927,6 +942,7 @@ def render(
     scope: str = "",
     generated_at: dt.datetime | None = None,
     refresh_s: float | None = None,
+    summary: bool = True,
 ) -> str:
     """The whole page.  ``r.findings`` in the order to show (costliest first); ``scope`` says what was selected;
     ``refresh_s``: the live page (refreshes itself that often)."""
@@ -943,10 +959,13 @@ def render(
         '<main id="content">',
         f'<div class="meta">{_e(scope or "every job")} · generated {now.strftime("%Y-%m-%d %H:%M:%S UTC")} · '
         f"{plural(len(r.findings), 'finding')} · {plural(len(r.windows), 'window')}{ended}</div>",
-        f'<div class="summary"><div><b>{open_inc}</b>open {"incident" if open_inc == 1 else "incidents"}</div>'
-        f"<div><b>{_e(hours(per_day, dev))}</b>per day being lost now</div><div><b>{_e(hours(lost, dev))}</b>lost so far</div>"
-        f"<div><b>{_e(f'{sum(cov) / len(cov):.0%}' if cov else '-')}</b>mean coverage of the windows</div></div>",
     ]
+    if summary:  # an offline window has no incidents, no pages, nothing lost over time to sum
+        body.append(
+            f'<div class="summary"><div><b>{open_inc}</b>open {"incident" if open_inc == 1 else "incidents"}</div>'
+            f"<div><b>{_e(hours(per_day, dev))}</b>per day being lost now</div><div><b>{_e(hours(lost, dev))}</b>lost so far</div>"
+            f"<div><b>{_e(f'{sum(cov) / len(cov):.0%}' if cov else '-')}</b>mean coverage of the windows</div></div>"
+        )
     if r.causes:
         rows = [
             (
@@ -964,7 +983,7 @@ def render(
         for job in jobs:
             pts = r.series.get(job, [])
             chart = (
-                step_chart(job, pts, r.windows, r.triggers, r.findings)
+                step_chart(job, pts, r.windows, r.triggers, r.findings, ranks=r.rank_series.get(job))
                 if pts
                 else '<p class="meta">No step times stored for this job.</p>'
             )
@@ -974,7 +993,8 @@ def render(
                 else ""
             )
             body.append(
-                f'<div class="card"><h3>{_e(job)}</h3><div class="meta">{_e(n)}; shaded: profiling windows</div>{chart}</div>'
+                f'<div class="card"><h3>{_e(job)}</h3><div class="meta">{_e(n)}; shaded: profiling windows'
+                f"{'; faint: each rank' if r.rank_series.get(job) else ''}</div>{chart}</div>"
             )
     body.append("<h2>Findings</h2>")
     body += [_finding_card(f, r, now) for f in r.findings] or [

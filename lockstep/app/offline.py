@@ -61,8 +61,9 @@ class Inputs:
     notes: list[str] = field(default_factory=list)  # how ranks or steps were found where the files did not say
 
 
-def diagnose(inputs: Inputs, policy, job: str, *, now: float):
-    """Step stage for every step, then the window stage, exactly as in the processor."""
+def diagnose(inputs: Inputs, policy, job: str, *, now: float, keep: list | None = None):
+    """Step stage for every step, then the window stage, exactly as in the processor; ``keep``, when given,
+    receives the step results (for the report's deviation map)."""
     from ..streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window
 
     by_step: dict[int, list] = {}
@@ -91,6 +92,8 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float):
         steps=len(steps),
         expected_workers=max(inputs.expected_workers, len(inputs.workers)),
     )
+    if keep is not None:
+        keep += results
     return diagnose_window(info, results, policy, now=now)
 
 

@@ -84,9 +84,7 @@ def run(args) -> int:
     f = scenario.faults[0] if scenario.faults else None
     print()
     if f:
-        print(
-            f"Injected: {f.type} on {'worker' if len(f.workers) == 1 else 'workers'} {', '.join(map(str, f.workers))} of {scenario.job} from step {f.start_step}."
-        )
+        print(f"Injected: {f.type} on {fault_target(f, scenario.topology)} of {scenario.job} from step {f.start_step}.")
     print(f"Findings in {res.db}:\n")
     print(findings_table(res.findings))
     for w in res.windows:
@@ -107,3 +105,18 @@ def gather_store(gather, db):
     from ..sinks.sink import query
 
     return gather(lambda sql, params=None: query(db, sql, params))
+
+
+def fault_target(f, topo) -> str:
+    """What a fault hits, named: ``worker 13``, ``host node0003``, ``NIC node0003/bond1``, ``stage 2``."""
+    named = [
+        ("worker", "workers", [str(w) for w in f.workers]),
+        ("host", "hosts", [topo.host_name(h) for h in f.hosts]),
+        ("NIC", "NICs", list(f.nics)),
+        ("switch", "switches", list(f.switches)),
+        ("pipeline stage", "pipeline stages", [] if f.stage is None else [str(f.stage)]),
+    ]
+    parts = [f"{one if len(xs) == 1 else many} {', '.join(xs)}" for one, many, xs in named if xs]
+    if f.function and not parts:
+        parts.append(f"function {f.function} on every worker")
+    return " and ".join(parts) or "the whole job"

@@ -52,6 +52,14 @@ def register(sub) -> None:
     config.add_arguments(p, config.read_by("diagnose"), only=True)
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
+    p.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="FILE.html",
+        help="also write the live page's pictures of this window (step time per rank, worker x function deviation "
+        "map, each finding's evidence) as one self-contained HTML file",
+    )
     p.set_defaults(func=run)
 
 
@@ -87,7 +95,13 @@ def run(args) -> int:
         k for k in policy.diagnosis.peer_group_keys if any(k in w.labels for w in inputs.workers.values())
     )
     policy = dataclasses.replace(policy, diagnosis=dataclasses.replace(policy.diagnosis, peer_group_keys=keys))
-    d = diagnose(inputs, policy, args.job, now=time.time())
+    results: list = []
+    now = time.time()
+    d = diagnose(inputs, policy, args.job, now=now, keep=results)
+    if args.report is not None:
+        from ..app.offlinereport import offline_report, write_report
+
+        write_report(args.report, offline_report(inputs, d, results, args.job, now), inputs.files)
     found = [to_builtins(f) for f in d.findings]
     if args.json:
         print_json(found)
