@@ -508,7 +508,7 @@ def significance(z: float | None, held: int, steps: int) -> float:
 
 
 def sigmas(z: float) -> str:
-    """A deviation in peers' spreads, short enough for a cell: ``+14σ``, ``+493σ``, ``+11kσ``."""
+    """A deviation in peers' spreads, short enough for a cell: +14, +493, +11k, then SIGMA."""
     return f"{z:+.0f}{SIGMA}" if abs(z) < 1000 else f"{z / 1000:+.0f}k{SIGMA}"
 
 
