@@ -536,6 +536,7 @@ class DeviceRow:
     detail: str  # the same, whole, for the tooltip
     held: int
     cause: str
+    change: float = 0.0  # the deciding evidence's relative change against the peers' (-0.23: 23% below)
 
 
 def device_rows(findings: list[Finding]) -> list[DeviceRow]:
@@ -553,15 +554,23 @@ def device_rows(findings: list[Finding]) -> list[DeviceRow]:
             and feature(f.evidence[i].feature).unit != "bits"
         ]
         lead = numeric[0] if numeric else None
-        label, detail = f.cause, f.cause
+        label, detail, change = f.cause, f.cause, 0.0
         if lead is not None:
             ft = feature(lead.feature)
-            label = f"{ft.label} {cast(float, lead.value) / cast(float, lead.peer_value) - 1:+.0%}"
+            change = cast(float, lead.value) / cast(float, lead.peer_value) - 1
+            label = f"{ft.label} {change:+.0%}"
             peers = f" vs {value(lead.feature, lead.peer_value)}" if lead.peer_value is not None else ""
             detail = f"{f.cause}: {ft.label} {value(lead.feature, lead.value)}{peers}"
         for d in f.devices:
-            out.append(DeviceRow(d, f.function, label, detail, len(f.steps), f.cause))
+            out.append(DeviceRow(d, f.function, label, detail, len(f.steps), f.cause, change))
     return out
+
+
+def device_significance(d: DeviceRow, steps: int) -> float:
+    """A device row's colour, 0..1: the share of steps it held in times its deciding change (a halving, or
+    a doubling, is full); a device whose change is unknown counts its steps only."""
+    size = min(1.0, abs(d.change) / 0.5) if d.change else 1.0
+    return min(1.0, d.held / max(1, steps)) * size
 
 
 def heatmap(
@@ -671,7 +680,7 @@ def heatmap(
                 f'<tspan x="{label_w - 8}" dy="13">{_e(d.label.rsplit(" ", 1)[0])}</tspan></text>'
             )
             j = functions.index(d.function)
-            sig = min(1.0, d.held / max(1, steps))
+            sig = device_significance(d, steps)
             parts.append(
                 box(
                     label_w + j * cell_w,
