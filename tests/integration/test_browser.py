@@ -16,7 +16,7 @@ from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
 from lockstep.commands.report import live_url
 from lockstep.schemas.records import DeviationMap, Evidence, Finding, Impact, ProfileTrigger, StepSeries, WindowReport
-from lockstep.sinks.report import render
+from lockstep.sinks.report import Report, render
 from lockstep.sinks.reportdata import gather
 from lockstep.sinks.sink import query
 from lockstep.sinks.store import Batch, FindingsStore
@@ -151,7 +151,8 @@ def build_store(path: Path, now: float) -> None:
         workers=workers,
         functions=functions,
         z=z,
-        flagged=[[8 if x is not None else 0 for x in row] for row in z],
+        # worker 29's fwd.loss spiked in one step (a one-off, far beyond the peers' spread); the rest held in all 8
+        flagged=[[(1 if x == 119.0 else 8) if x is not None else 0 for x in row] for row in z],
         workers_total=6,
         functions_total=5,
         created_at=now,
@@ -161,9 +162,18 @@ def build_store(path: Path, now: float) -> None:
     store.close()
 
 
+def hottest_cell(dom: str) -> str:
+    """The tooltip of the heatmap's most saturated cell, as the browser has it."""
+    cells = re.findall(r'class="cell[^"]*"[^>]*fill="rgba\([\d,]+,([\d.]+)\)"[^>]*><title>([^<]*)', dom)
+    return max(cells, key=lambda c: float(c[0]))[1]
+
+
 def dom_checks(dom: str) -> None:
     assert len(re.findall(r'<svg class="steps"', dom)) == 1
-    assert len(re.findall(r'<svg class="heatmap"', dom)) == 1 and len(re.findall(r'class="cell"', dom)) == 30
+    # 6 workers x 5 functions and the odd finding's function; a row for the culprit's GPU
+    assert len(re.findall(r'<svg class="heatmap"', dom)) == 1 and len(re.findall(r'class="cell[ "]', dom)) == 37
+    assert hottest_cell(dom).startswith("worker 13 · bwd.gemm")  # the finding, not worker 29's one-step spike of 119 spreads
+    assert len(re.findall(r'class="cell (device )?finding"', dom)) == 3  # the findings' cells outlined
     assert len(re.findall(r'class="card finding"', dom)) == 2 and 'class="evidence"' in dom
     assert (
         "slower from step 40" in dom
@@ -225,3 +235,40 @@ def test_the_live_page_renders_refreshes_itself_and_raises_no_script_error(setti
         assert r.returncode == 0 and shot.stat().st_size > 50_000, r.stderr[-2000:]
     finally:
         sink.stop()
+
+
+@needs_browser
+def test_the_demo_jobs_window_in_a_browser_shows_its_culprit_hottest(tmp_path):
+    from tests.sinks.test_report_pictures import demo_window
+
+    findings, cells, window, series = demo_window(before=40)
+    (f,) = findings
+    r = Report(findings, [window], [], series={f.job: series}, heatmaps={(f.job, f.window): cells})
+    page = tmp_path / "demo.html"
+    page.write_text(render(r, title="Lockstep demo: demo-job"))
+    out = chromium("--dump-dom", page.as_uri())
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert hottest_cell(out.stdout).startswith(f"worker 13 · {f.function}") and "data-script-error" not in out.stdout
+    assert "slower from step 40" in out.stdout  # the onset, 24 steps before the window
+    shot = artifacts() / "demo-window.png"
+    out = chromium(f"--screenshot={shot}", page.as_uri())
+    assert out.returncode == 0 and shot.stat().st_size > 50_000, out.stderr[-2000:]
+
+
+@needs_browser
+def test_the_offline_report_of_lockstep_diagnose_renders_in_a_browser(tmp_path, capsys):
+    from lockstep.app.cli import main
+
+    page = tmp_path / "offline.html"
+    traces = sorted((ROOT / "tests" / "data" / "traces").glob("sampled_rank-*.json.gz"))
+    assert main(["diagnose", *map(str, traces), "--report", str(page)]) == 0, capsys.readouterr().err
+    out = chromium("--dump-dom", page.as_uri())
+    assert out.returncode == 0, out.stderr[-2000:]
+    dom = out.stdout
+    assert len(re.findall(r'<svg class="steps"', dom)) == 1 and len(re.findall(r'class="rank"', dom)) == 2
+    assert len(re.findall(r'<svg class="heatmap"', dom)) == 1 and 'class="cell finding"' in dom
+    assert 'class="card finding"' in dom and "input_imbalance" in dom and "decided the cause" in dom
+    assert "<script" not in dom and not re.search(r"<[^>]*\b(src|href)=", dom)  # self-contained, static
+    shot = artifacts() / "offline-report.png"
+    out = chromium(f"--screenshot={shot}", page.as_uri())
+    assert out.returncode == 0 and shot.stat().st_size > 50_000, out.stderr[-2000:]
