@@ -664,7 +664,7 @@ def heatmap(
                     top,
                     f"{held}/{steps}",
                     (w, fn) in outlined,
-                    sig > 0.55,
+                    sig > 0.4,
                 )
             )
     if devices:
@@ -690,7 +690,7 @@ def heatmap(
                     d.label.rsplit(" ", 1)[-1],
                     f"{d.held}/{steps}",
                     True,
-                    sig > 0.55,
+                    sig > 0.4,
                 ).replace('class="cell finding"', 'class="cell device finding"')
             )
     return f'<svg class="heatmap" data-window="{_e(job)}/{_e(window)}" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
