@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -187,7 +188,7 @@ def hbars(
     width: int = 1100,
     bar_h: int = 18,
     label_w: int = 240,
-    colour=lambda v: BAD,
+    colour: Callable[[float], str] = lambda v: BAD,
     top: float | None = None,
 ) -> str:
     """Horizontal bars, one per (label, value, note), scaled to ``top`` (default: the largest value), each

@@ -124,7 +124,9 @@ def gather(
     causes = [CauseRow(*r) for r in rows]
 
     keys = sorted({(f.job, f.window) for f in findings} | {(w.job, w.window) for w in windows})
-    jobs = sorted({k[0] for k in keys})[:SERIES_JOBS] if not job else [job]
+    # the costliest jobs' step times (findings come costliest first), then the other jobs with windows by name
+    ranked = list(dict.fromkeys([f.job for f in findings] + sorted({w.job for w in windows})))
+    jobs = ranked[:SERIES_JOBS] if not job else [job]
     report = Report(findings=findings, windows=windows, causes=causes)
     if keys:
         pairs = " OR ".join("(job = ? AND window_id = ?)" for _ in keys)

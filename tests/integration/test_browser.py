@@ -172,7 +172,8 @@ def dom_checks(dom: str) -> None:
     assert len(re.findall(r'<svg class="steps"', dom)) == 1
     # 6 workers x 5 functions and the odd finding's function; a row for the culprit's GPU
     assert len(re.findall(r'<svg class="heatmap"', dom)) == 1 and len(re.findall(r'class="cell[ "]', dom)) == 37
-    assert hottest_cell(dom).startswith("worker 13 · bwd.gemm")  # the finding, not worker 29's one-step spike of 119 spreads
+    # the finding, not worker 29's one-step spike of 119 spreads
+    assert hottest_cell(dom).startswith("worker 13 · bwd.gemm")
     assert len(re.findall(r'class="cell (device )?finding"', dom)) == 3  # the findings' cells outlined
     assert len(re.findall(r'class="card finding"', dom)) == 2 and 'class="evidence"' in dom
     assert (
