@@ -797,14 +797,12 @@ def evidence_table(f: Finding) -> str:
 
 
 def device_kind(findings: list[Finding]) -> str:
-    """What the job's hours are hours of, from the devices its findings name: ``GPU`` where any is a GPU (or an
-    accelerator), ``CPU`` where every one is a CPU or a host, else ``device`` (nothing says)."""
-    devices = [d.lower() for f in findings for d in f.devices]
-    if any(k in d for d in devices for k in ("gpu", "cuda", "mtia", "nvlink", "pcie")):
-        return "GPU"
-    if devices and all(d.endswith("/cpu") or "/" not in d for d in devices):
-        return "CPU"
-    return "device"
+    """What a job's hours are hours of (the store's ``gpu_hours`` count the job's workers' devices): ``CPU`` where
+    the findings name a worker's CPU (``host/cpu``: a job without accelerators) and nothing of a GPU, else ``GPU``
+    (a GPU, NVLink, PCIe or NCCL named, or nothing said: a host or a NIC is on any job)."""
+    names = [d.lower() for f in findings for d in f.devices] + [f.function.lower() for f in findings]
+    gpu = any(k in d for d in names for k in ("gpu", "cuda", "mtia", "nvlink", "pcie", "nccl", "rocm", "hip"))
+    return "CPU" if not gpu and any(d.endswith("/cpu") for d in names) else "GPU"
 
 
 def jobs_by_cost(r: Report) -> list[str]:
@@ -827,7 +825,7 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
     inc = r.incidents.get(r.incident_of.get(f.id, ""))
     pages = r.pages.get(inc.id, []) if inc else []
     host = f.hosts[0] if f.hosts else "the host"
-    dev = device_kind([f])
+    dev = device_kind([x for x in r.findings if x.job == f.job])
     cost = f"{f.impact.step_time_share:.1%} of every step · {hours(f.impact.gpu_hours_per_day, dev)} per day while it lasts"
     if inc is not None:
         lost = f"{hours(inc.gpu_hours_lost, dev)} lost so far ({'since' if inc.status == 'open' else 'from'} {_when(inc.opened_at)}"

@@ -212,7 +212,9 @@ def test_figures_in_the_jobs_units_jobs_by_cost_and_coverage_red_only_when_low()
     assert unit_label("us") == "µs"
     cpu = finding()
     cpu.devices = ["worker0/cpu"]
-    assert device_kind([finding()]) == "GPU" and device_kind([cpu]) == "CPU" and device_kind([]) == "device"
+    host = finding(function="dataloader.next")
+    host.devices = ["node0003"]  # a host's finding says nothing of the job's devices
+    assert device_kind([finding()]) == device_kind([host]) == device_kind([]) == "GPU" and device_kind([cpu]) == "CPU"
     page = render(Report([cpu], [window(findings=1)], []), generated_at=None)
     assert "CPU-h per day" in page and "GPU-h" not in page and ">µs<" in page and ">us<" not in page
     cheap, dear = finding(), finding()
