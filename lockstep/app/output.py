@@ -53,7 +53,7 @@ def evidence_text(e: dict) -> str:
 
 
 #: characters of the findings table's evidence column
-EVIDENCE_WIDTH = 72
+EVIDENCE_WIDTH = 110
 
 
 def evidence_line(cause: str, evidence: list[dict], width: int = EVIDENCE_WIDTH) -> str:
@@ -96,7 +96,7 @@ def findings_table(findings: list[dict]) -> str:
     return table(
         ["job", "window", "workers", "device", "function", "cause", "conf", "cost", "steps", "evidence"],
         rows,
-        max_width=max(72, max(len(r[-1]) for r in rows)),  # evidence is fitted whole by evidence_line, never cut
+        max_width=max(72, *(len(r[-1]) for r in rows)),  # evidence is fitted whole by evidence_line, never cut
     )
 
 
