@@ -510,6 +510,8 @@ def significance(z: float | None, held: int, steps: int) -> float:
 
 def sigmas(z: float) -> str:
     """A deviation in peers' spreads, short enough for a cell: +14, +493, +11k, then SIGMA."""
+    if abs(z) < 0.5:
+        return f"0{SIGMA}"  # not "-0"
     return f"{z:+.0f}{SIGMA}" if abs(z) < 1000 else f"{z / 1000:+.0f}k{SIGMA}"
 
 
