@@ -402,7 +402,7 @@ def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class _StepAgg:
     opened_at: float  # processor clock at its first partial
     slowest_s: float = 0.0
@@ -410,7 +410,7 @@ class _StepAgg:
     shards: set[tuple[int, int]] = field(default_factory=set)  # (shard, partition) of the partials counted
 
 
-@dataclass
+@dataclass(slots=True)
 class _ShardView:
     """What the detector last heard from one shard (one worker's, through ``observe``)."""
 
@@ -431,7 +431,7 @@ class OpenedWindow:
     expires_at: float  # processor clock
 
 
-@dataclass
+@dataclass(slots=True)
 class IncidentWatch:
     """What the detector follows of a job for the sink's incidents (:class:`JobChange`): the slowdown a window was opened
     for, until its step time is back at the level before it, and the final heartbeats, until the job has ended."""
@@ -449,7 +449,7 @@ class IncidentWatch:
     ended_step: int = -1  # the highest step when the job's end was last reported
 
 
-@dataclass
+@dataclass(slots=True)
 class JobState:
     job: str
     tenant: str = ""
