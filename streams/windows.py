@@ -145,7 +145,7 @@ class StepAssembler(Generic[T]):
             return None, True
         p.slices.append((sl, workers, functions, handle))
         p.accounted.update(workers.column("rank").to_pylist())
-        p.accounted.update(sl.missing)
+        p.accounted.update(sl.missing_workers())
         p.bytes_in += sl.bytes_in
         self._hold(p, workers.nbytes + functions.nbytes)
         return self._complete(p), False

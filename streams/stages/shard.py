@@ -7,7 +7,7 @@ collects a shard's records until every member sent its own (or the shard timed o
 them all at once (one vectorised pass, :func:`~lockstep.schemas.functions.bad_owners`: the refused records go to the
 dead-letter topic, the shard goes on without them) and cuts the shard's rows into one slice per step: the workers'
 metadata as columns, their function rows as one Arrow table, and the members that sent nothing for the step
-(``missing``), so that the step stage does not wait for them.  The step stage then reads a few hundred slices per step
+(``missing_ranges``, and ``missing`` when they are few), so that the step stage does not wait for them.  The step stage then reads a few hundred slices per step
 instead of one record per worker.  A shard's input records are acknowledged once its slices are sent, in offset order
 per partition; a replayed shard sends the same slices again, which the step stage ignores (it keeps a worker's first).
 """
@@ -25,7 +25,15 @@ import pyarrow as pa
 from ...kafka import Topics
 from ...metrics import Metrics
 from ...schemas import functions as ft
-from ...schemas.records import RecordError, StepSlice, WindowFeatures, decode, encode
+from ...schemas.records import (
+    MAX_NAMED_MISSING,
+    RecordError,
+    StepSlice,
+    WindowFeatures,
+    decode,
+    encode,
+    ranks_as_ranges,
+)
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedShard, Handle, PendingShard, ShardAssembler
 from .base import AssemblingStage, Clock, Output, Policies, RecordIn
@@ -162,6 +170,7 @@ def step_slices(
             {**{k: v[who] for k, v in meta.items()}, "step_time_us": declared[who, s], "rows": counts.astype(np.int32)},
             schema=WORKER_SCHEMA,
         )
+        missing = np.setdiff1d(members, meta["rank"][who])  # members that sent nothing for the step
         base = StepSlice(
             job=p.job,
             window=p.window,
@@ -170,7 +179,8 @@ def step_slices(
             window_steps=n_steps,
             expected_workers=p.expected_workers,
             shard=p.shard,
-            missing=np.setdiff1d(members, meta["rank"][who]).tolist(),
+            missing=missing.tolist() if missing.size <= MAX_NAMED_MISSING else [],  # what older readers see
+            missing_ranges=ranks_as_ranges(missing),
             workers=b"",
             functions=b"",
             policy=p.policy,
