@@ -15,7 +15,7 @@ per partition; a replayed shard sends the same slices again, which the step stag
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -96,15 +96,15 @@ class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
         p = closed.pending
         try:
             keys = self.policies.for_ref(p.policy).diagnosis.peer_group_keys
-            slices, errors = step_slices(p, keys)
+            slices, errors = iter_step_slices(p, keys)
+            for handle, err in errors:
+                await self.dead_letter(handle.item, err)
+            for step, value in slices:  # each built, encoded and sent before the next: one slice in memory at a time
+                await self.send(self.topics.features, f"{p.job}:{step}", value)
         except Exception as exc:
             await self.failed([h.item for h in p.handles], exc)
             await self.release(p.handles)
             return
-        for handle, err in errors:
-            await self.dead_letter(handle.item, err)
-        for step, value in slices:
-            await self.send(self.topics.features, f"{p.job}:{step}", value)
         self.metrics.inc("shards_closed_total", reason=closed.reason, help="shards of windows closed, by reason")
         await self.release(p.handles)
 
@@ -113,7 +113,16 @@ def step_slices(
     p: PendingShard[Any], peer_keys: tuple[str, ...]
 ) -> tuple[list[tuple[int, bytes]], list[tuple[Handle[Any], RecordError]]]:
     """A closed shard's slices, one per step of its window (encoded, with their step; a slice over
-    :data:`SLICE_MAX_BYTES` is cut in parts), and the records refused, with their handles and reasons.
+    :data:`SLICE_MAX_BYTES` is cut in parts), and the records refused, with their handles and reasons."""
+    slices, errors = iter_step_slices(p, peer_keys)
+    return list(slices), errors
+
+
+def iter_step_slices(
+    p: PendingShard[Any], peer_keys: tuple[str, ...]
+) -> tuple[Iterator[tuple[int, bytes]], list[tuple[Handle[Any], RecordError]]]:
+    """:func:`step_slices`, the slices built one at a time as they are taken (the stage sends each before the next
+    is built: a window of 64 steps held 64 encoded slices at once before).
 
     Pure and vectorised over the shard's rows: one concatenation, one values check, one sort by (step, worker)."""
     entries = [
@@ -162,7 +171,23 @@ def step_slices(
     rows = ft.complete(t.take(pa.array(order)).drop_columns(["step"]), _present(t))
     bounds = np.searchsorted(step[order], np.arange(n_steps + 1))
     members = np.arange(p.members.start, p.members.stop)
-    out: list[tuple[int, bytes]] = []
+    return _slices(p, n_steps, good, declared, owner, order, bounds, meta, members, rows, per_step_bytes), errors
+
+
+def _slices(
+    p: PendingShard[Any],
+    n_steps: int,
+    good: np.ndarray,
+    declared: np.ndarray,
+    owner: np.ndarray,
+    order: np.ndarray,
+    bounds: np.ndarray,
+    meta: dict[str, np.ndarray],
+    members: np.ndarray,
+    rows: pa.Table,
+    per_step_bytes: np.ndarray,
+) -> Iterator[tuple[int, bytes]]:
+    ws, live = p.window_start, len(p.records)
     for s in range(n_steps):  # one slice per step of the window: a handful per shard
         who = np.flatnonzero(good & ~np.isnan(declared[:, s]))
         counts = np.bincount(owner[order[bounds[s] : bounds[s + 1]]], minlength=live)[who]
@@ -187,8 +212,8 @@ def step_slices(
             tenant=p.tenant,
         )
         functions = rows.slice(int(bounds[s]), int(bounds[s + 1] - bounds[s]))
-        out.extend((ws + s, v) for v in _encoded(base, workers, functions, per_step_bytes[who]))
-    return out, errors
+        for value in _encoded(base, workers, functions, per_step_bytes[who]):
+            yield ws + s, value
 
 
 def _present(t: pa.Table) -> pa.Schema:

@@ -215,3 +215,22 @@ async def test_a_shard_missing_many_workers_sends_ranges_and_no_list(pair, windo
     await p.pump()
     assert [(s.shard, s.missing, s.missing_ranges) for s in slices(p)] == [(0, [], [(8, 255)])] * 2
     assert [(r.workers_seen, r.closed) for r in reports(p)] == [(8, "complete"), (8, "complete")]
+
+
+async def test_a_shards_slices_are_built_and_sent_one_at_a_time(pair, window_features, monkeypatch):
+    """Issue 22: the shard stage built every slice of the window (one per step, up to 64) before sending the first."""
+    built: list[int] = []
+    encoded = shard_module._encoded
+    monkeypatch.setattr(shard_module, "_encoded", lambda base, *a: built.append(base.step) or encoded(base, *a))
+    p = pair()
+    sends = p.out.send
+
+    async def send(topic, key, value):
+        if topic == TOPICS.features:
+            assert built == [decode(value, StepSlice).step]  # this slice built, the next not yet
+            built.clear()
+        return await sends(topic, key, value)
+
+    p.out.send = send
+    await p.feed(shipped(p, window_features[:4]))
+    assert [s.step for s in slices(p)] == [60, 61]
