@@ -102,6 +102,11 @@ def setting(
     return field(default=default, metadata=metadata)
 
 
+#: ``stage_budget_mib``'s bounds: one record's decompressed table may be 64 MiB; five stages of 64 GiB are beyond a host
+MIN_STAGE_BUDGET_MIB = 64
+MAX_STAGE_BUDGET_MIB = 64 << 10
+
+
 @dataclass
 class Settings:
     """Every setting of every command.  Each field says (:func:`setting`) its flag's help, its parser and which
@@ -201,6 +206,15 @@ class Settings:
     window_timeout_s: float = setting(
         30.0, help="close a window this long after its first step report", parse=positive_float, read_by=("processor",)
     )
+    stage_budget_mib: int = setting(
+        512,
+        help="the most MiB each processor stage's open units may hold together (the heartbeat stage's open steps, the "
+        "shard, step and window stages' decompressed tables and step results); past it the one holding most closes as "
+        "it is and is diagnosed with what it has (budget_closes_total)",
+        parse=positive_int,
+        read_by=("processor",),
+        metavar="MIB",
+    )
     policy: Path | None = setting(
         None,
         help="trigger/diagnosis policy file (YAML)",
@@ -254,6 +268,12 @@ class Settings:
             raise ConfigError(f"routes: file {self.routes} does not exist")
         if not 0.0 <= self.resolve_min_coverage <= 1.0:
             raise ConfigError(f"resolve_min_coverage: {self.resolve_min_coverage} must lie in [0, 1]")
+        if not MIN_STAGE_BUDGET_MIB <= self.stage_budget_mib <= MAX_STAGE_BUDGET_MIB:
+            raise ConfigError(
+                f"stage_budget_mib: {self.stage_budget_mib} MiB must lie in [{MIN_STAGE_BUDGET_MIB}, "
+                f"{MAX_STAGE_BUDGET_MIB}]: below, one record's table (up to 64 MiB) would close its step on arrival; "
+                "above, five stages' budgets exceed any machine's memory"
+            )
         if self.heartbeat_lateness_s > 600:
             raise ConfigError(
                 f"heartbeat_lateness_s: {self.heartbeat_lateness_s} s is beyond 600 s: a step's missing heartbeats "

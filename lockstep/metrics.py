@@ -87,7 +87,8 @@ CATALOGUE: dict[str, Spec] = {
     "budget_closes_total": Spec(
         "counter",
         ("stage",),
-        "steps or shards closed early because the stage's open units held more than its memory budget",
+        "steps, shards, windows or heartbeat steps closed early because the stage's open units held more than its "
+        "memory budget (stage_budget_mib)",
         _PROC,
     ),
     # the detector

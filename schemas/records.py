@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, TypeVar, cast, get_args, overload
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from .errors import LockstepError
 
@@ -181,6 +182,10 @@ MAX_BATCH_ROWS = 65_536
 MAX_MISSING = 16
 #: workers a StepReport or a WindowReport names of those expected that delivered nothing
 MAX_NAMED_MISSING = 64
+#: a StepSlice's missing workers: at most this many ranges (a shard has at most 4,096 workers: 2,048 runs) ...
+MAX_MISSING_RANGES = 4096
+#: ... covering at most this many workers (what its ``missing`` list allows)
+MAX_MISSING_RANKS = 100_000
 #: a step time: positive and finite (NaN fails both bounds)
 Seconds = Annotated[float, msgspec.Meta(gt=0.0, lt=1e9)]
 
@@ -549,10 +554,43 @@ class StepSlice(_Record, tag="StepSlice", kw_only=True):
     functions_size: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 0
     policy: str = "default"
     tenant: str = ""
+    # added with issue 22: the missing workers as inclusive ``[first, last]`` ranges, ascending and disjoint (a shard's
+    # missing members come in runs: a host, a rack, everyone after a crash).  Writers from issue 22 on send these, and
+    # ``missing`` only when it names at most MAX_NAMED_MISSING workers (what older readers see); a reader takes both
+    missing_ranges: Annotated[list[tuple[Rank, Rank]], msgspec.Meta(max_length=MAX_MISSING_RANGES)] = []
 
     def validate(self) -> None:
         if not self.window_start <= self.step < self.window_start + self.window_steps:
             raise RecordError("invalid", f"step {self.step} lies outside window {self.window}")
+        covered, last = 0, -1
+        for first, end in self.missing_ranges:
+            if not last < first <= end:
+                raise RecordError(
+                    "invalid", f"missing_ranges: [{first}, {end}] is empty, or not after the range before it"
+                )
+            covered += end - first + 1
+            last = end
+        if covered > MAX_MISSING_RANKS:
+            raise RecordError("invalid", f"missing_ranges cover {covered} workers, over {MAX_MISSING_RANKS}")
+
+    def missing_workers(self) -> list[int]:
+        """Every worker the slice says sent nothing: ``missing`` and ``missing_ranges`` together (at most
+        MAX_MISSING_RANKS from the ranges, which validate() checked)."""
+        out = list(self.missing)
+        for first, end in self.missing_ranges:
+            out.extend(range(first, end + 1))
+        return out
+
+
+def ranks_as_ranges(ranks: npt.ArrayLike) -> list[tuple[int, int]]:
+    """Ascending distinct ranks as inclusive ``(first, last)`` runs: ``[0, 1, 2, 5, 7, 8]`` -> ``[(0, 2), (5, 5), (7, 8)]``."""
+    r = np.asarray(ranks, dtype=np.int64)
+    if not r.size:
+        return []
+    breaks = np.flatnonzero(np.diff(r) != 1)
+    firsts = np.concatenate(([r[0]], r[breaks + 1]))
+    lasts = np.concatenate((r[breaks], [r[-1]]))
+    return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
 
 
 class RawRequest(_Record, tag="RawRequest", kw_only=True):

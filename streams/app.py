@@ -165,6 +165,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         window_timeout_s=settings.window_timeout_s,
         heartbeat_lateness_s=settings.heartbeat_lateness_s,
         heartbeat_lateness_steps=settings.heartbeat_lateness_steps,
+        stage_budget_bytes=settings.stage_budget_mib << 20,
         metrics=Metrics("processor"),
     )
     policy_file = PolicyFile(settings.policy, policy)  # watched: edits apply without a restart

@@ -122,6 +122,7 @@ class _Shard:
         self.agents_changed = False
         self.last_seen_at = 0.0
         self.born = 0.0  # processor clock at its first heartbeat (or its job's restart)
+        self.held = 0  # bytes its open steps hold (flags per member, step times, held records)
         self.reset()
 
     def reset(self) -> None:
@@ -184,6 +185,7 @@ class HeartbeatShards(Generic[T]):
         self.shards: dict[ShardKey, _Shard] = {}
         self.late = 0  # heartbeats of steps already sent
         self.heartbeats = 0
+        self.held_bytes = 0  # what the shards' open steps hold (``_Shard.held``, summed)
 
     @property
     def open_steps(self) -> int:
@@ -253,6 +255,7 @@ class HeartbeatShards(Generic[T]):
             if 0 < hi - lo <= MAX_NAMED_MEMBERS:
                 sh.index(np.arange(lo, hi, dtype=_I8))
         if not len(rows):
+            self._account(sh)
             return out
         self.heartbeats += len(rows)
         if sh.done_max >= 0:
@@ -296,7 +299,25 @@ class HeartbeatShards(Generic[T]):
                 held = holders[h]
                 held.refs += 1
                 op.holders.append(held)
+        self._account(sh)
         return out
+
+    def _account(self, sh: _Shard) -> None:
+        """The bytes the shard's open steps hold, recounted (after anything that opened, grew or closed one)."""
+        held = 0
+        for op in sh.open.values():
+            held += op.seen.nbytes + sum(t.nbytes for t in op.times) + 8 * len(op.holders)
+        self.held_bytes += held - sh.held
+        sh.held = held
+
+    def close_largest(self, now: float) -> list[tuple[StepPartial, list[T]]]:
+        """The open steps of the shard whose open steps hold the most bytes, sent as they are (``timeout``: without
+        their missing workers, whose heartbeats then come late); nothing when no open step holds any."""
+        sh = max((s for s in self.shards.values() if s.open), key=lambda s: s.held, default=None)
+        if sh is None or not sh.held:
+            return []
+        expected = sh.expected(self.lateness_steps)
+        return [self._emit(sh, step, "timeout", now, expected) for step in sorted(sh.open)]
 
     def news(
         self,
@@ -315,6 +336,7 @@ class HeartbeatShards(Generic[T]):
         sh.final += final
         if ended:
             sh.ended[sh.index(np.unique(np.asarray(list(ended), dtype=_I8)))] = True
+            self._account(sh)  # new members grow the open steps' flags
         for e in echoes:
             seen = sh.echoes.get(e.window)
             if seen is None or e.latency_s > seen.latency_s:
@@ -345,7 +367,7 @@ class HeartbeatShards(Generic[T]):
         for key, sh in list(self.shards.items()):
             out += self._due(sh, now)
             if not sh.open and not sh.news and now - sh.last_seen_at > FORGET_AFTER_S:
-                del self.shards[key]
+                self.held_bytes -= self.shards.pop(key).held
         return out
 
     def wait_s(self, sh: _Shard) -> float:
@@ -376,7 +398,7 @@ class HeartbeatShards(Generic[T]):
     def drop(self, partitions: Collection[int]) -> None:
         """Heartbeats partitions revoked: their shards belong to another processor, which replays them."""
         for key in [k for k in self.shards if k[2] in partitions]:
-            del self.shards[key]
+            self.held_bytes -= self.shards.pop(key).held
 
     def _emit(
         self, sh: _Shard, step: int | None, closed: PartialClosed, now: float, expected: np.ndarray | None = None
@@ -448,4 +470,6 @@ class HeartbeatShards(Generic[T]):
             held.refs -= 1
             if held.refs == 0:
                 done.append(held.item)
+        if step is not None:
+            self._account(sh)
         return p, done

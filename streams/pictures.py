@@ -51,6 +51,7 @@ class SeriesBuilder:
         self.flush_s = flush_s
         self.max_open_steps = max_open_steps
         self.jobs: dict[str, _Job] = {}
+        self._active: dict[str, None] = {}  # jobs with open steps or points to emit (what ``due`` visits), in order
         self.late = 0
         self._last_flush = -math.inf
 
@@ -80,6 +81,7 @@ class SeriesBuilder:
             j.opened[step] = now
         points.append(point)
         j.highest = max(j.highest, step)
+        self._active[job] = None
         return True
 
     def _close(self, j: _Job, step: int) -> None:
@@ -94,7 +96,8 @@ class SeriesBuilder:
 
     def due(self, now: float, force: bool = False) -> list[StepSeries]:
         """Close complete steps; every ``flush_s`` (or when ``force``) return one record per job with new points."""
-        for j in self.jobs.values():
+        active = [(job, j) for job in self._active if (j := self.jobs.get(job)) is not None]
+        for _, j in active:
             for step in sorted(j.open):
                 if step <= j.highest - self.lag_steps or now - j.opened[step] >= self.max_age_s or force:
                     self._close(j, step)
@@ -102,7 +105,9 @@ class SeriesBuilder:
             return []
         self._last_flush = now
         out = []
-        for job, j in self.jobs.items():
+        for job, j in active:
+            if not j.open:
+                del self._active[job]  # nothing left after this flush
             while j.done:
                 chunk, j.done = j.done[:MAX_SERIES_POINTS], j.done[MAX_SERIES_POINTS:]
                 chunk.sort()
@@ -123,6 +128,7 @@ class SeriesBuilder:
         """Jobs whose partition went to another processor, or that the detector forgot (idle)."""
         for job in jobs:
             self.jobs.pop(job, None)
+            self._active.pop(job, None)
 
 
 def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:

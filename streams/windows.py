@@ -145,7 +145,7 @@ class StepAssembler(Generic[T]):
             return None, True
         p.slices.append((sl, workers, functions, handle))
         p.accounted.update(workers.column("rank").to_pylist())
-        p.accounted.update(sl.missing)
+        p.accounted.update(sl.missing_workers())
         p.bytes_in += sl.bytes_in
         self._hold(p, workers.nbytes + functions.nbytes)
         return self._complete(p), False
@@ -347,6 +347,7 @@ class PendingWindow(Generic[T]):
     invalid: dict[int, str] = field(default_factory=dict)
     missing: set[int] = field(default_factory=set)  # expected workers a step report named missing ...
     missing_total: int = 0  # ... and the most any step missed (more than it could name)
+    held: int = 0  # bytes of the step results' tables it holds
 
     @property
     def steps_reported(self) -> int:
@@ -356,7 +357,7 @@ class PendingWindow(Generic[T]):
 @dataclass
 class ClosedWindow(Generic[T]):
     pending: PendingWindow[T]
-    reason: str  # complete | timeout
+    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
 
 
 class WindowAssembler(Generic[T]):
@@ -367,6 +368,7 @@ class WindowAssembler(Generic[T]):
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self._open: dict[tuple[str, str], PendingWindow[T]] = {}
+        self.held_bytes = 0  # the open windows' step results (their tables)
 
     def _window(
         self, rec: StepReport | WindowExpected, handle: Handle[T], now: float
@@ -403,6 +405,9 @@ class WindowAssembler(Generic[T]):
             w.first_report_at = now
         if report.step not in w.results:  # a replayed duplicate never replaces the first report
             w.results[report.step] = result
+            nbytes = result.outliers.nbytes + result.groups.nbytes
+            w.held += nbytes
+            self.held_bytes += nbytes
             w.bytes_in += report.bytes_in
             # an expected worker missing from a step (it refused the trigger, was late, failed): the window is not
             # complete (the window stage closes it as a timeout that names them)
@@ -451,11 +456,21 @@ class WindowAssembler(Generic[T]):
 
     def close(self, key: tuple[str, str], reason: str) -> ClosedWindow[T] | None:
         w = self._open.pop(key, None)
-        return ClosedWindow(w, reason) if w else None
+        if w is None:
+            return None
+        self.held_bytes -= w.held
+        return ClosedWindow(w, reason)
+
+    def close_largest(self) -> ClosedWindow[T] | None:
+        """The open window holding the most bytes, closed as it is (reason ``budget``); None when none holds any."""
+        if not self._open:
+            return None
+        key = max(self._open, key=lambda k: self._open[k].held)
+        return self.close(key, "budget") if self._open[key].held else None
 
     def drop(self, partitions: Collection[Hashable]) -> None:
         for k in [k for k, w in self._open.items() if w.partition in partitions]:
-            del self._open[k]
+            self.held_bytes -= self._open.pop(k).held
 
     @property
     def open_windows(self) -> int:

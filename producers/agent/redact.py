@@ -9,7 +9,8 @@ harmless does not leave.
            whatever its characters or extension (``/home/first last/x.ipynb(3): f`` ->
            ``x.ipynb(3): f``); a path inside a label keeps only its file name too
            (``load /data/team-a/customers.csv`` -> ``load customers.csv``: everything of the
-           text up to the last ``/`` or ``\\`` of the path goes); a URL becomes ``<url>``.
+           text up to the last ``/`` or ``\\`` of the path goes, URL-encoded ones too:
+           ``%2F``, ``%5C``); a URL becomes ``<url>``.
            ``hash``: the same, with what was removed replaced by ``<keyed hash>/``.  In raw
            traces, with anything but ``keep``, arguments keep numbers and only the texts of
            :data:`TEXT_ARGS` (scrubbed the same way), metadata events only :data:`META_EVENTS`,
@@ -84,17 +85,25 @@ def keyed_hash(salt: str, text: str) -> str:
     return hmac.new(salt.encode(), text.encode(), hashlib.sha256).hexdigest()[:32]
 
 
+#: a path's separators: ``/`` and ``\\``, also URL-encoded (``%2F``, ``%5C``, either case, encoded again as ``%252F``)
+_SEP_RE = re.compile(r"[/\\]|%(?:25)*(?:2[Ff]|5[Cc])")
+
+
 def _path_span(text: str) -> tuple[int, int] | None:
     """(start, end) of the directories of the path(s) in ``text``: from the start of the word holding the first
-    separator to just after the last one.  None without a separator."""
-    last = max(text.rfind("/"), text.rfind("\\"))
-    if last < 0:
+    separator to just after the last one (``/srv%2Fjane%2Fx.csv`` is a path too).  None without a separator."""
+    if "/" not in text and "\\" not in text and "%" not in text:
         return None
-    first = min(i for i in (text.find("/"), text.find("\\")) if i >= 0)
-    start = first
+    first = _SEP_RE.search(text)
+    if first is None:
+        return None
+    end = first.end()
+    for m in _SEP_RE.finditer(text, end):
+        end = m.end()
+    start = first.start()
     while start > 0 and text[start - 1] not in _BEFORE_PATH:
         start -= 1
-    return start, last + 1
+    return start, end
 
 
 @dataclass(frozen=True)

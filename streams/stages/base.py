@@ -25,6 +25,9 @@ log = logging.getLogger("lockstep.processor")
 
 #: the stages' clock (seconds since the epoch); tests pass their own
 Clock = Callable[[], float]
+#: the most bytes a stage's open units (steps, shards, windows, heartbeat steps) may hold together by default (the
+#: processor's ``stage_budget_mib`` setting); past it the largest closes as it is, counted in ``budget_closes_total``
+STAGE_BUDGET_BYTES = 512 << 20
 
 
 class Partition(NamedTuple):
@@ -174,6 +177,10 @@ class HoldingStage(Stage):
     """A stage that holds its input records until what they fed is published: released in offset order
     per partition (:class:`InOrderAcks`), so the committed offset never passes an open step or window."""
 
+    #: the most bytes the open units (steps, shards, windows, heartbeat steps) may hold together; past it the largest
+    #: closes as it is (``budget``, counted in ``budget_closes_total``); the processor sets it (``stage_budget_mib``)
+    budget_bytes: int = STAGE_BUDGET_BYTES
+
     def __init__(self, topics: Topics, out: Output, metrics: Metrics, clock: Clock = time.time):
         super().__init__(topics, out, metrics, clock)
         self.acks: InOrderAcks[RecordIn] = InOrderAcks()
@@ -211,8 +218,6 @@ class AssemblingStage(HoldingStage, Generic[C]):
     """
 
     assembler: Assembler[C]
-    #: the most bytes of tables the open units may hold together; past it the largest closes as it is (``budget``)
-    budget_bytes: int = 512 << 20
 
     def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[C | None, bool]:
         raise NotImplementedError

@@ -180,6 +180,9 @@ class HeartbeatStage(HoldingStage):
             [held.item for group in groups.values() for held in group.helds if held.refs == 0]
         )  # fed nothing open
         sent += self.shards.ready(groups.keys(), now)
+        while self.shards.held_bytes > self.budget_bytes and (closed := self.shards.close_largest(now)):
+            self.metrics.inc("budget_closes_total", stage=self.name)
+            sent += closed
         await self._send(sent)
         if self.shards.late > late:  # heartbeats of steps already sent (rows, not records, for this stage)
             self.metrics.inc("late_records_total", self.shards.late - late, stage=self.name)

@@ -10,7 +10,7 @@ from ...kafka import Topics
 from ...metrics import Metrics
 from ..heartbeats import LATENESS_S, LATENESS_STEPS
 from ..policy import Policy
-from .base import Clock, Output, Policies, Stage
+from .base import STAGE_BUDGET_BYTES, Clock, Output, Policies, Stage
 from .detect import DetectStage
 from .heartbeat import HeartbeatStage
 from .shard import ShardStage
@@ -41,6 +41,7 @@ class Processor:
         window_timeout_s: float,
         heartbeat_lateness_s: float = LATENESS_S,
         heartbeat_lateness_steps: int = LATENESS_STEPS,
+        stage_budget_bytes: int = STAGE_BUDGET_BYTES,
         metrics: Metrics | None = None,
         clock: Clock = time.time,
     ):
@@ -66,6 +67,9 @@ class Processor:
             topics, out, tables.closed_windows, tables.job_history, self.policies, self.metrics, window_timeout_s, clock
         )
         self.stages: tuple[Stage, ...] = (self.heartbeats, self.detect, self.shards, self.steps, self.windows)
+        # each stage that holds open units holds at most this many bytes of them (the ``stage_budget_mib`` setting)
+        for stage in (self.heartbeats, self.shards, self.steps, self.windows):
+            stage.budget_bytes = stage_budget_bytes
         self.assigned = False  # partitions were assigned once (/healthz: ok)
         self.crashed: dict[str, str] = {}  # agent -> why it died (/healthz: failed)
 

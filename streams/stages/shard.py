@@ -7,7 +7,7 @@ collects a shard's records until every member sent its own (or the shard timed o
 them all at once (one vectorised pass, :func:`~lockstep.schemas.functions.bad_owners`: the refused records go to the
 dead-letter topic, the shard goes on without them) and cuts the shard's rows into one slice per step: the workers'
 metadata as columns, their function rows as one Arrow table, and the members that sent nothing for the step
-(``missing``), so that the step stage does not wait for them.  The step stage then reads a few hundred slices per step
+(``missing_ranges``, and ``missing`` when they are few), so that the step stage does not wait for them.  The step stage then reads a few hundred slices per step
 instead of one record per worker.  A shard's input records are acknowledged once its slices are sent, in offset order
 per partition; a replayed shard sends the same slices again, which the step stage ignores (it keeps a worker's first).
 """
@@ -15,7 +15,7 @@ per partition; a replayed shard sends the same slices again, which the step stag
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -25,7 +25,15 @@ import pyarrow as pa
 from ...kafka import Topics
 from ...metrics import Metrics
 from ...schemas import functions as ft
-from ...schemas.records import RecordError, StepSlice, WindowFeatures, decode, encode
+from ...schemas.records import (
+    MAX_NAMED_MISSING,
+    RecordError,
+    StepSlice,
+    WindowFeatures,
+    decode,
+    encode,
+    ranks_as_ranges,
+)
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedShard, Handle, PendingShard, ShardAssembler
 from .base import AssemblingStage, Clock, Output, Policies, RecordIn
@@ -88,15 +96,15 @@ class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
         p = closed.pending
         try:
             keys = self.policies.for_ref(p.policy).diagnosis.peer_group_keys
-            slices, errors = step_slices(p, keys)
+            slices, errors = iter_step_slices(p, keys)
+            for handle, err in errors:
+                await self.dead_letter(handle.item, err)
+            for step, value in slices:  # each built, encoded and sent before the next: one slice in memory at a time
+                await self.send(self.topics.features, f"{p.job}:{step}", value)
         except Exception as exc:
             await self.failed([h.item for h in p.handles], exc)
             await self.release(p.handles)
             return
-        for handle, err in errors:
-            await self.dead_letter(handle.item, err)
-        for step, value in slices:
-            await self.send(self.topics.features, f"{p.job}:{step}", value)
         self.metrics.inc("shards_closed_total", reason=closed.reason, help="shards of windows closed, by reason")
         await self.release(p.handles)
 
@@ -105,7 +113,16 @@ def step_slices(
     p: PendingShard[Any], peer_keys: tuple[str, ...]
 ) -> tuple[list[tuple[int, bytes]], list[tuple[Handle[Any], RecordError]]]:
     """A closed shard's slices, one per step of its window (encoded, with their step; a slice over
-    :data:`SLICE_MAX_BYTES` is cut in parts), and the records refused, with their handles and reasons.
+    :data:`SLICE_MAX_BYTES` is cut in parts), and the records refused, with their handles and reasons."""
+    slices, errors = iter_step_slices(p, peer_keys)
+    return list(slices), errors
+
+
+def iter_step_slices(
+    p: PendingShard[Any], peer_keys: tuple[str, ...]
+) -> tuple[Iterator[tuple[int, bytes]], list[tuple[Handle[Any], RecordError]]]:
+    """:func:`step_slices`, the slices built one at a time as they are taken (the stage sends each before the next
+    is built: a window of 64 steps held 64 encoded slices at once before).
 
     Pure and vectorised over the shard's rows: one concatenation, one values check, one sort by (step, worker)."""
     entries = [
@@ -154,7 +171,23 @@ def step_slices(
     rows = ft.complete(t.take(pa.array(order)).drop_columns(["step"]), _present(t))
     bounds = np.searchsorted(step[order], np.arange(n_steps + 1))
     members = np.arange(p.members.start, p.members.stop)
-    out: list[tuple[int, bytes]] = []
+    return _slices(p, n_steps, good, declared, owner, order, bounds, meta, members, rows, per_step_bytes), errors
+
+
+def _slices(
+    p: PendingShard[Any],
+    n_steps: int,
+    good: np.ndarray,
+    declared: np.ndarray,
+    owner: np.ndarray,
+    order: np.ndarray,
+    bounds: np.ndarray,
+    meta: dict[str, np.ndarray],
+    members: np.ndarray,
+    rows: pa.Table,
+    per_step_bytes: np.ndarray,
+) -> Iterator[tuple[int, bytes]]:
+    ws, live = p.window_start, len(p.records)
     for s in range(n_steps):  # one slice per step of the window: a handful per shard
         who = np.flatnonzero(good & ~np.isnan(declared[:, s]))
         counts = np.bincount(owner[order[bounds[s] : bounds[s + 1]]], minlength=live)[who]
@@ -162,6 +195,7 @@ def step_slices(
             {**{k: v[who] for k, v in meta.items()}, "step_time_us": declared[who, s], "rows": counts.astype(np.int32)},
             schema=WORKER_SCHEMA,
         )
+        missing = np.setdiff1d(members, meta["rank"][who])  # members that sent nothing for the step
         base = StepSlice(
             job=p.job,
             window=p.window,
@@ -170,15 +204,16 @@ def step_slices(
             window_steps=n_steps,
             expected_workers=p.expected_workers,
             shard=p.shard,
-            missing=np.setdiff1d(members, meta["rank"][who]).tolist(),
+            missing=missing.tolist() if missing.size <= MAX_NAMED_MISSING else [],  # what older readers see
+            missing_ranges=ranks_as_ranges(missing),
             workers=b"",
             functions=b"",
             policy=p.policy,
             tenant=p.tenant,
         )
         functions = rows.slice(int(bounds[s]), int(bounds[s + 1] - bounds[s]))
-        out.extend((ws + s, v) for v in _encoded(base, workers, functions, per_step_bytes[who]))
-    return out, errors
+        for value in _encoded(base, workers, functions, per_step_bytes[who]):
+            yield ws + s, value
 
 
 def _present(t: pa.Table) -> pa.Schema:

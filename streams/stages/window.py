@@ -104,6 +104,9 @@ class WindowStage(HoldingStage):
             return
         if closed:
             await self._finish(closed)
+        while self.assembler.held_bytes > self.budget_bytes and (largest := self.assembler.close_largest()):
+            self.metrics.inc("budget_closes_total", stage=self.name)
+            await self._finish(largest)
 
     async def _add(self, record: RecordIn, rec: StepReport, h: Handle[RecordIn]) -> ClosedWindow[RecordIn] | None:
         """A step report into its window; one whose tables cannot be read goes to the dead letters (for people to
@@ -148,6 +151,11 @@ class WindowStage(HoldingStage):
                 f"no step report by the trigger's deadline (+{self.assembler.timeout_s:g} s): the workers did not "
                 "profile the window, or their features were lost or refused (see the agents' failed and refused "
                 "windows, and the dead letters)"
+            )
+        if closed.reason == "budget":
+            return "timeout", (
+                f"closed early with {len(w.results)} of {w.window_steps} steps: the processor's open windows held more "
+                f"than its stage budget ({self.budget_bytes >> 20} MiB of step results; stage_budget_mib)"
             )
         if closed.reason == "timeout":
             return "timeout", (

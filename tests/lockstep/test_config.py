@@ -47,6 +47,8 @@ def test_config_file_from_environment(tmp_path):
         ([], {"LOCKSTEP_HEARTBEAT_LATENESS_S": "0"}, "heartbeat_lateness_s (from LOCKSTEP_HEARTBEAT_LATENESS_S)"),
         ([], {"LOCKSTEP_HEARTBEAT_LATENESS_S": "900"}, "heartbeat_lateness_s: 900.0 s is beyond 600 s"),
         ([], {"LOCKSTEP_HEARTBEAT_LATENESS_STEPS": "0"}, "heartbeat_lateness_steps"),
+        (["--stage-budget-mib", "0"], {}, "stage_budget_mib (from --stage-budget-mib)"),
+        ([], {"LOCKSTEP_STAGE_BUDGET_MIB": "8"}, "stage_budget_mib: 8 MiB must lie in [64, 65536]"),
     ],
 )
 def test_bad_settings_fail_with_one_line(argv, env, needle):
@@ -103,3 +105,13 @@ def test_the_layers_merge_mappings_key_by_key_and_name_the_source_of_a_bad_value
     assert values == {"kafka": {"a": "1", "b": "2"}, "partitions": 4}
     with pytest.raises(ConfigError, match=r"partitions \(from LOCKSTEP_PARTITIONS\): '0' is not valid"):
         config.layered(fields, config.env_layer({"LOCKSTEP_PARTITIONS": "0"}, "LOCKSTEP_", fields))
+
+
+def test_the_stage_budget_comes_from_the_file_then_the_environment_then_the_flag(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("stage_budget_mib: 256\n")
+    assert config.load(parse(["--config", str(f)]), env={}).stage_budget_mib == 256
+    env = {"LOCKSTEP_STAGE_BUDGET_MIB": "1024"}
+    assert config.load(parse(["--config", str(f)]), env=env).stage_budget_mib == 1024
+    assert config.load(parse(["--config", str(f), "--stage-budget-mib", "128"]), env=env).stage_budget_mib == 128
+    assert config.load(parse([]), env={}).stage_budget_mib == 512

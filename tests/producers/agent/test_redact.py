@@ -29,8 +29,28 @@ LEAKY = {
     "fetch s3://acme-bucket/customers/part-0.parquet": "fetch <url>",
     "GET https://user:token@example.com/x?sig=abc now": "GET <url> now",
     "scan /mnt/data/": "scan <path>",
+    # URL-encoded separators (issue 22): the directories behind them went out whole
+    "load /srv%2Fjane%2Fx.csv": "load x.csv",
+    "open %2Fsrv%2fjane%2fx.csv": "open x.csv",
+    "read C:%5CUsers%5cJane%5Cx.csv": "read x.csv",
+    "get srv%252Fjane%252Fx.csv": "get x.csv",
 }
-SECRETS = ("first last", "ünïcode", "team", "acme", "token", "Jane", "/srv", "/opt", "/src", "/venv", "/mnt", "nb/")
+SECRETS = (
+    "first last",
+    "ünïcode",
+    "team",
+    "acme",
+    "token",
+    "Jane",
+    "jane",
+    "srv",
+    "/opt",
+    "/src",
+    "/venv",
+    "/mnt",
+    "nb/",
+    "Users",
+)
 
 
 def test_strip_keeps_file_names_and_drops_directories():

@@ -5,6 +5,7 @@ revoked partition; and the step stage assembling steps from slices, alone or wit
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 import pytest
 
 from lockstep.kafka import Topics, window_features_key
@@ -96,7 +97,7 @@ async def test_a_worker_that_never_sends_is_declared_missing_and_the_step_does_n
     p.clock.t += 5.0
     await p.proc.shards.on_timer(p.clock.t)
     await p.pump()
-    assert [(s.shard, s.missing) for s in slices(p)][2:] == [(1, [6]), (1, [6])]
+    assert [(s.shard, s.missing, s.missing_ranges) for s in slices(p)][2:] == [(1, [6], [(6, 6)]), (1, [6], [(6, 6)])]
     assert [(r.workers_seen, r.closed) for r in reports(p)] == [
         (7, "complete"),
         (7, "complete"),
@@ -179,3 +180,57 @@ def test_the_slice_path_encodes_what_decode_reads(window_features):
     assert errors == [] and [s for s, _ in out] == [60, 61]
     workers, functions = read_slice(decode(out[0][1], StepSlice))
     assert workers.num_rows == 4 and functions.num_rows == sum(workers.column("rows").to_pylist())
+
+
+def test_missing_workers_travel_as_ranges_and_the_list_only_when_short():
+    """Issue 22: a shard of 4,096 members of which 4,000 sent nothing named them one by one (a list of up to 100,000
+    ranks in every slice of every step); now as inclusive ranges, and the old list only when it names at most 64."""
+    from lockstep.schemas.records import MAX_MISSING_RANKS, RecordError, ranks_as_ranges
+
+    assert ranks_as_ranges([0, 1, 2, 5, 7, 8]) == [(0, 2), (5, 5), (7, 8)] and ranks_as_ranges([]) == []
+    base = StepSlice(
+        job="j", window="w", step=0, window_start=0, window_steps=1, expected_workers=4096, shard=0, workers=b"",
+        functions=b"", missing=[5000], missing_ranges=ranks_as_ranges(np.r_[0:4000, 4010]),
+    )  # fmt: skip
+    back = decode(encode(base), StepSlice)
+    assert back.missing_ranges == [(0, 3999), (4010, 4010)]
+    assert sorted(back.missing_workers()) == [*range(4000), 4010, 5000]
+    assert len(encode(base)) < 300  # the 4,001 ranks as a list: ~12 KB of MessagePack
+    for bad, why in [
+        ([(5, 4)], "empty"),
+        ([(0, 9), (9, 12)], "not after"),
+        ([(0, MAX_MISSING_RANKS)], "over"),
+    ]:
+        with pytest.raises(RecordError, match=why):
+            decode(encode(msgspec.structs.replace(base, missing_ranges=bad)), StepSlice)
+
+
+async def test_a_shard_missing_many_workers_sends_ranges_and_no_list(pair, window_features):
+    """A shard of 256 members of which 8 sent: 248 missing, one range, no list (older readers wait out the step)."""
+    p = pair(step_timeout_s=5.0)
+    wide = [msgspec.structs.replace(w, shard=0, shard_workers=256, expected_workers=256) for w in window_features]
+    await p.feed(shipped(p, wide))
+    p.clock.t += 5.0
+    await p.proc.shards.on_timer(p.clock.t)
+    await p.pump()
+    assert [(s.shard, s.missing, s.missing_ranges) for s in slices(p)] == [(0, [], [(8, 255)])] * 2
+    assert [(r.workers_seen, r.closed) for r in reports(p)] == [(8, "complete"), (8, "complete")]
+
+
+async def test_a_shards_slices_are_built_and_sent_one_at_a_time(pair, window_features, monkeypatch):
+    """Issue 22: the shard stage built every slice of the window (one per step, up to 64) before sending the first."""
+    built: list[int] = []
+    encoded = shard_module._encoded
+    monkeypatch.setattr(shard_module, "_encoded", lambda base, *a: built.append(base.step) or encoded(base, *a))
+    p = pair()
+    sends = p.out.send
+
+    async def send(topic, key, value):
+        if topic == TOPICS.features:
+            assert built == [decode(value, StepSlice).step]  # this slice built, the next not yet
+            built.clear()
+        return await sends(topic, key, value)
+
+    p.out.send = send
+    await p.feed(shipped(p, window_features[:4]))
+    assert [s.step for s in slices(p)] == [60, 61]
