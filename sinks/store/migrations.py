@@ -330,6 +330,14 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             FROM windows GROUP BY tenant, job;
         """,
     ),
+    (
+        7,
+        "incidents acknowledged or resolved by hand: incidents.acked_at, acked_by (resolved_reason 'manual')",
+        """
+        ALTER TABLE incidents ADD COLUMN acked_at TIMESTAMP;
+        ALTER TABLE incidents ADD COLUMN acked_by VARCHAR;
+        """,
+    ),
 ]
 
 
