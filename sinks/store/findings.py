@@ -51,7 +51,7 @@ from .writes import (
 log = logging.getLogger("lockstep.sinks.store")
 
 
-class UnknownIncident(StoreError, KeyError):
+class UnknownIncident(StoreError, LookupError):
     """No incident of that id (for that tenant)."""
 
 
