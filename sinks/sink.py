@@ -96,6 +96,7 @@ class Sink:
         clients: Clients = CONFLUENT,
         retention_s: float | None = None,
         prune_every_s: float = PRUNE_EVERY_S,
+        topic_ids: Callable[[set[str]], dict[str, str]] | None = None,
     ):
         self.store = store
         self.topics = topics
@@ -109,17 +110,71 @@ class Sink:
         self.consumer = clients.consumer(consumer_config)
         self.retention_s = retention_s
         self.prune_every_s = prune_every_s
+        self.topic_ids = topic_ids  # topic names -> their Kafka topic ids (lockstep.kafka.topic_ids)
         self._stop = threading.Event()
         self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.assigned = False
 
     def _on_assign(self, consumer: ConsumerClient, partitions) -> None:
-        stored = self.store.offsets()
+        stored = self.store.stored_offsets()
+        ids = self.topic_ids({p.topic for p in partitions}) if self.topic_ids else {}
+        self.store.topic_ids = ids
         for p in partitions:
-            p.offset = stored.get((p.topic, p.partition), OFFSET_BEGINNING)
+            p.offset = self._resume_at(consumer, p.topic, p.partition, stored.get((p.topic, p.partition)), ids)
         consumer.assign(partitions)
         self.assigned = True
         log.info("assigned %s", [(p.topic, p.partition, p.offset) for p in partitions])
+
+    def _resume_at(
+        self, consumer: ConsumerClient, topic: str, partition: int, stored: tuple[int, str | None] | None, ids
+    ) -> int:
+        """Where to read a partition from: the offset stored with the rows, unless it is of another log.
+
+        A new broker (Kafka's data lost, or the embedded broker restarted: it keeps nothing) or a topic created again
+        starts its offsets at 0.  Resuming there at the stored offset would skip the new log's records up to it (or,
+        beyond its end, wait for records that may never come: Tansu answers such a fetch with nothing).  The topic's
+        Kafka id, stored with the offset, says whether the log is the same; where either id is unknown, an offset
+        beyond the log's end says it is not.  Either way the partition is read from its beginning: the writes are
+        upserts, so records read twice change nothing."""
+        if stored is None:
+            return OFFSET_BEGINNING
+        offset, stored_id = stored
+        now_id = ids.get(topic)
+        if stored_id and now_id:
+            if stored_id == now_id:
+                return offset
+            log.warning(
+                "%s[%d]: the stored offset %d is of another log (topic id %s, now %s: a new broker, or the topic "
+                "was created again); reading the partition from its beginning",
+                topic,
+                partition,
+                offset,
+                stored_id,
+                now_id,
+            )
+            return OFFSET_BEGINNING
+        try:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10.0)
+        except KafkaException as exc:
+            log.warning(
+                "%s[%d]: could not read the log's end (%s); resuming at the stored offset %d",
+                topic,
+                partition,
+                exc,
+                offset,
+            )
+            return offset
+        if high >= 0 and offset > high:
+            log.warning(
+                "%s[%d]: the stored offset %d is beyond the log's end %d (a new broker, or the topic was created "
+                "again); reading the partition from its beginning",
+                topic,
+                partition,
+                offset,
+                high,
+            )
+            return OFFSET_BEGINNING
+        return offset
 
     def stop(self) -> None:
         self._stop.set()

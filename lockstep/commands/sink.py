@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..broker import kafka_or_embedded
-    from ..kafka import Publisher, consumer_config, ensure_topics, producer_config
+    from ..kafka import Publisher, admin, consumer_config, ensure_topics, producer_config, topic_ids
     from ..logs import setup_logging
     from ..metrics import Metrics
     from ..sinks import routes
@@ -64,6 +64,7 @@ def run(args) -> int:
                 control_topic=topics.control,
                 pager=pager,
                 retention_s=s.retention,
+                topic_ids=lambda names: topic_ids(admin(s), names),
             )
             server = QueryServer(sink, s.db, port=args.http_port, host=args.http_host).start()
             log.info(

@@ -135,6 +135,8 @@ class FindingsStore:
         self._slots = threading.BoundedSemaphore(limits.concurrent)
         self._running: set[duckdb.DuckDBPyConnection] = set()
         self._closing = False
+        #: the Kafka topic ids of the topics being read (the sink sets them when assigned); stored with the offsets
+        self.topic_ids: dict[str, str] = {}
         try:
             self.con = duckdb.connect(str(self.path), config=duckdb_config(limits))
         except duckdb.IOException as exc:
@@ -151,6 +153,15 @@ class FindingsStore:
         return {
             (t, p): o
             for t, p, o in self.con.execute('SELECT topic, "partition", next_offset FROM sink_offsets').fetchall()
+        }
+
+    def stored_offsets(self) -> dict[tuple[str, int], tuple[int, str | None]]:
+        """(topic, partition) -> (next offset, the topic's Kafka id when it was stored; None: not known)."""
+        return {
+            (t, p): (o, tid)
+            for t, p, o, tid in self.con.execute(
+                'SELECT topic, "partition", next_offset, topic_id FROM sink_offsets'
+            ).fetchall()
         }
 
     def write(self, batch: Batch, now: float | None = None) -> list[Event]:
@@ -215,6 +226,7 @@ class FindingsStore:
                     "topic": [t for t, _ in batch.offsets],
                     "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
                     "next_offset": list(batch.offsets.values()),
+                    "topic_id": pa.array([self.topic_ids.get(t) for t, _ in batch.offsets], pa.string()),
                 }
                 upsert(con, "sink_offsets", pa.table(offsets), ("topic", "partition"))
             self._triggered_at(incidents)
