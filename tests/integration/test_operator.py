@@ -143,3 +143,24 @@ def test_ack_resolve_jobs_and_prune_go_through_the_running_sink(settings, tmp_pa
         publisher.close()
         pipeline.stop()
         receiver.close()
+
+
+def test_a_sink_with_a_retention_prunes_its_file_itself(settings, tmp_path):
+    s = dataclasses.replace(settings, retention=30 * DAY)
+    ensure_topics(s)
+    now = time.time()
+    store = FindingsStore(s.db)
+    for fid, job, age in (("old1", "oldjob", 40 * DAY), ("new1", "newjob", DAY)):
+        store.write(Batch([fnd(fid, job=job, created_at=now - age)], [], {}), now=now - age)
+        store.resolve(
+            store.con.execute("SELECT id FROM incidents WHERE job = ?", [job]).fetchone()[0], "ops", now=now - age
+        )
+    store.close()
+    pipeline = Pipeline(s, tmp_path)
+    try:
+        pipeline.start("sink", 60)  # prunes at start, then hourly
+        assert wait_for(lambda: [r["id"] for r in rows(s.db, "SELECT id FROM findings")] == ["new1"], 30)
+        assert [r["job"] for r in rows(s.db, "SELECT job FROM incidents")] == ["newjob"]
+    finally:
+        pipeline.stop()
+    assert "pruned" in (tmp_path / "sink.log").read_text()

@@ -103,3 +103,25 @@ def test_the_layers_merge_mappings_key_by_key_and_name_the_source_of_a_bad_value
     assert values == {"kafka": {"a": "1", "b": "2"}, "partitions": 4}
     with pytest.raises(ConfigError, match=r"partitions \(from LOCKSTEP_PARTITIONS\): '0' is not valid"):
         config.layered(fields, config.env_layer({"LOCKSTEP_PARTITIONS": "0"}, "LOCKSTEP_", fields))
+
+
+def test_ages_and_the_sinks_retention():
+    from lockstep.config import age_s, load, optional_age_s
+
+    assert [age_s(v) for v in ("30d", "12h", "90m", "45s", "2w", "3600", 7.5)] == [
+        30 * 86400.0,
+        43200.0,
+        5400.0,
+        45.0,
+        14 * 86400.0,
+        3600.0,
+        7.5,
+    ]
+    for bad in ("soon", "d", "-1d", "0s", "1y"):
+        with pytest.raises(ValueError):
+            age_s(bad)
+    assert [optional_age_s(v) for v in (None, "", "0", "off")] == [None] * 4
+    assert load(None, env={"LOCKSTEP_RETENTION": "30d"}).retention == 30 * 86400.0
+    assert load(None, env={}).retention is None
+    with pytest.raises(ConfigError, match="retention"):
+        load(None, env={"LOCKSTEP_RETENTION": "a while"})
