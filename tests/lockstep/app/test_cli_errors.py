@@ -148,6 +148,9 @@ REQUIRED = {
     "raw": ["j", "--workers", "1"],
     "diagnose": ["t.json"],
     "query": ["SELECT 1"],
+    "incident ack": ["x-1"],
+    "incident resolve": ["x-1"],
+    "prune": ["--older-than", "30d"],
 }
 
 
