@@ -24,15 +24,24 @@ def register(sub) -> None:
         a.set_defaults(func=run, what="acknowledge" if name == "ack" else "resolve")
 
 
-def run(args) -> int:
+def login() -> str:
+    """This user's login name; ``uid N`` where it has none (a container's user without a passwd entry)."""
     import getpass
+    import os
 
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def run(args) -> int:
     from .. import config
     from ..app.output import print_json
     from ..sinks.operator import change_incident
 
     db = args.db or config.load(None).db
-    by = (args.by or "").strip() or getpass.getuser()
+    by = (args.by or "").strip() or login()
     inc, changed = change_incident(db, args.what, args.id, by, args.tenant)
     if args.json:
         print_json({"incident": inc, "changed": changed})
