@@ -146,3 +146,14 @@ def test_prune_deletes_what_is_old_and_keeps_what_open_incidents_and_the_pager_n
     assert store.prune(30 * DAY, now=T0).total == 0  # nothing more is that old
     with pytest.raises(Exception, match="positive"):
         store.prune(0)
+
+
+def test_the_report_says_who_resolved_an_incident_by_hand(tmp_path):
+    from lockstep.sinks.report import render, resolved_why
+    from lockstep.sinks.reportdata import gather
+
+    store, iid = one_incident(tmp_path)
+    store.resolve(iid, "carol", now=T0 + 60)
+    page = render(gather(lambda sql, params=None: store.query(sql, params)), title="t")
+    assert "resolved by hand by carol" in page and "window carol" not in page
+    assert resolved_why("stale") == "nothing saw it for long" and resolved_why("w9") == "window w9 did not see it"
