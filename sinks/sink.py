@@ -469,7 +469,11 @@ class QueryServer:
         except IncidentStateError as exc:
             return error(409, str(exc))
         except (SinkStopping, TimeoutError) as exc:
-            return error(503, str(exc) or "the sink did not run the request in time", headers={"Retry-After": "1"})
+            return error(
+                503,
+                str(exc) or "the sink did not run the request in time (it may still: see lockstep query)",
+                headers={"Retry-After": "1"},
+            )
         return json_response({"incident": dataclasses.asdict(inc), "changed": bool(events)})
 
     async def _prune(self, request: web.Request) -> web.Response:
@@ -483,7 +487,11 @@ class QueryServer:
         try:
             pruned = await self._on_sink(lambda: self.sink.prune(float(age)), timeout_s=600.0)
         except (SinkStopping, TimeoutError) as exc:
-            return error(503, str(exc) or "the sink did not run the request in time", headers={"Retry-After": "1"})
+            return error(
+                503,
+                str(exc) or "the sink did not run the request in time (it may still: see lockstep query)",
+                headers={"Retry-After": "1"},
+            )
         except StoreError as exc:
             return error(400, str(exc))
         return json_response({"pruned": dataclasses.asdict(pruned), "older_than_s": float(age)})
