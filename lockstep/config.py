@@ -56,6 +56,33 @@ def positive_float(v: Any) -> float:
     return fv
 
 
+_AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def age_s(v: Any) -> float:
+    """An age: ``30d``, ``12h``, ``90m``, ``45s``, ``2w``, or a number of seconds; positive."""
+    text = str(v).strip().lower()
+    if text and text[-1] in _AGE_UNITS:
+        try:
+            n = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"{v!r} is not an age like 30d, 12h, 90m or a number of seconds") from None
+        return positive_float(n * _AGE_UNITS[text[-1]])
+    try:
+        return positive_float(text)
+    except ValueError as exc:
+        if "must be" in str(exc):
+            raise
+        raise ValueError(f"{v!r} is not an age like 30d, 12h, 90m or a number of seconds") from None
+
+
+def optional_age_s(v: Any) -> float | None:
+    """:func:`age_s`, or None for empty, ``0``, ``none`` or ``off``."""
+    if v is None or str(v).strip().lower() in ("", "0", "none", "off"):
+        return None
+    return age_s(v)
+
+
 def kv_map(v: Any) -> dict[str, str]:
     """'a=1,b=2' or ['a=1', 'b=2'] or a mapping -> dict[str, str]."""
     if v is None:
@@ -251,6 +278,15 @@ class Settings:
         help="steps of each job's step-time series the sink keeps (older points are pruned)",
         parse=positive_int,
         read_by=("sink",),
+    )
+    retention: float | None = setting(
+        None,
+        help="the sink deletes findings, windows, triggers, step series, the detector's news, resolved incidents and "
+        "finished deliveries older than this (30d, 12h, or seconds), once at start and then hourly; what open "
+        "incidents still need stays. Unset, 0 or off: keep everything (lockstep prune does it by hand)",
+        parse=optional_age_s,
+        read_by=("sink",),
+        metavar="AGE",
     )
 
     def validate(self) -> Settings:

@@ -18,7 +18,11 @@ An incident opens with its first finding (``trigger``), takes later findings
   slowdown's onset on;
 - ``job_ended``: the job ended (a ``JobChange`` ``ended``: its final heartbeats, or silence
   after one), which stops its GPU-hour clock;
-- ``stale``: nothing has seen it for ``stale_after_s``.
+- ``stale``: nothing has seen it for ``stale_after_s``;
+- ``manual``: someone resolved it (``lockstep incident resolve``; ``resolved_by`` names them).
+
+Someone can also *acknowledge* an open incident (``lockstep incident ack``, :func:`acknowledge`): it stays open
+and keeps taking findings, the routes it paged are told (PagerDuty ``acknowledge``), and it pages no other route.
 
 A finding of the same key after the resolve reopens it as the next
 ``occurrence``: a new incident id, a new page.
@@ -88,10 +92,13 @@ class Incident:
     first_trigger_at: float | None = None  # when that window was triggered (None: no trigger stored)
     resolved_reason: str | None = None  # window | recovered | job_ended | stale
     after_s: float | None = None  # recovered: the job's step time back (the median of the steps the detector judged)
+    # --- added with issue 24 (incidents acknowledged or resolved by hand: ``lockstep incident ack|resolve``)
+    acked_at: float | None = None  # when someone acknowledged it (it pages no route it has not paged yet) ...
+    acked_by: str | None = None  # ... and who; a resolve by hand keeps its person in ``resolved_by``
 
 
 #: how an incident can end (``Incident.resolved_reason``)
-RESOLVED_REASONS = ("window", "recovered", "job_ended", "stale")
+RESOLVED_REASONS = ("window", "recovered", "job_ended", "stale", "manual")
 
 
 @dataclass(frozen=True)
@@ -101,9 +108,10 @@ class Event:
     incident_id: str
     tenant: str
     job: str
-    action: str  # trigger | update | resolve
+    action: str  # trigger | update | acknowledge | resolve
     finding_id: str  # the finding that caused it; for a resolve, the incident's last finding
-    reason: str  # window id for findings and window resolves, "stale" for time-outs, "recovered", "job_ended"
+    reason: str  # window id for findings and window resolves, "stale" for time-outs, "recovered", "job_ended";
+    # "manual" for an acknowledge or resolve by hand
     occurred_at: float
 
 
@@ -282,3 +290,34 @@ def on_job_news(open_incidents: list[Incident], news: list[JobNews]) -> list[tup
         )
         out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, reason, n.at)))
     return out
+
+
+class IncidentStateError(ValueError):
+    """What someone asked of an incident does not apply to it now (acknowledging a resolved one)."""
+
+
+def acknowledge(inc: Incident, by: str, now: float) -> tuple[Incident, Event | None]:
+    """Someone acknowledged an open incident: who and when are kept; acknowledging it again changes nothing
+    (no event).  A resolved incident cannot be acknowledged (:class:`IncidentStateError`)."""
+    if inc.status != "open":
+        raise IncidentStateError(f"incident {inc.id} is resolved ({inc.resolved_reason}); nothing to acknowledge")
+    if inc.acked_at is not None:
+        return inc, None
+    done = replace(inc, acked_at=now, acked_by=by)
+    return done, Event(inc.id, inc.tenant, inc.job, "acknowledge", inc.last_finding, "manual", now)
+
+
+def resolve_by_hand(inc: Incident, by: str, now: float) -> tuple[Incident, Event | None]:
+    """Someone resolved an open incident: it ends now (``resolved_reason`` ``manual``, ``resolved_by`` the person);
+    a later finding of its key opens the next occurrence.  Resolving a resolved incident changes nothing."""
+    if inc.status != "open":
+        return inc, None
+    done = replace(
+        inc,
+        status="resolved",
+        resolved_at=now,
+        resolved_by=by,
+        resolved_step=inc.last_step + 1,
+        resolved_reason="manual",
+    )
+    return done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, "manual", now)

@@ -218,7 +218,8 @@ class Pager:
                 )[0]
                 events = con.execute(
                     """
-                    SELECT e.seq, e.incident_id, e.tenant, e.job, e.action, e.reason, epoch(e.occurred_at), f.record, i.occurrence
+                    SELECT e.seq, e.incident_id, e.tenant, e.job, e.action, e.reason, epoch(e.occurred_at), f.record, i.occurrence,
+                           i.acked_at IS NOT NULL
                     FROM incident_events e JOIN incidents i ON i.id = e.incident_id LEFT JOIN findings f ON f.id = e.finding_id
                     WHERE e.seq > ? ORDER BY e.seq
                     """,
@@ -235,12 +236,12 @@ class Pager:
                     triggered.setdefault(iid, {})[route] = status
                 now = self.clock()
                 rows = []
-                for seq, iid, tenant, job, action, reason, occurred_at, record, occurrence in events:
+                for seq, iid, tenant, job, action, reason, occurred_at, record, occurrence, acked in events:
                     if record is None:
                         log.warning("incident event %d names a finding that is not stored; no page", seq)
                         continue
                     finding = json.loads(record)
-                    for route, what in plan(action, finding, self.paging.routes, triggered.get(iid, {})):
+                    for route, what in plan(action, finding, self.paging.routes, triggered.get(iid, {}), acked):
                         severity = route.severity_of(finding)
                         page = Page(what, iid, occurrence, finding, severity, reason, occurred_at)
                         rows.append(

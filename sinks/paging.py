@@ -23,7 +23,7 @@ from .routes import Retry, Route
 
 @dataclass(frozen=True)
 class Page:
-    action: str  # trigger | resolve
+    action: str  # trigger | acknowledge | resolve
     incident_id: str  # the PagerDuty dedup_key
     occurrence: int
     finding: dict[str, Any]  # the Finding record (for a resolve: the incident's last finding)
@@ -102,13 +102,14 @@ RESOLVED_WHY = {
     "stale": "nothing has seen it for a while",
     "recovered": "the job's step time is back at its level before the slowdown",
     "job_ended": "the job ended",
+    "manual": "resolved by hand",
 }
 
 
 def pagerduty(p: Page) -> dict[str, Any]:
     """PagerDuty Events API v2, without ``routing_key`` (added when sent: it is a secret)."""
-    if p.action == "resolve":
-        return {"event_action": "resolve", "dedup_key": p.incident_id}
+    if p.action in ("acknowledge", "resolve"):
+        return {"event_action": p.action, "dedup_key": p.incident_id}
     f = p.finding
     return {
         "event_action": "trigger",
@@ -148,6 +149,9 @@ def slack(p: Page) -> dict[str, Any]:
         why = RESOLVED_WHY.get(p.reason) or f"window {p.reason} closed without it"
         text = slack_escape(f":white_check_mark: Resolved {_headline(p)} ({why})")
         return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]}
+    if p.action == "acknowledge":
+        text = slack_escape(f":eyes: Acknowledged {_headline(p)} (someone is on it; no more pages for it)")
+        return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]}
     text = slack_escape(f"{_EMOJI.get(p.severity, '')} {p.severity.upper()} {_headline(p)}")
     fields = [
         ("Job", f"{f['job']} (tenant {f.get('tenant') or '-'})"),
@@ -176,7 +180,7 @@ def slack(p: Page) -> dict[str, Any]:
 def webhook(p: Page) -> dict[str, Any]:
     """Generic JSON (the Standard Webhooks envelope): ``type``, ``timestamp``, ``data``."""
     return {
-        "type": f"incident.{'triggered' if p.action == 'trigger' else 'resolved'}",
+        "type": f"incident.{ {'trigger': 'triggered', 'acknowledge': 'acknowledged'}.get(p.action, 'resolved') }",
         "timestamp": _iso(p.occurred_at),
         "data": {
             "incident": {
@@ -215,17 +219,21 @@ def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
 
 
 def plan(
-    action: str, finding: dict[str, Any], routes: tuple[Route, ...], triggered: dict[str, str]
+    action: str, finding: dict[str, Any], routes: tuple[Route, ...], triggered: dict[str, str], acked: bool = False
 ) -> list[tuple[Route, str]]:
-    """Deliveries for one incident event.  ``triggered``: route -> status of its trigger for this incident.
+    """Deliveries for one incident event.  ``triggered``: route -> status of its trigger for this incident;
+    ``acked``: someone acknowledged the incident.
 
     A route pages an incident once: on the first finding of it that matches the route (a later, more
-    confident finding can still page a route the first one did not match).  It resolves only what it paged.
+    confident finding can still page a route the first one did not match, until someone acknowledges it).
+    It acknowledges and resolves only what it paged.
     """
     if action in ("trigger", "update"):
+        if acked:
+            return []
         return [(r, "trigger") for r in routes if r.name not in triggered and r.matches(finding)]
-    if action == "resolve":
-        return [(r, "resolve") for r in routes if triggered.get(r.name) not in (None, "failed")]
+    if action in ("acknowledge", "resolve"):
+        return [(r, action) for r in routes if triggered.get(r.name) not in (None, "failed")]
     raise ValueError(f"unknown incident action {action!r}")
 
 

@@ -160,6 +160,13 @@ RESOLVED_BY = {
 }
 
 
+def resolved_why(resolved_by: str) -> str:
+    """Why an incident resolved, for people (``manual:<who>``: someone resolved it by hand)."""
+    if resolved_by.startswith("manual:"):
+        return f"resolved by hand by {resolved_by.removeprefix('manual:')}"
+    return RESOLVED_BY.get(resolved_by, f"window {resolved_by} did not see it")
+
+
 def _e(v: object) -> str:
     return html.escape(str(v), quote=True)
 
@@ -858,7 +865,7 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
         state = (
             f"open since {_when(inc.opened_at)}, seen in {plural(inc.windows, 'window')}"
             if inc.status == "open"
-            else f"resolved {_when(inc.resolved_at)}: {RESOLVED_BY.get(inc.resolved_by or '', f'window {inc.resolved_by} did not see it')}"
+            else f"resolved {_when(inc.resolved_at)}: {resolved_why(inc.resolved_by or '')}"
         )
         page_items = "".join(
             f"<li>{_e(p.route)} ({_e(p.receiver)}): {_e(p.action)} {_e(p.status)}"

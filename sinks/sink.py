@@ -13,20 +13,32 @@ and writes that address, with a bearer token, beside the database
 ``lockstep findings`` open the file read-only when it is free and ask the sink
 otherwise (:func:`query`).  With a tenant, both run the SQL in a sandbox that
 holds that tenant's rows only (:func:`~.store.tenant_sandbox`).
+
+Writes an operator asks for while the sink runs (``lockstep incident ack|resolve``,
+``lockstep prune``: :mod:`.operator`) come through the same port, with the same
+token, and run on the sink's own thread between two batches (:meth:`Sink.submit`):
+the sink stays the file's only writer and its transactions never conflict with
+them.  With ``retention_s`` the sink prunes the file itself every ``prune_every_s``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hmac
 import json
 import logging
 import os
+import queue
 import secrets
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, TopicPartition
@@ -47,7 +59,9 @@ from ..schemas.records import (
     encode,
 )
 from ..web import HttpServer, Limits, error, json_response
+from .incidents import Event, Incident, IncidentStateError
 from .store import Batch, FindingsStore, QueryBusy, StoreError, StoreLocked, jsonable, open_read_only, run_query
+from .store.findings import Pruned, UnknownIncident
 
 log = logging.getLogger("lockstep.sink")
 #: the query server's connection limits unless told otherwise
@@ -56,6 +70,14 @@ HTTP_LIMITS = Limits()
 
 def sidecar(db: Path | str) -> Path:
     return Path(f"{db}.sink.json")
+
+
+class SinkStopping(StoreError):
+    """The sink stopped before it ran what it was asked."""
+
+
+#: how often a sink with a retention prunes its file
+PRUNE_EVERY_S = 3600.0
 
 
 class Sink:
@@ -72,6 +94,9 @@ class Sink:
         pager=None,
         expire_every_s: float = 30.0,
         clients: Clients = CONFLUENT,
+        retention_s: float | None = None,
+        prune_every_s: float = PRUNE_EVERY_S,
+        topic_ids: Callable[[set[str]], dict[str, str]] | None = None,
     ):
         self.store = store
         self.topics = topics
@@ -83,33 +108,139 @@ class Sink:
         self.pager = pager
         self.expire_every_s = expire_every_s
         self.consumer = clients.consumer(consumer_config)
+        self.retention_s = retention_s
+        self.prune_every_s = prune_every_s
+        self.topic_ids = topic_ids  # topic names -> their Kafka topic ids (lockstep.kafka.topic_ids)
         self._stop = threading.Event()
+        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self.assigned = False
 
     def _on_assign(self, consumer: ConsumerClient, partitions) -> None:
-        stored = self.store.offsets()
+        stored = self.store.stored_offsets()
+        ids = self.topic_ids({p.topic for p in partitions}) if self.topic_ids else {}
+        self.store.topic_ids = ids
         for p in partitions:
-            p.offset = stored.get((p.topic, p.partition), OFFSET_BEGINNING)
+            p.offset = self._resume_at(consumer, p.topic, p.partition, stored.get((p.topic, p.partition)), ids)
         consumer.assign(partitions)
         self.assigned = True
         log.info("assigned %s", [(p.topic, p.partition, p.offset) for p in partitions])
+
+    def _resume_at(
+        self, consumer: ConsumerClient, topic: str, partition: int, stored: tuple[int, str | None] | None, ids
+    ) -> int:
+        """Where to read a partition from: the offset stored with the rows, unless it is of another log.
+
+        A new broker (Kafka's data lost, or the embedded broker restarted: it keeps nothing) or a topic created again
+        starts its offsets at 0.  Resuming there at the stored offset would skip the new log's records up to it (or,
+        beyond its end, wait for records that may never come: Tansu answers such a fetch with nothing).  The topic's
+        Kafka id, stored with the offset, says whether the log is the same; where either id is unknown, an offset
+        beyond the log's end says it is not.  Either way the partition is read from its beginning: the writes are
+        upserts, so records read twice change nothing."""
+        if stored is None:
+            return OFFSET_BEGINNING
+        offset, stored_id = stored
+        now_id = ids.get(topic)
+        if stored_id and now_id:
+            if stored_id == now_id:
+                return offset
+            log.warning(
+                "%s[%d]: the stored offset %d is of another log (topic id %s, now %s: a new broker, or the topic "
+                "was created again); reading the partition from its beginning",
+                topic,
+                partition,
+                offset,
+                stored_id,
+                now_id,
+            )
+            return OFFSET_BEGINNING
+        try:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10.0)
+        except KafkaException as exc:
+            log.warning(
+                "%s[%d]: could not read the log's end (%s); resuming at the stored offset %d",
+                topic,
+                partition,
+                exc,
+                offset,
+            )
+            return offset
+        if high >= 0 and offset > high:
+            log.warning(
+                "%s[%d]: the stored offset %d is beyond the log's end %d (a new broker, or the topic was created "
+                "again); reading the partition from its beginning",
+                topic,
+                partition,
+                offset,
+                high,
+            )
+            return OFFSET_BEGINNING
+        return offset
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
         self.consumer.subscribe(self.topics, on_assign=self._on_assign)
-        next_tick = 0.0
+        next_tick = next_prune = 0.0
         try:
             while not self._stop.is_set():
                 msgs = self.consumer.consume(self.batch_size, timeout=0.5)
                 if msgs:
                     self.write(msgs)
+                self._serve_requests()
                 if time.monotonic() >= next_tick:  # also plans what a crash or a failed fan-out left
                     self._after(self.store.expire(), always=True)
                     next_tick = time.monotonic() + self.expire_every_s
+                if self.retention_s and time.monotonic() >= next_prune:
+                    self.prune(self.retention_s)
+                    next_prune = time.monotonic() + self.prune_every_s
         finally:
+            self._serve_requests(SinkStopping("the sink stopped before it ran the request; ask again when it runs"))
             self.consumer.close()
+
+    # ------------------------------------------------------------------ an operator's writes
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the sink's thread between two batches (the file's one writer); its result in the future."""
+        fut: Future = Future()
+        self._requests.put((fn, fut))
+        if self._stop.is_set():  # run() may have drained the queue already
+            self._serve_requests(SinkStopping("the sink is stopping"))
+        return fut
+
+    def _serve_requests(self, refuse: Exception | None = None) -> None:
+        while True:
+            try:
+                fn, fut = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            if refuse is not None:
+                fut.set_exception(refuse)
+                continue
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+
+    def acknowledge(self, incident_id: str, by: str, tenant: str | None = None) -> tuple[Incident, list[Event]]:
+        """Someone acknowledged an incident (call on the sink's thread: :meth:`submit`); the routes that paged it
+        are told."""
+        inc, events = self.store.acknowledge(incident_id, by, tenant)
+        self._after(events)
+        return inc, events
+
+    def resolve(self, incident_id: str, by: str, tenant: str | None = None) -> tuple[Incident, list[Event]]:
+        """Someone resolved an incident (call on the sink's thread: :meth:`submit`); the routes that paged it are
+        told."""
+        inc, events = self.store.resolve(incident_id, by, tenant)
+        self._after(events)
+        return inc, events
+
+    def prune(self, older_than_s: float) -> Pruned:
+        """Delete what is older than ``older_than_s`` (:meth:`.store.FindingsStore.prune`; on the sink's thread)."""
+        return self.store.prune(older_than_s)
 
     def _after(self, events, always: bool = False) -> None:
         for ev in events:
@@ -272,6 +403,9 @@ class QueryServer:
         self.http.get("/healthz", self._healthz)
         self.http.get("/metrics", self._metrics)
         self.http.post("/query", self._query)
+        self.http.post("/incidents/ack", self._incident_ack)
+        self.http.post("/incidents/resolve", self._incident_resolve)
+        self.http.post("/prune", self._prune)
         self.http.get("/", self._page)
         self.sidecar = sidecar(db)
         self.url = ""
@@ -306,6 +440,61 @@ class QueryServer:
         except StoreError as exc:
             return error(400, str(exc))
         return json_response({"columns": cols, "rows": rows})
+
+    async def _on_sink(self, fn: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+        """Run ``fn`` on the sink's thread (:meth:`Sink.submit`) and wait for it without holding a worker thread."""
+        return await asyncio.wait_for(asyncio.wrap_future(self.sink.submit(fn)), timeout_s)
+
+    async def _incident_ack(self, request: web.Request) -> web.Response:
+        return await self._incident(request, "acknowledge")
+
+    async def _incident_resolve(self, request: web.Request) -> web.Response:
+        return await self._incident(request, "resolve")
+
+    async def _incident(self, request: web.Request, action: str) -> web.Response:
+        """``POST /incidents/ack|resolve`` ``{"id", "by", "tenant"}`` -> ``{"incident", "changed"}``."""
+        if not self._bearer(request):
+            return error(401, f"{request.path} needs the bearer token from {self.sidecar}")
+        req = await self.http.read_json(request)
+        iid, by, tenant = req.get("id"), req.get("by"), req.get("tenant")
+        if not (isinstance(iid, str) and iid and isinstance(by, str) and by.strip() and len(by) <= 200) or not (
+            tenant is None or isinstance(tenant, str)
+        ):
+            return error(400, "bad request: id and by must be non-empty strings (by: at most 200), tenant a string")
+        change = self.sink.acknowledge if action == "acknowledge" else self.sink.resolve
+        try:
+            inc, events = await self._on_sink(lambda: change(iid, by.strip(), tenant))
+        except UnknownIncident as exc:
+            return error(404, str(exc))
+        except IncidentStateError as exc:
+            return error(409, str(exc))
+        except (SinkStopping, TimeoutError) as exc:
+            return error(
+                503,
+                str(exc) or "the sink did not run the request in time (it may still: see lockstep query)",
+                headers={"Retry-After": "1"},
+            )
+        return json_response({"incident": dataclasses.asdict(inc), "changed": bool(events)})
+
+    async def _prune(self, request: web.Request) -> web.Response:
+        """``POST /prune`` ``{"older_than_s"}`` -> ``{"pruned": {table: rows}, "older_than_s"}``."""
+        if not self._bearer(request):
+            return error(401, f"/prune needs the bearer token from {self.sidecar}")
+        req = await self.http.read_json(request)
+        age = req.get("older_than_s")
+        if isinstance(age, bool) or not isinstance(age, int | float) or not age > 0:
+            return error(400, "bad request: older_than_s must be a positive number of seconds")
+        try:
+            pruned = await self._on_sink(lambda: self.sink.prune(float(age)), timeout_s=600.0)
+        except (SinkStopping, TimeoutError) as exc:
+            return error(
+                503,
+                str(exc) or "the sink did not run the request in time (it may still: see lockstep query)",
+                headers={"Retry-After": "1"},
+            )
+        except StoreError as exc:
+            return error(400, str(exc))
+        return json_response({"pruned": dataclasses.asdict(pruned), "older_than_s": float(age)})
 
     def _run_query(self, sql: str, params: list | None, tenant: str | None) -> tuple[list[str], list[list]]:
         try:
@@ -400,6 +589,22 @@ def query(
             return cols, [[jsonable(v) for v in r] for r in rows]
         finally:
             con.close()
+    body = ask(db, "/query", {"sql": sql, "params": params, "tenant": tenant}, timeout_s)
+    return body["columns"], body["rows"]
+
+
+class SinkRefused(StoreError):
+    """The running sink answered a request with an error (its HTTP status in ``status``)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def ask(db: Path | str, path: str, body: dict, timeout_s: float = 30.0) -> dict:
+    """POST ``body`` to the endpoint ``path`` of the sink that holds ``db`` (its address and token from the sidecar).
+
+    Raises StoreLocked when no sink announced itself or it does not answer, SinkRefused with its message otherwise."""
     side = sidecar(db)
     try:
         announced = json.loads(side.read_text())
@@ -409,22 +614,21 @@ def query(
     except (OSError, ValueError, KeyError):
         raise StoreLocked(f"{db} is held by another process and no running sink announced itself in {side}") from None
     req = urllib.request.Request(
-        url + "/query",
-        data=json.dumps({"sql": sql, "params": params, "tenant": tenant}).encode(),
+        url + path,
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body = json.loads(resp.read())
+            return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:
             msg = json.loads(exc.read()).get("error", str(exc))
         except ValueError:
             msg = str(exc)
-        raise StoreError(msg) from None
+        raise SinkRefused(msg, exc.code) from None
     except (urllib.error.URLError, TimeoutError) as exc:
         raise StoreLocked(f"{db} is held by a sink that does not answer at {url} ({exc})") from None
-    return body["columns"], body["rows"]
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:

@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..broker import kafka_or_embedded
-    from ..kafka import Publisher, consumer_config, ensure_topics, producer_config
+    from ..kafka import Publisher, admin, consumer_config, ensure_topics, producer_config, topic_ids
     from ..logs import setup_logging
     from ..metrics import Metrics
     from ..sinks import routes
@@ -63,16 +63,19 @@ def run(args) -> int:
                 metrics,
                 control_topic=topics.control,
                 pager=pager,
+                retention_s=s.retention,
+                topic_ids=lambda names: topic_ids(admin(s), names),
             )
             server = QueryServer(sink, s.db, port=args.http_port, host=args.http_host).start()
             log.info(
                 "sink writing %s; live page at %s/ and read-only SQL at %s/query (token in %s; `lockstep report --live-url` "
-                "prints the page's address with it); paging %s",
+                "prints the page's address with it); paging %s; retention %s",
                 s.db,
                 server.url,
                 server.url,
                 server.sidecar,
                 f"{len(paging.routes)} route(s) from {s.routes}" if paging else "off (no --routes)",
+                f"{s.retention:.0f} s (pruned hourly)" if s.retention else "off (everything is kept)",
             )
 
             def stop(signum, frame):

@@ -26,7 +26,15 @@ from .clients import (
 from .memory import MemoryKafka
 from .publisher import DeliveryError, Publisher, PublishStats
 from .tail import Message, Tail, ask, read_all
-from .topics import TopicError, Topics, ensure_topics, features_key, heartbeat_key, window_features_key
+from .topics import (
+    TopicError,
+    Topics,
+    ensure_topics,
+    features_key,
+    heartbeat_key,
+    topic_ids,
+    window_features_key,
+)
 
 __all__ = [
     "CONFLUENT",
@@ -52,5 +60,6 @@ __all__ = [
     "heartbeat_key",
     "producer_config",
     "read_all",
+    "topic_ids",
     "window_features_key",
 ]

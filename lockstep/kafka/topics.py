@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import NewTopic
+from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from ..config import Settings
 from ..schemas.errors import LockstepError
@@ -100,3 +100,29 @@ def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeo
                 "needs the same partition count (set --partitions to match, or recreate the topics)"
             )
     return topics
+
+
+#: what a broker that has no topic ids answers
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+
+
+def topic_ids(client: AdminClient, names: set[str] | list[str], timeout_s: float = 10.0) -> dict[str, str]:
+    """Each topic's Kafka topic id (a new one whenever the topic is created again: another broker, a topic deleted
+    and recreated).  Topics whose id the broker does not tell, or that it could not describe in time, are left out."""
+    if not names:
+        return {}
+    try:
+        futures = client.describe_topics(TopicCollection(sorted(names)), request_timeout=timeout_s)
+    except (KafkaException, ValueError, TypeError) as exc:
+        log.warning("could not ask Kafka for topic ids (%s); offsets are checked against the log's end only", exc)
+        return {}
+    ids = {}
+    for name, fut in futures.items():
+        try:
+            tid = str(fut.result(timeout=timeout_s).topic_id or "")
+        except Exception as exc:  # a topic the broker cannot describe: its offsets are checked by the log's end
+            log.warning("could not describe topic %s (%s)", name, exc)
+            continue
+        if tid and tid != _NO_TOPIC_ID:
+            ids[name] = tid
+    return ids

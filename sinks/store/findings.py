@@ -19,11 +19,13 @@ from ..incidents import (
     IncidentPolicy,
     JobNews,
     ReportedWindow,
+    acknowledge,
     incident_key,
     on_clock,
     on_finding,
     on_job_news,
     on_window,
+    resolve_by_hand,
 )
 from . import migrations
 from .reads import QUERY_LIMITS, QueryBusy, QueryLimits, StoreError, StoreLocked, duckdb_config, one, run_query
@@ -49,6 +51,73 @@ from .writes import (
 log = logging.getLogger("lockstep.sinks.store")
 
 
+class UnknownIncident(StoreError, LookupError):
+    """No incident of that id (for that tenant)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruned:
+    """Rows :meth:`FindingsStore.prune` deleted, by table."""
+
+    findings: int = 0
+    windows: int = 0
+    triggers: int = 0
+    window_deviations: int = 0
+    step_series: int = 0
+    job_changes: int = 0
+    incidents: int = 0
+    incident_events: int = 0
+    webhook_deliveries: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(dataclasses.astuple(self))
+
+
+#: what prune never deletes: rows an open incident still needs (its findings: the pager's resolve reads the last
+#: one; its first window and trigger; its job's news, which may end it), the last incident event (its ``seq`` numbers
+#: the next one: the pager's cursor and the deliveries' ids must never see a number again), events the pager has not
+#: planned yet and deliveries still pending.  ``?`` is the bound (epoch seconds).
+PRUNE = (
+    (
+        "findings",
+        """DELETE FROM findings WHERE epoch(created_at) < ?
+           AND id NOT IN (SELECT first_finding FROM _open UNION ALL SELECT last_finding FROM _open)
+           AND coalesce(incident_id, '') NOT IN (SELECT id FROM _open)""",
+    ),
+    (
+        "window_deviations",
+        """DELETE FROM window_deviations d USING windows w
+           WHERE w.job = d.job AND w.window_id = d.window_id AND epoch(w.closed_at) < ?
+             AND (d.job, d.window_id) NOT IN (SELECT job, first_window FROM _open)""",
+    ),
+    (
+        "windows",
+        """DELETE FROM windows WHERE epoch(closed_at) < ?
+           AND (job, window_id) NOT IN (SELECT job, first_window FROM _open)""",
+    ),
+    (
+        "triggers",
+        """DELETE FROM triggers WHERE epoch(created_at) < ?
+           AND (job, window_id) NOT IN (SELECT job, first_window FROM _open)""",
+    ),
+    ("step_series", "DELETE FROM step_series WHERE epoch(received_at) < ?"),
+    (
+        "job_changes",
+        "DELETE FROM job_changes WHERE epoch(changed_at) < ? AND job NOT IN (SELECT job FROM _open)",
+    ),
+    ("incidents", "DELETE FROM incidents WHERE status = 'resolved' AND epoch(resolved_at) < ?"),
+    (
+        "incident_events",
+        """DELETE FROM incident_events WHERE epoch(occurred_at) < ?
+           AND incident_id NOT IN (SELECT id FROM _open)
+           AND seq < (SELECT max(seq) FROM incident_events)
+           AND seq <= coalesce((SELECT min(last_seq) FROM pager_cursor), (SELECT max(seq) FROM incident_events))""",
+    ),
+    ("webhook_deliveries", "DELETE FROM webhook_deliveries WHERE epoch(created_at) < ? AND status <> 'pending'"),
+)
+
+
 class FindingsStore:
     """The read-write owner of the DuckDB file (the sink)."""
 
@@ -66,6 +135,8 @@ class FindingsStore:
         self._slots = threading.BoundedSemaphore(limits.concurrent)
         self._running: set[duckdb.DuckDBPyConnection] = set()
         self._closing = False
+        #: the Kafka topic ids of the topics being read (the sink sets them when assigned); stored with the offsets
+        self.topic_ids: dict[str, str] = {}
         try:
             self.con = duckdb.connect(str(self.path), config=duckdb_config(limits))
         except duckdb.IOException as exc:
@@ -82,6 +153,15 @@ class FindingsStore:
         return {
             (t, p): o
             for t, p, o in self.con.execute('SELECT topic, "partition", next_offset FROM sink_offsets').fetchall()
+        }
+
+    def stored_offsets(self) -> dict[tuple[str, int], tuple[int, str | None]]:
+        """(topic, partition) -> (next offset, the topic's Kafka id when it was stored; None: not known)."""
+        return {
+            (t, p): (o, tid)
+            for t, p, o, tid in self.con.execute(
+                'SELECT topic, "partition", next_offset, topic_id FROM sink_offsets'
+            ).fetchall()
         }
 
     def write(self, batch: Batch, now: float | None = None) -> list[Event]:
@@ -146,6 +226,7 @@ class FindingsStore:
                     "topic": [t for t, _ in batch.offsets],
                     "partition": pa.array([p for _, p in batch.offsets], pa.int32()),
                     "next_offset": list(batch.offsets.values()),
+                    "topic_id": pa.array([self.topic_ids.get(t) for t, _ in batch.offsets], pa.string()),
                 }
                 upsert(con, "sink_offsets", pa.table(offsets), ("topic", "partition"))
             self._triggered_at(incidents)
@@ -173,6 +254,69 @@ class FindingsStore:
                 [self.series_keep_steps],
             )
         return events
+
+    def incident(self, incident_id: str, tenant: str | None = None) -> Incident:
+        """One incident (of ``tenant`` when given), or :class:`UnknownIncident`."""
+        found = self._incidents(
+            "id = ?" + (" AND tenant = ?" if tenant is not None else ""),
+            [incident_id] + ([tenant] if tenant is not None else []),
+        )
+        if not found:
+            raise UnknownIncident(
+                f"no incident {incident_id!r}"
+                + (f" of tenant {tenant!r}" if tenant is not None else "")
+                + ' (lockstep query "SELECT id, job, cause, status FROM incidents" lists them)'
+            )
+        return found[0]
+
+    def acknowledge(
+        self, incident_id: str, by: str, tenant: str | None = None, now: float | None = None
+    ) -> tuple[Incident, list[Event]]:
+        """Someone acknowledged an open incident (:func:`.incidents.acknowledge`); one transaction.  Returns the
+        incident as stored and the event appended (none when it was acknowledged already)."""
+        return self._by_hand(acknowledge, incident_id, by, tenant, now)
+
+    def resolve(
+        self, incident_id: str, by: str, tenant: str | None = None, now: float | None = None
+    ) -> tuple[Incident, list[Event]]:
+        """Someone resolved an open incident (:func:`.incidents.resolve_by_hand`); one transaction."""
+        return self._by_hand(resolve_by_hand, incident_id, by, tenant, now)
+
+    def _by_hand(self, change, incident_id: str, by: str, tenant: str | None, now: float | None):
+        now = time.time() if now is None else now
+        with transaction(self.con):
+            inc, ev = change(self.incident(incident_id, tenant), by, now)
+            events = [ev] if ev is not None else []
+            if events:
+                self._save({inc.id: inc}, events)
+        if events:
+            log.info("incident %s: %s by %s", inc.id, events[0].action, by)
+        return inc, events
+
+    def prune(self, older_than_s: float, now: float | None = None) -> Pruned:
+        """Delete what is older than ``older_than_s`` (findings, windows, triggers, heatmaps, step series, the
+        detector's news, resolved incidents and their events, finished deliveries), except what open incidents and
+        the pager still need (:data:`PRUNE`); one transaction.  DuckDB reuses the space; the file does not shrink."""
+        if not older_than_s > 0:
+            raise StoreError(f"prune: the age bound must be positive, not {older_than_s}")
+        now = time.time() if now is None else now
+        before = now - older_than_s
+        counts = {}
+        with transaction(self.con):
+            self.con.execute(
+                "CREATE OR REPLACE TEMP TABLE _open AS SELECT id, job, coalesce(first_window, '') AS first_window, "
+                "coalesce(first_finding, '') AS first_finding, coalesce(last_finding, '') AS last_finding "
+                "FROM incidents WHERE status = 'open'"
+            )
+            try:
+                for table, sql in PRUNE:
+                    counts[table] = one(self.con.execute(sql, [before]).fetchone(), f"rows deleted from {table}")[0]
+            finally:
+                self.con.execute("DROP TABLE _open")
+        pruned = Pruned(**counts)
+        if pruned.total:
+            log.info("pruned %d row(s) older than %.0f s: %s", pruned.total, older_than_s, dataclasses.asdict(pruned))
+        return pruned
 
     # -------------------------------------------------------------- incidents (inside the caller's transaction)
 

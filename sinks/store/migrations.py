@@ -330,6 +330,16 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             FROM windows GROUP BY tenant, job;
         """,
     ),
+    (
+        7,
+        "incidents acknowledged or resolved by hand: incidents.acked_at, acked_by (resolved_reason 'manual'); "
+        "sink_offsets.topic_id (offsets of a topic created again are not resumed)",
+        """
+        ALTER TABLE incidents ADD COLUMN acked_at TIMESTAMP;
+        ALTER TABLE incidents ADD COLUMN acked_by VARCHAR;
+        ALTER TABLE sink_offsets ADD COLUMN topic_id VARCHAR;
+        """,
+    ),
 ]
 
 

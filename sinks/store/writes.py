@@ -118,6 +118,8 @@ INCIDENT_SCHEMA = pa.schema(
         ("first_trigger_at", pa.timestamp("us")),
         ("resolved_reason", pa.string()),
         ("after_s", pa.float64()),
+        ("acked_at", pa.timestamp("us")),
+        ("acked_by", pa.string()),
     ]
 )
 EVENT_SCHEMA = pa.schema(
@@ -132,7 +134,7 @@ EVENT_SCHEMA = pa.schema(
         ("occurred_at", pa.timestamp("us")),
     ]
 )
-INCIDENT_TIMES = ("opened_at", "last_seen_at", "resolved_at", "first_trigger_at")
+INCIDENT_TIMES = ("opened_at", "last_seen_at", "resolved_at", "first_trigger_at", "acked_at")
 
 
 #: the incidents columns as Incident fields (timestamps as epoch seconds)

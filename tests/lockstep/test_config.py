@@ -115,3 +115,24 @@ def test_the_stage_budget_comes_from_the_file_then_the_environment_then_the_flag
     assert config.load(parse(["--config", str(f)]), env=env).stage_budget_mib == 1024
     assert config.load(parse(["--config", str(f), "--stage-budget-mib", "128"]), env=env).stage_budget_mib == 128
     assert config.load(parse([]), env={}).stage_budget_mib == 512
+
+def test_ages_and_the_sinks_retention():
+    from lockstep.config import age_s, load, optional_age_s
+
+    assert [age_s(v) for v in ("30d", "12h", "90m", "45s", "2w", "3600", 7.5)] == [
+        30 * 86400.0,
+        43200.0,
+        5400.0,
+        45.0,
+        14 * 86400.0,
+        3600.0,
+        7.5,
+    ]
+    for bad in ("soon", "d", "-1d", "0s", "1y"):
+        with pytest.raises(ValueError):
+            age_s(bad)
+    assert [optional_age_s(v) for v in (None, "", "0", "off")] == [None] * 4
+    assert load(None, env={"LOCKSTEP_RETENTION": "30d"}).retention == 30 * 86400.0
+    assert load(None, env={}).retention is None
+    with pytest.raises(ConfigError, match="retention"):
+        load(None, env={"LOCKSTEP_RETENTION": "a while"})

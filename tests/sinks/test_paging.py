@@ -108,6 +108,28 @@ def test_severity_rules_and_routing_plan():
     assert [(r.name, act) for r, act in plan("resolve", low, paging.routes, {"a": "delivered", "b": "failed"})] == [
         ("a", "resolve")
     ]
+    # acknowledged: the routes it paged are told, and a finding that would page another route pages none
+    assert [(r.name, act) for r, act in plan("acknowledge", low, paging.routes, {"a": "delivered"})] == [
+        ("a", "acknowledge")
+    ]
+    assert plan("update", rec(), paging.routes, {"a": "delivered"}, acked=True) == []
+    assert plan("trigger", rec(), paging.routes, {}, acked=True) == []
+
+
+def test_acknowledge_and_resolve_by_hand_payloads():
+    import msgspec
+
+    from lockstep.sinks.paging import Page, pagerduty, slack, webhook
+
+    rec = msgspec.to_builtins(f())
+    ack = Page("acknowledge", "k-1", 1, rec, "error", "manual", 1_800_000_000.0)
+    assert pagerduty(ack) == {"event_action": "acknowledge", "dedup_key": "k-1"}
+    assert slack(ack)["text"].startswith(":eyes: Acknowledged")
+    assert webhook(ack)["type"] == "incident.acknowledged"
+    done = Page("resolve", "k-1", 1, rec, "error", "manual", 1_800_000_000.0)
+    assert pagerduty(done) == {"event_action": "resolve", "dedup_key": "k-1"}
+    assert "resolved by hand" in slack(done)["text"]
+    assert webhook(done)["type"] == "incident.resolved"
 
 
 def test_slack_pages_escape_what_a_function_or_job_name_could_do_there():

@@ -104,6 +104,7 @@ def test_migrations_are_versioned_and_idempotent(tmp_path):
         (4,),
         (5,),
         (6,),
+        (7,),
     ]
 
 
@@ -219,6 +220,7 @@ def test_migrates_a_version_1_file_and_builds_its_incidents(tmp_path):
         (4,),
         (5,),
         (6,),
+        (7,),
     ]
     inc = store.con.execute("SELECT id, status, first_finding, windows FROM incidents").fetchall()
     assert len(inc) == 1 and inc[0][1:] == ("open", "f1", 1)

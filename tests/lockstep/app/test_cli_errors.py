@@ -59,6 +59,12 @@ CASES = [
     (["report", "--db", "{db}", "--live-url"], "no sink is running"),
     (["report", "--db", "{db}", "--limit", "0"], "--limit"),
     (["schemas", "--write"], "unrecognized arguments"),
+    (["jobs", "--db", "{text}"], "not a valid DuckDB"),
+    (["jobs", "--db", "{db}", "--limit", "0"], "--limit"),
+    (["prune", "--older-than", "soon", "--db", "{db}"], "--older-than"),
+    (["prune", "--older-than", "30d", "--db", "{tmp}/none.duckdb"], "no such findings file"),
+    (["incident", "ack", "nosuch-1", "--db", "{db}"], "no incident"),
+    (["incident", "resolve", "x-1", "--db", "{other}"], "not a findings store"),
 ]
 
 
@@ -123,7 +129,7 @@ def one_line_error(r) -> str:
 
 
 def test_every_subcommand_has_a_bad_input_case():
-    covered = {" ".join(a[:2]) if a[0] == "agent" else a[0] for a, _ in CASES}
+    covered = {" ".join(a[:2]) if a[0] in ("agent", "incident") else a[0] for a, _ in CASES}
     assert set(subcommands()) <= covered, set(subcommands()) - covered
 
 
@@ -142,6 +148,9 @@ REQUIRED = {
     "raw": ["j", "--workers", "1"],
     "diagnose": ["t.json"],
     "query": ["SELECT 1"],
+    "incident ack": ["x-1"],
+    "incident resolve": ["x-1"],
+    "prune": ["--older-than", "30d"],
 }
 
 
