@@ -154,6 +154,13 @@ class Settings:
         parse=positive_int,
         read_by=KAFKA_COMMANDS,
     )
+    connect_timeout_s: float = setting(
+        10.0,
+        help="most seconds a command waits for Kafka to take the connection and answer before it stops with one line "
+        "(exit status 69)",
+        parse=positive_float,
+        read_by=("topics", "simulate", "trigger", "raw"),
+    )
     db: Path = setting(
         Path("lockstep.duckdb"), help="DuckDB findings file", parse=Path, read_by=("sink", "demo"), metavar="FILE"
     )

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from .. import config
+from ._kafka import reach_kafka
 
 #: an answer's trace may expand to this many times the request's ``max_bytes`` (JSON traces compress ~10x)
 EXPANSION = 32
@@ -78,6 +79,7 @@ def run(args) -> int:
         max_bytes=args.max_bytes,
         created_at=time.time(),
     )
+    reach_kafka(settings)
     answers = request_raw(settings, req, args.timeout)
     if not answers:
         raise RawError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import config
+from ._kafka import reach_kafka
 
 
 def register(sub) -> None:
@@ -66,6 +67,7 @@ def run(args) -> int:
         raise config.ConfigError(
             "bootstrap_servers: --publish needs a running Kafka (--bootstrap-servers) with a processor attached"
         )
+    reach_kafka(settings)
     from ..broker import kafka_or_embedded
     from ..kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
     from ..producers.simulator.fleet import FleetSimulator

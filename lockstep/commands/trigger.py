@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .. import config
+from ._kafka import reach_kafka
 
 
 def register(sub) -> None:
@@ -31,6 +32,7 @@ def run(args) -> int:
         )
     if args.steps is not None and not 1 <= args.steps <= 10_000:
         raise config.ConfigError(f"--steps: {args.steps} is not in 1..10000")
+    reach_kafka(settings)
     answer = request_window(settings, args.job, steps=args.steps, reason=args.reason, timeout_s=args.timeout)
     if args.json:
         print_json(to_builtins(answer))
