@@ -33,7 +33,7 @@ def register(sub) -> None:
         "env", help="print the environment that attaches the agent (for launchers that cannot wrap)"
     )
     for q in (run_p, env_p):
-        config.add_arguments(q, config.read_by("agent"), only=True)
+        config.add_arguments(q, command="agent")
         group = q.add_argument_group(
             "agent settings (flag > LOCKSTEP_AGENT_<NAME> environment > LOCKSTEP_AGENT_CONFIG file > default)"
         )

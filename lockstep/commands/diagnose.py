@@ -49,7 +49,7 @@ def register(sub) -> None:
         metavar="MB",
         help=f"largest input file, after decompression (default {MAX_INPUT_MB:g})",
     )
-    config.add_arguments(p, config.read_by("diagnose"), only=True)
+    config.add_arguments(p, command="diagnose")
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.set_defaults(func=run)

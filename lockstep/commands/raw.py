@@ -43,7 +43,7 @@ def _ints(text: str) -> list[int]:
 
 def register(sub) -> None:
     p = sub.add_parser("raw", help="fetch a slice of the raw profiler trace that named workers kept")
-    config.add_arguments(p, config.read_by("raw"))
+    config.add_arguments(p, command="raw")
     p.add_argument("job", help="the job")
     p.add_argument("--workers", required=True, help="ranks that should send their slice, e.g. 2,5")
     p.add_argument("--window", default="", help="the window (default: the last one each worker kept)")

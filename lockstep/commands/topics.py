@@ -8,7 +8,7 @@ from ._kafka import reach_kafka
 
 def register(sub) -> None:
     p = sub.add_parser("topics", help="create the pipeline's topics with the configured partitions, and list them")
-    config.add_arguments(p, config.read_by("topics"))
+    config.add_arguments(p, command="topics")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 

@@ -11,7 +11,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "trigger", help="ask the detector for a profiling window of a job (same policy checks as its own)"
     )
-    config.add_arguments(p, config.read_by("trigger"))
+    config.add_arguments(p, command="trigger")
     p.add_argument("job", help="the job to profile")
     p.add_argument("--steps", type=int, default=None, help="steps in the window (default: the policy's window_steps)")
     p.add_argument("--reason", default="", help="why, recorded in the trigger")

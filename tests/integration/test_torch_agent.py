@@ -91,13 +91,16 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path, w
     # a rank of 4 on 2 shared cores can stall for seconds while the whole suite runs: a lateness bound that a stall
     # does not pass (the default 2 s is exercised in test_live_jobs and test_heartbeat_arrival)
     settings = dataclasses.replace(settings, heartbeat_lateness_s=15.0)
-    flags = [*settings_flags(settings), "--policy", str(policy)]
+    flags = [*settings_flags(settings, "processor"), "--policy", str(policy)]
     port, sink_port = free_port(), free_port()
     proc = Child(
         "processor", ["processor", *flags, "--http-port", str(port)], tmp_path, f"http://127.0.0.1:{port}/healthz"
     )
     sink = Child(
-        "sink", ["sink", *flags, "--http-port", str(sink_port)], tmp_path, f"http://127.0.0.1:{sink_port}/healthz"
+        "sink",
+        ["sink", *settings_flags(settings, "sink"), "--http-port", str(sink_port)],
+        tmp_path,
+        f"http://127.0.0.1:{sink_port}/healthz",
     )
     ranks = start_ranks(settings, tmp_path, world, slow_rank, region)
     hb = Consumer(consumer_config(settings, None))
