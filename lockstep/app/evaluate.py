@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data import SUITES
 from ..producers.simulator.faults import Truth
 from ..producers.simulator.fleet import FleetSimulator, Scenario, ScenarioError, Window
 from ..producers.simulator.model import SimulatedStep
@@ -53,7 +54,7 @@ from ..streams.diagnosis import (
 )
 from ..streams.policy import Policy
 
-STANDARD_SUITE = Path(__file__).resolve().parents[2] / "suites" / "standard"
+STANDARD_SUITE = SUITES / "standard"
 CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0)
 
 

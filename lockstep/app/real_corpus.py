@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import pyarrow.parquet as pq
 
+from ..data import CORPUS
 from ..producers.agent.summarise import StepSummary
 from ..schemas import functions as ft
 from ..schemas.errors import LockstepError
@@ -26,7 +27,6 @@ from .offline import Inputs
 
 #: the manifest format's version (add fields, never rename)
 FORMAT = 1
-CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "real" / "corpus"
 META = ("worker", "step", "step_time_us", "host", "device", "hardware")
 PARTS = ("dev", "test")
 
