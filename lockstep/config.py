@@ -253,7 +253,7 @@ class Settings:
         "INFO",
         help="DEBUG, INFO, WARNING or ERROR",
         parse=lambda v: str(v).upper(),
-        read_by=(*KAFKA_COMMANDS, "demo", "agent", "evaluate"),
+        read_by=(*KAFKA_COMMANDS, "demo", "evaluate"),
         metavar="LEVEL",
     )
     log_format: str = setting(

@@ -67,7 +67,9 @@ def test_the_wheel_holds_every_tracked_file_and_passes_the_schema_check(tmp_path
     assert "up to date" in r.stdout
 
     # the evaluations read their data from the installed package, not from a checkout
-    r = run(venv / "bin" / "lockstep", "evaluate", "--detector", "--series", "recorded-testjob", "--runs", "2", cwd=tmp_path)
+    r = run(
+        venv / "bin" / "lockstep", "evaluate", "--detector", "--series", "recorded-testjob", "--runs", "2", cwd=tmp_path
+    )
     assert "recorded-testjob" in r.stdout and "unknown series" not in r.stdout + r.stderr, r.stdout
     r = run(venv / "bin" / "lockstep", "evaluate", "--real", "--json", cwd=tmp_path)
     assert '"cases"' in r.stdout or '"overall"' in r.stdout, r.stdout[:2000]
