@@ -34,6 +34,7 @@ CASES = [
     (["agent", "run", "--job", "j", *NOKAFKA, "--", "no-such-command-anywhere"], "not found"),
     (["agent", "env", "--job", "j", *NOKAFKA, "--min-share", "2"], "min_share"),
     (["agent", "env", "--job", "j", *NOKAFKA, "--rank", "-1"], "rank"),
+    (["agent", "status", "--db", "{other}"], "not a Lockstep findings store"),
     (["broker", "--port", "seventy"], "--port"),
     (["topics"], "needs a running Kafka"),
     (["simulate", "{tmp}/none.yaml", "--out", "{tmp}/o"], "{tmp}/none.yaml"),
