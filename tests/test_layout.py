@@ -17,7 +17,7 @@ STAGES = {
 }
 
 
-#: folders of data installed as packages of their own (lockstep/data.py finds them)
+#: folders of data installed as packages of their own (lockstep/app/data.py finds them)
 DATA_PACKAGES = {"suites": "lockstep.suites", "tests/data/real/corpus": "lockstep.corpus"}
 
 

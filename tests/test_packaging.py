@@ -18,7 +18,7 @@ STAGES = {
     "producers": "lockstep/producers",
     "streams": "lockstep/streams",
     "sinks": "lockstep/sinks",
-    # the evaluation data (lockstep/data.py)
+    # the evaluation data (lockstep/app/data.py)
     "suites": "lockstep/suites",
     "tests/data/real/corpus": "lockstep/corpus",
 }

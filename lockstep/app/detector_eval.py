@@ -50,13 +50,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import SUITES
 from ..producers.simulator.fleet import FleetSimulator, Scenario
 from ..producers.simulator.model import Workload
 from ..producers.simulator.topology import Topology
 from ..schemas.records import StepHeartbeat
 from ..streams.detector import SlowdownDetector
 from ..streams.policy import Policy
+from .data import SUITES
 
 STEPTIMES = SUITES / "steptimes"
 SIZES = (0.02, 0.03, 0.05, 0.10, 0.20, 0.50)

@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from ..data import SUITES
 from ..producers.simulator.faults import Truth
 from ..producers.simulator.fleet import FleetSimulator, Scenario, ScenarioError, Window
 from ..producers.simulator.model import SimulatedStep
@@ -53,6 +52,7 @@ from ..streams.diagnosis import (
     peer_group_key,
 )
 from ..streams.policy import Policy
+from .data import SUITES
 
 STANDARD_SUITE = SUITES / "standard"
 CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0)

@@ -18,11 +18,11 @@ import msgspec
 import numpy as np
 import pyarrow.parquet as pq
 
-from ..data import CORPUS
 from ..producers.agent.summarise import StepSummary
 from ..schemas import functions as ft
 from ..schemas.errors import LockstepError
 from ..schemas.records import WorkerMeta
+from .data import CORPUS
 from .offline import Inputs
 
 #: the manifest format's version (add fields, never rename)

@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 
 #: the checkout this module lies in (meaningful only in a checkout or an editable install)
-_CHECKOUT = Path(__file__).resolve().parents[1]
+_CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def package_folder(package: str, checkout_folder: str) -> Path:
