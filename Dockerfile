@@ -10,6 +10,9 @@ COPY schemas schemas
 COPY producers producers
 COPY streams streams
 COPY sinks sinks
+# the evaluation data, packaged as lockstep.suites and lockstep.corpus (pyproject's package-dir)
+COPY suites suites
+COPY tests/data/real/corpus tests/data/real/corpus
 COPY scenarios scenarios
 RUN pip install --no-cache-dir . && lockstep schemas --check
 ENTRYPOINT ["lockstep"]

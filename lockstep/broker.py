@@ -82,6 +82,10 @@ class EmbeddedBroker:
         self.port = port or free_port()
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
         self._log_path = log_path
+        #: the log is a temporary file of ours (no ``log_path`` given): removed by a clean :meth:`stop`, kept when the
+        #: broker failed (the error names it)
+        self._temporary_log = log_path is None
+        self._failed = False
         self._proc: subprocess.Popen | None = None
         self._log_file: BinaryIO | None = None
 
@@ -115,6 +119,8 @@ class EmbeddedBroker:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                self._failed = True
+                self._close_log()
                 raise BrokerError(f"embedded broker exited with {self._proc.returncode}; log: {self._log_path}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -122,6 +128,7 @@ class EmbeddedBroker:
                     return self
             except OSError:
                 time.sleep(0.05)
+        self._failed = True
         self.stop()
         raise BrokerError(
             f"embedded broker did not listen on {self.bootstrap_servers} within {timeout_s}s; log: {self._log_path}"
@@ -132,6 +139,8 @@ class EmbeddedBroker:
         return self._proc.pid if self._proc else None
 
     def stop(self) -> None:
+        if self._proc and self._proc.poll() not in (None, 0):
+            self._failed = True  # it died on its own: its log says why
         if self._proc and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
             try:
@@ -139,9 +148,14 @@ class EmbeddedBroker:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        self._close_log()
+
+    def _close_log(self) -> None:
         if self._log_file:
             self._log_file.close()
             self._log_file = None
+        if self._temporary_log and not self._failed and self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -106,6 +106,8 @@ def kv_map(v: Any) -> dict[str, str]:
 #: checked against existing topics); a setting's ``read_by`` names the commands that read it
 KAFKA_COMMANDS = ("processor", "sink", "topics", "simulate", "trigger", "raw")
 TOPIC_COMMANDS = ("processor", "sink", "topics", "simulate")
+#: the commands that read Kafka with a consumer of their own (``topics`` asks the admin API only)
+CONSUMER_COMMANDS = ("processor", "sink", "simulate", "trigger", "raw")
 #: every command that has settings flags
 COMMANDS = (*KAFKA_COMMANDS, "demo", "agent", "evaluate", "diagnose")
 
@@ -116,14 +118,23 @@ def setting(
     help: str,
     parse: Callable[[Any], Any],
     read_by: Iterable[str],
+    help_by: Mapping[str, str] | None = None,
     flag: str | None = None,
     metavar: str | None = None,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A field of a settings model: its help text, its parser (raw file, environment or flag value -> the value),
-    the commands that read it (their ``--help`` lists it; the others accept it unlisted), and optionally its flag
-    name (default: the field's, dashed) and metavar."""
-    metadata = {"help": help, "parse": parse, "read_by": frozenset(read_by), "flag": flag, "metavar": metavar}
+    the commands that read it (only they accept its flag, and their ``--help`` lists it), a command's own help text
+    where the setting means more to it (``help_by``: command -> text), and optionally its flag name (default: the
+    field's, dashed) and metavar."""
+    metadata = {
+        "help": help,
+        "parse": parse,
+        "read_by": frozenset(read_by),
+        "help_by": dict(help_by or {}),
+        "flag": flag,
+        "metavar": metavar,
+    }
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -133,6 +144,11 @@ def setting(
 MIN_STAGE_BUDGET_MIB = 64
 MAX_STAGE_BUDGET_MIB = 64 << 10
 
+#: the commands that start the embedded broker when no ``--bootstrap-servers`` is given; the others that talk to
+#: Kafka refuse without it
+EMBEDDED_BROKER_COMMANDS = ("processor", "sink", "demo")
+_EMBEDDED = "; when unset the command starts the embedded broker (memory storage: to try it out, not to keep data)"
+
 
 @dataclass
 class Settings:
@@ -141,9 +157,16 @@ class Settings:
 
     bootstrap_servers: str | None = setting(
         None,
-        help="Kafka bootstrap servers; when unset the command starts the embedded broker",
+        help="Kafka bootstrap servers (required: the command talks to a running pipeline)",
         parse=str,
         read_by=(*KAFKA_COMMANDS, "demo", "agent"),
+        help_by={
+            "processor": "Kafka bootstrap servers" + _EMBEDDED,
+            "sink": "Kafka bootstrap servers" + _EMBEDDED,
+            "demo": "Kafka bootstrap servers; when unset the demo starts its own embedded broker",
+            "simulate": "Kafka bootstrap servers (required with --publish)",
+            "agent": "Kafka bootstrap servers the agents publish to (required)",
+        },
         metavar="HOST:PORT[,...]",
     )
     kafka: dict[str, str] = setting(
@@ -177,14 +200,21 @@ class Settings:
         6000,
         help="consumer-group session timeout (short: groups form in about half of it)",
         parse=positive_int,
-        read_by=KAFKA_COMMANDS,
+        read_by=CONSUMER_COMMANDS,
     )
     fetch_wait_ms: int = setting(
         100,
         help="most time a consumer fetch waits for data; keep it short: the embedded broker does not "
         "answer a waiting fetch early when data arrives",
         parse=positive_int,
-        read_by=KAFKA_COMMANDS,
+        read_by=CONSUMER_COMMANDS,
+    )
+    connect_timeout_s: float = setting(
+        10.0,
+        help="most seconds a command waits for Kafka to take the connection and answer before it stops with one line "
+        "(exit status 69)",
+        parse=positive_float,
+        read_by=("topics", "simulate", "trigger", "raw"),
     )
     db: Path = setting(
         Path("lockstep.duckdb"), help="DuckDB findings file", parse=Path, read_by=("sink", "demo"), metavar="FILE"
@@ -263,7 +293,7 @@ class Settings:
         "INFO",
         help="DEBUG, INFO, WARNING or ERROR",
         parse=lambda v: str(v).upper(),
-        read_by=(*KAFKA_COMMANDS, "demo", "agent", "evaluate"),
+        read_by=(*KAFKA_COMMANDS, "demo", "evaluate"),
         metavar="LEVEL",
     )
     log_format: str = setting(
@@ -344,26 +374,38 @@ def add_arguments(
     parser: argparse.ArgumentParser,
     names: list[str] | None = None,
     config_file: bool = True,
-    only: bool = False,
+    only: bool = True,
     title: str = "settings (flag > LOCKSTEP_<NAME> environment > --config file > default)",
+    *,
+    command: str | None = None,
+    environment: bool = True,
+    defaults_shown: Mapping[str, str] | None = None,
 ) -> None:
-    """Add ``--config`` and one flag per setting (default None, so that unset flags are known), in a group of
-    their own so that ``--help`` shows the command's own options first.
+    """Add ``--config`` and one flag per setting the command reads (default None, so that unset flags are known),
+    in a group of their own so that ``--help`` shows the command's own options first.
 
-    ``--help`` lists ``names`` (usually :func:`read_by` of the command), the settings the command reads.  The
-    other settings' flags are accepted too, unlisted (one set of flags serves every process, as one file does),
-    unless ``only``."""
+    ``command``: the settings it reads (:func:`read_by`) and their help as it reads them (``help_by``); or ``names``,
+    a list of settings.  A command accepts the flags of the settings it reads and no other (a file or the
+    environment may still set any setting: one file serves every process).  ``environment``: whether the help names
+    each setting's ``LOCKSTEP_<NAME>`` variable (not for a command that reads none); ``defaults_shown``: a default as
+    the command's help should say it, where it is not the model's (setting -> text).  ``only`` is kept for callers
+    and ignored: every command accepts only its own settings."""
+    del only
     group = parser.add_argument_group(title)
     if config_file:
         group.add_argument(
             "--config", type=Path, default=None, metavar="FILE", help="YAML settings file (also LOCKSTEP_CONFIG)"
         )
-    listed = list(names or _FIELDS)
-    for name in listed + ([] if only else [n for n in _FIELDS if n not in listed]):
+    listed = list(names if names is not None else read_by(command) if command else _FIELDS)
+    for name in listed:
         f = _FIELDS[name]
         default = default_of(f)
-        shown = "" if default in (None, {}, "") else f"; default {default}"
-        help_ = f"{f.metadata['help']} (env LOCKSTEP_{name.upper()}{shown})" if name in listed else argparse.SUPPRESS
+        shown = (defaults_shown or {}).get(name) or ("" if default in (None, {}, "") else str(default))
+        notes = "; ".join(
+            x for x in (f"env LOCKSTEP_{name.upper()}" if environment else "", f"default {shown}" if shown else "") if x
+        )
+        text = f.metadata["help_by"].get(command, f.metadata["help"]) if command else f.metadata["help"]
+        help_ = f"{text} ({notes})" if notes else text
         metavar = f.metadata["metavar"] or (
             "SECONDS" if name.endswith("_s") else "N" if isinstance(default, (int, float)) else "VALUE"
         )

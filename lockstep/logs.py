@@ -27,8 +27,12 @@ class JsonFormatter(logging.Formatter):
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
-    """Every command's logging, the processor's included: ``text`` lines or ``json`` objects on stderr."""
+def setup_logging(level: str = "INFO", fmt: str = "text", client_logs: bool = True) -> None:
+    """Every command's logging, the processor's included: ``text`` lines or ``json`` objects on stderr.
+
+    Without ``client_logs`` (the one-shot commands: ``trigger``, ``raw``, ``topics``, ``simulate``) librdkafka's own
+    lines (a ``FAIL ... Connection refused`` per retry) are shown only at level DEBUG: the command's error says what
+    failed, in one line."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT, datefmt="%H:%M:%S"))
     root = logging.getLogger()
@@ -36,3 +40,5 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(getattr(logging, level, logging.INFO))
     for noisy in ("faust", "mode", "aiokafka", "kafka", "lockstep.librdkafka", "aiohttp"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    if not client_logs and root.level > logging.DEBUG:
+        logging.getLogger("lockstep.librdkafka").setLevel(logging.CRITICAL + 1)

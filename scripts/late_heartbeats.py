@@ -79,7 +79,7 @@ def main() -> int:
         port = free_port()
         proc = Child(
             "processor",
-            ["processor", *settings_flags(s), "--http-port", str(port)],
+            ["processor", *settings_flags(s, "processor"), "--http-port", str(port)],
             out,
             f"http://127.0.0.1:{port}/healthz",
         )

@@ -17,10 +17,14 @@ STAGES = {
 }
 
 
+#: folders of data installed as packages of their own (lockstep/app/data.py finds them)
+DATA_PACKAGES = {"suites": "lockstep.suites", "tests/data/real/corpus": "lockstep.corpus"}
+
+
 def test_every_package_folder_is_packaged():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = set()
-    for folder, name in STAGES.items():
+    for folder, name in {**STAGES, **DATA_PACKAGES}.items():
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join((name, *rel)))

@@ -18,7 +18,18 @@ STAGES = {
     "producers": "lockstep/producers",
     "streams": "lockstep/streams",
     "sinks": "lockstep/sinks",
+    # the evaluation data (lockstep/app/data.py)
+    "suites": "lockstep/suites",
+    "tests/data/real/corpus": "lockstep/corpus",
 }
+
+
+def installed_as(rel: str) -> str | None:
+    """Where a tracked file lies in the wheel, or None when it is not installed."""
+    for folder, package in STAGES.items():
+        if rel.startswith(folder + "/"):
+            return f"{package}/{rel.removeprefix(folder + '/')}"
+    return None
 
 
 def run(*cmd, cwd=None):
@@ -38,11 +49,7 @@ def test_the_wheel_holds_every_tracked_file_and_passes_the_schema_check(tmp_path
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "dist", src)
     (wheel,) = (tmp_path / "dist").glob("lockstep-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    wanted = {
-        f"{STAGES[rel.split('/')[0]]}/{rel.split('/', 1)[1]}"
-        for rel in tracked
-        if rel.split("/")[0] in STAGES and "/" in rel
-    }
+    wanted = {where for rel in tracked if (where := installed_as(rel))}
     assert not wanted - names, f"tracked files missing from the wheel: {sorted(wanted - names)}"
 
     # a fresh environment: the wheel installed for real, the dependencies borrowed from this one
@@ -58,3 +65,11 @@ def test_the_wheel_holds_every_tracked_file_and_passes_the_schema_check(tmp_path
     assert where.startswith(str(venv)), where  # the installed copy, not this checkout
     r = run(venv / "bin" / "lockstep", "schemas", "--check", cwd=tmp_path)
     assert "up to date" in r.stdout
+
+    # the evaluations read their data from the installed package, not from a checkout
+    r = run(
+        venv / "bin" / "lockstep", "evaluate", "--detector", "--series", "recorded-testjob", "--runs", "2", cwd=tmp_path
+    )
+    assert "recorded-testjob" in r.stdout and "unknown series" not in r.stdout + r.stderr, r.stdout
+    r = run(venv / "bin" / "lockstep", "evaluate", "--real", "--json", cwd=tmp_path)
+    assert '"cases"' in r.stdout or '"overall"' in r.stdout, r.stdout[:2000]

@@ -1,5 +1,8 @@
 """``lockstep`` command line.  Errors print one line, never a traceback: a :class:`LockstepError` its message,
-anything else as an internal error (a bug)."""
+anything else as an internal error (a bug).
+
+Exit statuses: 0 done; 1 the command failed (its line says why); 2 a usage or settings error; 69 Kafka could not be
+reached or did not answer (``--connect-timeout-s``); 70 an internal error (a bug); 130 interrupted; 141 stdout closed."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from ..config import ConfigError
 from ..schemas.errors import LockstepError
 
 EXIT_USAGE = 2
+#: Kafka could not be reached or did not answer (sysexits' EX_UNAVAILABLE; :data:`lockstep.kafka.EXIT_UNAVAILABLE`)
+EXIT_UNAVAILABLE = 69
 
 
 class Parser(argparse.ArgumentParser):
@@ -59,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return closed_pipe()
     except LockstepError as exc:  # every error a user can cause; its message says what to do
         print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, ConfigError) else 1
+        return EXIT_USAGE if isinstance(exc, ConfigError) else getattr(exc, "exit_code", 1)
     except OSError as exc:  # a file or socket the command was given: name it, say what is wrong
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"{name}: error: {where}{exc.strerror or one_line(exc)}", file=sys.stderr)
@@ -70,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, the traceback on request
         if os.environ.get("LOCKSTEP_TRACEBACK"):
             raise
+        if type(exc).__module__.startswith("confluent_kafka"):  # Kafka refused or failed a request: not our bug
+            print(f"{name}: error: Kafka: {one_line(exc)}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
         print(
             f"{name}: internal error: {type(exc).__name__}: {one_line(exc)} (a bug; LOCKSTEP_TRACEBACK=1 shows where)",
             file=sys.stderr,

@@ -56,8 +56,9 @@ from ..producers.simulator.topology import Topology
 from ..schemas.records import StepHeartbeat
 from ..streams.detector import SlowdownDetector
 from ..streams.policy import Policy
+from .data import SUITES
 
-STEPTIMES = Path(__file__).resolve().parents[2] / "suites" / "steptimes"
+STEPTIMES = SUITES / "steptimes"
 SIZES = (0.02, 0.03, 0.05, 0.10, 0.20, 0.50)
 #: the detector before issue 15, as it shipped: ``lockstep evaluate --detector --policy`` a file with ``detector: {rule: median, slowdown_threshold: 0.15}``
 MEDIAN_RULE = {"rule": "median", "slowdown_threshold": 0.15}

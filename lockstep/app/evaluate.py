@@ -52,8 +52,9 @@ from ..streams.diagnosis import (
     peer_group_key,
 )
 from ..streams.policy import Policy
+from .data import SUITES
 
-STANDARD_SUITE = Path(__file__).resolve().parents[2] / "suites" / "standard"
+STANDARD_SUITE = SUITES / "standard"
 CALIBRATION_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0)
 
 

@@ -18,8 +18,21 @@ import socket
 import time
 import uuid
 
+from confluent_kafka import KafkaException
+
 from ..config import Settings
-from ..kafka import CONFLUENT, Clients, Publisher, Tail, TopicError, Topics, ask, consumer_config, producer_config
+from ..kafka import (
+    CONFLUENT,
+    Clients,
+    KafkaUnavailable,
+    Publisher,
+    Tail,
+    TopicError,
+    Topics,
+    ask,
+    consumer_config,
+    producer_config,
+)
 from ..schemas.errors import LockstepError
 from ..schemas.records import ProfileTrigger, RawRequest, RawTrace, TriggerRefused, TriggerRequest
 
@@ -32,6 +45,16 @@ class TriggerError(LockstepError, RuntimeError):
 
 class RawError(LockstepError, RuntimeError):
     """No worker answered a raw request in time."""
+
+
+def unanswered(settings: Settings, exc: KafkaException) -> KafkaUnavailable:
+    """Kafka took the connection but did not answer in time (not Kafka, a security protocol it does not speak, a
+    broker that is down behind a proxy): one line naming the address, the bound and librdkafka's reason."""
+    reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+    return KafkaUnavailable(
+        f"Kafka at {settings.bootstrap_servers} did not answer within {settings.connect_timeout_s:g} s "
+        f"(--connect-timeout-s): {reason}"
+    )
 
 
 def request_window(
@@ -48,9 +71,13 @@ def request_window(
         requested_at=time.time(),
     )
     try:
-        answers = Tail(consumer_config(settings, None), topics.control, clients=clients).open()
+        answers = Tail(consumer_config(settings, None), topics.control, clients=clients).open(
+            settings.connect_timeout_s
+        )
     except TopicError as exc:
         raise TriggerError(f"{exc} (wrong --topic-prefix, or no processor ever ran?)") from None
+    except KafkaException as exc:
+        raise unanswered(settings, exc) from None
     with answers:
         got: list[ProfileTrigger | TriggerRefused] = ask(
             Publisher(producer_config(settings), clients=clients),
@@ -100,9 +127,11 @@ def request_raw(
         return False
 
     try:
-        tail = Tail(consumer_config(settings, None), topics.raw, clients=clients).open()
+        tail = Tail(consumer_config(settings, None), topics.raw, clients=clients).open(settings.connect_timeout_s)
     except TopicError as exc:
         raise RawError(f"{exc} (run `lockstep topics`, or check --topic-prefix)") from None
+    except KafkaException as exc:
+        raise unanswered(settings, exc) from None
     with tail:
         got = ask(
             Publisher(producer_config(settings), clients=clients),

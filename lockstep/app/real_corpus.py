@@ -22,11 +22,11 @@ from ..producers.agent.summarise import StepSummary
 from ..schemas import functions as ft
 from ..schemas.errors import LockstepError
 from ..schemas.records import WorkerMeta
+from .data import CORPUS
 from .offline import Inputs
 
 #: the manifest format's version (add fields, never rename)
 FORMAT = 1
-CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "real" / "corpus"
 META = ("worker", "step", "step_time_us", "host", "device", "hardware")
 PARTS = ("dev", "test")
 

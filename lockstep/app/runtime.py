@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -21,14 +20,13 @@ class RuntimeFailure(LockstepError, RuntimeError):
     """A child process died or did not become ready."""
 
 
-def settings_flags(settings: Settings, command: str | None = None) -> list[str]:
-    """Flags that hand these settings to a child ``lockstep processor`` or ``lockstep sink``: the ones it reads,
-    or (another or no ``command``) every setting, which every command accepts."""
+def settings_flags(settings: Settings, command: str) -> list[str]:
+    """Flags that hand these settings to a child ``lockstep <command>`` (``processor``, ``sink``, ...): the ones it
+    reads, the only ones it accepts."""
     from ..config import flag_name, read_by
 
     flags: list[str] = []
-    names = read_by(command) if command in ("processor", "sink") else [f.name for f in dataclasses.fields(settings)]
-    for name in names:
+    for name in read_by(command):
         value = getattr(settings, name)
         if isinstance(value, dict):
             for k, v in value.items():

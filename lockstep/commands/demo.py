@@ -24,7 +24,14 @@ def register(sub) -> None:
     p.add_argument(
         "--workers", type=int, default=64, help="workers in the simulated job (default 64: 8 hosts x 8 GPUs)"
     )
-    p.add_argument("--fault", default="gpu_throttle_thermal", help="fault to inject (default gpu_throttle_thermal)")
+    faults = worker_faults()
+    p.add_argument(
+        "--fault",
+        default="gpu_throttle_thermal",
+        choices=faults,
+        metavar="FAULT",
+        help=f"fault to inject: one of {', '.join(faults)} (default gpu_throttle_thermal; other faults: --scenario)",
+    )
     p.add_argument("--culprit", type=int, default=13, help="worker the fault hits (default 13)")
     p.add_argument("--scenario", type=Path, help="a scenario file instead of --workers/--fault/--culprit")
     p.add_argument("--timeout", type=float, default=90.0, help="give up after this many seconds (default 90)")
@@ -32,12 +39,24 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list of Finding records")
     config.add_arguments(
         p,
-        config.read_by("demo"),
+        command="demo",
         config_file=False,
-        only=True,
-        title="settings (flags only; --db: a new file, or one a previous demo wrote; default: a new temporary folder)",
+        environment=False,
+        defaults_shown={
+            "db": "lockstep.duckdb in a new temporary folder",
+            "topic_prefix": "lockstep on its own broker, a new lockstep-demo-* on a given Kafka",
+        },
+        title="settings (flags only: the demo reads no LOCKSTEP_* variable and no settings file; --db: a new file, "
+        "or one a previous demo wrote)",
     )
     p.set_defaults(func=run)
+
+
+def worker_faults() -> list[str]:
+    """The faults ``--fault`` injects: those of one worker with a cause (the others need a scenario file)."""
+    from ..producers.simulator.faults import CATALOGUE
+
+    return [name for name, kind in CATALOGUE.items() if kind.target == "workers" and kind.cause]
 
 
 def run(args) -> int:
@@ -47,7 +66,6 @@ def run(args) -> int:
     from ..app.output import findings_table, plural, print_json, table
     from ..app.progress import Progress, wanted
     from ..logs import setup_logging
-    from ..producers.simulator.faults import CATALOGUE
     from ..producers.simulator.fleet import Scenario
     from ..sinks.report import render
     from ..sinks.reportdata import gather
@@ -59,10 +77,9 @@ def run(args) -> int:
     if args.scenario:
         scenario = Scenario.load(args.scenario)
     else:
-        worker_faults = [name for name, kind in CATALOGUE.items() if kind.target == "workers" and kind.cause]
-        if args.fault not in worker_faults:
+        if args.fault not in worker_faults():  # argparse checks a flag; this, a caller's args
             raise config.ConfigError(
-                f"--fault: {args.fault!r} is not one of {', '.join(worker_faults)} (other faults: --scenario FILE)"
+                f"--fault: {args.fault!r} is not one of {', '.join(worker_faults())} (other faults: --scenario FILE)"
             )
         if args.workers < 1:
             raise config.ConfigError(f"--workers: {args.workers} must be at least 1")

@@ -49,7 +49,7 @@ def register(sub) -> None:
         metavar="MB",
         help=f"largest input file, after decompression (default {MAX_INPUT_MB:g})",
     )
-    config.add_arguments(p, config.read_by("diagnose"), only=True)
+    config.add_arguments(p, command="diagnose")
     p.add_argument("--job", default="offline", help="job name the findings carry (default: offline)")
     p.add_argument("--json", action="store_true", help="print the Finding records as a JSON list")
     p.add_argument(
@@ -72,6 +72,12 @@ def run(args) -> int:
     policy = load_policy(config.load(args).policy)
     if not args.max_input_mb > 0:
         raise DiagnoseError(f"--max-input-mb must be positive, got {args.max_input_mb:g}")
+    for path in (*args.files, *([args.samples] if args.samples else [])):
+        if is_duckdb(path):
+            raise DiagnoseError(
+                f"{path} is a DuckDB file (a findings store?), not a trace or an op-event table: "
+                f"list its findings with `lockstep findings --db {path}`"
+            )
     with Progress(wanted(args.json), "reading", total=len(args.files), unit="file") as bar:
         inputs = load_inputs(
             args.files,
@@ -114,6 +120,15 @@ def run(args) -> int:
         f"coverage {r.coverage:.0%} of {plural(inputs.expected_workers, 'worker')}; peer groups by {', '.join(keys) or 'nothing (one group)'}"
     )
     return 0
+
+
+def is_duckdb(path: Path) -> bool:
+    """Whether ``path`` is a DuckDB database file (its header's magic ``DUCK`` at byte 8)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(12)[8:12] == b"DUCK"
+    except OSError:
+        return False  # the reader says what is wrong with it
 
 
 def _given_ranks(specs: list[str], files: list[Path]) -> dict[Path, int]:

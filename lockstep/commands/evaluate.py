@@ -16,7 +16,7 @@ from .. import config
 
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="run a suite of simulated scenarios through the diagnosis and score it")
-    config.add_arguments(p, config.read_by("evaluate"), only=True)
+    config.add_arguments(p, command="evaluate")
     p.add_argument(
         "suite", type=Path, nargs="?", help="a scenario file or a folder of them (default: the standard suite)"
     )
@@ -33,7 +33,10 @@ def register(sub) -> None:
         help="score the diagnosis on the real-fault corpus (SUITE: its folder; default tests/data/real/corpus)",
     )
     r.add_argument(
-        "--part", choices=["dev", "test", "all"], default="all", help="with --real: the part of the split (default all)"
+        "--part",
+        choices=["dev", "test", "all"],
+        default="all",
+        help="with --real: the part of the split: dev, test or all (default all)",
     )
     r.add_argument(
         "--simulated",

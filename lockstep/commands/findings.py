@@ -10,7 +10,11 @@ def register(sub) -> None:
     p.add_argument("--db", type=Path, default=None, help="DuckDB file (default: settings db, lockstep.duckdb)")
     p.add_argument("--job", help="only this job")
     p.add_argument("--since", help="only findings created since: ISO time (2026-11-29T10:00) or an age (30m, 6h, 2d)")
-    p.add_argument("--cause", help="only this cause")
+    from ..schemas.records import CAUSES
+
+    p.add_argument(
+        "--cause", choices=list(CAUSES), metavar="CAUSE", help=f"only this cause: one of {', '.join(CAUSES)}"
+    )
     p.add_argument("--tenant", help="only this tenant (the query runs on that tenant's rows only)")
     p.add_argument(
         "--open", action="store_true", help="only problems not cleared yet: the latest finding of each open incident"

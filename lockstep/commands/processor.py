@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument(
         "--roles", default="heartbeats,detect,shards,steps,windows", help="comma-separated agents to run (default: all)"
     )
-    config.add_arguments(p, config.read_by("processor"))
+    config.add_arguments(p, command="processor")
     p.set_defaults(func=run)
 
 

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from .. import config
+from ._kafka import reach_kafka
 
 #: an answer's trace may expand to this many times the request's ``max_bytes`` (JSON traces compress ~10x)
 EXPANSION = 32
@@ -42,7 +43,7 @@ def _ints(text: str) -> list[int]:
 
 def register(sub) -> None:
     p = sub.add_parser("raw", help="fetch a slice of the raw profiler trace that named workers kept")
-    config.add_arguments(p, config.read_by("raw"))
+    config.add_arguments(p, command="raw")
     p.add_argument("job", help="the job")
     p.add_argument("--workers", required=True, help="ranks that should send their slice, e.g. 2,5")
     p.add_argument("--window", default="", help="the window (default: the last one each worker kept)")
@@ -78,6 +79,7 @@ def run(args) -> int:
         max_bytes=args.max_bytes,
         created_at=time.time(),
     )
+    reach_kafka(settings)
     answers = request_raw(settings, req, args.timeout)
     if not answers:
         raise RawError(

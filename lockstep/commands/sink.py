@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument(
         "--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)"
     )
-    config.add_arguments(p, config.read_by("sink"))
+    config.add_arguments(p, command="sink")
     p.set_defaults(func=run)
 
 

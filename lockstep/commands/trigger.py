@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from .. import config
+from ._kafka import reach_kafka
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "trigger", help="ask the detector for a profiling window of a job (same policy checks as its own)"
     )
-    config.add_arguments(p, config.read_by("trigger"))
+    config.add_arguments(p, command="trigger")
     p.add_argument("job", help="the job to profile")
     p.add_argument("--steps", type=int, default=None, help="steps in the window (default: the policy's window_steps)")
     p.add_argument("--reason", default="", help="why, recorded in the trigger")
@@ -31,6 +32,7 @@ def run(args) -> int:
         )
     if args.steps is not None and not 1 <= args.steps <= 10_000:
         raise config.ConfigError(f"--steps: {args.steps} is not in 1..10000")
+    reach_kafka(settings)
     answer = request_window(settings, args.job, steps=args.steps, reason=args.reason, timeout_s=args.timeout)
     if args.json:
         print_json(to_builtins(answer))

@@ -13,12 +13,15 @@ configuration; faust (the stream processor) has its own client and takes :func:`
 
 from .clients import (
     CONFLUENT,
+    EXIT_UNAVAILABLE,
     Clients,
     ConsumerClient,
+    KafkaUnavailable,
     ProducerClient,
     admin,
     agent_consumer_config,
     agent_producer_config,
+    check_reachable,
     consumer_config,
     faust_broker_kwargs,
     producer_config,
@@ -38,9 +41,11 @@ from .topics import (
 
 __all__ = [
     "CONFLUENT",
+    "EXIT_UNAVAILABLE",
     "Clients",
     "ConsumerClient",
     "DeliveryError",
+    "KafkaUnavailable",
     "MemoryKafka",
     "Message",
     "ProducerClient",
@@ -53,6 +58,7 @@ __all__ = [
     "agent_consumer_config",
     "agent_producer_config",
     "ask",
+    "check_reachable",
     "consumer_config",
     "ensure_topics",
     "faust_broker_kwargs",

@@ -20,7 +20,9 @@ sink, the agent's outbox and control follower) take ``clients``: confluent-kafka
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,10 +31,50 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from ..config import ConfigError, Settings
+from ..schemas.errors import LockstepError
 from ..schemas.records import MAX_RECORD_BYTES
 
 #: librdkafka's own log lines go through Python logging (not straight to stderr)
 librdkafka_log = logging.getLogger("lockstep.librdkafka")
+
+
+#: the exit status of a command whose Kafka could not be reached or did not answer (sysexits' EX_UNAVAILABLE)
+EXIT_UNAVAILABLE = 69
+
+
+class KafkaUnavailable(LockstepError, ConnectionError):
+    """Kafka at the given address could not be reached, or did not answer in time; the command exits with
+    :data:`EXIT_UNAVAILABLE`."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+def check_reachable(bootstrap_servers: str, timeout_s: float) -> None:
+    """Raise :class:`KafkaUnavailable`, in one line naming each address and what failed (``connection refused``,
+    ``timed out``, an unknown host), unless a TCP connection to one of the bootstrap servers opens within
+    ``timeout_s`` in all: a command that would otherwise wait on librdkafka's retries says so at once."""
+    addresses = [a.strip() for a in bootstrap_servers.split(",") if a.strip()]
+    deadline = time.monotonic() + timeout_s
+    failures = []
+    for i, address in enumerate(addresses):
+        hostport = address.split("://", 1)[-1]
+        host, _, port = hostport.rpartition(":")
+        host = host.strip("[]")  # [::1]:9092
+        try:
+            number = int(port)
+        except ValueError:
+            raise ConfigError(f"bootstrap_servers: {address!r} is not HOST:PORT") from None
+        share = max(0.1, (deadline - time.monotonic()) / (len(addresses) - i))
+        try:
+            socket.create_connection((host, number), timeout=share).close()
+            return
+        except socket.gaierror as exc:
+            failures.append(f"{address}: unknown host ({exc.strerror})")
+        except TimeoutError:
+            failures.append(f"{address}: no answer within {share:g} s")
+        except OSError as exc:
+            failures.append(f"{address}: {(exc.strerror or str(exc)).lower()}")
+    raise KafkaUnavailable(f"cannot reach Kafka at {'; '.join(failures)}")
 
 
 class ProducerClient(Protocol):

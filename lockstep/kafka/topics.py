@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from ..config import Settings
 from ..schemas.errors import LockstepError
-from .clients import MAX_BATCH_BYTES, admin
+from .clients import MAX_BATCH_BYTES, KafkaUnavailable, admin
 
 log = logging.getLogger("lockstep.kafka")
 
@@ -67,7 +67,10 @@ def ensure_topics(settings: Settings, extra: dict[str, int] | None = None, timeo
     try:
         existing = client.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
-        raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
+        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        raise KafkaUnavailable(
+            f"Kafka at {settings.bootstrap_servers} did not answer within {timeout_s:g} s: {reason}"
+        ) from None
     new = [
         NewTopic(
             name,

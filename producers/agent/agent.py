@@ -25,6 +25,7 @@ import atexit
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -99,8 +100,28 @@ class AgentReport:
     kafka_producer: bool = True  # whether this agent holds a Kafka producer now
 
 
+def agent_logging(level: str) -> None:
+    """The agent's lines (logger ``lockstep.agent``) at ``level``, on stderr when the training process set up no
+    logging of its own (then Python would show only warnings, and not the agent's INFO lines); through the process's
+    own handlers otherwise.  At INFO the agent says one line when it attaches, accepts, refuses or publishes a window,
+    and when it spools or drops records; the rest of what it does is DEBUG, and so are librdkafka's own lines."""
+    logger = logging.getLogger("lockstep.agent")
+    logger.setLevel(getattr(logging, level))
+    client = logging.getLogger("lockstep.librdkafka")
+    if client.level == logging.NOTSET and level != "DEBUG":
+        # librdkafka's own lines (a FAIL line per retry while Kafka is down) only at DEBUG: the agent says it spools
+        client.setLevel(logging.CRITICAL + 1)
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.propagate = False  # a handler the process adds later does not print the agent's lines twice
+
+
 class Agent:
     def __init__(self, config: AgentConfig, identity: Identity | None = None, clients: Clients = CONFLUENT):
+        agent_logging(config.log_level)
         self.config = config
         ident = identity or discover(config)
         self.meta = ident.meta
@@ -126,6 +147,7 @@ class Agent:
             queue_max=config.queue_max,
             flush_interval_s=config.flush_interval_s,
             tick=self._io_tick,
+            on_sent=self._sent,
             coalesce=self._coalesce if config.heartbeat_shard_workers else None,
             clients=clients,
             lazy=self._link is not None,  # a Kafka producer only when a record has to go to Kafka itself
@@ -255,6 +277,12 @@ class Agent:
             world_size=self._world_reported,  # the job's membership, which the processor counts steps and windows against
             **extra,
         )
+
+    def _sent(self, topic: str, key: bytes | None, size: int) -> None:
+        """The io thread: Kafka acknowledged a record.  A window's feature record is the window published."""
+        if topic == self.topics.windowfeatures and key is not None:
+            window = key.decode(errors="replace").rsplit(":", 2)[-2] if key.count(b":") >= 2 else "?"
+            log.info("published window %s: its %d-byte feature record is in Kafka", window, size)
 
     def _coalesce(self, items: list) -> list:
         """The io thread, at each flush: the heartbeats that accumulated go as one ``HeartbeatBatch`` (key ``job/shard``),
@@ -450,7 +478,7 @@ class Agent:
         record.summarised = outcome.steps
         record.trace_bytes, record.events, record.summarise_s = outcome.trace_bytes, outcome.events, outcome.seconds
         self._windows.append(record)
-        log.info(
+        log.debug(
             "window %s: %d step(s) summarised, a %d-byte feature record from a %d-byte trace, in %.2fs; sampler %s at %.0f Hz (%.1f%% of a core)",
             trigger.window,
             record.summarised,
@@ -544,7 +572,7 @@ class Agent:
         self._control.close()
         if self._link is not None:
             self._link.close()
-        log.info("lockstep agent closed at step %d", self._step)
+        log.debug("lockstep agent closed at step %d", self._step)
 
     def __enter__(self) -> Agent:
         return self

@@ -53,7 +53,7 @@ class ControlFollower:
                 self._next_try = time.monotonic() + self._retry_s
                 log.debug("control topic not reachable yet: %s", exc)
                 return None
-            log.info("following %s for job %s", self.topic, self.job)
+            log.debug("following %s for job %s", self.topic, self.job)
         # refusals (TriggerRefused) are for operators, and are skipped like any other record type
         return self._tail.records(
             (ProfileTrigger, RawRequest), where=lambda rec: rec.job == self.job, timeout_s=timeout_s

@@ -88,6 +88,7 @@ class Outbox:
         retry_s: float = 2.0,
         tick: Callable[[float], bool] | None = None,
         coalesce: Callable[[list], list] | None = None,
+        on_sent: Callable[[str, bytes | None, int], None] | None = None,
         name: str = "lockstep-agent-io",
         clients: Clients = CONFLUENT,
         lazy: bool = False,
@@ -107,6 +108,7 @@ class Outbox:
         self._retry_s = retry_s
         self._tick = tick
         self._coalesce = coalesce  # what accumulated -> what is sent (the agent: heartbeats as one batch)
+        self._on_sent = on_sent  # (topic, key, bytes) of each record Kafka acknowledged (the agent logs windows)
         self._down = False
         self._next_probe = 0.0
         self._replaying: dict[Path, int] = {}  # segment -> records not yet reported back
@@ -253,6 +255,8 @@ class Outbox:
     def _delivered(self, err: KafkaError | None, msg) -> None:
         if err is None:
             self.counters.sent += 1
+            if self._on_sent is not None:
+                self._on_sent(msg.topic(), msg.key(), len(msg.value() or b""))
         elif err.code() in TRANSIENT or err.retriable():
             self._mark_down(err.str())
             self._to_spool(msg.topic(), msg.key(), msg.value())

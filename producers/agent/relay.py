@@ -265,7 +265,7 @@ class Relay:
 
     def start(self) -> Relay:
         self._thread.start()
-        log.info("host relay listening on %s", self.path)
+        log.debug("host relay listening on %s", self.path)
         return self
 
     @property
@@ -425,7 +425,7 @@ class RelayLink:
                 return []
             if self._joining_until:
                 self._joining_until = 0.0
-                log.info("no host relay at %s: this agent sends to Kafka itself until one answers", self.relay_path)
+                log.debug("no host relay at %s: this agent sends to Kafka itself until one answers", self.relay_path)
             return batches
         for i, b in enumerate(batches):
             for data in heartbeat_frames([b]):
@@ -495,7 +495,7 @@ class RelayLink:
                 continue
             if not self.relayed and self._hello_ok:
                 self.relayed, self._joining_until = True, 0.0
-                log.info("handing heartbeats to the host relay %s", self.relay_path)
+                log.debug("handing heartbeats to the host relay %s", self.relay_path)
             if rec is not None:
                 out.append(rec)
         return out

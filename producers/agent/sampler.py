@@ -179,7 +179,7 @@ class HardwareSampler:
         use_gpu = use_gpu and nvml_mod.load() is not None
         if not use_gpu and not _said_host_only:
             _said_host_only = True
-            log.info(
+            log.debug(
                 "hardware sampler: no GPU through NVML (%s); sampling the host only",
                 nvml_mod.unavailable_reason() or "not requested",
             )

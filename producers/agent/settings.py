@@ -53,6 +53,13 @@ def _relay_mode(v: Any) -> str:
     return mode
 
 
+def _log_level(v: Any) -> str:
+    level = str(v).strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError("must be DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
 def _redaction(v: Any) -> Redaction:
     return v if isinstance(v, Redaction) else Redaction.parse(str(v))
 
@@ -95,6 +102,14 @@ class AgentConfig:
         metadata={
             "help": "peer-group labels, e.g. pp=1,tp=0 (added to discovered ones)",
             "parse": lockstep_config.kv_map,
+        },
+    )
+    log_level: str = field(
+        default="INFO",
+        metadata={
+            "help": "the agent's log lines on stderr (logger lockstep.agent): INFO, one line when it attaches, accepts, "
+            "refuses or publishes a window, spools or drops records; WARNING for problems only; DEBUG for all",
+            "parse": _log_level,
         },
     )
     start_step: int = field(

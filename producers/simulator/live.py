@@ -53,8 +53,8 @@ def run_live(
     shard_workers: int = SHARD_WORKERS,
     end_job: bool = True,
 ) -> LiveResult:
-    """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered (or ``max_steps``),
-    then (``end_job``) send every worker's final heartbeat: the job ended.
+    """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered (0: never) or
+    ``max_steps``, then (``end_job``) send every worker's final heartbeat: the job ended.
 
     ``control`` is the control topic, open (from its end as it was when the fleet started)."""
     res = LiveResult()
@@ -114,7 +114,7 @@ def run_live(
                     publisher.send(topics.windowfeatures, window_features_key(job, trig.window, wf.shard), wf)
                 active.remove(trig)
                 res.windows_done.append(trig.window)
-                if len(res.windows_done) >= stop_after_windows:
+                if stop_after_windows and len(res.windows_done) >= stop_after_windows:
                     stop_at = step + tail_steps
         res.steps = step - start_step + 1
         publisher.poll(0)

@@ -314,11 +314,22 @@ def open_read_only(path: Path | str, limits: QueryLimits = QUERY_LIMITS) -> duck
     if not path.exists():
         raise StoreError(f"{path} does not exist (run the demo or a sink first)")
     try:
-        return duckdb.connect(str(path), read_only=True, config=duckdb_config(limits))
+        con = duckdb.connect(str(path), read_only=True, config=duckdb_config(limits))
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
             raise StoreLocked(f"{path} is held by a running sink") from None
         raise StoreError(f"cannot open {path}: {exc}") from None
+    found = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND table_name = 'findings'"
+    ).fetchone()
+    if not (found and found[0]):
+        con.close()
+        raise StoreError(
+            f"{path} is a DuckDB file but not a Lockstep findings store (no findings table): give the --db of "
+            "`lockstep sink` or of the demo"
+        )
+    return con
 
 
 def jsonable(value):

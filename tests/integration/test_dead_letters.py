@@ -20,13 +20,13 @@ def test_garbage_goes_to_the_dead_letter_topic_and_processing_continues(settings
     port, sink_port = free_port(), free_port()
     proc = Child(
         "processor",
-        ["processor", *settings_flags(settings), "--http-port", str(port)],
+        ["processor", *settings_flags(settings, "processor"), "--http-port", str(port)],
         tmp_path,
         f"http://127.0.0.1:{port}/healthz",
     )
     sink = Child(
         "sink",
-        ["sink", *settings_flags(settings), "--http-port", str(sink_port)],
+        ["sink", *settings_flags(settings, "sink"), "--http-port", str(sink_port)],
         tmp_path,
         f"http://127.0.0.1:{sink_port}/healthz",
     )

@@ -184,7 +184,7 @@ def rig(kafka_bootstrap, tmp_path_factory):
     port = free_port()
     proc = Child(
         "processor",
-        ["processor", *settings_flags(settings), "--http-port", str(port)],
+        ["processor", *settings_flags(settings, "processor"), "--http-port", str(port)],
         tmp,
         f"http://127.0.0.1:{port}/healthz",
     )

@@ -432,7 +432,7 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
         settings, session_timeout_ms=3000
     )  # the restart waits for the killed member to time out
     topics = ensure_topics(settings)
-    flags = [*settings_flags(settings), "--routes", str(routes_file)]
+    flags = [*settings_flags(settings, "sink"), "--routes", str(routes_file)]
 
     def start_sink(name):
         port = free_port()

@@ -91,13 +91,16 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path, w
     # a rank of 4 on 2 shared cores can stall for seconds while the whole suite runs: a lateness bound that a stall
     # does not pass (the default 2 s is exercised in test_live_jobs and test_heartbeat_arrival)
     settings = dataclasses.replace(settings, heartbeat_lateness_s=15.0)
-    flags = [*settings_flags(settings), "--policy", str(policy)]
+    flags = [*settings_flags(settings, "processor"), "--policy", str(policy)]
     port, sink_port = free_port(), free_port()
     proc = Child(
         "processor", ["processor", *flags, "--http-port", str(port)], tmp_path, f"http://127.0.0.1:{port}/healthz"
     )
     sink = Child(
-        "sink", ["sink", *flags, "--http-port", str(sink_port)], tmp_path, f"http://127.0.0.1:{sink_port}/healthz"
+        "sink",
+        ["sink", *settings_flags(settings, "sink"), "--http-port", str(sink_port)],
+        tmp_path,
+        f"http://127.0.0.1:{sink_port}/healthz",
     )
     ranks = start_ranks(settings, tmp_path, world, slow_rank, region)
     hb = Consumer(consumer_config(settings, None))
@@ -143,6 +146,14 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path, w
         windows = window_stored()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             metrics = r.read().decode()
+        # each job's agents, as an operator asks for them (the store's step times, the processor's counters)
+        status = subprocess.run(
+            [sys.executable, "-m", "lockstep", "agent", "status", "--db", str(settings.db), "--json"]
+            + ["--processor", f"http://127.0.0.1:{port}", "--job", JOB],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         _, rows = query(
             settings.db,
             "SELECT workers, function, cause, hosts FROM findings WHERE window_id = 'w-agent' ORDER BY step_time_share DESC",
@@ -160,6 +171,16 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path, w
         proc.stop()
         sink.stop()
     assert codes == [0] * world, f"see {tmp_path}/rank*.log"
+    assert status.returncode == 0, status.stderr
+    (agents,) = json.loads(status.stdout)
+    assert agents["job"] == JOB and agents["workers_most"] == world and agents["last_step"] >= start, agents
+    assert (agents["dropped_records"], agents["refused_triggers"], agents["failed_windows"]) == (0, 0, 0), agents
+    # each rank's agent said what it did, in the job's own output (the script sets up no logging)
+    for r in range(world):
+        said = (tmp_path / f"rank{r}.log").read_text(errors="replace")
+        assert "lockstep.agent: lockstep agent attached: job ddp-job" in said, said[-2000:]
+        assert f"lockstep.agent: accepted profiling window w-agent: steps {start}..{start + 4}" in said, said[-2000:]
+        assert "lockstep.agent: published window w-agent: its " in said, said[-2000:]
 
     # the costliest finding that names workers names the slowed rank, its host, and the slowed function; no
     # finding blames the healthy ranks that waited for it (job-wide ones name no worker; on 2 shared cores

@@ -146,3 +146,24 @@ def test_every_client_and_topic_bounds_the_batches_it_sends_fetches_and_accepts(
     cfg = consumer_config(settings, "g")
     assert cfg["fetch.max.bytes"] == cfg["max.partition.fetch.bytes"] == MAX_BATCH_BYTES
     assert cfg["receive.message.max.bytes"] > MAX_BATCH_BYTES
+
+
+def test_check_reachable_names_each_address_and_what_failed_and_passes_when_one_listens():
+    import socket
+
+    from lockstep.config import ConfigError
+    from lockstep.kafka import EXIT_UNAVAILABLE, KafkaUnavailable, check_reachable
+
+    with socket.socket() as closed:  # bound, not listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        refused = f"127.0.0.1:{closed.getsockname()[1]}"
+        with pytest.raises(KafkaUnavailable) as err:
+            check_reachable(f"{refused},no-such-host.invalid:9092", 2.0)
+        assert str(err.value).startswith(f"cannot reach Kafka at {refused}: connection refused; no-such-host.invalid")
+        assert err.value.exit_code == EXIT_UNAVAILABLE == 69
+        with socket.socket() as listening:
+            listening.bind(("127.0.0.1", 0))
+            listening.listen(1)
+            check_reachable(f"{refused},PLAINTEXT://127.0.0.1:{listening.getsockname()[1]}", 2.0)  # the second one
+    with pytest.raises(ConfigError, match="is not HOST:PORT"):
+        check_reachable("kafka-without-port", 1.0)

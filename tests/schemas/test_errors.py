@@ -31,6 +31,8 @@ BUILTIN = {
     "RuntimeFailure": RuntimeError,
     "TriggerError": RuntimeError,
     "RawError": RuntimeError,
+    "KafkaUnavailable": ConnectionError,
+    "ProcessorUnreachable": ConnectionError,
 }
 
 

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from lockstep.app.cli import build_parser
+from tests.paths import ROOT
 
 NOKAFKA = ["--bootstrap-servers", "127.0.0.1:1"]  # nothing listens there: the command must fail before it matters
 
@@ -33,6 +34,7 @@ CASES = [
     (["agent", "run", "--job", "j", *NOKAFKA, "--", "no-such-command-anywhere"], "not found"),
     (["agent", "env", "--job", "j", *NOKAFKA, "--min-share", "2"], "min_share"),
     (["agent", "env", "--job", "j", *NOKAFKA, "--rank", "-1"], "rank"),
+    (["agent", "status", "--db", "{other}"], "not a Lockstep findings store"),
     (["broker", "--port", "seventy"], "--port"),
     (["topics"], "needs a running Kafka"),
     (["simulate", "{tmp}/none.yaml", "--out", "{tmp}/o"], "{tmp}/none.yaml"),
@@ -45,13 +47,19 @@ CASES = [
     (["diagnose", "{tmp}/none.json"], "none.json"),
     (["diagnose", "{text}"], "{text}"),
     (["diagnose", "{csv}", "--peer-group", "nosuchcol"], "nosuchcol"),
+    (
+        ["diagnose", "{db}"],
+        "{db} is a DuckDB file (a findings store?), not a trace or an op-event table: list its findings with `lockstep findings --db {db}`",
+    ),
     (["evaluate", "{tmp}/none"], "no such file"),
     (["evaluate", "{text}"], "{text}"),
     (["findings", "--db", "{text}"], "not a valid DuckDB"),
     (["findings", "--db", "{db}", "--limit", "-1"], "--limit"),
     (["findings", "--db", "{db}", "--since", "yesterday-ish"], "--since"),
-    (["findings", "--db", "{other}"], "findings"),
+    (["findings", "--db", "{other}"], "{other} is a DuckDB file but not a Lockstep findings store"),
+    (["findings", "--db", "{db}", "--cause", "nosuchcause"], "invalid choice: 'nosuchcause' (choose from 'gpu_"),
     (["query", "SELECT 1", "--db", "{text}"], "not a valid DuckDB"),
+    (["query", "SELECT 1", "--db", "{other}"], "not a Lockstep findings store"),
     (["query", "DELETE FROM findings", "--db", "{db}"], "read-only"),
     (["query", "SELEC nonsense", "--db", "{db}"], "does not parse"),
     (["report", "--db", "{text}"], "not a valid DuckDB"),
@@ -174,3 +182,56 @@ def test_a_closed_pipe_ends_the_command_quietly(files):
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert first.split() == [b"n"] and err == "" and proc.returncode == 141
+
+
+def test_a_cause_outside_the_catalogue_is_a_usage_error(files):
+    r = lockstep("findings", "--db", files["{db}"], "--cause", "nosuchcause")
+    assert r.returncode == 2 and "rank_specific_code" in one_line_error(r)
+
+
+#: the commands that talk to a given Kafka, with what they need besides it
+KAFKA_COMMANDS = [
+    ["trigger", "j"],
+    ["raw", "j", "--workers", "1"],
+    ["topics"],
+    ["simulate", str(ROOT / "scenarios" / "demo.yaml"), "--publish"],
+]
+
+
+@pytest.mark.slow  # a subprocess per case
+@pytest.mark.parametrize("args", KAFKA_COMMANDS, ids=lambda a: a[0])
+def test_a_closed_kafka_port_is_one_line_naming_the_address_and_exit_69(args):
+    r = lockstep(*args, "--bootstrap-servers", "127.0.0.1:1")
+    line = one_line_error(r)  # librdkafka's FAIL lines are quiet
+    assert r.returncode == 69 and "cannot reach Kafka at 127.0.0.1:1: connection refused" in line, line
+
+
+@pytest.mark.slow  # a subprocess per case, and a listener that never answers for --connect-timeout-s
+@pytest.mark.parametrize("args", KAFKA_COMMANDS[:3], ids=lambda a: a[0])
+def test_a_port_that_takes_the_connection_but_speaks_no_kafka_is_one_line_after_the_bound(args):
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the kernel's backlog; nothing ever answers them
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        r = lockstep(*args, "--bootstrap-servers", address, "--connect-timeout-s", "1")
+    line = one_line_error(r)
+    assert r.returncode == 69 and address in line and ("1 s" in line or "no answer" in line), line
+
+
+def test_librdkafkas_lines_show_at_debug_only():
+    import logging
+
+    from lockstep.logs import setup_logging
+
+    try:
+        setup_logging("INFO", client_logs=False)
+        assert not logging.getLogger("lockstep.librdkafka").isEnabledFor(logging.ERROR)
+        setup_logging("DEBUG", client_logs=False)
+        assert logging.getLogger("lockstep.librdkafka").isEnabledFor(logging.ERROR)
+        setup_logging("INFO")  # the services keep them
+        assert logging.getLogger("lockstep.librdkafka").isEnabledFor(logging.WARNING)
+    finally:
+        logging.getLogger("lockstep.librdkafka").setLevel(logging.NOTSET)
+        logging.getLogger().handlers.clear()

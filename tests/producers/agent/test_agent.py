@@ -1,6 +1,7 @@
 """The agent in a real PyTorch process against the real broker: triggers, windows, raw requests, the launcher."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -226,3 +227,115 @@ def test_the_launcher_attaches_the_agent_to_an_unedited_script(settings, tmp_pat
     assert [(h.job, h.worker, h.step, bool(h.final)) for h in beats] == [
         ("launched", 3, s, False) for s in range(1, 12)
     ] + [("launched", 3, 11, True)]
+
+
+#: the agent's lines (logger lockstep.agent), the only ones it says by default
+AGENT_LINES = re.compile(
+    r"lockstep agent attached: |accepted profiling window |refused profiling window |published window "
+    r"|Kafka unreachable |Kafka answers again|spool full |spool: a |agent queue full |raw request "
+    r"|\d+ record\(s\) left in the spool"
+)
+
+
+def agent_lines(text: str) -> list[str]:
+    return [line.split(" lockstep.agent: ", 1)[1] for line in text.splitlines() if " lockstep.agent: " in line]
+
+
+TRAIN = """
+import pathlib, sys, time, torch
+from lockstep.producers.agent import attach
+
+stop = pathlib.Path(sys.argv[1])
+agent = attach(job="talks", rank=0, world_size=1, spool_dir=sys.argv[2], delivery_timeout_s=1.0, spool_max_bytes=4096)
+model = torch.nn.Linear(64, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+deadline = time.monotonic() + 90
+ready = False
+while not stop.exists() and time.monotonic() < deadline:
+    model(torch.randn(16, 64)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    agent.step()
+    if not ready and agent._control.connected:
+        ready = True
+        print("READY", agent.current_step, flush=True)
+    time.sleep(0.02)
+agent.close()
+"""
+
+
+def run_training(tmp_path, bootstrap, prefix):
+    """The training script in its own process, with no logging set up: what a job's output shows of the agent."""
+    script, stop, err = tmp_path / "train.py", tmp_path / "stop", tmp_path / "stderr.txt"
+    script.write_text(TRAIN)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LOCKSTEP_BOOTSTRAP_SERVERS": bootstrap,
+        "LOCKSTEP_TOPIC_PREFIX": prefix,
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(stop), str(tmp_path / "spool")],
+        stdout=subprocess.PIPE,
+        stderr=err.open("w"),
+        text=True,
+        env=env,
+    )
+    return proc, stop, err
+
+
+def test_the_agent_says_when_it_attaches_accepts_refuses_and_publishes_a_window(settings, tmp_path):
+    pytest.importorskip("torch", reason="the agent profiles a real PyTorch training loop")
+    topics = ensure_topics(settings)
+    proc, stop, err = run_training(tmp_path, settings.bootstrap_servers, settings.topic_prefix)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), (line, err.read_text())
+        step = int(line.split()[1])
+        pub = Publisher(producer_config(settings))
+        pub.send(
+            topics.control,
+            "talks",
+            ProfileTrigger(job="talks", window="w-late", start_step=0, steps=2, expected_workers=1),
+        )
+        pub.send(
+            topics.control,
+            "talks",
+            ProfileTrigger(job="talks", window="w1", start_step=step + 60, steps=3, expected_workers=1),
+        )
+        pub.flush()
+        deadline = time.monotonic() + 60
+        while "published window w1" not in err.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.2)
+    finally:
+        stop.touch()
+        proc.wait(timeout=60)
+    lines = agent_lines(err.read_text())
+    assert lines[0].startswith("lockstep agent attached: job talks"), lines
+    assert any(x.startswith("refused profiling window w-late starting at step 0") for x in lines), lines
+    assert any(x.startswith(f"accepted profiling window w1: steps {step + 60}..{step + 62}") for x in lines), lines
+    assert any(x.startswith("published window w1: its ") for x in lines), lines
+    # and nothing else by default
+    assert all(AGENT_LINES.match(x) for x in lines), lines
+    assert "rdkafka" not in err.read_text()
+
+
+def test_the_agent_says_when_it_spools_and_when_it_drops(tmp_path):
+    """Kafka on a closed port: the records go to a spool of 4 KiB, which soon drops its oldest."""
+    pytest.importorskip("torch", reason="the script trains with PyTorch")
+    proc, stop, err = run_training(tmp_path, "127.0.0.1:1", "lockstep")
+    try:
+        deadline = time.monotonic() + 60
+        while "spool full" not in err.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.2)
+    finally:
+        stop.touch()
+        proc.wait(timeout=60)
+    lines = agent_lines(err.read_text())
+    assert lines[0].startswith("lockstep agent attached: job talks"), lines
+    assert any(x.startswith("Kafka unreachable (") and "spooling records to" in x for x in lines), lines
+    assert any(x.startswith("spool full (4096 bytes): dropped the ") for x in lines), lines
+    assert all(AGENT_LINES.match(x) for x in lines), lines
+    assert "rdkafka" not in err.read_text()  # librdkafka's FAIL line per retry: only at --log-level DEBUG
