@@ -116,6 +116,7 @@ def test_the_stage_budget_comes_from_the_file_then_the_environment_then_the_flag
     assert config.load(parse(["--config", str(f), "--stage-budget-mib", "128"]), env=env).stage_budget_mib == 128
     assert config.load(parse([]), env={}).stage_budget_mib == 512
 
+
 def test_ages_and_the_sinks_retention():
     from lockstep.config import age_s, load, optional_age_s
 
