@@ -57,7 +57,7 @@ from .settings import AgentConfig
 from .spool import Spool
 
 if TYPE_CHECKING:  # torch is imported only when a window starts
-    from .profiler import TorchWindow
+    from .profiler import ProfilerKind, TorchWindow
 
 log = logging.getLogger("lockstep.agent")
 
@@ -120,9 +120,16 @@ def agent_logging(level: str) -> None:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, identity: Identity | None = None, clients: Clients = CONFLUENT):
+    def __init__(
+        self,
+        config: AgentConfig,
+        identity: Identity | None = None,
+        clients: Clients = CONFLUENT,
+        profiler: ProfilerKind | None = None,
+    ):
         agent_logging(config.log_level)
         self.config = config
+        self._kind = profiler  # None: torch.profiler (made when the first window starts)
         ident = identity or discover(config)
         self.meta = ident.meta
         self.world_size = ident.world_size
@@ -350,7 +357,7 @@ class Agent:
         return self._torch
 
     def _start_window(self, window: ScheduledWindow, step: int) -> None:
-        from .profiler import TorchWindow
+        from .profiler import torch_kind
 
         trig = window.trigger
         self._record = WindowRecord(window.name, window.start, trig.steps)
@@ -360,7 +367,9 @@ class Agent:
         if prepared is not None and sampler is None:
             prepared[1].close()
         self._sampler = (sampler or self._new_sampler(trig)).start()
-        self._torch = TorchWindow(trig.sampling)
+        if self._kind is None:
+            self._kind = torch_kind()
+        self._torch = self._kind.window(trig.sampling)
         self._torch.start(step)
 
     def _new_sampler(self, trig: ProfileTrigger) -> HardwareSampler:
@@ -459,6 +468,7 @@ class Agent:
                 own_threads=self._own_threads,
                 min_share=self.config.min_share,
                 tenant=self.config.tenant,
+                kind=self._kind,
             )
         except Exception as exc:
             log.exception("could not summarise window %s", trigger.window)
@@ -589,4 +599,8 @@ def attach(job: str | None = None, **settings) -> Agent:
     """
     from .settings import load
 
+    if "jax" in sys.modules and "torch" not in sys.modules:  # a JAX program: windows by jax.profiler
+        from .jaxprof import attach_jax
+
+        return attach_jax(job, **settings)
     return Agent(load({"job": job, **settings}))

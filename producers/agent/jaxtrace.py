@@ -84,9 +84,10 @@ def _int(value: object) -> int | None:
     return None
 
 
-def to_torch_form(trace: dict) -> tuple[dict, frozenset[int]]:
+def to_torch_form(trace: dict, step_name: str | None = None) -> tuple[dict, frozenset[int]]:
     """The JAX trace in torch.profiler's vocabulary (categories, ``ProfilerStep#N``, launch correlations), and the
-    device numbers (``args.device``) it gave the CPU devices."""
+    device numbers (``args.device``) it gave the CPU devices.  With ``step_name``, only the step annotations of that
+    name are steps (the live agent's own); other step annotations are left out (they mark the same iterations)."""
     events = trace.get("traceEvents")
     if not isinstance(events, list):
         raise TraceError("not a Chrome-trace JSON object with traceEvents")
@@ -113,13 +114,15 @@ def to_torch_form(trace: dict) -> tuple[dict, frozenset[int]]:
         if "hlo_op" in args:
             ops.append(e)
             continue
-        if pid not in host_pids or name.startswith("$") or name.startswith("end: "):
+        if pid not in host_pids or name.startswith(("$", "end: ")):
             continue  # device lines other than ops (modules, streams), Python-tracer frames, span ends
         if _SKIP_THREADS.search(threads.get((pid, tid), "")):
             continue
         if "device_ordinal" in args or name.startswith("ThreadpoolListener"):
             continue  # the executor's own bookkeeping on its thread
         step = _int(args.get("step_num"))
+        if step is not None and step_name is not None and name != step_name:
+            continue
         if step is not None:
             if step > MAX_STEP:
                 raise TraceError(f"{name}: a step number beyond {MAX_STEP}")
@@ -218,12 +221,17 @@ def path_host(path: Path) -> str:
 
 
 def read_jax_trace(
-    source: str | Path | dict, worker: int | None = None, *, host: str = "", max_bytes: int = MAX_TRACE_BYTES
+    source: str | Path | dict,
+    worker: int | None = None,
+    *,
+    host: str = "",
+    step_name: str | None = None,
+    max_bytes: int = MAX_TRACE_BYTES,
 ) -> TraceEvents:
     """Read one JAX process's trace (``perfetto_trace.json.gz``, ``<host>.trace.json.gz`` or the parsed object)."""
     path = None if isinstance(source, dict) else Path(source)
     doc = load_jax_trace(source, max_bytes)
-    converted, cpu_devices = to_torch_form(doc)
+    converted, cpu_devices = to_torch_form(doc, step_name)
     host = host or (path_host(path) if path is not None else "")
     if host:
         converted["hostName"] = host

@@ -10,7 +10,10 @@ to the caller's background thread.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...schemas.errors import LockstepError
 from ...schemas.records import Sampling
@@ -69,3 +72,21 @@ def export_trace(prof, path: Path) -> bytes:
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
     return path.read_bytes()
+
+
+@dataclass(frozen=True)
+class ProfilerKind:
+    """How the agent profiles a window in one framework: ``window(sampling)`` makes the window's profiler (``start``,
+    ``step``, ``stop``, ``recording``), ``export(finished, path)`` writes what ``stop`` returned as a trace file and
+    returns its bytes (the raw trace kept), ``read(path, worker)`` reads that file into op events."""
+
+    name: str
+    window: Callable[[Sampling], Any]
+    export: Callable[[Any, Path], bytes]
+    read: Callable[..., Any]
+
+
+def torch_kind() -> ProfilerKind:
+    from .trace import read_chrome_trace
+
+    return ProfilerKind("torch", TorchWindow, export_trace, read_chrome_trace)

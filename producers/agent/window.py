@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,9 @@ from .redact import Redaction
 from .retention import RawStore, slice_trace
 from .summarise import summarise
 from .trace import read_chrome_trace
+
+if TYPE_CHECKING:
+    from .profiler import ProfilerKind
 
 log = logging.getLogger("lockstep.agent")
 
@@ -144,17 +147,19 @@ def process_window(
     own_threads: frozenset[int] = frozenset(),
     min_share: float = 0.0,
     tenant: str = "",
+    kind: ProfilerKind | None = None,
 ) -> WindowOutcome:
     from .profiler import export_trace
 
+    export, read = (kind.export, kind.read) if kind is not None else (export_trace, read_chrome_trace)
     t0 = time.perf_counter()
     path = store.dir / f".export-{trigger.window}.json"
     try:
-        raw = export_trace(prof, path)
+        raw = export(prof, path)
     finally:
         del prof
     try:
-        te = read_chrome_trace(path, worker=meta.rank)  # from the file: the reader's typed decoding is the fastest
+        te = read(path, worker=meta.rank)  # from the file: the reader's typed decoding is the fastest
         events = redaction.table(without_thread_events(te.events, own_threads))  # names as they may leave the host
         samples = to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries_unix_us))
         summaries = summarise(events, samples if samples.num_rows else None, te.step_bounds, min_share=min_share)

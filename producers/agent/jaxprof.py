@@ -1,0 +1,138 @@
+"""The host agent in a JAX training loop: ``attach(job=...)`` and ``agent.step()`` as under PyTorch.
+
+A window is ``jax.profiler.start_trace`` at the boundary into its first step and ``stop_trace`` at the boundary
+after its last.  The agent marks each of the window's steps itself with a ``jax.profiler.StepTraceAnnotation``
+named :data:`STEP_NAME` (opened at one ``step()`` call, closed at the next), so the trace's steps carry the job's
+own step numbers whatever the training loop annotates.  The trace (``perfetto_trace.json.gz``) is read by
+:func:`~lockstep.producers.agent.jaxtrace.read_jax_trace` and summarised into the same ``WindowFeatures``, with
+the same hardware sampler, as a PyTorch window.
+
+Who the worker is: explicit settings, else ``jax.process_index()`` / ``jax.process_count()`` once
+``jax.distributed`` is initialised (a multi-process job), else the launcher's variables (Slurm, Open MPI,
+torchrun's), as for PyTorch.
+
+Unlike torch.profiler, ``stop_trace`` collects and writes the trace on the calling thread: the step that ends a
+window waits for it (a few hundred milliseconds for a window of a small job here).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ...schemas.records import Sampling
+from .agent import Agent
+from .jaxtrace import PERFETTO_NAME, read_jax_trace
+from .meta import discover
+from .profiler import ProfilerBusy, ProfilerKind
+
+log = logging.getLogger("lockstep.agent")
+
+#: the name of the step annotations the agent writes into a window's trace
+STEP_NAME = "lockstep.step"
+
+
+class JaxWindow:
+    """``jax.profiler`` for one step-aligned window (the interface of :class:`~.profiler.TorchWindow`)."""
+
+    def __init__(self, sampling: Sampling):
+        import jax
+
+        self._jax = jax
+        self._dir = Path(tempfile.mkdtemp(prefix="lockstep-jax-"))
+        self._options = jax.profiler.ProfileOptions()
+        self._options.python_tracer_level = 0  # every Python call of JAX's own tracing: the trace's bulk, no function
+        self._options.host_tracer_level = 2  # the user's TraceAnnotations and XLA's runtime spans
+        self._step: Any = None
+        self._n = 0
+        self.recording = False
+
+    def start(self, step: int) -> None:
+        try:
+            self._jax.profiler.start_trace(str(self._dir), create_perfetto_trace=True, profiler_options=self._options)
+        except RuntimeError as exc:  # "Profile has already been started": the user's own, or a leftover
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise ProfilerBusy(
+                f"a JAX profiler is already recording in this process ({exc}); the window is skipped"
+            ) from None
+        self.recording = True
+        self._open(step)
+
+    def _open(self, step: int) -> None:
+        self._n = step
+        self._step = self._jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=step)
+        self._step.__enter__()
+
+    def _close(self) -> None:
+        if self._step is not None:
+            step, self._step = self._step, None
+            step.__exit__(None, None, None)
+
+    def step(self) -> None:
+        """The boundary into the next step (the agent has counted it already)."""
+        self._close()
+        self._open(self._n + 1)
+
+    def stop(self) -> Path:
+        """End recording; returns the folder the trace is in (read and removed by :func:`export_jax_trace`)."""
+        self._close()
+        self.recording = False
+        try:
+            self._jax.profiler.stop_trace()
+        except Exception:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        return self._dir
+
+
+def export_jax_trace(folder: Path, path: Path) -> bytes:
+    """Move the window's trace (``perfetto_trace.json.gz``, decompressed) to ``path``; returns its bytes."""
+    try:
+        found = sorted(Path(folder).glob(f"plugins/profile/*/{PERFETTO_NAME}"))
+        if not found:
+            raise FileNotFoundError(f"jax.profiler wrote no {PERFETTO_NAME} under {folder}")
+        raw = gzip.decompress(found[-1].read_bytes())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(raw)
+        return raw
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def jax_kind() -> ProfilerKind:
+    return ProfilerKind("jax", JaxWindow, export_jax_trace, partial(read_jax_trace, step_name=STEP_NAME))
+
+
+def jax_identity(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Rank and world size from ``jax.process_index()`` / ``process_count()`` where the settings give none and
+    ``jax.distributed`` made a job of several processes."""
+    import jax
+
+    try:
+        count = jax.process_count()
+        index = jax.process_index()
+    except Exception:  # no backend could start: the launcher's variables will do
+        log.debug("jax.process_index() not readable", exc_info=True)
+        return overrides
+    if count <= 1:
+        return overrides
+    out = dict(overrides)
+    if out.get("rank") is None:
+        out["rank"] = index
+    if out.get("world_size") is None:
+        out["world_size"] = count
+    return out
+
+
+def attach_jax(job: str | None = None, **settings: Any) -> Agent:
+    """The agent for a JAX training loop: ``agent = attach_jax(job="llm-7b")``, then ``agent.step()`` every
+    iteration (:func:`~lockstep.producers.agent.attach` does the same in a process that imported JAX and not torch)."""
+    from .settings import load
+
+    config = load(jax_identity({"job": job, **settings}))
+    return Agent(config, identity=discover(config), profiler=jax_kind())
