@@ -47,6 +47,8 @@ from ...schemas.events import MAX_STEP, OP_EVENT_SCHEMA
 from .trace import MAX_TRACE_BYTES, TraceError, TraceEvents, file_rank, read_bounded, read_chrome_trace
 
 PERFETTO_NAME = "perfetto_trace.json.gz"
+#: the key a converted trace carries (it is read as a torch trace, not converted again)
+_CONVERTED = "lockstepConvertedFrom"
 #: XLA's collective ops (``all-reduce.3``, ``all-gather-start``, ``collective-permute-done`` ...)
 _COLLECTIVE = re.compile(r"(?:^|[/.])(?:all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all|psum)", re.I)
 _P2P = re.compile(r"collective-permute|send|recv", re.I)
@@ -66,12 +68,25 @@ CPU_DEVICE_BASE = 1 << 20
 def is_jax_trace(trace: dict) -> bool:
     """Does this Chrome trace come from the JAX (XLA/TSL) profiler?  Its processes are named ``/host:CPU`` and
     ``/device:...``; torch.profiler's never are."""
-    for e in trace.get("traceEvents", ())[:200] if isinstance(trace.get("traceEvents"), list) else ():
+    events = trace.get("traceEvents")
+    for e in events[:200] if isinstance(events, list) else ():
         if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
             name = str((e.get("args") or {}).get("name", ""))
             if name.startswith(("/host:", "/device:")):
                 return True
     return False
+
+
+def is_jax_source(source: str | Path | dict) -> bool:
+    """A trace the JAX profiler wrote: by its file's name (``perfetto_trace.json.gz``, or ``<host>.trace.json.gz``
+    beside ``<host>.xplane.pb``), or, for a parsed object, by its processes' names (not one already converted)."""
+    if isinstance(source, dict):
+        return source.get(_CONVERTED) is None and is_jax_trace(source)
+    path = Path(source)
+    if path.name == PERFETTO_NAME:
+        return True
+    host = path.name.split(".trace.json")[0] if ".trace.json" in path.name else ""
+    return bool(host) and (path.parent / f"{host}.xplane.pb").exists()
 
 
 def _int(value: object) -> int | None:
@@ -178,7 +193,7 @@ def to_torch_form(trace: dict, step_name: str | None = None) -> tuple[dict, froz
             new_args["correlation"] = corr
         out.append({**e, "cat": "kernel", "name": label, "args": new_args})
     header = {k: v for k, v in trace.items() if k != "traceEvents"}
-    return {**header, "traceEvents": out}, frozenset(cpu_devices)
+    return {**header, _CONVERTED: "jax", "traceEvents": out}, frozenset(cpu_devices)
 
 
 def load_jax_trace(source: str | Path | dict, max_bytes: int = MAX_TRACE_BYTES) -> dict:
