@@ -110,22 +110,17 @@ def jax_kind() -> ProfilerKind:
 
 def jax_identity(overrides: dict[str, Any]) -> dict[str, Any]:
     """Rank and world size from ``jax.process_index()`` / ``process_count()`` where the settings give none and
-    ``jax.distributed`` made a job of several processes."""
+    ``jax.distributed`` is initialised.  Before that nothing of JAX is asked: a backend started now would make the
+    job's own ``jax.distributed.initialize()`` fail; the launcher's variables say who the worker is then."""
     import jax
 
-    try:
-        count = jax.process_count()
-        index = jax.process_index()
-    except Exception:  # no backend could start: the launcher's variables will do
-        log.debug("jax.process_index() not readable", exc_info=True)
-        return overrides
-    if count <= 1:
+    if not jax.distributed.is_initialized():
         return overrides
     out = dict(overrides)
     if out.get("rank") is None:
-        out["rank"] = index
+        out["rank"] = jax.process_index()
     if out.get("world_size") is None:
-        out["world_size"] = count
+        out["world_size"] = jax.process_count()
     return out
 
 
