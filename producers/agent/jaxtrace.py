@@ -60,7 +60,7 @@ _RUNTIME = re.compile(
 _WAIT = re.compile(r"Await|BlockHostUntilReady|block_until_ready", re.I)
 _DISPATCH = re.compile(r"^(?:Pjit|Pmap)[A-Za-z]*Function\(|Execute(?!.*wait for completion)", re.I)
 _SKIP_THREADS = re.compile(r"Compiler|codegen|compile", re.I)
-_RANK_IN_PATH = re.compile(r"(?:^|[^a-z])(?:process|proc|host)[-_]?(\d{1,8})(?!\d)", re.I)
+_RANK_IN_PATH = re.compile(r"(?:^|[^a-z])(?:process|proc)[-_]?(\d{1,8})(?!\d)", re.I)
 #: device numbers of CPU devices are moved past every accelerator's, so that the two never share a label
 CPU_DEVICE_BASE = 1 << 20
 
@@ -124,7 +124,8 @@ def to_torch_form(trace: dict, step_name: str | None = None) -> tuple[dict, froz
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         name = str(e.get("name", ""))
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        raw_args = e.get("args")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
         pid, tid = e.get("pid"), e.get("tid")
         if "hlo_op" in args:
             ops.append(e)
@@ -211,10 +212,14 @@ def load_jax_trace(source: str | Path | dict, max_bytes: int = MAX_TRACE_BYTES) 
 
 
 def path_rank(path: Path) -> int | None:
-    """The rank a JAX trace's path carries: in its name, else in a folder above it (``rank3/plugins/profile/...``)."""
-    for part in [path, *path.parents]:
-        if not part.name:
-            break
+    """The rank a JAX trace's path carries: in its name, its run's folder, else the log folder the profiler was given
+    (``rank3/plugins/profile/<run>/perfetto_trace.json.gz``).  Folders above that are not asked (a ``/home/worker1``
+    would give every file one rank)."""
+    places = [path, path.parent]
+    run = path.parent
+    if run.parent.name == "profile" and run.parent.parent.name == "plugins":
+        places.append(run.parent.parent.parent)
+    for part in places:
         r = file_rank(part)
         if r is None:
             m = _RANK_IN_PATH.search(part.name)

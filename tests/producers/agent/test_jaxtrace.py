@@ -103,7 +103,7 @@ def test_only_the_named_step_annotation_is_a_step_when_one_is_given():
 
 
 def test_files_are_recognised_and_ranked_by_their_path(tmp_path):
-    run = tmp_path / "rank2" / "plugins" / "profile" / "2026_01_01"
+    run = tmp_path / "worker9" / "rank2" / "plugins" / "profile" / "2026_01_01"
     run.mkdir(parents=True)
     perfetto = run / "perfetto_trace.json.gz"
     perfetto.write_bytes(gzip.compress(json.dumps(trace()).encode()))
@@ -112,7 +112,8 @@ def test_files_are_recognised_and_ranked_by_their_path(tmp_path):
     tb.write_bytes(perfetto.read_bytes())
     assert is_jax_source(perfetto) and is_jax_source(tb) and is_jax_source(trace())
     assert not is_jax_source(tmp_path / "rank2.json") and not is_jax_source({"traceEvents": []})
-    assert path_rank(perfetto) == 2
+    assert path_rank(perfetto) == 2  # the log folder's, not a folder above it
+    assert path_rank(tmp_path / "worker9" / "t" / "plugins" / "profile" / "r" / "perfetto_trace.json.gz") is None
     te = read_chrome_trace(perfetto)  # the reader diagnose uses hands it over
     assert (te.worker, te.meta.rank_from, te.meta.host) == (2, "file name", "node7")
     assert read_chrome_trace(tb).events.num_rows == te.events.num_rows
