@@ -10,11 +10,16 @@ from lockstep.producers.agent.jaxprof import STEP_NAME, JaxWindow, jax_identity,
 from lockstep.producers.agent.profiler import ProfilerBusy
 from lockstep.schemas.records import Sampling
 
-jax = pytest.importorskip("jax", reason="JAX is not installed (pip install -e '.[jax]')")
 pytestmark = pytest.mark.slow
 
 
-def work(n: int) -> None:
+@pytest.fixture
+def jax():
+    """JAX, imported in the test (never at collection: DEVELOPING.md)."""
+    return pytest.importorskip("jax", reason="JAX is not installed (pip install -e '.[jax]')")
+
+
+def work(jax, n: int) -> None:
     import jax.numpy as jnp
 
     f = jax.jit(lambda a: jnp.tanh(a @ a))
@@ -24,15 +29,15 @@ def work(n: int) -> None:
         f(a).block_until_ready()
 
 
-def test_a_window_carries_the_agents_step_numbers_and_the_users_regions(tmp_path: Path):
+def test_a_window_carries_the_agents_step_numbers_and_the_users_regions(jax, tmp_path: Path):
     kind = jax_kind()
     window = kind.window(Sampling())
     window.start(40)
     for _ in range(3):
         with jax.profiler.StepTraceAnnotation("train", step_num=999):  # the user's own step annotations are not steps
-            work(1)
+            work(jax, 1)
         window.step()  # the boundary into steps 41, 42, 43
-    work(1)
+    work(jax, 1)
     folder = window.stop()
     raw = kind.export(folder, tmp_path / "w.json")
     assert raw and not folder.exists()  # the profiler's folder is removed once the trace is taken
@@ -44,7 +49,7 @@ def test_a_window_carries_the_agents_step_numbers_and_the_users_regions(tmp_path
     assert STEP_NAME not in functions
 
 
-def test_a_window_is_refused_while_another_jax_profile_runs(tmp_path: Path):
+def test_a_window_is_refused_while_another_jax_profile_runs(jax, tmp_path: Path):
     jax.profiler.start_trace(str(tmp_path / "user"))
     try:
         with pytest.raises(ProfilerBusy):
@@ -53,6 +58,6 @@ def test_a_window_is_refused_while_another_jax_profile_runs(tmp_path: Path):
         jax.profiler.stop_trace()
 
 
-def test_identity_is_left_to_the_launcher_before_jax_distributed_starts():
+def test_identity_is_left_to_the_launcher_before_jax_distributed_starts(jax):
     assert not jax.distributed.is_initialized()
     assert jax_identity({"job": "j"}) == {"job": "j"}  # rank and world then come from RANK, SLURM_PROCID, ...
