@@ -12,7 +12,8 @@ Who the worker is: explicit settings, else ``jax.process_index()`` / ``jax.proce
 torchrun's), as for PyTorch.
 
 Unlike torch.profiler, ``stop_trace`` collects and writes the trace on the calling thread: the step that ends a
-window waits for it (here, for a small single-process job: 7 ms for a 10-step window, 56 ms for 50 steps).
+window waits for it (here, for a small single-process job: 4-7 ms for a 10-step window, 56 ms for 50 steps;
+``benchmarks/bench_jax_window.py``).
 """
 
 from __future__ import annotations
