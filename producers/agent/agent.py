@@ -596,6 +596,8 @@ def attach(job: str | None = None, **settings) -> Agent:
 
     Settings not given here come from ``LOCKSTEP_AGENT_*`` variables, the agent's
     config file and (for Kafka) the pipeline's settings; see :class:`AgentConfig`.
+    In a process that imported JAX and not torch, windows are ``jax.profiler``'s
+    (:func:`~lockstep.producers.agent.jaxprof.attach_jax`).
     """
     from .settings import load
 
