@@ -36,7 +36,7 @@ from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from ...schemas.records import MAX_HANG_FRAMES, MAX_HANG_REPORT_BYTES, HangReport, ProfileTrigger, WorkerMeta, encode
 from .redact import Redaction
@@ -99,7 +99,8 @@ class CollectiveTracker:
         return collective
 
     def install(self) -> CollectiveTracker:
-        """Wrap ``torch.distributed``'s collectives (in ``torch.distributed`` and ``distributed_c10d``); idempotent."""
+        """Wrap ``torch.distributed``'s collectives (in ``torch.distributed`` and ``distributed_c10d``) and return the
+        tracker that counts them: this one, or the one a first agent of this process installed."""
         try:
             import torch.distributed as dist
             import torch.distributed.distributed_c10d as c10d
@@ -110,8 +111,9 @@ class CollectiveTracker:
             fn = getattr(dist, name, None)
             if fn is None or not callable(fn):
                 continue
-            if getattr(fn, _WRAPPED, None) is not None:  # wrapped already (by another tracker): keep it
-                continue
+            first = getattr(fn, _WRAPPED, None)
+            if first is not None:  # wrapped already, by a first agent of this process: it counts
+                return cast(CollectiveTracker, first)
             wrapped = self.wrap(name, fn)
             setattr(dist, name, wrapped)
             if getattr(c10d, name, None) is fn:
@@ -147,15 +149,18 @@ class RegionTracker:
             log.info("no torch profiler to track regions in (%s)", exc)
             return self
         cls = profiler.record_function
-        if getattr(cls, _WRAPPED, None) is not None:
-            return self
+        first = getattr(cls, _WRAPPED, None)
+        if first is not None:  # patched by a first agent of this process: it follows this agent's thread from now on
+            first.ident = self.ident
+            first.open.clear()
+            return cast(RegionTracker, first)
         enter, exit_ = cls.__enter__, cls.__exit__
-        ident, open_ = self.ident, self.open
+        open_ = self.open
         get_ident = threading.get_ident
 
         def __enter__(rf):
             out = enter(rf)
-            if get_ident() == ident:
+            if get_ident() == self.ident:
                 open_.append(rf)
             return out
 
