@@ -110,9 +110,7 @@ def test_the_region_tracker_follows_the_last_agents_thread_only():
 
 
 def test_a_report_is_cut_to_its_bound():
-    rep = HangReport(
-        job="j", window="w", worker=0, host="h", expected_workers=1, stack=["x" * 1000] * 60, frame="f"
-    )
+    rep = HangReport(job="j", window="w", worker=0, host="h", expected_workers=1, stack=["x" * 1000] * 60, frame="f")
     out = fit(rep)
     assert len(encode(out)) <= MAX_HANG_REPORT_BYTES and out.truncated and out.stack == ["x" * 1000] * len(out.stack)
 

@@ -34,7 +34,9 @@ def answer(worker: int, **kw) -> HangReport:
 def test_a_worker_stuck_in_its_data_loading_is_the_culprit_with_its_region_and_device():
     reps = [answer(w) for w in range(8) if w != 5]
     reps.append(
-        answer(5, frame="data.py(12): __getitem__", region="enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")
+        answer(
+            5, frame="data.py(12): __getitem__", region="enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+        )
     )
     (f,) = diagnose_hang("j", "hang-1", reps, 8, now=200.0)
     assert (f.workers, f.cause, f.scope, f.devices, f.hosts) == ([5], "hang", "worker", ["h1/gpu1"], ["h1"])
