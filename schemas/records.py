@@ -882,6 +882,10 @@ class HangReport(_Record, tag="HangReport", kw_only=True):
     exited: Annotated[list[Rank], msgspec.Meta(max_length=4096)] = []
     truncated: bool = False  # frames were left out to stay within MAX_HANG_REPORT_BYTES
     sent_at: Timestamp = 0.0
+    # why it was sent: ``hang``, the answer to a hang trigger; ``exit``, the agent closes (its training thread ended,
+    # e.g. on a collective's error) and saw workers of its host exit before it without closing (``exited``); the
+    # window is then ``exit-r<rank>-p<pid>`` of the first of them, and only its host's workers are expected
+    reason: Literal["hang", "exit"] = "hang"
 
 
 class DeadLetter(_Record, tag="DeadLetter", kw_only=True):

@@ -558,6 +558,14 @@ class Agent:
         if self._prepared is not None:
             self._prepared[1].close()
             self._prepared = None
+        try:  # workers of this host that exited before this one without closing: name the first (worker_died)
+            exit_report = self._hang.exit_report(self.config.job, self.world_size, self._step - 1)
+        except Exception:
+            log.exception("could not read this host's workers at close")
+            exit_report = None
+        if exit_report is not None:
+            self._outbox.put(self.topics.hangs, self._job_key, exit_report)
+            log.warning("worker(s) %s of this host exited before this one without closing", exit_report.exited)
         if self._step > self.config.start_step:  # tell the detector this worker ends (not a hang)
             last = self._step - 1
             self._outbox.put(self.topics.heartbeats, self._job_key, self._heartbeat(last, self._last_dt, final=True))

@@ -230,6 +230,10 @@ class ProcessRegistry:
 
     def exited(self, ranks: list[int]) -> list[int]:
         """Those of ``ranks`` registered here whose process is no longer running."""
+        return [rank for rank, _ in self.exited_pids(ranks)]
+
+    def exited_pids(self, ranks: list[int]) -> list[tuple[int, int]]:
+        """(rank, pid) of those of ``ranks`` registered here whose process is no longer running."""
         out = []
         for rank in ranks:
             try:
@@ -239,7 +243,7 @@ class ProcessRegistry:
             pid = int(pid_s)
             now = _start_time(pid)
             if now is None or str(now) != start:
-                out.append(rank)
+                out.append((rank, pid))
         return out
 
 
@@ -321,6 +325,32 @@ class HangResponder:
             return []
         others = [w for w in self.host_workers if w != self.meta.rank]
         return self.registry.exited(others)
+
+    def exit_report(self, job: str, world_size: int, last_step: int) -> HangReport | None:
+        """When the agent closes: if workers of its host exited before it without closing (a crash, a kill), a report
+        (``reason="exit"``) that names them, so that the first one is named even though no hang followed (the gloo
+        backend fails its peers' collectives: they end rather than hang).  None otherwise."""
+        if self.registry is None:
+            return None
+        gone = self.registry.exited_pids([w for w in self.host_workers if w != self.meta.rank])
+        if not gone:
+            return None
+        rank, pid = min(gone)
+        return HangReport(
+            job=job,
+            window=f"exit-r{rank}-p{pid}",
+            worker=self.meta.rank,
+            host=self.meta.host,
+            expected_workers=max(1, world_size),
+            device=self.meta.device,
+            tenant=self.tenant,
+            last_step=max(-1, last_step),
+            thread="gone",
+            host_workers=self.host_workers,
+            exited=[r for r, _ in gone],
+            sent_at=time.time(),
+            reason="exit",
+        )
 
     def close(self) -> None:
         if self.registry is not None:

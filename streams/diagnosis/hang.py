@@ -15,6 +15,10 @@ The culprits are the workers that are not there:
   (stuck in C code that holds the GIL, or its agent's thread is gone);
 - expected workers whose whole host did not answer: ``hang`` at lower confidence (a host that is gone).
 
+Reports sent by closing agents (``reason="exit"``: their training thread ended, e.g. on the error a collective raises
+when a peer's process died) are compared the same way, over their hosts' workers only: the worker whose process
+exited before them, without closing, is ``worker_died``.
+
 When every worker answered from the same place, nobody is not where the others are: one job-scope finding says
 where they all wait (a hang below Python: a device kernel, the network, or a peer outside the job).
 
@@ -178,7 +182,11 @@ def diagnose_hang(
         )
 
     out: list[Finding] = []
+    exits = all(r.reason == "exit" for r in reps)
     where = f"{int(counts[mode])} of {len(reps)} answering workers wait in {majority.describe()}"
+    if exits:  # the others' training ended (their collectives failed), not stuck: nobody among them is a culprit
+        where = f"{len(reps)} worker(s) of its host closed after it, their training ended at step {int(last.max())}"
+        culprit[:] = False
     # answering culprits, one finding per distinct position
     for k in np.unique(inverse[culprit]):
         idx = np.flatnonzero(culprit & (inverse == k))
@@ -209,7 +217,11 @@ def diagnose_hang(
         )
     # expected workers that did not answer
     answered = set(workers.tolist())
-    silent = [w for w in range(expected_workers) if w not in answered]
+    if exits:  # closing agents of some hosts: only their hosts' workers are expected
+        expected = sorted({w for r in reps for w in r.host_workers} | answered)
+    else:
+        expected = list(range(expected_workers))
+    silent = [w for w in expected if w not in answered]
     answered_hosts = {r.host for r in reps}
     exited = {w for r in reps for w in r.exited}
     gone = [w for w in silent if w in exited]
@@ -244,6 +256,8 @@ def diagnose_hang(
         who = f"worker {ws[0]}" if len(ws) == 1 else f"workers {', '.join(map(str, ws[:8]))}"
         ev = [Evidence(feature="answered", value=0.0, peer_value=float(len(reps)), deviation=None)]
         out.append(finding(ws, fn, "other", cause, conf, f"{cause}: {who} {why}; {where}", ev))
+    if not out and exits:  # nobody exited before them: nothing to say
+        return []
     if not out:  # every worker in one place
         ws = [int(w) for w in workers]
         ev = [Evidence(feature="last_step", value=float(majority.last_step), peer_value=None, deviation=None)]

@@ -135,3 +135,15 @@ def test_the_registry_tells_an_exited_process_from_a_running_one(tmp_path):
     finally:
         child.kill()
     assert os.getpid() > 0 and time.time() > 0
+
+
+def test_a_closing_agent_names_the_host_workers_that_exited_before_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    reg = ProcessRegistry(tmp_path)
+    r = HangResponder(WorkerMeta(rank=0, host="h", local_rank=0), Redaction(), registry=reg)
+    assert r.exit_report("j", 2, 5) is None  # rank 1 never registered
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    reg.register(1, child.pid)
+    rep = r.exit_report("j", 2, 5)
+    assert rep is not None and (rep.reason, rep.exited, rep.window) == ("exit", [1], f"exit-r1-p{child.pid}")

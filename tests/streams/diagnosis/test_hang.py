@@ -90,3 +90,12 @@ def test_a_report_keeps_its_wire_contract():
     raw = msgspec.json.decode(encode(r))
     assert raw["schema"] == "HangReport" and raw["v"] == 1
     assert decode(encode(r), HangReport) == r
+
+
+def test_closing_agents_that_saw_a_host_worker_exit_name_it_and_no_other_host():
+    reps = [answer(w, reason="exit", thread="gone", frame="", exited=[1], last_step=40 + w) for w in (0, 2, 3)]
+    (f,) = diagnose_hang("j", "exit-r1-p77", reps, 8, now=1.0)
+    assert (f.workers, f.cause, f.function) == ([1], "worker_died", "(process exited)")
+    assert "closed after it" in f.summary
+    nobody = [answer(w, reason="exit", thread="gone", frame="") for w in (0, 1, 2, 3)]
+    assert diagnose_hang("j", "exit-x", nobody, 8, now=1.0) == []
