@@ -62,7 +62,9 @@ def main() -> None:
     t0 = time.perf_counter()
     reps = [responder.report(trig, 1) for _ in range(200)]
     answer_us = (time.perf_counter() - t0) / 200 * 1e6
-    print(f"counter wrapper around a no-op:      +{wrapped_noop_ns - noop_ns:6.0f} ns per call ({noop_ns:.0f} -> {wrapped_noop_ns:.0f})")
+    print(
+        f"counter wrapper around a no-op:      +{wrapped_noop_ns - noop_ns:6.0f} ns per call ({noop_ns:.0f} -> {wrapped_noop_ns:.0f})"
+    )
     print(f"gloo all_reduce (1 rank, 1 float):  {plain_ns:8.0f} ns unwrapped, {wrapped_ns:.0f} ns counted")
     print(f"record_function enter+exit:         {region_ns:8.0f} ns, {region_tracked_ns:.0f} ns tracked")
     print(f"one answer (stack, encoded):        {answer_us:8.0f} us, {len(encode(reps[0]))} bytes")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -158,7 +159,7 @@ def diagnose_hang(
         ws: list[int], function: str, kind: str, cause: str, conf: float, summary: str, ev: list[Evidence]
     ) -> Finding:
         named = ws[:MAX_NAMED]
-        scope = "worker" if len(ws) == 1 else "group"
+        scope: Literal["worker", "group"] = "worker" if len(ws) == 1 else "group"
         return Finding(
             id=finding_id(job, window, scope, named, function, cause, None),
             job=job,
@@ -217,10 +218,8 @@ def diagnose_hang(
         )
     # expected workers that did not answer
     answered = set(workers.tolist())
-    if exits:  # closing agents of some hosts: only their hosts' workers are expected
-        expected = sorted({w for r in reps for w in r.host_workers} | answered)
-    else:
-        expected = list(range(expected_workers))
+    # closing agents of some hosts (exits): only their hosts' workers are expected
+    expected = sorted({w for r in reps for w in r.host_workers} | answered) if exits else list(range(expected_workers))
     silent = [w for w in expected if w not in answered]
     answered_hosts = {r.host for r in reps}
     exited = {w for r in reps for w in r.exited}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from ...kafka import Topics
@@ -52,7 +52,7 @@ class HangStage(HoldingStage):
         self.pending: dict[tuple[str, str], _Pending] = {}
         self.done: dict[tuple[str, str], float] = {}
 
-    async def on_records(self, records) -> None:
+    async def on_records(self, records: Sequence[RecordIn]) -> None:
         for record in records:
             await self._one(record)
 
