@@ -1,5 +1,5 @@
 """What the hang answer costs while the job runs (issue 26): nothing is sampled until a hang trigger, so the cost is
-the trackers' per-call work, measured here against the same calls unwrapped (CPU PyTorch; medians of 7 runs).
+the trackers' per-call work, measured here against the same calls unwrapped, alternately (CPU PyTorch; medians).
 
     python benchmarks/bench_hang.py
 
@@ -31,6 +31,15 @@ def per_call_ns(fn, number: int) -> float:
     return statistics.median(timeit.repeat(fn, number=number, repeat=7)) / number * 1e9
 
 
+def abab(a, b, number: int, rounds: int = 9) -> tuple[float, float]:
+    """Medians of ``a`` and ``b`` per call, measured alternately (the machine's load changes between blocks)."""
+    ta, tb = [], []
+    for _ in range(rounds):
+        ta.append(timeit.timeit(a, number=number) / number * 1e9)
+        tb.append(timeit.timeit(b, number=number) / number * 1e9)
+    return statistics.median(ta), statistics.median(tb)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -43,28 +52,39 @@ def main() -> None:
 
     tracker = CollectiveTracker()
     wrapped_noop = tracker.wrap("all_reduce", noop)
-    n = 200_000
-    noop_ns, wrapped_noop_ns = per_call_ns(lambda: noop(t), n), per_call_ns(lambda: wrapped_noop(t), n)
-    plain_ns = per_call_ns(lambda: plain(t), 20_000)
-    tracker.install()
-    wrapped_ns = per_call_ns(lambda: dist.all_reduce(t), 20_000)
+    noop_ns, wrapped_noop_ns = abab(lambda: noop(t), lambda: wrapped_noop(t), 100_000)
+    counted = tracker.wrap("all_reduce", plain)
+    plain_ns, wrapped_ns = abab(lambda: plain(t), lambda: counted(t), 5_000)
 
     def region():
         with torch.profiler.record_function("r"):
             pass
 
-    region_ns = per_call_ns(region, 50_000)
+    rf = torch.autograd.profiler.record_function
+    enter, exit_ = rf.__enter__, rf.__exit__
     RegionTracker(threading.get_ident()).install()
-    region_tracked_ns = per_call_ns(region, 50_000)
+    tracked_enter, tracked_exit = rf.__enter__, rf.__exit__
+
+    def untracked():
+        rf.__enter__, rf.__exit__ = enter, exit_
+
+    def tracked():
+        rf.__enter__, rf.__exit__ = tracked_enter, tracked_exit
+
+    ta, tb = [], []
+    for _ in range(9):
+        untracked()
+        ta.append(per_call_ns(region, 5_000))
+        tracked()
+        tb.append(per_call_ns(region, 5_000))
+    region_ns, region_tracked_ns = statistics.median(ta), statistics.median(tb)
 
     responder = HangResponder(WorkerMeta(rank=0, host="h"), Redaction.parse("paths=strip,stacks=keep"))
     trig = ProfileTrigger(job="j", window="w", start_step=1, steps=1, expected_workers=1, kind="hang")
     t0 = time.perf_counter()
     reps = [responder.report(trig, 1) for _ in range(200)]
     answer_us = (time.perf_counter() - t0) / 200 * 1e6
-    print(
-        f"counter wrapper around a no-op:      +{wrapped_noop_ns - noop_ns:6.0f} ns per call ({noop_ns:.0f} -> {wrapped_noop_ns:.0f})"
-    )
+    print(f"collective counter around a no-op: {noop_ns:8.0f} -> {wrapped_noop_ns:.0f} ns per call")
     print(f"gloo all_reduce (1 rank, 1 float):  {plain_ns:8.0f} ns unwrapped, {wrapped_ns:.0f} ns counted")
     print(f"record_function enter+exit:         {region_ns:8.0f} ns, {region_tracked_ns:.0f} ns tracked")
     print(f"one answer (stack, encoded):        {answer_us:8.0f} us, {len(encode(reps[0]))} bytes")
