@@ -24,6 +24,7 @@ from lockstep.broker import free_port
 from lockstep.kafka import ensure_topics
 from lockstep.sinks.sink import query, wait_for
 from lockstep.streams.app import changelog_topics
+from tests.integration.test_paging import Receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -112,10 +113,22 @@ MONITOR_FLAGS = ("--monitor-interval", "3600")
 
 
 @pytest.fixture
-def pipeline(settings, tmp_path):
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def pipeline(settings, tmp_path, receiver):
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    s = dataclasses.replace(settings, policy=policy)
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        "retry: {max_attempts: 3, initial_backoff_s: 0.05, max_backoff_s: 0.2, timeout_s: 2}\n"
+        f"routes:\n  - {{name: slack, type: slack, url: '{receiver.url}/slack', min_interval_s: 0}}\n"
+    )
+    s = dataclasses.replace(settings, policy=policy, routes=routes)
     ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
     p = Pipeline(s, tmp_path)
     p.start("sink", 60)
@@ -148,14 +161,20 @@ def run_case(settings, tmp_path, mode: str, rank: int) -> list[tuple]:
 
 
 @pytest.mark.timeout(400)
-def test_a_rank_stuck_in_its_data_loading_is_named_with_where_it_is(settings, tmp_path, pipeline):
+def test_a_rank_stuck_in_its_data_loading_is_named_with_where_it_is_and_paged(settings, tmp_path, pipeline, receiver):
     found = run_case(pipeline, tmp_path, "dataload", 3)
     workers, function, cause, confidence, summary, _ = found[0]
     print(f"\nHANG dataload: {workers} {function} ({cause}, {confidence:.2f}): {summary}")
     assert workers == [3] and cause == "hang"
     assert "DataLoader" in function or "__getitem__" in function, function
     assert "__getitem__" in summary  # the frame it is stuck in
-    assert "3 of 3 answering workers wait in" in summary or "of 4 answering workers" in summary, summary
+    assert "3 of 4 answering workers wait in" in summary, summary
+    assert "_engine_run_backward" in summary  # where the others wait: DDP's gradient all-reduce, in backward
+
+    def paged() -> bool:
+        return any(b"hang" in r["body"] and b"3" in r["body"] for r in receiver.to("/slack"))
+
+    assert wait_for(paged, 60, 0.5), receiver.requests
 
 
 @pytest.mark.timeout(400)
