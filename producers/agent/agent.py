@@ -123,7 +123,9 @@ class Agent:
             self.meta,
             config.redact,
             config.tenant,
-            registry=ProcessRegistry(run_dir(config.job, self.meta.host) / "pids"),
+            registry=ProcessRegistry(
+                (config.relay_dir if config.relay_dir is not None else run_dir(config.job, self.meta.host)) / "pids"
+            ),
         )
         self._control = ControlFollower(
             agent_consumer_config(settings, config.job), self.topics.control, config.job, clients=clients

@@ -40,6 +40,7 @@ from typing import Any, cast
 
 from ...schemas.records import MAX_HANG_FRAMES, MAX_HANG_REPORT_BYTES, HangReport, ProfileTrigger, WorkerMeta, encode
 from .redact import Redaction
+from .relay import _private_dir
 
 log = logging.getLogger("lockstep.agent")
 
@@ -219,7 +220,8 @@ class ProcessRegistry:
 
     def register(self, rank: int, pid: int | None = None) -> None:
         pid = os.getpid() if pid is None else pid
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _private_dir(self.dir.parent)  # the host's run directory: this user's alone, as the relay makes it
+        self.dir.mkdir(mode=0o700, exist_ok=True)
         tmp = self.dir / f".{rank}.pid.tmp"
         tmp.write_text(f"{pid} {_start_time(pid)}\n")
         tmp.replace(self.dir / f"{rank}.pid")
