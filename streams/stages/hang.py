@@ -104,7 +104,8 @@ class HangStage(HoldingStage):
             len(found),
             "; ".join(f.summary for f in found)[:500],
         )
-        self.metrics.inc("hang_findings_total", len(found), help="findings of hang windows")
+        for f in found:
+            self.metrics.inc("findings_total", cause=f.cause, help="findings published, by cause")
         await self.release(p.handles)
 
     def on_revoked(self, partitions: Collection[Partition]) -> None:
