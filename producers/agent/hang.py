@@ -64,6 +64,8 @@ COLLECTIVES = (
     "recv",
     "monitored_barrier",
 )
+#: regions a RegionTracker keeps open at most (deeper nesting is not followed)
+MAX_OPEN_REGIONS = 256
 #: attribute set on a wrapped function (so that a second agent in one process does not wrap twice)
 _WRAPPED = "__lockstep_collective__"
 
@@ -161,7 +163,7 @@ class RegionTracker:
 
         def __enter__(rf):
             out = enter(rf)
-            if get_ident() == self.ident:
+            if get_ident() == self.ident and len(open_) < MAX_OPEN_REGIONS:  # bounded: an exit elsewhere leaks none
                 open_.append(rf)
             return out
 
