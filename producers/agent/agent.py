@@ -119,14 +119,18 @@ class Agent:
         if config.relay == "auto" and self.world_size > 1 and config.heartbeat_shard_workers > 0:
             self._join_relay()
         # answers hang triggers from the io thread (the training thread, which creates the agent, is stuck then)
-        self._hang = HangResponder(
-            self.meta,
-            config.redact,
-            config.tenant,
-            registry=ProcessRegistry(
-                (config.relay_dir if config.relay_dir is not None else run_dir(config.job, self.meta.host)) / "pids"
-            ),
-        )
+        self._hang: HangResponder | None = None
+        try:
+            self._hang = HangResponder(
+                self.meta,
+                config.redact,
+                config.tenant,
+                registry=ProcessRegistry(
+                    (config.relay_dir if config.relay_dir is not None else run_dir(config.job, self.meta.host)) / "pids"
+                ),
+            )
+        except Exception:  # the agent works without it; hang triggers then go unanswered by this worker
+            log.exception("hang answers are off for this worker")
         self._control = ControlFollower(
             agent_consumer_config(settings, config.job), self.topics.control, config.job, clients=clients
         )
@@ -404,7 +408,7 @@ class Agent:
                 self._relay.fan_out(records)
         for rec in records or ():
             if isinstance(rec, ProfileTrigger):
-                if rec.kind == "hang":
+                if rec.kind == "hang" and self._hang is not None:
                     self._answer_hang(rec)
                 self._echo = (rec.window, time.time() - rec.created_at) if rec.created_at else None
                 self._inbox.append(rec)
@@ -415,7 +419,7 @@ class Agent:
     def _answer_hang(self, trig: ProfileTrigger) -> None:
         """Where the training thread is (:mod:`~lockstep.producers.agent.hang`), sent at once: it may never step again."""
         try:
-            report = self._hang.answer(trig, self._step - 1)
+            report = self._hang.answer(trig, self._step - 1) if self._hang is not None else None
         except Exception:
             log.exception("could not answer hang window %s", trig.window)
             return
@@ -561,7 +565,11 @@ class Agent:
             self._prepared[1].close()
             self._prepared = None
         try:  # workers of this host that exited before this one without closing: name the first (worker_died)
-            exit_report = self._hang.exit_report(self.config.job, self.world_size, self._step - 1)
+            exit_report = (
+                self._hang.exit_report(self.config.job, self.world_size, self._step - 1)
+                if self._hang is not None
+                else None
+            )
         except Exception:
             log.exception("could not read this host's workers at close")
             exit_report = None
@@ -582,7 +590,8 @@ class Agent:
         self._control.close()
         if self._link is not None:
             self._link.close()
-        self._hang.close()
+        if self._hang is not None:
+            self._hang.close()
         log.info("lockstep agent closed at step %d", self._step)
 
     def __enter__(self) -> Agent:
