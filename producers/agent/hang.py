@@ -104,6 +104,8 @@ class CollectiveTracker:
     def install(self) -> CollectiveTracker:
         """Wrap ``torch.distributed``'s collectives (in ``torch.distributed`` and ``distributed_c10d``) and return the
         tracker that counts them: this one, or the one a first agent of this process installed."""
+        if "torch" not in sys.modules:  # a process that does not use torch (a JAX job): never import it to find out
+            return self
         try:
             import torch.distributed as dist
             import torch.distributed.distributed_c10d as c10d
@@ -146,6 +148,8 @@ class RegionTracker:
 
     def install(self) -> RegionTracker:
         """Patch ``torch.autograd.profiler.record_function``'s ``__enter__``/``__exit__`` (once per process)."""
+        if "torch" not in sys.modules:  # a process that does not use torch (a JAX job): never import it to find out
+            return self
         try:
             from torch.autograd import profiler
         except Exception as exc:

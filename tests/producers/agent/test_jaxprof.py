@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,15 @@ def test_a_window_is_refused_while_another_jax_profile_runs(jax, tmp_path: Path)
 def test_identity_is_left_to_the_launcher_before_jax_distributed_starts(jax):
     assert not jax.distributed.is_initialized()
     assert jax_identity({"job": "j"}) == {"job": "j"}  # rank and world then come from RANK, SLURM_PROCID, ...
+
+
+def test_a_jax_process_does_not_import_torch_for_the_agent(jax):
+    """The hang trackers look for torch only where the process uses it: a JAX job's agent never loads it."""
+    code = (
+        "import sys, jax\n"
+        "from lockstep.producers.agent.hang import CollectiveTracker, RegionTracker\n"
+        "CollectiveTracker().install(); RegionTracker(0).install()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stderr
