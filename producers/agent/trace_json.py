@@ -32,6 +32,7 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, BinaryIO
 
 import msgspec
@@ -65,6 +66,21 @@ class _Args(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=False):
 
 
 _NO_ARGS = _Args()
+_ABSENT = -(2**63)
+
+
+class _TypedArgs(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=False):
+    """``args`` as torch.profiler writes them: decoded and checked in C (a run with other types is decoded again
+    as :class:`_Args`)."""
+
+    correlation: int = _ABSENT
+    device: int = _ABSENT
+    bytes: int | float = _ABSENT
+    pg_desc: str = msgspec.field(name="Process Group Description", default="")
+    pg_name: str = msgspec.field(name="Process Group Name", default="")
+
+
+_NO_TYPED_ARGS = _TypedArgs()
 
 
 class Event(msgspec.Struct, gc=False, forbid_unknown_fields=False):
@@ -79,6 +95,18 @@ class Event(msgspec.Struct, gc=False, forbid_unknown_fields=False):
     dur: float = 0.0
     id: int | str | None = None
     args: _Args = _NO_ARGS
+
+
+class _TypedEvent(msgspec.Struct, gc=False, forbid_unknown_fields=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    id: int | str | None = None
+    args: _TypedArgs = _NO_TYPED_ARGS
 
 
 class Head(msgspec.Struct, forbid_unknown_fields=False):
@@ -96,6 +124,17 @@ class _Whole(Head, forbid_unknown_fields=False):
 
 
 _events = msgspec.json.Decoder(list[Event])
+_typed_events = msgspec.json.Decoder(list[_TypedEvent])
+
+
+def _decode_run(data: bytes) -> list:
+    """A run of events: typed in C when the args are as torch.profiler writes them, else loosely."""
+    try:
+        return _typed_events.decode(data)
+    except msgspec.ValidationError:
+        return _events.decode(data)
+
+
 _WS = re.compile(rb"[ \t\r\n]*")
 _AFTER = re.compile(rb"[ \t\r\n]*[,\]]")
 _KEY = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
@@ -114,7 +153,10 @@ class _Dictionary:
     def encode(self, values: list) -> np.ndarray:
         if not values:
             return np.empty(0, dtype=np.int32)
-        arr = pa.array(values, pa.string()).dictionary_encode()
+        try:
+            arr = pa.array(values, pa.string()).dictionary_encode()
+        except (pa.ArrowException, TypeError):  # not all strings (a process group named by a number)
+            arr = pa.array([str(v) for v in values], pa.string()).dictionary_encode()
         local = np.array([self.code.setdefault(s, len(self.code)) for s in arr.dictionary.to_pylist()], np.int32)
         return local[arr.indices.to_numpy(zero_copy_only=False)]
 
@@ -167,27 +209,45 @@ class ColumnBuilder:
         for k, v in cols.items():
             self._parts.setdefault(k, []).append(v)
 
-    def _stream(self, events: list[Event]) -> np.ndarray:
+    def _stream(self, events: list) -> np.ndarray:
         sd = self._streams
-        return np.fromiter((sd.setdefault(k, len(sd)) for k in ((e.pid, e.tid) for e in events)), np.int32, len(events))
+        n = len(events)
+        try:  # the usual case: pid and tid are numbers
+            p = np.fromiter(map(_PID, events), np.int64, n)
+            t = np.fromiter(map(_TID, events), np.int64, n)
+            ok = n == 0 or (p.min() >= 0 and p.max() < 2**31 and t.min() >= -(2**31) and t.max() < 2**31)
+        except (ValueError, TypeError, OverflowError):
+            ok = False
+        if ok:
+            enc = pa.array((p << 32) | (t + 2**31)).dictionary_encode()  # (pid, tid) as one number
+            local = [sd.setdefault((k >> 32, (k & (2**32 - 1)) - 2**31), len(sd)) for k in enc.dictionary.to_pylist()]
+            return np.array(local, dtype=np.int32)[enc.indices.to_numpy(zero_copy_only=False)]
+        return np.array([sd.setdefault(k, len(sd)) for k in zip(map(_PID, events), map(_TID, events))], dtype=np.int32)
+
+    def _pg(self, args: list, typed: bool) -> np.ndarray:
+        if typed and not any(map(_PG_DESC, args)) and not any(map(_PG_NAME, args)):  # no process group named
+            return np.full(len(args), self._pgs.code.setdefault("", len(self._pgs.code)), dtype=np.int32)
+        return self._pgs.encode([a.pg_desc or a.pg_name or "" for a in args])
 
     def add(self, events: list[Event]) -> None:
         x = [e for e in events if e.ph == "X"]
         n = len(x)
         if n:
-            args = [e.args for e in x]
+            args = list(map(_ARGS, x))
+            typed = type(x[0]) is _TypedEvent
             self._put(
-                cat=self._cats.encode([e.cat for e in x]),
-                name=self._names.encode([e.name for e in x]),
-                ts=np.fromiter((e.ts for e in x), np.float64, n),
-                dur=np.fromiter((e.dur for e in x), np.float64, n),
+                cat=self._cats.encode(list(map(_CAT, x))),
+                name=self._names.encode(list(map(_NAME, x))),
+                ts=np.fromiter(map(_TS, x), np.float64, n),
+                dur=np.fromiter(map(_DUR, x), np.float64, n),
                 stream=self._stream(x),
-                corr=ints([a.correlation for a in args]),
-                device=ints([a.device for a in args], absent=-2),
-                nbytes=floats([a.bytes for a in args]),
-                pg=self._pgs.encode([str(a.pg_desc or a.pg_name or "") for a in args]),
+                corr=_arg_ints(args, "correlation", typed, -1),
+                device=_arg_ints(args, "device", typed, -2),
+                nbytes=_arg_floats(args, typed),
+                pg=self._pg(args, typed),
             )
-        fl = [e for e in events if e.ph in ("s", "f") and e.cat in FLOW_CATS and e.id is not None]
+        fl = [e for e in events if e.ph in _FLOW_PH]
+        fl = [e for e in fl if e.cat in FLOW_CATS and e.id is not None]
         if fl:
             ids = ints([e.id for e in fl])
             odd = np.flatnonzero(ids < 0)  # string ids (and other odd ones): coded by their text
@@ -197,7 +257,7 @@ class ColumnBuilder:
             self._put(
                 flow_is_end=np.fromiter((e.ph == "f" for e in fl), bool, len(fl)),
                 flow_id=ids,
-                flow_ts=np.fromiter((e.ts for e in fl), np.float64, len(fl)),
+                flow_ts=np.fromiter(map(_TS, fl), np.float64, len(fl)),
                 flow_stream=self._stream(fl),
             )
 
@@ -245,6 +305,36 @@ class ColumnBuilder:
             stream_dict=stream_dict.tolist(),
             pg_dict=self._pgs.strings(),
         )
+
+
+_FLOW_PH = frozenset(("s", "f"))
+_PID, _TID, _TS, _DUR = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("dur")
+_CAT, _NAME, _ARGS = attrgetter("cat"), attrgetter("name"), attrgetter("args")
+_PG_DESC, _PG_NAME = attrgetter("pg_desc"), attrgetter("pg_name")
+
+
+def _arg_ints(args: list, field: str, typed: bool, absent: int) -> np.ndarray:
+    """An integer of the args (ids, device numbers) as :func:`ints` gives it."""
+    if typed:
+        try:
+            v = np.fromiter(map(attrgetter(field), args), np.int64, len(args))
+        except OverflowError:  # beyond int64: one by one
+            return ints([None if a == _ABSENT else a for a in map(attrgetter(field), args)], absent)
+        out = np.where((v >= 0) & (v < 2**62), v, -1)
+        out[v == _ABSENT] = absent
+        return out
+    return ints(list(map(attrgetter(field), args)), absent)
+
+
+def _arg_floats(args: list, typed: bool) -> np.ndarray:
+    if typed:
+        try:
+            v = np.fromiter(map(attrgetter("bytes"), args), np.float64, len(args))
+        except OverflowError:
+            return floats([a.bytes for a in args])
+        with np.errstate(invalid="ignore"):
+            return np.where((v >= 0) & (v < 1e18), v, np.nan)
+    return floats([a.bytes for a in args])
 
 
 def ints(values: list, absent: int = -1) -> np.ndarray:
@@ -376,14 +466,15 @@ class _Reader:
         self.pos += 1
 
     # -- values
-    def _value_end(self) -> int:
-        """End of the JSON value at ``pos`` (which is not whitespace) in the buffer, or -1 when it runs on."""
+    def _value_end(self, within: int) -> int:
+        """End of the JSON value at ``pos`` (which is not whitespace) in the buffer's next ``within`` bytes, or -1."""
         c = self.buf[self.pos : self.pos + 1]
         if c == b'"':
             m = _KEY.match(self.buf, self.pos)
             return m.end() if m else -1
         if c in (b"{", b"["):
-            return _container_end(memoryview(self.buf)[self.pos :]) + self.pos if self.buf else -1
+            end = _container_end(memoryview(self.buf)[self.pos : self.pos + within])
+            return end + self.pos if end >= 0 else -1
         m = _SCALAR.match(self.buf, self.pos)
         return m.end() if m and (m.end() < len(self.buf) or self.eof) else -1
 
@@ -393,12 +484,12 @@ class _Reader:
         need = 1 << 16
         while True:
             self._fill(need)
-            end = self._value_end()
+            end = self._value_end(need)
             if end >= 0 and end > self.pos:
                 out = self.buf[self.pos : end]
                 self.pos = end
                 return out
-            if self.eof:
+            if self.eof and len(self.buf) - self.pos <= need:
                 raise TraceReadError(f"not a Chrome-trace JSON object with traceEvents ({what} is cut short)")
             if need > limit:
                 raise TraceReadError(f"{what} is larger than {limit >> 20} MiB")
@@ -486,7 +577,7 @@ class _Reader:
             after = _AFTER.match(buf, j + 1)
             if after and (after.end() <= len(buf)):
                 try:
-                    return j + 1, _events.decode(b"[" + buf[lo : j + 1] + b"]")
+                    return j + 1, _decode_run(b"[" + buf[lo : j + 1] + b"]")
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     break  # inside a string or an object, or not JSON: the exact scan tells which
                 except RecursionError:
@@ -499,7 +590,7 @@ class _Reader:
 
 def _decode_events(buf: bytes, lo: int, hi: int) -> list[Event]:
     try:
-        return _events.decode(b"[" + buf[lo:hi] + b"]")
+        return _decode_run(b"[" + buf[lo:hi] + b"]")
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise TraceReadError(f"not a Chrome-trace JSON object with traceEvents ({exc})") from None
     except RecursionError:
