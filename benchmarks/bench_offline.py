@@ -183,7 +183,9 @@ def ranks(a, tmp: Path) -> None:
     base.unlink()
     slow.unlink()
     size = sum(p.stat().st_size for p in folder.iterdir())
-    print(f"{a.files} rank files ({size / 1e6:.0f} MB of gzip), rank {a.slow} slowed, made in {time.perf_counter() - t:.0f} s")
+    print(
+        f"{a.files} rank files ({size / 1e6:.0f} MB of gzip), rank {a.slow} slowed, made in {time.perf_counter() - t:.0f} s"
+    )
     cmd = [sys.executable, "-m", "lockstep", "diagnose", *sorted(map(str, folder.iterdir())), "--jobs", str(a.jobs)]
     t = time.perf_counter()
     r = subprocess.run(

@@ -164,7 +164,7 @@ def read_chrome_trace(
         path = None
     else:
         path = Path(source)
-        with open_regular(source, max_bytes) as fh:
+        with open_regular(source, max_bytes, "trace") as fh:
             head, cols = _wrap(read_file, fh, max_bytes)
     dist = head.distributedInfo
     rank_from = "given"

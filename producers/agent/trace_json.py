@@ -293,10 +293,8 @@ class ColumnBuilder:
         dev = cols["device"]
         absent = dev == -2
         if absent.any():
-            pid_of = ints([p for p, _ in keys]) if keys else np.empty(0, np.int64)
-            by_label = np.full(len(stream_dict), -1, np.int64)
-            if keys:
-                by_label[relabel] = pid_of
+            pids = [lbl.split("/", 1)[0] for lbl in stream_dict.tolist()]  # a pid written "7" is pid 7 too
+            by_label = np.array([int(p) if p.isascii() and p.isdigit() and len(p) < 18 else -1 for p in pids], np.int64)
             dev[absent] = by_label[cols["stream"][absent]]
         return Columns(
             **cols,
@@ -545,7 +543,7 @@ class _Reader:
             self._fill(window)
             end, events = self._cut(window)
             if end < 0:  # no whole event in the window
-                if self.eof:
+                if self.eof and window >= len(self.buf) - self.pos:
                     raise TraceReadError("not a Chrome-trace JSON object with traceEvents (the events are cut short)")
                 if window >= MAX_EVENT_BYTES:
                     raise TraceReadError(f"an event of the trace is larger than {MAX_EVENT_BYTES >> 20} MiB")
