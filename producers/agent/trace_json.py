@@ -83,7 +83,7 @@ class _TypedArgs(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=Fa
 _NO_TYPED_ARGS = _TypedArgs()
 
 
-class Event(msgspec.Struct, gc=False, forbid_unknown_fields=False):
+class ChromeEvent(msgspec.Struct, gc=False, forbid_unknown_fields=False):
     """One trace event, the fields the reader uses (``gc=False``: millions of them are made and dropped)."""
 
     ph: str = ""
@@ -120,10 +120,10 @@ class Head(msgspec.Struct, forbid_unknown_fields=False):
 
 
 class _Whole(Head, forbid_unknown_fields=False):
-    traceEvents: list[Event] = []
+    traceEvents: list[ChromeEvent] = []
 
 
-_events = msgspec.json.Decoder(list[Event])
+_events = msgspec.json.Decoder(list[ChromeEvent])
 _typed_events = msgspec.json.Decoder(list[_TypedEvent])
 
 
@@ -229,7 +229,7 @@ class ColumnBuilder:
             return np.full(len(args), self._pgs.code.setdefault("", len(self._pgs.code)), dtype=np.int32)
         return self._pgs.encode([a.pg_desc or a.pg_name or "" for a in args])
 
-    def add(self, events: list[Event]) -> None:
+    def add(self, events: list[ChromeEvent]) -> None:
         x = [e for e in events if e.ph == "X"]
         n = len(x)
         if n:
@@ -562,7 +562,7 @@ class _Reader:
                     f"not a Chrome-trace JSON object with traceEvents (expected ',' or ']', got {c!r})"
                 )
 
-    def _cut(self, window: int) -> tuple[int, list[Event]]:
+    def _cut(self, window: int) -> tuple[int, list[ChromeEvent]]:
         """The end of the last whole event in the window from ``pos`` (just after its ``}``) and the events up to
         it; -1 when none ends in it."""
         buf, lo = self.buf, self.pos
@@ -586,7 +586,7 @@ class _Reader:
         return (end + lo, _decode_events(buf, lo, end + lo)) if end >= 0 else (-1, [])
 
 
-def _decode_events(buf: bytes, lo: int, hi: int) -> list[Event]:
+def _decode_events(buf: bytes, lo: int, hi: int) -> list[ChromeEvent]:
     try:
         return _decode_run(b"[" + buf[lo:hi] + b"]")
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
