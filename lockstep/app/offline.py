@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 TRACE_SUFFIXES = (".json", ".gz")
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 MAX_INPUT_MB = 2048.0
+#: fewer trace files than this, of fewer bytes in all, are read in the calling process (starting a pool costs ~1 s)
+POOL_MIN_FILES = 16
+POOL_MIN_BYTES = 32 << 20
 
 
 class DiagnoseError(LockstepError, ValueError):
@@ -165,7 +168,9 @@ def load_inputs(
             with _about(path, samples_path):
                 if _is_trace(path, max_bytes):
                     trace_files.append(path)
-    if len(trace_files) > 1:  # one process per core, each reading one file at a time, summaries sent back
+    on_disk = sum(p.stat().st_size for p in trace_files)
+    if len(trace_files) >= POOL_MIN_FILES or (len(trace_files) > 1 and on_disk > POOL_MIN_BYTES):
+        # one process per core, each reading one file at a time, summaries sent back
         read = _read_in_pool(trace_files, ranks, samples_path, max_bytes, jobs, progress)
     for path in files:
         with _about(path, samples_path):
