@@ -77,7 +77,7 @@ import pyarrow.compute as pc
 
 from ...schemas.errors import LockstepError
 from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_SCHEMA
-from .trace_json import Columns, TraceReadError, read_file, read_object
+from .trace_json import Columns, TraceReadError, read_file, read_object, release_memory
 
 MAX_NAME = 200
 #: largest trace accepted, after decompression (a JSON trace decodes to a few times its size in memory)
@@ -190,6 +190,7 @@ def read_chrome_trace(
         f"[{groups[0].desc or groups[0].name}]" if len(groups) == 1 else "",
     )
     del cols
+    release_memory()
     props = {p.get("id"): str(p.get("name", "")) for p in head.deviceProperties or [] if isinstance(p, dict)}
     meta = TraceMeta(
         host=host,

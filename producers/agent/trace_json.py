@@ -27,6 +27,7 @@ measured figures.
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import os
 import re
@@ -101,8 +102,8 @@ class _TypedEvent(msgspec.Struct, gc=False, forbid_unknown_fields=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
+    pid: int = 0  # a run with a pid or tid written as a string is decoded loosely
+    tid: int = 0
     ts: float = 0.0
     dur: float = 0.0
     id: int | str | None = None
@@ -209,10 +210,12 @@ class ColumnBuilder:
         for k, v in cols.items():
             self._parts.setdefault(k, []).append(v)
 
-    def _stream(self, events: list) -> np.ndarray:
+    def _stream(self, events: list, typed: bool) -> np.ndarray:
         sd = self._streams
         n = len(events)
-        try:  # the usual case: pid and tid are numbers
+        try:  # the usual case: pid and tid are numbers (typed: checked by the decoder, never "7")
+            if not typed:
+                raise TypeError
             p = np.fromiter(map(_PID, events), np.int64, n)
             t = np.fromiter(map(_TID, events), np.int64, n)
             ok = n == 0 or (p.min() >= 0 and p.max() < 2**31 and t.min() >= -(2**31) and t.max() < 2**31)
@@ -240,7 +243,7 @@ class ColumnBuilder:
                 name=self._names.encode(list(map(_NAME, x))),
                 ts=np.fromiter(map(_TS, x), np.float64, n),
                 dur=np.fromiter(map(_DUR, x), np.float64, n),
-                stream=self._stream(x),
+                stream=self._stream(x, typed),
                 corr=_arg_ints(args, "correlation", typed, -1),
                 device=_arg_ints(args, "device", typed, -2),
                 nbytes=_arg_floats(args, typed),
@@ -258,7 +261,7 @@ class ColumnBuilder:
                 flow_is_end=np.fromiter((e.ph == "f" for e in fl), bool, len(fl)),
                 flow_id=ids,
                 flow_ts=np.fromiter(map(_TS, fl), np.float64, len(fl)),
-                flow_stream=self._stream(fl),
+                flow_stream=self._stream(fl, type(fl[0]) is _TypedEvent),
             )
 
     def columns(self) -> Columns:
@@ -280,8 +283,15 @@ class ColumnBuilder:
         cols: dict[str, np.ndarray] = {}
         for k, dtype in empty.items():  # one column at a time: the parts of one and its whole at most
             parts = self._parts.pop(k, [])
-            cols[k] = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
-            del parts
+            col = np.empty(sum(p.size for p in parts), dtype=parts[0].dtype if parts else dtype)
+            at = 0
+            while parts:  # each part freed as soon as it is copied
+                p = parts.pop(0)
+                col[at : at + p.size] = p
+                at += p.size
+                del p
+            cols[k] = col
+        release_memory()
         # timelines by their text ("1/2" whether pid and tid were numbers or strings), each numbered once
         keys = list(self._streams)
         labels = [f"{p}/{t}" for p, t in keys]
@@ -333,6 +343,22 @@ def _arg_floats(args: list, typed: bool) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             return np.where((v >= 0) & (v < 1e18), v, np.nan)
     return floats([a.bytes for a in args])
+
+
+def release_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc keeps the small blocks a run of events was decoded
+    into; without this the columns' parts stay in the RSS after they were copied)."""
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim: Any = None
 
 
 def ints(values: list, absent: int = -1) -> np.ndarray:
