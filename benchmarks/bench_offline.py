@@ -74,12 +74,14 @@ def _template() -> tuple[dict, list[dict], float, int]:
     return trace, events, span, corr
 
 
-def write_trace(path: Path, mb: float, *, slow_us: float = 0.0, rank: int | None = None) -> int:
-    """A trace of about ``mb`` MB: the real one's steps repeated; ``slow_us`` more on one region per step."""
+def write_trace(path: Path, mb: float, *, slow_us: float = 0.0, world_size: int | None = None) -> int:
+    """A trace of about ``mb`` MB: the real one's steps repeated; ``slow_us`` more on one region per step.
+    ``world_size``: of that job, the rank left to the file name."""
     trace, events, span, corr = _template()
     head = {k: v for k, v in trace.items() if k != "traceEvents"}
-    if rank is not None:
-        head["distributedInfo"] = {**head.get("distributedInfo", {}), "rank": rank}
+    if world_size is not None:
+        dist = {k: v for k, v in head.get("distributedInfo", {}).items() if k != "rank"}
+        head["distributedInfo"] = {**dist, "world_size": world_size}
     meta = [e for e in trace["traceEvents"] if e.get("ph") == "M"]
     opener = gzip.open if path.suffix == ".gz" else open
     written = 0
@@ -176,8 +178,8 @@ def ranks(a, tmp: Path) -> None:
     t = time.perf_counter()
     base = folder / "base.json.gz"
     slow = folder / "slow.json.gz"
-    write_trace(base, a.mb)
-    write_trace(slow, a.mb, slow_us=20_000.0)
+    write_trace(base, a.mb, world_size=a.files)
+    write_trace(slow, a.mb, slow_us=20_000.0, world_size=a.files)
     for r in range(a.files):  # the same bytes for every rank but the slowed one; the rank from the file name
         os.link(slow if r == a.slow else base, folder / f"rank-{r}.json.gz")
     base.unlink()
@@ -186,7 +188,7 @@ def ranks(a, tmp: Path) -> None:
     print(
         f"{a.files} rank files ({size / 1e6:.0f} MB of gzip), rank {a.slow} slowed, made in {time.perf_counter() - t:.0f} s"
     )
-    cmd = [sys.executable, "-m", "lockstep", "diagnose", *sorted(map(str, folder.iterdir())), "--jobs", str(a.jobs)]
+    cmd = [sys.executable, "-m", "lockstep", "diagnose", str(folder), "--jobs", str(a.jobs)]
     t = time.perf_counter()
     r = subprocess.run(
         ["/usr/bin/time", "-f", "%M KiB peak RSS (largest process)", *cmd], capture_output=True, text=True, check=False
