@@ -28,7 +28,7 @@ from .offline import Inputs
 FORMAT = 1
 CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "real" / "corpus"
 META = ("worker", "step", "step_time_us", "host", "device", "hardware")
-PARTS = ("dev", "test")
+PARTS = ("dev", "test", "holdout")
 
 
 class CorpusError(LockstepError, ValueError):
