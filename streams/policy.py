@@ -95,7 +95,9 @@ class DiagnosisPolicy:
 
     peer_group_keys: tuple[str, ...] = ("pp", "role")  # worker labels that define peer groups
     z_threshold: float = 4.0  # robust z (MAD units) above which a function's work deviates
-    localise_z: float = 2.5  # a worker's own work this many standard errors above its peers' (the job's noise) stands out
+    localise_z: float = (
+        2.5  # a worker's own work this many standard errors above its peers' (the job's noise) stands out
+    )
     min_excess_share: float = 0.01  # ... and the excess is at least this share of the step
     rel_floor: float = 0.02  # MAD floor as a share of the median (no spread -> no division by 0)
     min_peers: int = 3  # smaller peer groups are not compared

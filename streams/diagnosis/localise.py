@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from ..policy import DiagnosisPolicy
 from .stats import group_median
-from .step import WORKER_SCHEMA, StepResult
+from .step import StepResult
 
 
 @dataclass(frozen=True)
@@ -145,9 +145,7 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     idx = np.flatnonzero(np.nan_to_num(out, nan=False))
     fin = np.where(np.isfinite(z), z, -np.inf)
     k = int(np.argmax(fin))
-    standing = Standing(
-        [], int(ws[k]), float(shift[k]), float(z[k]) if np.isfinite(z[k]) else math.nan, noise, ws, z
-    )
+    standing = Standing([], int(ws[k]), float(shift[k]), float(z[k]) if np.isfinite(z[k]) else math.nan, noise, ws, z)
     if idx.size == 0:
         return standing
     # the function each stands out in: its work above its group's median, summed over the window
@@ -183,7 +181,7 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
                 holds=float(holds[i]),
                 steps=sorted(int(s) for s in step[first][in_steps]),
                 n_steps=int(counted[i]),
-                peers=int(np.sum(grp == grp[wi == i][0]) // max(len(results), 1)) or 1,
+                peers=int(np.unique(wi[grp == grp[wi == i][0]]).size),
                 own_us=float(np.median(own[wi == i])),
                 peer_own_us=float(np.nanmedian(peer[wi == i])),
                 wait_us=float(wait_med[i]),

@@ -573,7 +573,9 @@ def _workers(grid: _Grid, wk: _Work, peers: _WorkComparison, policy: DiagnosisPo
     n_w, n_f = grid.n_workers, grid.n_functions
     wait = wk.wait.sum(axis=1)
     own = np.maximum(wk.worker_work, 0.0)
-    over = np.where(grid.valid & ~np.isin(grid.kind_f, WAITING_KINDS)[None, :], wk.work - peers.med[grid.lay.groups], -np.inf)
+    over = np.where(
+        grid.valid & ~np.isin(grid.kind_f, WAITING_KINDS)[None, :], wk.work - peers.med[grid.lay.groups], -np.inf
+    )
     k = min(TOP_FUNCTIONS, n_f)
     top = np.argsort(-over, axis=1, kind="stable")[:, :k]  # (W, k)
     w = np.repeat(np.arange(n_w), k)

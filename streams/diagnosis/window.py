@@ -702,7 +702,8 @@ def _refined(ctx: _Ctx, f: Finding) -> Finding:
             f,
             confidence=conf,
             evidence=[*f.evidence, _own_evidence(mine[0])],
-            summary=f.summary + f"; its own work {mine[0].shift:.0%} above its peers' ({mine[0].z:.1f} standard errors)",
+            summary=f.summary
+            + f"; its own work {mine[0].shift:.0%} above its peers' ({mine[0].z:.1f} standard errors)",
         )
     zs = [st.z_of(w) for w in f.workers]
     if st.workers is not None and all(math.isfinite(z) and z <= 0 for z in zs) and f.confidence > NOT_STANDING_OUT_CAP:
@@ -722,7 +723,10 @@ def _localised_confidence(ctx: _Ctx, loc: Localised) -> float:
 
 def _own_evidence(loc: Localised) -> Evidence:
     return Evidence(
-        feature="own_work_us", value=round(loc.own_us, 1), peer_value=round(loc.peer_own_us, 1), deviation=round(loc.z, 2)
+        feature="own_work_us",
+        value=round(loc.own_us, 1),
+        peer_value=round(loc.peer_own_us, 1),
+        deviation=round(loc.z, 2),
     )
 
 

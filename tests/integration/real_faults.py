@@ -412,13 +412,22 @@ class Mechanism:
 MECHANISMS: dict[str, Mechanism] = {
     # CPU share and scheduling (made from outside)
     "cgroup_quota": Mechanism(
-        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"quota": 0.3}, "medium": {"quota": 0.2}, "strong": {"quota": 0.1}}
+        "cpu",
+        CPU_WORK,
+        ("host_cpu_contention", "undetermined"),
+        {"mild": {"quota": 0.3}, "medium": {"quota": 0.2}, "strong": {"quota": 0.1}},
     ),
     "taskset_busy": Mechanism(
-        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"duty": 0.2}, "medium": {"duty": 0.5}, "strong": {"duty": 0.8}}
+        "cpu",
+        CPU_WORK,
+        ("host_cpu_contention", "undetermined"),
+        {"mild": {"duty": 0.2}, "medium": {"duty": 0.5}, "strong": {"duty": 0.8}},
     ),
     "nice": Mechanism(
-        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"nice": 5}, "medium": {"nice": 10}, "strong": {"nice": 19}}
+        "cpu",
+        CPU_WORK,
+        ("host_cpu_contention", "undetermined"),
+        {"mild": {"nice": 5}, "medium": {"nice": 10}, "strong": {"nice": 19}},
     ),
     # memory
     "alloc_churn": Mechanism("memory", r"^forward$", ("host_memory", "rank_specific_code", "undetermined"), {}),
