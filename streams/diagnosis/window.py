@@ -109,7 +109,7 @@ def diagnose_window(
     if steps_seen:
         need = max(min(dp.min_persistent_steps, steps_seen), math.ceil(dp.persistence * steps_seen))
         ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups, localise(results, dp))
-        findings = [_refined(ctx, f) for f in _worker_findings(ctx, history)]
+        findings += _worker_findings(ctx, history)
         # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it
         named = {w for f in findings if f.scope == "worker" for w in f.workers}
         findings += [_localised_finding(ctx, loc) for loc in ctx.standing.localised if loc.worker not in named]
@@ -474,7 +474,7 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
         shared=s.signal == "hardware",
     )
     conf, notes = _confidence(s, att.certainty, persistence, ctx.coverage, ctx.dp)
-    return Finding(
+    finding = Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "worker", workers, s.function, cause, None),
         job=ctx.info.job,
         window=ctx.info.window,
@@ -507,6 +507,7 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
         ),
         window_steps=len(ctx.results),
     )
+    return _refined(ctx, finding, periodic=occurred < n_window)
 
 
 def _switch_elements(
@@ -680,16 +681,19 @@ def _impact(share: float, workers: int) -> Impact:
     return Impact(step_time_share=round(share, 4), gpu_hours_per_day=round(share * workers * 24.0, 2))
 
 
-#: a cause rule's finding on a worker whose own work is not above its peers' (it waits as much as they do, or
-#: more: a victim, or noise) is kept below paging confidence
+#: a cause rule's finding on a worker whose own work is not a standard error above its peers' (it waits as much as
+#: they do: a victim, or noise; its slower function costs the job nothing it can measure) stays below paging
 NOT_STANDING_OUT_CAP = 0.45
+NOT_STANDING_OUT_Z = 1.0
 
 
-def _refined(ctx: _Ctx, f: Finding) -> Finding:
+def _refined(ctx: _Ctx, f: Finding, periodic: bool = False) -> Finding:
     """A cause rule's worker finding against the localisation: where the localisation has its worker(s), the
     finding is as confident as the localisation is (a cause rule refines a localisation); where its workers' own
-    work is not above their peers' at all, it stays below paging (victims are not culprits).  Collectives' link
-    findings are left as they are: a slow link's time is shared by its whole ring."""
+    work is not even a standard error above their peers' (NOT_STANDING_OUT_Z), it stays below paging: the
+    straggler waits least, and a worker that waits as much as its peers holds nobody up.  Left as they are: links
+    of collectives (a slow link's time is shared by its whole ring) and functions that do not run every step (an
+    evaluation every third step cannot move the median step's own work)."""
     if f.function_kind in WAITING_KINDS or not f.workers:
         return f
     st = ctx.standing
@@ -706,11 +710,13 @@ def _refined(ctx: _Ctx, f: Finding) -> Finding:
             + f"; its own work {mine[0].shift:.0%} above its peers' ({mine[0].z:.1f} standard errors)",
         )
     zs = [st.z_of(w) for w in f.workers]
-    if st.workers is not None and all(math.isfinite(z) and z <= 0 for z in zs) and f.confidence > NOT_STANDING_OUT_CAP:
+    weak = all(math.isfinite(z) and z < NOT_STANDING_OUT_Z for z in zs)
+    if st.workers is not None and not periodic and weak and f.confidence > NOT_STANDING_OUT_CAP:
         return msgspec.structs.replace(
             f,
             confidence=NOT_STANDING_OUT_CAP,
-            summary=f.summary + "; its own work (the step minus its waits) not above its peers': it may be waiting",
+            summary=f.summary + "; its own work (the step minus its waits) not above its peers' beyond the job's noise: "
+            "it may be waiting",
         )
     return f
 
