@@ -12,7 +12,9 @@ peers' summed over the window.
   each worker is the other's only peer, and a persistent shift of one is exactly what the spread across peers
   would hide.  Never below ``rel_floor``.
 - It stands out when its shift is ``localise_z`` standard errors or more (a median of n steps: 1.2533 noise /
-  sqrt(n)), its excess at least ``min_excess_share`` of the
+  sqrt(n)), and more than chance gives the largest of the job's workers (:func:`threshold`: of 1,024 workers
+  one passes 4.3 standard errors by chance one window in a hundred), its shift at least ``localise_min_shift``
+  (5%: a worker within a few percent of its peers is no straggler worth naming, however steady the job), its excess at least ``min_excess_share`` of the
   step, it is above its peers in ``persistence`` of the steps, and it waits less than they do (the straggler
   waits least: the others wait for it).
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 import pyarrow as pa
@@ -72,6 +75,7 @@ class Standing:
     noise: float
     workers: np.ndarray | None = None  # every worker seen, sorted
     z: np.ndarray | None = None  # ... its shift in standard errors (NaN: no peer)
+    bar: float = math.nan  # the standard errors a worker needed to stand out (:func:`threshold`)
 
     def z_of(self, worker: int) -> float:
         """The worker's own-work shift against its peers in standard errors (NaN: not seen, or no peer)."""
@@ -82,6 +86,13 @@ class Standing:
 
 
 NOBODY = Standing([], -1, math.nan, math.nan, math.nan)
+
+
+def threshold(dp: DiagnosisPolicy, workers: int) -> float:
+    """The standard errors a worker's shift must reach: ``localise_z``, or more in a bigger job, where the largest of
+    many workers' shifts is larger by chance alone: the shift that one of ``workers`` healthy workers passes with
+    probability ``localise_alpha`` (Bonferroni: the normal quantile 1 - alpha / workers)."""
+    return max(dp.localise_z, NormalDist().inv_cdf(1.0 - dp.localise_alpha / max(workers, 1)))
 
 
 def _concat(results: list[StepResult]) -> pa.Table | None:
@@ -135,8 +146,10 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     top = np.full(int(gk.max()) + 1, -np.inf)
     np.maximum.at(top, gk, own)
     holds = np.bincount(wi, weights=own >= top[gk], minlength=n) / np.maximum(counted, 1)
+    bar = threshold(dp, int(np.count_nonzero(np.isfinite(z))))
     out = (
-        (z >= dp.localise_z)
+        (z >= bar)
+        & (shift >= dp.localise_min_shift)
         & (excess >= dp.min_excess_share)
         & (above >= dp.persistence)
         & (wait_med <= peer_wait_med)
@@ -145,7 +158,8 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     idx = np.flatnonzero(np.nan_to_num(out, nan=False))
     fin = np.where(np.isfinite(z), z, -np.inf)
     k = int(np.argmax(fin))
-    standing = Standing([], int(ws[k]), float(shift[k]), float(z[k]) if np.isfinite(z[k]) else math.nan, noise, ws, z)
+    top_z = float(z[k]) if np.isfinite(z[k]) else math.nan
+    standing = Standing([], int(ws[k]), float(shift[k]), top_z, noise, ws, z, bar)
     if idx.size == 0:
         return standing
     # the function each stands out in: its work above its group's median, summed over the window
@@ -191,4 +205,4 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
                 excess_share=float(excess[i]),
             )
         )
-    return Standing(localised, standing.top_worker, standing.top_shift, standing.top_z, noise, ws, z)
+    return Standing(localised, standing.top_worker, standing.top_shift, standing.top_z, noise, ws, z, bar)

@@ -715,14 +715,15 @@ def _refined(ctx: _Ctx, f: Finding, periodic: bool = False) -> Finding:
         return msgspec.structs.replace(
             f,
             confidence=NOT_STANDING_OUT_CAP,
-            summary=f.summary + "; its own work (the step minus its waits) not above its peers' beyond the job's noise: "
+            summary=f.summary
+            + "; its own work (the step minus its waits) not above its peers' beyond the job's noise: "
             "it may be waiting",
         )
     return f
 
 
 def _localised_confidence(ctx: _Ctx, loc: Localised) -> float:
-    strength = min(1.0, loc.z / (2.0 * ctx.dp.localise_z))
+    strength = min(1.0, loc.z / (2.0 * ctx.standing.bar))
     conf = (0.5 + 0.3 * strength) * _persisted(loc.above) * (0.5 + 0.5 * ctx.coverage)
     return round(min(0.99, max(0.01, conf)), 3)
 
@@ -1106,13 +1107,13 @@ def _job_finding(
             Evidence(
                 feature=f"own_work_z[worker {st.top_worker}]",
                 value=round(st.top_z, 2),
-                peer_value=ctx.dp.localise_z,
+                peer_value=round(st.bar, 2),
                 deviation=round(st.top_shift, 4),
             ),
         ]
         summary = (summary or f"every worker: {function} above its expected share of the step") + (
             f"; no worker stands out from its peers (the nearest, worker {st.top_worker}, {st.top_z:.1f} standard "
-            f"errors of the job's noise, {ctx.dp.localise_z:g} needed)"
+            f"errors of the job's noise, {st.bar:.1f} needed)"
         )
     return Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "job", [], function, cause, None),
