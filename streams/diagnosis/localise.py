@@ -16,7 +16,8 @@ peers' summed over the window.
   one passes 4.3 standard errors by chance one window in a hundred), its shift at least ``localise_min_shift``
   (5%: a worker within a few percent of its peers is no straggler worth naming, however steady the job), its excess at least ``min_excess_share`` of the
   step, it is above its peers in ``persistence`` of the steps, and it waits less than they do (the straggler
-  waits least: the others wait for it).
+  waits least: the others wait for it; where nobody waits, as in traces of independent runs put side by side,
+  nobody holds anybody up and nobody stands out).
 
 The victims of a straggler have *lower* own work than their peers (they wait instead), so they never stand out.
 Vectorised: one sort per statistic, no loop over workers or functions.
@@ -76,6 +77,16 @@ class Standing:
     workers: np.ndarray | None = None  # every worker seen, sorted
     z: np.ndarray | None = None  # ... its shift in standard errors (NaN: no peer)
     bar: float = math.nan  # the standard errors a worker needed to stand out (:func:`threshold`)
+    se_us: np.ndarray | None = None  # per worker: the standard error of its shift, in µs of its peers' own work
+
+    def expected_z(self, worker: int, excess_us: float) -> float:
+        """The standard errors by which ``excess_us`` more work per step would shift the worker's own work, were
+        nothing of it made up elsewhere in its step (NaN: not seen, or no peer)."""
+        if self.workers is None or self.se_us is None or self.workers.size == 0:
+            return math.nan
+        i = int(np.searchsorted(self.workers, worker))
+        ok = i < self.workers.size and self.workers[i] == worker and self.se_us[i] > 0
+        return float(excess_us / self.se_us[i]) if ok else math.nan
 
     def z_of(self, worker: int) -> float:
         """The worker's own-work shift against its peers in standard errors (NaN: not seen, or no peer)."""
@@ -152,14 +163,15 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
         & (shift >= dp.localise_min_shift)
         & (excess >= dp.min_excess_share)
         & (above >= dp.persistence)
-        & (wait_med <= peer_wait_med)
+        & (wait_med < peer_wait_med)
         & (counted >= min(dp.min_persistent_steps, len(results)))
     )
     idx = np.flatnonzero(np.nan_to_num(out, nan=False))
     fin = np.where(np.isfinite(z), z, -np.inf)
     k = int(np.argmax(fin))
     top_z = float(z[k]) if np.isfinite(z[k]) else math.nan
-    standing = Standing([], int(ws[k]), float(shift[k]), top_z, noise, ws, z, bar)
+    se_us = 1.2533 * noise / np.sqrt(np.maximum(counted, 1)) * group_median(peer, wi, n)
+    standing = Standing([], int(ws[k]), float(shift[k]), top_z, noise, ws, z, bar, se_us)
     if idx.size == 0:
         return standing
     # the function each stands out in: its work above its group's median, summed over the window
@@ -205,4 +217,4 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
                 excess_share=float(excess[i]),
             )
         )
-    return Standing(localised, standing.top_worker, standing.top_shift, standing.top_z, noise, ws, z, bar)
+    return Standing(localised, standing.top_worker, standing.top_shift, standing.top_z, noise, ws, z, bar, se_us)

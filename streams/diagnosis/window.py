@@ -507,7 +507,7 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
         ),
         window_steps=len(ctx.results),
     )
-    return _refined(ctx, finding, periodic=occurred < n_window)
+    return _refined(ctx, finding, periodic=occurred < n_window, excess_us=s.excess_us)
 
 
 def _switch_elements(
@@ -682,26 +682,36 @@ def _impact(share: float, workers: int) -> Impact:
 
 
 #: a cause rule's finding on a worker whose own work is not a standard error above its peers' (it waits as much as
-#: they do: a victim, or noise; its slower function costs the job nothing it can measure) stays below paging
+#: they do: a victim, or noise) and short, by two standard errors, of what the function's excess alone would add to
+#: it (the excess is made up elsewhere in its step: it costs the job nothing it can measure) stays below paging
 NOT_STANDING_OUT_CAP = 0.45
 NOT_STANDING_OUT_Z = 1.0
+#: a cause rule's finding on a worker that stands out is at least this confident (paging)
+LOCALISED_FLOOR = 0.6
+SHORT_OF_EXCESS_Z = 2.0
 
 
-def _refined(ctx: _Ctx, f: Finding, periodic: bool = False) -> Finding:
+def _refined(ctx: _Ctx, f: Finding, periodic: bool = False, excess_us: float = math.nan) -> Finding:
     """A cause rule's worker finding against the localisation: where the localisation has its worker(s), the
-    finding is as confident as the localisation is (a cause rule refines a localisation); where its workers' own
-    work is not even a standard error above their peers' (NOT_STANDING_OUT_Z), it stays below paging: the
-    straggler waits least, and a worker that waits as much as its peers holds nobody up.  Left as they are: links
-    of collectives (a slow link's time is shared by its whole ring) and functions that do not run every step (an
+    finding pages: its confidence is at least LOCALISED_FLOOR (or the localisation's, if lower; a cause rule refines a
+    localisation, and beyond that its own strength, the job's history and the evidence decide); where its workers' own
+    work is not even a standard error above their peers' (NOT_STANDING_OUT_Z) and two standard errors short of
+    what the function's excess would add to it (SHORT_OF_EXCESS_Z), it stays below paging: the straggler waits
+    least, and a worker that waits as much as its peers holds nobody up.  A small excess (a GPU kernel at 1% of
+    the step) that its own work shows as well as the noise allows is left alone.  Left as they are too: links of
+    collectives (a slow link's time is shared by its whole ring) and functions that do not run every step (an
     evaluation every third step cannot move the median step's own work)."""
     if f.function_kind in WAITING_KINDS or not f.workers:
         return f
     st = ctx.standing
     mine = [loc for loc in st.localised if loc.worker in f.workers]
     if mine:
-        conf = max(_localised_confidence(ctx, loc) for loc in mine)
+        # the localisation says where, so the finding pages (at least LOCALISED_FLOOR, or the localisation's own
+        # confidence if lower); beyond that the rule's own strength, history and evidence decide
+        loc_conf = max(_localised_confidence(ctx, loc) for loc in mine)
+        conf = max(f.confidence, min(loc_conf, LOCALISED_FLOOR))
         if conf <= f.confidence:
-            return f
+            return msgspec.structs.replace(f, evidence=[*f.evidence, _own_evidence(mine[0])])
         return msgspec.structs.replace(
             f,
             confidence=conf,
@@ -710,7 +720,11 @@ def _refined(ctx: _Ctx, f: Finding, periodic: bool = False) -> Finding:
             + f"; its own work {mine[0].shift:.0%} above its peers' ({mine[0].z:.1f} standard errors)",
         )
     zs = [st.z_of(w) for w in f.workers]
-    weak = all(math.isfinite(z) and z < NOT_STANDING_OUT_Z for z in zs)
+    expected = [st.expected_z(w, excess_us) for w in f.workers]
+    weak = all(
+        math.isfinite(z) and z < min(NOT_STANDING_OUT_Z, e - SHORT_OF_EXCESS_Z if math.isfinite(e) else 0.0)
+        for z, e in zip(zs, expected, strict=True)
+    )
     if st.workers is not None and not periodic and weak and f.confidence > NOT_STANDING_OUT_CAP:
         return msgspec.structs.replace(
             f,
@@ -718,6 +732,16 @@ def _refined(ctx: _Ctx, f: Finding, periodic: bool = False) -> Finding:
             summary=f.summary
             + "; its own work (the step minus its waits) not above its peers' beyond the job's noise: "
             "it may be waiting",
+        )
+    # a noisy job: its workers' own work moves more from step to step than this excess is; the rule compared one
+    # function, and the step around it may make up for it (x 0.75, as for a noisy peer group)
+    share = excess_us / max(np.median([r.step_time_median_us for r in ctx.results]), 1.0)
+    if not periodic and math.isfinite(st.noise) and st.noise > ctx.dp.noisy_rel_mad and share < st.noise:
+        return msgspec.structs.replace(
+            f,
+            confidence=round(f.confidence * 0.75, 3),
+            summary=f.summary + f"; a noisy job (its workers' own work moves {st.noise:.0%} from step to step, "
+            f"this excess is {share:.0%} of the step)",
         )
     return f
 
