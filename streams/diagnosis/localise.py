@@ -78,6 +78,14 @@ class Standing:
     z: np.ndarray | None = None  # ... its shift in standard errors (NaN: no peer)
     bar: float = math.nan  # the standard errors a worker needed to stand out (:func:`threshold`)
     se_us: np.ndarray | None = None  # per worker: the standard error of its shift, in µs of its peers' own work
+    waits_more: np.ndarray | None = None  # per worker: its median wait above its peers' (a victim's sign)
+
+    def waits_more_of(self, worker: int) -> bool:
+        """Whether the worker waited more than its peers (median over steps): the others kept it waiting."""
+        if self.workers is None or self.waits_more is None or self.workers.size == 0:
+            return False
+        i = int(np.searchsorted(self.workers, worker))
+        return bool(i < self.workers.size and self.workers[i] == worker and self.waits_more[i])
 
     def expected_z(self, worker: int, excess_us: float) -> float:
         """The standard errors by which ``excess_us`` more work per step would shift the worker's own work, were
@@ -171,7 +179,8 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     k = int(np.argmax(fin))
     top_z = float(z[k]) if np.isfinite(z[k]) else math.nan
     se_us = 1.2533 * noise / np.sqrt(np.maximum(counted, 1)) * group_median(peer, wi, n)
-    standing = Standing([], int(ws[k]), float(shift[k]), top_z, noise, ws, z, bar, se_us)
+    waits_more = wait_med > peer_wait_med
+    standing = Standing([], int(ws[k]), float(shift[k]), top_z, noise, ws, z, bar, se_us, waits_more)
     if idx.size == 0:
         return standing
     # the function each stands out in: its work above its group's median, summed over the window
@@ -217,4 +226,6 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
                 excess_share=float(excess[i]),
             )
         )
-    return Standing(localised, standing.top_worker, standing.top_shift, standing.top_z, noise, ws, z, bar, se_us)
+    return Standing(
+        localised, standing.top_worker, standing.top_shift, standing.top_z, noise, ws, z, bar, se_us, waits_more
+    )

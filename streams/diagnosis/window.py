@@ -681,9 +681,9 @@ def _impact(share: float, workers: int) -> Impact:
     return Impact(step_time_share=round(share, 4), gpu_hours_per_day=round(share * workers * 24.0, 2))
 
 
-#: a cause rule's finding on a worker whose own work is not a standard error above its peers' (it waits as much as
-#: they do: a victim, or noise) and short, by two standard errors, of what the function's excess alone would add to
-#: it (the excess is made up elsewhere in its step: it costs the job nothing it can measure) stays below paging
+#: a cause rule's finding on a worker whose own work is not a standard error above its peers', short by two standard
+#: errors of what the function's excess alone would add to it (the excess is made up elsewhere in its step), and that
+#: waits more than its peers (they keep it waiting: a victim) stays below paging
 NOT_STANDING_OUT_CAP = 0.45
 NOT_STANDING_OUT_Z = 1.0
 #: a cause rule's finding on a worker that stands out is at least this confident (paging)
@@ -696,8 +696,9 @@ def _refined(ctx: _Ctx, f: Finding, periodic: bool = False, excess_us: float = m
     finding pages: its confidence is at least LOCALISED_FLOOR (or the localisation's, if lower; a cause rule refines a
     localisation, and beyond that its own strength, the job's history and the evidence decide); where its workers' own
     work is not even a standard error above their peers' (NOT_STANDING_OUT_Z) and two standard errors short of
-    what the function's excess would add to it (SHORT_OF_EXCESS_Z), it stays below paging: the straggler waits
-    least, and a worker that waits as much as its peers holds nobody up.  A small excess (a GPU kernel at 1% of
+    what the function's excess would add to it (SHORT_OF_EXCESS_Z), and it waits more than its peers, it stays below
+    paging: the straggler waits least, and a worker its peers keep waiting holds nobody up (where nobody waits, as
+    in traces of independent runs side by side, nothing says it is a victim).  A small excess (a GPU kernel at 1% of
     the step) that its own work shows as well as the noise allows is left alone.  Left as they are too: links of
     collectives (a slow link's time is shared by its whole ring) and functions that do not run every step (an
     evaluation every third step cannot move the median step's own work)."""
@@ -722,8 +723,10 @@ def _refined(ctx: _Ctx, f: Finding, periodic: bool = False, excess_us: float = m
     zs = [st.z_of(w) for w in f.workers]
     expected = [st.expected_z(w, excess_us) for w in f.workers]
     weak = all(
-        math.isfinite(z) and z < min(NOT_STANDING_OUT_Z, e - SHORT_OF_EXCESS_Z if math.isfinite(e) else 0.0)
-        for z, e in zip(zs, expected, strict=True)
+        math.isfinite(z)
+        and z < min(NOT_STANDING_OUT_Z, e - SHORT_OF_EXCESS_Z if math.isfinite(e) else 0.0)
+        and st.waits_more_of(w)
+        for w, z, e in zip(f.workers, zs, expected, strict=True)
     )
     if st.workers is not None and not periodic and weak and f.confidence > NOT_STANDING_OUT_CAP:
         return msgspec.structs.replace(
