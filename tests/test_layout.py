@@ -18,7 +18,11 @@ STAGES = {
 
 
 #: folders of data installed as packages of their own (lockstep/app/data.py finds them)
-DATA_PACKAGES = {"suites": "lockstep.suites", "tests/data/real/corpus": "lockstep.corpus"}
+DATA_PACKAGES = {
+    "suites": "lockstep.suites",
+    "tests/data/real/corpus": "lockstep.corpus",
+    "tests/data/real/holdout": "lockstep.holdout",
+}
 
 
 def test_every_package_folder_is_packaged():
