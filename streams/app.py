@@ -176,7 +176,9 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
 
     def skipped(topic: str, partition: int, first: int, last: int, reason: str) -> None:
         """A compressed batch that inflates beyond MAX_BATCH_BYTES (or cannot be inflated): its records are not read."""
-        log.warning("skipped a record batch of %s[%d], offsets %d..%d, unread: %s", topic, partition, first, last, reason)
+        log.warning(
+            "skipped a record batch of %s[%d], offsets %d..%d, unread: %s", topic, partition, first, last, reason
+        )
         m.inc("kafka_batches_skipped_total", topic=topic)
 
     bound_aiokafka(MAX_BATCH_BYTES, on_skip=skipped)  # aiokafka would inflate each batch whole, without a bound

@@ -20,7 +20,6 @@ the codec's error out of ``getmany`` (faust's consumer thread), and fetches the 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import struct
 from collections.abc import Callable, Iterator
@@ -54,7 +53,7 @@ def gzip_decode(data: Any, max_bytes: int) -> bytes:
 def snappy_decode(data: Any, max_bytes: int) -> bytes:
     """Raw snappy, or Kafka's xerial framing of snappy blocks (``aiokafka.codec.snappy_decode``'s formats)."""
     raw = memoryview(bytes(data))
-    if len(raw) > 16 and raw[:8] == _XERIAL_HEADER:
+    if len(raw) >= 16 and raw[:8] == _XERIAL_HEADER:  # (aiokafka needs more than the header: no empty stream)
         blocks, pos = [], 16
         while pos < len(raw):
             if pos + 4 > len(raw):
@@ -114,11 +113,17 @@ class _Batch:
             records = iter(self._batch)  # the compiled batch inflates here; the Python one at its first record
             first = next(records)
         except StopIteration:
-            return iter(())
+            return
         except CompressionError as exc:
             self._skip(self._batch, exc)
-            return iter(())
-        return itertools.chain((first,), records)
+            return
+        yield first
+        while True:  # next(), not a for loop: iter() of a compiled batch a second time fails its own assertion
+            try:
+                record = next(records)
+            except StopIteration:
+                return
+            yield record
 
     def __next__(self) -> Any:  # a control batch's marker (never compressed)
         return next(self._batch)
@@ -146,7 +151,12 @@ class _Batches:
 
 def _log_skip(topic: str, partition: int, first: int, last: int, reason: str) -> None:
     log.warning(
-        "skipped a record batch of %s[%d], offsets %d..%d: %s; its records are not read", topic, partition, first, last, reason
+        "skipped a record batch of %s[%d], offsets %d..%d: %s; its records are not read",
+        topic,
+        partition,
+        first,
+        last,
+        reason,
     )
 
 
