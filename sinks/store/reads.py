@@ -340,7 +340,7 @@ def _too_large(limits: QueryLimits) -> str:
     )
 
 
-def _row_bytes(types: list[duckdb.DuckDBPyType]) -> str:
+def _row_bytes(types: list[duckdb.sqltypes.DuckDBPyType]) -> str:
     """A DuckDB expression: the bytes of a row of these columns (by position, whatever their names)."""
     parts = []
     for i, t in enumerate(types, start=1):
