@@ -21,6 +21,7 @@ STAGES = {
     # the evaluation data (lockstep/app/data.py)
     "suites": "lockstep/suites",
     "tests/data/real/corpus": "lockstep/corpus",
+    "tests/data/real/holdout": "lockstep/holdout",
 }
 
 
