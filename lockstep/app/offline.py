@@ -104,7 +104,7 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float, keep: list | None 
 
 
 def expand_inputs(paths: list[Path]) -> list[Path]:
-    """Folders as the trace and table files in them, and globs the shell did not expand (quoted, or too many
+    """Folders as the trace and table files in them (else the JAX profiles in them), and globs the shell did not expand (quoted, or too many
     files for one command line) as the files they match, each sorted; other paths as given."""
     import glob
 
@@ -114,6 +114,10 @@ def expand_inputs(paths: list[Path]) -> list[Path]:
             found = sorted(
                 f for f in p.iterdir() if f.is_file() and f.name.lower().endswith(TRACE_SUFFIXES + TABLE_SUFFIXES)
             )
+            if not found:  # the JAX profiler's log folder(s): its trace(s) under plugins/profile/<run>/
+                from ..producers.agent.jaxtrace import jax_profiles
+
+                found = jax_profiles(p)
             if not found:
                 raise DiagnoseError(f"{p}: a folder without trace or table files")
             out += found

@@ -77,6 +77,19 @@ def is_jax_trace(trace: dict) -> bool:
     return False
 
 
+def jax_profiles(folder: Path) -> list[Path]:
+    """The JAX traces a folder stands for: the profiler's log folder itself (``<dir>/plugins/profile/<run>/``), or one
+    per log folder in it (``traces/rank0``, ``traces/rank1``, ...); of several runs in one log folder, the last."""
+    out = []
+    for log_dir in [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]:
+        runs = sorted(log_dir.glob(f"plugins/profile/*/{PERFETTO_NAME}"))
+        if runs:
+            out.append(runs[-1])
+        if log_dir == folder and runs:
+            break
+    return out
+
+
 def is_jax_source(source: str | Path | dict) -> bool:
     """A trace the JAX profiler wrote: by its file's name (``perfetto_trace.json.gz``, or ``<host>.trace.json.gz``
     beside ``<host>.xplane.pb``), or, for a parsed object, by its processes' names (not one already converted)."""

@@ -91,7 +91,7 @@ def test_diagnose_names_the_slowed_jax_process_and_function(traces):
 
 
 def test_diagnose_reads_the_jax_steps_and_ranks(traces):
-    p = lockstep("diagnose", *map(str, traces))
+    p = lockstep("diagnose", str(traces[0].parents[4]))  # the folder of the processes' log folders
     assert p.returncode == 0, p.stderr
     assert "preprocess" in p.stdout and "3 workers x 6 steps (3..8)" in p.stdout, p.stdout
 

@@ -9,6 +9,7 @@ import pytest
 
 from lockstep.producers.agent.jaxtrace import (
     is_jax_source,
+    jax_profiles,
     path_rank,
     read_jax_trace,
     to_torch_form,
@@ -124,3 +125,19 @@ def test_a_step_number_beyond_the_limit_is_refused():
     doc["traceEvents"].append(x(PY, "train", 0.0, 1.0, step_num=str(10**15)))
     with pytest.raises(TraceError, match="step number"):
         read_jax_trace(doc, worker=0)
+
+
+def test_a_folder_stands_for_its_log_folders_last_runs(tmp_path):
+    def profile(log_dir, run):
+        d = tmp_path / log_dir / "plugins" / "profile" / run
+        d.mkdir(parents=True)
+        (d / "perfetto_trace.json.gz").write_bytes(b"")
+        return d / "perfetto_trace.json.gz"
+
+    profile("rank0", "2026_01_01_00_00_00")
+    r0 = profile("rank0", "2026_01_01_00_05_00")
+    r1 = profile("rank1", "2026_01_01_00_00_00")
+    (tmp_path / "notes").mkdir()
+    assert jax_profiles(tmp_path) == [r0, r1]
+    assert jax_profiles(tmp_path / "rank1") == [r1]
+    assert jax_profiles(tmp_path / "notes") == []
