@@ -264,7 +264,12 @@ def read_jax_trace(
     """Read one JAX process's trace (``perfetto_trace.json.gz``, ``<host>.trace.json.gz`` or the parsed object)."""
     path = None if isinstance(source, dict) else Path(source)
     doc = load_jax_trace(source, max_bytes)
-    converted, cpu_devices = to_torch_form(doc, step_name)
+    try:
+        converted, cpu_devices = to_torch_form(doc, step_name)
+    except TraceError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a field of an unexpected type
+        raise TraceError(f"not a JAX profiler trace this reader understands ({type(exc).__name__}: {exc})") from None
     host = host or (path_host(path) if path is not None else "")
     if host:
         converted["hostName"] = host

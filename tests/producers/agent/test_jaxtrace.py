@@ -141,3 +141,18 @@ def test_a_folder_stands_for_its_log_folders_last_runs(tmp_path):
     assert jax_profiles(tmp_path) == [r0, r1]
     assert jax_profiles(tmp_path / "rank1") == [r1]
     assert jax_profiles(tmp_path / "notes") == []
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"ph": "X", "pid": HOST, "tid": XLA, "name": "dot", "ts": "soon", "dur": 1, "args": {"hlo_op": "dot"}},
+        {"ph": "X", "pid": HOST, "tid": PY, "name": "f", "ts": [1], "dur": 1},
+        {"ph": "X", "pid": HOST, "tid": PY, "name": "PjitFunction(f)", "ts": {"a": 1}, "dur": 1},
+    ],
+)
+def test_fields_of_the_wrong_type_are_a_trace_error(event):
+    doc = trace()
+    doc["traceEvents"].append(event)
+    with pytest.raises(TraceError):
+        read_jax_trace(doc, worker=0)
