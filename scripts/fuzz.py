@@ -260,8 +260,22 @@ def fuzz(seconds: float, seed: int, max_iterations: int = 0, progress: Callable[
         "mutations": dict(sorted(kinds.items())),
         "dead_letters": dict(sorted(reasons.items())),
         "bugs": bugs[:20],
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
     }
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS: the kernel's high-water mark of its own memory (``VmHWM``). Not ``ru_maxrss``: Linux
+    carries that over ``execve`` from the parent, so a fuzzer started by a large pytest process would report the
+    parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main(argv: list[str] | None = None) -> int:
