@@ -26,7 +26,7 @@ from ..producers.simulator.faults import Fault
 from ..producers.simulator.fleet import FleetSimulator, Scenario
 from ..producers.simulator.live import run_live
 from ..producers.simulator.topology import Topology
-from ..sinks.sink import query, wait_for
+from ..sinks.http import query, wait_for
 from ..streams.app import changelog_topics
 from .runtime import Child, RuntimeFailure, settings_flags
 

@@ -45,7 +45,7 @@ from ..producers.simulator.fleet import FleetSimulator, Scenario
 from ..producers.simulator.live import run_live
 from ..producers.simulator.topology import Topology
 from ..schemas.records import StepReport, TriggerRequest, decode
-from ..sinks.sink import query, wait_for
+from ..sinks.http import query, wait_for
 from ..streams.app import changelog_topics
 from .runtime import Pipeline
 

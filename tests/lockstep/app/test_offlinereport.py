@@ -49,6 +49,6 @@ def test_diagnose_writes_the_report_and_says_so_on_a_bad_path(tmp_path, capsys):
 
 
 def offline_report_of_nothing():
-    from lockstep.sinks.report import Report
+    from lockstep.sinks.report.page import Report
 
     return Report([], [], [])

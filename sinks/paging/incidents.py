@@ -34,7 +34,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from ..schemas.records import Finding
+from ...schemas.records import Finding
 
 #: causes that name a device or link: the incident is the device's, whatever function showed it
 DEVICE_CAUSES = frozenset(

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from ..schemas.records import CAUSES, Evidence, Finding
-from ..units import DECIDED_BY, decided_order, feature, hours, joined, number, plural, unit_label, value, with_unit
+from ...schemas.records import CAUSES, Evidence, Finding
+from ...units import DECIDED_BY, decided_order, feature, hours, joined, number, plural, unit_label, value, with_unit
 
 BAD, PEER, SPREAD, EMPTY, WINDOW, ACCENT = "#c0392b", "#7f8c8d", "#d5dbdb", "#ecf0f1", "#f5cba7", "#2471a3"
 WINDOW_MARK = "#e67e22"
