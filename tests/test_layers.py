@@ -14,15 +14,11 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.paths import CODE
+
 ROOT = Path(__file__).resolve().parents[1]
 #: folder -> the package it installs as (pyproject.toml's package-dir)
-FOLDERS = {
-    "lockstep": "lockstep",
-    "schemas": "lockstep.schemas",
-    "producers": "lockstep.producers",
-    "streams": "lockstep.streams",
-    "sinks": "lockstep.sinks",
-}
+FOLDERS = CODE
 
 #: lowest first; a module is in the layer of the longest prefix that names it (``lockstep`` alone: only the root package)
 LAYERS: dict[str, tuple[str, ...]] = {
