@@ -224,9 +224,7 @@ class Sink:
 
     def _after(self, events, always: bool = False) -> None:
         for ev in events:
-            self.metrics.inc(
-                "incident_events_total", action=ev.action, help="incident changes, by action (trigger, update, resolve)"
-            )
+            self.metrics.inc("incident_events_total", action=ev.action)
         if self.pager and (events or always):
             try:
                 self.pager.fan_out()
@@ -247,9 +245,8 @@ class Sink:
             "dead_letters_total",
             reason=err.reason,
             stage="sink",
-            help="records sent to the dead-letter topic, by reason",
         )
-        self.metrics.inc("records_out_total", topic=self.deadletter_topic, help="records published, by topic")
+        self.metrics.inc("records_out_total", topic=self.deadletter_topic)
 
     def _isolate(self, accepted, offsets, exc: Exception) -> list:
         """The store refused a batch: write its records one by one (upserts: a crash in between replays them
@@ -290,7 +287,7 @@ class Sink:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error: %s", msg.error().str())
                 continue
-            m.inc("records_in_total", topic=msg.topic(), help="records consumed, by topic")
+            m.inc("records_in_total", topic=msg.topic())
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
             kind, ts_ms = msg.timestamp()
             if kind != TIMESTAMP_NOT_AVAILABLE:
@@ -314,15 +311,12 @@ class Sink:
             Exception
         ) as exc:  # a record the store cannot keep must not stop the sink (it would stop again on restart)
             events = self._isolate(accepted, offsets, exc)
-        m.observe(
-            "write_seconds", time.perf_counter() - t0, help="one DuckDB transaction (rows, incidents and offsets)"
-        )
+        m.observe("write_seconds", time.perf_counter() - t0)
         for topic, age in lag_s.items():
             m.set(
                 "consumer_lag_seconds",
                 age,
                 topic=topic,
-                help="age of the last record consumed, by topic (now - its Kafka timestamp)",
             )
         for (topic, partition), pos in offsets.items():
             try:
@@ -335,7 +329,6 @@ class Sink:
                     max(0, high - pos),
                     topic=topic,
                     partition=str(partition),
-                    help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)",
                 )
         for f in batch.findings:
             # a label per cause this build knows: a record's free text must not grow the metrics without bound
@@ -344,8 +337,6 @@ class Sink:
         m.inc("triggers_written_total", len(batch.triggers))
         m.inc("step_series_written_total", sum(len(s.steps) for s in batch.series))
         for ch in batch.changes:
-            m.inc(
-                "job_changes_written_total", change=ch.change, help="the detector's JobChange records stored, by change"
-            )
+            m.inc("job_changes_written_total", change=ch.change)
         self._after(events)
         return batch

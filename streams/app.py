@@ -173,7 +173,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
     m = processor.metrics
 
     def seen(r: RecordIn) -> None:
-        m.inc("records_in_total", topic=r.topic, help="records consumed, by topic")
+        m.inc("records_in_total", topic=r.topic)
         m.inc("bytes_in_total", len(r.value), topic=r.topic)
         positions[r.source] = r.offset + 1
         if r.timestamp:  # the producer's CreateTime: right on any broker, unlike the watermarks
@@ -181,7 +181,6 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
                 "consumer_lag_seconds",
                 max(0.0, time.time() - r.timestamp),
                 topic=r.topic,
-                help="age of the last record consumed, by topic (now - its Kafka timestamp)",
             )
 
     def feed(name: str, stage: Stage, batches: bool):
@@ -233,7 +232,6 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
                     max(0, high - pos),
                     topic=p.topic,
                     partition=str(p.partition),
-                    help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)",
                 )
 
     every(1.0, "reload_policy", reload_policy)

@@ -335,7 +335,6 @@ class Pager:
             route=route.name,
             receiver=route.receiver,
             result=result,
-            help="webhook delivery attempts, by route and result (delivered, retry, failed)",
         )
 
     def next_due_in(self, route: Route) -> float | None:

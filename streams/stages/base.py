@@ -85,9 +85,7 @@ class Policies:
         self.current = policy
         self._by_ref[policy.ref] = policy
         for ref in self._by_ref:
-            self.metrics.set(
-                "policy_info", float(ref == policy.ref), help="1 for the policy in force (id@hash)", policy=ref
-            )
+            self.metrics.set("policy_info", float(ref == policy.ref), policy=ref)
 
     def for_ref(self, ref: str) -> Policy:
         """The policy a window was opened under (its trigger's ``id@hash``), else the one in force."""
@@ -135,7 +133,7 @@ class Stage:
         """Publish a record keyed ``key``; the awaitable resolves once Kafka acknowledged it."""
         value = record if isinstance(record, bytes) else encode(record)
         delivered = await self.out.send(topic, key.encode(), value)
-        self.metrics.inc("records_out_total", topic=topic, help="records published, by topic")
+        self.metrics.inc("records_out_total", topic=topic)
         self.metrics.inc("bytes_out_total", len(value), topic=topic)
         return delivered
 
@@ -155,7 +153,6 @@ class Stage:
             "dead_letters_total",
             reason=err.reason,
             stage=self.name,
-            help="records sent to the dead-letter topic, by reason",
         )
 
     async def failed(self, records: Iterable[RecordIn], exc: Exception) -> None:
@@ -238,7 +235,7 @@ class AssemblingStage(HoldingStage, Generic[C]):
             await self.release([h])
             return
         if late:
-            self.metrics.inc("late_records_total", stage=self.name, help="records for steps or windows already closed")
+            self.metrics.inc("late_records_total", stage=self.name)
             await self.release([h])
         elif closed is not None:
             await self._finish(closed)

@@ -82,9 +82,7 @@ class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
     async def on_records(self, records: Sequence[RecordIn]) -> None:
         for record in records:
             await self._one(record)
-        self.metrics.set(
-            "open_shards", self.assembler.open_shards, help="shards of windows waiting for workers' features"
-        )
+        self.metrics.set("open_shards", self.assembler.open_shards)
 
     def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedShard[RecordIn] | None, bool]:
         rec = decode(record.value, WindowFeatures)
@@ -105,7 +103,7 @@ class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
             await self.failed([h.item for h in p.handles], exc)
             await self.release(p.handles)
             return
-        self.metrics.inc("shards_closed_total", reason=closed.reason, help="shards of windows closed, by reason")
+        self.metrics.inc("shards_closed_total", reason=closed.reason)
         await self.release(p.handles)
 
 

@@ -91,12 +91,11 @@ class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
             await self.dead_letter(handle.item, err)
         if report is not None:
             await self.send(self.topics.stepreports, p.job, report)
-            m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
-            m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
+            m.inc("steps_closed_total", reason=closed.reason)
+            m.set("step_analysis_seconds", time.perf_counter() - t0)
             m.observe(
                 "step_close_latency_seconds",
                 self.clock() - p.opened_at,
-                help="first feature batch of a step to its step report",
             )
         await self.release(p.handles)
 

@@ -73,7 +73,7 @@ class WindowStage(HoldingStage):
     async def on_records(self, records: Sequence[RecordIn]) -> None:
         for record in records:
             await self._one(record)
-        self.metrics.set("open_windows", self.assembler.open_windows, help="windows waiting for step reports")
+        self.metrics.set("open_windows", self.assembler.open_windows)
 
     async def _one(self, record: RecordIn) -> None:
         h = self.hold(record)
@@ -213,7 +213,7 @@ class WindowStage(HoldingStage):
         sent: list[Awaitable[object]] = []
         for cause, value in out:
             sent.append(await self.send(self.topics.findings, w.job, value))
-            m.inc("findings_total", cause=cause, help="findings published, by cause")
+            m.inc("findings_total", cause=cause)
         sent.append(await self.send(self.topics.windows, w.job, report))
         # the tables' changelogs travel apart from the findings: mark the window closed (which makes a replay
         # skip it) only once its findings and report are in Kafka, or a crash in between would lose them
@@ -229,12 +229,11 @@ class WindowStage(HoldingStage):
         if new_history is not None:
             self.job_history[w.job] = new_history
         self.closed_windows[f"{w.job}:{w.window}"] = now
-        m.inc("windows_closed_total", reason=state, help="windows closed, by terminal state")
+        m.inc("windows_closed_total", reason=state)
         if w.first_report_at is not None:
             m.observe(
                 "window_close_latency_seconds",
                 self.clock() - w.first_report_at,
-                help="first step report of a window to its findings published",
             )
         (log.warning if state == "failed" else log.info)(
             "window %s/%s closed (%s%s): %d finding(s), coverage %.2f",
@@ -262,7 +261,7 @@ class WindowStage(HoldingStage):
                 bytes_in=w.bytes_in,
             )
             await (await self.send(self.topics.windows, w.job, report))
-            self.metrics.inc("windows_closed_total", reason="failed", help="windows closed, by terminal state")
+            self.metrics.inc("windows_closed_total", reason="failed")
         except Exception:
             log.exception("window %s/%s: no report of its failure either", w.job, w.window)
         await self.release(w.handles)
