@@ -100,6 +100,26 @@ CAUSES: dict[str, str] = {
     "unknown": "deviation found, cause not determined; see the evidence",
     "undetermined": "worker, function and device found; the samples that would tell the cause were not taken (the summary names them)",
 }
+#: causes located in a host's hardware: the deviating workers of one host form one finding (the diagnosis), and
+#: the incident is the device's, whatever function showed it (paging)
+HARDWARE_CAUSES = frozenset(
+    {
+        "gpu_throttle_thermal",
+        "gpu_throttle_power",
+        "gpu_throttle",
+        "gpu_slow",
+        "nvlink",
+        "pcie",
+        "nic",
+        "switch",
+        "host_cpu_contention",
+        "host_memory",
+        "storage",
+    }
+)
+#: the hardware causes whose culprit is a device or a link: the report gives their findings rows of their own (a
+#: saturated link slows every ring-mate alike, so its workers' work does not stand out against the peers')
+DEVICE_CAUSES = HARDWARE_CAUSES - {"host_cpu_contention", "host_memory", "storage"}
 
 
 def _finite(name: str, value: float) -> None:
@@ -167,6 +187,12 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     # workers in the job as the agent knows it (torch.distributed, WORLD_SIZE): the job's membership, which steps and
     # windows are counted against; on the agent's first heartbeats and every so often (absent: unknown)
     world_size: Count | msgspec.UnsetType = msgspec.UNSET
+
+    def echo(self) -> Echo | None:
+        """The worker's echo of the last trigger it received, when this heartbeat carries one."""
+        if isinstance(self.trigger_window, str) and isinstance(self.trigger_latency_s, float):
+            return Echo(worker=self.worker, window=self.trigger_window, latency_s=self.trigger_latency_s)
+        return None
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
@@ -304,11 +330,7 @@ def batch_heartbeats(beats: list[StepHeartbeat], shard_workers: int) -> list[tup
                     step_time_s=[hb.step_time_s for hb in hbs],
                     sent_at=[hb.sent_at for hb in hbs],
                     final=[i for i, hb in enumerate(hbs) if hb.final],
-                    echoes=[
-                        Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s)
-                        for hb in hbs
-                        if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
-                    ],
+                    echoes=[echo for hb in hbs if (echo := hb.echo()) is not None],
                     agents=[
                         WorkerCounters(worker=hb.worker, counters=hb.agent)
                         for hb in hbs

@@ -50,7 +50,6 @@ import numpy.typing as npt
 
 from ..schemas.records import (
     AgentCounters,
-    Echo,
     JobChange,
     JobChangeKind,
     JobEnd,
@@ -689,11 +688,7 @@ class SlowdownDetector:
         now = time.time() if now is None else now
         self._plausible(hb.job, hb.step, hb.sent_at, now, f"worker {hb.worker}", f"host {hb.host!r}")
         final = hb.final is True
-        echo = (
-            hb.trigger_window
-            if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
-            else None
-        )
+        echo = hb.echo()
         p = StepPartial(
             job=hb.job,
             tenant=hb.tenant,
@@ -709,7 +704,7 @@ class SlowdownDetector:
             newest_sent_at=hb.sent_at,
             highest=hb.step,
             final=int(final),
-            echoes=[Echo(worker=hb.worker, window=echo, latency_s=hb.trigger_latency_s)] if echo else [],  # type: ignore[arg-type]
+            echoes=[echo] if echo is not None else [],
             agents=hb.agent if isinstance(hb.agent, AgentCounters) else None,
             members=0 if final else 1,
             world_size=hb.world_size if isinstance(hb.world_size, int) else 0,

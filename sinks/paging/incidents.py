@@ -34,24 +34,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from ...schemas.records import Finding
-
-#: causes that name a device or link: the incident is the device's, whatever function showed it
-DEVICE_CAUSES = frozenset(
-    {
-        "gpu_throttle_thermal",
-        "gpu_throttle_power",
-        "gpu_throttle",
-        "gpu_slow",
-        "nvlink",
-        "pcie",
-        "nic",
-        "switch",
-        "host_cpu_contention",
-        "host_memory",
-        "storage",
-    }
-)
+from ...schemas.records import HARDWARE_CAUSES, Finding
 
 
 @dataclass(frozen=True)
@@ -144,7 +127,7 @@ def incident_key(f: Finding) -> str:
     parts = [f.tenant, f.job, f.scope, ",".join(map(str, sorted(f.workers))), f.cause]
     if f.group:
         parts.append(",".join(f"{k}={f.group[k]}" for k in sorted(f.group)))
-    if f.cause not in DEVICE_CAUSES:
+    if f.cause not in HARDWARE_CAUSES:
         parts.append(f.function)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
 

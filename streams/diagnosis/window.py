@@ -27,30 +27,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ...schemas.records import Evidence, Finding, Impact, WindowReport, finding_id
+from ...schemas.records import HARDWARE_CAUSES, Evidence, Finding, Impact, WindowReport, finding_id
 from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
-
-#: causes located in a host's hardware, whose deviating workers on one host form one finding
-HOST_HARDWARE_CAUSES = frozenset(
-    {
-        "gpu_throttle_thermal",
-        "gpu_throttle_power",
-        "gpu_throttle",
-        "gpu_slow",
-        "nvlink",
-        "pcie",
-        "nic",
-        "switch",
-        "host_cpu_contention",
-        "host_memory",
-        "storage",
-    }
-)
-
 
 #: causes that name none: findings of one worker merge only within one resource (a GPU's kernels, a host's CPU work)
 UNNAMED_CAUSES = frozenset({"undetermined", "unknown"})
@@ -415,7 +397,7 @@ def _by_owner(attributed: list[_Attributed]) -> dict[tuple[str, tuple[Any, ...]]
     their own extra code are two problems, never one finding."""
     merged: dict[tuple[str, tuple[Any, ...]], list[_Attributed]] = {}
     for s, att, m in attributed:
-        owner: tuple[Any, ...] = tuple(sorted(set(s.hosts))) if att.cause in HOST_HARDWARE_CAUSES else tuple(s.workers)
+        owner: tuple[Any, ...] = tuple(sorted(set(s.hosts))) if att.cause in HARDWARE_CAUSES else tuple(s.workers)
         if att.cause in UNNAMED_CAUSES:  # no cause ties them: a slow kernel and a slow loader are two problems
             owner += (s.resource,)
         merged.setdefault((att.cause, owner), []).append((s, att, m))

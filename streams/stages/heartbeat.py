@@ -103,11 +103,8 @@ class _Group:
             self.step_time_s.append(hb.step_time_s)
             self.sent_at.append(hb.sent_at)
             self.holder.append(i)
-        echoes = (
-            [Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s)]
-            if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
-            else []
-        )
+        echo = hb.echo()
+        echoes = [echo] if echo is not None else []
         agents = [WorkerCounters(worker=hb.worker, counters=hb.agent)] if hb.agent else []
         if final or echoes or agents:
             self.news[i] = ([hb.worker] if final else [], echoes, agents)
