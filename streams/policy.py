@@ -272,7 +272,7 @@ class PolicyFile:
         self._sig = self._signature()
         self.policy = policy if policy is not None else load_policy(self.path)
 
-    def _signature(self) -> tuple | None:
+    def _signature(self) -> tuple[int, int, int] | None:
         if self.path is None:
             return None
         try:
