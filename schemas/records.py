@@ -346,6 +346,9 @@ def batch_heartbeats(beats: list[StepHeartbeat], shard_workers: int) -> list[tup
 #: why a shard sent its partial: every worker it expects; (before issue 20: a later step); waited as long as the
 #: processor's lateness bound allows; news only (echoes, counters)
 PartialClosed = Literal["complete", "later", "timeout", "news"]
+#: how the step stage closed a step: every expected worker's features came (``complete``), or not (``timeout``, or
+#: closed early to stay within the stage's memory budget)
+StepClosed = Literal["complete", "timeout"]
 
 
 class StepPartial(_Record, tag="StepPartial", kw_only=True):
@@ -727,7 +730,7 @@ class StepReport(_Record, tag="StepReport", kw_only=True):
     groups: bytes
     policy: str = "default"
     tenant: str = ""
-    closed: Literal["complete", "timeout"] = "complete"
+    closed: StepClosed = "complete"
     # added with issue 20: the expected workers (ranks 0..expected_workers-1) that delivered nothing for the step
     # (the first MAX_NAMED_MISSING), and how many
     missing: Annotated[list[Rank], msgspec.Meta(max_length=MAX_NAMED_MISSING)] = []

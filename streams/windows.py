@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import pyarrow as pa
 
@@ -24,6 +24,9 @@ from ..schemas.records import FeatureBatch, StepReport, StepSlice, WindowExpecte
 from .diagnosis.step import StepResult
 
 T = TypeVar("T")
+#: why an assembler closed a step, a shard or a window: all of it came (``complete``), its time ran out
+#: (``timeout``), or it was closed early because the stage held more than its memory budget (``budget``)
+CloseReason = Literal["complete", "timeout", "budget"]
 
 
 class Handle(Generic[T]):
@@ -105,7 +108,7 @@ class PendingStep(Generic[T]):
 @dataclass
 class ClosedStep(Generic[T]):
     pending: PendingStep[T]
-    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
+    reason: CloseReason
 
 
 class StepAssembler(Generic[T]):
@@ -193,7 +196,7 @@ class StepAssembler(Generic[T]):
         due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
         return [self._close(k, "timeout") for k in due]
 
-    def _close(self, key: tuple[str, int], reason: str) -> ClosedStep[T]:
+    def _close(self, key: tuple[str, int], reason: CloseReason) -> ClosedStep[T]:
         p = self._open.pop(key)
         self.held_bytes -= p.held
         self._closed[key] = None
@@ -241,7 +244,7 @@ class PendingShard(Generic[T]):
 @dataclass
 class ClosedShard(Generic[T]):
     pending: PendingShard[T]
-    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
+    reason: CloseReason
 
 
 class ShardAssembler(Generic[T]):
@@ -304,7 +307,7 @@ class ShardAssembler(Generic[T]):
         key = max(self._open, key=lambda k: self._open[k].held)
         return self._close(key, "budget")
 
-    def _close(self, key: tuple[str, str, int, int], reason: str) -> ClosedShard[T]:
+    def _close(self, key: tuple[str, str, int, int], reason: CloseReason) -> ClosedShard[T]:
         p = self._open.pop(key)
         self.held_bytes -= p.held
         self._closed[key] = None
@@ -357,7 +360,7 @@ class PendingWindow(Generic[T]):
 @dataclass
 class ClosedWindow(Generic[T]):
     pending: PendingWindow[T]
-    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
+    reason: CloseReason
 
 
 class WindowAssembler(Generic[T]):
@@ -454,7 +457,7 @@ class WindowAssembler(Generic[T]):
                 out.append(k)
         return out
 
-    def close(self, key: tuple[str, str], reason: str) -> ClosedWindow[T] | None:
+    def close(self, key: tuple[str, str], reason: CloseReason) -> ClosedWindow[T] | None:
         w = self._open.pop(key, None)
         if w is None:
             return None

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from ...schemas.functions import float_columns, pack, unpack_ipc
-from ...schemas.records import RecordError, StepReport
+from ...schemas.records import RecordError, StepClosed, StepReport
 from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, StepResult
 
 #: evidence columns of the step report's tables added after its first release (a missing one reads as NaN)
@@ -66,7 +66,7 @@ def step_report(
     bytes_in: int,
     policy: str,
     tenant: str,
-    closed: str,
+    closed: StepClosed,
 ) -> StepReport:
     return StepReport(
         job=result.job,
@@ -85,7 +85,7 @@ def step_report(
         groups=pack(result.groups),
         policy=policy,
         tenant=tenant,
-        closed=closed,  # type: ignore[arg-type]
+        closed=closed,
     )
 
 

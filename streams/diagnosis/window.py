@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ...schemas.records import HARDWARE_CAUSES, Evidence, Finding, Impact, WindowReport, finding_id
+from ...schemas.records import HARDWARE_CAUSES, Closed, Evidence, Finding, Impact, WindowReport, finding_id
 from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
@@ -74,7 +74,7 @@ def diagnose_window(
     policy: Policy,
     *,
     now: float,
-    closed: str = "complete",
+    closed: Closed = "complete",
     closed_reason: str = "",
     bytes_in: int = 0,
     history: JobHistory | None = None,
@@ -116,7 +116,7 @@ def window_report(
     policy: Policy,
     *,
     now: float,
-    closed: str,
+    closed: Closed,
     closed_reason: str = "",
     bytes_in: int = 0,
     findings: list[Finding] | None = None,
@@ -138,7 +138,7 @@ def window_report(
         findings=len(findings),
         actionable=any(f.cause not in ("unknown", "undetermined") for f in findings),
         reached_device=any(f.devices for f in findings),
-        closed=closed,  # type: ignore[arg-type]
+        closed=closed,
         closed_at=now,
         policy=info.policy or policy.ref,
         tenant=info.tenant,
