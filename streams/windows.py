@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -75,6 +75,68 @@ class InOrderAcks(Generic[T]):
         return sum(len(q) for q in self._queues.values())
 
 
+# --------------------------------------------------------------------------- what the assemblers share
+
+
+class _Pending(Protocol):
+    partition: Hashable
+    opened_at: float
+    held: int  # bytes of the tables it holds
+
+
+K = TypeVar("K", bound=Hashable)
+P = TypeVar("P", bound=_Pending)
+C = TypeVar("C")
+
+
+class _Assembler(Generic[K, P, C]):
+    """What the step, shard and window assemblers share: the open entries by key and the bytes they hold, the keys
+    closed lately (``remember`` of them: a record for one is late), closing one (the largest, for the memory
+    budget) and forgetting a revoked partition's.  A subclass says how a closed entry is returned (:meth:`_closed_as`)."""
+
+    def __init__(self, timeout_s: float, remember: int = 100_000):
+        self.timeout_s = timeout_s
+        self._open: dict[K, P] = {}
+        self._closed: OrderedDict[K, None] = OrderedDict()
+        self._remember = remember
+        self.held_bytes = 0  # the open entries' tables
+
+    def _closed_as(self, pending: P, reason: CloseReason) -> C:
+        raise NotImplementedError
+
+    def _hold(self, p: P, nbytes: int) -> None:
+        p.held += nbytes
+        self.held_bytes += nbytes
+
+    def _close(self, key: K, reason: CloseReason) -> C:
+        p = self._open.pop(key)
+        self.held_bytes -= p.held
+        self._closed[key] = None
+        while len(self._closed) > self._remember:
+            self._closed.popitem(last=False)
+        return self._closed_as(p, reason)
+
+    def _largest(self) -> K | None:
+        return max(self._open, key=lambda k: self._open[k].held) if self._open else None
+
+    def close_largest(self) -> C | None:
+        """The open entry holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
+        key = self._largest()
+        return None if key is None else self._close(key, "budget")
+
+    def drop(self, partitions: Collection[Hashable]) -> None:
+        for k in [k for k, p in self._open.items() if p.partition in partitions]:
+            self.held_bytes -= self._open.pop(k).held
+
+
+class _TimedAssembler(_Assembler[K, P, C]):
+    """An assembler whose entries time out ``timeout_s`` after they opened."""
+
+    def expire(self, now: float) -> list[C]:
+        due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
+        return [self._close(k, "timeout") for k in due]
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -111,17 +173,16 @@ class ClosedStep(Generic[T]):
     reason: CloseReason
 
 
-class StepAssembler(Generic[T]):
+class StepAssembler(_TimedAssembler[tuple[str, int], PendingStep[T], ClosedStep[T]]):
     """Collects a step's workers: one FeatureBatch per worker, or StepSlices of many (a shard's); closes when every
     expected worker is accounted for (seen, or declared missing by its shard) or on a timeout."""
 
     def __init__(self, timeout_s: float, remember: int = 100_000):
-        self.timeout_s = timeout_s
-        self._open: dict[tuple[str, int], PendingStep[T]] = {}
-        self._closed: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._remember = remember
+        super().__init__(timeout_s, remember)
         self.late = 0  # records for steps already closed
-        self.held_bytes = 0  # the open steps' tables
+
+    def _closed_as(self, pending: PendingStep[T], reason: CloseReason) -> ClosedStep[T]:
+        return ClosedStep(pending, reason)
 
     def add(
         self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float
@@ -153,17 +214,6 @@ class StepAssembler(Generic[T]):
         self._hold(p, workers.nbytes + functions.nbytes)
         return self._complete(p), False
 
-    def _hold(self, p: PendingStep[T], nbytes: int) -> None:
-        p.held += nbytes
-        self.held_bytes += nbytes
-
-    def close_largest(self) -> ClosedStep[T] | None:
-        """The open step holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
-        if not self._open:
-            return None
-        key = max(self._open, key=lambda k: self._open[k].held)
-        return self._close(key, "budget")
-
     def _pending(self, rec: FeatureBatch | StepSlice, handle: Handle[T], now: float) -> PendingStep[T] | None:
         """The open step of a record (opened by it if need be); None if the step closed already (the record is late)."""
         key = (rec.job, rec.step)
@@ -191,22 +241,6 @@ class StepAssembler(Generic[T]):
         if len(p.accounted) >= p.expected_workers:
             return self._close((p.job, p.step), "complete")
         return None
-
-    def expire(self, now: float) -> list[ClosedStep[T]]:
-        due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
-        return [self._close(k, "timeout") for k in due]
-
-    def _close(self, key: tuple[str, int], reason: CloseReason) -> ClosedStep[T]:
-        p = self._open.pop(key)
-        self.held_bytes -= p.held
-        self._closed[key] = None
-        while len(self._closed) > self._remember:
-            self._closed.popitem(last=False)
-        return ClosedStep(p, reason)
-
-    def drop(self, partitions: Collection[Hashable]) -> None:
-        for k in [k for k, p in self._open.items() if p.partition in partitions]:
-            self.held_bytes -= self._open.pop(k).held
 
     @property
     def open_steps(self) -> int:
@@ -247,16 +281,12 @@ class ClosedShard(Generic[T]):
     reason: CloseReason
 
 
-class ShardAssembler(Generic[T]):
+class ShardAssembler(_TimedAssembler[tuple[str, str, int, int], PendingShard[T], ClosedShard[T]]):
     """Collects the WindowFeatures of one shard of a window (ranks ``shard * shard_workers`` onwards); closes when every
     member's record is in, or on a timeout."""
 
-    def __init__(self, timeout_s: float, remember: int = 100_000):
-        self.timeout_s = timeout_s
-        self._open: dict[tuple[str, str, int, int], PendingShard[T]] = {}
-        self._closed: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
-        self._remember = remember
-        self.held_bytes = 0  # the open shards' tables
+    def _closed_as(self, pending: PendingShard[T], reason: CloseReason) -> ClosedShard[T]:
+        return ClosedShard(pending, reason)
 
     def add(
         self, rec: WindowFeatures, table: pa.Table, size: int, handle: Handle[T], now: float
@@ -290,34 +320,10 @@ class ShardAssembler(Generic[T]):
             p.present += 1
         p.records[rank] = (rec, table, size, handle)  # a redelivered record replaces its twin
         p.handles.append(handle)
-        p.held += table.nbytes
-        self.held_bytes += table.nbytes
+        self._hold(p, table.nbytes)
         if p.present >= len(p.members):
             return self._close(key, "complete"), False
         return None, False
-
-    def expire(self, now: float) -> list[ClosedShard[T]]:
-        due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
-        return [self._close(k, "timeout") for k in due]
-
-    def close_largest(self) -> ClosedShard[T] | None:
-        """The open shard holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
-        if not self._open:
-            return None
-        key = max(self._open, key=lambda k: self._open[k].held)
-        return self._close(key, "budget")
-
-    def _close(self, key: tuple[str, str, int, int], reason: CloseReason) -> ClosedShard[T]:
-        p = self._open.pop(key)
-        self.held_bytes -= p.held
-        self._closed[key] = None
-        while len(self._closed) > self._remember:
-            self._closed.popitem(last=False)
-        return ClosedShard(p, reason)
-
-    def drop(self, partitions: Collection[Hashable]) -> None:
-        for k in [k for k, p in self._open.items() if p.partition in partitions]:
-            self.held_bytes -= self._open.pop(k).held
 
     @property
     def open_shards(self) -> int:
@@ -363,15 +369,16 @@ class ClosedWindow(Generic[T]):
     reason: CloseReason
 
 
-class WindowAssembler(Generic[T]):
+class WindowAssembler(_Assembler[tuple[str, str], PendingWindow[T], ClosedWindow[T]]):
     """Collects the step reports of a window; closes when every step reported (an unreadable report counts as
     reported, and is remembered), or on request.  A window announced by its trigger (:meth:`expect`) is open before
     any step report comes, so that it closes even if none ever does."""
 
     def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
-        self._open: dict[tuple[str, str], PendingWindow[T]] = {}
-        self.held_bytes = 0  # the open windows' step results (their tables)
+        super().__init__(timeout_s, remember=0)  # a step report for a closed window opens it again
+
+    def _closed_as(self, pending: PendingWindow[T], reason: CloseReason) -> ClosedWindow[T]:
+        return ClosedWindow(pending, reason)
 
     def _window(
         self, rec: StepReport | WindowExpected, handle: Handle[T], now: float
@@ -408,9 +415,7 @@ class WindowAssembler(Generic[T]):
             w.first_report_at = now
         if report.step not in w.results:  # a replayed duplicate never replaces the first report
             w.results[report.step] = result
-            nbytes = result.outliers.nbytes + result.groups.nbytes
-            w.held += nbytes
-            self.held_bytes += nbytes
+            self._hold(w, result.outliers.nbytes + result.groups.nbytes)
             w.bytes_in += report.bytes_in
             # an expected worker missing from a step (it refused the trigger, was late, failed): the window is not
             # complete (the window stage closes it as a timeout that names them)
@@ -458,22 +463,13 @@ class WindowAssembler(Generic[T]):
         return out
 
     def close(self, key: tuple[str, str], reason: CloseReason) -> ClosedWindow[T] | None:
-        w = self._open.pop(key, None)
-        if w is None:
-            return None
-        self.held_bytes -= w.held
-        return ClosedWindow(w, reason)
+        """The open window ``key`` closed; None when none is open."""
+        return self._close(key, reason) if key in self._open else None
 
     def close_largest(self) -> ClosedWindow[T] | None:
         """The open window holding the most bytes, closed as it is (reason ``budget``); None when none holds any."""
-        if not self._open:
-            return None
-        key = max(self._open, key=lambda k: self._open[k].held)
-        return self.close(key, "budget") if self._open[key].held else None
-
-    def drop(self, partitions: Collection[Hashable]) -> None:
-        for k in [k for k, w in self._open.items() if w.partition in partitions]:
-            self.held_bytes -= self._open.pop(k).held
+        key = self._largest()
+        return self._close(key, "budget") if key is not None and self._open[key].held else None
 
     @property
     def open_windows(self) -> int:
