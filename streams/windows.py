@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -137,14 +137,38 @@ class _TimedAssembler(_Assembler[K, P, C]):
         return [self._close(k, "timeout") for k in due]
 
 
-# --------------------------------------------------------------------------- steps
+class HeldBatch(NamedTuple, Generic[T]):
+    """One worker's FeatureBatch held by its step: the record, its function table, its handle."""
+
+    record: FeatureBatch
+    table: pa.Table
+    handle: Handle[T]
+
+
+class HeldSlice(NamedTuple, Generic[T]):
+    """A shard's StepSlice held by its step: the record, its per-worker and per-function tables, its handle."""
+
+    record: StepSlice
+    workers: pa.Table
+    functions: pa.Table
+    handle: Handle[T]
+
+
+class HeldFeatures(NamedTuple, Generic[T]):
+    """One worker's WindowFeatures held by its shard: the record, its table, its size on the wire, its handle."""
+
+    record: WindowFeatures
+    table: pa.Table
+    size: int
+    handle: Handle[T]
 
 
 @dataclass
-class PendingStep(Generic[T]):
+class _Opened:
+    """What a pending step, shard or window knows from the record that opened it."""
+
     job: str
     window: str
-    step: int
     window_start: int
     window_steps: int
     expected_workers: int
@@ -152,15 +176,17 @@ class PendingStep(Generic[T]):
     tenant: str
     partition: Hashable
     opened_at: float
-    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
-        default_factory=dict
-    )  # rank -> (record, table, its handle)
-    replaced: list[tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
-        default_factory=list
-    )  # twins a later record of the rank replaced
-    slices: list[tuple[StepSlice, pa.Table, pa.Table, Handle[T]]] = field(
-        default_factory=list
-    )  # (record, workers, functions, handle)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@dataclass
+class PendingStep(_Opened, Generic[T]):
+    step: int
+    batches: dict[int, HeldBatch[T]] = field(default_factory=dict)  # by rank
+    replaced: list[HeldBatch[T]] = field(default_factory=list)  # twins a later record of the rank replaced
+    slices: list[HeldSlice[T]] = field(default_factory=list)
     accounted: set[int] = field(default_factory=set)  # ranks seen, or declared missing by their shard
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
@@ -194,7 +220,7 @@ class StepAssembler(_TimedAssembler[tuple[str, int], PendingStep[T], ClosedStep[
         twin = p.batches.get(batch.worker.rank)
         if twin is not None:
             p.replaced.append(twin)
-        p.batches[batch.worker.rank] = (batch, table, handle)  # a redelivered record replaces its twin
+        p.batches[batch.worker.rank] = HeldBatch(batch, table, handle)  # a redelivered record replaces its twin
         p.accounted.add(batch.worker.rank)
         p.bytes_in += size
         self._hold(p, table.nbytes)
@@ -207,7 +233,7 @@ class StepAssembler(_TimedAssembler[tuple[str, int], PendingStep[T], ClosedStep[
         p = self._pending(sl, handle, now)
         if p is None:
             return None, True
-        p.slices.append((sl, workers, functions, handle))
+        p.slices.append(HeldSlice(sl, workers, functions, handle))
         p.accounted.update(workers.column("rank").to_pylist())
         p.accounted.update(sl.missing_workers())
         p.bytes_in += sl.bytes_in
@@ -251,25 +277,12 @@ class StepAssembler(_TimedAssembler[tuple[str, int], PendingStep[T], ClosedStep[
 
 
 @dataclass
-class PendingShard(Generic[T]):
-    job: str
-    window: str
+class PendingShard(_Opened, Generic[T]):
     shard: int
     shard_workers: int
-    window_start: int
-    window_steps: int
-    expected_workers: int
-    policy: str
-    tenant: str
-    partition: Hashable
-    opened_at: float
     members: range  # the ranks the shard expects
-    records: dict[int, tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(
-        default_factory=dict
-    )  # rank -> (record, table, size, handle)
-    replaced: list[tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(
-        default_factory=list
-    )  # twins a later record replaced
+    records: dict[int, HeldFeatures[T]] = field(default_factory=dict)  # by rank
+    replaced: list[HeldFeatures[T]] = field(default_factory=list)  # twins a later record replaced
     present: int = 0  # members that sent their record
     handles: list[Handle[T]] = field(default_factory=list)
     held: int = 0  # bytes of the tables it holds (decompressed)
@@ -318,7 +331,7 @@ class ShardAssembler(_TimedAssembler[tuple[str, str, int, int], PendingShard[T],
             p.replaced.append(twin)
         elif rank in p.members:
             p.present += 1
-        p.records[rank] = (rec, table, size, handle)  # a redelivered record replaces its twin
+        p.records[rank] = HeldFeatures(rec, table, size, handle)  # a redelivered record replaces its twin
         p.handles.append(handle)
         self._hold(p, table.nbytes)
         if p.present >= len(p.members):
@@ -334,16 +347,7 @@ class ShardAssembler(_TimedAssembler[tuple[str, str, int, int], PendingShard[T],
 
 
 @dataclass
-class PendingWindow(Generic[T]):
-    job: str
-    window: str
-    window_start: int
-    window_steps: int
-    expected_workers: int
-    policy: str
-    tenant: str
-    partition: Hashable
-    opened_at: float
+class PendingWindow(_Opened, Generic[T]):
     results: dict[int, StepResult] = field(default_factory=dict)  # step -> result (first wins)
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0

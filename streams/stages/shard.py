@@ -127,9 +127,9 @@ def iter_step_slices(
         p.records[r] for r in sorted(p.records)
     ] + p.replaced  # rank order; then twins, checked for the dead letters
     n, live = len(entries), len(p.records)
-    recs = [e[0] for e in entries]
-    t = ft.concat([e[1] for e in entries])
-    owner = np.repeat(np.arange(n), [e[1].num_rows for e in entries])
+    recs = [e.record for e in entries]
+    t = ft.concat([e.table for e in entries])
+    owner = np.repeat(np.arange(n), [e.table.num_rows for e in entries])
     ws, n_steps = p.window_start, p.window_steps
     step = t.column("step").to_numpy(zero_copy_only=False).astype(np.int64) - ws
     # each record's step times by step of the window (NaN: a step it did not summarise); validate() kept them inside
@@ -154,7 +154,7 @@ def iter_step_slices(
                 or RecordError("bad_function_table", "window table refused")
             )
         )
-        errors.append((entries[i][3], err))
+        errors.append((entries[i].handle, err))
     # the members' good records: metadata once, then each step's workers and rows
     good = ~bad[:live]
     declared = declared[:live]
@@ -163,7 +163,7 @@ def iter_step_slices(
         for k, v in worker_columns([r.worker for r in recs[:live]], peer_keys).items()
     }
     meta["hardware"] = np.array([r.hardware != "none" for r in recs[:live]])
-    per_step_bytes = np.array([e[2] / len(e[0].steps) for e in entries[:live]])
+    per_step_bytes = np.array([e.size / len(e.record.steps) for e in entries[:live]])
     order = np.flatnonzero((owner < live) & good[np.minimum(owner, live - 1)])
     order = order[np.argsort(step[order] * live + owner[order], kind="stable")]  # by step, then worker (rank)
     rows = ft.complete(t.take(pa.array(order)).drop_columns(["step"]), _present(t))
