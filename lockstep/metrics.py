@@ -83,6 +83,7 @@ CATALOGUE: dict[str, Spec] = {
         "histogram", (), "first step report of a window to its findings published", _PROC
     ),
     "findings_total": Spec("counter", ("cause",), "findings published, by cause", _PROC),
+    "hang_reports_total": Spec("counter", (), "agents' answers to hang triggers (HangReport) read", _PROC),
     "late_records_total": Spec("counter", ("stage",), "records for steps or windows already closed", _PROC),
     "budget_closes_total": Spec(
         "counter",

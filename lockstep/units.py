@@ -209,6 +209,8 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "rank_specific_code": ("workers_running_it", "work_us"),
     "python_overhead": ("work_us", "cpu_other", "calls"),
     "regression": ("baseline_work_us", "healthy_windows"),
+    "hang": ("last_step", "collective_seq", "answered"),
+    "worker_died": ("answered",),
 }
 
 

@@ -97,6 +97,8 @@ CAUSES: dict[str, str] = {
     "framework_config": "framework or communication-library configuration",
     "python_overhead": "Python garbage collection or launch overhead",
     "regression": "every worker slower in a function than in the job's earlier healthy windows",
+    "hang": "the job stopped: the worker named is not where its peers wait (another function, an earlier collective, or no answer)",
+    "worker_died": "the job stopped: the worker's process exited while its host's other workers answered",
     "unknown": "deviation found, cause not determined; see the evidence",
     "undetermined": "worker, function and device found; the samples that would tell the cause were not taken (the summary names them)",
 }
@@ -905,6 +907,50 @@ class JobChange(_Record, tag="JobChange", kw_only=True):
     at: Timestamp = 0.0  # the processor's clock
 
 
+#: the most bytes a HangReport may have (its stack is cut from the outermost frame to fit)
+MAX_HANG_REPORT_BYTES = 16 << 10
+#: frames of a HangReport's stack at most
+MAX_HANG_FRAMES = 64
+
+
+class HangReport(_Record, tag="HangReport", kw_only=True):
+    """One worker's answer to a hang window's trigger (``ProfileTrigger`` of kind ``hang``): where its training thread
+    is, taken from a thread of the agent's own while the training thread is stuck.  Key: ``job``, on the hangs topic.
+
+    ``frame`` and ``region`` are function names (redacted as feature records' are); ``stack`` (innermost first) is
+    empty unless the agent's redaction keeps stacks.  ``collective*``: the last ``torch.distributed`` call the agent
+    saw this process enter (``collective_open``: it has not returned), its sequence number among this process's calls
+    on that process group, and the group.  ``host_workers``: the ranks the agent knows to share its host (torchrun's
+    ``LOCAL_WORLD_SIZE``), which tells a worker that did not answer from a host that is gone; ``exited``: those of them
+    whose process has exited (each agent registers its process in its host's run directory when it attaches)."""
+
+    job: Name
+    window: Name
+    worker: Rank
+    host: Name
+    expected_workers: Workers
+    device: str = ""
+    tenant: str = ""
+    last_step: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] = -1  # the last step it completed (-1: none)
+    thread: Literal["found", "gone", "unknown"] = "found"  # whether the training thread was found
+    frame: str = ""  # the training thread's innermost Python frame, "file.py(line): function"
+    region: str = ""  # the innermost record_function region open on the training thread
+    stack: Annotated[list[str], msgspec.Meta(max_length=MAX_HANG_FRAMES)] = []
+    collective: str = ""  # e.g. "all_reduce"; "" if none was seen
+    collective_seq: NonNegInt = 0
+    collective_group: str = ""
+    collective_open: bool = False
+    host_workers: Annotated[list[Rank], msgspec.Meta(max_length=4096)] = []
+    # workers of its host whose process the agent saw gone (registered at attach, not closed, no longer running)
+    exited: Annotated[list[Rank], msgspec.Meta(max_length=4096)] = []
+    truncated: bool = False  # frames were left out to stay within MAX_HANG_REPORT_BYTES
+    sent_at: Timestamp = 0.0
+    # why it was sent: ``hang``, the answer to a hang trigger; ``exit``, the agent closes (its training thread ended,
+    # e.g. on a collective's error) and saw workers of its host exit before it without closing (``exited``); the
+    # window is then ``exit-r<rank>-p<pid>`` of the first of them, and only its host's workers are expected
+    reason: Literal["hang", "exit"] = "hang"
+
+
 class DeadLetter(_Record, tag="DeadLetter", kw_only=True):
     """A record a stage could not accept, with the reason. Key: the original key."""
 
@@ -942,6 +988,7 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         StepSeries,
         DeviationMap,
         JobChange,
+        HangReport,
     )
 }
 #: versions of each record this build reads
@@ -970,6 +1017,7 @@ Record = (
     | StepSeries
     | DeviationMap
     | JobChange
+    | HangReport
 )
 
 

@@ -8,6 +8,7 @@ them to faust, one app (one consumer group), at-least-once, concurrency 1:
 - ``shards``   lockstep.windowfeatures -> ShardStage -> lockstep.features (step slices)
 - ``steps``    lockstep.features    -> StepStage    -> lockstep.stepreports
 - ``windows``  lockstep.stepreports -> WindowStage  -> lockstep.findings, lockstep.windows, lockstep.series
+- ``hangs``    lockstep.hangs       -> HangStage    -> lockstep.findings (who holds a hung job, and where)
 
 Each agent reads its topic without faust's automatic acks (``noack``), turns every event into a
 :class:`RecordIn` and hands it to its stage (the heartbeat stage, which writes no table, gets them in
@@ -40,7 +41,7 @@ from .stages import Partition, Processor, RecordIn, Stage, Tables
 log = logging.getLogger("lockstep.processor")
 
 TABLES = tuple(f.name for f in dataclasses.fields(Tables))
-ROLES = ("heartbeats", "detect", "shards", "steps", "windows")
+ROLES = ("heartbeats", "detect", "shards", "steps", "windows", "hangs")
 #: the heartbeat stage's batches: at most this many records, gathered for at most this long.  faust's own cost per
 #: record (~100 µs here) is the same either way; a batch lets the stage decode and aggregate in columns.  Only a stage
 #: that writes no table may take batches (a table write lands in the partition of the batch's last record).
@@ -242,6 +243,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         "shards": (topics.windowfeatures, processor.shards, "expire_shards"),
         "steps": (topics.features, processor.steps, "expire_steps"),
         "windows": (topics.stepreports, processor.windows, "request_timeouts"),
+        "hangs": (topics.hangs, processor.hangs, "expire_hangs"),
     }
     for role in roles:
         topic, stage, timer = inputs[role]

@@ -1206,7 +1206,9 @@ class SlowdownDetector:
             )
         is_open = [w for w in st.windows if self.is_open(st, w, now)]
         closed = [w for w in st.windows if not self.is_open(st, w, now)]
-        if len(is_open) >= dp.max_windows_per_job:
+        # a hang's window profiles nothing (its steps never come; the agents answer where they are): a window opened
+        # before the job stopped, and the cool-down after one, never hold it back (the job will not reach their ends)
+        if kind != "hang" and len(is_open) >= dp.max_windows_per_job:
             names = ", ".join(f"{w.name} (steps {w.start}..{w.end - 1})" for w in is_open)
             return self._refuse(
                 st.job,
@@ -1216,7 +1218,7 @@ class SlowdownDetector:
                 request,
             )
         last = max(closed, key=lambda w: w.end, default=None)
-        if last is not None and st.max_step < last.end + dp.cooldown_steps:
+        if kind != "hang" and last is not None and st.max_step < last.end + dp.cooldown_steps:
             return self._refuse(
                 st.job,
                 "cooldown",

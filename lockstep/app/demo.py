@@ -24,6 +24,7 @@ from ..config import ConfigError, Settings
 from ..kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config, read_all
 from ..producers.simulator.faults import Fault
 from ..producers.simulator.fleet import FleetSimulator, Scenario
+from ..producers.simulator.hang import SimulatedHang
 from ..producers.simulator.live import run_live
 from ..producers.simulator.topology import Topology
 from ..sinks.http import query, wait_for
@@ -69,6 +70,25 @@ def default_scenario(
         seed=seed,
         topology=Topology(workers=workers, gpus_per_host=8),
         faults=(Fault(type=fault, workers=(culprit,), severity=DEMO_SEVERITY.get(fault, 0.3), start_step=40),),
+    )
+
+
+#: ``--fault hang``'s policy: a hang after 3 s without progress (the default's 30 s would make a slow demo)
+HANG_POLICY = """id: demo-hang
+detector:
+  hang_factor: 10
+  hang_min_s: 3
+  baseline_every_steps: 0
+"""
+
+
+def hang_scenario(
+    workers: int = 64, culprit: int = 13, at_step: int = 60, seed: int = 7
+) -> tuple[Scenario, SimulatedHang]:
+    """``--fault hang``: a healthy job until ``at_step``, where worker ``culprit`` stops in its data loading."""
+    return (
+        Scenario(job="demo-job", seed=seed, topology=Topology(workers=workers, gpus_per_host=8), faults=()),
+        SimulatedHang(culprit, at_step),
     )
 
 
@@ -144,6 +164,7 @@ def run_demo(
     steps_per_s: float = 10.0,
     keep_logs: Path | None = None,
     status=lambda text: None,
+    hang: SimulatedHang | None = None,
 ) -> DemoResult:
     """Broker (unless ``settings`` names one), processor and sink, the simulated fleet, until the first window's
     findings are in ``settings.db``.  ``status(text)`` hears what it is doing (the progress line)."""
@@ -151,6 +172,10 @@ def run_demo(
     log_dir = keep_logs or Path(tempfile.mkdtemp(prefix="lockstep-demo-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     db = Path(settings.db)
+    if hang is not None and settings.policy is None:
+        policy = log_dir / "hang-policy.yaml"
+        policy.write_text(HANG_POLICY)
+        settings = dataclasses.replace(settings, policy=policy)
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
         topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
@@ -215,6 +240,7 @@ def run_demo(
             max_steps=int(timeout_s * steps_per_s),
             progress=progress,
             end_job=False,  # the demo shows a job that still runs: its incident stays open for the reader's queries
+            hang=hang,
         )
         if not live.windows_done:
             raise RuntimeFailure(
@@ -230,9 +256,12 @@ def run_demo(
         status(f"window {trig.window} delivered; waiting for its findings")
 
         def window_stored() -> bool:
-            _, rows = query(
-                db, "SELECT count(*) FROM windows WHERE job = ? AND window_id = ?", [scenario.job, trig.window]
-            )
+            sql = "SELECT count(*) FROM windows WHERE job = ? AND window_id = ?"
+            if hang is not None:  # a hang window ends in the findings of who holds the job (no steps are profiled)
+                sql = (
+                    "SELECT count(*) FROM findings WHERE job = ? AND window_id = ? AND cause IN ('hang', 'worker_died')"
+                )
+            _, rows = query(db, sql, [scenario.job, trig.window])
             return rows[0][0] > 0
 
         if not wait_for(window_stored, max(5.0, timeout_s - (time.monotonic() - t0))):
@@ -243,7 +272,8 @@ def run_demo(
             return rows[0][0] >= trig.start_step + trig.steps - 1
 
         status(f"window {trig.window} stored; waiting for its step times")
-        wait_for(series_stored, 10.0)
+        if hang is None:
+            wait_for(series_stored, 10.0)
         _, rows = query(db, "SELECT record FROM findings WHERE job = ? ORDER BY step_time_share DESC", [scenario.job])
         findings = [r[0] for r in rows]
         cols, wrows = query(db, "SELECT * FROM windows WHERE job = ?", [scenario.job])

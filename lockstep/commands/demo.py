@@ -24,13 +24,14 @@ def register(sub) -> None:
     p.add_argument(
         "--workers", type=int, default=64, help="workers in the simulated job (default 64: 8 hosts x 8 GPUs)"
     )
-    faults = worker_faults()
+    faults = [*worker_faults(), "hang"]
     p.add_argument(
         "--fault",
         default="gpu_throttle_thermal",
         choices=faults,
         metavar="FAULT",
-        help=f"fault to inject: one of {', '.join(faults)} (default gpu_throttle_thermal; other faults: --scenario)",
+        help=f"fault to inject: one of {', '.join(faults)} (default gpu_throttle_thermal; hang: the culprit stops in "
+        "its data loading and the job hangs; other faults: --scenario)",
     )
     p.add_argument("--culprit", type=int, default=13, help="worker the fault hits (default 13)")
     p.add_argument("--scenario", type=Path, help="a scenario file instead of --workers/--fault/--culprit")
@@ -62,7 +63,7 @@ def worker_faults() -> list[str]:
 def run(args) -> int:
     import logging
 
-    from ..app.demo import claim_store, default_scenario, demo_settings, run_demo
+    from ..app.demo import claim_store, default_scenario, demo_settings, hang_scenario, run_demo
     from ..app.output import findings_table, plural, print_json, table
     from ..app.progress import Progress, wanted
     from ..logs import setup_logging
@@ -74,12 +75,17 @@ def run(args) -> int:
     show = wanted(args.json)
     setup_logging("WARNING" if args.json else settings.log_level, settings.log_format)
     logging.getLogger("lockstep.simulator").setLevel(logging.WARNING)
+    hang = None
     if args.scenario:
         scenario = Scenario.load(args.scenario)
+    elif args.fault == "hang":
+        if not 0 <= args.culprit < args.workers:
+            raise config.ConfigError(f"--culprit: {args.culprit} is not a worker of 0..{args.workers - 1}")
+        scenario, hang = hang_scenario(args.workers, args.culprit)
     else:
         if args.fault not in worker_faults():  # argparse checks a flag; this, a caller's args
             raise config.ConfigError(
-                f"--fault: {args.fault!r} is not one of {', '.join(worker_faults())} (other faults: --scenario FILE)"
+                f"--fault: {args.fault!r} is not one of {', '.join(worker_faults())}, hang (other faults: --scenario FILE)"
             )
         if args.workers < 1:
             raise config.ConfigError(f"--workers: {args.workers} must be at least 1")
@@ -90,7 +96,7 @@ def run(args) -> int:
         raise config.ConfigError(f"--timeout: {args.timeout:g} must be > 0")
     page = claim_store(settings.db, explicit=args.db is not None)
     with Progress(show, "starting the pipeline") as bar:
-        res = run_demo(settings, scenario, timeout_s=args.timeout, keep_logs=args.logs, status=bar.status)
+        res = run_demo(settings, scenario, timeout_s=args.timeout, keep_logs=args.logs, status=bar.status, hang=hang)
         bar.status("writing the report")
         page.write_text(
             render(gather_store(gather, res.db), title=f"Lockstep demo: {scenario.job}", scope=f"the demo's {res.db}")
@@ -102,6 +108,10 @@ def run(args) -> int:
     print()
     if f:
         print(f"Injected: {f.type} on {fault_target(f, scenario.topology)} of {scenario.job} from step {f.start_step}.")
+    if hang:
+        print(
+            f"Injected: hang of worker {hang.culprit} (stuck in its data loading) of {scenario.job} at step {hang.at_step}."
+        )
     print(f"Findings in {res.db}:\n")
     print(findings_table(res.findings))
     for w in res.windows:

@@ -18,7 +18,9 @@ def register(sub) -> None:
         "--http-host", default="127.0.0.1", help="address to serve them on (default 127.0.0.1; 0.0.0.0 in containers)"
     )
     p.add_argument(
-        "--roles", default="heartbeats,detect,shards,steps,windows", help="comma-separated agents to run (default: all)"
+        "--roles",
+        default="heartbeats,detect,shards,steps,windows,hangs",
+        help="comma-separated agents to run (default: all)",
     )
     config.add_arguments(p, command="processor")
     p.set_defaults(func=run)

@@ -22,6 +22,7 @@ class Topics:
     windowfeatures: str  # WindowFeatures (one worker's window), key job:window:shard
     #: StepPartial (internal: a shard's heartbeats of a step), DetectorTick, TriggerRequest (passed on); key job
     partials: str
+    hangs: str  # HangReport (agents' answers to a hang window's trigger), key job
 
     @classmethod
     def named(cls, prefix: str = "lockstep") -> Topics:

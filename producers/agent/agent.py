@@ -47,6 +47,7 @@ from ...kafka import (
 )
 from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, batch_heartbeats, encode
 from .control import ControlFollower
+from .hang import HangResponder, ProcessRegistry
 from .meta import Identity, discover
 from .outbox import Outbox
 from .relay import Relay, RelayLink, merge_batches, run_dir
@@ -138,6 +139,19 @@ class Agent:
         self._link: RelayLink | None = None  # another local rank: this agent hands its heartbeats to the relay
         if config.relay == "auto" and self.world_size > 1 and config.heartbeat_shard_workers > 0:
             self._join_relay()
+        # answers hang triggers from the io thread (the training thread, which creates the agent, is stuck then)
+        self._hang: HangResponder | None = None
+        try:
+            self._hang = HangResponder(
+                self.meta,
+                config.redact,
+                config.tenant,
+                registry=ProcessRegistry(
+                    (config.relay_dir if config.relay_dir is not None else run_dir(config.job, self.meta.host)) / "pids"
+                ),
+            )
+        except Exception:  # the agent works without it; hang triggers then go unanswered by this worker
+            log.exception("hang answers are off for this worker")
         self._control = ControlFollower(
             agent_consumer_config(settings, config.job), self.topics.control, config.job, clients=clients
         )
@@ -422,11 +436,31 @@ class Agent:
                 self._relay.fan_out(records)
         for rec in records or ():
             if isinstance(rec, ProfileTrigger):
+                if rec.kind == "hang" and self._hang is not None:
+                    self._answer_hang(rec)
                 self._echo = (rec.window, time.time() - rec.created_at) if rec.created_at else None
                 self._inbox.append(rec)
             elif isinstance(rec, RawRequest) and self.meta.rank in rec.workers:
                 self._work.put(partial(self._answer, rec))
         return records is not None
+
+    def _answer_hang(self, trig: ProfileTrigger) -> None:
+        """Where the training thread is (:mod:`~lockstep.producers.agent.hang`), sent at once: it may never step again."""
+        try:
+            report = self._hang.answer(trig, self._step - 1) if self._hang is not None else None
+        except Exception:
+            log.exception("could not answer hang window %s", trig.window)
+            return
+        if report is not None:
+            self._outbox.put(self.topics.hangs, self._job_key, report)
+            self._outbox.wake()
+            log.info(
+                "hang window %s: answered at step %d from %s%s",
+                trig.window,
+                report.last_step,
+                report.region or report.frame or "no frame",
+                f", in {report.collective} #{report.collective_seq}" if report.collective_open else "",
+            )
 
     # ------------------------------------------------------------------ the window thread
 
@@ -558,6 +592,18 @@ class Agent:
         if self._prepared is not None:
             self._prepared[1].close()
             self._prepared = None
+        try:  # workers of this host that exited before this one without closing: name the first (worker_died)
+            exit_report = (
+                self._hang.exit_report(self.config.job, self.world_size, self._step - 1)
+                if self._hang is not None
+                else None
+            )
+        except Exception:
+            log.exception("could not read this host's workers at close")
+            exit_report = None
+        if exit_report is not None:
+            self._outbox.put(self.topics.hangs, self._job_key, exit_report)
+            log.warning("worker(s) %s of this host exited before this one without closing", exit_report.exited)
         if self._step > self.config.start_step:  # tell the detector this worker ends (not a hang)
             last = self._step - 1
             self._outbox.put(self.topics.heartbeats, self._job_key, self._heartbeat(last, self._last_dt, final=True))
@@ -572,6 +618,8 @@ class Agent:
         self._control.close()
         if self._link is not None:
             self._link.close()
+        if self._hang is not None:
+            self._hang.close()
         log.debug("lockstep agent closed at step %d", self._step)
 
     def __enter__(self) -> Agent:

@@ -24,6 +24,7 @@ import msgspec
 from ...kafka import Publisher, Tail, Topics, features_key, heartbeat_key, window_features_key
 from ...schemas.records import SHARD_WORKERS, ProfileTrigger
 from .fleet import FleetSimulator
+from .hang import SimulatedHang
 from .model import SimulatedStep
 
 log = logging.getLogger("lockstep.simulator")
@@ -52,6 +53,7 @@ def run_live(
     features: Literal["window", "step"] = "window",
     shard_workers: int = SHARD_WORKERS,
     end_job: bool = True,
+    hang: SimulatedHang | None = None,
 ) -> LiveResult:
     """Step the fleet in (compressed) real time until ``stop_after_windows`` windows were delivered (0: never) or
     ``max_steps``, then (``end_job``) send every worker's final heartbeat: the job ended.
@@ -67,6 +69,10 @@ def run_live(
     profiled: dict[str, list] = {}  # window -> its steps simulated so far (features="window")
     sim: SimulatedStep | None = None  # the last step simulated
     for step in range(start_step, start_step + max_steps):
+        if hang is not None and step >= hang.at_step:
+            publisher.flush()
+            _answer_hang(fleet, publisher, control, topics, hang, res, step, progress)
+            return res
         for trig in control.records(ProfileTrigger, where=lambda t: t.job == job):  # refusals are for operators
             echo = {"trigger_window": trig.window, "trigger_latency_s": time.time() - trig.created_at}
             if trig.start_step <= step:
@@ -130,6 +136,36 @@ def run_live(
         send_final_heartbeats(fleet, sim, publisher, topics, shard_workers)
     publisher.flush()
     return res
+
+
+def _answer_hang(
+    fleet: FleetSimulator,
+    publisher: Publisher,
+    control: Tail,
+    topics: Topics,
+    hang: SimulatedHang,
+    res: LiveResult,
+    step: int,
+    progress,
+) -> None:
+    """A hung job: no heartbeat, until the hang trigger comes; every worker answers it (as an agent does, from a
+    thread of its own)."""
+    job = fleet.scenario.job
+    log.info("the job hangs at step %d: worker %d stopped in its data loading", step, hang.culprit)
+    while True:
+        for trig in control.records(ProfileTrigger, where=lambda t: t.job == job):
+            if trig.kind != "hang":
+                continue
+            log.info("hang trigger %s: every worker answers where it is", trig.window)
+            for rep in hang.reports(fleet.meta, trig, fleet.scenario.tenant):
+                publisher.send(topics.hangs, job, rep)
+            publisher.flush()
+            res.triggers.append(trig)
+            res.windows_done.append(trig.window)
+            return
+        if progress:
+            progress(step, res)
+        time.sleep(0.2)
 
 
 def send_final_heartbeats(

@@ -34,6 +34,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from ...schemas.errors import LockstepError
 from ...schemas.records import HARDWARE_CAUSES, Finding
 
 
@@ -275,7 +276,7 @@ def on_job_news(open_incidents: list[Incident], news: list[JobNews]) -> list[tup
     return out
 
 
-class IncidentStateError(ValueError):
+class IncidentStateError(LockstepError, ValueError):
     """What someone asked of an incident does not apply to it now (acknowledging a resolved one)."""
 
 

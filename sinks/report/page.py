@@ -133,7 +133,7 @@ class PageRow:
 
 @dataclass
 class Report:
-    """Everything the page shows (read by :func:`lockstep.sinks.reportdata.gather`)."""
+    """Everything the page shows (read by :func:`lockstep.sinks.report.data.gather`)."""
 
     findings: list[Finding]
     windows: list[WindowRow]
@@ -724,6 +724,8 @@ ADVICE = {
     "python_overhead": "Reduce Python overhead: gc.freeze() after start-up, CUDA graphs, fewer small kernels.",
     "regression": "Compare with the job's earlier healthy windows: what changed in this function (code, library, input)?",
     "unknown": "Read the evidence and the raw trace of the workers named.",
+    "hang": "Look at where the worker named is (its stack: py-spy dump --pid on {host}) against where its peers wait; restart the job from its last checkpoint.",
+    "worker_died": "Read the worker's exit on {host} (the launcher's log, dmesg for the OOM killer); restart the job from its last checkpoint.",
 }
 
 

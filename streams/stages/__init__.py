@@ -5,6 +5,7 @@
 - :class:`ShardStage`   workers' window features -> a shard's workers per step, columnar -> step slices
 - :class:`StepStage`    feature batches and step slices -> step assembly + analysis -> step reports
 - :class:`WindowStage`  step reports -> window assembly + diagnosis -> findings, window reports, deviation maps
+- :class:`HangStage`    agents' answers to a hang trigger -> hang diagnosis -> findings
 
 No faust and no Kafka client in here: :mod:`lockstep.streams.app` is the faust adapter, and
 :class:`MemoryOutput` runs the stages in memory.
@@ -12,6 +13,7 @@ No faust and no Kafka client in here: :mod:`lockstep.streams.app` is the faust a
 
 from .base import Output, Partition, Policies, RecordIn, Stage
 from .detect import DetectStage
+from .hang import HangStage
 from .heartbeat import HeartbeatStage
 from .memory import MemoryOutput
 from .processor import Processor, Tables
@@ -21,6 +23,7 @@ from .window import WindowStage
 
 __all__ = [
     "DetectStage",
+    "HangStage",
     "HeartbeatStage",
     "MemoryOutput",
     "Output",

@@ -12,6 +12,7 @@ from ..heartbeats import LATENESS_S, LATENESS_STEPS
 from ..policy import Policy
 from .base import STAGE_BUDGET_BYTES, Clock, Output, Policies, Stage
 from .detect import DetectStage
+from .hang import HangStage
 from .heartbeat import HeartbeatStage
 from .shard import ShardStage
 from .step import StepStage
@@ -28,7 +29,7 @@ class Tables:
 
 
 class Processor:
-    """The heartbeat, detect, shard, step and window stages over one Output, and the process's health (set by the adapter)."""
+    """The heartbeat, detect, shard, step, window and hang stages over one Output, and the process's health (set by the adapter)."""
 
     def __init__(
         self,
@@ -66,7 +67,15 @@ class Processor:
         self.windows = WindowStage(
             topics, out, tables.closed_windows, tables.job_history, self.policies, self.metrics, window_timeout_s, clock
         )
-        self.stages: tuple[Stage, ...] = (self.heartbeats, self.detect, self.shards, self.steps, self.windows)
+        self.hangs = HangStage(topics, out, self.metrics, clock)  # agents' answers to hang triggers -> findings
+        self.stages: tuple[Stage, ...] = (
+            self.heartbeats,
+            self.detect,
+            self.shards,
+            self.steps,
+            self.windows,
+            self.hangs,
+        )
         # each stage that holds open units holds at most this many bytes of them (the ``stage_budget_mib`` setting)
         for stage in (self.heartbeats, self.shards, self.steps, self.windows):
             stage.budget_bytes = stage_budget_bytes

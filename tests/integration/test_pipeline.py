@@ -96,3 +96,22 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     page = render(data)
     assert "node0001/gpu5" in page and 'class="steps"' in page and 'class="heatmap"' in page
     assert "slower from step" in page  # the onset of the slowdown, from the series
+
+
+def test_the_demos_hang_is_diagnosed_end_to_end(settings, tmp_path):
+    """``lockstep demo --fault hang``: the simulated job stops, the detector's hang trigger is answered by every
+    simulated agent, the hang stage names the culprit, the sink stores it."""
+    from lockstep.app.demo import hang_scenario
+
+    scenario, hang = hang_scenario(workers=16, culprit=5, at_step=40)
+    res = run_demo(settings, scenario, timeout_s=120, steps_per_s=20, keep_logs=tmp_path / "logs", hang=hang)
+    rows = (
+        duckdb.connect(str(settings.db), read_only=True)
+        .execute("SELECT workers, function, devices, summary FROM findings WHERE cause = 'hang'")
+        .fetchall()
+    )
+    assert len(rows) == 1, rows
+    workers, function, devices, summary = rows[0]
+    assert workers == [5] and "DataLoader" in function and devices == ["node0000/gpu5"]
+    assert "15 of 16 answering workers wait in" in summary
+    assert res.findings and res.findings[0]["cause"] == "hang"

@@ -106,6 +106,17 @@ def test_hang_triggers_once_at_the_first_step_no_worker_can_have_begun():
     assert all(det.tick(job, last + 10) == [] for job in det.due_ticks(last + 10))
 
 
+def test_a_hang_right_after_a_slowdown_window_is_not_held_back_by_its_cooldown():
+    det = SlowdownDetector(policy(hang_factor=10, hang_min_s=1.0, cooldown_steps=200))
+    times = np.concatenate([np.full(40, 0.2), np.full(30, 0.3)])
+    (slow,) = feed(det, "j", times, interval=0.2)
+    assert slow.kind == "slowdown"
+    last = 1000.0 + 69 * 0.2 + 0.05  # the job stops after step 69, inside the cool-down (and the window)
+    (t,) = det.tick("j", last + 100.0)
+    assert t.kind == "hang" and t.start_step == 69 + 2
+    assert det.request(req("j"), now=last + 100.5).code in ("cooldown", "job_limit")  # operators' windows still wait
+
+
 def test_a_job_that_ends_cleanly_is_not_hung():
     det = SlowdownDetector(policy(hang_min_s=1.0))
     feed(det, "j", np.full(30, 0.2))
