@@ -128,6 +128,10 @@ class _Assembler(Generic[K, P, C]):
         for k in [k for k, p in self._open.items() if p.partition in partitions]:
             self.held_bytes -= self._open.pop(k).held
 
+    def __len__(self) -> int:
+        """The open entries."""
+        return len(self._open)
+
 
 class _TimedAssembler(_Assembler[K, P, C]):
     """An assembler whose entries time out ``timeout_s`` after they opened."""

@@ -192,31 +192,62 @@ class HoldingStage(Stage):
 
 
 C = TypeVar("C")
+C_co = TypeVar("C_co", covariant=True)
 
 
-class Assembler(Protocol[C]):
-    """What :class:`AssemblingStage` needs of its assembler (``StepAssembler``, ``ShardAssembler``)."""
+class Assembler(Protocol[C_co]):
+    """What :class:`AssemblingStage` needs of its assembler (``StepAssembler``, ``ShardAssembler``,
+    ``WindowAssembler``)."""
 
     held_bytes: int  # what the open units' tables hold
 
-    def expire(self, now: float) -> list[C]: ...
+    def __len__(self) -> int: ...  # the open units
 
-    def close_largest(self) -> C | None: ...
+    def close_largest(self) -> C_co | None: ...
 
     def drop(self, partitions: Collection[Partition]) -> None: ...
 
 
-class AssemblingStage(HoldingStage, Generic[C]):
-    """A holding stage whose records go into an assembler until a unit (a step, a shard) is complete or timed out.
+class TimedAssembler(Assembler[C_co], Protocol[C_co]):
+    """An assembler whose units time out on their own (``StepAssembler``, ``ShardAssembler``)."""
 
-    Subclasses say how a record is added (:meth:`_add`: the unit it closed, if any, and whether it came too late)
-    and what a closed unit becomes (:meth:`_finish`); the handling of bad records, bugs, late records, timeouts and
-    revoked partitions is this class's.
+    def expire(self, now: float) -> Sequence[C_co]: ...
+
+
+class AssemblingStage(HoldingStage, Generic[C]):
+    """A holding stage whose records go into an assembler until a unit (a step, a shard, a window) is complete or
+    timed out.
+
+    Subclasses name their assembler (:attr:`assembler_class`, made with the stage's timeout) and the gauge of its
+    open units (:attr:`open_gauge`), and say how a record is added (:meth:`_add`: the unit it closed, if any, and
+    whether it came too late) and what a closed unit becomes (:meth:`_finish`); the handling of bad records, bugs,
+    late records, the memory budget, timeouts and revoked partitions is this class's.
     """
 
+    assembler_class: Callable[[float], Assembler[C]]
     assembler: Assembler[C]
+    #: the gauge of the open units, set after every batch of records
+    open_gauge: str
 
-    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[C | None, bool]:
+    def __init__(
+        self,
+        topics: Topics,
+        out: Output,
+        policies: Policies,
+        metrics: Metrics,
+        timeout_s: float,
+        clock: Clock = time.time,
+    ):
+        super().__init__(topics, out, metrics, clock)
+        self.policies = policies
+        self.assembler = self.assembler_class(timeout_s)
+
+    async def on_records(self, records: Sequence[RecordIn]) -> None:
+        for record in records:
+            await self._one(record)
+        self.metrics.set(self.open_gauge, len(self.assembler))
+
+    async def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[C | None, bool]:
         raise NotImplementedError
 
     async def _finish(self, closed: C) -> None:
@@ -225,7 +256,7 @@ class AssemblingStage(HoldingStage, Generic[C]):
     async def _one(self, record: RecordIn) -> None:
         h = self.hold(record)
         try:
-            closed, late = self._add(record, h)
+            closed, late = await self._add(record, h)
         except RecordError as err:
             await self.dead_letter(record, err)
             await self.release([h])
@@ -243,11 +274,17 @@ class AssemblingStage(HoldingStage, Generic[C]):
             self.metrics.inc("budget_closes_total", stage=self.name)
             await self._finish(largest)
 
+    def on_revoked(self, partitions: Collection[Partition]) -> None:
+        self.assembler.drop(partitions)
+        self.acks.drop(partitions)
+
+
+class TimedAssemblingStage(AssemblingStage[C]):
+    """An assembling stage whose units close on the assembler's own timeout (the step and shard stages)."""
+
+    assembler: TimedAssembler[C]
+
     async def on_timer(self, now: float) -> None:
         """Units that waited the assembler's timeout for their last workers close without them."""
         for closed in self.assembler.expire(now):
             await self._finish(closed)
-
-    def on_revoked(self, partitions: Collection[Partition]) -> None:
-        self.assembler.drop(partitions)
-        self.acks.drop(partitions)

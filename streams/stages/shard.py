@@ -14,16 +14,13 @@ per partition; a replayed shard sends the same slices again, which the step stag
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 
-from ...kafka import Topics
-from ...metrics import Metrics
 from ...schemas import functions as ft
 from ...schemas.records import (
     MAX_NAMED_MISSING,
@@ -36,7 +33,7 @@ from ...schemas.records import (
 )
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedShard, Handle, PendingShard, ShardAssembler
-from .base import AssemblingStage, Clock, Output, Policies, RecordIn
+from .base import RecordIn, TimedAssemblingStage
 
 #: a slice whose encoded record passes this is cut in two (Kafka's default record limit is 1 MiB)
 SLICE_MAX_BYTES = 768 << 10
@@ -57,34 +54,19 @@ def check_sizes(rec: WindowFeatures, max_window_steps: int) -> None:
         raise RecordError("invalid", f"shard_workers {rec.shard_workers} exceeds {MAX_SHARD_WORKERS}")
 
 
-class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
+class ShardStage(TimedAssemblingStage[ClosedShard[RecordIn]]):
     """``topics.windowfeatures`` -> :class:`ShardAssembler` -> :func:`step_slices` -> ``topics.features``."""
 
     name = "shards"
-
-    def __init__(
-        self,
-        topics: Topics,
-        out: Output,
-        policies: Policies,
-        metrics: Metrics,
-        timeout_s: float,
-        clock: Clock = time.time,
-    ):
-        super().__init__(topics, out, metrics, clock)
-        self.policies = policies
-        self.assembler: ShardAssembler[RecordIn] = ShardAssembler(timeout_s)
+    assembler_class = ShardAssembler
+    assembler: ShardAssembler[RecordIn]
+    open_gauge = "open_shards"
 
     @property
     def open_shards(self) -> int:
         return self.assembler.open_shards
 
-    async def on_records(self, records: Sequence[RecordIn]) -> None:
-        for record in records:
-            await self._one(record)
-        self.metrics.set("open_shards", self.assembler.open_shards)
-
-    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedShard[RecordIn] | None, bool]:
+    async def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedShard[RecordIn] | None, bool]:
         rec = decode(record.value, WindowFeatures)
         check_sizes(rec, self.policies.for_ref(rec.policy).detector.max_window_steps)
         table = ft.read_compact(rec.functions, rec.functions_codec)  # values: checked per shard (_finish)

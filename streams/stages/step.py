@@ -12,49 +12,31 @@ partition (:class:`InOrderAcks`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from ...kafka import Topics
-from ...metrics import Metrics
 from ...schemas import functions as ft
 from ...schemas.records import MAX_NAMED_MISSING, FeatureBatch, RecordError, StepSlice, decode, encode
 from ..diagnosis import StepFrame, analyze_step, step_report
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedStep, Handle, PendingStep, StepAssembler
-from .base import AssemblingStage, Clock, Output, Policies, RecordIn
+from .base import RecordIn, TimedAssemblingStage
 
 
-class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
+class StepStage(TimedAssemblingStage[ClosedStep[RecordIn]]):
     """``topics.features`` -> :class:`StepAssembler` + :func:`analyze_step` -> ``topics.stepreports``."""
 
     name = "steps"
-
-    def __init__(
-        self,
-        topics: Topics,
-        out: Output,
-        policies: Policies,
-        metrics: Metrics,
-        timeout_s: float,
-        clock: Clock = time.time,
-    ):
-        super().__init__(topics, out, metrics, clock)
-        self.policies = policies
-        self.assembler: StepAssembler[RecordIn] = StepAssembler(timeout_s)
+    assembler_class = StepAssembler
+    assembler: StepAssembler[RecordIn]
+    open_gauge = "open_steps"
 
     @property
     def open_steps(self) -> int:
         return self.assembler.open_steps
 
-    async def on_records(self, records: Sequence[RecordIn]) -> None:
-        for record in records:
-            await self._one(record)
-        self.metrics.set("open_steps", self.assembler.open_steps)
-
-    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedStep[RecordIn] | None, bool]:
+    async def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedStep[RecordIn] | None, bool]:
         rec = decode(record.value, (FeatureBatch, StepSlice))
         if isinstance(rec, FeatureBatch):
             table = ft.read(rec.functions, rec.functions_codec)  # values: checked per step (_finish)
