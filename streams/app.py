@@ -291,8 +291,8 @@ def serve_http(processor: Processor, host: str, port: int):
         status = "failed" if processor.crashed else "ok" if processor.assigned else "starting"
         body = {
             "status": status,
-            "open_steps": processor.steps.open_steps,
-            "open_windows": processor.windows.open_windows,
+            "open_steps": len(processor.steps.assembler),
+            "open_windows": len(processor.windows.assembler),
             "crashed": dict(processor.crashed),
         }
         return json_response(body, status=200 if status == "ok" else 503)

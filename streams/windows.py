@@ -272,10 +272,6 @@ class StepAssembler(_TimedAssembler[tuple[str, int], PendingStep[T], ClosedStep[
             return self._close((p.job, p.step), "complete")
         return None
 
-    @property
-    def open_steps(self) -> int:
-        return len(self._open)
-
 
 # --------------------------------------------------------------------------- shards
 
@@ -341,10 +337,6 @@ class ShardAssembler(_TimedAssembler[tuple[str, str, int, int], PendingShard[T],
         if p.present >= len(p.members):
             return self._close(key, "complete"), False
         return None, False
-
-    @property
-    def open_shards(self) -> int:
-        return len(self._open)
 
 
 # --------------------------------------------------------------------------- windows
@@ -478,7 +470,3 @@ class WindowAssembler(_Assembler[tuple[str, str], PendingWindow[T], ClosedWindow
         """The open window holding the most bytes, closed as it is (reason ``budget``); None when none holds any."""
         key = self._largest()
         return self._close(key, "budget") if key is not None and self._open[key].held else None
-
-    @property
-    def open_windows(self) -> int:
-        return len(self._open)

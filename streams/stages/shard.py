@@ -62,10 +62,6 @@ class ShardStage(TimedAssemblingStage[ClosedShard[RecordIn]]):
     assembler: ShardAssembler[RecordIn]
     open_gauge = "open_shards"
 
-    @property
-    def open_shards(self) -> int:
-        return self.assembler.open_shards
-
     async def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedShard[RecordIn] | None, bool]:
         rec = decode(record.value, WindowFeatures)
         check_sizes(rec, self.policies.for_ref(rec.policy).detector.max_window_steps)

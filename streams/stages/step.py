@@ -32,10 +32,6 @@ class StepStage(TimedAssemblingStage[ClosedStep[RecordIn]]):
     assembler: StepAssembler[RecordIn]
     open_gauge = "open_steps"
 
-    @property
-    def open_steps(self) -> int:
-        return self.assembler.open_steps
-
     async def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedStep[RecordIn] | None, bool]:
         rec = decode(record.value, (FeatureBatch, StepSlice))
         if isinstance(rec, FeatureBatch):

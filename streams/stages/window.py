@@ -67,10 +67,6 @@ class WindowStage(AssemblingStage[ClosedWindow[RecordIn]]):
         self.closed_windows = closed_windows  # "job:window" -> when it closed
         self.job_history = job_history  # job -> JobHistory JSON
 
-    @property
-    def open_windows(self) -> int:
-        return self.assembler.open_windows
-
     async def _add(self, record: RecordIn, h: Handle[RecordIn]) -> tuple[ClosedWindow[RecordIn] | None, bool]:
         """A step report into its window, a trigger's notice opens one, a timeout request closes one; a record of a
         window closed already is late.  A timeout request for a window not open is released (nothing to close)."""
