@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -182,6 +182,21 @@ class _Opened:
     opened_at: float
 
 
+def _opening(rec: FeatureBatch | StepSlice | WindowFeatures, handle: Handle[T], now: float) -> dict[str, Any]:
+    """The :class:`_Opened` fields of a pending step or shard, from the record that opens it."""
+    return dict(
+        job=rec.job,
+        window=rec.window,
+        window_start=rec.window_start,
+        window_steps=rec.window_steps,
+        expected_workers=rec.expected_workers,
+        policy=rec.policy,
+        tenant=rec.tenant,
+        partition=handle.partition,
+        opened_at=now,
+    )
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -252,18 +267,7 @@ class StepAssembler(_TimedAssembler[tuple[str, int], PendingStep[T], ClosedStep[
             return None
         p = self._open.get(key)
         if p is None:
-            p = self._open[key] = PendingStep(
-                job=rec.job,
-                window=rec.window,
-                step=rec.step,
-                window_start=rec.window_start,
-                window_steps=rec.window_steps,
-                expected_workers=rec.expected_workers,
-                policy=rec.policy,
-                tenant=rec.tenant,
-                partition=handle.partition,
-                opened_at=now,
-            )
+            p = self._open[key] = PendingStep(**_opening(rec, handle, now), step=rec.step)
         p.handles.append(handle)
         return p
 
@@ -312,17 +316,9 @@ class ShardAssembler(_TimedAssembler[tuple[str, str, int, int], PendingShard[T],
         if p is None:
             lo = rec.shard * rec.shard_workers
             p = self._open[key] = PendingShard(
-                job=rec.job,
-                window=rec.window,
+                **_opening(rec, handle, now),
                 shard=rec.shard,
                 shard_workers=rec.shard_workers,
-                window_start=rec.window_start,
-                window_steps=rec.window_steps,
-                expected_workers=rec.expected_workers,
-                policy=rec.policy,
-                tenant=rec.tenant,
-                partition=handle.partition,
-                opened_at=now,
                 members=range(lo, max(lo, min(lo + rec.shard_workers, rec.expected_workers))),
             )
         rank = rec.worker.rank
