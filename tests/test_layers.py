@@ -147,6 +147,13 @@ def test_no_import_cycles():
     assert not cycles, f"import cycles: {cycles}"
 
 
+def test_the_application_library_does_not_import_the_commands():
+    """lockstep/commands/ (the command line and its commands) uses lockstep/app/; the arrow points one way."""
+    g = graph()
+    wrong = {m: sorted(t for t in g[m] if t.startswith("lockstep.commands")) for m in g if m.startswith("lockstep.app")}
+    assert {m: t for m, t in wrong.items() if t} == {}
+
+
 def test_the_checks_see_what_they_check():
     """The graph resolves relative, absolute and submodule imports (else the rules above would pass on nothing)."""
     g = graph()
@@ -154,7 +161,7 @@ def test_the_checks_see_what_they_check():
     assert "lockstep.schemas.records" in g["lockstep.kafka.publisher"]  # from ..schemas.records import encode
     assert "lockstep.config" in g["lockstep.commands.trigger"]  # from .. import config
     assert "lockstep.app.operator" in g["lockstep.commands.trigger"]  # inside run()
-    assert "lockstep.app.cli" in g["lockstep.__main__"]
+    assert "lockstep.commands.cli" in g["lockstep.__main__"]
     assert layer("lockstep") == "infrastructure" and layer("lockstep.kafka.tail") == "infrastructure"
     assert (
         layer("lockstep.app.demo") == "application"

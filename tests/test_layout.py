@@ -4,7 +4,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from lockstep.app.cli import build_parser
+from lockstep.commands.cli import build_parser
 from tests.compose import container_argv, documented_commands, interpolate, load_compose
 from tests.paths import CODE, DATA_PACKAGES
 

@@ -258,7 +258,7 @@ def test_the_demo_jobs_window_in_a_browser_shows_its_culprit_hottest(tmp_path):
 
 @needs_browser
 def test_the_offline_report_of_lockstep_diagnose_renders_in_a_browser(tmp_path, capsys):
-    from lockstep.app.cli import main
+    from lockstep.commands.cli import main
 
     page = tmp_path / "offline.html"
     traces = sorted((ROOT / "tests" / "data" / "traces").glob("sampled_rank-*.json.gz"))

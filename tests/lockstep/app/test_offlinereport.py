@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from lockstep.app.cli import main
+from lockstep.commands.cli import main
 from lockstep.app.offline import diagnose, load_inputs
 from lockstep.app.offlinereport import ReportError, offline_report, write_report
 from lockstep.streams.policy import Policy

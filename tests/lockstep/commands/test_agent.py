@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from lockstep.app.cli import main
+from lockstep.commands.cli import main
 from lockstep.commands.agent import COUNTERS
 from lockstep.metrics import Metrics
 from lockstep.schemas.records import StepSeries

@@ -12,7 +12,7 @@ import re
 import msgspec
 import pytest
 
-from lockstep.app.cli import main
+from lockstep.commands.cli import main
 from lockstep.app.offline import diagnose
 from lockstep.app.real_corpus import CORPUS, load_fixture
 from lockstep.streams.policy import Policy
