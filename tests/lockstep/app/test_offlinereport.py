@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from lockstep.commands.cli import main
 from lockstep.app.offline import diagnose, load_inputs
 from lockstep.app.offlinereport import ReportError, offline_report, write_report
+from lockstep.commands.cli import main
 from lockstep.streams.policy import Policy
 from tests.paths import DATA
 
