@@ -345,7 +345,7 @@ def batch_heartbeats(beats: list[StepHeartbeat], shard_workers: int) -> list[tup
     return out
 
 
-#: why a shard sent its partial: every worker it expects; (before issue 20: a later step); waited as long as the
+#: why a shard sent its partial: every worker it expects; (older processors: a later step); waited as long as the
 #: processor's lateness bound allows; news only (echoes, counters)
 PartialClosed = Literal["complete", "later", "timeout", "news"]
 #: how the step stage closed a step: every expected worker's features came (``complete``), or not (``timeout``, or
@@ -385,8 +385,8 @@ class StepPartial(_Record, tag="StepPartial", kw_only=True):
     agents: AgentCounters | None = None  # the shard's agents' counters, summed, when one changed
     closed: PartialClosed = "complete"
     at: Timestamp = 0.0
-    # added with issue 20: the shard's membership when the partial was made (the workers it waited for: seen
-    # lately or named by the job's world size, less those that ended; 0: a processor before issue 20) ...
+    # added after the first partials: the shard's membership when the partial was made (the workers it waited for: seen
+    # lately or named by the job's world size, less those that ended; 0: an older processor) ...
     members: Count = 0
     # ... and the job's world size as the shard's agents report it (0: unknown)
     world_size: Count = 0
@@ -581,8 +581,8 @@ class StepSlice(_Record, tag="StepSlice", kw_only=True):
     functions_size: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 0
     policy: str = "default"
     tenant: str = ""
-    # added with issue 22: the missing workers as inclusive ``[first, last]`` ranges, ascending and disjoint (a shard's
-    # missing members come in runs: a host, a rack, everyone after a crash).  Writers from issue 22 on send these, and
+    # added after the first slices: the missing workers as inclusive ``[first, last]`` ranges, ascending and disjoint (a shard's
+    # missing members come in runs: a host, a rack, everyone after a crash).  Newer writers send these, and
     # ``missing`` only when it names at most MAX_NAMED_MISSING workers (what older readers see); a reader takes both
     missing_ranges: Annotated[list[tuple[Rank, Rank]], msgspec.Meta(max_length=MAX_MISSING_RANGES)] = []
 
@@ -733,7 +733,7 @@ class StepReport(_Record, tag="StepReport", kw_only=True):
     policy: str = "default"
     tenant: str = ""
     closed: StepClosed = "complete"
-    # added with issue 20: the expected workers (ranks 0..expected_workers-1) that delivered nothing for the step
+    # added after the first step reports: the expected workers (ranks 0..expected_workers-1) that delivered nothing for the step
     # (the first MAX_NAMED_MISSING), and how many
     missing: Annotated[list[Rank], msgspec.Meta(max_length=MAX_NAMED_MISSING)] = []
     missing_total: Count = 0
@@ -795,7 +795,7 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     profiling_overhead: float | None = None
     #: why a window closed ``failed`` or ``timeout`` (one line, for people); "" when it closed ``complete``
     closed_reason: str = ""
-    # added with issue 20: the expected workers missing from any step of the window that reported (they refused the
+    # added after the first window reports: the expected workers missing from any step of the window that reported (they refused the
     # trigger, were late or failed; the first MAX_NAMED_MISSING), and how many: a window with any is never
     # ``complete`` (a step that no report came for is the window's ``timeout``, not attributed to workers)
     missing_workers: Annotated[list[Rank], msgspec.Meta(max_length=MAX_NAMED_MISSING)] = []

@@ -390,7 +390,7 @@ def _summed(counters: Iterable[AgentCounters]) -> AgentCounters:
 
 
 def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None:
-    """The rule before issue 15 (``rule: median``): the median of the last ``recent_steps`` step times (one
+    """The older rule (``rule: median``): the median of the last ``recent_steps`` step times (one
     hiccup is not a slowdown) and the 25th percentile of up to 4 x ``baseline_steps`` earlier ones (the
     recent best); None until there are enough steps."""
     if len(st.history) < dp.baseline_steps + dp.recent_steps:
@@ -743,7 +743,7 @@ class SlowdownDetector:
             view.step, view.workers, view.missing, view.missing_total = p.step, p.workers, p.missing, p.missing_total
         if p.members or p.final:
             view.members = p.members
-        elif p.workers:  # a processor before issue 20: the workers of the step and those behind it
+        elif p.workers:  # an older processor: the workers of the step and those behind it
             view.members = max(view.members, p.workers + p.missing_total)
         st.world_size = max(st.world_size, p.world_size)
         if p.agents is not None:

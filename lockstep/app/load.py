@@ -150,7 +150,7 @@ def run_load(
     kill: int | None = None,
 ) -> LoadResult:
     """``windows=False``: heartbeats only (the always-on signal's cost).  ``features``: what the fleet sends, one
-    ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (before issue 13).
+    ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (as older agents did).
 
     ``processors``: that many processors in one consumer group share the partitions (the job's heartbeat shards and
     feature shards spread over them).  ``kill``: the last processor is SIGKILLed halfway through window number

@@ -70,13 +70,13 @@ class Incident:
     confidence: float
     step_time_share: float
     gpu_hours_per_day: float
-    # --- added with issue 20 (incidents that end)
+    # --- incidents that end
     first_window: str = ""  # the window of its first finding ...
     first_step: int = 0  # ... and that window's first step in which it was seen
     first_trigger_at: float | None = None  # when that window was triggered (None: no trigger stored)
     resolved_reason: str | None = None  # window | recovered | job_ended | stale
     after_s: float | None = None  # recovered: the job's step time back (the median of the steps the detector judged)
-    # --- added with issue 24 (incidents acknowledged or resolved by hand: ``lockstep incident ack|resolve``)
+    # --- incidents acknowledged or resolved by hand (``lockstep incident ack|resolve``)
     acked_at: float | None = None  # when someone acknowledged it (it pages no route it has not paged yet) ...
     acked_by: str | None = None  # ... and who; a resolve by hand keeps its person in ``resolved_by``
 

@@ -8,7 +8,7 @@ aggregated shard by shard in columns (numpy).  The input records are acknowledge
 sent, in offset order per partition: a replay after a crash rebuilds the open steps, and sends again partials the
 detector already has (it keeps the first of each shard).
 
-Operators' ``TriggerRequest``s (and ``DetectorTick``s of processors before issue 13) travel on the heartbeats topic
+Operators' ``TriggerRequest``s (and ``DetectorTick``s of older processors) travel on the heartbeats topic
 keyed ``job``: they are forwarded as they are to the partials topic, where the job's detector reads them.  This stage
 writes no table, so the adapter may hand it batches that cross partitions.
 """
