@@ -469,6 +469,16 @@ class DetectorTick(_Record, tag="DetectorTick", kw_only=True):
     at: Timestamp = 0.0
 
 
+#: what older senders may still send, read until the version named (README.md, "Contracts": Deprecated); new senders
+#: use what each entry names instead
+DEPRECATED: dict[str, tuple[str, str]] = {
+    "StepHeartbeat keyed by job": ("0.2", "HeartbeatBatch keyed job/shard (heartbeat_shard_workers > 0)"),
+    "FeatureBatch": ("0.2", "WindowFeatures, one per worker and window"),
+    "DetectorTick": ("0.2", "the detect stage's own timer"),
+    "detector rule median": ("0.2", "rule cusum (the default)"),
+}
+
+
 #: what a worker's hardware sampler could see: NVML (GPU and host), the host only, or nothing
 HardwareSeen = Literal["nvml", "host", "none"]
 

@@ -284,3 +284,15 @@ def test_a_heartbeat_echoes_its_trigger_only_with_both_fields():
     assert StepHeartbeat(**base, trigger_window="w1", trigger_latency_s=0.5).echo() == Echo(
         worker=3, window="w1", latency_s=0.5
     )
+
+
+def test_every_deprecated_path_is_in_the_readme_with_its_removal():
+    from lockstep.schemas.records import DEPRECATED
+    from tests.paths import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("**Deprecated, removed in") : readme.index("## Layout")]
+    assert {version for version, _ in DEPRECATED.values()} == {"0.2"}
+    for name in ("`StepHeartbeat` keyed by job", "`FeatureBatch`", "`DetectorTick`", "rule: median"):
+        assert name in section
+    assert len(DEPRECATED) == section.count("| 0.2 |")
