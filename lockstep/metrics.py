@@ -21,6 +21,8 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from .schemas.errors import LockstepError
+
 prometheus_client.disable_created_metrics()  # no *_created series: counters are what the README lists
 
 PREFIX = "lockstep"
@@ -161,7 +163,7 @@ def exported_names(spec_name: str) -> set[str]:
     return {full}
 
 
-class UnknownMetric(LookupError):
+class UnknownMetric(LockstepError, LookupError):
     """A call site named a metric that the catalogue does not declare."""
 
 
