@@ -13,6 +13,7 @@ COPY sinks sinks
 # the evaluation data, packaged as lockstep.suites and lockstep.corpus (pyproject's package-dir)
 COPY suites suites
 COPY tests/data/real/corpus tests/data/real/corpus
+COPY tests/data/real/holdout tests/data/real/holdout
 COPY scenarios scenarios
 RUN pip install --no-cache-dir . && lockstep schemas --check
 ENTRYPOINT ["lockstep"]

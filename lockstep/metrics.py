@@ -87,6 +87,13 @@ CATALOGUE: dict[str, Spec] = {
     "findings_total": Spec("counter", ("cause",), "findings published, by cause", _PROC),
     "hang_reports_total": Spec("counter", (), "agents' answers to hang triggers (HangReport) read", _PROC),
     "late_records_total": Spec("counter", ("stage",), "records for steps or windows already closed", _PROC),
+    "kafka_batches_skipped_total": Spec(
+        "counter",
+        ("topic",),
+        "compressed record batches skipped unread: they inflate beyond the largest batch a Lockstep client sends "
+        "(MAX_BATCH_BYTES, 33 MiB), or cannot be inflated",
+        _PROC,
+    ),
     "budget_closes_total": Spec(
         "counter",
         ("stage",),

@@ -60,21 +60,23 @@ def zstd_decompress(data: bytes, max_bytes: int) -> bytes:
             pass  # more than one frame, or a frame that lied about its size: read it as a stream
         else:
             return bytes(memoryview(out)[:n])
-    return _stream(data, max_bytes)
+    return stream_decompress(data, "zstd", max_bytes)
 
 
-def _stream(data: bytes, max_bytes: int) -> bytes:
+def stream_decompress(data: bytes, codec: str, max_bytes: int) -> bytes:
+    """Decompress ``data`` (Arrow's stream ``codec``: ``zstd``, ``lz4`` frames, ``gzip``) to at most ``max_bytes``,
+    reading 1 MiB at a time; CompressionError as soon as the output passes the bound, or for a corrupt stream."""
     parts, total = [], 0
     try:
-        stream = pa.CompressedInputStream(pa.py_buffer(data), "zstd")
+        stream = pa.CompressedInputStream(pa.py_buffer(data), codec)
         # read_buffer, not read: read() of a stream that turns out corrupt leaves its buffer allocated (pyarrow 26)
         while (chunk := stream.read_buffer(min(_CHUNK, max_bytes + 1 - total))).size:
             total += chunk.size
             if total > max_bytes:
-                raise CompressionError(f"zstd payload expands beyond the {max_bytes}-byte bound")
+                raise CompressionError(f"{codec} payload expands beyond the {max_bytes}-byte bound")
             parts.append(chunk)
     except OSError as exc:  # what Arrow raises for a corrupt or truncated stream
-        raise CompressionError(f"unreadable zstd payload ({exc})") from None
+        raise CompressionError(f"unreadable {codec} payload ({exc})") from None
     return b"".join(parts)
 
 

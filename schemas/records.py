@@ -747,6 +747,9 @@ class StepReport(_Record, tag="StepReport", kw_only=True):
     # (the first MAX_NAMED_MISSING), and how many
     missing: Annotated[list[Rank], msgspec.Meta(max_length=MAX_NAMED_MISSING)] = []
     missing_total: Count = 0
+    # added with issue 21: every worker's own work against its peers' (an Arrow IPC stream, WORKER_SCHEMA of
+    # lockstep.streams.diagnosis.step; empty from a step stage older than the localisation)
+    workers: bytes = b""
 
 
 class WindowTimeout(_Record, tag="WindowTimeout", kw_only=True):

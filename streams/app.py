@@ -34,6 +34,8 @@ import faust
 from faust.types import TP, EventT, StreamT, TableT
 
 from ..kafka import Topics, faust_broker_kwargs
+from ..kafka.clients import MAX_BATCH_BYTES
+from ..kafka.inflate import bound_aiokafka
 from ..metrics import Metrics
 from .policy import Policy, PolicyFile
 from .stages import Partition, Processor, RecordIn, Stage, Tables
@@ -172,6 +174,15 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
     policy_file = PolicyFile(settings.policy, policy)  # watched: edits apply without a restart
     positions: dict[Partition, int] = {}  # next offset to consume, for the lag
     m = processor.metrics
+
+    def skipped(topic: str, partition: int, first: int, last: int, reason: str) -> None:
+        """A compressed batch that inflates beyond MAX_BATCH_BYTES (or cannot be inflated): its records are not read."""
+        log.warning(
+            "skipped a record batch of %s[%d], offsets %d..%d, unread: %s", topic, partition, first, last, reason
+        )
+        m.inc("kafka_batches_skipped_total", topic=topic)
+
+    bound_aiokafka(MAX_BATCH_BYTES, on_skip=skipped)  # aiokafka would inflate each batch whole, without a bound
 
     def seen(r: RecordIn) -> None:
         m.inc("records_in_total", topic=r.topic)

@@ -95,6 +95,10 @@ class DiagnosisPolicy:
 
     peer_group_keys: tuple[str, ...] = ("pp", "role")  # worker labels that define peer groups
     z_threshold: float = 4.0  # robust z (MAD units) above which a function's work deviates
+    # a worker's own work this many standard errors (of the job's noise) above its peers' stands out (issue 21) ...
+    localise_z: float = 2.5
+    localise_alpha: float = 0.01  # ... and beyond what chance gives one of the window's workers this often
+    localise_min_shift: float = 0.05  # ... and its own work at least this much above its peers'
     min_excess_share: float = 0.01  # ... and the excess is at least this share of the step
     rel_floor: float = 0.02  # MAD floor as a share of the median (no spread -> no division by 0)
     min_peers: int = 3  # smaller peer groups are not compared
@@ -222,6 +226,9 @@ _RANGES = (
     ("diagnosis", "ring_rate_spread", lambda v: v > 0, "> 0"),
     ("diagnosis", "ratio_peers_max", lambda v: v >= 2, ">= 2"),
     ("diagnosis", "ratio_rise", lambda v: v > 0, "> 0"),
+    ("diagnosis", "localise_z", lambda v: v > 0, "> 0"),
+    ("diagnosis", "localise_alpha", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("diagnosis", "localise_min_shift", lambda v: v >= 0, ">= 0"),
 )
 
 

@@ -1,7 +1,7 @@
 """Where the data a command reads lies, in a checkout and in an installed wheel alike.
 
-The suites (``suites/``) and the real-fault corpus (``tests/data/real/corpus/``) are packages of their own
-(``lockstep.suites``, ``lockstep.corpus``: pyproject's package-dir and package-data), so that a non-editable install
+The suites (``suites/``) and the real-fault corpus (``tests/data/real/corpus/``, ``tests/data/real/holdout/``) are
+packages of their own (``lockstep.suites``, ``lockstep.corpus``, ``lockstep.holdout``: pyproject's package-dir and package-data), so that a non-editable install
 (the Docker image) carries them.  An editable install made before they were packages does not map them: then the
 checkout's folder is used."""
 
@@ -26,3 +26,5 @@ def package_folder(package: str, checkout_folder: str) -> Path:
 SUITES = package_folder("lockstep.suites", "suites")
 #: the real-fault corpus
 CORPUS = package_folder("lockstep.corpus", "tests/data/real/corpus")
+#: its held-out part (``evaluate --real --part holdout``)
+CORPUS_HOLDOUT = package_folder("lockstep.holdout", "tests/data/real/holdout")

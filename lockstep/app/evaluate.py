@@ -484,18 +484,21 @@ def _calibration(pairs: list[tuple[float, bool]]) -> tuple[list[dict[str, Any]],
     return bins, error
 
 
-REAL_PARTS = ("dev", "test", "all")
+REAL_PARTS = ("dev", "test", "holdout", "all")
 
 
 def summarise_real(results: list[RealCaseResult], part: str = "all") -> dict:
     """The ``--real --json`` shape: {"parts": {PART: {"overall", "by_mechanism", "by_size", "calibration"}}}.
 
-    ``part`` ``all`` gives the parts dev, test and all (both together); ``dev`` or ``test`` that part alone.
+    ``part`` ``all`` gives the parts dev, test and all (both together; holdout too where the folder has holdout
+    cases); ``dev``, ``test`` or ``holdout`` that part alone.
     """
     if part not in REAL_PARTS:
         raise ValueError(f"part must be one of {REAL_PARTS}, got {part!r}")
     parts: dict[str, dict] = {}
-    for name in REAL_PARTS if part == "all" else (part,):
+    present = {r.manifest.split for r in results}
+    names = [n for n in REAL_PARTS if n != "holdout" or n in present] if part == "all" else [part]
+    for name in names:
         mine = [r for r in results if name == "all" or r.manifest.split == name]
         by_mech: dict[str, _RealTally] = {}
         by_size: dict[int, _RealTally] = {}

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 TRACE_SUFFIXES = (".json", ".gz")
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 MAX_INPUT_MB = 2048.0
+#: fewer trace files than this, of fewer bytes in all, are read in the calling process (starting a pool costs ~1 s)
+POOL_MIN_FILES = 16
+POOL_MIN_BYTES = 32 << 20
 
 
 class DiagnoseError(LockstepError, ValueError):
@@ -100,6 +103,30 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float, keep: list | None 
 # --------------------------------------------------------------------------- files
 
 
+def expand_inputs(paths: list[Path]) -> list[Path]:
+    """Folders as the trace and table files in them, and globs the shell did not expand (quoted, or too many
+    files for one command line) as the files they match, each sorted; other paths as given."""
+    import glob
+
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted(
+                f for f in p.iterdir() if f.is_file() and f.name.lower().endswith(TRACE_SUFFIXES + TABLE_SUFFIXES)
+            )
+            if not found:
+                raise DiagnoseError(f"{p}: a folder without trace or table files")
+            out += found
+        elif not p.exists() and any(c in str(p) for c in "*?["):
+            found = sorted(Path(f) for f in glob.glob(str(p)))
+            if not found:
+                raise DiagnoseError(f"{p}: no file matches")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
 def load_inputs(
     files: list[Path],
     peer_cols: list[str] | None,
@@ -109,8 +136,10 @@ def load_inputs(
     ranks: dict[Path, int] | None = None,
     max_bytes: int = int(MAX_INPUT_MB * 2**20),
     progress=None,
+    jobs: int = 1,
 ) -> Inputs:
-    """``progress(path)`` hears every file read (the CLI's progress bar)."""
+    """``progress(path)`` hears every file read (the CLI's progress bar).  ``jobs`` > 1: trace files are read
+    and summarised by that many processes (:func:`_read_in_pool`)."""
     from ..producers.agent.summarise import summarise
     from ..producers.agent.trace import TraceEvents, read_chrome_trace
     from ..schemas.records import WorkerMeta
@@ -135,8 +164,22 @@ def load_inputs(
         inputs.summaries += summaries
 
     traces: list[tuple[Path, TraceEvents]] = []
+    read: dict[Path, tuple[TraceEvents, list | None]] = {}
+    trace_files = []
+    if jobs > 1:
+        for path in files:
+            with _about(path, samples_path):
+                if _is_trace(path, max_bytes):
+                    trace_files.append(path)
+    on_disk = sum(p.stat().st_size for p in trace_files)
+    if len(trace_files) >= POOL_MIN_FILES or (len(trace_files) > 1 and on_disk > POOL_MIN_BYTES):
+        # one process per core, each reading one file at a time, summaries sent back
+        read = _read_in_pool(trace_files, ranks, samples_path, max_bytes, jobs, progress)
     for path in files:
         with _about(path, samples_path):
+            if path in read:
+                traces.append((path, read[path][0]))
+                continue
             if _is_trace(path, max_bytes):
                 traces.append((path, read_chrome_trace(path, ranks.get(path), max_bytes=max_bytes)))
             elif path in ranks:
@@ -146,7 +189,7 @@ def load_inputs(
             else:
                 table = _read_table(path, max_bytes)
                 add(path, _table_workers(path, table, peer_cols, policy_keys), summarise(table, samples))
-        if progress:
+        if progress and path not in read:
             progress(path)
     # traces that name no rank: the next free numbers, in the order given
     taken = set(owner) | {te.worker for _, te in traces if te.worker is not None}
@@ -183,13 +226,65 @@ def load_inputs(
         with _about(path, samples_path):
             host = te.meta.host or f"worker{worker}"
             meta = WorkerMeta(rank=worker, host=host, device=te.meta.device or f"{host}/cpu")
-            add(path, {worker: meta}, summarise(te.events, samples, te.step_bounds))
+            done = read.get(path, (None, None))[1]
+            add(path, {worker: meta}, done if done is not None else summarise(te.events, samples, te.step_bounds))
             if te.meta.world_size:
                 inputs.expected_workers = max(inputs.expected_workers, te.meta.world_size)
     if not inputs.summaries:
         raise DiagnoseError(f"{files[0]}{' ...' if len(files) > 1 else ''}: no events inside any step")
     inputs.expected_workers = max(inputs.expected_workers, len(inputs.workers))
     return inputs
+
+
+def _read_in_pool(
+    files: list[Path], ranks: dict[Path, int], samples_path: Path | None, max_bytes: int, jobs: int, progress
+) -> dict[Path, tuple]:
+    """Trace files read by ``jobs`` processes (spawned: nothing of this process is shared), one file at a time
+    each, so that each holds one trace's columns at most.  A trace whose rank is known comes back summarised
+    (its function tables: a few hundred kilobytes, whatever the trace's size) with its events left out; one
+    whose rank is not known yet comes back whole, to be numbered and summarised here."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    out: dict[Path, tuple] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=ctx) as pool:
+        futures = {pool.submit(_read_one, path, ranks.get(path), samples_path, max_bytes): path for path in files}
+        try:
+            for fut in as_completed(futures):
+                path = futures[fut]
+                with _about(path, samples_path):
+                    out[path] = fut.result()
+                if progress:
+                    progress(path)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return out
+
+
+_SAMPLES: dict[Path, pa.Table] = {}
+
+
+def _read_one(path: Path, rank: int | None, samples_path: Path | None, max_bytes: int) -> tuple:
+    """In a pool process: one trace read, and summarised when its rank is known."""
+    from ..producers.agent.summarise import summarise
+    from ..producers.agent.trace import read_chrome_trace
+
+    te = read_chrome_trace(path, rank, max_bytes=max_bytes)
+    if te.worker is None:
+        return te, None
+    samples = None
+    if samples_path is not None:
+        if samples_path not in _SAMPLES:  # once per process
+            _SAMPLES[samples_path] = _read_table(samples_path, max_bytes)
+        samples = _SAMPLES[samples_path]
+    from dataclasses import replace
+
+    from ..schemas.events import OP_EVENT_SCHEMA
+
+    return replace(te, events=OP_EVENT_SCHEMA.empty_table()), summarise(te.events, samples, te.step_bounds)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@ Each case of ``tests/data/real/corpus/`` is two files: ``ID.parquet``, the fixtu
 of the run: every worker's function table per step with ``worker``, ``step``, ``step_time_us``, ``host``,
 ``device`` and ``hardware`` columns, written by ``tests/integration/real_faults.py``), and ``ID.json``, its
 :class:`Manifest` (the fault's mechanism, resource class, severity intended and measured, culprits, the
-function it slows, the causes that are right for it, and the case's part of the split, ``dev`` or ``test``).
+function it slows, the causes that are right for it, and the case's part of the split, ``dev`` or ``test``; the
+cases of ``tests/data/real/holdout/``, recorded later, ``holdout``).
 ``lockstep evaluate --real`` (:func:`lockstep.app.evaluate.evaluate_real`) diagnoses every case and scores it.
 """
 
@@ -22,13 +23,16 @@ from ..producers.agent.summarise import StepSummary
 from ..schemas import functions as ft
 from ..schemas.errors import LockstepError
 from ..schemas.records import WorkerMeta
-from .data import CORPUS
+from .data import CORPUS, CORPUS_HOLDOUT
 from .offline import Inputs
 
 #: the manifest format's version (add fields, never rename)
 FORMAT = 1
+#: the held-out part (split ``holdout``), recorded after the dev/test split had been tuned on: its own folder, so
+#: that scoring the corpus while developing never shows it
+HOLDOUT = CORPUS_HOLDOUT
 META = ("worker", "step", "step_time_us", "host", "device", "hardware")
-PARTS = ("dev", "test")
+PARTS = ("dev", "test", "holdout")
 
 
 class CorpusError(LockstepError, ValueError):
@@ -59,7 +63,7 @@ class Manifest(msgspec.Struct, kw_only=True):
     culprits: list[int]  # the faulty workers (empty: a healthy job)
     function: str  # a regular expression: the functions the fault slows ("" for a healthy job)
     causes: list[str]  # the causes that are right for it ("undetermined" where the evidence may support none)
-    split: str  # dev | test, fixed when the case was first written
+    split: str  # dev | test | holdout (tests/data/real/holdout/), fixed when the case was first written
     neighbour: bool  # a healthy job with a noisy neighbour process on the host
     knobs: dict[str, float]  # the fault's settings (quota, duty, nice, rate_mbit, severity, ...)
     fixture: str  # the Parquet file beside the manifest

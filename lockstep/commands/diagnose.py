@@ -6,12 +6,13 @@ How a rank or the steps were found, when not from the trace, is one line on stde
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
 
 from .. import config
-from ..app.offline import MAX_INPUT_MB, DiagnoseError, diagnose, load_inputs
+from ..app.offline import MAX_INPUT_MB, DiagnoseError, diagnose, expand_inputs, load_inputs
 
 
 def register(sub) -> None:
@@ -21,7 +22,8 @@ def register(sub) -> None:
         nargs="+",
         type=Path,
         metavar="FILES",
-        help="Chrome traces, one per worker (.json, .json.gz), and/or op-event tables (.parquet, .csv)",
+        help="Chrome traces, one per worker (.json, .json.gz), and/or op-event tables (.parquet, .csv); "
+        "a folder stands for the trace and table files in it, a quoted glob for the files it matches",
     )
     p.add_argument(
         "--peer-group",
@@ -41,6 +43,13 @@ def register(sub) -> None:
         metavar="FILE=N",
         help="the rank of a trace file that does not say it (repeatable); "
         "default: distributedInfo.rank, else the file name (rank-3, rank3, worker3), else the order of the files",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes that read trace files at once, each one file at a time (default: one per core; 1: in this process)",
     )
     p.add_argument(
         "--max-input-mb",
@@ -72,21 +81,26 @@ def run(args) -> int:
     policy = load_policy(config.load(args).policy)
     if not args.max_input_mb > 0:
         raise DiagnoseError(f"--max-input-mb must be positive, got {args.max_input_mb:g}")
-    for path in (*args.files, *([args.samples] if args.samples else [])):
+    files = expand_inputs(args.files)
+    for path in (*files, *([args.samples] if args.samples else [])):
         if is_duckdb(path):
             raise DiagnoseError(
                 f"{path} is a DuckDB file (a findings store?), not a trace or an op-event table: "
                 f"list its findings with `lockstep findings --db {path}`"
             )
-    with Progress(wanted(args.json), "reading", total=len(args.files), unit="file") as bar:
+    jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
+    if jobs < 1:
+        raise DiagnoseError(f"--jobs must be at least 1, got {jobs}")
+    with Progress(wanted(args.json), "reading", total=len(files), unit="file") as bar:
         inputs = load_inputs(
-            args.files,
+            files,
             args.peer_group or None,
             args.samples,
             policy.diagnosis.peer_group_keys,
-            ranks=_given_ranks(args.rank, args.files),
+            ranks=_given_ranks(args.rank, files),
             max_bytes=int(args.max_input_mb * 2**20),
             progress=lambda _: bar.update(),
+            jobs=jobs,
         )
     for note in inputs.notes:
         print(f"lockstep diagnose: {note}", file=sys.stderr)
@@ -123,8 +137,11 @@ def run(args) -> int:
 
 
 def is_duckdb(path: Path) -> bool:
-    """Whether ``path`` is a DuckDB database file (its header's magic ``DUCK`` at byte 8)."""
+    """Whether ``path`` is a DuckDB database file (its header's magic ``DUCK`` at byte 8); only a regular file is
+    opened (a FIFO would block, a device never end: the reader says what is wrong with those)."""
     try:
+        if not path.is_file():
+            return False
         with open(path, "rb") as f:
             return f.read(12)[8:12] == b"DUCK"
     except OSError:

@@ -30,13 +30,14 @@ def register(sub) -> None:
     r.add_argument(
         "--real",
         action="store_true",
-        help="score the diagnosis on the real-fault corpus (SUITE: its folder; default tests/data/real/corpus)",
+        help="score the diagnosis on the real-fault corpus (SUITE: its folder; default tests/data/real/corpus, with "
+        "--part holdout tests/data/real/holdout)",
     )
     r.add_argument(
         "--part",
-        choices=["dev", "test", "all"],
+        choices=["dev", "test", "holdout", "all"],
         default="all",
-        help="with --real: the part of the split: dev, test or all (default all)",
+        help="with --real: the part of the split (default all: dev and test; holdout: the part recorded after them)",
     )
     r.add_argument(
         "--simulated",
@@ -118,12 +119,12 @@ def run(args) -> int:
 def run_real(args, policy) -> int:
     from ..app.evaluate import evaluate, evaluate_real
     from ..app.progress import Progress, wanted
-    from ..app.real_corpus import CORPUS
+    from ..app.real_corpus import CORPUS, HOLDOUT
     from ..producers.simulator.suite import standard_suite
 
     if args.detector:
         raise config.ConfigError("--real and --detector are two evaluations: give one")
-    folder = args.suite or CORPUS
+    folder = args.suite or (HOLDOUT if args.part == "holdout" else CORPUS)
     with Progress(wanted(args.json), "cases", unit="case") as bar:
 
         def progress(i: int, n: int, r) -> None:

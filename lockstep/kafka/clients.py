@@ -121,8 +121,9 @@ CONFLUENT = Clients()
 
 #: the largest record batch a Lockstep client sends or fetches, and what its topics accept (``max.message.bytes``): the
 #: largest record any stage reads (``MAX_RECORD_BYTES``, 32 MiB) and a margin for the batch's framing.  What Kafka
-#: holds compressed is bounded by it; what a client inflates from a compressed batch is not (librdkafka and aiokafka
-#: decompress a batch whole): restrict who may write to the pipeline's topics (Kafka ACLs), RELIABILITY.md.
+#: holds compressed is bounded by it; what librdkafka inflates from a compressed batch is not (it decompresses lz4, gzip
+#: and snappy batches whole): restrict who may write to the pipeline's topics (Kafka ACLs), RELIABILITY.md.  aiokafka
+#: (the processor) inflates at most this much a batch (:func:`~lockstep.kafka.inflate.bound_aiokafka`).
 MAX_BATCH_BYTES = MAX_RECORD_BYTES + (1 << 20)
 
 

@@ -69,15 +69,15 @@ import re
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas.errors import LockstepError
 from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_SCHEMA
+from .trace_json import Columns, TraceReadError, read_file, read_object, release_memory
 
 MAX_NAME = 200
 #: largest trace accepted, after decompression (a JSON trace decodes to a few times its size in memory)
@@ -123,39 +123,6 @@ class TraceEvents:
         return replace(self, worker=worker, events=events, meta=replace(self.meta, rank_from=rank_from))
 
 
-class _Args(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    correlation: Any = None
-    device: Any = None
-    bytes: Any = None
-    pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
-    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
-
-
-_NO_ARGS = _Args()
-
-
-class _Event(msgspec.Struct, forbid_unknown_fields=False):
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
-    id: int | str | None = None
-    args: _Args = _NO_ARGS
-
-
-class _Trace(msgspec.Struct, forbid_unknown_fields=False):
-    traceEvents: list[_Event]
-    distributedInfo: dict[str, Any] = {}
-    deviceProperties: list[dict[str, Any]] = []
-    host_name: str = ""
-    hostName: str = ""
-    trace_id: str = ""
-
-
-_decoder = msgspec.json.Decoder(_Trace)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _CALL_SITE = re.compile(r"^(?P<path>.*?)\((?P<line>\d+)\): (?P<func>.*)$")
 _FILE_RANK = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d{1,8})(?!\d)", re.I)
@@ -184,7 +151,6 @@ RUNTIME_CATS = (
 )
 SYNC_CATS = ("cuda_sync", "xpu_sync")
 MTIA_CATS = ("mtia_ccp_events",)
-FLOW_CATS = ("ac2g", "async")
 #: device categories that are not work: annotations mirrored on the device's timeline
 _NOT_DEVICE_WORK = ("gpu_user_annotation",)
 
@@ -193,15 +159,20 @@ def read_chrome_trace(
     source: str | Path | dict, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES
 ) -> TraceEvents:
     """Read one worker's trace: a file path (``.json`` or ``.json.gz``) or the parsed JSON object."""
-    trace = _load(source, max_bytes)
-    path = None if isinstance(source, dict) else Path(source)
-    dist = trace.distributedInfo
+    if isinstance(source, dict):
+        head, cols = _wrap(read_object, source)
+        path = None
+    else:
+        path = Path(source)
+        with open_regular(source, max_bytes, "trace") as fh:
+            head, cols = _wrap(read_file, fh, max_bytes)
+    dist = head.distributedInfo
     rank_from = "given"
     if worker is None:
         worker, rank_from = _rank(dist.get("rank"), path)
     elif not 0 <= worker <= MAX_WORKER:
         raise TraceError(f"rank {worker} is out of range (0..{MAX_WORKER})")
-    host = trace.hostName or trace.host_name or (_file_host(path) if path else "")
+    host = head.hostName or head.host_name or (_file_host(path) if path else "")
     groups = tuple(
         ProcessGroup(
             str(pg.get("pg_name", "")),
@@ -213,12 +184,14 @@ def read_chrome_trace(
     )
     world = dist.get("world_size")
     events, bounds, steps_from, dev = _read_events(
-        trace.traceEvents,
+        cols,
         -1 if worker is None else worker,
         host,
         f"[{groups[0].desc or groups[0].name}]" if len(groups) == 1 else "",
     )
-    props = {p.get("id"): str(p.get("name", "")) for p in trace.deviceProperties or [] if isinstance(p, dict)}
+    del cols
+    release_memory()
+    props = {p.get("id"): str(p.get("name", "")) for p in head.deviceProperties or [] if isinstance(p, dict)}
     meta = TraceMeta(
         host=host,
         device=f"{host}/{dev[0]}{dev[1]}" if dev else "",
@@ -228,7 +201,7 @@ def read_chrome_trace(
         else None,
         process_groups=groups,
         gpu=props.get(dev[1], "") if dev else next(iter(props.values()), ""),
-        trace_id=trace.trace_id,
+        trace_id=head.trace_id,
         rank_from=rank_from if worker is not None else "",
         steps_from=steps_from,
     )
@@ -321,13 +294,12 @@ def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> byt
         return out
 
 
-def _load(source: str | Path | dict, max_bytes: int) -> _Trace:
+def _wrap(read, *args):
+    """The streaming reader's result, its errors as :class:`TraceError`."""
     try:
-        if isinstance(source, dict):
-            return msgspec.convert(source, _Trace)
-        return _decoder.decode(read_bounded(source, max_bytes))
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise TraceError(f"not a Chrome-trace JSON object with traceEvents ({exc})") from None
+        return read(*args)
+    except TraceReadError as exc:
+        raise TraceError(str(exc)) from None
     except RecursionError:
         raise TraceError("not a Chrome-trace JSON object with traceEvents (nested too deeply)") from None
 
@@ -336,60 +308,64 @@ def _load(source: str | Path | dict, max_bytes: int) -> _Trace:
 
 
 def _read_events(
-    ev: list[_Event], worker: int, host: str, pg_suffix: str
+    c: Columns, worker: int, host: str, pg_suffix: str
 ) -> tuple[pa.Table, dict[int, tuple[float, float]], str, tuple[str, int] | None]:
-    x = [e for e in ev if e.ph == "X"]
-    n = len(x)
-    cat = np.array([e.cat for e in x], dtype="U32")  # categories are short identifiers: fixed width compares in C
-    for old, new in _LEGACY_CATS.items():
-        cat[cat == old] = new
-    name = np.array([e.name for e in x], dtype=object)
-    ts = np.fromiter((e.ts for e in x), dtype=np.float64, count=n)
-    dur = np.fromiter((e.dur for e in x), dtype=np.float64, count=n)
-    stream = np.array([f"{e.pid}/{e.tid}" for e in x], dtype=object)
-    names = pa.array(
-        name.tolist(), pa.string()
-    )  # string predicates in Arrow: kernel names run to thousands of characters
+    n = c.size
+    cats = list(c.cat_dict)
+    for new in (*_LEGACY_CATS.values(), "user_annotation", "cpu_op"):  # codes for the categories compared below
+        if new not in cats:
+            cats.append(new)
+    code = {s: i for i, s in enumerate(cats)}
+    remap = np.array([code[_LEGACY_CATS.get(s, s)] for s in c.cat_dict] or [0], dtype=np.int32)
+    cat = remap[c.cat]  # the Kineto format before 1.9 named the categories differently
+    cat_names = np.array(cats, dtype=object)
 
-    is_cpu = np.isin(cat, CPU_CATS)
-    ops = np.flatnonzero(cat == "cpu_op")  # old traces wrote record_function regions as operators too
-    op_names = names.take(pa.array(ops))
-    cat[ops[_starts(op_names, "ProfilerStep#") | _starts(op_names, "Optimizer.") | _has(op_names, "DataLoader")]] = (
-        "user_annotation"
-    )
-    is_runtime = np.isin(cat, RUNTIME_CATS)
-    is_sync_rec = np.isin(cat, SYNC_CATS)
-    is_copy = np.isin(cat, COPY_CATS)
-    is_dev = (
-        is_copy
-        | (cat == "kernel")
-        | np.isin(cat, MTIA_CATS)
-        | (np.char.startswith(cat, "gpu_") & ~np.isin(cat, _NOT_DEVICE_WORK))
-    )
+    def is_cat(*which: str) -> np.ndarray:
+        return np.isin(cat, [code[w] for w in which if w in code])
+
+    name_dict = pa.array(c.name_dict, pa.string())  # string predicates on each distinct name once
+    name = c.name
+
+    def starts(prefix: str) -> np.ndarray:
+        return _starts(name_dict, prefix)[name] if len(name_dict) else np.zeros(n, dtype=bool)
+
+    def has(sub: str, ignore_case: bool = False) -> np.ndarray:
+        return _has(name_dict, sub, ignore_case)[name] if len(name_dict) else np.zeros(n, dtype=bool)
+
+    ts, dur, stream = c.ts, c.dur, c.stream
+
+    is_cpu = is_cat(*CPU_CATS)
+    ops = np.flatnonzero(cat == code["cpu_op"])  # old traces wrote record_function regions as operators too
+    if ops.size:
+        region = starts("ProfilerStep#") | starts("Optimizer.") | has("DataLoader")
+        cat[ops[region[ops]]] = code["user_annotation"]
+    is_runtime = is_cat(*RUNTIME_CATS)
+    is_sync_rec = is_cat(*SYNC_CATS)
+    is_copy = is_cat(*COPY_CATS)
+    gpu_cat = np.array([s.startswith("gpu_") and s not in _NOT_DEVICE_WORK for s in cats], dtype=bool)
+    is_dev = is_copy | is_cat("kernel") | is_cat(*MTIA_CATS) | gpu_cat[cat]
 
     used = is_cpu | is_runtime | is_sync_rec | is_dev
     broken = used & (~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > MAX_TIME_US) | (dur > MAX_DURATION_US))
     if broken.any():
         i = int(np.flatnonzero(broken)[0])
         raise TraceError(
-            f"event {_cap(str(name[i]))!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)"
+            f"event {_cap(c.name_dict[name[i]])!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)"
         )
     dur = np.maximum(dur, 0.0)
-
-    corr = _ints(
-        [x[i].args.correlation for i in np.flatnonzero(is_dev | is_runtime | is_sync_rec)],
-        n,
-        is_dev | is_runtime | is_sync_rec,
-    )
+    corr = np.where(is_dev | is_runtime | is_sync_rec, c.corr, -1)
 
     # ---- steps
-    bounds, steps_from = _profiler_steps(name, names, cat, ts, dur)
+    is_ann = cat == code["user_annotation"]
+    bounds, steps_from = _profiler_steps(c.name_dict, name, is_ann & starts("ProfilerStep#"), ts, dur)
     if not bounds:
-        bounds, steps_from = _inferred_steps(name, names, cat, ts, dur, stream, is_cpu, is_dev)
+        bounds, steps_from = _inferred_steps(
+            c.name_dict, name, is_ann, starts("Optimizer.step"), ts, dur, stream, is_cpu, is_dev
+        )
     if not bounds:
         return OP_EVENT_SCHEMA.empty_table(), {}, steps_from, None
     steps = np.array(sorted(bounds), dtype=np.int64)
-    starts = np.array([bounds[s][0] for s in steps], dtype=np.float64)
+    step_start = np.array([bounds[s][0] for s in steps], dtype=np.float64)
     ends = np.array([bounds[s][1] for s in steps], dtype=np.float64)
 
     # ---- launches: the runtime call with the same correlation id, else the flow that ends on the device event
@@ -403,89 +379,85 @@ def _read_events(
     launch[dev_idx[found]] = ts[runtime_of[dev_idx[found]]]
     missing = dev_idx[~found]
     if missing.size:
-        via_flow = _flow_launch(ev, stream[missing], ts[missing])
+        via_flow = _flow_launch(c, stream[missing], ts[missing])
         ok = np.isfinite(via_flow)
         launch[missing[ok]] = via_flow[ok]
 
     # ---- sync waits: blocking runtime calls, sync records of calls the trace lacks, device-side waits
     blocking = np.zeros(n, dtype=bool)
-    if rt_idx.size:
-        calls = names.take(pa.array(rt_idx)).dictionary_encode()  # a few distinct calls, thousands of times each
-        blocks = np.array([bool(_BLOCKING_CALL.search(c)) for c in calls.dictionary.to_pylist()], dtype=bool)
-        blocking[rt_idx] = blocks[calls.indices.to_numpy(zero_copy_only=False)]
+    if rt_idx.size:  # a few distinct calls, thousands of times each: each name judged once
+        blocks = np.array([bool(_BLOCKING_CALL.search(s)) for s in c.name_dict], dtype=bool)
+        blocking[rt_idx] = blocks[name[rt_idx]]
     waited = dev_idx[found & is_copy[dev_idx]]  # an async copy call still running when its copy began: it waited for it
     if waited.size:
         r = runtime_of[waited]
-        copy_call = _has(names.take(pa.array(r)), "memcpy", ignore_case=True)
+        copy_call = _has(name_dict, "memcpy", ignore_case=True)[name[r]]
         hit = copy_call & (ts[r] + dur[r] > ts[waited])
         blocking[r[hit]] = True
-    sync_rec = np.flatnonzero(is_sync_rec & (name != "Stream Wait Event"))
+    sync_rec = np.flatnonzero(is_sync_rec & (name != _code_of(c.name_dict, "Stream Wait Event")))
     if sync_rec.size:
         blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = (
             True  # the call itself is not in the trace
         )
-    dev_wait = np.isin(cat, MTIA_CATS)
-    dev_wait[dev_wait] = _has(names.filter(pa.array(dev_wait)), "wait", ignore_case=True)
+    dev_wait = is_cat(*MTIA_CATS) & has("wait", ignore_case=True)
     is_dev &= ~dev_wait
     sync = blocking | dev_wait
 
     # ---- the step of each event: CPU work by its start, device work by its launch
     when = np.where(is_dev, launch, ts)
-    k = np.searchsorted(starts, when, side="right") - 1
+    del launch, runtime_of
+    k = np.searchsorted(step_start, when, side="right") - 1
     in_step = (k >= 0) & (when < ends[np.clip(k, 0, None)])
-    is_step = is_cpu & (cat == "user_annotation") & _starts(names, "ProfilerStep#")
+    del when
+    is_step = is_cpu & is_ann & starts("ProfilerStep#")
 
     cpu = is_cpu & ~is_step
-    comm = cpu & np.logical_or.reduce([_starts(names, p) for p in _COMM_PREFIXES])
-    region = cpu & ~comm & (cat != "cpu_op")
-    keep = in_step & (is_dev | sync | comm | region | (cpu & (cat == "cpu_op") & ~_nested(stream, ts, dur, cpu)))
+    comm = cpu & np.logical_or.reduce([starts(p) for p in _COMM_PREFIXES])
+    is_op = cat == code["cpu_op"]
+    region = cpu & ~comm & ~is_op
+    keep = in_step & (is_dev | sync | comm | region | (cpu & is_op & ~_nested(stream, ts, dur, cpu)))
     idx = np.flatnonzero(keep)
 
     # a step lasts until the last device work it launched ended
     d = idx[is_dev[idx]]
     np.maximum.at(ends, k[d], ts[d] + dur[d])
-    out_bounds = {int(s): (float(a), float(b)) for s, a, b in zip(steps, starts, ends)}
+    out_bounds = {int(s): (float(a), float(b)) for s, a, b in zip(steps, step_start, ends)}
 
     # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
     # (kind of accelerator, number), named once
     dev_no = np.full(n, -1, dtype=np.int64)
-    dev_no[dev_idx] = _ints(
-        [x[i].args.device if x[i].args.device is not None else x[i].pid for i in dev_idx], dev_idx.size, None
-    )
-    mtia = np.isin(cat, MTIA_CATS)
-    code = np.where(dev_no >= 0, 2 * dev_no + mtia, -1)
-    codes, counts = np.unique(code[dev_idx][code[dev_idx] >= 0], return_counts=True)
+    dev_no[dev_idx] = c.device[dev_idx]
+    mtia = is_cat(*MTIA_CATS)
+    dcode = np.where(dev_no >= 0, 2 * dev_no + mtia, -1)
+    del dev_no, mtia
+    codes, counts = np.unique(dcode[dev_idx][dcode[dev_idx] >= 0], return_counts=True)
     labels = np.array([f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes], dtype=object)
     main = int(codes[np.argmax(counts)]) if codes.size else None  # the accelerator that ran most device events
     device = np.full(idx.size, None, dtype=object)
-    on_dev = is_dev[idx] & (code[idx] >= 0)
-    device[on_dev] = labels[np.searchsorted(codes, code[idx][on_dev])]
+    on_dev = is_dev[idx] & (dcode[idx] >= 0)
+    device[on_dev] = labels[np.searchsorted(codes, dcode[idx][on_dev])]
     device[sync[idx]] = labels[np.searchsorted(codes, main)] if main is not None else None
     dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
 
     # name each distinct (category, name, process group, sync) once: traces repeat the same kernels thousands of times
-    pg = np.full(idx.size, pg_suffix, dtype=object)
-    on_comm = np.flatnonzero(comm[idx])
-    pg[on_comm] = [_pg(x[i]) or pg_suffix for i in idx[on_comm]]
-    key = pc.binary_join_element_wise(
-        pa.array(cat[idx].tolist(), pa.string()),
-        names.take(pa.array(idx)),
-        pa.array(pg.tolist(), pa.string()),
-        pa.array(np.where(sync[idx], "s", "").tolist(), pa.string()),
-        "\x00",
-    ).dictionary_encode()
-    which = key.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    first = np.full(len(key.dictionary), -1, dtype=np.int64)
-    first[which[::-1]] = np.arange(which.size - 1, -1, -1)
-    named = [_classify(cat[idx[j]], name[idx[j]], pg[j], bool(sync[idx[j]])) for j in first]
+    pg_names = np.array([*c.pg_dict, pg_suffix], dtype=object)
+    pg = np.full(idx.size, len(c.pg_dict), dtype=np.int64)  # the job's one process group, when there is one
+    if c.pg_dict:
+        own = np.array([bool(s) for s in c.pg_dict], dtype=bool)[c.pg[idx]] & comm[idx]
+        pg[own] = c.pg[idx][own]
+    sync_i = sync[idx].astype(np.int64)
+    key = ((cat[idx].astype(np.int64) * max(len(c.name_dict), 1) + name[idx]) * len(pg_names) + pg) * 2 + sync_i
+    _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    named = [
+        _classify(str(cat_names[cat[idx[j]]]), c.name_dict[name[idx[j]]], str(pg_names[pg[j]]), bool(sync_i[j]))
+        for j in first.tolist()
+    ]
     fn, kind, res = (
-        (np.array([t[c] for t in named], dtype=object)[which].tolist() for c in range(3)) if named else ([], [], [])
+        (np.array([t[i] for t in named], dtype=object)[which].tolist() for i in range(3)) if named else ([], [], [])
     )
-    htod = cat[idx] == "gpu_memcpy"
-    htod[htod] = _has(names.take(pa.array(idx[htod])), "HtoD")
-    nbytes = np.full(idx.size, np.nan)
-    if htod.any():
-        nbytes[htod] = [_bytes(x[i].args.bytes) for i in idx[htod]]
+    htod = (cat[idx] == code["gpu_memcpy"]) & has("HtoD")[idx]
+    nbytes = np.where(htod, c.nbytes[idx], np.nan)
+    stream_names = np.array(c.stream_dict or [""], dtype=object)
     table = pa.Table.from_pydict(
         {
             "worker": np.full(idx.size, worker, dtype=np.int64),
@@ -498,31 +470,18 @@ def _read_events(
             "device": device.tolist(),
             "resource": res,
             "bytes": nbytes,
-            "stream": stream[idx].tolist(),
+            "stream": stream_names[stream[idx]].tolist(),
         },
         schema=OP_EVENT_SCHEMA,
     )
     return table, out_bounds, steps_from, dev_main
 
 
-def _ints(values: list, n: int, where: np.ndarray | None) -> np.ndarray:
-    """Non-negative integers (ids, device numbers) of some events; -1 where absent or not an integer."""
-    try:  # the usual case, integers and nulls, converted in C
-        a = pa.array(values)
-        if not (pa.types.is_integer(a.type) or pa.types.is_null(a.type)):
-            raise TypeError(a.type)
-        v = a.cast(pa.int64()).fill_null(-1).to_numpy()
-        v = np.where((v >= 0) & (v < 2**62), v, -1)
-    except (pa.ArrowException, TypeError, OverflowError):  # strings, floats, booleans, huge numbers: one by one
-        v = np.array(
-            [int(a) if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < 2**62 else -1 for a in values],
-            dtype=np.int64,
-        )
-    if where is None:
-        return v
-    out = np.full(n, -1, dtype=np.int64)
-    out[np.flatnonzero(where)] = v
-    return out
+def _code_of(strings: list[str], s: str) -> int:
+    try:
+        return strings.index(s)
+    except ValueError:
+        return -1
 
 
 def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -538,26 +497,20 @@ def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.nda
     return out
 
 
-def _flow_launch(ev: list[_Event], dev_stream: np.ndarray, dev_ts: np.ndarray) -> np.ndarray:
+def _flow_launch(c: Columns, dev_stream: np.ndarray, dev_ts: np.ndarray) -> np.ndarray:
     """Launch time of device events from flow events: a flow starts (``s``) at the launch and ends (``f``) where
     the device event starts, on its timeline; NaN where no flow ends on the event."""
     out = np.full(dev_ts.size, np.nan)
-    fl = [e for e in ev if e.ph in ("s", "f") and e.cat in FLOW_CATS and e.id is not None]
-    if not fl:
-        return out
-    is_f = np.array([e.ph == "f" for e in fl], dtype=bool)
-    fid = np.array([str(e.id) for e in fl])
-    fts = np.fromiter((e.ts for e in fl), dtype=np.float64, count=len(fl))
-    fstream = np.array([f"{e.pid}/{e.tid}" for e in fl], dtype=object)
-    # (timeline, start) of each flow end and each device event, as one comparable number
-    _, code = np.unique(np.concatenate([fstream[is_f], dev_stream]).astype(str), return_inverse=True)
+    is_f = c.flow_is_end
     n_f = int(is_f.sum())
-    t0 = float(min(fts.min(), dev_ts.min()))
-    span = float(max(fts.max(), dev_ts.max()) - t0) + 1.0
-    f_key = code[:n_f] * span + (fts[is_f] - t0)
-    d_key = code[n_f:] * span + (dev_ts - t0)
     if n_f == 0:
         return out
+    fid, fts, fstream = c.flow_id, c.flow_ts, c.flow_stream.astype(np.int64)
+    # (timeline, start) of each flow end and each device event, as one comparable number
+    t0 = float(min(fts.min(), dev_ts.min()))
+    span = float(max(fts.max(), dev_ts.max()) - t0) + 1.0
+    f_key = fstream[is_f] * span + (fts[is_f] - t0)
+    d_key = dev_stream.astype(np.int64) * span + (dev_ts - t0)
     order = np.argsort(f_key, kind="stable")
     pos = np.minimum(np.searchsorted(f_key[order], d_key), n_f - 1)
     hit = np.flatnonzero(f_key[order][pos] == d_key)
@@ -573,38 +526,40 @@ def _flow_launch(ev: list[_Event], dev_stream: np.ndarray, dev_ts: np.ndarray) -
     return out
 
 
-def _profiler_steps(name, names, cat, ts, dur) -> tuple[dict[int, tuple[float, float]], str]:
+def _profiler_steps(name_dict: list[str], name, is_step, ts, dur) -> tuple[dict[int, tuple[float, float]], str]:
     bounds: dict[int, tuple[float, float]] = {}
-    for i in np.flatnonzero((cat == "user_annotation") & _starts(names, "ProfilerStep#")):
-        m = _STEP.match(name[i])
+    for i in np.flatnonzero(is_step):
+        text = name_dict[name[i]]
+        m = _STEP.match(text)
         if not m:
             continue
         digits = m.group(1)
         if len(digits) > 10 or int(digits) > MAX_STEP:
-            raise TraceError(f"{_cap(name[i])}: a step number beyond {MAX_STEP}")
+            raise TraceError(f"{_cap(text)}: a step number beyond {MAX_STEP}")
         bounds.setdefault(int(digits), (float(ts[i]), float(ts[i] + dur[i])))
     return bounds, "ProfilerStep"
 
 
-def _inferred_steps(name, names, cat, ts, dur, stream, is_cpu, is_dev) -> tuple[dict[int, tuple[float, float]], str]:
+def _inferred_steps(
+    name_dict: list[str], name, is_ann, is_opt_step, ts, dur, stream, is_cpu, is_dev
+) -> tuple[dict[int, tuple[float, float]], str]:
     """Iterations of a trace without ``ProfilerStep#N``: optimizer steps, else a repeating top-level region, else one step."""
     work = is_cpu | is_dev
     if not work.any():
         return {}, "whole trace"
     t_first = float(ts[work].min())
     t_last = float((ts + dur)[work].max())
-    opt = np.flatnonzero(is_cpu & _starts(names, "Optimizer.step"))
-    opt = opt[
-        ~_nested(stream, ts, dur, np.isin(np.arange(name.size), opt))[opt]
-    ]  # a wrapping optimizer's inner step is not another
+    opt_mask = is_cpu & is_opt_step
+    opt = np.flatnonzero(opt_mask)
+    opt = opt[~_nested(stream, ts, dur, opt_mask)[opt]]  # a wrapping optimizer's inner step is not another
     if opt.size >= 2:
         opt_end = np.sort(ts[opt] + dur[opt])
         begin = np.concatenate([[t_first], opt_end[:-1]])
         return {i: (float(b), float(e)) for i, (b, e) in enumerate(zip(begin, opt_end))}, "Optimizer.step"
-    ann = is_cpu & (cat == "user_annotation")
-    top = np.flatnonzero(ann & ~_nested(stream, ts, dur, is_cpu))
+    top = np.flatnonzero(is_cpu & is_ann & ~_nested(stream, ts, dur, is_cpu))
     if top.size:
-        u, inv, counts = np.unique(name[top], return_inverse=True, return_counts=True)
+        text = np.array(name_dict, dtype=object)[name[top]]  # by the names' text: ties go to the one sorting first
+        u, inv, counts = np.unique(text, return_inverse=True, return_counts=True)
         total = np.bincount(inv, weights=dur[top])
         total[counts < 2] = 0.0
         best = int(np.argmax(total))
@@ -629,7 +584,7 @@ def _nested(stream: np.ndarray, ts: np.ndarray, dur: np.ndarray, among: np.ndarr
     idx = np.flatnonzero(among)
     if idx.size == 0:
         return out
-    _, thread = np.unique(stream[idx].astype(str), return_inverse=True)
+    thread = stream[idx].astype(np.int64)
     order = np.lexsort((-dur[idx], ts[idx], thread))
     t0 = ts[idx][order] - ts[idx].min()
     big = float(t0.max() + dur[idx].max() + 1.0)
@@ -638,14 +593,6 @@ def _nested(stream: np.ndarray, ts: np.ndarray, dur: np.ndarray, among: np.ndarr
     prev = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
     out[idx[order]] = off + t0 < prev
     return out
-
-
-def _pg(e: _Event) -> str:
-    return str(e.args.pg_desc or e.args.pg_name or "")
-
-
-def _bytes(b: object) -> float:
-    return float(b) if isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1e18 else np.nan
 
 
 def _classify(cat: str, name: str, pg: str, sync: bool) -> tuple[str, str, str]:

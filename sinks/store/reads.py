@@ -148,11 +148,12 @@ def _kind(statement) -> str:
     return str(statement.type).split(".")[-1]
 
 
-def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     """Allow exactly one statement, a SELECT (``WITH``, ``FROM``-first, ``VALUES``, ``DESCRIBE``, ``SUMMARIZE`` are
     SELECTs to DuckDB) or EXPLAIN of a SELECT, ANALYZE or not: ``EXPLAIN ANALYZE`` runs its statement, so what
     it explains must be a query too.  Everything else is refused (PRAGMA, SET, ATTACH, COPY, INSTALL, LOAD, CALL, ...),
-    and so is a SELECT that reads anything but tables, views and :data:`TABLE_FUNCTIONS`."""
+    and so is a SELECT that reads anything but tables, views and :data:`TABLE_FUNCTIONS`.  Returns the statement's
+    kind (``SELECT`` or ``EXPLAIN``)."""
     statements = _statements(con, sql)
     if not statements:
         raise StoreError("no SQL statement given")
@@ -172,6 +173,7 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
             raise StoreError("EXPLAIN only of a SELECT (EXPLAIN ANALYZE runs the statement it explains)")
         select = inner[0].query
     _check_relations(con, select)
+    return kind
 
 
 def tenant_sandbox(
@@ -250,7 +252,7 @@ def run_query(
     """Someone's SQL, read-only: one allowed statement (:func:`check_read_only`) in a read-only transaction of
     ``con``; with ``tenant``, inside :func:`tenant_sandbox` (only that tenant's rows exist there).  Interrupted
     after ``limits.timeout_s``; a result of more than ``limits.max_rows`` rows is refused.  Raises StoreError."""
-    check_read_only(con, sql)
+    kind = check_read_only(con, sql)
     deadline = _Deadline(limits.timeout_s)
     box = None
     try:
@@ -260,9 +262,13 @@ def run_query(
             if tenant is not None:
                 box = tenant_sandbox(con, tenant, limits)
                 deadline.watch(box)
-            cur = box.execute(sql, params or []) if box is not None else con.execute(sql, params or [])
-            cols = [d[0] for d in cur.description] if cur.description else []
-            rows = _fetch(cur, limits)
+            target = box if box is not None else con
+            if kind == "SELECT":  # each row's size computed and bounded by DuckDB, before Python sees a value
+                cols, rows = _fetch_sized(target, sql, params, limits)
+            else:  # EXPLAIN: a plan's text
+                cur = target.execute(sql, params or [])
+                cols = [d[0] for d in cur.description] if cur.description else []
+                rows = _fetch(cur, limits)
         finally:
             con.execute("ROLLBACK")
     except duckdb.InterruptException:
@@ -274,7 +280,10 @@ def run_query(
             f"the query needs more than {limits.memory_bytes >> 20} MiB, the most a query may use"
         ) from None
     except duckdb.Error as exc:
-        raise StoreError(str(exc).splitlines()[0]) from None
+        message = str(exc).splitlines()[0]
+        if _TOO_LARGE in message:  # our own error() in the size check
+            raise StoreError(_too_large(limits)) from None
+        raise StoreError(message) from None
     finally:
         deadline.cancel()
         if box is not None:
@@ -287,6 +296,97 @@ def run_query(
 
 
 _FETCH_ROWS = 2048
+#: what one fetch of a sized result may hold: the rows of the next fetch are as many as fit, judged by the largest
+#: row so far (from 16 rows at first up to _FETCH_ROWS)
+_FETCH_BYTES = 8 << 20
+_FIRST_FETCH_ROWS = 16
+_TOO_LARGE = "lockstep: a row of the result is larger than the bound"
+#: DuckDB types whose values are a few bytes each (counted 16); text and blobs count their length, anything else
+#: (lists, structs, maps, arrays, unions, enums, JSON) the length of its text
+_FIXED_SIZE = frozenset(
+    [
+        "boolean",
+        "tinyint",
+        "smallint",
+        "integer",
+        "bigint",
+        "hugeint",
+        "utinyint",
+        "usmallint",
+        "uinteger",
+        "ubigint",
+        "uhugeint",
+        "float",
+        "double",
+        "decimal",
+        "date",
+        "time",
+        "time_tz",
+        "timestamp",
+        "timestamp_s",
+        "timestamp_ms",
+        "timestamp_ns",
+        "timestamp_tz",
+        "interval",
+        "uuid",
+    ]
+) | {"timestamp with time zone", "time with time zone"}
+
+
+def _too_large(limits: QueryLimits) -> str:
+    return (
+        f"the result is larger than {limits.max_bytes >> 20} MiB, the most a query may return: "
+        "select fewer columns, add a LIMIT or aggregate"
+    )
+
+
+def _row_bytes(types: list[duckdb.sqltypes.DuckDBPyType]) -> str:
+    """A DuckDB expression: the bytes of a row of these columns (by position, whatever their names)."""
+    parts = []
+    for i, t in enumerate(types, start=1):
+        if t.id in _FIXED_SIZE:
+            parts.append("16")
+        elif t.id == "blob":
+            parts.append(f"coalesce(octet_length(#{i}), 0)")
+        elif t.id == "varchar":
+            parts.append(f"coalesce(strlen(#{i}), 0)")
+        else:
+            parts.append(f"coalesce(strlen(CAST(#{i} AS VARCHAR)), 0)")
+    return " + ".join(parts) or "0"
+
+
+def _fetch_sized(
+    con: duckdb.DuckDBPyConnection, sql: str, params: list | None, limits: QueryLimits
+) -> tuple[list[str], list[tuple]]:
+    """A SELECT's columns and rows, each row's size computed by DuckDB beside it (the query wrapped: ``SELECT *,
+    <size> FROM (<sql>)``): a row larger than ``max_bytes`` is refused inside DuckDB (one value of 500 MB never
+    reaches Python, where it took +1.9 GB), the rows are counted by those sizes (lists and structs too: they counted
+    16 bytes each), and each fetch takes as many rows as fit in :data:`_FETCH_BYTES` judged by the largest so far, so
+    that rows of 400 KB are refused after a few fetches of a few MiB, not in one of 2,048 rows (800 MB)."""
+    sql = sql.rstrip()
+    while sql.endswith(";"):
+        sql = sql[:-1].rstrip()
+    rel = con.sql(sql, params=params or None)  # bound, not run: the columns and their types
+    cols, size = list(rel.columns), _row_bytes(rel.types)
+    cur = con.execute(
+        f"SELECT *, CASE WHEN ({size}) > {limits.max_bytes} THEN error('{_TOO_LARGE}') ELSE ({size}) END "
+        f"FROM (\n{sql}\n) AS lockstep_query",
+        params or [],
+    )
+    rows: list[tuple] = []
+    total, largest, n = 0, 1, _FIRST_FETCH_ROWS
+    while len(rows) <= limits.max_rows:
+        chunk = cur.fetchmany(min(n, limits.max_rows + 1 - len(rows)))
+        if not chunk:
+            break
+        for row in chunk:
+            total += row[-1]
+            largest = max(largest, row[-1])
+        if total > limits.max_bytes:
+            raise StoreError(_too_large(limits))
+        rows.extend(row[:-1] for row in chunk)
+        n = max(1, min(_FETCH_ROWS, _FETCH_BYTES // largest))
+    return cols, rows
 
 
 def _fetch(cur: duckdb.DuckDBPyConnection, limits: QueryLimits) -> list[tuple]:

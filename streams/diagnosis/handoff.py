@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from ...schemas.functions import float_columns, pack, unpack_ipc
 from ...schemas.records import RecordError, StepClosed, StepReport
-from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, StepResult
+from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, WORKER_SCHEMA, StepResult
 
 #: evidence columns of the step report's tables added after its first release (a missing one reads as NaN)
 _ADDED = LINK_SHAPE + tuple(f"peer_{c}" for c in LINK_SHAPE)
@@ -23,6 +23,7 @@ TIMES = {
     "peer_work_us": 0.0,
     "work_mad_us": 0.0,
     "excess_us": -MAX_VALUE,
+    "own_us": 0.0,
 }
 
 
@@ -54,7 +55,11 @@ class _Bounds:
             raise RecordError("invalid", f"StepReport.{what}.{name} holds a value that is not {what_it_is}")
 
 
-_BOUNDS = {"outliers": _Bounds.of(OUTLIER_SCHEMA), "groups": _Bounds.of(GROUP_SCHEMA)}
+_BOUNDS = {
+    "outliers": _Bounds.of(OUTLIER_SCHEMA),
+    "groups": _Bounds.of(GROUP_SCHEMA),
+    "workers": _Bounds.of(WORKER_SCHEMA),
+}
 
 
 def step_report(
@@ -83,6 +88,7 @@ def step_report(
         healthy_work_max_us=result.healthy_work_max_us,
         outliers=pack(result.outliers),
         groups=pack(result.groups),
+        workers=pack(result.workers) if result.workers is not None else b"",
         policy=policy,
         tenant=tenant,
         closed=closed,
@@ -103,6 +109,7 @@ def step_result(report: StepReport) -> StepResult:
         healthy_work_max_us=report.healthy_work_max_us,
         outliers=_table(report.outliers, OUTLIER_SCHEMA, "outliers"),
         groups=_table(report.groups, GROUP_SCHEMA, "groups"),
+        workers=_table(report.workers, WORKER_SCHEMA, "workers") if report.workers else None,
     )
 
 

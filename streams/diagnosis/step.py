@@ -88,6 +88,27 @@ OUTLIER_SCHEMA = pa.schema(
     + [(f"peer_{c}", pa.float64()) for c in EVIDENCE_COLUMNS + WORKER_COLUMNS]
 )
 
+#: each worker's own work in the step against its peers' (the localisation's input, :mod:`.localise`): one row per
+#: worker and each of its TOP_FUNCTIONS functions (not waiting) most above their peers' median work
+TOP_FUNCTIONS = 3
+WORKER_SCHEMA = pa.schema(
+    [
+        ("worker", pa.int64()),
+        ("host", pa.string()),
+        ("device", pa.string()),
+        ("group", pa.string()),
+        ("step_time_us", pa.float64()),
+        ("own_us", pa.float64()),  # the worker's own work: the step minus its waits at collectives
+        ("peer_own_us", pa.float64()),  # the median of its peer group's others' own work (the worker left out)
+        ("wait_us", pa.float64()),  # its waits at collectives
+        ("peer_wait_us", pa.float64()),  # the others' median
+        ("function", pa.string()),  # one of its functions most above its peers ("" when none is)
+        ("kind", pa.string()),
+        ("work_us", pa.float64()),  # its work in it
+        ("peer_work_us", pa.float64()),  # its group's median work in it
+    ]
+)
+
 GROUP_SCHEMA = pa.schema(
     [
         ("group", pa.string()),
@@ -119,6 +140,7 @@ class StepResult:
     healthy_work_max_us: float  # most work of any worker with no flagged function
     outliers: pa.Table  # OUTLIER_SCHEMA
     groups: pa.Table  # GROUP_SCHEMA
+    workers: pa.Table | None = None  # WORKER_SCHEMA (None: a step stage older than the localisation)
 
 
 def _encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -170,6 +192,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         healthy_work_max_us=float(work.worker_work[healthy].max()) if healthy.any() else float("nan"),
         outliers=outliers,
         groups=_groups(grid, work, peers),
+        workers=_workers(grid, work, peers, policy),
     )
 
 
@@ -525,6 +548,55 @@ def _outliers(
     flag_cell = g * fcols.size + finv
     cols["peer_clock_events"] = (group_or(ce[rows], cell, n_cells) & majority_bits(ce[rows], cell, n_cells))[flag_cell]
     return pa.Table.from_pydict(cols, schema=OUTLIER_SCHEMA)
+
+
+def _others_median(grid: _Grid, v: np.ndarray) -> np.ndarray:
+    """(W,) the median of ``v`` over the *other* workers of each worker's peer group (NaN: no other).  Groups of 2 to
+    4 workers exactly (from the others' extremes and sum); larger groups by the group's median (one worker moves it
+    by at most half a rank)."""
+    lay = grid.lay
+    n = lay.counts[lay.groups]
+    out = lay.median(v[:, None])[lay.groups, 0]
+    small = (n >= 2) & (n <= 4)
+    if small.any():
+        hi, lo = others_extremes(lay.groups, lay.n_groups, v[:, None], 4)
+        rest = (lay.sum(v[:, None])[lay.groups, 0] - v) - hi[:, 0] - lo[:, 0]  # n=4: the middle of the 3 others
+        loo = np.select([n == 2, n == 3], [hi[:, 0], (hi[:, 0] + lo[:, 0]) / 2.0], rest)
+        out = np.where(small, loo, out)
+    return np.where(n >= 2, out, np.nan)
+
+
+def _workers(grid: _Grid, wk: _Work, peers: _WorkComparison, policy: DiagnosisPolicy) -> pa.Table:
+    """Per worker: its own work (the step minus its waits) and its peers', its waits and theirs, and its
+    TOP_FUNCTIONS functions (not waiting) most above their group's median work (WORKER_SCHEMA)."""
+    frame = grid.frame
+    n_w, n_f = grid.n_workers, grid.n_functions
+    wait = wk.wait.sum(axis=1)
+    own = np.maximum(wk.worker_work, 0.0)
+    over = np.where(
+        grid.valid & ~np.isin(grid.kind_f, WAITING_KINDS)[None, :], wk.work - peers.med[grid.lay.groups], -np.inf
+    )
+    k = min(TOP_FUNCTIONS, n_f)
+    top = np.argsort(-over, axis=1, kind="stable")[:, :k]  # (W, k)
+    w = np.repeat(np.arange(n_w), k)
+    f = top.ravel()
+    some = np.isfinite(over[w, f]) & (over[w, f] > 0)
+    cols: dict[str, object] = {
+        "worker": frame.rank[w],
+        "host": frame.host[w].astype(str),
+        "device": frame.device[w].astype(str),
+        "group": frame.group[w].astype(str),
+        "step_time_us": frame.step_time_us[w],
+        "own_us": own[w],
+        "peer_own_us": _others_median(grid, own)[w],
+        "wait_us": wait[w],
+        "peer_wait_us": _others_median(grid, wait)[w],
+        "function": np.where(some, grid.fnames[f].astype(str), ""),
+        "kind": np.where(some, grid.kind_f[f].astype(str), ""),
+        "work_us": np.where(some, wk.work[w, f], 0.0),
+        "peer_work_us": np.where(some, peers.med[grid.lay.groups[w], f], 0.0),
+    }
+    return pa.Table.from_pydict(cols, schema=WORKER_SCHEMA)
 
 
 def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison) -> pa.Table:

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 
@@ -31,6 +32,7 @@ from ...schemas.records import HARDWARE_CAUSES, Closed, Evidence, Finding, Impac
 from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
+from .localise import NOBODY, Localised, Standing, localise
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
@@ -66,6 +68,7 @@ class _Ctx:
     policy_ref: str
     coverage: float
     groups: pa.Table | None = None  # the steps' per-(group, function) tables, with their step: when a function ran
+    standing: Standing = NOBODY  # the localisation: who stands out from their peers, whatever the cause
 
 
 def diagnose_window(
@@ -87,8 +90,11 @@ def diagnose_window(
     groups = _concat([r.groups for r in results], results)
     if steps_seen:
         need = max(min(dp.min_persistent_steps, steps_seen), math.ceil(dp.persistence * steps_seen))
-        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups)
+        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups, localise(results, dp))
         findings += _worker_findings(ctx, history)
+        # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it
+        named = {w for f in findings if f.scope == "worker" for w in f.workers}
+        findings += [_localised_finding(ctx, loc) for loc in ctx.standing.localised if loc.worker not in named]
         findings += _group_findings(ctx, groups)
         explained = {f.function for f in findings}
         findings += [f for f in _job_findings(ctx, groups, history, findings) if f.function not in explained]
@@ -450,7 +456,7 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
         shared=s.signal == "hardware",
     )
     conf, notes = _confidence(s, att.certainty, persistence, ctx.coverage, ctx.dp)
-    return Finding(
+    finding = Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "worker", workers, s.function, cause, None),
         job=ctx.info.job,
         window=ctx.info.window,
@@ -483,6 +489,7 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
         ),
         window_steps=len(ctx.results),
     )
+    return _refined(ctx, finding, periodic=occurred < n_window, excess_us=s.excess_us)
 
 
 def _switch_elements(
@@ -656,6 +663,138 @@ def _impact(share: float, workers: int) -> Impact:
     return Impact(step_time_share=round(share, 4), gpu_hours_per_day=round(share * workers * 24.0, 2))
 
 
+#: a cause rule's finding on a worker whose own work is not a standard error above its peers', short by two standard
+#: errors of what the function's excess alone would add to it (the excess is made up elsewhere in its step), and that
+#: waits more than its peers (they keep it waiting: a victim) stays below paging
+NOT_STANDING_OUT_CAP = 0.45
+NOT_STANDING_OUT_Z = 1.0
+#: a cause rule's finding on a worker that stands out is at least this confident (paging)
+LOCALISED_FLOOR = 0.6
+SHORT_OF_EXCESS_Z = 2.0
+
+
+def _refined(ctx: _Ctx, f: Finding, periodic: bool = False, excess_us: float = math.nan) -> Finding:
+    """A cause rule's worker finding against the localisation: where the localisation has its worker(s), the
+    finding pages: its confidence is at least LOCALISED_FLOOR (or the localisation's, if lower; a cause rule refines a
+    localisation, and beyond that its own strength, the job's history and the evidence decide); where its workers' own
+    work is not even a standard error above their peers' (NOT_STANDING_OUT_Z) and two standard errors short of
+    what the function's excess would add to it (SHORT_OF_EXCESS_Z), and it waits more than its peers, it stays below
+    paging: the straggler waits least, and a worker its peers keep waiting holds nobody up (where nobody waits, as
+    in traces of independent runs side by side, nothing says it is a victim).  A small excess (a GPU kernel at 1% of
+    the step) that its own work shows as well as the noise allows is left alone.  Left as they are too: links of
+    collectives (a slow link's time is shared by its whole ring) and functions that do not run every step (an
+    evaluation every third step cannot move the median step's own work)."""
+    if f.function_kind in WAITING_KINDS or not f.workers:
+        return f
+    st = ctx.standing
+    mine = [loc for loc in st.localised if loc.worker in f.workers]
+    if mine:
+        # the localisation says where, so the finding pages (at least LOCALISED_FLOOR, or the localisation's own
+        # confidence if lower); beyond that the rule's own strength, history and evidence decide
+        loc_conf = max(_localised_confidence(ctx, loc) for loc in mine)
+        conf = max(f.confidence, min(loc_conf, LOCALISED_FLOOR))
+        if conf <= f.confidence:
+            return msgspec.structs.replace(f, evidence=[*f.evidence, _own_evidence(mine[0])])
+        return msgspec.structs.replace(
+            f,
+            confidence=conf,
+            evidence=[*f.evidence, _own_evidence(mine[0])],
+            summary=f.summary
+            + f"; its own work {mine[0].shift:.0%} above its peers' ({mine[0].z:.1f} standard errors)",
+        )
+    zs = [st.z_of(w) for w in f.workers]
+    expected = [st.expected_z(w, excess_us) for w in f.workers]
+    weak = all(
+        math.isfinite(z)
+        and z < min(NOT_STANDING_OUT_Z, e - SHORT_OF_EXCESS_Z if math.isfinite(e) else 0.0)
+        and st.waits_more_of(w)
+        for w, z, e in zip(f.workers, zs, expected, strict=True)
+    )
+    if st.workers is not None and not periodic and weak and f.confidence > NOT_STANDING_OUT_CAP:
+        return msgspec.structs.replace(
+            f,
+            confidence=NOT_STANDING_OUT_CAP,
+            summary=f.summary
+            + "; its own work (the step minus its waits) not above its peers' beyond the job's noise: "
+            "it may be waiting",
+        )
+    # a noisy job: its workers' own work moves more from step to step than this excess is; the rule compared one
+    # function, and the step around it may make up for it (x 0.75, as for a noisy peer group)
+    share = excess_us / max(np.median([r.step_time_median_us for r in ctx.results]), 1.0)
+    if not periodic and math.isfinite(st.noise) and st.noise > ctx.dp.noisy_rel_mad and share < st.noise:
+        return msgspec.structs.replace(
+            f,
+            confidence=round(f.confidence * 0.75, 3),
+            summary=f.summary + f"; a noisy job (its workers' own work moves {st.noise:.0%} from step to step, "
+            f"this excess is {share:.0%} of the step)",
+        )
+    return f
+
+
+def _localised_confidence(ctx: _Ctx, loc: Localised) -> float:
+    strength = min(1.0, loc.z / (2.0 * ctx.standing.bar))
+    conf = (0.5 + 0.3 * strength) * _persisted(loc.above) * (0.5 + 0.5 * ctx.coverage)
+    return round(min(0.99, max(0.01, conf)), 3)
+
+
+def _own_evidence(loc: Localised) -> Evidence:
+    return Evidence(
+        feature="own_work_us",
+        value=round(loc.own_us, 1),
+        peer_value=round(loc.peer_own_us, 1),
+        deviation=round(loc.z, 2),
+    )
+
+
+def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
+    """A worker that stands out from its peers (:mod:`.localise`) that no cause rule named: the worker and the
+    function it stands out in, cause ``undetermined``."""
+    conf = _localised_confidence(ctx, loc)
+    evidence = [
+        _own_evidence(loc),
+        Evidence(feature="wait_us", value=round(loc.wait_us, 1), peer_value=round(loc.peer_wait_us, 1), deviation=None),
+        Evidence(feature="job_noise", value=round(loc.shift, 4), peer_value=round(loc.noise, 4), deviation=None),
+    ]
+    if loc.function:
+        evidence.append(
+            Evidence(
+                feature=f"work_us[{loc.function}]",
+                value=round(loc.work_us, 1),
+                peer_value=round(loc.peer_work_us, 1),
+                deviation=None,
+            )
+        )
+    function = loc.function or "own work"
+    n = len(ctx.results)
+    return Finding(
+        id=finding_id(ctx.info.job, ctx.info.window, "worker", [loc.worker], function, "undetermined", None),
+        job=ctx.info.job,
+        window=ctx.info.window,
+        steps=loc.steps,
+        scope="worker",
+        workers=[loc.worker],
+        hosts=[loc.host],
+        devices=[],
+        group=None,
+        function=function,
+        function_kind=loc.kind or "python",
+        cause="undetermined",
+        confidence=conf,
+        evidence=evidence,
+        impact=_impact(loc.excess_share, ctx.info.expected_workers),
+        policy=ctx.policy_ref,
+        created_at=ctx.now,
+        tenant=ctx.info.tenant,
+        summary=(
+            f"worker {loc.worker}: its own work (the step minus its waits) {loc.shift:.0%} above its peers' in "
+            f"{len(loc.steps)}/{loc.n_steps} steps ({loc.z:.1f} standard errors of the job's step-to-step noise "
+            f"{loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers {loc.peer_wait_us:,.0f}: "
+            "they wait for it; cause undetermined (no cause rule's evidence)"
+        ),
+        window_steps=n,
+    )
+
+
 # --------------------------------------------------------------------------- scope: group
 
 
@@ -743,6 +882,11 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
 
 
 # --------------------------------------------------------------------------- scope: job
+
+
+#: a job-wide finding from an expected range alone (communication above comm_share_max of the step): a rule of thumb,
+#: not the job's own peers or past, so it does not page by itself
+COMM_RANGE_CONFIDENCE = 0.45
 
 
 def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: list[Finding]) -> list[Finding]:
@@ -846,7 +990,7 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
                         )
                     ],
                     med - dp.comm_share_max,
-                    0.5,
+                    COMM_RANGE_CONFIDENCE,
                 )
             )
     return findings + regressions
@@ -965,6 +1109,21 @@ def _job_finding(
     summary: str = "",
 ) -> Finding:
     n = len(ctx.results)
+    st = ctx.standing
+    if math.isfinite(st.top_z):  # why no worker is named: the one nearest to standing out, against the bar
+        evidence = [
+            *evidence,
+            Evidence(
+                feature=f"own_work_z[worker {st.top_worker}]",
+                value=round(st.top_z, 2),
+                peer_value=round(st.bar, 2),
+                deviation=round(st.top_shift, 4),
+            ),
+        ]
+        summary = (summary or f"every worker: {function} above its expected share of the step") + (
+            f"; no worker stands out from its peers (the nearest, worker {st.top_worker}, {st.top_z:.1f} standard "
+            f"errors of the job's noise, {st.bar:.1f} needed)"
+        )
     return Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "job", [], function, cause, None),
         job=ctx.info.job,

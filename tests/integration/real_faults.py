@@ -383,10 +383,14 @@ def load_fixture(path: Path):
 # --------------------------------------------------------------------------- the real-fault corpus (issue 21)
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "real" / "corpus"
+#: the held-out part (split ``holdout``): recorded after the dev/test split had been tuned on, before any further rule
+#: changed; its own folder so that scoring the corpus while developing never shows it
+HOLDOUT = Path(__file__).resolve().parents[1] / "data" / "real" / "holdout"
 CORPUS_STEPS = 10
 CORPUS_WARMUP = 4
 CORPUS_HZ = 500.0
 SEVERITIES = {"mild": 0.04, "strong": 0.22}  # intended cost: a share of the healthy step
+HOLDOUT_SEVERITIES = {**SEVERITIES, "medium": 0.10}  # the holdout adds a severity between the two
 SIZES = (2, 3, 4, 8)
 #: network cases: a longer step (more compute per step), since this machine's veths and qdiscs cost ~10 ms per
 #: 3 MB all-reduce at any rate they shape (measured with a TCP transfer between two namespaces)
@@ -408,13 +412,22 @@ class Mechanism:
 MECHANISMS: dict[str, Mechanism] = {
     # CPU share and scheduling (made from outside)
     "cgroup_quota": Mechanism(
-        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"quota": 0.3}, "strong": {"quota": 0.1}}
+        "cpu",
+        CPU_WORK,
+        ("host_cpu_contention", "undetermined"),
+        {"mild": {"quota": 0.3}, "medium": {"quota": 0.2}, "strong": {"quota": 0.1}},
     ),
     "taskset_busy": Mechanism(
-        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"duty": 0.2}, "strong": {"duty": 0.8}}
+        "cpu",
+        CPU_WORK,
+        ("host_cpu_contention", "undetermined"),
+        {"mild": {"duty": 0.2}, "medium": {"duty": 0.5}, "strong": {"duty": 0.8}},
     ),
     "nice": Mechanism(
-        "cpu", CPU_WORK, ("host_cpu_contention", "undetermined"), {"mild": {"nice": 5}, "strong": {"nice": 19}}
+        "cpu",
+        CPU_WORK,
+        ("host_cpu_contention", "undetermined"),
+        {"mild": {"nice": 5}, "medium": {"nice": 10}, "strong": {"nice": 19}},
     ),
     # memory
     "alloc_churn": Mechanism("memory", r"^forward$", ("host_memory", "rank_specific_code", "undetermined"), {}),
@@ -430,6 +443,7 @@ MECHANISMS: dict[str, Mechanism] = {
         ("nic", "undetermined"),
         {
             "mild": {"rate_mbit": 8000, "burst_kb": 256, "limit_kb": 512, "batch": NET_BATCH},
+            "medium": {"rate_mbit": 4000, "burst_kb": 64, "limit_kb": 128, "batch": NET_BATCH},
             "strong": {"rate_mbit": 2400, "burst_kb": 32, "limit_kb": 64, "batch": NET_BATCH},
         },
     ),
@@ -439,6 +453,7 @@ MECHANISMS: dict[str, Mechanism] = {
         ("nic", "undetermined"),
         {
             "mild": {"rate_mbit": 8000, "burst_kb": 256, "batch": NET_BATCH},
+            "medium": {"rate_mbit": 2400, "burst_kb": 128, "batch": NET_BATCH},
             "strong": {"rate_mbit": 1000, "burst_kb": 256, "batch": NET_BATCH},
         },
     ),
@@ -448,6 +463,7 @@ MECHANISMS: dict[str, Mechanism] = {
         ("nic", "undetermined"),
         {
             "mild": {"rate_mbit": 8000, "burst_kb": 256, "batch": NET_BATCH},
+            "medium": {"rate_mbit": 2400, "burst_kb": 128, "batch": NET_BATCH},
             "strong": {"rate_mbit": 1000, "burst_kb": 256, "batch": NET_BATCH},
         },
     ),
@@ -481,6 +497,7 @@ class Case:
     world: int
     culprits: tuple[int, ...]
     neighbour: bool = False  # a healthy job with a noisy neighbour process on the host
+    neighbour_duty: float = 0.5  # the neighbour's busy share (a busy loop on any CPU at nice 0)
 
 
 def corpus_cases() -> list[Case]:
@@ -505,6 +522,20 @@ def corpus_cases() -> list[Case]:
     return cases
 
 
+def holdout_cases() -> list[Case]:
+    """The held-out part, recorded after the dev/test split had been tuned on: one case per mechanism, at a job size
+    neither of its dev/test cases has, at a severity cycling mild, medium (new: ~10% of the step), strong, on a culprit
+    chosen afresh; and two healthy jobs with neighbours of a busy share the corpus does not have."""
+    cases = []
+    for i, name in enumerate(MECHANISMS):
+        world = SIZES[(i + 1) % len(SIZES)] if i % 2 == 0 else SIZES[(i + 3) % len(SIZES)]
+        sev = ("medium", "mild", "strong")[i % 3]
+        cases.append(Case(f"{name}-{sev}-w{world}-h", name, sev, world, ((5 * i + 3) % world,)))
+    cases.append(Case("healthy-neighbour70-w3-h", "healthy", "none", 3, (), neighbour=True, neighbour_duty=0.7))
+    cases.append(Case("healthy-neighbour30-w4-h", "healthy", "none", 4, (), neighbour=True, neighbour_duty=0.3))
+    return cases
+
+
 def split_of(case_id: str, cases: list[Case]) -> str:
     """dev or test, fixed by the case ids alone: within each stratum (the mechanism, or healthy with/without a
     neighbour) the cases are ordered by a hash of their ids and alternate dev, test, dev, ... from a hash-chosen start."""
@@ -513,6 +544,8 @@ def split_of(case_id: str, cases: list[Case]) -> str:
     h = lambda x: hashlib.sha256(x.encode()).hexdigest()  # noqa: E731
     stratum = lambda c: (c.mechanism, c.neighbour)  # noqa: E731
     me = next(c for c in cases if c.id == case_id)
+    if me.id.endswith("-h"):
+        return "holdout"
     peers = sorted((c for c in cases if stratum(c) == stratum(me)), key=lambda c: h(c.id))
     start = int(h(f"{me.mechanism}/{me.neighbour}"), 16) % 2
     return ("dev", "test")[(peers.index(me) + start) % 2]
@@ -584,7 +617,7 @@ def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
     base = [
         sys.executable, str(RANK), "--world", str(case.world), "--out", str(out), "--case", inside,
         "--culprit", ",".join(map(str, case.culprits)) or "-1", "--steps", str(CORPUS_STEPS), "--hz", str(CORPUS_HZ),
-        "--warmup", str(CORPUS_WARMUP), "--severity", str(SEVERITIES.get(case.severity, 0.0)), "--go", str(go),
+        "--warmup", str(CORPUS_WARMUP), "--severity", str(HOLDOUT_SEVERITIES.get(case.severity, 0.0)), "--go", str(go),
         "--go-after-warmup", "--scratch", str(out / "scratch"),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -592,7 +625,7 @@ def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
     if "batch" in knobs:
         base += ["--batch", str(knobs["batch"])]
     if inside != "none":
-        knobs["severity"] = SEVERITIES[case.severity]
+        knobs["severity"] = HOLDOUT_SEVERITIES[case.severity]
     with contextlib.ExitStack() as stack:
         if case.mechanism in NETWORK:
             names = stack.enter_context(network(case.world, -1, ""))
@@ -626,8 +659,8 @@ def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
             )
             # the fault from outside starts now, after the warm-up (its healthy step measured)
             if case.neighbour:
-                stack.enter_context(busy_process(None, nice=0, duty=0.5))
-                knobs["neighbour_duty"] = 0.5  # on any CPU, at nice 0
+                stack.enter_context(busy_process(None, nice=0, duty=case.neighbour_duty))
+                knobs["neighbour_duty"] = case.neighbour_duty  # on any CPU, at nice 0
             if case.mechanism == "cgroup_quota":
                 stack.enter_context(_cgroup_quota([procs[c].pid for c in case.culprits], knobs["quota"]))
             elif case.mechanism == "taskset_busy":
@@ -691,7 +724,7 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
         mechanism=case.mechanism,
         resource=mech.resource if mech else "none",
         severity=case.severity,
-        intended_share=SEVERITIES.get(case.severity, 0.0),
+        intended_share=HOLDOUT_SEVERITIES.get(case.severity, 0.0),
         measured=measure(load_fixture(fixture), list(case.culprits), function, knobs.get("healthy_step_us", 0.0)),
         ranks=case.world,
         culprits=list(case.culprits),
@@ -708,9 +741,9 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
     return manifest.measured
 
 
-def record_corpus(dest: Path, only: list[str]) -> int:
+def record_corpus(dest: Path, only: list[str], cases: list[Case] | None = None) -> int:
     """``--corpus [CASE ...]``: record the cases (all, or those named) that have no fixture yet, or those named again."""
-    cases = corpus_cases()
+    cases = corpus_cases() if cases is None else cases
     todo = [c for c in cases if c.id in only] if only else [c for c in cases if not (dest / f"{c.id}.json").exists()]
     unknown = set(only) - {c.id for c in cases}
     if unknown:
@@ -732,6 +765,8 @@ def main(argv: list[str]) -> int:
 
     if argv and argv[0] == "--corpus":
         return record_corpus(CORPUS, argv[1:])
+    if argv and argv[0] == "--holdout":
+        return record_corpus(HOLDOUT, argv[1:], holdout_cases())
     dest = Path(argv[0])
     for case in argv[1:] or CASES:
         with tempfile.TemporaryDirectory() as tmp:

@@ -152,6 +152,7 @@ def test_every_agent_setting_the_readme_lists_is_a_flag_of_agent_run(tmp_path):
         "tenant": "acme",
         "min_share": "0.01",
         "relay": "off",
+        "log_level": "WARNING",
         "relay_dir": str(tmp_path / "relay"),
     }
     flags = [x for n in sorted(names) for x in (f"--{n.replace('_', '-')}", values.get(n, "3"))]

@@ -177,3 +177,35 @@ def test_a_missing_corpus_is_a_one_line_error(tmp_path, capsys):
     assert "no such corpus folder" in err and "Traceback" not in err
     assert main(["evaluate", "--part", "dev"]) != 0
     assert "--real only" in capsys.readouterr().err
+
+
+def test_the_holdout_part_is_its_own_folder_of_new_sizes_and_severities():
+    from lockstep.app.real_corpus import HOLDOUT, load_corpus
+
+    held = [m for m, _ in load_corpus(HOLDOUT)]
+    assert {m.split for m in held} == {"holdout"}
+    faulty = [m for m in held if m.culprits]
+    assert len({m.mechanism for m in faulty}) == len(faulty) >= 12  # one case per mechanism
+    corpus = manifests()
+    for m in faulty:  # a size the mechanism's one-culprit dev/test cases do not have
+        sizes = {c["ranks"] for c in corpus.values() if c["mechanism"] == m.mechanism and len(c["culprits"]) == 1}
+        assert m.ranks not in sizes, m.case
+    assert "medium" in {m.severity for m in faulty}
+    assert {m.ranks for m in faulty} == {2, 3, 4, 8}
+    assert any(m.neighbour for m in held if not m.culprits)
+    assert not {m.case for m in held} & set(corpus)
+
+
+def test_the_holdout_part_alone(tmp_path, capsys):
+    import shutil
+
+    from lockstep.app.real_corpus import HOLDOUT
+
+    case = sorted(HOLDOUT.glob("*.json"))[0]
+    shutil.copy(case, tmp_path)
+    shutil.copy(case.with_suffix(".parquet"), tmp_path)
+    assert main(["evaluate", "--real", str(tmp_path), "--part", "holdout", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["parts"]) == {"holdout"} and out["parts"]["holdout"]["overall"]["cases"] == 1
+    assert main(["evaluate", "--real", str(tmp_path), "--json"]) == 0  # all: the parts the folder has
+    assert set(json.loads(capsys.readouterr().out)["parts"]) == {"dev", "test", "holdout", "all"}

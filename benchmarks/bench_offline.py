@@ -1,0 +1,227 @@
+"""Offline trace reading at scale: speed and peak memory of ``lockstep diagnose``'s reader against HolisticTraceAnalysis.
+
+    python benchmarks/bench_offline.py speed [--mb 200] [--no-hta]   # MB/s per core and peak RSS, lockstep vs HTA
+    python benchmarks/bench_offline.py big [--mb 2048]               # peak RSS of one 2 GB trace, and of a gzip bomb
+    python benchmarks/bench_offline.py ranks [--files 1024]          # 1,024 rank files, one slowed, all cores
+
+Traces are made from the real ones in ``tests/data/traces/`` (``a100_rank0_of16.json.gz``: 2 steps of an A100
+NCCL job) by repeating their steps with shifted timestamps, step numbers and correlation ids, written to a
+temporary folder (``--tmp``; removed at the end).  Every reader runs in a fresh child process, which reports
+its CPU time (user + system: MB/s *per core*, whatever else the machine is doing) and its own peak RSS
+(``ru_maxrss``).  HolisticTraceAnalysis (``pip install -e '.[bench]'``) runs ``parse_trace_dataframe`` with its
+default backend (``json``, what a plain install uses) and with ``ijson_batch_and_compress`` (its
+low-memory one, yajl2_c); the lockstep reader runs ``read_chrome_trace`` then ``summarise`` (it reads
+*and* summarises, HTA only parses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+TRACE = ROOT / "tests" / "data" / "traces" / "a100_rank0_of16.json.gz"
+
+LOCKSTEP_CHILD = """
+import json, resource, sys, time
+from lockstep.producers.agent.trace import read_chrome_trace, TraceError
+from lockstep.producers.agent.summarise import summarise
+ru0 = resource.getrusage(resource.RUSAGE_SELF)
+t0 = time.perf_counter()
+try:
+    te = read_chrome_trace(sys.argv[1], max_bytes=int(sys.argv[2]))
+    rows = summarise(te.events, None, te.step_bounds)
+    out = {"steps": len(te.step_bounds), "op_events": te.events.num_rows}
+except TraceError as exc:
+    out = {"error": str(exc)}
+ru = resource.getrusage(resource.RUSAGE_SELF)
+cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
+out.update(wall_s=time.perf_counter() - t0, cpu_s=cpu, maxrss_mib=ru.ru_maxrss / 1024)
+print(json.dumps(out))
+"""
+
+HTA_CHILD = """
+import json, logging, resource, sys, time
+logging.disable(logging.WARNING)
+from hta.common.trace_parser import parse_trace_dataframe
+from hta.configs.parser_config import ParserConfig, ParserBackend
+cfg = ParserConfig()
+cfg.parser_backend = ParserBackend(sys.argv[2])
+ru0 = resource.getrusage(resource.RUSAGE_SELF)
+t0 = time.perf_counter()
+meta, df, symbols = parse_trace_dataframe(sys.argv[1], cfg)
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"rows": len(df), "wall_s": time.perf_counter() - t0,
+                  "cpu_s": ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime, "maxrss_mib": ru.ru_maxrss / 1024}))
+"""
+
+
+def _template() -> tuple[dict, list[dict], float, int]:
+    trace = json.loads(gzip.decompress(TRACE.read_bytes()))
+    events = [e for e in trace["traceEvents"] if e.get("ph") != "M"]
+    t0 = min(e["ts"] for e in events)
+    span = max(e["ts"] + e.get("dur", 0) for e in events) - t0
+    corr = 1 + max(e.get("args", {}).get("correlation", 0) for e in events)
+    return trace, events, span, corr
+
+
+def write_trace(path: Path, mb: float, *, slow_us: float = 0.0, world_size: int | None = None) -> int:
+    """A trace of about ``mb`` MB: the real one's steps repeated; ``slow_us`` more on one region per step.
+    ``world_size``: of that job, the rank left to the file name."""
+    trace, events, span, corr = _template()
+    head = {k: v for k, v in trace.items() if k != "traceEvents"}
+    if world_size is not None:
+        dist = {k: v for k, v in head.get("distributedInfo", {}).items() if k != "rank"}
+        head["distributedInfo"] = {**dist, "world_size": world_size}
+    meta = [e for e in trace["traceEvents"] if e.get("ph") == "M"]
+    opener = gzip.open if path.suffix == ".gz" else open
+    written = 0
+    with opener(path, "wt") as fh:
+        fh.write(json.dumps(head)[:-1] + ', "traceEvents": [' + json.dumps(meta)[1:-1])
+        i = 0
+        while written < mb * 1e6:
+            out = []
+            for e in events:
+                e = {**e, "ts": e["ts"] + i * (span + slow_us)}
+                if "correlation" in e.get("args", {}):
+                    e["args"] = {**e["args"], "correlation": e["args"]["correlation"] + i * corr}
+                if e["name"].startswith("ProfilerStep#"):
+                    e["name"] = f"ProfilerStep#{int(e['name'][13:]) + 2 * i}"
+                    e["dur"] = e["dur"] + slow_us
+                out.append(e)
+            if slow_us:  # a slow region at the end of each step: the slowed rank's own function
+                for s in (e for e in out if e["name"].startswith("ProfilerStep#")):
+                    out.append(
+                        {**s, "name": "slow_rank_region", "ts": s["ts"] + s["dur"] - slow_us, "dur": slow_us * 0.99}
+                    )
+            chunk = ", " + json.dumps(out)[1:-1]
+            fh.write(chunk)
+            written += len(chunk)
+            i += 1
+        fh.write("]}")
+    return path.stat().st_size
+
+
+def write_bomb(path: Path, content_gib: float = 4.0) -> None:
+    """A gzip file whose content is ``content_gib`` GiB + 12 bytes of JSON (a trace object padded with
+    whitespace), so that the size in its trailer wraps to a small number and passes the announced-size check."""
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b" " * (64 << 20)
+    with open(path, "wb") as fh:
+        fh.write(comp.compress(b'{"traceEvents": [' + b" " * 0))
+        for _ in range(int(content_gib * 16)):
+            fh.write(comp.compress(block))
+        fh.write(comp.compress(b"]}"))
+        fh.write(comp.flush())
+
+
+def child(code: str, *args: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    if r.returncode:
+        return {"error": (r.stderr.strip().splitlines() or ["exit " + str(r.returncode)])[-1][:200]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _row(what: str, size: int, r: dict) -> str:
+    if "error" in r and "cpu_s" not in r:
+        return f"{what:44s} failed: {r['error']}"
+    rate = size / 1e6 / r["cpu_s"] if r.get("cpu_s") else float("nan")
+    extra = f"  ({r['error']})" if "error" in r else ""
+    return f"{what:44s} {rate:7.1f} MB/s per core  cpu {r['cpu_s']:6.1f} s  wall {r['wall_s']:6.1f} s  peak RSS {r['maxrss_mib']:7.0f} MiB{extra}"
+
+
+def speed(a, tmp: Path) -> None:
+    path = tmp / "trace.json"
+    size = write_trace(path, a.mb)
+    print(f"trace: {size / 1e6:.0f} MB of JSON, {TRACE.name}'s steps repeated")
+    ours = [child(LOCKSTEP_CHILD, str(path), str(1 << 40)) for _ in range(a.repeats)]
+    best = min(ours, key=lambda r: r["cpu_s"])
+    print(_row("lockstep read_chrome_trace + summarise", size, best))
+    if a.no_hta:
+        return
+    for backend in ("json", "ijson_batch_and_compress"):
+        hta = min((child(HTA_CHILD, str(path), backend) for _ in range(a.repeats)), key=lambda r: r.get("cpu_s", 1e9))
+        print(_row(f"HTA parse_trace_dataframe ({backend})", size, hta))
+        if "cpu_s" in hta:
+            print(f"{'':44s} lockstep is {hta['cpu_s'] / best['cpu_s']:.1f}x faster per core")
+
+
+def big(a, tmp: Path) -> None:
+    path = tmp / "big.json"
+    size = write_trace(path, a.mb)
+    print(f"trace: {size / 1e6:.0f} MB of JSON, {TRACE.name}'s steps repeated")
+    print(_row("lockstep read_chrome_trace + summarise", size, child(LOCKSTEP_CHILD, str(path), str(1 << 40))))
+    path.unlink()
+    bomb = tmp / "bomb.json.gz"
+    write_bomb(bomb, a.bomb_gib)
+    limit = 2048 << 20
+    r = child(LOCKSTEP_CHILD, str(bomb), str(limit))
+    print(
+        f"gzip bomb: {bomb.stat().st_size / 1e6:.1f} MB of gzip, {a.bomb_gib:g} GiB of content, trailer says "
+        f"{int.from_bytes(bomb.read_bytes()[-4:], 'little'):,} bytes; limit 2,048 MiB (the default --max-input-mb)"
+    )
+    print(_row("lockstep on the bomb (refused)", limit, r))
+
+
+def ranks(a, tmp: Path) -> None:
+    folder = tmp / "ranks"
+    folder.mkdir()
+    t = time.perf_counter()
+    base = folder / "base.json.gz"
+    slow = folder / "slow.json.gz"
+    write_trace(base, a.mb, world_size=a.files)
+    write_trace(slow, a.mb, slow_us=20_000.0, world_size=a.files)
+    for r in range(a.files):  # the same bytes for every rank but the slowed one; the rank from the file name
+        os.link(slow if r == a.slow else base, folder / f"rank-{r}.json.gz")
+    base.unlink()
+    slow.unlink()
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    print(
+        f"{a.files} rank files ({size / 1e6:.0f} MB of gzip), rank {a.slow} slowed, made in {time.perf_counter() - t:.0f} s"
+    )
+    cmd = [sys.executable, "-m", "lockstep", "diagnose", str(folder), "--jobs", str(a.jobs)]
+    t = time.perf_counter()
+    r = subprocess.run(
+        ["/usr/bin/time", "-f", "%M KiB peak RSS (largest process)", *cmd], capture_output=True, text=True, check=False
+    )
+    print(r.stdout[-3000:])
+    print(r.stderr[-1500:])
+    print(f"wall {time.perf_counter() - t:.0f} s with --jobs {a.jobs} on {os.cpu_count()} cores")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("speed")
+    s.add_argument("--mb", type=float, default=200)
+    s.add_argument("--repeats", type=int, default=1)
+    s.add_argument("--no-hta", action="store_true")
+    b = sub.add_parser("big")
+    b.add_argument("--mb", type=float, default=2048)
+    b.add_argument("--bomb-gib", type=float, default=4.0)
+    r = sub.add_parser("ranks")
+    r.add_argument("--files", type=int, default=1024)
+    r.add_argument("--mb", type=float, default=1.0, help="size of each rank's trace")
+    r.add_argument("--slow", type=int, default=7)
+    r.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    for p in (s, b, r):
+        p.add_argument("--tmp", type=Path, default=None, help="where to write the traces (default: a temporary folder)")
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="lockstep-bench-", dir=a.tmp))
+    try:
+        {"speed": speed, "big": big, "ranks": ranks}[a.what](a, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

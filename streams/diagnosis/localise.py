@@ -1,0 +1,231 @@
+"""Localisation: which worker stands out from its peers, before (and whatever) the cause.
+
+Synchronous peers are a baseline for anything: each worker's *own* work in a step (the step minus its waits at
+collectives: the waiting is the victims' share) against the median of its peer group's others in the same step.
+Over the window's steps, a worker whose own work is persistently above its peers' by more than the job's own noise
+stands out, named or not by any cause rule; the function it stands out in is the one whose work is most above its
+peers' summed over the window.
+
+- The shift: the median over the window's steps of ``own / others' median - 1``.
+- The job's noise: how much a worker's ratio to its peers moves from step to step (1.4826 x the MAD over steps
+  around its own median, the median over the job's workers).  Step to step, not across peers: in a group of two
+  each worker is the other's only peer, and a persistent shift of one is exactly what the spread across peers
+  would hide.  Never below ``rel_floor``.
+- It stands out when its shift is ``localise_z`` standard errors or more (a median of n steps: 1.2533 noise /
+  sqrt(n)), and more than chance gives the largest of the job's workers (:func:`threshold`: of 1,024 workers
+  one passes 4.3 standard errors by chance one window in a hundred), its shift at least ``localise_min_shift``
+  (5%: a worker within a few percent of its peers is no straggler worth naming, however steady the job), its excess at least ``min_excess_share`` of the
+  step, it is above its peers in ``persistence`` of the steps, and it waits less than they do (the straggler
+  waits least: the others wait for it; where nobody waits, as in traces of independent runs put side by side,
+  nobody holds anybody up and nobody stands out).
+
+The victims of a straggler have *lower* own work than their peers (they wait instead), so they never stand out.
+Vectorised: one sort per statistic, no loop over workers or functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+import pyarrow as pa
+
+from ..policy import DiagnosisPolicy
+from .stats import group_median
+from .step import StepResult
+
+
+@dataclass(frozen=True)
+class Localised:
+    """A worker that stands out from its peers in the window."""
+
+    worker: int
+    host: str
+    device: str
+    group: str
+    function: str  # its function most above its peers' over the window ("" if none)
+    kind: str
+    shift: float  # median over steps of own / others' median - 1
+    noise: float  # the job's noise (relative, step to step)
+    z: float  # shift / its standard error (1.2533 noise / sqrt(steps))
+    above: float  # share of its steps in which its own work was above its peers'
+    holds: float  # share of its steps in which its own work was its group's highest
+    steps: list[int]  # the steps in which it was above its peers
+    n_steps: int  # the steps it reported
+    peers: int  # workers in its peer group
+    own_us: float  # medians over steps
+    peer_own_us: float
+    wait_us: float
+    peer_wait_us: float
+    work_us: float  # in the function
+    peer_work_us: float
+    excess_share: float  # median over steps of (own - peers') / step time
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What the localisation saw: who stood out, and the largest shift of any worker against the job's noise (the
+    evidence of a job-wide finding that no worker stands out)."""
+
+    localised: list[Localised]
+    top_worker: int
+    top_shift: float
+    top_z: float
+    noise: float
+    workers: np.ndarray | None = None  # every worker seen, sorted
+    z: np.ndarray | None = None  # ... its shift in standard errors (NaN: no peer)
+    bar: float = math.nan  # the standard errors a worker needed to stand out (:func:`threshold`)
+    se_us: np.ndarray | None = None  # per worker: the standard error of its shift, in µs of its peers' own work
+    waits_more: np.ndarray | None = None  # per worker: its median wait above its peers' (a victim's sign)
+
+    def waits_more_of(self, worker: int) -> bool:
+        """Whether the worker waited more than its peers (median over steps): the others kept it waiting."""
+        if self.workers is None or self.waits_more is None or self.workers.size == 0:
+            return False
+        i = int(np.searchsorted(self.workers, worker))
+        return bool(i < self.workers.size and self.workers[i] == worker and self.waits_more[i])
+
+    def expected_z(self, worker: int, excess_us: float) -> float:
+        """The standard errors by which ``excess_us`` more work per step would shift the worker's own work, were
+        nothing of it made up elsewhere in its step (NaN: not seen, or no peer)."""
+        if self.workers is None or self.se_us is None or self.workers.size == 0:
+            return math.nan
+        i = int(np.searchsorted(self.workers, worker))
+        ok = i < self.workers.size and self.workers[i] == worker and self.se_us[i] > 0
+        return float(excess_us / self.se_us[i]) if ok else math.nan
+
+    def z_of(self, worker: int) -> float:
+        """The worker's own-work shift against its peers in standard errors (NaN: not seen, or no peer)."""
+        if self.workers is None or self.z is None or self.workers.size == 0:
+            return math.nan
+        i = int(np.searchsorted(self.workers, worker))
+        return float(self.z[i]) if i < self.workers.size and self.workers[i] == worker else math.nan
+
+
+NOBODY = Standing([], -1, math.nan, math.nan, math.nan)
+
+
+def threshold(dp: DiagnosisPolicy, workers: int) -> float:
+    """The standard errors a worker's shift must reach: ``localise_z``, or more in a bigger job, where the largest of
+    many workers' shifts is larger by chance alone: the shift that one of ``workers`` healthy workers passes with
+    probability ``localise_alpha`` (Bonferroni: the normal quantile 1 - alpha / workers)."""
+    return max(dp.localise_z, NormalDist().inv_cdf(1.0 - dp.localise_alpha / max(workers, 1)))
+
+
+def _concat(results: list[StepResult]) -> pa.Table | None:
+    parts = [
+        r.workers.append_column("step", pa.array(np.full(r.workers.num_rows, r.step, dtype=np.int64)))
+        for r in results
+        if r.workers is not None and r.workers.num_rows
+    ]
+    return pa.concat_tables(parts) if parts else None
+
+
+def _np(t: pa.Table, name: str) -> np.ndarray:
+    out: np.ndarray = t.column(name).to_numpy(zero_copy_only=False)
+    return out
+
+
+def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
+    """The workers that stand out from their peers over the window's steps (:class:`Standing`)."""
+    t = _concat(results)
+    if t is None:
+        return NOBODY
+    worker, step = _np(t, "worker").astype(np.int64), _np(t, "step").astype(np.int64)
+    # one row per (worker, step) for the worker's own values: the first of its function rows
+    span = int(step.max() - step.min()) + 1
+    key = worker * span + (step - step.min())
+    _, first = np.unique(key, return_index=True)
+    ws, wi_all = np.unique(worker, return_inverse=True)
+    n = ws.size
+    wi = wi_all[first]
+    own, peer = _np(t, "own_us")[first], _np(t, "peer_own_us")[first]
+    wait, peer_wait = _np(t, "wait_us")[first], _np(t, "peer_wait_us")[first]
+    st = _np(t, "step_time_us")[first]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.where(peer > 0, own / peer - 1.0, np.nan)
+        e = (own - peer) / st
+    shift = group_median(r, wi, n)
+    spread = 1.4826 * group_median(np.abs(r - shift[wi]), wi, n)
+    if np.isnan(shift).all():
+        return NOBODY
+    noise = float(max(np.nanmedian(spread) if np.isfinite(spread).any() else 0.0, dp.rel_floor))
+    counted = np.bincount(wi, weights=np.isfinite(r), minlength=n)
+    # the shift is a median over the worker's steps: its standard error is ~1.2533 noise / sqrt(steps)
+    z = shift / (1.2533 * noise / np.sqrt(np.maximum(counted, 1)))
+    above = np.bincount(wi, weights=np.nan_to_num(r) > 0, minlength=n) / np.maximum(counted, 1)
+    excess = group_median(e, wi, n)
+    wait_med, peer_wait_med = group_median(wait, wi, n), group_median(peer_wait, wi, n)
+    # the group's highest own work in the step: above every other (the others' median is not enough for that, so
+    # by the step's own maximum over the worker's group)
+    grp = _np(t, "group").astype(str)[first]
+    gk = np.unique(np.char.add(np.char.add(grp, "\x1f"), step[first].astype(str)), return_inverse=True)[1]
+    top = np.full(int(gk.max()) + 1, -np.inf)
+    np.maximum.at(top, gk, own)
+    holds = np.bincount(wi, weights=own >= top[gk], minlength=n) / np.maximum(counted, 1)
+    bar = threshold(dp, int(np.count_nonzero(np.isfinite(z))))
+    out = (
+        (z >= bar)
+        & (shift >= dp.localise_min_shift)
+        & (excess >= dp.min_excess_share)
+        & (above >= dp.persistence)
+        & (wait_med < peer_wait_med)
+        & (counted >= min(dp.min_persistent_steps, len(results)))
+    )
+    idx = np.flatnonzero(np.nan_to_num(out, nan=False))
+    fin = np.where(np.isfinite(z), z, -np.inf)
+    k = int(np.argmax(fin))
+    top_z = float(z[k]) if np.isfinite(z[k]) else math.nan
+    se_us = 1.2533 * noise / np.sqrt(np.maximum(counted, 1)) * group_median(peer, wi, n)
+    waits_more = wait_med > peer_wait_med
+    standing = Standing([], int(ws[k]), float(shift[k]), top_z, noise, ws, z, bar, se_us, waits_more)
+    if idx.size == 0:
+        return standing
+    # the function each stands out in: its work above its group's median, summed over the window
+    fnames, fci = np.unique(_np(t, "function").astype(str), return_inverse=True)
+    nf = fnames.size
+    has = (fnames[fci] != "") & np.isin(wi_all, idx)
+    combo = wi_all[has] * nf + fci[has]
+    over = np.bincount(combo, weights=(_np(t, "work_us") - _np(t, "peer_work_us"))[has], minlength=n * nf)
+    over = np.where(np.bincount(combo, minlength=n * nf) > 0, over, -np.inf).reshape(n, nf)
+    best = np.argmax(over, axis=1)  # per worker: its function most above its peers (-inf: none)
+    host, device = _np(t, "host").astype(str), _np(t, "device").astype(str)
+    kind = _np(t, "kind").astype(str)
+    work, peer_work = _np(t, "work_us"), _np(t, "peer_work_us")
+    localised = []
+    for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
+        mine = first[wi == i]
+        b = int(best[i]) if np.isfinite(over[i, best[i]]) else -1
+        f = str(fnames[b]) if b >= 0 else ""
+        fr = np.flatnonzero((wi_all == i) & (fci == b)) if b >= 0 else np.zeros(0, dtype=np.intp)
+        in_steps = np.flatnonzero((wi == i) & (np.nan_to_num(r) > 0))
+        localised.append(
+            Localised(
+                worker=int(ws[i]),
+                host=str(host[mine[0]]),
+                device=str(device[mine[0]]),
+                group=str(grp[wi == i][0]),
+                function=f,
+                kind=str(kind[fr[0]]) if fr.size else "",
+                shift=float(shift[i]),
+                noise=noise,
+                z=float(z[i]),
+                above=float(above[i]),
+                holds=float(holds[i]),
+                steps=sorted(int(s) for s in step[first][in_steps]),
+                n_steps=int(counted[i]),
+                peers=int(np.unique(wi[grp == grp[wi == i][0]]).size),
+                own_us=float(np.median(own[wi == i])),
+                peer_own_us=float(np.nanmedian(peer[wi == i])),
+                wait_us=float(wait_med[i]),
+                peer_wait_us=float(peer_wait_med[i]),
+                work_us=float(np.median(work[fr])) if fr.size else math.nan,
+                peer_work_us=float(np.median(peer_work[fr])) if fr.size else math.nan,
+                excess_share=float(excess[i]),
+            )
+        )
+    return Standing(
+        localised, standing.top_worker, standing.top_shift, standing.top_z, noise, ws, z, bar, se_us, waits_more
+    )

@@ -1,0 +1,133 @@
+"""The streaming Chrome-trace reader: cut in slices, it reads what a whole-file decode reads; its bounds."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lockstep.producers.agent import trace_json as tj
+from lockstep.producers.agent.trace import TraceError, read_chrome_trace
+from tests.paths import DATA
+from tests.tiers import examples
+
+NASTY = ["}, {", '"}, {"ph": "X"', "\\", '\\"', "]}", "[{", "ProfilerStep#1", "ü€𝄞", "\n", "},{}]"]
+
+
+def _columns_equal(a: tj.Columns, b: tj.Columns) -> None:
+    for f in ("ts", "dur", "corr", "device", "flow_is_end", "flow_id", "flow_ts"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    np.testing.assert_array_equal(a.nbytes, b.nbytes)
+    for f, d in (("cat", "cat_dict"), ("name", "name_dict"), ("stream", "stream_dict"), ("pg", "pg_dict")):
+        assert [getattr(a, d)[i] for i in getattr(a, f)] == [getattr(b, d)[i] for i in getattr(b, f)], f
+    assert [a.stream_dict[i] for i in a.flow_stream] == [b.stream_dict[i] for i in b.flow_stream]
+
+
+def _read(data: bytes, window: int, monkeypatch, max_bytes: int = 1 << 30) -> tuple[tj.Head, tj.Columns]:
+    monkeypatch.setattr(tj, "WINDOW", window)
+    return tj.read_file(io.BytesIO(data), max_bytes)  # type: ignore[arg-type]  # BytesIO has no fileno: plain only
+
+
+event = st.fixed_dictionaries(
+    {
+        "ph": st.sampled_from(["X", "X", "X", "M", "s", "f", "i"]),
+        "cat": st.sampled_from(["cpu_op", "kernel", "cuda_runtime", "ac2g", "user_annotation", "Operator"]),
+        "name": st.one_of(st.sampled_from(NASTY), st.text(max_size=30)),
+        "pid": st.one_of(st.integers(0, 2**40), st.sampled_from(["Spans", "7"])),
+        "tid": st.one_of(st.integers(-(2**40), 2**40), st.text(max_size=5)),
+        "ts": st.floats(-1e12, 1e12, allow_nan=False),
+        "dur": st.floats(0, 1e6, allow_nan=False),
+        "id": st.one_of(st.integers(0, 2**62), st.text(max_size=4)),
+        "args": st.fixed_dictionaries(
+            {},
+            optional={
+                "correlation": st.one_of(st.integers(-5, 2**64), st.text(max_size=3), st.booleans(), st.none()),
+                "device": st.one_of(st.integers(-3, 9), st.none(), st.floats(0, 3)),
+                "bytes": st.one_of(st.integers(-1, 2**70), st.floats(allow_nan=False, allow_infinity=False)),
+                "Process Group Name": st.one_of(st.text(max_size=6), st.integers(0, 3)),
+                "Input Dims": st.recursive(
+                    st.integers(), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(NASTY), c)
+                ),
+            },
+        ),
+    }
+)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    events=st.lists(event, max_size=40),
+    window=st.integers(1, 400),
+    indent=st.sampled_from([None, 0, 2]),
+    before=st.booleans(),
+)
+def test_read_in_slices_it_is_what_a_whole_decode_reads(events, window, indent, before):
+    """Windows as small as one byte: cuts inside strings, escapes, nested args; torch's key order or another."""
+    top = {"distributedInfo": {"rank": 1, "pg_config": [{"ranks": [1, 2]}]}, "hostName": "h"}
+    doc = {**top, "traceEvents": events} if not before else {"traceEvents": events, "x": [{"}": "{"}], **top}
+    data = json.dumps(doc, indent=indent).encode()
+    with pytest.MonkeyPatch.context() as mp:
+        head, cols = _read(data, window, mp)
+    whole_head, whole = tj.read_object(json.loads(data))
+    assert head == whole_head
+    _columns_equal(cols, whole)
+
+
+def test_the_real_traces_read_in_small_slices_give_the_same_op_events(monkeypatch):
+    for name in ("a100_rank0_of16.json.gz", "worker0.1623143089861.pt.trace.json.gz", "mtia_inference_rank_0.json.gz"):
+        whole = read_chrome_trace(DATA / "traces" / name, 0)  # in one slice
+        assert whole.events.num_rows > 1000
+        monkeypatch.setattr(tj, "WINDOW", 65_537)  # tens of cuts
+        sliced = read_chrome_trace(DATA / "traces" / name, 0)
+        monkeypatch.undo()
+        assert sliced.step_bounds == whole.step_bounds
+        assert sliced.events.drop_columns(["bytes"]).equals(whole.events.drop_columns(["bytes"])), name
+
+
+def _padded_gzip(path: Path, content_mib: int, trailer: int | None) -> None:
+    """A valid trace followed by whitespace, gzipped; ``trailer`` overwrites the size the gzip trailer announces."""
+    body = json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}]}).encode()
+    data = gzip.compress(body[:-1] + b" " * (content_mib << 20) + b"}", compresslevel=1)
+    if trailer is not None:
+        data = data[:-4] + trailer.to_bytes(4, "little")
+    path.write_bytes(data)
+
+
+def test_a_gzip_whose_trailer_lies_is_refused_on_the_bytes_it_unpacks(tmp_path):
+    """As a 4 GiB + 100 byte content would announce 100 bytes (the size modulo 2^32): refused at the limit."""
+    _padded_gzip(tmp_path / "t.json.gz", 8, trailer=100)
+    with pytest.raises(TraceError, match="gzip trace unpacks to more than the limit of 1,048,576 bytes"):
+        read_chrome_trace(tmp_path / "t.json.gz", 0, max_bytes=1 << 20)
+    _padded_gzip(tmp_path / "u.json.gz", 8, trailer=None)  # the same content read in full under a larger limit
+    assert read_chrome_trace(tmp_path / "u.json.gz", 0, max_bytes=16 << 20).step_bounds == {0: (1.0, 2.0)}
+
+
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        (b'{"traceEvents": [{"ph": "X"}] "x": 1}', "expected ',' or '}'"),
+        (b'{"traceEvents": [{"ph": "X"}]} {}', "trailing data"),
+        (b'{"traceEvents": [{"ph": "X"}, 3]}', "not a Chrome-trace JSON object"),
+        (b'{"traceEvents": [{"ph": "X", "ts": "soon"}]}', "not a Chrome-trace JSON object"),
+        (b'{"traceEvents": [{"ph": "X"}, {"ph": ', "cut short"),
+        (b'{"other": [1, 2]}', "no traceEvents"),
+        (b'{"hostName": "a" ', "expected ',' or '}'"),
+        (b"[]", "expected '{'"),
+    ],
+)
+def test_what_is_not_a_trace_says_so(data, match, monkeypatch):
+    with pytest.raises(tj.TraceReadError, match=match):
+        _read(data, 8, monkeypatch)
+
+
+def test_an_event_larger_than_the_limit_is_refused(monkeypatch):
+    monkeypatch.setattr(tj, "MAX_EVENT_BYTES", 4096)
+    big = json.dumps({"traceEvents": [{"ph": "X", "name": "n" * 10_000}]}).encode()
+    with pytest.raises(tj.TraceReadError, match="an event of the trace is larger than"):
+        _read(big, 64, monkeypatch)

@@ -1,0 +1,128 @@
+"""Localisation first, cause second (issue 21): a worker whose own work (the step minus its waits) stands out from
+its peers' beyond the job's own step-to-step noise is named, with the function it stands out in, whether or not a
+cause rule has evidence for a cause; its peers, who wait for it in the collective, are not; a job-wide finding is
+left for windows where nobody stands out, and says so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lockstep.schemas import functions as ft
+from lockstep.schemas.records import WorkerMeta
+from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
+from lockstep.streams.diagnosis.localise import localise
+from lockstep.streams.policy import Policy
+
+STEPS = 10
+
+
+def window(own: np.ndarray, transfer_us: float = 30_000.0, names: list[str] | None = None):
+    """A synchronous window: ``own[s, w, f]`` is worker w's time in its function f (not waiting) at step s; every
+    worker then all-reduces, waiting there for the slowest one: its all_reduce lasts the transfer plus that wait,
+    and every worker's step is the slowest's own work plus the transfer."""
+    n_s, n_w, n_f = own.shape
+    names = names or [f"fn{i}" for i in range(n_f)]
+    policy = Policy()
+    workers = [WorkerMeta(rank=i, host=f"h{i}") for i in range(n_w)]
+    results = []
+    for s in range(n_s):
+        totals = own[s].sum(axis=1)
+        step_us = float(totals.max() + transfer_us)
+        tables = [
+            ft.make_table(
+                {
+                    "function": [*names, "gloo:all_reduce"],
+                    "kind": ["compute"] * n_f + ["collective"],
+                    "calls": [1] * (n_f + 1),
+                    "total_us": [*own[s, w].tolist(), step_us - totals[w]],
+                    "critical_us": [*own[s, w].tolist(), step_us - totals[w]],
+                }
+            )
+            for w in range(n_w)
+        ]
+        frame = StepFrame.from_tables("j", "w0", s, workers, [step_us] * n_w, tables, policy.diagnosis.peer_group_keys)
+        results.append(analyze_step(frame, policy.diagnosis))
+    info = WindowInfo("j", "w0", 0, n_s, n_w)
+    return results, diagnose_window(info, results, policy, now=0.0)
+
+
+def noisy(n_w: int, n_f: int, us: float, seed: int, sd: float = 0.03) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return us * (1.0 + sd * rng.standard_normal((STEPS, n_w, n_f)))
+
+
+def test_a_forward_twice_its_peers_is_named_on_its_worker_not_job_wide():
+    own = noisy(4, 2, 10_000.0, seed=1)  # forward and backward, 10 ms each
+    own[:, 1, 0] *= 2.0  # worker 1's forward takes twice its peers'; the others wait for it in the all-reduce
+    _, d = window(own, names=["forward", "backward"])
+    assert [f.scope for f in d.findings] == ["worker"], [(f.scope, f.function, f.cause) for f in d.findings]
+    (f,) = d.findings
+    assert (f.workers, f.function) == ([1], "forward")
+    assert f.confidence >= 0.5
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4, 8])
+def test_a_slower_share_of_the_cpu_is_found_where_no_single_function_deviates(workers):
+    # every one of the culprit's 24 functions 30% slower: each is 0.6% of the step, under any rule's bar, and
+    # together they are 13% of it; the peers wait that long in the all-reduce
+    own = noisy(workers, 24, 1_000.0, seed=workers)
+    own[:, workers - 1, :] *= 1.3
+    results, d = window(own)
+    worker = [f for f in d.findings if f.scope == "worker"]
+    assert [f.workers for f in worker] == [[workers - 1]], [(f.scope, f.workers, f.function) for f in d.findings]
+    assert worker[0].function.startswith("fn") and worker[0].cause == "undetermined"
+    assert worker[0].confidence >= 0.5
+    assert not [f for f in d.findings if f.scope == "job"]  # the victims' waiting is not blamed on configuration
+    features = {e.feature for e in worker[0].evidence}
+    assert {"own_work_us", "wait_us", "job_noise"} <= features  # it shows why: its own work, its waits, the noise
+    standing = localise(results, Policy().diagnosis)
+    assert standing.z_of(0) < 0  # a victim's own work is below its peers': it waited
+
+
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_a_healthy_noisy_job_has_no_worker_standing_out(workers):
+    own = noisy(workers, 12, 2_000.0, seed=100 + workers, sd=0.10)
+    results, d = window(own)
+    assert localise(results, Policy().diagnosis).localised == []
+    assert not [f for f in d.findings if f.confidence >= 0.5]
+    for f in d.findings:  # a job-wide finding says why nobody is named: the nearest worker against the bar
+        if f.scope == "job":
+            assert any(e.feature.startswith("own_work_z[") for e in f.evidence)
+            assert "no worker stands out" in f.summary
+
+
+def test_the_worker_table_survives_the_step_report():
+    own = noisy(3, 2, 10_000.0, seed=3)
+    results, _ = window(own)
+    r = results[0]
+    report = step_report(
+        r, window_start=0, window_steps=1, expected_workers=3, bytes_in=0, policy="p", tenant="", closed="complete"
+    )
+    back = step_result(report)
+    assert back.workers is not None and back.workers.equals(r.workers)
+    # an older step stage's report (no worker table) still reads: nobody is localised from it
+    old = step_result(
+        step_report(
+            type(r)(**{**r.__dict__, "workers": None}),
+            window_start=0,
+            window_steps=1,
+            expected_workers=3,
+            bytes_in=0,
+            policy="p",
+            tenant="",
+            closed="complete",
+        )
+    )
+    assert old.workers is None and localise([old], Policy().diagnosis).localised == []
+
+
+def test_leave_one_out_peer_medians_of_small_groups():
+    own = np.zeros((1, 4, 1))
+    own[0, :, 0] = [10_000.0, 20_000.0, 30_000.0, 70_000.0]
+    results, _ = window(own)
+    t = results[0].workers
+    rows = dict(zip(t.column("worker").to_pylist(), t.column("peer_own_us").to_pylist(), strict=True))
+    # own work: the step minus the waits, the transfer (30 ms) included: 40, 50, 60, 100 ms; each against the middle
+    # of the three others
+    assert rows == {0: 60_000.0, 1: 60_000.0, 2: 50_000.0, 3: 50_000.0}
