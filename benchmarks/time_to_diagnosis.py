@@ -39,7 +39,7 @@ from lockstep.producers.simulator.faults import Fault  # noqa: E402
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario  # noqa: E402
 from lockstep.producers.simulator.live import run_live  # noqa: E402
 from lockstep.producers.simulator.topology import Topology  # noqa: E402
-from lockstep.sinks.sink import query, wait_for  # noqa: E402
+from lockstep.sinks.http import query, wait_for  # noqa: E402
 from lockstep.streams.app import changelog_topics  # noqa: E402
 
 ONSET = 80

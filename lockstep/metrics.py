@@ -7,8 +7,8 @@ names are a contract: add, never rename.
 
 Each long-running process keeps one :class:`Metrics` (its own registry) and serves
 :meth:`Metrics.render` at ``/metrics`` beside ``/healthz``.  Call sites name a metric and its
-labels (``metrics.inc("records_in_total", topic=t)``); a metric missing from the catalogue is
-created on first use from the call.  :func:`parse` reads the text format back with the client's
+labels (``metrics.inc("records_in_total", topic=t)``); the help is the catalogue's only, and a name
+missing from it is an error (:class:`UnknownMetric`).  :func:`parse` reads the text format back with the client's
 own parser (tests, the load run).
 """
 
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
+from .schemas.errors import LockstepError
 
 prometheus_client.disable_created_metrics()  # no *_created series: counters are what the README lists
 
@@ -168,6 +170,10 @@ def exported_names(spec_name: str) -> set[str]:
     return {full}
 
 
+class UnknownMetric(LockstepError, LookupError):
+    """A call site named a metric that the catalogue does not declare."""
+
+
 class Metrics:
     """One process's metrics.  ``process`` ("processor" or "sink") declares its catalogue entries up front,
     so that /metrics lists them (unlabelled ones at 0) before anything happened."""
@@ -181,58 +187,59 @@ class Metrics:
         if process is not None:
             for name, spec in CATALOGUE.items():
                 if spec.process in (process, _BOTH):
-                    self._metric(name, spec.kind, spec.labels)
+                    self._metric(name)
 
-    def _metric(self, name: str, kind: str, labels: tuple[str, ...], help: str = ""):
+    def _metric(self, name: str):
         m = self._metrics.get(name)
         if m is not None:
             return m
         with self._lock:
             if name in self._metrics:
                 return self._metrics[name]
-            spec = CATALOGUE.get(name) or Spec(kind, labels, help or name, _BOTH)
-            full, doc = f"{self.prefix}_{name}", spec.help
+            spec = CATALOGUE.get(name)
+            if spec is None:
+                raise UnknownMetric(f"{name}: not in lockstep.metrics.CATALOGUE (declare it there, with its help)")
+            full = f"{self.prefix}_{name}"
             if spec.kind == "counter":
-                m = Counter(full, doc, spec.labels, registry=self.registry)
+                m = Counter(full, spec.help, spec.labels, registry=self.registry)
             elif spec.kind == "histogram":
-                m = Histogram(full, doc, spec.labels, registry=self.registry, buckets=LATENCY_BUCKETS)
+                m = Histogram(full, spec.help, spec.labels, registry=self.registry, buckets=LATENCY_BUCKETS)
             else:
-                m = Gauge(full, doc, spec.labels, registry=self.registry)
+                m = Gauge(full, spec.help, spec.labels, registry=self.registry)
             self._metrics[name] = m
             return m
 
-    def _child(self, name: str, kind: str, labels: dict[str, str], help: str):
+    def _child(self, name: str, labels: dict[str, str]):
         key = (name, *labels.items())  # the hot path (a few calls per record): one dict lookup when seen before
         child = self._children.get(key)
         if child is None:
-            m = self._metric(name, kind, tuple(sorted(labels)), help)
+            m = self._metric(name)
             child = self._children[key] = m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m
         return child
 
-    def inc(self, name: str, value: float = 1.0, help: str = "", **labels: str) -> None:
-        self._child(name, "counter", labels, help).inc(value)
+    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
+        self._child(name, labels).inc(value)
 
-    def set(self, name: str, value: float, help: str = "", **labels: str) -> None:
-        self._child(name, "gauge", labels, help).set(value)
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self._child(name, labels).set(value)
 
-    def replace(self, name: str, series: dict[tuple[tuple[str, str], ...], float], help: str = "") -> None:
+    def replace(self, name: str, series: dict[tuple[tuple[str, str], ...], float]) -> None:
         """Set a gauge's whole family at once: series absent from ``series`` disappear (jobs gone)."""
-        m = self._metric(name, "gauge", tuple(sorted(k for k, _ in next(iter(series), ()))), help)
+        m = self._metric(name)
         with self._lock:
             self._children = {k: c for k, c in self._children.items() if k[0] != name}  # cleared below
             m.clear()
             for key, value in series.items():
                 m.labels(**dict(key)).set(value)
 
-    def observe(self, name: str, value: float, help: str = "", **labels: str) -> None:
+    def observe(self, name: str, value: float, **labels: str) -> None:
         """Add one observation to a histogram (buckets: :data:`LATENCY_BUCKETS`)."""
-        self._child(name, "histogram", labels, help).observe(value)
+        self._child(name, labels).observe(value)
 
     def get(self, name: str, **labels: str) -> float:
         """A counter's or gauge's value, or a histogram's count (0 when the series does not exist)."""
         spec = CATALOGUE.get(name)
-        kind = spec.kind if spec else type(self._metrics.get(name)).__name__.lower()
-        full = f"{self.prefix}_{name}" + ("_count" if kind == "histogram" else "")
+        full = f"{self.prefix}_{name}" + ("_count" if spec and spec.kind == "histogram" else "")
         return self.registry.get_sample_value(full, {k: str(v) for k, v in labels.items()}) or 0.0
 
     def total(self, name: str) -> float:

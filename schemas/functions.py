@@ -391,7 +391,7 @@ def _check_values(t: pa.Table) -> None:
         raise RecordError("bad_function_table", "function names must be unique within a step")
 
 
-# --------------------------------------------------------------------------- window tables (issue 13)
+# --------------------------------------------------------------------------- window tables (one worker's whole window)
 #
 # A ``WindowFeatures`` record carries one worker's steps of a window in one table: a ``step`` column, then
 # only what the diagnosis reads (:data:`COMPACT`), function names (and kinds, resources) dictionary-encoded

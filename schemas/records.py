@@ -102,6 +102,26 @@ CAUSES: dict[str, str] = {
     "unknown": "deviation found, cause not determined; see the evidence",
     "undetermined": "worker, function and device found; the samples that would tell the cause were not taken (the summary names them)",
 }
+#: causes located in a host's hardware: the deviating workers of one host form one finding (the diagnosis), and
+#: the incident is the device's, whatever function showed it (paging)
+HARDWARE_CAUSES = frozenset(
+    {
+        "gpu_throttle_thermal",
+        "gpu_throttle_power",
+        "gpu_throttle",
+        "gpu_slow",
+        "nvlink",
+        "pcie",
+        "nic",
+        "switch",
+        "host_cpu_contention",
+        "host_memory",
+        "storage",
+    }
+)
+#: the hardware causes whose culprit is a device or a link: the report gives their findings rows of their own (a
+#: saturated link slows every ring-mate alike, so its workers' work does not stand out against the peers')
+DEVICE_CAUSES = HARDWARE_CAUSES - {"host_cpu_contention", "host_memory", "storage"}
 
 
 def _finite(name: str, value: float) -> None:
@@ -169,6 +189,12 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     # workers in the job as the agent knows it (torch.distributed, WORLD_SIZE): the job's membership, which steps and
     # windows are counted against; on the agent's first heartbeats and every so often (absent: unknown)
     world_size: Count | msgspec.UnsetType = msgspec.UNSET
+
+    def echo(self) -> Echo | None:
+        """The worker's echo of the last trigger it received, when this heartbeat carries one."""
+        if isinstance(self.trigger_window, str) and isinstance(self.trigger_latency_s, float):
+            return Echo(worker=self.worker, window=self.trigger_window, latency_s=self.trigger_latency_s)
+        return None
 
     def validate(self) -> None:
         _finite("step_time_s", self.step_time_s)
@@ -306,11 +332,7 @@ def batch_heartbeats(beats: list[StepHeartbeat], shard_workers: int) -> list[tup
                     step_time_s=[hb.step_time_s for hb in hbs],
                     sent_at=[hb.sent_at for hb in hbs],
                     final=[i for i, hb in enumerate(hbs) if hb.final],
-                    echoes=[
-                        Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s)
-                        for hb in hbs
-                        if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
-                    ],
+                    echoes=[echo for hb in hbs if (echo := hb.echo()) is not None],
                     agents=[
                         WorkerCounters(worker=hb.worker, counters=hb.agent)
                         for hb in hbs
@@ -323,9 +345,12 @@ def batch_heartbeats(beats: list[StepHeartbeat], shard_workers: int) -> list[tup
     return out
 
 
-#: why a shard sent its partial: every worker it expects; (before issue 20: a later step); waited as long as the
+#: why a shard sent its partial: every worker it expects; (older processors: a later step); waited as long as the
 #: processor's lateness bound allows; news only (echoes, counters)
 PartialClosed = Literal["complete", "later", "timeout", "news"]
+#: how the step stage closed a step: every expected worker's features came (``complete``), or not (``timeout``, or
+#: closed early to stay within the stage's memory budget)
+StepClosed = Literal["complete", "timeout"]
 
 
 class StepPartial(_Record, tag="StepPartial", kw_only=True):
@@ -360,8 +385,8 @@ class StepPartial(_Record, tag="StepPartial", kw_only=True):
     agents: AgentCounters | None = None  # the shard's agents' counters, summed, when one changed
     closed: PartialClosed = "complete"
     at: Timestamp = 0.0
-    # added with issue 20: the shard's membership when the partial was made (the workers it waited for: seen
-    # lately or named by the job's world size, less those that ended; 0: a processor before issue 20) ...
+    # added after the first partials: the shard's membership when the partial was made (the workers it waited for: seen
+    # lately or named by the job's world size, less those that ended; 0: an older processor) ...
     members: Count = 0
     # ... and the job's world size as the shard's agents report it (0: unknown)
     world_size: Count = 0
@@ -442,6 +467,16 @@ class DetectorTick(_Record, tag="DetectorTick", kw_only=True):
 
     job: Name
     at: Timestamp = 0.0
+
+
+#: what older senders may still send, read until the version named (README.md, "Contracts": Deprecated); new senders
+#: use what each entry names instead
+DEPRECATED: dict[str, tuple[str, str]] = {
+    "StepHeartbeat keyed by job": ("0.2", "HeartbeatBatch keyed job/shard (heartbeat_shard_workers > 0)"),
+    "FeatureBatch": ("0.2", "WindowFeatures, one per worker and window"),
+    "DetectorTick": ("0.2", "the detect stage's own timer"),
+    "detector rule median": ("0.2", "rule cusum (the default)"),
+}
 
 
 #: what a worker's hardware sampler could see: NVML (GPU and host), the host only, or nothing
@@ -556,8 +591,8 @@ class StepSlice(_Record, tag="StepSlice", kw_only=True):
     functions_size: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 0
     policy: str = "default"
     tenant: str = ""
-    # added with issue 22: the missing workers as inclusive ``[first, last]`` ranges, ascending and disjoint (a shard's
-    # missing members come in runs: a host, a rack, everyone after a crash).  Writers from issue 22 on send these, and
+    # added after the first slices: the missing workers as inclusive ``[first, last]`` ranges, ascending and disjoint (a shard's
+    # missing members come in runs: a host, a rack, everyone after a crash).  Newer writers send these, and
     # ``missing`` only when it names at most MAX_NAMED_MISSING workers (what older readers see); a reader takes both
     missing_ranges: Annotated[list[tuple[Rank, Rank]], msgspec.Meta(max_length=MAX_MISSING_RANGES)] = []
 
@@ -707,8 +742,8 @@ class StepReport(_Record, tag="StepReport", kw_only=True):
     groups: bytes
     policy: str = "default"
     tenant: str = ""
-    closed: Literal["complete", "timeout"] = "complete"
-    # added with issue 20: the expected workers (ranks 0..expected_workers-1) that delivered nothing for the step
+    closed: StepClosed = "complete"
+    # added after the first step reports: the expected workers (ranks 0..expected_workers-1) that delivered nothing for the step
     # (the first MAX_NAMED_MISSING), and how many
     missing: Annotated[list[Rank], msgspec.Meta(max_length=MAX_NAMED_MISSING)] = []
     missing_total: Count = 0
@@ -773,7 +808,7 @@ class WindowReport(_Record, tag="WindowReport", kw_only=True):
     profiling_overhead: float | None = None
     #: why a window closed ``failed`` or ``timeout`` (one line, for people); "" when it closed ``complete``
     closed_reason: str = ""
-    # added with issue 20: the expected workers missing from any step of the window that reported (they refused the
+    # added after the first window reports: the expected workers missing from any step of the window that reported (they refused the
     # trigger, were late or failed; the first MAX_NAMED_MISSING), and how many: a window with any is never
     # ``complete`` (a step that no report came for is the window's ``timeout``, not attributed to workers)
     missing_workers: Annotated[list[Rank], msgspec.Meta(max_length=MAX_NAMED_MISSING)] = []

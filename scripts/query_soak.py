@@ -38,7 +38,7 @@ from lockstep.app.runtime import Pipeline
 from lockstep.broker import EmbeddedBroker
 from lockstep.config import Settings
 from lockstep.schemas.records import Evidence, Finding, Impact
-from lockstep.sinks.sink import sidecar
+from lockstep.sinks.http import sidecar
 from lockstep.sinks.store import Batch, FindingsStore
 
 TENANTS = ("acme", "globex", None)

@@ -1,5 +1,5 @@
 """The jobs the findings file has seen, one row each (``lockstep jobs``): SQL over the store's tables.  Pure: it
-runs through whatever ``run(sql, params)`` it is given (the file, or the running sink: :func:`.sink.query`)."""
+runs through whatever ``run(sql, params)`` it is given (the file, or the running sink: :func:`.http.query`)."""
 
 from __future__ import annotations
 

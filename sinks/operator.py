@@ -2,7 +2,7 @@
 
 DuckDB lets one process write a file.  When the file is free the command opens it itself (as the sink would: it
 migrates it); when a sink holds it, the command asks that sink through its HTTP port with the token from the
-sidecar (:func:`.sink.ask`), and the sink runs the change on its own thread between two batches
+sidecar (:func:`.http.ask`), and the sink runs the change on its own thread between two batches
 (:meth:`.sink.Sink.submit`).  Either way the change is one transaction, and the incident events it appends are
 paged by the sink's pager (at once when the sink runs; when it next runs otherwise).
 """
@@ -33,7 +33,7 @@ def change_incident(
     db: Path | str, action: Action, incident_id: str, by: str, tenant: str | None = None
 ) -> tuple[dict[str, Any], bool]:
     """Acknowledge or resolve an incident by hand.  Returns the incident (its fields) and whether it changed."""
-    from .sink import ask
+    from .http import ask
 
     store = _open(db)
     if store is None:
@@ -48,7 +48,7 @@ def change_incident(
 
 def prune(db: Path | str, older_than_s: float) -> dict[str, int]:
     """Delete what is older than ``older_than_s`` (:meth:`.store.FindingsStore.prune`).  Returns rows by table."""
-    from .sink import ask
+    from .http import ask
 
     store = _open(db)
     if store is None:

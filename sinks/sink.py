@@ -11,7 +11,7 @@ writer holds, so the sink serves read-only SQL itself on a loopback HTTP port
 and writes that address, with a bearer token, beside the database
 (``<db>.sink.json``, readable by the file's owner only).  ``lockstep query`` and
 ``lockstep findings`` open the file read-only when it is free and ask the sink
-otherwise (:func:`query`).  With a tenant, both run the SQL in a sandbox that
+otherwise (:func:`.http.query`).  With a tenant, both run the SQL in a sandbox that
 holds that tenant's rows only (:func:`~.store.tenant_sandbox`).
 
 Writes an operator asks for while the sink runs (``lockstep incident ack|resolve``,
@@ -23,28 +23,18 @@ them.  With ``retention_s`` the sink prunes the file itself every ``prune_every_
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import hmac
-import json
 import logging
-import os
 import queue
-import secrets
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, TopicPartition
 
 from ..kafka import CONFLUENT, Clients, ConsumerClient, Publisher
-from ..metrics import CONTENT_TYPE, Metrics
+from ..metrics import Metrics
 from ..schemas.records import (
     CAUSES,
     DeviationMap,
@@ -58,22 +48,12 @@ from ..schemas.records import (
     decode,
     encode,
 )
-from ..web import HttpServer, Limits, error, json_response
-from .incidents import Event, Incident, IncidentStateError
-from .store import Batch, FindingsStore, QueryBusy, StoreError, StoreLocked, jsonable, open_read_only, run_query
-from .store.findings import Pruned, UnknownIncident
+from .http import SinkStopping
+from .paging.incidents import Event, Incident
+from .store import Batch, FindingsStore
+from .store.findings import Pruned
 
 log = logging.getLogger("lockstep.sink")
-#: the query server's connection limits unless told otherwise
-HTTP_LIMITS = Limits()
-
-
-def sidecar(db: Path | str) -> Path:
-    return Path(f"{db}.sink.json")
-
-
-class SinkStopping(StoreError):
-    """The sink stopped before it ran what it was asked."""
 
 
 #: how often a sink with a retention prunes its file
@@ -244,9 +224,7 @@ class Sink:
 
     def _after(self, events, always: bool = False) -> None:
         for ev in events:
-            self.metrics.inc(
-                "incident_events_total", action=ev.action, help="incident changes, by action (trigger, update, resolve)"
-            )
+            self.metrics.inc("incident_events_total", action=ev.action)
         if self.pager and (events or always):
             try:
                 self.pager.fan_out()
@@ -267,9 +245,8 @@ class Sink:
             "dead_letters_total",
             reason=err.reason,
             stage="sink",
-            help="records sent to the dead-letter topic, by reason",
         )
-        self.metrics.inc("records_out_total", topic=self.deadletter_topic, help="records published, by topic")
+        self.metrics.inc("records_out_total", topic=self.deadletter_topic)
 
     def _isolate(self, accepted, offsets, exc: Exception) -> list:
         """The store refused a batch: write its records one by one (upserts: a crash in between replays them
@@ -310,7 +287,7 @@ class Sink:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error: %s", msg.error().str())
                 continue
-            m.inc("records_in_total", topic=msg.topic(), help="records consumed, by topic")
+            m.inc("records_in_total", topic=msg.topic())
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
             kind, ts_ms = msg.timestamp()
             if kind != TIMESTAMP_NOT_AVAILABLE:
@@ -334,15 +311,12 @@ class Sink:
             Exception
         ) as exc:  # a record the store cannot keep must not stop the sink (it would stop again on restart)
             events = self._isolate(accepted, offsets, exc)
-        m.observe(
-            "write_seconds", time.perf_counter() - t0, help="one DuckDB transaction (rows, incidents and offsets)"
-        )
+        m.observe("write_seconds", time.perf_counter() - t0)
         for topic, age in lag_s.items():
             m.set(
                 "consumer_lag_seconds",
                 age,
                 topic=topic,
-                help="age of the last record consumed, by topic (now - its Kafka timestamp)",
             )
         for (topic, partition), pos in offsets.items():
             try:
@@ -355,7 +329,6 @@ class Sink:
                     max(0, high - pos),
                     topic=topic,
                     partition=str(partition),
-                    help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)",
                 )
         for f in batch.findings:
             # a label per cause this build knows: a record's free text must not grow the metrics without bound
@@ -364,277 +337,6 @@ class Sink:
         m.inc("triggers_written_total", len(batch.triggers))
         m.inc("step_series_written_total", sum(len(s.steps) for s in batch.series))
         for ch in batch.changes:
-            m.inc(
-                "job_changes_written_total", change=ch.change, help="the detector's JobChange records stored, by change"
-            )
+            m.inc("job_changes_written_total", change=ch.change)
         self._after(events)
         return batch
-
-
-# ------------------------------------------------------------------ query endpoint
-
-
-class QueryServer:
-    """HTTP (aiohttp, :class:`lockstep.web.HttpServer`): ``GET /healthz``, ``GET /metrics``,
-    ``POST /query`` ``{"sql", "params", "tenant"}`` -> ``{"columns", "rows"}``, and ``GET /``, the live page.
-
-    ``/query`` needs ``Authorization: Bearer <token>``; the token is in the sidecar file, which only the
-    database file's owner can read, so the endpoint grants what the file's permissions grant.  The page
-    takes the same token, also as ``?token=`` once (it answers with a cookie and a redirect to the URL
-    without it, so that the token leaves the address bar and the history), and the same tenant rule:
-    ``?tenant=T`` shows that tenant's rows only.
-    """
-
-    def __init__(
-        self,
-        sink: Sink,
-        db: Path,
-        port: int = 0,
-        host: str = "127.0.0.1",
-        limits: Limits = HTTP_LIMITS,
-        refresh_s: float = 10.0,
-    ):
-        self.store = sink.store
-        self.sink = sink
-        self.db = Path(db)
-        self.refresh_s = refresh_s
-        self._token = secrets.token_urlsafe(32)
-        self.http = HttpServer(host, port, sink.metrics, limits, name="sink-http")
-        self.http.get("/healthz", self._healthz)
-        self.http.get("/metrics", self._metrics)
-        self.http.post("/query", self._query)
-        self.http.post("/incidents/ack", self._incident_ack)
-        self.http.post("/incidents/resolve", self._incident_resolve)
-        self.http.post("/prune", self._prune)
-        self.http.get("/", self._page)
-        self.sidecar = sidecar(db)
-        self.url = ""
-
-    # ------------------------------------------------------------------ handlers
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        ok = self.sink.assigned
-        return json_response({"status": "ok" if ok else "starting"}, status=200 if ok else 503)
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.sink.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
-
-    def _bearer(self, request: web.Request) -> bool:
-        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), f"Bearer {self._token}".encode())
-
-    async def _query(self, request: web.Request) -> web.Response:
-        if not self._bearer(request):
-            return error(401, f"/query needs the bearer token from {self.sidecar}")
-        req = await self.http.read_json(request)
-        sql, params, tenant = req.get("sql", ""), req.get("params"), req.get("tenant")
-        if (
-            not isinstance(sql, str)
-            or not (params is None or isinstance(params, list))
-            or not (tenant is None or isinstance(tenant, str))
-        ):
-            return error(400, "bad request: sql must be a string, params a list, tenant a string")
-        try:
-            cols, rows = await self.http.blocking(self._run_query, sql, params, tenant)
-        except QueryBusy as exc:
-            return error(503, str(exc), headers={"Retry-After": "1"})
-        except StoreError as exc:
-            return error(400, str(exc))
-        return json_response({"columns": cols, "rows": rows})
-
-    async def _on_sink(self, fn: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-        """Run ``fn`` on the sink's thread (:meth:`Sink.submit`) and wait for it without holding a worker thread."""
-        return await asyncio.wait_for(asyncio.wrap_future(self.sink.submit(fn)), timeout_s)
-
-    async def _incident_ack(self, request: web.Request) -> web.Response:
-        return await self._incident(request, "acknowledge")
-
-    async def _incident_resolve(self, request: web.Request) -> web.Response:
-        return await self._incident(request, "resolve")
-
-    async def _incident(self, request: web.Request, action: str) -> web.Response:
-        """``POST /incidents/ack|resolve`` ``{"id", "by", "tenant"}`` -> ``{"incident", "changed"}``."""
-        if not self._bearer(request):
-            return error(401, f"{request.path} needs the bearer token from {self.sidecar}")
-        req = await self.http.read_json(request)
-        iid, by, tenant = req.get("id"), req.get("by"), req.get("tenant")
-        if not (isinstance(iid, str) and iid and isinstance(by, str) and by.strip() and len(by) <= 200) or not (
-            tenant is None or isinstance(tenant, str)
-        ):
-            return error(400, "bad request: id and by must be non-empty strings (by: at most 200), tenant a string")
-        change = self.sink.acknowledge if action == "acknowledge" else self.sink.resolve
-        try:
-            inc, events = await self._on_sink(lambda: change(iid, by.strip(), tenant))
-        except UnknownIncident as exc:
-            return error(404, str(exc))
-        except IncidentStateError as exc:
-            return error(409, str(exc))
-        except (SinkStopping, TimeoutError) as exc:
-            return error(
-                503,
-                str(exc) or "the sink did not run the request in time (it may still: see lockstep query)",
-                headers={"Retry-After": "1"},
-            )
-        return json_response({"incident": dataclasses.asdict(inc), "changed": bool(events)})
-
-    async def _prune(self, request: web.Request) -> web.Response:
-        """``POST /prune`` ``{"older_than_s"}`` -> ``{"pruned": {table: rows}, "older_than_s"}``."""
-        if not self._bearer(request):
-            return error(401, f"/prune needs the bearer token from {self.sidecar}")
-        req = await self.http.read_json(request)
-        age = req.get("older_than_s")
-        if isinstance(age, bool) or not isinstance(age, int | float) or not age > 0:
-            return error(400, "bad request: older_than_s must be a positive number of seconds")
-        try:
-            pruned = await self._on_sink(lambda: self.sink.prune(float(age)), timeout_s=600.0)
-        except (SinkStopping, TimeoutError) as exc:
-            return error(
-                503,
-                str(exc) or "the sink did not run the request in time (it may still: see lockstep query)",
-                headers={"Retry-After": "1"},
-            )
-        except StoreError as exc:
-            return error(400, str(exc))
-        return json_response({"pruned": dataclasses.asdict(pruned), "older_than_s": float(age)})
-
-    def _run_query(self, sql: str, params: list | None, tenant: str | None) -> tuple[list[str], list[list]]:
-        try:
-            cols, rows = self.store.query(sql, params, tenant)  # the store's checks and limits
-        except (TypeError, ValueError, OverflowError) as exc:  # parameters DuckDB cannot bind
-            raise StoreError(f"bad request: {exc}") from None
-        return cols, [[jsonable(v) for v in r] for r in rows]
-
-    async def _page(self, request: web.Request) -> web.Response:
-        token = request.query.get("token")
-        if token is not None:
-            if not hmac.compare_digest(token.encode(), self._token.encode()):
-                return web.Response(status=401, text="wrong token", content_type="text/plain")
-            rest = {k: v for k, v in request.query.items() if k != "token"}
-            resp = web.Response(status=303, headers={"Location": str(request.rel_url.with_query(rest))})
-            resp.set_cookie(COOKIE, self._token, httponly=True, samesite="Strict", path="/")
-            return resp
-        if not (
-            self._bearer(request) or hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), self._token.encode())
-        ):
-            return web.Response(status=401, content_type="text/html", text=login_page(str(self.sidecar)))
-        tenant = request.query.get("tenant") or None
-        job = request.query.get("job") or None
-        page = await self.http.blocking(self._render, tenant, job)
-        return web.Response(text=page, content_type="text/html", headers={"Cache-Control": "no-store"})
-
-    def _render(self, tenant: str | None, job: str | None) -> str:
-        from .report import render
-        from .reportdata import gather
-
-        data = gather(
-            lambda sql, params=None: self.store.query(sql, params, tenant), job=job
-        )  # the same checks and limits as /query
-        scope = ", ".join(x for x in (f"job {job}" if job else "", f"tenant {tenant}" if tenant else "") if x)
-        return render(data, title=f"Lockstep live: {self.db.name}", scope=scope, refresh_s=self.refresh_s)
-
-    # ------------------------------------------------------------------ life cycle
-
-    def start(self) -> QueryServer:
-        self.http.start()
-        self.url = self.http.url
-        write_private(self.sidecar, json.dumps({"url": self.url, "pid": os.getpid(), "token": self._token}))
-        return self
-
-    def live_url(self) -> str:
-        return f"{self.url}/?token={self._token}"
-
-    def stop(self) -> None:
-        self.http.stop()
-        try:
-            self.sidecar.unlink()
-        except FileNotFoundError:
-            pass
-
-
-COOKIE = "lockstep_token"
-
-
-def login_page(side: str) -> str:
-    import html
-
-    return (
-        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Lockstep: token needed</title></head><body>'
-        "<h1>Lockstep live page</h1><p>This page needs the sink's token. Open the address that "
-        f"<code>lockstep report --live-url</code> prints (it reads the token from <code>{html.escape(side)}</code>).</p></body></html>"
-    )
-
-
-def write_private(path: Path, text: str) -> None:
-    """A new file only its owner can read: what was at ``path`` (a stale file, a link planted there) is removed
-    first, and the file is created exclusively, never through a link, mode 0600 whatever its predecessor's."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(text)
-
-
-def query(
-    db: Path | str, sql: str, params: list | None = None, tenant: str | None = None, timeout_s: float = 30.0
-) -> tuple[list[str], list[list]]:
-    """Run read-only SQL on the findings file: directly when free, through the running sink otherwise.
-
-    With ``tenant``, only that tenant's rows exist for the SQL (see :func:`~.store.tenant_sandbox`)."""
-    try:
-        con = open_read_only(db)
-    except StoreLocked:
-        pass
-    else:
-        try:
-            cols, rows = run_query(con, sql, params, tenant)
-            return cols, [[jsonable(v) for v in r] for r in rows]
-        finally:
-            con.close()
-    body = ask(db, "/query", {"sql": sql, "params": params, "tenant": tenant}, timeout_s)
-    return body["columns"], body["rows"]
-
-
-class SinkRefused(StoreError):
-    """The running sink answered a request with an error (its HTTP status in ``status``)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
-
-
-def ask(db: Path | str, path: str, body: dict, timeout_s: float = 30.0) -> dict:
-    """POST ``body`` to the endpoint ``path`` of the sink that holds ``db`` (its address and token from the sidecar).
-
-    Raises StoreLocked when no sink announced itself or it does not answer, SinkRefused with its message otherwise."""
-    side = sidecar(db)
-    try:
-        announced = json.loads(side.read_text())
-        url, token = announced["url"], announced.get("token", "")
-    except PermissionError:
-        raise StoreLocked(f"{db} is held by a running sink and {side} is not readable by this user") from None
-    except (OSError, ValueError, KeyError):
-        raise StoreLocked(f"{db} is held by another process and no running sink announced itself in {side}") from None
-    req = urllib.request.Request(
-        url + path,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            msg = json.loads(exc.read()).get("error", str(exc))
-        except ValueError:
-            msg = str(exc)
-        raise SinkRefused(msg, exc.code) from None
-    except (urllib.error.URLError, TimeoutError) as exc:
-        raise StoreLocked(f"{db} is held by a sink that does not answer at {url} ({exc})") from None
-
-
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()

@@ -185,7 +185,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
     bound_aiokafka(MAX_BATCH_BYTES, on_skip=skipped)  # aiokafka would inflate each batch whole, without a bound
 
     def seen(r: RecordIn) -> None:
-        m.inc("records_in_total", topic=r.topic, help="records consumed, by topic")
+        m.inc("records_in_total", topic=r.topic)
         m.inc("bytes_in_total", len(r.value), topic=r.topic)
         positions[r.source] = r.offset + 1
         if r.timestamp:  # the producer's CreateTime: right on any broker, unlike the watermarks
@@ -193,7 +193,6 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
                 "consumer_lag_seconds",
                 max(0.0, time.time() - r.timestamp),
                 topic=r.topic,
-                help="age of the last record consumed, by topic (now - its Kafka timestamp)",
             )
 
     def feed(name: str, stage: Stage, batches: bool):
@@ -245,7 +244,6 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
                     max(0, high - pos),
                     topic=p.topic,
                     partition=str(p.partition),
-                    help="high watermark - next offset, by partition (a lower bound on brokers that under-report the watermark)",
                 )
 
     every(1.0, "reload_policy", reload_policy)
@@ -304,8 +302,8 @@ def serve_http(processor: Processor, host: str, port: int):
         status = "failed" if processor.crashed else "ok" if processor.assigned else "starting"
         body = {
             "status": status,
-            "open_steps": processor.steps.open_steps,
-            "open_windows": processor.windows.open_windows,
+            "open_steps": len(processor.steps.assembler),
+            "open_windows": len(processor.windows.assembler),
             "crashed": dict(processor.crashed),
         }
         return json_response(body, status=200 if status == "ok" else 503)

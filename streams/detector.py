@@ -50,7 +50,6 @@ import numpy.typing as npt
 
 from ..schemas.records import (
     AgentCounters,
-    Echo,
     JobChange,
     JobChangeKind,
     JobEnd,
@@ -391,7 +390,7 @@ def _summed(counters: Iterable[AgentCounters]) -> AgentCounters:
 
 
 def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None:
-    """The rule before issue 15 (``rule: median``): the median of the last ``recent_steps`` step times (one
+    """The older rule (``rule: median``): the median of the last ``recent_steps`` step times (one
     hiccup is not a slowdown) and the 25th percentile of up to 4 x ``baseline_steps`` earlier ones (the
     recent best); None until there are enough steps."""
     if len(st.history) < dp.baseline_steps + dp.recent_steps:
@@ -689,11 +688,7 @@ class SlowdownDetector:
         now = time.time() if now is None else now
         self._plausible(hb.job, hb.step, hb.sent_at, now, f"worker {hb.worker}", f"host {hb.host!r}")
         final = hb.final is True
-        echo = (
-            hb.trigger_window
-            if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
-            else None
-        )
+        echo = hb.echo()
         p = StepPartial(
             job=hb.job,
             tenant=hb.tenant,
@@ -709,7 +704,7 @@ class SlowdownDetector:
             newest_sent_at=hb.sent_at,
             highest=hb.step,
             final=int(final),
-            echoes=[Echo(worker=hb.worker, window=echo, latency_s=hb.trigger_latency_s)] if echo else [],  # type: ignore[arg-type]
+            echoes=[echo] if echo is not None else [],
             agents=hb.agent if isinstance(hb.agent, AgentCounters) else None,
             members=0 if final else 1,
             world_size=hb.world_size if isinstance(hb.world_size, int) else 0,
@@ -748,7 +743,7 @@ class SlowdownDetector:
             view.step, view.workers, view.missing, view.missing_total = p.step, p.workers, p.missing, p.missing_total
         if p.members or p.final:
             view.members = p.members
-        elif p.workers:  # a processor before issue 20: the workers of the step and those behind it
+        elif p.workers:  # an older processor: the workers of the step and those behind it
             view.members = max(view.members, p.workers + p.missing_total)
         st.world_size = max(st.world_size, p.world_size)
         if p.agents is not None:

@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.compute as pc
@@ -27,6 +29,9 @@ from ..schemas.records import (
     StepPartial,
     StepSeries,
 )
+
+if TYPE_CHECKING:
+    from .diagnosis.step import StepResult
 
 
 @dataclass
@@ -124,7 +129,7 @@ class SeriesBuilder:
                 )
         return out
 
-    def drop(self, jobs) -> None:
+    def drop(self, jobs: Iterable[str]) -> None:
         """Jobs whose partition went to another processor, or that the detector forgot (idle)."""
         for job in jobs:
             self.jobs.pop(job, None)
@@ -147,7 +152,7 @@ def deviation_map(
     tenant: str,
     start_step: int,
     steps: int,
-    results,
+    results: Iterable[StepResult],
     now: float,
     max_workers: int = 32,
     max_functions: int = 16,

@@ -57,7 +57,7 @@ class DetectorPolicy:
     )
     record_shapes: bool = False  # profiler option sent with the trigger
     with_stack: bool = False  # profiler option sent with the trigger
-    # --- added with issue 15 (detector sensitivity); METHOD.md "How the detector decides" gives the trade-off
+    # --- the detector's sensitivity; METHOD.md "How the detector decides" gives the trade-off
     rule: str = "cusum"  # cusum: change detection on log step time scaled by the job's own spread; median: the rule before (median of recent_steps vs the 25th percentile)
     reference_steps: int = (
         400  # the baseline (median, spread) is formed from up to this many steps before the current excursion
@@ -69,7 +69,7 @@ class DetectorPolicy:
     step_cap: float = 3.0  # one step scores at most this many spreads (a hiccup alone cannot raise an alarm)
     spread_floor: float = 0.002  # the job's step-to-step spread (robust, of log step time) counts as at least this
     periodic_min_gap: int = 4  # a slow step that recurs at a fixed interval of at least this many steps is periodic (checkpoint, evaluation) and ignored (0: off)
-    # --- added with issue 20 (incidents that end)
+    # --- incidents that end
     recovery_steps: int = 30  # a slowdown that was profiled has recovered once the median of this many steps since its window was opened is back within half the slowdown_threshold of its step time before the onset (0: never)
 
 
@@ -109,7 +109,7 @@ class DiagnosisPolicy:
     cpu_other_rise: float = 0.2  # other processes taking this much more of the host CPU
     python_share_max: float = 0.01  # a Python function above this share of the step on every worker
     comm_share_max: float = 0.30  # communication above this share of the step on every worker
-    # --- added with issue 4 (diagnosis engine)
+    # --- the diagnosis
     hardware_min_share: float = (
         0.02  # a collective's link throughput drop alone is a finding if it holds this share of the step
     )
@@ -121,11 +121,11 @@ class DiagnosisPolicy:
     noisy_rel_mad: float = 0.10  # peers spread (1.4826 x MAD) above this share of their median: a noisy group
     small_group: int = 8  # fewer peers than this lowers the confidence
     rank_specific_present: float = 0.5  # a function run by at most this share of its peer group is rank-specific code
-    # --- added with the issue 4 tuning
+    # --- the diagnosis's tuning
     rank_specific_ratio: float = (
         3.0  # ... so is a CPU function taking this many times its peers' time on a healthy host
     )
-    # --- added with issue 16 (diagnosis on real signals)
+    # --- the diagnosis on real signals
     link_burst_cv: float = 0.5  # a collective's links burst when their spread (sd/mean) is at least this ...
     link_steady_ratio: float = (
         0.5  # ... and one of them, with a spread below this share of its ring-mates', is saturated ...
@@ -279,7 +279,7 @@ class PolicyFile:
         self._sig = self._signature()
         self.policy = policy if policy is not None else load_policy(self.path)
 
-    def _signature(self) -> tuple | None:
+    def _signature(self) -> tuple[int, int, int] | None:
         if self.path is None:
             return None
         try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -24,6 +24,9 @@ from ..schemas.records import FeatureBatch, StepReport, StepSlice, WindowExpecte
 from .diagnosis.step import StepResult
 
 T = TypeVar("T")
+#: why an assembler closed a step, a shard or a window: all of it came (``complete``), its time ran out
+#: (``timeout``), or it was closed early because the stage held more than its memory budget (``budget``)
+CloseReason = Literal["complete", "timeout", "budget"]
 
 
 class Handle(Generic[T]):
@@ -72,14 +75,104 @@ class InOrderAcks(Generic[T]):
         return sum(len(q) for q in self._queues.values())
 
 
-# --------------------------------------------------------------------------- steps
+# --------------------------------------------------------------------------- what the assemblers share
+
+
+class _Pending(Protocol):
+    partition: Hashable
+    opened_at: float
+    held: int  # bytes of the tables it holds
+
+
+K = TypeVar("K", bound=Hashable)
+P = TypeVar("P", bound=_Pending)
+C = TypeVar("C")
+
+
+class _Assembler(Generic[K, P, C]):
+    """What the step, shard and window assemblers share: the open entries by key and the bytes they hold, the keys
+    closed lately (``remember`` of them: a record for one is late), closing one (the largest, for the memory
+    budget) and forgetting a revoked partition's.  A subclass says how a closed entry is returned (:meth:`_closed_as`)."""
+
+    def __init__(self, timeout_s: float, remember: int = 100_000):
+        self.timeout_s = timeout_s
+        self._open: dict[K, P] = {}
+        self._closed: OrderedDict[K, None] = OrderedDict()
+        self._remember = remember
+        self.held_bytes = 0  # the open entries' tables
+
+    def _closed_as(self, pending: P, reason: CloseReason) -> C:
+        raise NotImplementedError
+
+    def _hold(self, p: P, nbytes: int) -> None:
+        p.held += nbytes
+        self.held_bytes += nbytes
+
+    def _close(self, key: K, reason: CloseReason) -> C:
+        p = self._open.pop(key)
+        self.held_bytes -= p.held
+        self._closed[key] = None
+        while len(self._closed) > self._remember:
+            self._closed.popitem(last=False)
+        return self._closed_as(p, reason)
+
+    def _largest(self) -> K | None:
+        return max(self._open, key=lambda k: self._open[k].held) if self._open else None
+
+    def close_largest(self) -> C | None:
+        """The open entry holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
+        key = self._largest()
+        return None if key is None else self._close(key, "budget")
+
+    def drop(self, partitions: Collection[Hashable]) -> None:
+        for k in [k for k, p in self._open.items() if p.partition in partitions]:
+            self.held_bytes -= self._open.pop(k).held
+
+    def __len__(self) -> int:
+        """The open entries."""
+        return len(self._open)
+
+
+class _TimedAssembler(_Assembler[K, P, C]):
+    """An assembler whose entries time out ``timeout_s`` after they opened."""
+
+    def expire(self, now: float) -> list[C]:
+        due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
+        return [self._close(k, "timeout") for k in due]
+
+
+class HeldBatch(NamedTuple, Generic[T]):
+    """One worker's FeatureBatch held by its step: the record, its function table, its handle."""
+
+    record: FeatureBatch
+    table: pa.Table
+    handle: Handle[T]
+
+
+class HeldSlice(NamedTuple, Generic[T]):
+    """A shard's StepSlice held by its step: the record, its per-worker and per-function tables, its handle."""
+
+    record: StepSlice
+    workers: pa.Table
+    functions: pa.Table
+    handle: Handle[T]
+
+
+class HeldFeatures(NamedTuple, Generic[T]):
+    """One worker's WindowFeatures held by its shard: the record, its table, its size on the wire, its handle."""
+
+    record: WindowFeatures
+    table: pa.Table
+    size: int
+    handle: Handle[T]
 
 
 @dataclass
-class PendingStep(Generic[T]):
+class _Opened:
+    """What a pending step, shard or window knows from the record that opened it."""
+
     job: str
     window: str
-    step: int
     window_start: int
     window_steps: int
     expected_workers: int
@@ -87,15 +180,32 @@ class PendingStep(Generic[T]):
     tenant: str
     partition: Hashable
     opened_at: float
-    batches: dict[int, tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
-        default_factory=dict
-    )  # rank -> (record, table, its handle)
-    replaced: list[tuple[FeatureBatch, pa.Table, Handle[T]]] = field(
-        default_factory=list
-    )  # twins a later record of the rank replaced
-    slices: list[tuple[StepSlice, pa.Table, pa.Table, Handle[T]]] = field(
-        default_factory=list
-    )  # (record, workers, functions, handle)
+
+
+def _opening(rec: FeatureBatch | StepSlice | WindowFeatures, handle: Handle[T], now: float) -> dict[str, Any]:
+    """The :class:`_Opened` fields of a pending step or shard, from the record that opens it."""
+    return dict(
+        job=rec.job,
+        window=rec.window,
+        window_start=rec.window_start,
+        window_steps=rec.window_steps,
+        expected_workers=rec.expected_workers,
+        policy=rec.policy,
+        tenant=rec.tenant,
+        partition=handle.partition,
+        opened_at=now,
+    )
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@dataclass
+class PendingStep(_Opened, Generic[T]):
+    step: int
+    batches: dict[int, HeldBatch[T]] = field(default_factory=dict)  # by rank
+    replaced: list[HeldBatch[T]] = field(default_factory=list)  # twins a later record of the rank replaced
+    slices: list[HeldSlice[T]] = field(default_factory=list)
     accounted: set[int] = field(default_factory=set)  # ranks seen, or declared missing by their shard
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
@@ -105,20 +215,19 @@ class PendingStep(Generic[T]):
 @dataclass
 class ClosedStep(Generic[T]):
     pending: PendingStep[T]
-    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
+    reason: CloseReason
 
 
-class StepAssembler(Generic[T]):
+class StepAssembler(_TimedAssembler[tuple[str, int], PendingStep[T], ClosedStep[T]]):
     """Collects a step's workers: one FeatureBatch per worker, or StepSlices of many (a shard's); closes when every
     expected worker is accounted for (seen, or declared missing by its shard) or on a timeout."""
 
     def __init__(self, timeout_s: float, remember: int = 100_000):
-        self.timeout_s = timeout_s
-        self._open: dict[tuple[str, int], PendingStep[T]] = {}
-        self._closed: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._remember = remember
+        super().__init__(timeout_s, remember)
         self.late = 0  # records for steps already closed
-        self.held_bytes = 0  # the open steps' tables
+
+    def _closed_as(self, pending: PendingStep[T], reason: CloseReason) -> ClosedStep[T]:
+        return ClosedStep(pending, reason)
 
     def add(
         self, batch: FeatureBatch, table: pa.Table, size: int, handle: Handle[T], now: float
@@ -130,7 +239,7 @@ class StepAssembler(Generic[T]):
         twin = p.batches.get(batch.worker.rank)
         if twin is not None:
             p.replaced.append(twin)
-        p.batches[batch.worker.rank] = (batch, table, handle)  # a redelivered record replaces its twin
+        p.batches[batch.worker.rank] = HeldBatch(batch, table, handle)  # a redelivered record replaces its twin
         p.accounted.add(batch.worker.rank)
         p.bytes_in += size
         self._hold(p, table.nbytes)
@@ -143,23 +252,12 @@ class StepAssembler(Generic[T]):
         p = self._pending(sl, handle, now)
         if p is None:
             return None, True
-        p.slices.append((sl, workers, functions, handle))
+        p.slices.append(HeldSlice(sl, workers, functions, handle))
         p.accounted.update(workers.column("rank").to_pylist())
         p.accounted.update(sl.missing_workers())
         p.bytes_in += sl.bytes_in
         self._hold(p, workers.nbytes + functions.nbytes)
         return self._complete(p), False
-
-    def _hold(self, p: PendingStep[T], nbytes: int) -> None:
-        p.held += nbytes
-        self.held_bytes += nbytes
-
-    def close_largest(self) -> ClosedStep[T] | None:
-        """The open step holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
-        if not self._open:
-            return None
-        key = max(self._open, key=lambda k: self._open[k].held)
-        return self._close(key, "budget")
 
     def _pending(self, rec: FeatureBatch | StepSlice, handle: Handle[T], now: float) -> PendingStep[T] | None:
         """The open step of a record (opened by it if need be); None if the step closed already (the record is late)."""
@@ -169,18 +267,7 @@ class StepAssembler(Generic[T]):
             return None
         p = self._open.get(key)
         if p is None:
-            p = self._open[key] = PendingStep(
-                job=rec.job,
-                window=rec.window,
-                step=rec.step,
-                window_start=rec.window_start,
-                window_steps=rec.window_steps,
-                expected_workers=rec.expected_workers,
-                policy=rec.policy,
-                tenant=rec.tenant,
-                partition=handle.partition,
-                opened_at=now,
-            )
+            p = self._open[key] = PendingStep(**_opening(rec, handle, now), step=rec.step)
         p.handles.append(handle)
         return p
 
@@ -189,50 +276,17 @@ class StepAssembler(Generic[T]):
             return self._close((p.job, p.step), "complete")
         return None
 
-    def expire(self, now: float) -> list[ClosedStep[T]]:
-        due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
-        return [self._close(k, "timeout") for k in due]
-
-    def _close(self, key: tuple[str, int], reason: str) -> ClosedStep[T]:
-        p = self._open.pop(key)
-        self.held_bytes -= p.held
-        self._closed[key] = None
-        while len(self._closed) > self._remember:
-            self._closed.popitem(last=False)
-        return ClosedStep(p, reason)
-
-    def drop(self, partitions: Collection[Hashable]) -> None:
-        for k in [k for k, p in self._open.items() if p.partition in partitions]:
-            self.held_bytes -= self._open.pop(k).held
-
-    @property
-    def open_steps(self) -> int:
-        return len(self._open)
-
 
 # --------------------------------------------------------------------------- shards
 
 
 @dataclass
-class PendingShard(Generic[T]):
-    job: str
-    window: str
+class PendingShard(_Opened, Generic[T]):
     shard: int
     shard_workers: int
-    window_start: int
-    window_steps: int
-    expected_workers: int
-    policy: str
-    tenant: str
-    partition: Hashable
-    opened_at: float
     members: range  # the ranks the shard expects
-    records: dict[int, tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(
-        default_factory=dict
-    )  # rank -> (record, table, size, handle)
-    replaced: list[tuple[WindowFeatures, pa.Table, int, Handle[T]]] = field(
-        default_factory=list
-    )  # twins a later record replaced
+    records: dict[int, HeldFeatures[T]] = field(default_factory=dict)  # by rank
+    replaced: list[HeldFeatures[T]] = field(default_factory=list)  # twins a later record replaced
     present: int = 0  # members that sent their record
     handles: list[Handle[T]] = field(default_factory=list)
     held: int = 0  # bytes of the tables it holds (decompressed)
@@ -241,19 +295,15 @@ class PendingShard(Generic[T]):
 @dataclass
 class ClosedShard(Generic[T]):
     pending: PendingShard[T]
-    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
+    reason: CloseReason
 
 
-class ShardAssembler(Generic[T]):
+class ShardAssembler(_TimedAssembler[tuple[str, str, int, int], PendingShard[T], ClosedShard[T]]):
     """Collects the WindowFeatures of one shard of a window (ranks ``shard * shard_workers`` onwards); closes when every
     member's record is in, or on a timeout."""
 
-    def __init__(self, timeout_s: float, remember: int = 100_000):
-        self.timeout_s = timeout_s
-        self._open: dict[tuple[str, str, int, int], PendingShard[T]] = {}
-        self._closed: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
-        self._remember = remember
-        self.held_bytes = 0  # the open shards' tables
+    def _closed_as(self, pending: PendingShard[T], reason: CloseReason) -> ClosedShard[T]:
+        return ClosedShard(pending, reason)
 
     def add(
         self, rec: WindowFeatures, table: pa.Table, size: int, handle: Handle[T], now: float
@@ -266,17 +316,9 @@ class ShardAssembler(Generic[T]):
         if p is None:
             lo = rec.shard * rec.shard_workers
             p = self._open[key] = PendingShard(
-                job=rec.job,
-                window=rec.window,
+                **_opening(rec, handle, now),
                 shard=rec.shard,
                 shard_workers=rec.shard_workers,
-                window_start=rec.window_start,
-                window_steps=rec.window_steps,
-                expected_workers=rec.expected_workers,
-                policy=rec.policy,
-                tenant=rec.tenant,
-                partition=handle.partition,
-                opened_at=now,
                 members=range(lo, max(lo, min(lo + rec.shard_workers, rec.expected_workers))),
             )
         rank = rec.worker.rank
@@ -285,56 +327,19 @@ class ShardAssembler(Generic[T]):
             p.replaced.append(twin)
         elif rank in p.members:
             p.present += 1
-        p.records[rank] = (rec, table, size, handle)  # a redelivered record replaces its twin
+        p.records[rank] = HeldFeatures(rec, table, size, handle)  # a redelivered record replaces its twin
         p.handles.append(handle)
-        p.held += table.nbytes
-        self.held_bytes += table.nbytes
+        self._hold(p, table.nbytes)
         if p.present >= len(p.members):
             return self._close(key, "complete"), False
         return None, False
-
-    def expire(self, now: float) -> list[ClosedShard[T]]:
-        due = [k for k, p in self._open.items() if now - p.opened_at >= self.timeout_s]
-        return [self._close(k, "timeout") for k in due]
-
-    def close_largest(self) -> ClosedShard[T] | None:
-        """The open shard holding the most bytes, closed as it is (reason ``budget``); None when none is open."""
-        if not self._open:
-            return None
-        key = max(self._open, key=lambda k: self._open[k].held)
-        return self._close(key, "budget")
-
-    def _close(self, key: tuple[str, str, int, int], reason: str) -> ClosedShard[T]:
-        p = self._open.pop(key)
-        self.held_bytes -= p.held
-        self._closed[key] = None
-        while len(self._closed) > self._remember:
-            self._closed.popitem(last=False)
-        return ClosedShard(p, reason)
-
-    def drop(self, partitions: Collection[Hashable]) -> None:
-        for k in [k for k, p in self._open.items() if p.partition in partitions]:
-            self.held_bytes -= self._open.pop(k).held
-
-    @property
-    def open_shards(self) -> int:
-        return len(self._open)
 
 
 # --------------------------------------------------------------------------- windows
 
 
 @dataclass
-class PendingWindow(Generic[T]):
-    job: str
-    window: str
-    window_start: int
-    window_steps: int
-    expected_workers: int
-    policy: str
-    tenant: str
-    partition: Hashable
-    opened_at: float
+class PendingWindow(_Opened, Generic[T]):
     results: dict[int, StepResult] = field(default_factory=dict)  # step -> result (first wins)
     handles: list[Handle[T]] = field(default_factory=list)
     bytes_in: int = 0
@@ -357,18 +362,19 @@ class PendingWindow(Generic[T]):
 @dataclass
 class ClosedWindow(Generic[T]):
     pending: PendingWindow[T]
-    reason: str  # complete | timeout | budget (closed early: the stage held more than its memory budget)
+    reason: CloseReason
 
 
-class WindowAssembler(Generic[T]):
+class WindowAssembler(_Assembler[tuple[str, str], PendingWindow[T], ClosedWindow[T]]):
     """Collects the step reports of a window; closes when every step reported (an unreadable report counts as
     reported, and is remembered), or on request.  A window announced by its trigger (:meth:`expect`) is open before
     any step report comes, so that it closes even if none ever does."""
 
     def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
-        self._open: dict[tuple[str, str], PendingWindow[T]] = {}
-        self.held_bytes = 0  # the open windows' step results (their tables)
+        super().__init__(timeout_s, remember=0)  # a step report for a closed window opens it again
+
+    def _closed_as(self, pending: PendingWindow[T], reason: CloseReason) -> ClosedWindow[T]:
+        return ClosedWindow(pending, reason)
 
     def _window(
         self, rec: StepReport | WindowExpected, handle: Handle[T], now: float
@@ -405,9 +411,7 @@ class WindowAssembler(Generic[T]):
             w.first_report_at = now
         if report.step not in w.results:  # a replayed duplicate never replaces the first report
             w.results[report.step] = result
-            nbytes = result.outliers.nbytes + result.groups.nbytes
-            w.held += nbytes
-            self.held_bytes += nbytes
+            self._hold(w, result.outliers.nbytes + result.groups.nbytes)
             w.bytes_in += report.bytes_in
             # an expected worker missing from a step (it refused the trigger, was late, failed): the window is not
             # complete (the window stage closes it as a timeout that names them)
@@ -454,24 +458,11 @@ class WindowAssembler(Generic[T]):
                 out.append(k)
         return out
 
-    def close(self, key: tuple[str, str], reason: str) -> ClosedWindow[T] | None:
-        w = self._open.pop(key, None)
-        if w is None:
-            return None
-        self.held_bytes -= w.held
-        return ClosedWindow(w, reason)
+    def close(self, key: tuple[str, str], reason: CloseReason) -> ClosedWindow[T] | None:
+        """The open window ``key`` closed; None when none is open."""
+        return self._close(key, reason) if key in self._open else None
 
     def close_largest(self) -> ClosedWindow[T] | None:
         """The open window holding the most bytes, closed as it is (reason ``budget``); None when none holds any."""
-        if not self._open:
-            return None
-        key = max(self._open, key=lambda k: self._open[k].held)
-        return self.close(key, "budget") if self._open[key].held else None
-
-    def drop(self, partitions: Collection[Hashable]) -> None:
-        for k in [k for k, w in self._open.items() if w.partition in partitions]:
-            self.held_bytes -= self._open.pop(k).held
-
-    @property
-    def open_windows(self) -> int:
-        return len(self._open)
+        key = self._largest()
+        return self._close(key, "budget") if key is not None and self._open[key].held else None

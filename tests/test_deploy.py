@@ -247,7 +247,7 @@ def test_the_manifests_are_valid_kubernetes_objects(rendered):
 
 def test_the_manifests_run_real_cli_commands_with_valid_settings(rendered):
     from lockstep import config
-    from lockstep.app.cli import build_parser
+    from lockstep.commands.cli import build_parser
 
     parser = build_parser()
     (settings,) = [d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "lockstep-settings"]
@@ -317,7 +317,7 @@ def test_kubectl_kustomize_renders_the_same_objects(folder):
 
 
 def test_the_slurm_example_runs_a_real_agent_command():
-    from lockstep.app.cli import build_parser
+    from lockstep.commands.cli import build_parser
 
     script = ROOT / "deploy/slurm/train.sbatch"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True, timeout=30).returncode == 0

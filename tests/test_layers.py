@@ -14,15 +14,11 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.paths import CODE
+
 ROOT = Path(__file__).resolve().parents[1]
 #: folder -> the package it installs as (pyproject.toml's package-dir)
-FOLDERS = {
-    "lockstep": "lockstep",
-    "schemas": "lockstep.schemas",
-    "producers": "lockstep.producers",
-    "streams": "lockstep.streams",
-    "sinks": "lockstep.sinks",
-}
+FOLDERS = CODE
 
 #: lowest first; a module is in the layer of the longest prefix that names it (``lockstep`` alone: only the root package)
 LAYERS: dict[str, tuple[str, ...]] = {
@@ -151,6 +147,13 @@ def test_no_import_cycles():
     assert not cycles, f"import cycles: {cycles}"
 
 
+def test_the_application_library_does_not_import_the_commands():
+    """lockstep/commands/ (the command line and its commands) uses lockstep/app/; the arrow points one way."""
+    g = graph()
+    wrong = {m: sorted(t for t in g[m] if t.startswith("lockstep.commands")) for m in g if m.startswith("lockstep.app")}
+    assert {m: t for m, t in wrong.items() if t} == {}
+
+
 def test_the_checks_see_what_they_check():
     """The graph resolves relative, absolute and submodule imports (else the rules above would pass on nothing)."""
     g = graph()
@@ -158,7 +161,7 @@ def test_the_checks_see_what_they_check():
     assert "lockstep.schemas.records" in g["lockstep.kafka.publisher"]  # from ..schemas.records import encode
     assert "lockstep.config" in g["lockstep.commands.trigger"]  # from .. import config
     assert "lockstep.app.operator" in g["lockstep.commands.trigger"]  # inside run()
-    assert "lockstep.app.cli" in g["lockstep.__main__"]
+    assert "lockstep.commands.cli" in g["lockstep.__main__"]
     assert layer("lockstep") == "infrastructure" and layer("lockstep.kafka.tail") == "infrastructure"
     assert (
         layer("lockstep.app.demo") == "application"

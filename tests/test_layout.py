@@ -4,25 +4,13 @@ import re
 import tomllib
 from pathlib import Path
 
-from lockstep.app.cli import build_parser
+from lockstep.commands.cli import build_parser
 from tests.compose import container_argv, documented_commands, interpolate, load_compose
+from tests.paths import CODE, DATA_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {
-    "lockstep": "lockstep",
-    "schemas": "lockstep.schemas",
-    "producers": "lockstep.producers",
-    "streams": "lockstep.streams",
-    "sinks": "lockstep.sinks",
-}
-
-
-#: folders of data installed as packages of their own (lockstep/app/data.py finds them)
-DATA_PACKAGES = {
-    "suites": "lockstep.suites",
-    "tests/data/real/corpus": "lockstep.corpus",
-    "tests/data/real/holdout": "lockstep.holdout",
-}
+#: the folders of code -> the packages they install as (pyproject.toml's package-dir, read by tests/paths.py)
+STAGES = CODE
 
 
 def test_every_package_folder_is_packaged():

@@ -8,21 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import INSTALLED
+
 pytestmark = pytest.mark.slow  # builds and installs the wheel
 
 ROOT = Path(__file__).resolve().parents[1]
-#: source folder -> the package it installs as (pyproject's package-dir)
-STAGES = {
-    "lockstep": "lockstep",
-    "schemas": "lockstep/schemas",
-    "producers": "lockstep/producers",
-    "streams": "lockstep/streams",
-    "sinks": "lockstep/sinks",
-    # the evaluation data (lockstep/app/data.py)
-    "suites": "lockstep/suites",
-    "tests/data/real/corpus": "lockstep/corpus",
-    "tests/data/real/holdout": "lockstep/holdout",
-}
+#: source folder -> the package it installs as (pyproject's package-dir), as a path in the wheel
+STAGES = {folder: package.replace(".", "/") for folder, package in INSTALLED.items()}
 
 
 def installed_as(rel: str) -> str | None:

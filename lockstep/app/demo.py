@@ -27,7 +27,8 @@ from ..producers.simulator.fleet import FleetSimulator, Scenario
 from ..producers.simulator.hang import SimulatedHang
 from ..producers.simulator.live import run_live
 from ..producers.simulator.topology import Topology
-from ..sinks.sink import query, wait_for
+from ..schemas.records import ProfileTrigger
+from ..sinks.http import query, wait_for
 from ..streams.app import changelog_topics
 from .runtime import Child, RuntimeFailure, settings_flags
 
@@ -156,6 +157,50 @@ def topic_stats(settings: Settings, topics: list[str]) -> list[TopicStat]:
     return [TopicStat(t, len(records[t]), sum(len(v or b"") for _, v in records[t])) for t in topics]
 
 
+def _start_pipeline(s: Settings, log_dir: Path, stack: contextlib.ExitStack) -> tuple[Child, Child]:
+    """The stream processor and the sink as child processes (stopped when ``stack`` closes), once both are healthy."""
+    processor_port, sink_port = free_port(), free_port()
+    processor = Child(
+        "processor",
+        ["processor", *settings_flags(s, "processor"), "--http-port", str(processor_port)],
+        log_dir,
+        f"http://127.0.0.1:{processor_port}/healthz",
+    )
+    stack.callback(processor.stop)
+    sink = Child(
+        "sink",
+        ["sink", *settings_flags(s, "sink"), "--http-port", str(sink_port)],
+        log_dir,
+        f"http://127.0.0.1:{sink_port}/healthz",
+    )
+    stack.callback(sink.stop)
+    log.info(
+        "started the stream processor (pid %d) and the DuckDB sink (pid %d); logs in %s",
+        processor.proc.pid,
+        sink.proc.pid,
+        log_dir,
+    )
+    sink.wait_healthy(30)
+    processor.wait_healthy(45)
+    return processor, sink
+
+
+def _window_stored(db: Path, job: str, trig: ProfileTrigger, hang: SimulatedHang | None) -> bool:
+    """The window's report is in the store; for a hang window, the findings of who holds the job (no steps are
+    profiled)."""
+    sql = "SELECT count(*) FROM windows WHERE job = ? AND window_id = ?"
+    if hang is not None:
+        sql = "SELECT count(*) FROM findings WHERE job = ? AND window_id = ? AND cause IN ('hang', 'worker_died')"
+    _, rows = query(db, sql, [job, trig.window])
+    return rows[0][0] > 0
+
+
+def _series_stored(db: Path, job: str, trig: ProfileTrigger) -> bool:
+    """The job's step times are stored up to the window's last step."""
+    _, rows = query(db, "SELECT coalesce(max(step), -1) FROM step_series WHERE job = ?", [job])
+    return rows[0][0] >= trig.start_step + trig.steps - 1
+
+
 def run_demo(
     settings: Settings,
     scenario: Scenario,
@@ -179,30 +224,8 @@ def run_demo(
     with contextlib.ExitStack() as stack:
         s = stack.enter_context(kafka_or_embedded(settings))
         topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
-        processor_port, sink_port = free_port(), free_port()
         status("starting the stream processor and the sink")
-        processor = Child(
-            "processor",
-            ["processor", *settings_flags(s, "processor"), "--http-port", str(processor_port)],
-            log_dir,
-            f"http://127.0.0.1:{processor_port}/healthz",
-        )
-        stack.callback(processor.stop)
-        sink = Child(
-            "sink",
-            ["sink", *settings_flags(s, "sink"), "--http-port", str(sink_port)],
-            log_dir,
-            f"http://127.0.0.1:{sink_port}/healthz",
-        )
-        stack.callback(sink.stop)
-        log.info(
-            "started the stream processor (pid %d) and the DuckDB sink (pid %d); logs in %s",
-            processor.proc.pid,
-            sink.proc.pid,
-            log_dir,
-        )
-        sink.wait_healthy(30)
-        processor.wait_healthy(45)
+        processor, sink = _start_pipeline(s, log_dir, stack)
         log.info("pipeline ready after %.1fs", time.monotonic() - t0)
 
         fleet = FleetSimulator(scenario)
@@ -254,26 +277,13 @@ def run_demo(
             trig.start_step + trig.steps - 1,
         )
         status(f"window {trig.window} delivered; waiting for its findings")
-
-        def window_stored() -> bool:
-            sql = "SELECT count(*) FROM windows WHERE job = ? AND window_id = ?"
-            if hang is not None:  # a hang window ends in the findings of who holds the job (no steps are profiled)
-                sql = (
-                    "SELECT count(*) FROM findings WHERE job = ? AND window_id = ? AND cause IN ('hang', 'worker_died')"
-                )
-            _, rows = query(db, sql, [scenario.job, trig.window])
-            return rows[0][0] > 0
-
-        if not wait_for(window_stored, max(5.0, timeout_s - (time.monotonic() - t0))):
+        if not wait_for(
+            lambda: _window_stored(db, scenario.job, trig, hang), max(5.0, timeout_s - (time.monotonic() - t0))
+        ):
             raise RuntimeFailure(f"window {trig.window} did not reach {db} in time; see {log_dir}")
-
-        def series_stored() -> bool:  # the step times come every second or so: the picture should show the whole window
-            _, rows = query(db, "SELECT coalesce(max(step), -1) FROM step_series WHERE job = ?", [scenario.job])
-            return rows[0][0] >= trig.start_step + trig.steps - 1
-
         status(f"window {trig.window} stored; waiting for its step times")
-        if hang is None:
-            wait_for(series_stored, 10.0)
+        if hang is None:  # the step times come every second or so: the picture should show the whole window
+            wait_for(lambda: _series_stored(db, scenario.job, trig), 10.0)
         _, rows = query(db, "SELECT record FROM findings WHERE job = ? ORDER BY step_time_share DESC", [scenario.job])
         findings = [r[0] for r in rows]
         cols, wrows = query(db, "SELECT * FROM windows WHERE job = ?", [scenario.job])

@@ -60,7 +60,7 @@ from .data import SUITES
 
 STEPTIMES = SUITES / "steptimes"
 SIZES = (0.02, 0.03, 0.05, 0.10, 0.20, 0.50)
-#: the detector before issue 15, as it shipped: ``lockstep evaluate --detector --policy`` a file with ``detector: {rule: median, slowdown_threshold: 0.15}``
+#: the detector's older rule, as it first shipped: ``lockstep evaluate --detector --policy`` a file with ``detector: {rule: median, slowdown_threshold: 0.15}``
 MEDIAN_RULE = {"rule": "median", "slowdown_threshold": 0.15}
 DAY_STEPS = 86_400
 BLOCK = 200

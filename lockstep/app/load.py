@@ -31,21 +31,21 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import psutil
 
 from ..broker import kafka_or_embedded
 from ..config import Settings
-from ..kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
+from ..kafka import Publisher, Tail, Topics, consumer_config, ensure_topics, producer_config
 from ..metrics import value
 from ..producers.simulator.faults import Fault
 from ..producers.simulator.fleet import FleetSimulator, Scenario
 from ..producers.simulator.live import run_live
 from ..producers.simulator.topology import Topology
-from ..schemas.records import StepReport, TriggerRequest, decode
-from ..sinks.sink import query, wait_for
+from ..schemas.records import ProfileTrigger, StepReport, TriggerRequest, decode
+from ..sinks.http import query, wait_for
 from ..streams.app import changelog_topics
 from .runtime import Pipeline
 
@@ -150,7 +150,7 @@ def run_load(
     kill: int | None = None,
 ) -> LoadResult:
     """``windows=False``: heartbeats only (the always-on signal's cost).  ``features``: what the fleet sends, one
-    ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (before issue 13).
+    ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (as older agents did).
 
     ``processors``: that many processors in one consumer group share the partitions (the job's heartbeat shards and
     feature shards spread over them).  ``kill``: the last processor is SIGKILLed halfway through window number
@@ -186,16 +186,16 @@ def run_load(
         )  # what the fleet sends
         samples: list[Sample] = []
         t0 = time.time()
-        state: dict[str, Any] = {"step": 0, "asked_at": 0.0, "done": False}
+        state = _RunState()
         killed: dict[str, int] = {}
 
         def progress(step, res) -> None:
             now = time.time()
             sent_at[step] = now
-            state["step"] = step
+            state.step = step
             last = res.triggers[-1] if res.triggers else None
             active = last is not None and step < last.start_step + last.steps
-            asked = state["asked_at"] and (not last or last.created_at < state["asked_at"])
+            asked = state.asked_at and (not last or last.created_at < state.asked_at)
             if (
                 kill is not None
                 and last is not None
@@ -209,35 +209,20 @@ def run_load(
                 pipeline.kill(victim)
                 scraped.dead.add(victim)
                 killed[victim] = step
-            if windows and not active and (not asked or now - state["asked_at"] > 10.0):
+            if windows and not active and (not asked or now - state.asked_at > 10.0):
                 publisher.send(
                     topics.heartbeats,
                     sc.job,
                     TriggerRequest(job=sc.job, request=uuid.uuid4().hex[:12], reason="load run", requested_at=now),
                 )
-                state["asked_at"] = now
+                state.asked_at = now
             for name in names:
                 if name not in scraped.dead:
                     pipeline.children[name].healthy()
 
-        def sample() -> None:
-            while not state["done"]:
-                scraped.refresh()
-                publisher.poll(0)  # run the delivery reports now: the count is this instant's
-                delivered = dict(publisher.stats.records)
-                samples.append(
-                    Sample(
-                        at=time.time() - t0,
-                        step=state["step"],
-                        lag_records={
-                            t: delivered.get(t, 0) - scraped.sum("lockstep_records_in_total", topic=t) for t in inputs
-                        },
-                        lag_seconds={t: scraped.max("lockstep_consumer_lag_seconds", topic=t) for t in inputs},
-                    )
-                )
-                time.sleep(1.0)
-
-        sampler = threading.Thread(target=sample, name="load-sampler", daemon=True)
+        sampler = threading.Thread(
+            target=_sample, args=(state, scraped, publisher, inputs, samples, t0), name="load-sampler", daemon=True
+        )
         sampler.start()
         try:
             live = run_live(
@@ -275,7 +260,7 @@ def run_load(
             drain_s = time.time() - t_end
             time.sleep(1.5)  # a last sample after the drain
         finally:
-            state["done"] = True
+            state.done = True
             sampler.join(5)
         cpu = {name: cpu.get(name) or sum(p.cpu_times()[:2]) - cpu0[name] for name, p in procs.items()}
         scraped.refresh()
@@ -288,30 +273,8 @@ def run_load(
         findings: dict[str, list[str]] = {}
         for window, fid in ids:
             findings.setdefault(window, []).append(fid)
-        rows = query(
-            s.db,
-            "SELECT window_id, min(epoch(first_seen)), list_distinct(flatten(list(workers))) FROM findings WHERE job = ? GROUP BY window_id",
-            [sc.job],
-        )[1]
-        window_latency, culprits = [], {}
-        by_name = {t.window: t for t in live.triggers}
-        for window, first_seen, named in rows:
-            t = by_name.get(window)
-            last_step = t.start_step + t.steps - 1 if t else None
-            if last_step in sent_at:
-                window_latency.append(first_seen - sent_at[last_step])
-            culprits[window] = sorted(named)
-        step_latency = []
-        with Tail(consumer_config(s, None), topics.stepreports, from_start=True).open() as reports:
-            for msg in reports.read_to_end():
-                rep = decode(msg.value)
-                if not isinstance(rep, StepReport) or rep.job != sc.job or msg.timestamp_s is None:
-                    continue
-                sent = (
-                    rep.step if features == "step" else rep.window_start + rep.window_steps - 1
-                )  # the step's records went out then
-                if sent in sent_at:
-                    step_latency.append(msg.timestamp_s - sent_at[sent])
+        window_latency, culprits = _window_latency(s.db, sc.job, live.triggers, sent_at)
+        step_latency = _step_latency(s, topics, sc.job, features, sent_at)
         return LoadResult(
             workers=workers,
             steps_per_s=steps_per_s,
@@ -334,6 +297,73 @@ def run_load(
             findings=findings,
             finding_rows=len(ids),
         )
+
+
+@dataclass
+class _RunState:
+    """What the fleet's progress callback and the sampler thread share during a load run."""
+
+    step: int = 0  # the fleet's last step
+    asked_at: float = 0.0  # when the run last asked for a window (0: never)
+    done: bool = False  # the run is over: the sampler stops
+
+
+def _sample(
+    state: _RunState, scraped: _Scraped, publisher: Publisher, inputs: tuple[str, ...], samples: list[Sample], t0: float
+) -> None:
+    """Every second until the run is over: the lag of what the fleet sent behind what the processors consumed."""
+    while not state.done:
+        scraped.refresh()
+        publisher.poll(0)  # run the delivery reports now: the count is this instant's
+        delivered = dict(publisher.stats.records)
+        samples.append(
+            Sample(
+                at=time.time() - t0,
+                step=state.step,
+                lag_records={
+                    t: delivered.get(t, 0) - scraped.sum("lockstep_records_in_total", topic=t) for t in inputs
+                },
+                lag_seconds={t: scraped.max("lockstep_consumer_lag_seconds", topic=t) for t in inputs},
+            )
+        )
+        time.sleep(1.0)
+
+
+def _window_latency(
+    db: Path, job: str, triggers: list[ProfileTrigger], sent_at: dict[int, float]
+) -> tuple[list[float], dict[str, list[int]]]:
+    """Each stored window's latency (its first finding stored after its last step was sent) and the workers its
+    findings name."""
+    rows = query(
+        db,
+        "SELECT window_id, min(epoch(first_seen)), list_distinct(flatten(list(workers))) FROM findings WHERE job = ? GROUP BY window_id",
+        [job],
+    )[1]
+    window_latency, culprits = [], {}
+    by_name = {t.window: t for t in triggers}
+    for window, first_seen, named in rows:
+        t = by_name.get(window)
+        last_step = t.start_step + t.steps - 1 if t else None
+        if last_step in sent_at:
+            window_latency.append(first_seen - sent_at[last_step])
+        culprits[window] = sorted(named)
+    return window_latency, culprits
+
+
+def _step_latency(
+    s: Settings, topics: Topics, job: str, features: Literal["window", "step"], sent_at: dict[int, float]
+) -> list[float]:
+    """Each step report's latency: published after the step's records went out."""
+    step_latency = []
+    with Tail(consumer_config(s, None), topics.stepreports, from_start=True).open() as reports:
+        for msg in reports.read_to_end():
+            rep = decode(msg.value)
+            if not isinstance(rep, StepReport) or rep.job != job or msg.timestamp_s is None:
+                continue
+            sent = rep.step if features == "step" else rep.window_start + rep.window_steps - 1  # its records went out
+            if sent in sent_at:
+                step_latency.append(msg.timestamp_s - sent_at[sent])
+    return step_latency
 
 
 class _Scraped:

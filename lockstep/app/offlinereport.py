@@ -1,7 +1,7 @@
 """``lockstep diagnose ... --report FILE.html``: the offline window as the live page draws a window (pure but for
 the file written).
 
-The same pictures as the sink's live page (:mod:`lockstep.sinks.report`): the step time per step (the slowest
+The same pictures as the sink's live page (:mod:`lockstep.sinks.report.page`): the step time per step (the slowest
 rank's, the median rank's, and every rank's own line for up to :data:`RANK_LINES` ranks), the worker x function
 deviation map of the window (:func:`lockstep.streams.pictures.deviation_map`, from the same step results the
 diagnosis read), and each finding with its evidence, in one self-contained HTML file.
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..schemas.errors import LockstepError
-from ..sinks.report import HeatCell, Report, SeriesPoint, WindowRow, render
+from ..sinks.report.page import HeatCell, Report, SeriesPoint, WindowRow, render
 from ..streams.pictures import deviation_map
 
 #: ranks drawn as lines of their own (beyond, only the slowest and the median: a thousand lines are a blur)

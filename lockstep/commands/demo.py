@@ -68,8 +68,8 @@ def run(args) -> int:
     from ..app.progress import Progress, wanted
     from ..logs import setup_logging
     from ..producers.simulator.fleet import Scenario
-    from ..sinks.report import render
-    from ..sinks.reportdata import gather
+    from ..sinks.report.data import gather
+    from ..sinks.report.page import render
 
     settings = demo_settings(args)
     show = wanted(args.json)
@@ -129,7 +129,7 @@ def run(args) -> int:
 
 
 def gather_store(gather, db):
-    from ..sinks.sink import query
+    from ..sinks.http import query
 
     return gather(lambda sql, params=None: query(db, sql, params))
 

@@ -34,7 +34,7 @@ def store_runner(db, tenant=None, show_progress: bool = False):
     """``run(sql, params)`` on the findings file (or the running sink), with the tenant rule, and a status
     line on a terminal while a query takes longer than a second."""
     from ..app.progress import Progress
-    from ..sinks.sink import query
+    from ..sinks.http import query
 
     def run(sql: str, params: list | None = None):
         with Progress(show_progress, "querying", delay_s=1.0):
@@ -55,7 +55,7 @@ def run(args) -> int:
     from .. import config
     from ..app.output import findings_table, print_json
     from ..app.progress import wanted
-    from ..sinks.reportdata import fetch_findings
+    from ..sinks.report.data import fetch_findings
 
     db = args.db or config.load(None).db
     if args.windows:
@@ -82,7 +82,7 @@ def _windows(args, run) -> int:
     import dataclasses
 
     from ..app.output import print_json, windows_table
-    from ..sinks.reportdata import fetch_windows
+    from ..sinks.report.data import fetch_windows
 
     rows = [dataclasses.asdict(w) for w in fetch_windows(run, args.job, args.since, positive_limit(args.limit))]
     for w in rows:
@@ -97,7 +97,7 @@ def _windows(args, run) -> int:
 def _unfinished(run, args) -> str:
     """A line under the findings when windows of the selection failed or have not reported: a window that found
     nothing because it failed must not read as a healthy job."""
-    from ..sinks.reportdata import fetch_windows
+    from ..sinks.report.data import fetch_windows
 
     rows = fetch_windows(run, args.job, args.since, 1000)
     failed = sum(w.closed == "failed" for w in rows)

@@ -1,4 +1,4 @@
-"""``lockstep report``: the findings store as one HTML page with pictures (see :mod:`lockstep.sinks.report`).
+"""``lockstep report``: the findings store as one HTML page with pictures (see :mod:`lockstep.sinks.report.page`).
 
 ``--live-url`` prints instead the address of the running sink's live page, with its token (read from
 the sink's address file, which only the database file's owner can read).
@@ -44,7 +44,7 @@ def live_url(db: Path, tenant: str | None = None, job: str | None = None) -> str
     """The live page of the sink that holds ``db``, with the token from its address file."""
     from urllib.parse import urlencode
 
-    from ..sinks.sink import sidecar
+    from ..sinks.http import sidecar
     from ..sinks.store import StoreError
 
     side = sidecar(db)
@@ -69,8 +69,8 @@ def run(args) -> int:
     from .. import config
     from ..app.output import plural, print_json
     from ..app.progress import wanted
-    from ..sinks.report import render
-    from ..sinks.reportdata import gather
+    from ..sinks.report.data import gather
+    from ..sinks.report.page import render
     from .findings import positive_limit, store_runner
 
     db = args.db or config.load(None).db

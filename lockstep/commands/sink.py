@@ -33,10 +33,11 @@ def run(args) -> int:
     from ..kafka import Publisher, admin, consumer_config, ensure_topics, producer_config, topic_ids
     from ..logs import setup_logging
     from ..metrics import Metrics
-    from ..sinks import routes
-    from ..sinks.incidents import IncidentPolicy
-    from ..sinks.pager import Pager
-    from ..sinks.sink import QueryServer, Sink
+    from ..sinks.http import QueryServer
+    from ..sinks.paging import routes
+    from ..sinks.paging.incidents import IncidentPolicy
+    from ..sinks.paging.pager import Pager
+    from ..sinks.sink import Sink
     from ..sinks.store import FindingsStore
 
     settings = config.load(args)

@@ -29,8 +29,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..app.output import print_json, table
     from ..config import ConfigError
-    from ..sinks import routes
-    from ..sinks.pager import send_test
+    from ..sinks.paging import routes
+    from ..sinks.paging.pager import send_test
 
     paging = routes.load(args.routes)
     chosen = [r for r in paging.routes if not args.route or r.name in args.route]

@@ -194,7 +194,7 @@ class Redaction:
             return {k: self._scrub(v) for k, v in value.items()}
         return value
 
-    def _args(self, args: dict) -> dict:
+    def _args(self, args: dict[str, Any]) -> dict[str, Any]:
         out = {}
         for k, v in args.items():
             if self.stacks == "drop" and k in STACK_ARGS:

@@ -135,7 +135,7 @@ class AgentConfig:
         default=256,
         metadata={
             "help": "a flush's heartbeats go as one HeartbeatBatch keyed job/shard, shard = rank // this "
-            "(0: one StepHeartbeat per step keyed job, for processors before issue 13)",
+            "(0: one StepHeartbeat per step keyed job, for older processors)",
             "parse": _nonneg_int,
         },
     )

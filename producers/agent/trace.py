@@ -67,9 +67,10 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -77,7 +78,7 @@ import pyarrow.compute as pc
 
 from ...schemas.errors import LockstepError
 from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_SCHEMA
-from .trace_json import Columns, TraceReadError, read_file, read_object, release_memory
+from .trace_json import Columns, Head, TraceReadError, read_file, read_object, release_memory
 
 MAX_NAME = 200
 #: largest trace accepted, after decompression (a JSON trace decodes to a few times its size in memory)
@@ -156,7 +157,7 @@ _NOT_DEVICE_WORK = ("gpu_user_annotation",)
 
 
 def read_chrome_trace(
-    source: str | Path | dict, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES
+    source: str | Path | dict[str, Any], worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES
 ) -> TraceEvents:
     """Read one worker's trace: a file path (``.json`` or ``.json.gz``) or the parsed JSON object."""
     from . import jaxtrace
@@ -298,7 +299,7 @@ def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> byt
         return out
 
 
-def _wrap(read, *args):
+def _wrap(read: Callable[..., tuple[Head, Columns]], *args: Any) -> tuple[Head, Columns]:
     """The streaming reader's result, its errors as :class:`TraceError`."""
     try:
         return read(*args)
@@ -530,7 +531,9 @@ def _flow_launch(c: Columns, dev_stream: np.ndarray, dev_ts: np.ndarray) -> np.n
     return out
 
 
-def _profiler_steps(name_dict: list[str], name, is_step, ts, dur) -> tuple[dict[int, tuple[float, float]], str]:
+def _profiler_steps(
+    name_dict: list[str], name: np.ndarray, is_step: np.ndarray, ts: np.ndarray, dur: np.ndarray
+) -> tuple[dict[int, tuple[float, float]], str]:
     bounds: dict[int, tuple[float, float]] = {}
     for i in np.flatnonzero(is_step):
         text = name_dict[name[i]]
@@ -545,7 +548,15 @@ def _profiler_steps(name_dict: list[str], name, is_step, ts, dur) -> tuple[dict[
 
 
 def _inferred_steps(
-    name_dict: list[str], name, is_ann, is_opt_step, ts, dur, stream, is_cpu, is_dev
+    name_dict: list[str],
+    name: np.ndarray,
+    is_ann: np.ndarray,
+    is_opt_step: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    stream: np.ndarray,
+    is_cpu: np.ndarray,
+    is_dev: np.ndarray,
 ) -> tuple[dict[int, tuple[float, float]], str]:
     """Iterations of a trace without ``ProfilerStep#N``: optimizer steps, else a repeating top-level region, else one step."""
     work = is_cpu | is_dev
@@ -575,11 +586,11 @@ def _inferred_steps(
 
 
 def _starts(names: pa.Array, prefix: str) -> np.ndarray:
-    return pc.starts_with(names, prefix).to_numpy(zero_copy_only=False)
+    return np.asarray(pc.starts_with(names, prefix).to_numpy(zero_copy_only=False))
 
 
 def _has(names: pa.Array, sub: str, ignore_case: bool = False) -> np.ndarray:
-    return pc.match_substring(names, sub, ignore_case=ignore_case).to_numpy(zero_copy_only=False)
+    return np.asarray(pc.match_substring(names, sub, ignore_case=ignore_case).to_numpy(zero_copy_only=False))
 
 
 def _nested(stream: np.ndarray, ts: np.ndarray, dur: np.ndarray, among: np.ndarray) -> np.ndarray:

@@ -1,1 +1,1 @@
-"""."""
+"""The simulator: a topology, faults, a step model and the fleet that publishes what real agents would (:mod:`.fleet`), the standard suite (:mod:`.suite`) and the live run against Kafka (:mod:`.live`)."""

@@ -74,6 +74,7 @@ same peer group, i.e. the same pipeline stage and role, in the same step):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -168,7 +169,7 @@ class Truth:
     severity: float = 0.0
     impact: float = float("nan")  # step-time share removing the fault saves, measured by re-simulation
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
@@ -265,8 +266,8 @@ class Fault:
             severity=self.severity,
         )
 
-    def to_dict(self) -> dict:
-        out: dict = {"type": self.type}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
         for name in ("workers", "hosts", "nics", "switches"):
             if getattr(self, name):
                 out[name] = list(getattr(self, name))

@@ -2,12 +2,12 @@
 
 Every step it publishes the workers' heartbeats, as hosts with a relay do: one ``HeartbeatBatch`` per host
 (its workers of one shard), keyed ``job/shard`` (``shard_workers=0``: one ``StepHeartbeat`` per worker, keyed
-``job``, as agents before issue 13 did); it follows the control topic
+``job``, as older agents did); it follows the control topic
 like an agent does (a :class:`~lockstep.kafka.Tail` opened at the topic's end),
 accepts triggers for future steps (refuses those for steps already past), and
 when a window ends publishes each worker's ``WindowFeatures`` keyed ``job:window:shard``,
 as the agents do (``features="step"``: a ``FeatureBatch`` per worker and step, keyed
-``job:step``, during the window, as agents before issue 13 did).  When it stops, every
+``job:step``, during the window, as older agents did).  When it stops, every
 worker sends its final heartbeat, as an agent does when it closes: the job ended (the
 detector does not take the silence for a hang, and the job's incidents resolve).
 """

@@ -3,8 +3,8 @@
 One process (the sink) holds the file read-write.  Rows and the Kafka offsets
 that produced them commit together, so after a crash the sink resumes exactly
 where its last transaction ended: nothing lost, nothing twice.  The same
-transaction keeps the incidents (:mod:`.incidents`) and appends their events,
-which the pager (:mod:`.pager`) turns into pages.
+transaction keeps the incidents (:mod:`..paging.incidents`) and appends their events,
+which the pager (:mod:`..paging.pager`) turns into pages.
 
 SQL names follow the records, except where SQL reserves the word:
 ``Finding.window`` is the column ``window_id`` and ``Finding.group`` is ``peer_group``.

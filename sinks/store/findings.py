@@ -13,7 +13,7 @@ import msgspec
 import pyarrow as pa
 
 from ...schemas.records import Finding
-from ..incidents import (
+from ..paging.incidents import (
     Event,
     Incident,
     IncidentPolicy,
@@ -272,14 +272,14 @@ class FindingsStore:
     def acknowledge(
         self, incident_id: str, by: str, tenant: str | None = None, now: float | None = None
     ) -> tuple[Incident, list[Event]]:
-        """Someone acknowledged an open incident (:func:`.incidents.acknowledge`); one transaction.  Returns the
+        """Someone acknowledged an open incident (:func:`..paging.incidents.acknowledge`); one transaction.  Returns the
         incident as stored and the event appended (none when it was acknowledged already)."""
         return self._by_hand(acknowledge, incident_id, by, tenant, now)
 
     def resolve(
         self, incident_id: str, by: str, tenant: str | None = None, now: float | None = None
     ) -> tuple[Incident, list[Event]]:
-        """Someone resolved an open incident (:func:`.incidents.resolve_by_hand`); one transaction."""
+        """Someone resolved an open incident (:func:`..paging.incidents.resolve_by_hand`); one transaction."""
         return self._by_hand(resolve_by_hand, incident_id, by, tenant, now)
 
     def _by_hand(self, change, incident_id: str, by: str, tenant: str | None, now: float | None):

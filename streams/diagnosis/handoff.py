@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from ...schemas.functions import float_columns, pack, unpack_ipc
-from ...schemas.records import RecordError, StepReport
+from ...schemas.records import RecordError, StepClosed, StepReport
 from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, WORKER_SCHEMA, StepResult
 
 #: evidence columns of the step report's tables added after its first release (a missing one reads as NaN)
@@ -71,7 +71,7 @@ def step_report(
     bytes_in: int,
     policy: str,
     tenant: str,
-    closed: str,
+    closed: StepClosed,
 ) -> StepReport:
     return StepReport(
         job=result.job,
@@ -91,7 +91,7 @@ def step_report(
         workers=pack(result.workers) if result.workers is not None else b"",
         policy=policy,
         tenant=tenant,
-        closed=closed,  # type: ignore[arg-type]
+        closed=closed,
     )
 
 

@@ -28,31 +28,13 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from ...schemas.records import Evidence, Finding, Impact, WindowReport, finding_id
+from ...schemas.records import HARDWARE_CAUSES, Closed, Evidence, Finding, Impact, WindowReport, finding_id
 from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .localise import NOBODY, Localised, Standing, localise
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
-
-#: causes located in a host's hardware, whose deviating workers on one host form one finding
-HOST_HARDWARE_CAUSES = frozenset(
-    {
-        "gpu_throttle_thermal",
-        "gpu_throttle_power",
-        "gpu_throttle",
-        "gpu_slow",
-        "nvlink",
-        "pcie",
-        "nic",
-        "switch",
-        "host_cpu_contention",
-        "host_memory",
-        "storage",
-    }
-)
-
 
 #: causes that name none: findings of one worker merge only within one resource (a GPU's kernels, a host's CPU work)
 UNNAMED_CAUSES = frozenset({"undetermined", "unknown"})
@@ -95,7 +77,7 @@ def diagnose_window(
     policy: Policy,
     *,
     now: float,
-    closed: str = "complete",
+    closed: Closed = "complete",
     closed_reason: str = "",
     bytes_in: int = 0,
     history: JobHistory | None = None,
@@ -140,7 +122,7 @@ def window_report(
     policy: Policy,
     *,
     now: float,
-    closed: str,
+    closed: Closed,
     closed_reason: str = "",
     bytes_in: int = 0,
     findings: list[Finding] | None = None,
@@ -162,7 +144,7 @@ def window_report(
         findings=len(findings),
         actionable=any(f.cause not in ("unknown", "undetermined") for f in findings),
         reached_device=any(f.devices for f in findings),
-        closed=closed,  # type: ignore[arg-type]
+        closed=closed,
         closed_at=now,
         policy=info.policy or policy.ref,
         tenant=info.tenant,
@@ -421,7 +403,7 @@ def _by_owner(attributed: list[_Attributed]) -> dict[tuple[str, tuple[Any, ...]]
     their own extra code are two problems, never one finding."""
     merged: dict[tuple[str, tuple[Any, ...]], list[_Attributed]] = {}
     for s, att, m in attributed:
-        owner: tuple[Any, ...] = tuple(sorted(set(s.hosts))) if att.cause in HOST_HARDWARE_CAUSES else tuple(s.workers)
+        owner: tuple[Any, ...] = tuple(sorted(set(s.hosts))) if att.cause in HARDWARE_CAUSES else tuple(s.workers)
         if att.cause in UNNAMED_CAUSES:  # no cause ties them: a slow kernel and a slow loader are two problems
             owner += (s.resource,)
         merged.setdefault((att.cause, owner), []).append((s, att, m))
@@ -907,52 +889,19 @@ def _group_findings(ctx: _Ctx, g: pa.Table) -> list[Finding]:
 COMM_RANGE_CONFIDENCE = 0.45
 
 
-def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: list[Finding]) -> list[Finding]:
-    """No outlier among peers: compare with what is normal (expected ranges) and with the job's own past.
-
-    What the window's worker and group findings (``found``) explain is left out.  A
-    culprit makes every member of its collectives wait, and a slow link slows its
-    whole ring; when a whole peer group waits (a collective spanning pipeline
-    stages, a stage behind one switch) the wait estimate cannot take the wait out
-    of its communication, so communication is only judged in windows without such
-    findings.  A peer group with a group finding is not judged against its past
-    either: its extra work is that finding; nor is a small group (compared by
-    ratio) with a worker finding: its median moves with its culprit (of two
-    workers, by half the culprit's excess).
-    """
-    if g.num_rows == 0:
-        return []
+def _python_findings(
+    ctx: _Ctx, gpu_job: bool, fn: np.ndarray, kind: np.ndarray, step: np.ndarray, share: np.ndarray, n_peer_groups: int
+) -> list[Finding]:
+    """A Python function above ``python_share_max`` of the step in every peer group, where the GPU does the compute."""
     dp = ctx.dp
-    findings = []
-    grp, fn, kind = _np(g, "group").astype(str), _np(g, "function").astype(str), _np(g, "kind").astype(str)
-    explained = [";".join(f"{k}={v}" for k, v in (f.group or {}).items()) for f in found if f.scope == "group"]
-    culprits = [w for f in found if f.scope == "worker" for w in f.workers]
-    if culprits:
-        out = _concat([r.outliers for r in ctx.results], ctx.results)
-        small = np.unique(grp[_np(g, "workers") <= dp.ratio_peers_max])
-        explained += [
-            x for x in np.unique(_np(out, "group")[np.isin(_np(out, "worker"), culprits)].astype(str)) if x in small
-        ]
-    keep = ~np.isin(grp, explained)
-    if found:
-        keep &= ~np.isin(kind, WAITING_KINDS)
-    g = g.filter(pa.array(keep))
-    if g.num_rows == 0:
-        return []
-    grp, fn, kind = grp[keep], fn[keep], kind[keep]
-    step, work, st = _np(g, "step"), _np(g, "work_us"), _np(g, "step_time_us")
-    share = work / st
-    gnames = np.unique(grp)
-
-    # a Python function above python_share_max of the step in every peer group, where the GPU does the compute
-    gpu_job = bool(np.any(_np(g, "resource").astype(str) == "gpu"))
+    findings: list[Finding] = []
     py = np.flatnonzero(kind == "python") if gpu_job else np.array([], dtype=np.intp)
     if py.size:
         keys, inv, first = _keys(fn[py], step[py])
         lo = np.full(keys.size, np.inf)
         np.minimum.at(lo, inv, share[py])
         n_groups = np.bincount(inv, minlength=keys.size)
-        over = (lo > dp.python_share_max) & (n_groups == gnames.size)
+        over = (lo > dp.python_share_max) & (n_groups == n_peer_groups)
         for f in np.unique(fn[py][first][over]):
             sel = over & (fn[py][first] == f)
             if sel.sum() >= ctx.need:
@@ -977,18 +926,22 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
                     )
                 )
 
-    regressions = (
-        _regressions(ctx, grp, fn, kind, step, work, st, history) if history is not None and history.windows else []
-    )
-    # communication (its work, waits excluded) above comm_share_max of the step in every peer group, unless a
-    # collective is slower than it used to be (that regression says more)
+    return findings
+
+
+def _comm_findings(
+    ctx: _Ctx, grp: np.ndarray, kind: np.ndarray, step: np.ndarray, share: np.ndarray, n_peer_groups: int
+) -> list[Finding]:
+    """Communication (its work, waits excluded) above ``comm_share_max`` of the step in every peer group."""
+    dp = ctx.dp
+    findings: list[Finding] = []
     comm = np.isin(kind, WAITING_KINDS)
-    if comm.any() and not any(f.function_kind in WAITING_KINDS for f in regressions):
+    if comm.any():
         keys, inv, first = _keys(step[comm], grp[comm])
         per = np.bincount(inv, weights=share[comm], minlength=keys.size)
         s_of = step[comm][first]
         steps = np.unique(s_of)
-        lo = np.array([per[s_of == s].min() if (s_of == s).sum() == gnames.size else 0.0 for s in steps])
+        lo = np.array([per[s_of == s].min() if (s_of == s).sum() == n_peer_groups else 0.0 for s in steps])
         over = lo > dp.comm_share_max
         if over.sum() >= ctx.need:
             med = float(np.median(lo[over]))
@@ -1011,6 +964,54 @@ def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: lis
                     COMM_RANGE_CONFIDENCE,
                 )
             )
+    return findings
+
+
+def _job_findings(ctx: _Ctx, g: pa.Table, history: JobHistory | None, found: list[Finding]) -> list[Finding]:
+    """No outlier among peers: compare with what is normal (expected ranges) and with the job's own past.
+
+    What the window's worker and group findings (``found``) explain is left out.  A
+    culprit makes every member of its collectives wait, and a slow link slows its
+    whole ring; when a whole peer group waits (a collective spanning pipeline
+    stages, a stage behind one switch) the wait estimate cannot take the wait out
+    of its communication, so communication is only judged in windows without such
+    findings.  A peer group with a group finding is not judged against its past
+    either: its extra work is that finding; nor is a small group (compared by
+    ratio) with a worker finding: its median moves with its culprit (of two
+    workers, by half the culprit's excess).
+    """
+    if g.num_rows == 0:
+        return []
+    dp = ctx.dp
+    grp, fn, kind = _np(g, "group").astype(str), _np(g, "function").astype(str), _np(g, "kind").astype(str)
+    explained = [";".join(f"{k}={v}" for k, v in (f.group or {}).items()) for f in found if f.scope == "group"]
+    culprits = [w for f in found if f.scope == "worker" for w in f.workers]
+    if culprits:
+        out = _concat([r.outliers for r in ctx.results], ctx.results)
+        small = np.unique(grp[_np(g, "workers") <= dp.ratio_peers_max])
+        explained += [
+            x for x in np.unique(_np(out, "group")[np.isin(_np(out, "worker"), culprits)].astype(str)) if x in small
+        ]
+    keep = ~np.isin(grp, explained)
+    if found:
+        keep &= ~np.isin(kind, WAITING_KINDS)
+    g = g.filter(pa.array(keep))
+    if g.num_rows == 0:
+        return []
+    grp, fn, kind = grp[keep], fn[keep], kind[keep]
+    step, work, st = _np(g, "step"), _np(g, "work_us"), _np(g, "step_time_us")
+    share = work / st
+    gnames = np.unique(grp)
+
+    gpu_job = bool(np.any(_np(g, "resource").astype(str) == "gpu"))
+    findings = _python_findings(ctx, gpu_job, fn, kind, step, share, gnames.size)
+
+    regressions = (
+        _regressions(ctx, grp, fn, kind, step, work, st, history) if history is not None and history.windows else []
+    )
+    # communication, unless a collective is slower than it used to be (that regression says more)
+    if not any(f.function_kind in WAITING_KINDS for f in regressions):
+        findings += _comm_findings(ctx, grp, kind, step, share, gnames.size)
     return findings + regressions
 
 

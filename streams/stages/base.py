@@ -85,9 +85,7 @@ class Policies:
         self.current = policy
         self._by_ref[policy.ref] = policy
         for ref in self._by_ref:
-            self.metrics.set(
-                "policy_info", float(ref == policy.ref), help="1 for the policy in force (id@hash)", policy=ref
-            )
+            self.metrics.set("policy_info", float(ref == policy.ref), policy=ref)
 
     def for_ref(self, ref: str) -> Policy:
         """The policy a window was opened under (its trigger's ``id@hash``), else the one in force."""
@@ -135,7 +133,7 @@ class Stage:
         """Publish a record keyed ``key``; the awaitable resolves once Kafka acknowledged it."""
         value = record if isinstance(record, bytes) else encode(record)
         delivered = await self.out.send(topic, key.encode(), value)
-        self.metrics.inc("records_out_total", topic=topic, help="records published, by topic")
+        self.metrics.inc("records_out_total", topic=topic)
         self.metrics.inc("bytes_out_total", len(value), topic=topic)
         return delivered
 
@@ -155,7 +153,6 @@ class Stage:
             "dead_letters_total",
             reason=err.reason,
             stage=self.name,
-            help="records sent to the dead-letter topic, by reason",
         )
 
     async def failed(self, records: Iterable[RecordIn], exc: Exception) -> None:
@@ -195,31 +192,62 @@ class HoldingStage(Stage):
 
 
 C = TypeVar("C")
+C_co = TypeVar("C_co", covariant=True)
 
 
-class Assembler(Protocol[C]):
-    """What :class:`AssemblingStage` needs of its assembler (``StepAssembler``, ``ShardAssembler``)."""
+class Assembler(Protocol[C_co]):
+    """What :class:`AssemblingStage` needs of its assembler (``StepAssembler``, ``ShardAssembler``,
+    ``WindowAssembler``)."""
 
     held_bytes: int  # what the open units' tables hold
 
-    def expire(self, now: float) -> list[C]: ...
+    def __len__(self) -> int: ...  # the open units
 
-    def close_largest(self) -> C | None: ...
+    def close_largest(self) -> C_co | None: ...
 
     def drop(self, partitions: Collection[Partition]) -> None: ...
 
 
-class AssemblingStage(HoldingStage, Generic[C]):
-    """A holding stage whose records go into an assembler until a unit (a step, a shard) is complete or timed out.
+class TimedAssembler(Assembler[C_co], Protocol[C_co]):
+    """An assembler whose units time out on their own (``StepAssembler``, ``ShardAssembler``)."""
 
-    Subclasses say how a record is added (:meth:`_add`: the unit it closed, if any, and whether it came too late)
-    and what a closed unit becomes (:meth:`_finish`); the handling of bad records, bugs, late records, timeouts and
-    revoked partitions is this class's.
+    def expire(self, now: float) -> Sequence[C_co]: ...
+
+
+class AssemblingStage(HoldingStage, Generic[C]):
+    """A holding stage whose records go into an assembler until a unit (a step, a shard, a window) is complete or
+    timed out.
+
+    Subclasses name their assembler (:attr:`assembler_class`, made with the stage's timeout) and the gauge of its
+    open units (:attr:`open_gauge`), and say how a record is added (:meth:`_add`: the unit it closed, if any, and
+    whether it came too late) and what a closed unit becomes (:meth:`_finish`); the handling of bad records, bugs,
+    late records, the memory budget, timeouts and revoked partitions is this class's.
     """
 
+    assembler_class: Callable[[float], Assembler[C]]
     assembler: Assembler[C]
+    #: the gauge of the open units, set after every batch of records
+    open_gauge: str
 
-    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[C | None, bool]:
+    def __init__(
+        self,
+        topics: Topics,
+        out: Output,
+        policies: Policies,
+        metrics: Metrics,
+        timeout_s: float,
+        clock: Clock = time.time,
+    ):
+        super().__init__(topics, out, metrics, clock)
+        self.policies = policies
+        self.assembler = self.assembler_class(timeout_s)
+
+    async def on_records(self, records: Sequence[RecordIn]) -> None:
+        for record in records:
+            await self._one(record)
+        self.metrics.set(self.open_gauge, len(self.assembler))
+
+    async def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[C | None, bool]:
         raise NotImplementedError
 
     async def _finish(self, closed: C) -> None:
@@ -228,7 +256,7 @@ class AssemblingStage(HoldingStage, Generic[C]):
     async def _one(self, record: RecordIn) -> None:
         h = self.hold(record)
         try:
-            closed, late = self._add(record, h)
+            closed, late = await self._add(record, h)
         except RecordError as err:
             await self.dead_letter(record, err)
             await self.release([h])
@@ -238,7 +266,7 @@ class AssemblingStage(HoldingStage, Generic[C]):
             await self.release([h])
             return
         if late:
-            self.metrics.inc("late_records_total", stage=self.name, help="records for steps or windows already closed")
+            self.metrics.inc("late_records_total", stage=self.name)
             await self.release([h])
         elif closed is not None:
             await self._finish(closed)
@@ -246,11 +274,17 @@ class AssemblingStage(HoldingStage, Generic[C]):
             self.metrics.inc("budget_closes_total", stage=self.name)
             await self._finish(largest)
 
+    def on_revoked(self, partitions: Collection[Partition]) -> None:
+        self.assembler.drop(partitions)
+        self.acks.drop(partitions)
+
+
+class TimedAssemblingStage(AssemblingStage[C]):
+    """An assembling stage whose units close on the assembler's own timeout (the step and shard stages)."""
+
+    assembler: TimedAssembler[C]
+
     async def on_timer(self, now: float) -> None:
         """Units that waited the assembler's timeout for their last workers close without them."""
         for closed in self.assembler.expire(now):
             await self._finish(closed)
-
-    def on_revoked(self, partitions: Collection[Partition]) -> None:
-        self.assembler.drop(partitions)
-        self.acks.drop(partitions)

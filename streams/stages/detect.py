@@ -37,12 +37,8 @@ from .base import Clock, Output, Partition, RecordIn, Stage
 log = logging.getLogger("lockstep.processor")
 
 #: the host agents' counters (AgentCounters, carried by heartbeats) exported per job as lockstep_agent_<name>
-AGENT_COUNTERS = {
-    "dropped_records": "records the agents dropped because their queue or spool was full",
-    "spooled_records": "records waiting in the agents' spools for Kafka",
-    "refused_triggers": "triggers the agents refused (start step past, or overlapping a window)",
-    "failed_windows": "accepted windows the agents could not profile or summarise",
-}
+#: (their help in lockstep.metrics.CATALOGUE)
+AGENT_COUNTERS = ("dropped_records", "spooled_records", "refused_triggers", "failed_windows")
 
 
 #: per-job metric series: at most this many jobs each (the largest values), the rest summed as one series
@@ -129,12 +125,12 @@ class DetectStage(Stage):
                 decision.steps,
                 decision.reason,
             )
-            m.inc("triggers_total", kind=decision.kind, help="profiling windows triggered, by what opened them")
+            m.inc("triggers_total", kind=decision.kind)
             # the window stage opens the window now, so that it ends in a report even if no step report ever comes
             await self.send(self.topics.stepreports, decision.job, self._expected(decision))
         else:
             log.info("refused a window for %s (request %s): %s", decision.job, decision.request, decision.reason)
-            m.inc("trigger_refusals_total", code=decision.code, help="operators' trigger requests refused, by reason")
+            m.inc("trigger_refusals_total", code=decision.code)
         await self.send(self.topics.control, decision.job, decision)
 
     async def _changes(self, changes: Sequence[JobChange]) -> None:
@@ -144,7 +140,6 @@ class DetectStage(Stage):
             self.metrics.inc(
                 "job_changes_total",
                 change=ch.change,
-                help="slowdowns profiled, recovered, and jobs ended, as the detector saw them",
             )
             await self.send(self.topics.series, ch.job, ch)
 
@@ -185,19 +180,14 @@ class DetectStage(Stage):
                 "triggers_suppressed",
                 n,
                 code=code,
-                help="automatic windows not opened, by the policy check that stopped them",
             )
-        m.set("detector_jobs", len(self.detector.jobs), help="jobs the detector follows")
-        m.set(
-            "detector_open_windows", self.detector.open_windows(now), help="windows open or scheduled by this processor"
-        )
+        m.set("detector_jobs", len(self.detector.jobs))
+        m.set("detector_open_windows", self.detector.open_windows(now))
         counters = self.detector.agent_counters()
-        for name, what in AGENT_COUNTERS.items():
+        for name in AGENT_COUNTERS:
             m.replace(
                 f"agent_{name}",
                 top_jobs({job: getattr(c, name) for job, c in counters.items()}),
-                help=f"{what}, summed over the job's workers as their agents last reported (jobs this processor "
-                f"follows; the {TOP_JOBS} largest, the rest as job={OTHER_JOBS!r})",
             )
 
     def on_revoked(self, partitions: Collection[Partition]) -> None:

@@ -65,7 +65,7 @@ class HangStage(HoldingStage):
             await self.release([h])
             return
         key = (rep.job, rep.window)
-        self.metrics.inc("hang_reports_total", help="agents' answers to hang triggers")
+        self.metrics.inc("hang_reports_total")
         if key in self.done:
             await self.release([h])
             return
@@ -105,7 +105,7 @@ class HangStage(HoldingStage):
             "; ".join(f.summary for f in found)[:500],
         )
         for f in found:
-            self.metrics.inc("findings_total", cause=f.cause, help="findings published, by cause")
+            self.metrics.inc("findings_total", cause=f.cause)
         await self.release(p.handles)
 
     def on_revoked(self, partitions: Collection[Partition]) -> None:

@@ -8,7 +8,7 @@ aggregated shard by shard in columns (numpy).  The input records are acknowledge
 sent, in offset order per partition: a replay after a crash rebuilds the open steps, and sends again partials the
 detector already has (it keeps the first of each shard).
 
-Operators' ``TriggerRequest``s (and ``DetectorTick``s of processors before issue 13) travel on the heartbeats topic
+Operators' ``TriggerRequest``s (and ``DetectorTick``s of older processors) travel on the heartbeats topic
 keyed ``job``: they are forwarded as they are to the partials topic, where the job's detector reads them.  This stage
 writes no table, so the adapter may hand it batches that cross partitions.
 """
@@ -103,11 +103,8 @@ class _Group:
             self.step_time_s.append(hb.step_time_s)
             self.sent_at.append(hb.sent_at)
             self.holder.append(i)
-        echoes = (
-            [Echo(worker=hb.worker, window=hb.trigger_window, latency_s=hb.trigger_latency_s)]
-            if isinstance(hb.trigger_window, str) and isinstance(hb.trigger_latency_s, float)
-            else []
-        )
+        echo = hb.echo()
+        echoes = [echo] if echo is not None else []
         agents = [WorkerCounters(worker=hb.worker, counters=hb.agent)] if hb.agent else []
         if final or echoes or agents:
             self.news[i] = ([hb.worker] if final else [], echoes, agents)

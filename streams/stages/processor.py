@@ -1,4 +1,5 @@
-"""The processor without faust: its three stages and what they share (metrics, policies, tables)."""
+"""The processor without faust: its stages (heartbeats, detect, shards, steps, windows, hangs) and what they share
+(metrics, policies, tables)."""
 
 from __future__ import annotations
 

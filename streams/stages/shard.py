@@ -14,16 +14,13 @@ per partition; a replayed shard sends the same slices again, which the step stag
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 
-from ...kafka import Topics
-from ...metrics import Metrics
 from ...schemas import functions as ft
 from ...schemas.records import (
     MAX_NAMED_MISSING,
@@ -36,7 +33,7 @@ from ...schemas.records import (
 )
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedShard, Handle, PendingShard, ShardAssembler
-from .base import AssemblingStage, Clock, Output, Policies, RecordIn
+from .base import RecordIn, TimedAssemblingStage
 
 #: a slice whose encoded record passes this is cut in two (Kafka's default record limit is 1 MiB)
 SLICE_MAX_BYTES = 768 << 10
@@ -57,36 +54,15 @@ def check_sizes(rec: WindowFeatures, max_window_steps: int) -> None:
         raise RecordError("invalid", f"shard_workers {rec.shard_workers} exceeds {MAX_SHARD_WORKERS}")
 
 
-class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
+class ShardStage(TimedAssemblingStage[ClosedShard[RecordIn]]):
     """``topics.windowfeatures`` -> :class:`ShardAssembler` -> :func:`step_slices` -> ``topics.features``."""
 
     name = "shards"
+    assembler_class = ShardAssembler
+    assembler: ShardAssembler[RecordIn]
+    open_gauge = "open_shards"
 
-    def __init__(
-        self,
-        topics: Topics,
-        out: Output,
-        policies: Policies,
-        metrics: Metrics,
-        timeout_s: float,
-        clock: Clock = time.time,
-    ):
-        super().__init__(topics, out, metrics, clock)
-        self.policies = policies
-        self.assembler: ShardAssembler[RecordIn] = ShardAssembler(timeout_s)
-
-    @property
-    def open_shards(self) -> int:
-        return self.assembler.open_shards
-
-    async def on_records(self, records: Sequence[RecordIn]) -> None:
-        for record in records:
-            await self._one(record)
-        self.metrics.set(
-            "open_shards", self.assembler.open_shards, help="shards of windows waiting for workers' features"
-        )
-
-    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedShard[RecordIn] | None, bool]:
+    async def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedShard[RecordIn] | None, bool]:
         rec = decode(record.value, WindowFeatures)
         check_sizes(rec, self.policies.for_ref(rec.policy).detector.max_window_steps)
         table = ft.read_compact(rec.functions, rec.functions_codec)  # values: checked per shard (_finish)
@@ -105,7 +81,7 @@ class ShardStage(AssemblingStage[ClosedShard[RecordIn]]):
             await self.failed([h.item for h in p.handles], exc)
             await self.release(p.handles)
             return
-        self.metrics.inc("shards_closed_total", reason=closed.reason, help="shards of windows closed, by reason")
+        self.metrics.inc("shards_closed_total", reason=closed.reason)
         await self.release(p.handles)
 
 
@@ -129,9 +105,9 @@ def iter_step_slices(
         p.records[r] for r in sorted(p.records)
     ] + p.replaced  # rank order; then twins, checked for the dead letters
     n, live = len(entries), len(p.records)
-    recs = [e[0] for e in entries]
-    t = ft.concat([e[1] for e in entries])
-    owner = np.repeat(np.arange(n), [e[1].num_rows for e in entries])
+    recs = [e.record for e in entries]
+    t = ft.concat([e.table for e in entries])
+    owner = np.repeat(np.arange(n), [e.table.num_rows for e in entries])
     ws, n_steps = p.window_start, p.window_steps
     step = t.column("step").to_numpy(zero_copy_only=False).astype(np.int64) - ws
     # each record's step times by step of the window (NaN: a step it did not summarise); validate() kept them inside
@@ -156,7 +132,7 @@ def iter_step_slices(
                 or RecordError("bad_function_table", "window table refused")
             )
         )
-        errors.append((entries[i][3], err))
+        errors.append((entries[i].handle, err))
     # the members' good records: metadata once, then each step's workers and rows
     good = ~bad[:live]
     declared = declared[:live]
@@ -165,7 +141,7 @@ def iter_step_slices(
         for k, v in worker_columns([r.worker for r in recs[:live]], peer_keys).items()
     }
     meta["hardware"] = np.array([r.hardware != "none" for r in recs[:live]])
-    per_step_bytes = np.array([e[2] / len(e[0].steps) for e in entries[:live]])
+    per_step_bytes = np.array([e.size / len(e.record.steps) for e in entries[:live]])
     order = np.flatnonzero((owner < live) & good[np.minimum(owner, live - 1)])
     order = order[np.argsort(step[order] * live + owner[order], kind="stable")]  # by step, then worker (rank)
     rows = ft.complete(t.take(pa.array(order)).drop_columns(["step"]), _present(t))

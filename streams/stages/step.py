@@ -12,49 +12,27 @@ partition (:class:`InOrderAcks`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from ...kafka import Topics
-from ...metrics import Metrics
 from ...schemas import functions as ft
 from ...schemas.records import MAX_NAMED_MISSING, FeatureBatch, RecordError, StepSlice, decode, encode
 from ..diagnosis import StepFrame, analyze_step, step_report
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
 from ..windows import ClosedStep, Handle, PendingStep, StepAssembler
-from .base import AssemblingStage, Clock, Output, Policies, RecordIn
+from .base import RecordIn, TimedAssemblingStage
 
 
-class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
+class StepStage(TimedAssemblingStage[ClosedStep[RecordIn]]):
     """``topics.features`` -> :class:`StepAssembler` + :func:`analyze_step` -> ``topics.stepreports``."""
 
     name = "steps"
+    assembler_class = StepAssembler
+    assembler: StepAssembler[RecordIn]
+    open_gauge = "open_steps"
 
-    def __init__(
-        self,
-        topics: Topics,
-        out: Output,
-        policies: Policies,
-        metrics: Metrics,
-        timeout_s: float,
-        clock: Clock = time.time,
-    ):
-        super().__init__(topics, out, metrics, clock)
-        self.policies = policies
-        self.assembler: StepAssembler[RecordIn] = StepAssembler(timeout_s)
-
-    @property
-    def open_steps(self) -> int:
-        return self.assembler.open_steps
-
-    async def on_records(self, records: Sequence[RecordIn]) -> None:
-        for record in records:
-            await self._one(record)
-        self.metrics.set("open_steps", self.assembler.open_steps)
-
-    def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedStep[RecordIn] | None, bool]:
+    async def _add(self, record: RecordIn, handle: Handle[RecordIn]) -> tuple[ClosedStep[RecordIn] | None, bool]:
         rec = decode(record.value, (FeatureBatch, StepSlice))
         if isinstance(rec, FeatureBatch):
             table = ft.read(rec.functions, rec.functions_codec)  # values: checked per step (_finish)
@@ -91,12 +69,11 @@ class StepStage(AssemblingStage[ClosedStep[RecordIn]]):
             await self.dead_letter(handle.item, err)
         if report is not None:
             await self.send(self.topics.stepreports, p.job, report)
-            m.inc("steps_closed_total", reason=closed.reason, help="steps closed, by reason")
-            m.set("step_analysis_seconds", time.perf_counter() - t0, help="time of the last step analysis")
+            m.inc("steps_closed_total", reason=closed.reason)
+            m.set("step_analysis_seconds", time.perf_counter() - t0)
             m.observe(
                 "step_close_latency_seconds",
                 self.clock() - p.opened_at,
-                help="first feature batch of a step to its step report",
             )
         await self.release(p.handles)
 
@@ -136,13 +113,13 @@ def step_frame(
     (``ft.bad_owners``, a function once per worker).  A worker counts once, its first rows (a feature batch first: a
     redelivered one replaced its twin), in rank order."""
     entries = [p.batches[r] for r in sorted(p.batches)] + p.replaced
-    errors = ft.check_tables([table for _, table, _ in entries])
-    refused = [(h, err) for (_, _, h), err in zip(entries, errors) if err is not None]
+    errors = ft.check_tables([e.table for e in entries])
+    refused = [(e.handle, err) for e, err in zip(entries, errors) if err is not None]
     parts_w: list[pa.Table] = []
     parts_f: list[pa.Table] = []
     good = [e for e, err in zip(entries[: len(p.batches)], errors) if err is None]
     if good:
-        recs = [b for b, _, _ in good]
+        recs = [e.record for e in good]
         meta = worker_columns([b.worker for b in recs], peer_keys)
         parts_w.append(
             pa.table(
@@ -150,37 +127,37 @@ def step_frame(
                     **meta,
                     "step_time_us": [b.step_time_us for b in recs],
                     "hardware": [b.hardware != "none" for b in recs],
-                    "rows": [t.num_rows for _, t, _ in good],
+                    "rows": [e.table.num_rows for e in good],
                 },
                 schema=WORKER_SCHEMA,
             )
         )
-        parts_f.append(ft.compact(pa.concat_tables([t for _, t, _ in good]).combine_chunks()))
+        parts_f.append(ft.compact(pa.concat_tables([e.table for e in good]).combine_chunks()))
     if p.slices:
         slices = sorted(
-            p.slices, key=lambda x: x[1].column("rank")[0].as_py() if x[1].num_rows else -1
+            p.slices, key=lambda x: x.workers.column("rank")[0].as_py() if x.workers.num_rows else -1
         )  # shards: rank ranges
         t = ft.concat(
-            [f for _, _, f, _ in slices]
+            [x.functions for x in slices]
         ).combine_chunks()  # one copy: the check and the analysis read whole columns
-        rows = np.concatenate([w.column("rows").to_numpy(zero_copy_only=False) for _, w, _, _ in slices]).astype(
+        rows = np.concatenate([x.workers.column("rows").to_numpy(zero_copy_only=False) for x in slices]).astype(
             np.int64
         )
-        owner = np.repeat(np.repeat(np.arange(len(slices)), [w.num_rows for _, w, _, _ in slices]), rows)
+        owner = np.repeat(np.repeat(np.arange(len(slices)), [x.workers.num_rows for x in slices]), rows)
         worker = np.repeat(np.arange(rows.size), rows)
         bad = ft.bad_owners(t, owner, len(slices), part=worker)
         for i in np.flatnonzero(bad):
             mine = owner == i
             refused.append(
                 (
-                    slices[i][3],
+                    slices[i].handle,
                     ft.refusal(t.filter(pa.array(mine)), worker[mine])
                     or RecordError("bad_function_table", "slice refused"),
                 )
             )
         if bad.any():
             t = t.filter(pa.array(~bad[owner]))
-        parts_w += [w for (_, w, _, _), b in zip(slices, bad) if not b]
+        parts_w += [x.workers for x, b in zip(slices, bad) if not b]
         parts_f.append(t)
     workers = pa.concat_tables(parts_w) if parts_w else WORKER_SCHEMA.empty_table()
     if workers.num_rows == 0:

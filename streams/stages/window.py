@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Collection, MutableMapping, Sequence
+from collections.abc import Awaitable, MutableMapping
 
 from ...kafka import Topics
 from ...metrics import Metrics
@@ -38,16 +38,19 @@ from ...schemas.records import (
 from ..diagnosis import HistoryError, JobHistory, WindowInfo, diagnose_window, step_result, window_report
 from ..pictures import deviation_map
 from ..windows import ClosedWindow, Handle, PendingWindow, WindowAssembler
-from .base import Clock, HoldingStage, Output, Partition, Policies, RecordIn
+from .base import AssemblingStage, Clock, Output, Policies, RecordIn
 
 log = logging.getLogger("lockstep.processor")
 
 
-class WindowStage(HoldingStage):
+class WindowStage(AssemblingStage[ClosedWindow[RecordIn]]):
     """``topics.stepreports`` -> :class:`WindowAssembler` + :func:`diagnose_window` -> ``topics.findings``,
     ``topics.windows`` (and the ``DeviationMap`` -> ``topics.series``)."""
 
     name = "windows"
+    assembler_class = WindowAssembler
+    assembler: WindowAssembler[RecordIn]
+    open_gauge = "open_windows"
 
     def __init__(
         self,
@@ -60,55 +63,30 @@ class WindowStage(HoldingStage):
         timeout_s: float,
         clock: Clock = time.time,
     ):
-        super().__init__(topics, out, metrics, clock)
+        super().__init__(topics, out, policies, metrics, timeout_s, clock)
         self.closed_windows = closed_windows  # "job:window" -> when it closed
         self.job_history = job_history  # job -> JobHistory JSON
-        self.policies = policies
-        self.assembler: WindowAssembler[RecordIn] = WindowAssembler(timeout_s)
 
-    @property
-    def open_windows(self) -> int:
-        return self.assembler.open_windows
-
-    async def on_records(self, records: Sequence[RecordIn]) -> None:
-        for record in records:
-            await self._one(record)
-        self.metrics.set("open_windows", self.assembler.open_windows, help="windows waiting for step reports")
-
-    async def _one(self, record: RecordIn) -> None:
-        h = self.hold(record)
-        try:
-            rec = decode(record.value, (StepReport, WindowTimeout, WindowExpected))
-            if f"{rec.job}:{rec.window}" in self.closed_windows:
-                self.metrics.inc("late_records_total", stage=self.name)
+    async def _add(self, record: RecordIn, h: Handle[RecordIn]) -> tuple[ClosedWindow[RecordIn] | None, bool]:
+        """A step report into its window, a trigger's notice opens one, a timeout request closes one; a record of a
+        window closed already is late.  A timeout request for a window not open is released (nothing to close)."""
+        rec = decode(record.value, (StepReport, WindowTimeout, WindowExpected))
+        if f"{rec.job}:{rec.window}" in self.closed_windows:
+            return None, True
+        if isinstance(rec, WindowTimeout):
+            key = (rec.job, rec.window)
+            if not self.assembler.hold(key, h):
                 await self.release([h])
-                return
-            if isinstance(rec, WindowTimeout):
-                key = (rec.job, rec.window)
-                if not self.assembler.hold(key, h):
-                    await self.release([h])
-                    return
-                closed = self.assembler.close(key, "timeout")
-            elif isinstance(rec, WindowExpected):
-                self.assembler.expect(rec, h, self.clock())
-                closed = None
-            else:
-                closed = await self._add(record, rec, h)
-        except RecordError as err:
-            await self.dead_letter(record, err)
-            await self.release([h])
-            return
-        except Exception as exc:  # a bug, not bad input: the record must not stop the stage (again after every restart)
-            await self.failed([record], exc)
-            await self.release([h])
-            return
-        if closed:
-            await self._finish(closed)
-        while self.assembler.held_bytes > self.budget_bytes and (largest := self.assembler.close_largest()):
-            self.metrics.inc("budget_closes_total", stage=self.name)
-            await self._finish(largest)
+                return None, False
+            return self.assembler.close(key, "timeout"), False
+        if isinstance(rec, WindowExpected):
+            self.assembler.expect(rec, h, self.clock())
+            return None, False
+        return await self._add_report(record, rec, h), False
 
-    async def _add(self, record: RecordIn, rec: StepReport, h: Handle[RecordIn]) -> ClosedWindow[RecordIn] | None:
+    async def _add_report(
+        self, record: RecordIn, rec: StepReport, h: Handle[RecordIn]
+    ) -> ClosedWindow[RecordIn] | None:
         """A step report into its window; one whose tables cannot be read goes to the dead letters (for people to
         read) and still counts for its window, which then closes ``failed`` with the reason instead of vanishing."""
         try:
@@ -122,10 +100,6 @@ class WindowStage(HoldingStage):
         """Windows past their timeout: a ``WindowTimeout`` into the window's partition closes them there."""
         for job, window in self.assembler.due(now):
             await self.send(self.topics.stepreports, job, WindowTimeout(job=job, window=window))
-
-    def on_revoked(self, partitions: Collection[Partition]) -> None:
-        self.assembler.drop(partitions)
-        self.acks.drop(partitions)
 
     def _history(self, job: str) -> JobHistory | None:
         if job not in self.job_history:
@@ -213,7 +187,7 @@ class WindowStage(HoldingStage):
         sent: list[Awaitable[object]] = []
         for cause, value in out:
             sent.append(await self.send(self.topics.findings, w.job, value))
-            m.inc("findings_total", cause=cause, help="findings published, by cause")
+            m.inc("findings_total", cause=cause)
         sent.append(await self.send(self.topics.windows, w.job, report))
         # the tables' changelogs travel apart from the findings: mark the window closed (which makes a replay
         # skip it) only once its findings and report are in Kafka, or a crash in between would lose them
@@ -229,12 +203,11 @@ class WindowStage(HoldingStage):
         if new_history is not None:
             self.job_history[w.job] = new_history
         self.closed_windows[f"{w.job}:{w.window}"] = now
-        m.inc("windows_closed_total", reason=state, help="windows closed, by terminal state")
+        m.inc("windows_closed_total", reason=state)
         if w.first_report_at is not None:
             m.observe(
                 "window_close_latency_seconds",
                 self.clock() - w.first_report_at,
-                help="first step report of a window to its findings published",
             )
         (log.warning if state == "failed" else log.info)(
             "window %s/%s closed (%s%s): %d finding(s), coverage %.2f",
@@ -262,7 +235,7 @@ class WindowStage(HoldingStage):
                 bytes_in=w.bytes_in,
             )
             await (await self.send(self.topics.windows, w.job, report))
-            self.metrics.inc("windows_closed_total", reason="failed", help="windows closed, by terminal state")
+            self.metrics.inc("windows_closed_total", reason="failed")
         except Exception:
             log.exception("window %s/%s: no report of its failure either", w.job, w.window)
         await self.release(w.handles)

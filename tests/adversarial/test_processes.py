@@ -15,7 +15,7 @@ import pytest
 
 from lockstep.broker import EmbeddedBroker, free_port
 from lockstep.metrics import Metrics
-from lockstep.sinks.sink import QueryServer, sidecar
+from lockstep.sinks.http import QueryServer, sidecar
 from lockstep.sinks.store import FindingsStore
 
 

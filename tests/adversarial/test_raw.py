@@ -19,7 +19,7 @@ GOOD = {"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1, "dur": 2}]}
 
 CLI = """
 import contextlib, io
-from lockstep.app import cli
+from lockstep.commands import cli
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = cli.main({argv!r})

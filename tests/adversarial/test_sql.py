@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from lockstep.sinks.sink import query, sidecar
+from lockstep.sinks.http import query, sidecar
 from lockstep.sinks.store import StoreError
 
 pytestmark = pytest.mark.slow  # a sink in a subprocess; hostile queries run to its 3 s time limit
@@ -26,7 +26,7 @@ SINK = """
 import signal, threading
 from lockstep.metrics import Metrics
 from lockstep.schemas.records import Evidence, Finding, Impact, WindowReport
-from lockstep.sinks.sink import QueryServer
+from lockstep.sinks.http import QueryServer
 from lockstep.sinks.store import Batch, FindingsStore, QueryLimits
 
 store = FindingsStore({path!r}, limits={limits})

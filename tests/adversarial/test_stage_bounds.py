@@ -135,4 +135,4 @@ def test_the_window_stage_past_its_memory_budget_closes_its_largest_window_with_
     assert proc.metrics.get("budget_closes_total", stage="windows") >= 1
     closed = [r for r in out.decoded(TOPICS.windows) if isinstance(r, WindowReport)]
     assert closed and all(r.closed == "timeout" and "stage budget" in r.closed_reason for r in closed)
-    assert proc.windows.open_windows == len(jobs) - len(closed)
+    assert len(proc.windows.assembler) == len(jobs) - len(closed)

@@ -57,7 +57,7 @@ from lockstep.schemas.records import (
     decode,
     encode,
 )
-from lockstep.sinks.sink import query
+from lockstep.sinks.http import query
 from lockstep.streams.app import changelog_topics
 from lockstep.streams.diagnosis import StepFrame, analyze_step, step_report, step_result
 from lockstep.streams.policy import load_policy

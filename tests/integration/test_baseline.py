@@ -13,7 +13,7 @@ from lockstep.app.runtime import Pipeline
 from lockstep.kafka import Publisher, Tail, consumer_config, ensure_topics, producer_config
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
 from lockstep.producers.simulator.live import run_live
-from lockstep.sinks.sink import query, wait_for
+from lockstep.sinks.http import query, wait_for
 from lockstep.streams.app import changelog_topics
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from lockstep.app.runtime import Child, settings_flags
 from lockstep.broker import free_port
 from lockstep.commands.report import live_url
 from lockstep.schemas.records import DeviationMap, Evidence, Finding, Impact, ProfileTrigger, StepSeries, WindowReport
-from lockstep.sinks.report import Report, render
-from lockstep.sinks.reportdata import gather
-from lockstep.sinks.sink import query
+from lockstep.sinks.http import query
+from lockstep.sinks.report.data import gather
+from lockstep.sinks.report.page import Report, render
 from lockstep.sinks.store import Batch, FindingsStore
 
 pytestmark = pytest.mark.integration
@@ -240,7 +240,7 @@ def test_the_live_page_renders_refreshes_itself_and_raises_no_script_error(setti
 
 @needs_browser
 def test_the_demo_jobs_window_in_a_browser_shows_its_culprit_hottest(tmp_path):
-    from tests.sinks.test_report_pictures import demo_window
+    from tests.sinks.report.test_page_pictures import demo_window
 
     findings, cells, window, series = demo_window(before=40)
     (f,) = findings
@@ -258,7 +258,7 @@ def test_the_demo_jobs_window_in_a_browser_shows_its_culprit_hottest(tmp_path):
 
 @needs_browser
 def test_the_offline_report_of_lockstep_diagnose_renders_in_a_browser(tmp_path, capsys):
-    from lockstep.app.cli import main
+    from lockstep.commands.cli import main
 
     page = tmp_path / "offline.html"
     traces = sorted((ROOT / "tests" / "data" / "traces").glob("sampled_rank-*.json.gz"))

@@ -15,7 +15,8 @@ import pytest
 
 from lockstep.broker import EmbeddedBroker, free_port
 from lockstep.kafka import Publisher, admin, consumer_config, ensure_topics, producer_config, topic_ids
-from lockstep.sinks.sink import Sink, wait_for
+from lockstep.sinks.http import wait_for
+from lockstep.sinks.sink import Sink
 from lockstep.sinks.store import FindingsStore
 from tests.integration.test_paging import finding
 

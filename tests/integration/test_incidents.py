@@ -15,7 +15,7 @@ from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario
 from lockstep.producers.simulator.live import run_live
 from lockstep.producers.simulator.topology import Topology
-from lockstep.sinks.sink import query, wait_for
+from lockstep.sinks.http import query, wait_for
 from lockstep.streams.app import changelog_topics
 
 pytestmark = pytest.mark.integration

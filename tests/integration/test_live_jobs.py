@@ -27,7 +27,7 @@ from lockstep.app.runtime import Pipeline
 from lockstep.broker import free_port
 from lockstep.kafka import ensure_topics
 from lockstep.metrics import value
-from lockstep.sinks.sink import query, wait_for
+from lockstep.sinks.http import query, wait_for
 from lockstep.streams.app import changelog_topics
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ import pytest
 
 from lockstep.app.runtime import Pipeline
 from lockstep.kafka import Publisher, ensure_topics, producer_config
-from lockstep.sinks.sink import query, sidecar, wait_for
+from lockstep.sinks.http import query, sidecar, wait_for
 from lockstep.sinks.store import Batch, FindingsStore
 from tests.integration.test_paging import Receiver, finding
 from tests.sinks.test_store import fnd

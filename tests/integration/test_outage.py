@@ -21,7 +21,7 @@ from lockstep.config import Settings
 from lockstep.kafka import ensure_topics, read_all
 from lockstep.producers.agent import attach
 from lockstep.schemas.records import HeartbeatBatch, StepHeartbeat, decode
-from lockstep.sinks.sink import wait_for
+from lockstep.sinks.http import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import msgspec
 import pytest
 
 from lockstep.schemas.records import Evidence, Finding, Impact, WindowReport
-from lockstep.sinks import routes
-from lockstep.sinks.pager import Pager
+from lockstep.sinks.paging import routes
+from lockstep.sinks.paging.pager import Pager
 from lockstep.sinks.store import Batch, FindingsStore
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -417,7 +417,7 @@ def test_the_sink_pages_once_through_a_crash_and_a_replay(settings, tmp_path, re
     from lockstep.broker import free_port
     from lockstep.kafka import Publisher, ensure_topics, producer_config
     from lockstep.schemas.records import ProfileTrigger
-    from lockstep.sinks.sink import query, wait_for
+    from lockstep.sinks.http import query, wait_for
 
     monkeypatch.setenv("LOCKSTEP_TEST_PD_KEY", "pd-routing-key")
     monkeypatch.setenv("LOCKSTEP_TEST_HOOK_SECRET", SECRET)

@@ -66,9 +66,9 @@ def test_injected_fault_is_diagnosed_end_to_end(settings, tmp_path):
     assert by_view["gpu_hours_lost_by_cause"][0][0] == "gpu_throttle_thermal"
 
     # the HTML report reads the same file: the finding's evidence, the job's step time, the window's heatmap
-    from lockstep.sinks.report import render
-    from lockstep.sinks.reportdata import gather
-    from lockstep.sinks.sink import query
+    from lockstep.sinks.http import query
+    from lockstep.sinks.report.data import gather
+    from lockstep.sinks.report.page import render
 
     con.close()
     data = gather(lambda sql, params=None: query(settings.db, sql, params))

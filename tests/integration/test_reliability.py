@@ -25,7 +25,7 @@ from lockstep.producers.simulator.faults import Fault
 from lockstep.producers.simulator.fleet import FleetSimulator, Scenario, Window
 from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas.records import Evidence, Finding, Impact, WindowReport, decode, finding_id
-from lockstep.sinks.sink import query
+from lockstep.sinks.http import query
 from lockstep.streams.app import changelog_topics
 from lockstep.streams.policy import load_policy
 

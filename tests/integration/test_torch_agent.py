@@ -26,7 +26,7 @@ from lockstep.broker import free_port
 from lockstep.kafka import Publisher, consumer_config, ensure_topics, producer_config, read_all, window_features_key
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import HeartbeatBatch, ProfileTrigger, Sampling, StepHeartbeat, WindowFeatures, decode
-from lockstep.sinks.sink import query
+from lockstep.sinks.http import query
 from lockstep.sinks.store import StoreError
 from lockstep.streams.app import changelog_topics
 

@@ -81,7 +81,7 @@ def _subparser(parser: argparse.ArgumentParser, path: list[str]) -> argparse.Arg
 @pytest.mark.parametrize("command", config.COMMANDS)
 def test_a_commands_help_lists_the_settings_it_reads_and_no_other(command):
     """The flags come from the model: what ``--help`` lists is the settings whose ``read_by`` names the command."""
-    from lockstep.app.cli import build_parser
+    from lockstep.commands.cli import build_parser
 
     names = {f.name for f in dataclasses.fields(config.Settings)}
     for path in ([command, "run"], [command, "env"]) if command == "agent" else ([command],):

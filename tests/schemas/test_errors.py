@@ -5,7 +5,7 @@ import pkgutil
 
 import pytest
 
-from lockstep.app.cli import main
+from lockstep.commands.cli import main
 from lockstep.schemas.errors import LockstepError
 from lockstep.schemas.records import RecordError
 

@@ -266,3 +266,33 @@ def test_json_schema_describes_required_finding_fields():
         "created_at",
     ):
         assert field in props, field
+
+
+def test_hardware_and_device_causes_are_causes():
+    from lockstep.schemas.records import CAUSES, DEVICE_CAUSES, HARDWARE_CAUSES
+
+    assert DEVICE_CAUSES < HARDWARE_CAUSES < set(CAUSES)
+    assert {"dataloader", "regression", "unknown"}.isdisjoint(HARDWARE_CAUSES)
+
+
+def test_a_heartbeat_echoes_its_trigger_only_with_both_fields():
+    from lockstep.schemas.records import Echo, StepHeartbeat
+
+    base = dict(job="j", worker=3, step=1, step_time_s=0.1, host="h", sent_at=1.0)
+    assert StepHeartbeat(**base).echo() is None
+    assert StepHeartbeat(**base, trigger_window="w1").echo() is None
+    assert StepHeartbeat(**base, trigger_window="w1", trigger_latency_s=0.5).echo() == Echo(
+        worker=3, window="w1", latency_s=0.5
+    )
+
+
+def test_every_deprecated_path_is_in_the_readme_with_its_removal():
+    from lockstep.schemas.records import DEPRECATED
+    from tests.paths import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("**Deprecated, removed in") : readme.index("## Layout")]
+    assert {version for version, _ in DEPRECATED.values()} == {"0.2"}
+    for name in ("`StepHeartbeat` keyed by job", "`FeatureBatch`", "`DetectorTick`", "rule: median"):
+        assert name in section
+    assert len(DEPRECATED) == section.count("| 0.2 |")

@@ -4,8 +4,8 @@ incidents), its last step and workers, its recent step time, open incidents, cos
 from __future__ import annotations
 
 from lockstep.schemas.records import JobChange, StepSeries
+from lockstep.sinks.http import query
 from lockstep.sinks.jobs import RECENT_STEPS, fetch_jobs
-from lockstep.sinks.sink import query
 from lockstep.sinks.store import Batch, FindingsStore
 from tests.sinks.test_store import fnd, win
 

@@ -12,7 +12,8 @@ import msgspec
 
 from lockstep.kafka import MemoryKafka, Publisher
 from lockstep.schemas.records import DeadLetter, Evidence, Finding, Impact, decode, encode, finding_id
-from lockstep.sinks.sink import Sink, wait_for
+from lockstep.sinks.http import wait_for
+from lockstep.sinks.sink import Sink
 from lockstep.sinks.store import FindingsStore
 
 

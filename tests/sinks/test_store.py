@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 from lockstep.schemas.records import Evidence, Finding, Impact, WindowReport
-from lockstep.sinks.sink import query, sidecar
+from lockstep.sinks.http import query, sidecar
 from lockstep.sinks.store import Batch, FindingsStore, StoreError, open_read_only, tenant_sandbox
 
 
@@ -131,7 +131,7 @@ mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 finding, window = mod.finding, mod.window
 from lockstep.metrics import Metrics
-from lockstep.sinks.sink import QueryServer
+from lockstep.sinks.http import QueryServer
 from lockstep.sinks.store import Batch, FindingsStore
 
 store = FindingsStore({path!r})
@@ -356,7 +356,7 @@ def test_a_window_report_that_arrives_before_its_findings_resolves_nothing(tmp_p
 
 
 def test_stale_incidents_resolve_after_the_timeout(tmp_path):
-    from lockstep.sinks.incidents import IncidentPolicy
+    from lockstep.sinks.paging.incidents import IncidentPolicy
 
     store = FindingsStore(tmp_path / "f.duckdb", IncidentPolicy(stale_after_s=3600))
     store.write(Batch([fnd("a1", created_at=1_000_000.0)], [], {}))
@@ -493,7 +493,7 @@ spec = importlib.util.spec_from_file_location("store_test", {this!r})
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 from lockstep.metrics import Metrics
-from lockstep.sinks.sink import QueryServer
+from lockstep.sinks.http import QueryServer
 
 store = mod.two_tenants({path!r})
 

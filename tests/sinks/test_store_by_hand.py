@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lockstep.schemas.records import StepSeries
-from lockstep.sinks.incidents import IncidentStateError
+from lockstep.sinks.paging.incidents import IncidentStateError
 from lockstep.sinks.store import Batch, FindingsStore
 from lockstep.sinks.store.findings import UnknownIncident
 from tests.sinks.test_store import fnd, win
@@ -149,8 +149,8 @@ def test_prune_deletes_what_is_old_and_keeps_what_open_incidents_and_the_pager_n
 
 
 def test_the_report_says_who_resolved_an_incident_by_hand(tmp_path):
-    from lockstep.sinks.report import render, resolved_why
-    from lockstep.sinks.reportdata import gather
+    from lockstep.sinks.report.data import gather
+    from lockstep.sinks.report.page import render, resolved_why
 
     store, iid = one_incident(tmp_path)
     store.resolve(iid, "carol", now=T0 + 60)

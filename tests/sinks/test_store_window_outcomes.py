@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 
 from lockstep.schemas.records import ProfileTrigger
-from lockstep.sinks.report import render
-from lockstep.sinks.reportdata import fetch_windows, gather
+from lockstep.sinks.report.data import fetch_windows, gather
+from lockstep.sinks.report.page import render
 from lockstep.sinks.store import Batch, FindingsStore
 
 from .test_store import fnd, win

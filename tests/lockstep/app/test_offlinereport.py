@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from lockstep.app.cli import main
 from lockstep.app.offline import diagnose, load_inputs
 from lockstep.app.offlinereport import ReportError, offline_report, write_report
+from lockstep.commands.cli import main
 from lockstep.streams.policy import Policy
 from tests.paths import DATA
 
@@ -49,6 +49,6 @@ def test_diagnose_writes_the_report_and_says_so_on_a_bad_path(tmp_path, capsys):
 
 
 def offline_report_of_nothing():
-    from lockstep.sinks.report import Report
+    from lockstep.sinks.report.page import Report
 
     return Report([], [], [])

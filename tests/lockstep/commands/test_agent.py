@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from lockstep.app.cli import main
 from lockstep.commands.agent import COUNTERS
+from lockstep.commands.cli import main
 from lockstep.metrics import Metrics
 from lockstep.schemas.records import StepSeries
 from lockstep.sinks.store import FindingsStore

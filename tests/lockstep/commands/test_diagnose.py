@@ -13,7 +13,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from lockstep.app.cli import main
+from lockstep.commands.cli import main
 from lockstep.schemas.records import Finding
 
 

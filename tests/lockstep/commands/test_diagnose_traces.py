@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 
-from lockstep.app.cli import main
+from lockstep.commands.cli import main
 from tests.paths import DATA as DATA_DIR
 
 DATA = DATA_DIR / "traces"

@@ -12,9 +12,9 @@ import re
 import msgspec
 import pytest
 
-from lockstep.app.cli import main
 from lockstep.app.offline import diagnose
 from lockstep.app.real_corpus import CORPUS, load_fixture
+from lockstep.commands.cli import main
 from lockstep.streams.policy import Policy
 
 PAGING = 0.5

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.app import cli
+from lockstep.commands import cli
 from lockstep.kafka import Publisher, ensure_topics, producer_config, read_all
 from lockstep.producers.agent import attach
 from lockstep.producers.agent.profiler import profiler_enabled

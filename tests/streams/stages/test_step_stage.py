@@ -27,7 +27,7 @@ async def test_a_complete_step_is_reported_once_and_only_then_are_its_records_ac
     p = pair()
     recs = features(p, batches[60])
     await p.feed(recs[:-1])
-    assert reports(p) == [] and p.acked(TOPICS.features) == [] and p.proc.steps.open_steps == 1
+    assert reports(p) == [] and p.acked(TOPICS.features) == [] and len(p.proc.steps.assembler) == 1
     await p.feed(recs[-1:])
     (r,) = reports(p)
     assert (r.job, r.window, r.step, r.workers_seen, r.expected_workers, r.closed) == ("j", "w60", 60, 8, 8, "complete")
@@ -142,7 +142,7 @@ async def test_a_revoked_partition_is_forgotten_and_its_new_owner_replays_it(pai
     recs = features(old, batches[60])
     await old.feed(recs[:5])
     old.proc.steps.on_revoked({Partition(TOPICS.features, 0)})
-    assert old.proc.steps.open_steps == 0 and old.acked(TOPICS.features) == []
+    assert len(old.proc.steps.assembler) == 0 and old.acked(TOPICS.features) == []
     await old.feed(recs[5:])  # a stale fetch after the revocation: not a complete step here
     assert reports(old) == []
     new = pair(out=old.out)

@@ -42,7 +42,7 @@ async def test_a_window_is_diagnosed_from_the_step_stages_reports(pair, batches)
     (dmap,) = [r for r in p.sent(TOPICS.series) if isinstance(r, DeviationMap)]
     assert dmap.window == "w60" and 3 in dmap.workers
     assert p.tables.closed_windows == {"j:w60": p.clock.t}
-    assert p.acked(TOPICS.stepreports) == [0, 1] and p.proc.windows.open_windows == 0
+    assert p.acked(TOPICS.stepreports) == [0, 1] and len(p.proc.windows.assembler) == 0
     m = p.proc.metrics
     assert m.get("windows_closed_total", reason="complete") == 1 and m.get("findings_total", cause="gpu_slow") == 1
     assert m.get("window_close_latency_seconds") == 1 and m.get("open_windows") == 0
@@ -88,7 +88,7 @@ async def test_a_replay_of_part_of_a_closed_window_is_dropped(pair, batches):
     restarted = pair(tables=p.tables, out=p.out)
     first_report = p.out.records(TOPICS.stepreports)[0]
     await restarted.feed([first_report])  # one step report of the closed window, replayed after a restart
-    assert len(findings(p)) == 1 and len(window_reports(p)) == 1 and restarted.proc.windows.open_windows == 0
+    assert len(findings(p)) == 1 and len(window_reports(p)) == 1 and len(restarted.proc.windows.assembler) == 0
     assert restarted.acked(TOPICS.stepreports)[-1] == first_report.offset
     assert restarted.proc.metrics.get("late_records_total", stage="windows") == 1
 
@@ -167,9 +167,9 @@ async def test_a_revoked_partition_is_forgotten_and_its_new_owner_closes_the_win
     old = pair()
     await old.feed(features(old, batches[60]))
     await old.pump()
-    assert old.proc.windows.open_windows == 1
+    assert len(old.proc.windows.assembler) == 1
     old.proc.windows.on_revoked({Partition(TOPICS.stepreports, 0), Partition(TOPICS.features, 0)})
-    assert old.proc.windows.open_windows == 0 and old.acked(TOPICS.stepreports) == []
+    assert len(old.proc.windows.assembler) == 0 and old.acked(TOPICS.stepreports) == []
     await old.proc.windows.on_timer(old.clock.t + 3600)  # nothing of the revoked window is left to time out
     assert len(old.out.records(TOPICS.stepreports)) == 1
     new = pair(out=old.out, tables=old.tables)

@@ -152,6 +152,6 @@ def test_every_step_report_of_a_small_group_validates_and_its_window_ends(case, 
     assert w.missing_workers == missing
     assert (w.closed_reason == "") == (w.closed == "complete")
     assert w.steps_seen == len(sent_steps) and (w.coverage == 1.0) == everyone
-    assert p.proc.windows.open_windows == 0 and p.proc.steps.open_steps == 0
+    assert len(p.proc.windows.assembler) == 0 and len(p.proc.steps.assembler) == 0
     offsets = len(p.out.records(TOPICS.stepreports)) + announced  # the notice was produced, the rest sent
     assert sorted(p.acked(TOPICS.stepreports)) == list(range(offsets))

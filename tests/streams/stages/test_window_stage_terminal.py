@@ -110,7 +110,7 @@ async def test_an_unreadable_step_report_fails_its_window_with_the_reason_and_th
     assert report.closed_reason.startswith("1 of 4 step reports unreadable (step 11: invalid: StepReport.outliers.z")
     assert report.closed_reason.endswith("findings from the 3 others")
     assert [(f.workers, f.function) for f in findings(p)] == [([0], "only_rank0")]
-    assert p.acked(TOPICS.stepreports) == [0, 1, 2, 3] and p.proc.windows.open_windows == 0
+    assert p.acked(TOPICS.stepreports) == [0, 1, 2, 3] and len(p.proc.windows.assembler) == 0
     assert p.proc.metrics.get("windows_closed_total", reason="failed") == 1
     assert list(p.tables.closed_windows) == ["j:w10"]
 
@@ -125,7 +125,7 @@ async def test_a_triggered_window_whose_step_reports_never_come_closes_failed_af
     p = pair(window_timeout_s=30.0)
     t0 = p.clock.t
     await p.feed([p.produce(TOPICS.stepreports, "j", expected(t0 + 60))])
-    assert p.proc.windows.open_windows == 1 and p.acked(TOPICS.stepreports) == []
+    assert len(p.proc.windows.assembler) == 1 and p.acked(TOPICS.stepreports) == []
     await p.proc.windows.on_timer(t0 + 89)  # the deadline, plus the window timeout: not yet
     assert p.sent(TOPICS.stepreports) == []
     await p.proc.windows.on_timer(t0 + 90)
@@ -135,7 +135,7 @@ async def test_a_triggered_window_whose_step_reports_never_come_closes_failed_af
     (report,) = window_reports(p)
     assert (report.closed, report.steps_seen, report.findings, report.coverage) == ("failed", 0, 0, 0.0)
     assert report.closed_reason.startswith("no step report by the trigger's deadline")
-    assert p.acked(TOPICS.stepreports) == [0, 1] and p.proc.windows.open_windows == 0
+    assert p.acked(TOPICS.stepreports) == [0, 1] and len(p.proc.windows.assembler) == 0
     assert p.proc.metrics.get("windows_closed_total", reason="failed") == 1
     await p.feed(features(p, two_ranks(10)))  # the first step, far too late
     await p.pump()
@@ -191,7 +191,7 @@ async def test_the_detect_stage_announces_every_trigger_to_the_window_stage(pair
     (rec,) = p.out.records(TOPICS.stepreports)
     assert rec.key == b"j"
     await p.pump()
-    assert p.proc.windows.open_windows == 1
+    assert len(p.proc.windows.assembler) == 1
 
 
 async def test_a_bug_in_the_diagnosis_still_ends_the_window_failed_with_the_exception(pair, monkeypatch):

@@ -8,7 +8,7 @@ import io
 import pytest
 
 from lockstep import config
-from lockstep.app.cli import build_parser, main
+from lockstep.commands.cli import build_parser, main
 
 SETTINGS = {f.name for f in __import__("dataclasses").fields(config.Settings)}
 

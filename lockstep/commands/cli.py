@@ -27,7 +27,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..commands import COMMANDS
+    from . import COMMANDS
 
     parser = Parser(prog="lockstep", description="Diagnose slowdowns of synchronous training jobs online.")
     parser.add_argument("--version", action="version", version=f"lockstep {__version__}")

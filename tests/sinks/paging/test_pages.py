@@ -5,8 +5,8 @@ import base64
 import pytest
 
 from lockstep.schemas.records import Evidence, Finding, Impact
-from lockstep.sinks import routes
-from lockstep.sinks.paging import backoff_s, plan, redact_functions, retryable, sign
+from lockstep.sinks.paging import routes
+from lockstep.sinks.paging.pages import backoff_s, plan, redact_functions, retryable, sign
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 
@@ -119,7 +119,7 @@ def test_severity_rules_and_routing_plan():
 def test_acknowledge_and_resolve_by_hand_payloads():
     import msgspec
 
-    from lockstep.sinks.paging import Page, pagerduty, slack, webhook
+    from lockstep.sinks.paging.pages import Page, pagerduty, slack, webhook
 
     rec = msgspec.to_builtins(f())
     ack = Page("acknowledge", "k-1", 1, rec, "error", "manual", 1_800_000_000.0)
@@ -135,7 +135,7 @@ def test_acknowledge_and_resolve_by_hand_payloads():
 def test_slack_pages_escape_what_a_function_or_job_name_could_do_there():
     import msgspec
 
-    from lockstep.sinks.paging import Page, slack
+    from lockstep.sinks.paging.pages import Page, slack
 
     hostile = f(function="<!channel> <https://evil.example|click> & co", job="<@U0ADMIN>")
     hostile.summary = "worker 3: <!here> slower"

@@ -34,25 +34,8 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from ..schemas.errors import LockstepError
-from ..schemas.records import Finding
-
-#: causes that name a device or link: the incident is the device's, whatever function showed it
-DEVICE_CAUSES = frozenset(
-    {
-        "gpu_throttle_thermal",
-        "gpu_throttle_power",
-        "gpu_throttle",
-        "gpu_slow",
-        "nvlink",
-        "pcie",
-        "nic",
-        "switch",
-        "host_cpu_contention",
-        "host_memory",
-        "storage",
-    }
-)
+from ...schemas.errors import LockstepError
+from ...schemas.records import HARDWARE_CAUSES, Finding
 
 
 @dataclass(frozen=True)
@@ -87,13 +70,13 @@ class Incident:
     confidence: float
     step_time_share: float
     gpu_hours_per_day: float
-    # --- added with issue 20 (incidents that end)
+    # --- incidents that end
     first_window: str = ""  # the window of its first finding ...
     first_step: int = 0  # ... and that window's first step in which it was seen
     first_trigger_at: float | None = None  # when that window was triggered (None: no trigger stored)
     resolved_reason: str | None = None  # window | recovered | job_ended | stale
     after_s: float | None = None  # recovered: the job's step time back (the median of the steps the detector judged)
-    # --- added with issue 24 (incidents acknowledged or resolved by hand: ``lockstep incident ack|resolve``)
+    # --- incidents acknowledged or resolved by hand (``lockstep incident ack|resolve``)
     acked_at: float | None = None  # when someone acknowledged it (it pages no route it has not paged yet) ...
     acked_by: str | None = None  # ... and who; a resolve by hand keeps its person in ``resolved_by``
 
@@ -145,7 +128,7 @@ def incident_key(f: Finding) -> str:
     parts = [f.tenant, f.job, f.scope, ",".join(map(str, sorted(f.workers))), f.cause]
     if f.group:
         parts.append(",".join(f"{k}={f.group[k]}" for k in sorted(f.group)))
-    if f.cause not in DEVICE_CAUSES:
+    if f.cause not in HARDWARE_CAUSES:
         parts.append(f.function)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
 

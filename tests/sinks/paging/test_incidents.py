@@ -1,7 +1,7 @@
 """Incident identity: which findings are one incident."""
 
 from lockstep.schemas.records import Evidence, Finding, Impact
-from lockstep.sinks.incidents import incident_key
+from lockstep.sinks.paging.incidents import incident_key
 
 
 def f(
@@ -52,7 +52,7 @@ def test_incident_key_leaves_out_the_window_and_for_device_causes_the_function()
 def opened(window="w100", steps=(100, 101), created_at=1000.0, job="j", tenant="t", trigger_at=None):
     from dataclasses import replace
 
-    from lockstep.sinks.incidents import on_finding
+    from lockstep.sinks.paging.incidents import on_finding
 
     g = f(window=window, job=job, tenant=tenant)
     g = Finding(**{**{k: getattr(g, k) for k in g.__struct_fields__}, "steps": list(steps), "created_at": created_at})
@@ -62,7 +62,7 @@ def opened(window="w100", steps=(100, 101), created_at=1000.0, job="j", tenant="
 
 
 def news(change, step, at, onset_step=0, job="j", tenant="t", after_s=0.2):
-    from lockstep.sinks.incidents import JobNews
+    from lockstep.sinks.paging.incidents import JobNews
 
     return JobNews(tenant=tenant, job=job, change=change, step=step, onset_step=onset_step, at=at, after_s=after_s)
 
@@ -73,7 +73,7 @@ def test_an_incident_keeps_its_first_window_and_step():
 
 
 def test_a_job_that_ended_resolves_its_open_incidents_as_job_ended():
-    from lockstep.sinks.incidents import on_job_news
+    from lockstep.sinks.paging.incidents import on_job_news
 
     inc = opened(trigger_at=990.0)
     ((done, ev),) = on_job_news([inc], [news("ended", 400, 2000.0)])
@@ -97,7 +97,7 @@ def test_a_job_that_ended_resolves_its_open_incidents_as_job_ended():
 
 
 def test_an_end_before_the_incidents_window_was_triggered_is_another_run():
-    from lockstep.sinks.incidents import on_job_news
+    from lockstep.sinks.paging.incidents import on_job_news
 
     # the job of the same name ran before and ended at 900; this incident's window was triggered at 990
     assert on_job_news([opened(trigger_at=990.0)], [news("ended", 400, 900.0)]) == []
@@ -111,7 +111,7 @@ def test_an_end_before_the_incidents_window_was_triggered_is_another_run():
 
 
 def test_a_recovery_resolves_the_incidents_first_seen_since_the_onset_only():
-    from lockstep.sinks.incidents import on_job_news
+    from lockstep.sinks.paging.incidents import on_job_news
 
     since_onset = opened(window="w100", steps=(100, 101), trigger_at=990.0)
     before_onset = opened(window="w20", steps=(20, 21), trigger_at=900.0)  # e.g. a baseline window's standing problem
@@ -123,7 +123,7 @@ def test_a_recovery_resolves_the_incidents_first_seen_since_the_onset_only():
 
 
 def test_the_earliest_news_that_applies_resolves_an_incident():
-    from lockstep.sinks.incidents import on_job_news
+    from lockstep.sinks.paging.incidents import on_job_news
 
     ((done, _),) = on_job_news(
         [opened(trigger_at=990.0)],

@@ -36,8 +36,8 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from ..schemas.errors import LockstepError
-from ..schemas.records import CAUSES
+from ...schemas.errors import LockstepError
+from ...schemas.records import CAUSES
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SEVERITIES = ("critical", "error", "warning", "info")  # PagerDuty's, most severe first

@@ -1,7 +1,7 @@
-"""The report's rows, read from the findings store with SQL (the thin shell around :mod:`.report`).
+"""The report's rows, read from the findings store with SQL (the thin shell around :mod:`.page`).
 
 :func:`gather` takes ``run(sql, params) -> (columns, rows)``, so the same SQL serves ``lockstep report``
-(through :func:`lockstep.sinks.sink.query`: the file, or the running sink's ``/query``, with a tenant
+(through :func:`lockstep.sinks.http.query`: the file, or the running sink's ``/query``, with a tenant
 sandbox when asked) and the sink's live page (its own connection, or a sandbox of it).
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from ..schemas.records import Finding
-from .report import CauseRow, HeatCell, IncidentRow, PageRow, Report, SeriesPoint, TriggerRow, WindowRow
+from ...schemas.records import Finding
+from .page import CauseRow, HeatCell, IncidentRow, PageRow, Report, SeriesPoint, TriggerRow, WindowRow
 
 Run = Callable[..., tuple[list[str], list]]
 
@@ -28,7 +28,7 @@ SERIES_JOBS = 8
 
 def parse_since(value: str) -> dt.datetime:
     """``30m``, ``6h``, ``2d`` ago, or an ISO time; naive UTC (the store's timestamps)."""
-    from ..config import ConfigError
+    from ...config import ConfigError
 
     m = re.fullmatch(r"(\d+)([smhd])", value.strip())
     if m:

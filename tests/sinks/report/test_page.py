@@ -6,7 +6,7 @@ import re
 import pytest
 
 from lockstep.schemas.records import Evidence, Finding, Impact
-from lockstep.sinks.report import (
+from lockstep.sinks.report.page import (
     CauseRow,
     HeatCell,
     IncidentRow,

@@ -11,7 +11,7 @@ import pytest
 
 from lockstep.commands.report import live_url
 from lockstep.metrics import Metrics
-from lockstep.sinks.sink import QueryServer, sidecar
+from lockstep.sinks.http import QueryServer, sidecar
 
 spec = importlib.util.spec_from_file_location("store_test", pathlib.Path(__file__).with_name("test_store.py"))
 store_test = importlib.util.module_from_spec(spec)

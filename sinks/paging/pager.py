@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import msgspec
 import pyarrow as pa
 
-from ..metrics import Metrics
-from .paging import Page, backoff_s, payload, plan, retryable, sign, wire_body
+from ...metrics import Metrics
+from ..store import FindingsStore, epoch_us, one, transaction, upsert
+from .pages import Page, backoff_s, payload, plan, retryable, sign, wire_body
 from .routes import Paging, Route, RoutesError
-from .store import FindingsStore, epoch_us, one, transaction, upsert
 
 log = logging.getLogger("lockstep.pager")
 
@@ -145,7 +145,7 @@ def request(route: Route, delivery: str, stored: dict, now: float) -> tuple[byte
 
 def finding_for_test_page(now: float) -> dict:
     """The Finding a test page carries: plainly a test, on no real job or device."""
-    from ..schemas.records import Finding, Impact
+    from ...schemas.records import Finding, Impact
 
     f = Finding(
         id=f"lockstep-test-{int(now)}",
@@ -335,7 +335,6 @@ class Pager:
             route=route.name,
             receiver=route.receiver,
             result=result,
-            help="webhook delivery attempts, by route and result (delivered, retry, failed)",
         )
 
     def next_due_in(self, route: Route) -> float | None:

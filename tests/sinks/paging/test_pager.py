@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from lockstep.sinks.pager import RESPONSE_MAX_BYTES, UrllibTransport
+from lockstep.sinks.paging.pager import RESPONSE_MAX_BYTES, UrllibTransport
 
 
 def test_a_receiver_announcing_gigabytes_is_read_only_up_to_the_bound():

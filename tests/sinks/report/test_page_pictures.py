@@ -15,7 +15,7 @@ from lockstep.app.output import evidence_line
 from lockstep.producers.simulator.fleet import FleetSimulator
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import Evidence, ProfileTrigger, to_builtins
-from lockstep.sinks.report import (
+from lockstep.sinks.report.page import (
     BAD,
     HeatCell,
     Report,
@@ -38,7 +38,7 @@ from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diag
 from lockstep.streams.pictures import deviation_map
 from lockstep.streams.policy import Policy
 from lockstep.units import hours, number, unit_label
-from tests.sinks.test_report import finding
+from tests.sinks.report.test_page import finding
 
 
 def demo_window(start: int = 64, steps: int = 8, before: int = 0):

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..schemas.records import CAUSES
+from ...schemas.records import CAUSES
 from .routes import Retry, Route
 
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from lockstep.sinks import routes
+from lockstep.sinks.paging import routes
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 

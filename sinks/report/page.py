@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from ..schemas.records import CAUSES, Evidence, Finding
-from ..units import DECIDED_BY, decided_order, feature, hours, joined, number, plural, unit_label, value, with_unit
+from ...schemas.records import CAUSES, DEVICE_CAUSES, Evidence, Finding
+from ...units import DECIDED_BY, decided_order, feature, hours, joined, number, plural, unit_label, value, with_unit
 
 BAD, PEER, SPREAD, EMPTY, WINDOW, ACCENT = "#c0392b", "#7f8c8d", "#d5dbdb", "#ecf0f1", "#f5cba7", "#2471a3"
 WINDOW_MARK = "#e67e22"
@@ -133,7 +133,7 @@ class PageRow:
 
 @dataclass
 class Report:
-    """Everything the page shows (read by :func:`lockstep.sinks.reportdata.gather`)."""
+    """Everything the page shows (read by :func:`lockstep.sinks.report.data.gather`)."""
 
     findings: list[Finding]
     windows: list[WindowRow]
@@ -499,11 +499,6 @@ def _thin(points: list[SeriesPoint], pixels: float) -> list[SeriesPoint]:
 
 #: a deviation this many peers' spreads away is as significant as any (the colour saturates there)
 Z_FULL = 50.0
-#: causes whose culprit is a link or a device: their findings get rows of their own (a saturated link slows every
-#: ring-mate alike, so its workers' work does not stand out against the peers')
-DEVICE_CAUSES = frozenset(
-    {"nic", "switch", "nvlink", "pcie", "gpu_throttle_thermal", "gpu_throttle_power", "gpu_throttle", "gpu_slow"}
-)
 
 
 def significance(z: float | None, held: int, steps: int) -> float:

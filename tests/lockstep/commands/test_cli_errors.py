@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from lockstep.app.cli import build_parser
+from lockstep.commands.cli import build_parser
 from tests.paths import ROOT
 
 NOKAFKA = ["--bootstrap-servers", "127.0.0.1:1"]  # nothing listens there: the command must fail before it matters
