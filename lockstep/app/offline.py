@@ -144,8 +144,9 @@ def load_inputs(
 ) -> Inputs:
     """``progress(path)`` hears every file read (the CLI's progress bar).  ``jobs`` > 1: trace files are read
     and summarised by that many processes (:func:`_read_in_pool`)."""
+    from ..producers.agent.jaxtrace import read_trace
     from ..producers.agent.summarise import summarise
-    from ..producers.agent.trace import TraceEvents, read_chrome_trace
+    from ..producers.agent.trace import TraceEvents
     from ..schemas.records import WorkerMeta
 
     ranks = ranks or {}
@@ -185,7 +186,7 @@ def load_inputs(
                 traces.append((path, read[path][0]))
                 continue
             if _is_trace(path, max_bytes):
-                traces.append((path, read_chrome_trace(path, ranks.get(path), max_bytes=max_bytes)))
+                traces.append((path, read_trace(path, ranks.get(path), max_bytes=max_bytes)))
             elif path in ranks:
                 raise DiagnoseError(
                     f"{path}: --rank is for trace files; an op-event table names its workers in its worker column"
@@ -273,10 +274,10 @@ _SAMPLES: dict[Path, pa.Table] = {}
 
 def _read_one(path: Path, rank: int | None, samples_path: Path | None, max_bytes: int) -> tuple:
     """In a pool process: one trace read, and summarised when its rank is known."""
+    from ..producers.agent.jaxtrace import read_trace
     from ..producers.agent.summarise import summarise
-    from ..producers.agent.trace import read_chrome_trace
 
-    te = read_chrome_trace(path, rank, max_bytes=max_bytes)
+    te = read_trace(path, rank, max_bytes=max_bytes)
     if te.worker is None:
         return te, None
     samples = None

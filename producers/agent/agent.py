@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -645,12 +645,20 @@ def attach(job: str | None = None, **settings) -> Agent:
     Settings not given here come from ``LOCKSTEP_AGENT_*`` variables, the agent's
     config file and (for Kafka) the pipeline's settings; see :class:`AgentConfig`.
     In a process that imported JAX and not torch, windows are ``jax.profiler``'s
-    (:func:`~lockstep.producers.agent.jaxprof.attach_jax`).
+    (:func:`attach_jax`).
     """
     from .settings import load
 
     if "jax" in sys.modules and "torch" not in sys.modules:  # a JAX program: windows by jax.profiler
-        from .jaxprof import attach_jax
-
         return attach_jax(job, **settings)
     return Agent(load({"job": job, **settings}))
+
+
+def attach_jax(job: str | None = None, **settings: Any) -> Agent:
+    """The agent for a JAX training loop: ``agent = attach_jax(job="llm-7b")``, then ``agent.step()`` every
+    iteration (:func:`attach` does the same in a process that imported JAX and not torch)."""
+    from .jaxprof import jax_identity, jax_kind
+    from .settings import load
+
+    config = load(jax_identity({"job": job, **settings}))
+    return Agent(config, identity=discover(config), profiler=jax_kind())

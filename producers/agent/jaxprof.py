@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...schemas.records import Sampling
-from .agent import Agent
 from .jaxtrace import PERFETTO_NAME, read_jax_trace
-from .meta import discover
 from .profiler import ProfilerBusy, ProfilerKind
 
 log = logging.getLogger("lockstep.agent")
@@ -123,12 +121,3 @@ def jax_identity(overrides: dict[str, Any]) -> dict[str, Any]:
     if out.get("world_size") is None:
         out["world_size"] = jax.process_count()
     return out
-
-
-def attach_jax(job: str | None = None, **settings: Any) -> Agent:
-    """The agent for a JAX training loop: ``agent = attach_jax(job="llm-7b")``, then ``agent.step()`` every
-    iteration (:func:`~lockstep.producers.agent.attach` does the same in a process that imported JAX and not torch)."""
-    from .settings import load
-
-    config = load(jax_identity({"job": job, **settings}))
-    return Agent(config, identity=discover(config), profiler=jax_kind())

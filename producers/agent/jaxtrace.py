@@ -311,3 +311,13 @@ def retag(te: TraceEvents, cpu_devices: frozenset[int], host: str) -> TraceEvent
     if meta.device and any(meta.device == lbl for lbl in cpu_labels):
         meta = replace(meta, device=cpu_name)
     return replace(te, events=events, meta=meta)
+
+
+def read_trace(
+    source: str | Path | dict[str, Any], worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES
+) -> TraceEvents:
+    """Read one worker's trace, whichever profiler wrote it: JAX's (renamed into the torch reader's vocabulary,
+    :func:`read_jax_trace`) or ``torch.profiler``'s (:func:`~lockstep.producers.agent.trace.read_chrome_trace`)."""
+    if is_jax_source(source):
+        return read_jax_trace(source, worker, max_bytes=max_bytes)
+    return read_chrome_trace(source, worker, max_bytes=max_bytes)

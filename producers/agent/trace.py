@@ -159,11 +159,8 @@ _NOT_DEVICE_WORK = ("gpu_user_annotation",)
 def read_chrome_trace(
     source: str | Path | dict[str, Any], worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES
 ) -> TraceEvents:
-    """Read one worker's trace: a file path (``.json`` or ``.json.gz``) or the parsed JSON object."""
-    from . import jaxtrace
-
-    if jaxtrace.is_jax_source(source):  # the JAX profiler's trace: renamed into this reader's vocabulary
-        return jaxtrace.read_jax_trace(source, worker, max_bytes=max_bytes)
+    """Read one worker's ``torch.profiler`` trace: a file path (``.json`` or ``.json.gz``) or the parsed JSON object
+    (:func:`~lockstep.producers.agent.jaxtrace.read_trace` also takes JAX's)."""
     if isinstance(source, dict):
         head, cols = _wrap(read_object, source)
         path = None

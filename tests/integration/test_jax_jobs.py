@@ -17,7 +17,7 @@ import pytest
 from lockstep.app.runtime import Pipeline
 from lockstep.broker import free_port
 from lockstep.kafka import ensure_topics
-from lockstep.sinks.sink import query, wait_for
+from lockstep.sinks.http import query, wait_for
 from lockstep.streams.app import changelog_topics
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,10 @@ from lockstep.producers.agent.jaxtrace import (
     jax_profiles,
     path_rank,
     read_jax_trace,
+    read_trace,
     to_torch_form,
 )
-from lockstep.producers.agent.trace import TraceError, read_chrome_trace
+from lockstep.producers.agent.trace import TraceError
 
 HOST, PY, XLA, COMPILE = 701, 1, 2, 3
 
@@ -115,9 +116,9 @@ def test_files_are_recognised_and_ranked_by_their_path(tmp_path):
     assert not is_jax_source(tmp_path / "rank2.json") and not is_jax_source({"traceEvents": []})
     assert path_rank(perfetto) == 2  # the log folder's, not a folder above it
     assert path_rank(tmp_path / "worker9" / "t" / "plugins" / "profile" / "r" / "perfetto_trace.json.gz") is None
-    te = read_chrome_trace(perfetto)  # the reader diagnose uses hands it over
+    te = read_trace(perfetto)  # the reader diagnose uses hands it over
     assert (te.worker, te.meta.rank_from, te.meta.host) == (2, "file name", "node7")
-    assert read_chrome_trace(tb).events.num_rows == te.events.num_rows
+    assert read_trace(tb).events.num_rows == te.events.num_rows
 
 
 def test_a_step_number_beyond_the_limit_is_refused():
