@@ -6,10 +6,11 @@
 An example is marked in README.md by an HTML comment line ``<!-- example: checked by scripts/readme_examples.py -->``
 followed by a ``sh`` block with one ``lockstep ...`` command (globs expanded as a shell does, sorted; run
 from the repository's root) and then a block with what it prints: its stderr lines first (the notes come
-before the table), then its stdout.  Only commands that read files of the repository and print the same
-thing every time belong here (``lockstep diagnose tests/data/...``); ``tests/test_readme_examples.py`` runs
-``--check``, so an example that goes stale fails the tests, and after a change to the diagnosis
-``--write`` makes the README say what the command now prints.
+before the table), then its stdout.  A command that reads files of the repository and prints the same thing
+every time (``lockstep diagnose tests/data/...``) is compared exactly; one whose output varies from run to run
+says so with the options below.  ``tests/test_readme_examples.py`` runs ``--check`` (the offline examples in the
+slow tier, all of them with one demo run in the integration tier), so an example that goes stale fails the tests,
+and after a change ``--write`` makes the README say what the command now prints.
 
 Options after the mark's text, each after a ``;``, say how an example is run and compared:
 
