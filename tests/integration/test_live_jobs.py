@@ -2,8 +2,8 @@
 next to the real broker, processor and sink under the default policy.  A fault is switched on mid-run (one rank spends
 more time in one function); nobody sends a trigger by hand.  Each job's slow rank and function must be named live,
 every trigger must end in a window with a terminal state, the windows must expect every rank, and the heartbeat stage
-must count (almost) no heartbeat as late.  A healthy job must give no confident finding.  The 4-rank job's page must
-read right in headless Chromium (where there is one): the slow rank's cell the hottest, the onset marked.
+must count (almost) no heartbeat as late.  A healthy job must give no confident finding.  Each job's page must read
+right in headless Chromium (where there is one): the slow rank's cell the hottest, the onset marked.
 
 Onset-to-finding (steps and seconds) is printed, not asserted (``-s`` shows it; ``benchmarks/time_to_diagnosis.py``
 measures it over several runs).
@@ -196,7 +196,7 @@ def test_a_real_job_with_a_slow_rank_is_named_live(settings, tmp_path, pipeline,
         print(
             f"\nLIVE {world} ranks: rank {slow_rank} {hit[2]} ({hit[3]}, {hit[4]:.2f}) {steps} steps, {seconds:.1f} s"
         )
-        if world == 4 and CHROMIUM is not None:
+        if CHROMIUM is not None:
             page_reads_right(settings, job, hit, slow_rank)
     finally:
         job.stop()
