@@ -214,7 +214,7 @@ class Settings:
         help="most seconds a command waits for Kafka to take the connection and answer before it stops with one line "
         "(exit status 69)",
         parse=positive_float,
-        read_by=("topics", "simulate", "trigger", "raw"),
+        read_by=("topics", "simulate", "trigger", "raw", "processor", "sink"),
     )
     db: Path = setting(
         Path("lockstep.duckdb"), help="DuckDB findings file", parse=Path, read_by=("sink", "demo"), metavar="FILE"

@@ -50,6 +50,22 @@ FEATURES: dict[str, Feature] = {
     "workers_running_it": Feature(
         "workers running it", "", "workers that ran the function at all, against the peer group's size"
     ),
+    "own_work_us": Feature(
+        "own work", "us", "the worker's own work per step: the step minus its waits at collectives (median over steps)"
+    ),
+    "wait_us": Feature("waits", "us", "time the worker waited at collectives per step (median over steps)"),
+    "job_noise": Feature(
+        "shift vs the job's noise",
+        "share",
+        "the worker's own work above its peers' (relative), against how much a worker's varies from step to step",
+    ),
+    "last_step": Feature(
+        "last step", "", "the last training step the worker finished (a hang: against the majority's)"
+    ),
+    "collective_seq": Feature(
+        "collective", "", "sequence number of the last collective the worker entered and has not returned from"
+    ),
+    "answered": Feature("answered", "", "workers that answered the hang trigger, against those expected"),
     "healthy_windows": Feature("healthy windows", "", "earlier healthy windows of the job this one was compared with"),
     "baseline_work_us": Feature(
         "work vs the job's past",

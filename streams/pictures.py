@@ -7,7 +7,10 @@
   the median is then the median of the shards' medians, weighted by their workers: exact for one
   shard, close for many).  A record for a step already emitted is late and only counted.
 - :func:`deviation_map`: a window's worst workers x functions by robust z against their peers, from
-  the step results the window stage already holds (their flagged rows), as a ``DeviationMap``.
+  the step results the window stage already holds (their flagged rows), as a ``DeviationMap``.  Small peer
+  groups (2 to ``ratio_peers_max`` workers) are compared by ratio, not by z: their cells are put on the same
+  scale of significance as the excess over the slowest other worker in units of the job's step-to-step noise
+  (:func:`ratio_significance`), never as a bare rise, which a one-step spike over a near-zero peer makes huge.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from ..schemas.records import (
     StepPartial,
     StepSeries,
 )
+from .diagnosis.localise import localise
+from .policy import DiagnosisPolicy
 
 if TYPE_CHECKING:
     from .diagnosis.step import StepResult
@@ -146,6 +151,37 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float((v[lo] + v[min(hi, v.size - 1)]) / 2.0)
 
 
+def ratio_significance(results, noise: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per step result, ``(z, ratio)`` of its flagged rows: ``z`` the robust z, except for rows flagged by ratio
+    (``ratio`` True: a small peer group), whose z is their excess over the slowest other worker (µs) in units of
+    the job's step-to-step noise of a worker's own work (:func:`lockstep.streams.diagnosis.localise.localise`'s
+    ``noise``, relative) times the worker's peers' own work in that step (the step's time where the step stage
+    sent no worker rows).
+
+    So a 30 ms rise in a 100 ms step of a job whose workers vary by 2% step to step reads +15 where its bare ratio
+    read +0.3; a 3 ms spike over a 1 µs peer, whose ratio reads +3000, reads +1.5."""
+    out = []
+    for r in results:
+        t = r.outliers
+        z = pc.fill_null(t.column("z"), math.nan).to_numpy(zero_copy_only=False).astype(np.float64)
+        ratio = np.asarray(t.column("signal").to_pylist(), dtype=object) == "ratio"
+        if ratio.any() and math.isfinite(noise) and noise > 0:
+            worker = t.column("worker").to_numpy(zero_copy_only=False)
+            base = pc.fill_null(t.column("step_time_us"), math.nan).to_numpy(zero_copy_only=False).astype(np.float64)
+            wt = getattr(r, "workers", None)
+            if wt is not None and wt.num_rows:
+                ws, first = np.unique(wt.column("worker").to_numpy(zero_copy_only=False), return_index=True)
+                peer_own = wt.column("peer_own_us").to_numpy(zero_copy_only=False).astype(np.float64)[first]
+                i = np.minimum(np.searchsorted(ws, worker), ws.size - 1)
+                found = (ws[i] == worker) & (peer_own[i] > 0)
+                base = np.where(found, peer_own[i], base)
+            excess = pc.fill_null(t.column("excess_us"), math.nan).to_numpy(zero_copy_only=False).astype(np.float64)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                z = np.where(ratio, excess / (noise * base), z)
+        out.append((z, ratio))
+    return out
+
+
 def deviation_map(
     job: str,
     window: str,
@@ -156,21 +192,36 @@ def deviation_map(
     now: float,
     max_workers: int = 32,
     max_functions: int = 16,
+    policy: DiagnosisPolicy | None = None,
 ) -> DeviationMap:
     """The worst ``max_workers`` x ``max_functions`` cells of a window by robust z against the peers.
 
     ``results`` are the window's step results (``StepResult``: ``outliers`` holds the flagged rows of a
     step with their ``z``).  A cell's value is the median of its z over the steps it was flagged in.
     Workers are ranked by the sum over their cells of |z| (capped at 20) times the steps flagged, so that a
-    deviation that persisted outranks one step's spike; functions likewise among the chosen workers."""
+    deviation that persisted outranks one step's spike; functions likewise among the chosen workers.
+
+    Small peer groups are flagged by ratio, not by z: their cells read in standard errors, as the localisation's
+    per-worker z does: the median over the steps flagged of :func:`ratio_significance` (the excess in units of the
+    job's step-to-step noise, by ``policy``'s localisation, the default policy when None) over its standard error,
+    1.2533 / sqrt(steps flagged).  A rise held in every step of the window outranks one step's spike."""
     max_workers, max_functions = min(max_workers, MAX_MAP_WORKERS), min(max_functions, MAX_MAP_FUNCTIONS)
-    ws, fs, zs = [], [], []
-    for r in results:
+    results = list(results)
+    dp = policy or DiagnosisPolicy()
+    noise = math.nan
+    if any(r.outliers.num_rows and "ratio" in r.outliers.column("signal").to_pylist() for r in results):
+        noise = (
+            localise(results, dp).noise if all(getattr(r, "workers", None) is not None for r in results) else math.nan
+        )
+        noise = noise if math.isfinite(noise) else dp.rel_floor  # no worker rows to measure it on: the policy's floor
+    ws, fs, zs, rs = [], [], [], []
+    for r, (z, ratio) in zip(results, ratio_significance(results, noise)):
         t = r.outliers
         if t.num_rows:
             ws.append(t.column("worker").to_numpy(zero_copy_only=False))
             fs.append(np.asarray(t.column("function").to_pylist(), dtype=object))
-            zs.append(pc.fill_null(t.column("z"), math.nan).to_numpy(zero_copy_only=False))
+            zs.append(z)
+            rs.append(ratio)
     empty = DeviationMap(
         job=job,
         window=window,
@@ -186,8 +237,9 @@ def deviation_map(
     if not ws:
         return empty
     w, f, z = np.concatenate(ws), np.concatenate(fs).astype(str), np.concatenate(zs).astype(np.float64)
+    by_ratio = np.concatenate(rs).astype(bool)
     keep = np.isfinite(z)
-    w, f, z = w[keep], f[keep], z[keep]
+    w, f, z, by_ratio = w[keep], f[keep], z[keep], by_ratio[keep]
     if not w.size:
         return empty
     wu, wi = np.unique(w, return_inverse=True)
@@ -199,6 +251,9 @@ def deviation_map(
     counts = np.diff(np.r_[starts, cell_s.size])
     med = (z_s[starts + (counts - 1) // 2] + z_s[starts + counts // 2]) / 2
     cells = cell_s[starts]
+    # cells flagged by ratio: the median excess in noise units over its standard error (1.2533 / sqrt(steps))
+    ratio_cell = np.bincount(cell[by_ratio], minlength=wu.size * fu.size)[cells] > 0
+    med = np.where(ratio_cell, med * np.sqrt(counts) / 1.2533, med)
     grid = np.full((wu.size, fu.size), np.nan)
     n = np.zeros((wu.size, fu.size), dtype=np.int64)
     grid[cells // fu.size, cells % fu.size] = med

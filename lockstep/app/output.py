@@ -71,8 +71,9 @@ def evidence_line(cause: str, evidence: list[dict], width: int = EVIDENCE_WIDTH)
     return "; ".join(out)
 
 
-def findings_table(findings: list[dict]) -> str:
-    """The people's view of findings (the --json shape is the Finding record itself)."""
+def findings_table(findings: list[dict], acked: dict[str, str] | None = None) -> str:
+    """The people's view of findings (the --json shape is the Finding record itself).  ``acked``: finding id -> who
+    acknowledged its incident and when (``findings --open``), a column of its own when any was."""
     if not findings:
         return "no findings"
     rows = []
@@ -93,8 +94,13 @@ def findings_table(findings: list[dict]) -> str:
                 ev,
             ]
         )
+    head = ["job", "window", "workers", "device", "function", "cause", "conf", "cost", "steps", "evidence"]
+    if acked:  # before the evidence, whose width is fitted to what is left of the line
+        head.insert(-1, "acknowledged")
+        for f, row in zip(findings, rows):
+            row.insert(-1, acked.get(f["id"], "-"))
     return table(
-        ["job", "window", "workers", "device", "function", "cause", "conf", "cost", "steps", "evidence"],
+        head,
         rows,
         max_width=max(72, *(len(r[-1]) for r in rows)),  # evidence is fitted whole by evidence_line, never cut
     )

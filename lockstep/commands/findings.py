@@ -71,7 +71,7 @@ def run(args) -> int:
     if args.json:
         print_json(found)
     else:
-        print(findings_table(found))
+        print(findings_table(found, _acknowledged(store_runner(db, args.tenant, False)) if args.open else None))
         note = _unfinished(store_runner(db, args.tenant, False), args)
         if note:
             print(note)
@@ -92,6 +92,15 @@ def _windows(args, run) -> int:
     else:
         print(windows_table(rows))
     return 0
+
+
+def _acknowledged(run) -> dict[str, str]:
+    """Open incidents acknowledged by hand (``lockstep incident ack``): their latest finding's id -> "who, when"."""
+    _, rows = run(
+        "SELECT f.id, coalesce(i.acked_by, 'someone'), strftime(i.acked_at, '%Y-%m-%d %H:%M') FROM open_findings f "
+        "JOIN incidents i ON i.id = f.incident_id WHERE i.acked_at IS NOT NULL"
+    )
+    return {r[0]: f"{r[1]}, {r[2]} UTC" for r in rows}
 
 
 def _unfinished(run, args) -> str:

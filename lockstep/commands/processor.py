@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..broker import kafka_or_embedded
-    from ..kafka import ensure_topics
+    from ..kafka import check_reachable, ensure_topics
     from ..logs import setup_logging
     from ..streams.app import ROLES, build_app, changelog_topics, run_worker, serve_http
     from ..streams.policy import load_policy
@@ -41,7 +41,11 @@ def run(args) -> int:
     if unknown:
         raise config.ConfigError(f"--roles: unknown role(s) {sorted(unknown)}; known: {', '.join(ROLES)}")
     with kafka_or_embedded(settings) as s:
-        ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
+        # one line (exit 69) within connect_timeout_s if Kafka is not there, not librdkafka's retries
+        check_reachable(s.bootstrap_servers or "", s.connect_timeout_s)
+        ensure_topics(
+            s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions), timeout_s=s.connect_timeout_s
+        )
         app, st = build_app(s, policy, roles=roles)
         http = serve_http(st, args.http_host, args.http_port)
         log.info(

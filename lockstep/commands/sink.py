@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..broker import kafka_or_embedded
-    from ..kafka import Publisher, admin, consumer_config, ensure_topics, producer_config, topic_ids
+    from ..kafka import Publisher, admin, check_reachable, consumer_config, ensure_topics, producer_config, topic_ids
     from ..logs import setup_logging
     from ..metrics import Metrics
     from ..sinks.http import QueryServer
@@ -51,7 +51,9 @@ def run(args) -> int:
     )
     try:
         with kafka_or_embedded(settings) as s:
-            topics = ensure_topics(s)
+            # one line (exit 69) within connect_timeout_s if Kafka is not there, not librdkafka's retries
+            check_reachable(s.bootstrap_servers or "", s.connect_timeout_s)
+            topics = ensure_topics(s, timeout_s=s.connect_timeout_s)
             publisher = Publisher(producer_config(s))
             metrics = Metrics("sink")
             pager = Pager(store, paging, metrics).start() if paging else None

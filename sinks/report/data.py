@@ -160,7 +160,8 @@ def gather(
             "SELECT id, status, occurrence, CAST(opened_at AS VARCHAR), CAST(last_seen_at AS VARCHAR), CAST(resolved_at AS VARCHAR), "
             # resolved by hand: "manual:<who>" (the person is in resolved_by)
             "CASE WHEN resolved_reason = 'manual' THEN 'manual:' || resolved_by ELSE resolved_by END, windows, gpu_hours_per_day, "
-            "gpu_hours_per_day * epoch(coalesce(resolved_at, timezone('UTC', now())) - opened_at) / 86400 "
+            "gpu_hours_per_day * epoch(coalesce(resolved_at, timezone('UTC', now())) - opened_at) / 86400, "
+            "CAST(acked_at AS VARCHAR), acked_by "
             f"FROM incidents WHERE id IN {clause}",
             ids,
         )

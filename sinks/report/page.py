@@ -115,6 +115,8 @@ class IncidentRow:
     windows: int
     gpu_hours_per_day: float
     gpu_hours_lost: float  # from its opening until it resolved, or until now
+    acked_at: str | None = None  # acknowledged by hand (``lockstep incident ack``): when ...
+    acked_by: str | None = None  # ... and who
 
 
 @dataclass(frozen=True)
@@ -864,6 +866,8 @@ def _finding_card(f: Finding, r: Report, now: dt.datetime) -> str:
             if inc.status == "open"
             else f"resolved {_when(inc.resolved_at)}: {resolved_why(inc.resolved_by or '')}"
         )
+        if inc.status == "open" and inc.acked_at:
+            state += f", acknowledged by {inc.acked_by or 'someone'} {_when(inc.acked_at)}"
         page_items = "".join(
             f"<li>{_e(p.route)} ({_e(p.receiver)}): {_e(p.action)} {_e(p.status)}"
             f"{', HTTP ' + str(p.last_status) if p.last_status else ''}{', ' + _e(p.last_error) if p.last_error and p.status != 'delivered' else ''}"

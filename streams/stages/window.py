@@ -195,7 +195,14 @@ class WindowStage(AssemblingStage[ClosedWindow[RecordIn]]):
         if w.results:
             try:  # the window's heatmap: for people, so it must never hold up the window
                 dmap = deviation_map(
-                    w.job, w.window, w.tenant, w.window_start, w.window_steps, list(w.results.values()), now
+                    w.job,
+                    w.window,
+                    w.tenant,
+                    w.window_start,
+                    w.window_steps,
+                    list(w.results.values()),
+                    now,
+                    policy=policy.diagnosis,
                 )
                 await self.send(self.topics.series, w.job, dmap)
             except Exception:

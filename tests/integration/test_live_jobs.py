@@ -2,7 +2,8 @@
 next to the real broker, processor and sink under the default policy.  A fault is switched on mid-run (one rank spends
 more time in one function); nobody sends a trigger by hand.  Each job's slow rank and function must be named live,
 every trigger must end in a window with a terminal state, the windows must expect every rank, and the heartbeat stage
-must count (almost) no heartbeat as late.  A healthy job must give no confident finding.
+must count (almost) no heartbeat as late.  A healthy job must give no confident finding.  Each job's page must read
+right in headless Chromium (where there is one): the slow rank's cell the hottest, the onset marked.
 
 Onset-to-finding (steps and seconds) is printed, not asserted (``-s`` shows it; ``benchmarks/time_to_diagnosis.py``
 measures it over several runs).
@@ -13,6 +14,7 @@ counted as late, and windows expected too few workers (a 2-rank window said "1 o
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import subprocess
@@ -28,7 +30,10 @@ from lockstep.broker import free_port
 from lockstep.kafka import ensure_topics
 from lockstep.metrics import value
 from lockstep.sinks.http import query, wait_for
+from lockstep.sinks.report.data import gather
+from lockstep.sinks.report.page import render
 from lockstep.streams.app import changelog_topics
+from tests.integration.test_browser import CHROMIUM, artifacts, chromium, hottest_cell
 
 pytestmark = pytest.mark.integration
 
@@ -124,6 +129,41 @@ def onset_to_finding(job: LiveJob, stored_at: float) -> tuple[int, float]:
     return at - FAULT_AT, stored_at - onset
 
 
+def page_reads_right(settings, job: LiveJob, hit: tuple, slow_rank: int) -> None:
+    """The job's page (as ``lockstep report --job`` renders it from the store, while the job runs) in headless
+    Chromium: the slow rank's cell in the finding's function is the hottest of the heatmaps, and the step chart
+    marks the onset within the plot, near the step the fault began.  The screenshot is kept as an artifact."""
+    window = hit[0]
+
+    def mapped() -> bool:
+        sql = "SELECT count(*) FROM window_deviations WHERE job = ? AND window_id = ?"
+        return query(settings.db, sql, [job.job, window])[1][0][0] > 0
+
+    assert wait_for(mapped, 60, 1.0), f"no heatmap of window {window}"
+    report = gather(lambda sql, params=None: query(settings.db, sql, params), job=job.job)
+    page = job.out / "page.html"
+    page.write_text(render(report, title=f"Lockstep: {job.job}"))
+    out = chromium("--dump-dom", page.as_uri())
+    assert out.returncode == 0, out.stderr[-2000:]
+    dom = out.stdout
+    shot = artifacts() / f"live-job-{job.world}-ranks.png"  # first: kept to look at when a check below fails
+    out = chromium(f"--screenshot={shot}", page.as_uri())
+    assert out.returncode == 0 and shot.stat().st_size > 50_000, out.stderr[-2000:]
+    assert "data-script-error" not in dom
+    hottest = html.unescape(hottest_cell(dom))
+    assert hottest.startswith(f"worker {slow_rank} · {hit[2]}:"), hottest
+    onset = re.search(r'<line class="onset" x1="([\d.]+)"', dom)
+    label = re.search(r"slower from step ([\d,]+)", dom)
+    width = re.search(r'<svg class="steps"[^>]*width="([\d.]+)"', dom)
+    assert onset and label and width, "no onset marker on the step chart"
+    assert 0 < float(onset.group(1)) < float(width.group(1))
+    at = int(label.group(1).replace(",", ""))
+    print(f"LIVE {job.world} ranks: hottest cell {hottest[:80]!r}; onset marked at step {at}")
+    # near the fault's first step: the marker goes to the first raw step above the line in the 4 steps before the
+    # rolling median crossed it, which a noisy step just before the fault can be (114 was seen for 120)
+    assert FAULT_AT - 10 <= at <= FAULT_AT + 40, at
+
+
 @pytest.fixture
 def pipeline(settings, tmp_path):
     ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
@@ -156,6 +196,8 @@ def test_a_real_job_with_a_slow_rank_is_named_live(settings, tmp_path, pipeline,
         print(
             f"\nLIVE {world} ranks: rank {slow_rank} {hit[2]} ({hit[3]}, {hit[4]:.2f}) {steps} steps, {seconds:.1f} s"
         )
+        if CHROMIUM is not None:
+            page_reads_right(settings, job, hit, slow_rank)
     finally:
         job.stop()
 

@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--slow-ms", type=float, default=25.0)
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # the profiler writes nothing, and says so only in its log, into no folder
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         args.port = s.getsockname()[1]

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pyarrow as pa
 
 from lockstep.schemas.records import StepHeartbeat, decode, encode
-from lockstep.streams.diagnosis.step import OUTLIER_SCHEMA
+from lockstep.sinks.report.page import significance
+from lockstep.streams.diagnosis.step import OUTLIER_SCHEMA, WORKER_SCHEMA
 from lockstep.streams.pictures import SeriesBuilder, deviation_map
 
 
@@ -69,3 +70,50 @@ def test_the_deviation_map_keeps_the_persistent_worst_cells_with_the_median_z():
     assert (m.workers_total, m.functions_total) == (3, 3)
     assert decode(encode(m)) == m
     assert deviation_map("j", "w1", "", 8, 8, [result([])], now=1.0).workers == []
+
+
+def small_group_step(s: int) -> SimpleNamespace:
+    """Step ``s`` of a 2-worker job (peers compared by ratio): worker 1 spends 30 ms more in ``preprocess`` in
+    every step; worker 0's ``log_metrics`` spikes once, 3 ms over a peer's 0.3 µs (a rise of 10,000x); each worker's
+    own work varies by about 2% from step to step."""
+    jitter = [1.0, 1.02, 0.98, 1.01, 0.99, 1.02, 0.98, 1.0][s]
+    own = {0: 100_000.0 * jitter, 1: 130_000.0 / jitter}
+    rows = [(1, "preprocess", 0.3, 30_000.0)] + ([(0, "log_metrics", 10_000.0, 3_000.0)] if s == 3 else [])
+    cols = {f.name: [] for f in OUTLIER_SCHEMA}
+    for worker, function, rise, excess in rows:
+        row = {"worker": worker, "function": function, "signal": "ratio", "z": rise, "excess_us": excess}
+        row["step_time_us"] = 135_000.0
+        for name in cols:
+            cols[name].append(row.get(name))
+    workers = pa.Table.from_pydict(
+        {
+            "worker": [0, 1],
+            "host": ["h0", "h1"],
+            "device": ["h0/gpu0", "h1/gpu0"],
+            "group": ["", ""],
+            "step_time_us": [135_000.0] * 2,
+            "own_us": [own[0], own[1]],
+            "peer_own_us": [own[1], own[0]],
+            "wait_us": [30_000.0, 1_000.0],
+            "peer_wait_us": [1_000.0, 30_000.0],
+            "function": ["log_metrics", "preprocess"],
+            "kind": ["python", "python"],
+            "work_us": [10.0, 40_000.0],
+            "peer_work_us": [10.0, 10_000.0],
+        },
+        schema=WORKER_SCHEMA,
+    )
+    return SimpleNamespace(outliers=pa.Table.from_pydict(cols, schema=OUTLIER_SCHEMA), workers=workers, step=8 + s)
+
+
+def test_small_groups_cells_read_in_standard_errors_so_a_held_rise_outranks_a_one_step_spike():
+    m = deviation_map("j", "w1", "", 8, 8, [small_group_step(s) for s in range(8)], now=1.0)
+    z = {(w, f): (m.z[i][j], m.flagged[i][j]) for i, w in enumerate(m.workers) for j, f in enumerate(m.functions)}
+    rise, rise_held = z[(1, "preprocess")]
+    spike, spike_held = z[(0, "log_metrics")]
+    assert (rise_held, spike_held) == (8, 1)
+    # 30 ms over a 100 ms peer, the job's noise a few % step to step, held in 8 steps: many standard errors ...
+    assert rise > 10
+    # ... and the 10,000x spike of 3 ms in one step a few: no longer the bare rise
+    assert 0 < spike < rise and spike < 10
+    assert significance(rise, rise_held, 8) > significance(spike, spike_held, 8)

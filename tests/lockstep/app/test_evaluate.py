@@ -256,3 +256,16 @@ def test_every_finding_of_the_standard_suite_shows_evidence_for_its_cause():
     assert not bad, bad[:5]
     assert figures["overall"]["accuracy"] >= 0.99 and figures["overall"]["healthy_false_findings"] == 0
     assert {f.cause for f in findings} >= {"undetermined", "nic", "switch", "nvlink", "rank_specific_code"}
+    # the table README.md shows under <!-- evaluate-table --> is what `lockstep evaluate` prints today
+    from lockstep.commands.evaluate import report
+    from tests.paths import ROOT
+
+    printed = [line.rstrip() for line in report(figures, policy.ref, "standard suite").split("\n")]
+    start = next(i for i, line in enumerate(printed) if line.startswith("fault "))
+    end = next(i for i, line in enumerate(printed) if line.startswith("Calibration"))
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("<!-- evaluate-table -->") :].split("```")[1].strip("\n")
+    assert block == "\n".join(printed[start : end + 1]), (
+        "README.md's evaluate table is not what `lockstep evaluate` prints now; paste its table in:\n"
+        + "\n".join(printed[start : end + 1])
+    )

@@ -220,6 +220,31 @@ def test_a_port_that_takes_the_connection_but_speaks_no_kafka_is_one_line_after_
     assert r.returncode == 69 and address in line and ("1 s" in line or "no answer" in line), line
 
 
+@pytest.mark.slow  # a subprocess per case, and a listener that never answers for --connect-timeout-s
+@pytest.mark.parametrize("service", ["processor", "sink"])
+def test_the_services_stop_with_one_line_after_connect_timeout_s_when_kafka_is_not_there(service, tmp_path):
+    """``processor`` and ``sink`` read ``--connect-timeout-s`` too: a closed port is one line at once, a port that
+    never answers one line saying the bound it waited (before: topic creation's fixed 15 s, librdkafka's lines)."""
+    import socket
+
+    extra = ["--db", str(tmp_path / "f.duckdb")] if service == "sink" else []
+
+    def error_line(r) -> str:  # a service logs what it did before (the sink: its store); then the one line
+        assert "Traceback" not in r.stderr and "librdkafka" not in r.stderr and "FAIL" not in r.stderr, r.stderr
+        return r.stderr.strip().splitlines()[-1]
+
+    r = lockstep(service, *extra, "--bootstrap-servers", "127.0.0.1:1")
+    line = error_line(r)
+    assert r.returncode == 69 and "cannot reach Kafka at 127.0.0.1:1: connection refused" in line, line
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        r = lockstep(service, *extra, "--bootstrap-servers", address, "--connect-timeout-s", "1")
+    line = error_line(r)
+    assert r.returncode == 69 and address in line and "within 1 s" in line, line
+
+
 def test_librdkafkas_lines_show_at_debug_only():
     import logging
 

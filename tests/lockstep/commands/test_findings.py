@@ -55,3 +55,35 @@ def test_findings_say_when_windows_failed_or_have_not_reported(tmp_path, capsys)
     )
     assert findings.run(args(db, job="other")) == 0
     assert capsys.readouterr().out == "no findings\n"
+
+
+def test_who_acknowledged_an_open_incident_shows_in_findings_open_and_on_the_page(tmp_path, capsys):
+    from lockstep.sinks.http import query
+    from lockstep.sinks.report.data import gather
+    from lockstep.sinks.report.page import render
+    from tests.sinks.test_store import fnd
+    from tests.sinks.test_store import win as window
+
+    db = tmp_path / "f.duckdb"
+    store = FindingsStore(db)
+    t0 = 1_800_000_000.0
+    acked, _ = store.write(
+        Batch(
+            [
+                fnd("a1", window_="w1", created_at=t0),
+                fnd("b1", window_="w1", workers=(5,), devices=("h1/gpu5",), created_at=t0),
+            ],
+            [window("j", "w1", 100, findings=2)],
+            {},
+        )
+    )
+    store.acknowledge(acked.incident_id, "alice", now=t0 + 60)
+    store.close()
+    assert findings.run(args(db, open=True)) == 0
+    out = capsys.readouterr().out
+    head, *rows = [line for line in out.splitlines() if line.startswith(("job", "j "))]
+    assert "acknowledged" in head
+    assert [("alice, 2027-01-15 08:01 UTC" in r) for r in rows].count(True) == 1  # the other incident: "-"
+    page = render(gather(lambda sql, params=None: query(db, sql, params)), title="t")
+    assert "acknowledged by alice 2027-01-15 08:01:00 UTC" in page and page.count("acknowledged by") == 1
+    assert findings.run(args(db)) == 0 and "acknowledged" not in capsys.readouterr().out  # every finding: no column

@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 
 from lockstep.kafka import Topics
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import FeatureBatch, StepReport, WindowExpected, WindowReport, WorkerMeta
+from lockstep.schemas.records import (
+    DeviationMap,
+    FeatureBatch,
+    StepReport,
+    WindowExpected,
+    WindowReport,
+    WorkerMeta,
+)
 from lockstep.streams.diagnosis import step_result
 from lockstep.streams.diagnosis.handoff import MAX_VALUE
 from tests.tiers import examples
@@ -153,5 +160,9 @@ def test_every_step_report_of_a_small_group_validates_and_its_window_ends(case, 
     assert (w.closed_reason == "") == (w.closed == "complete")
     assert w.steps_seen == len(sent_steps) and (w.coverage == 1.0) == everyone
     assert len(p.proc.windows.assembler) == 0 and len(p.proc.steps.assembler) == 0
+    # every window with steps gets its heatmap (small groups' cells on the noise scale), every value finite
+    maps = [r for r in p.sent(TOPICS.series) if isinstance(r, DeviationMap)]
+    assert len(maps) == (1 if reports else 0)
+    assert all(math.isfinite(z) for m in maps for row in m.z for z in row if z is not None)
     offsets = len(p.out.records(TOPICS.stepreports)) + announced  # the notice was produced, the rest sent
     assert sorted(p.acked(TOPICS.stepreports)) == list(range(offsets))
