@@ -433,10 +433,11 @@ def _read_events(
     codes, counts = np.unique(dcode[dev_idx][dcode[dev_idx] >= 0], return_counts=True)
     labels = np.array([f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes], dtype=object)
     main = int(codes[np.argmax(counts)]) if codes.size else None  # the accelerator that ran most device events
-    device = np.full(idx.size, None, dtype=object)
+    # each event's device as an index into [*labels, None]
+    device = np.full(idx.size, codes.size, dtype=np.int64)
     on_dev = is_dev[idx] & (dcode[idx] >= 0)
-    device[on_dev] = labels[np.searchsorted(codes, dcode[idx][on_dev])]
-    device[sync[idx]] = labels[np.searchsorted(codes, main)] if main is not None else None
+    device[on_dev] = np.searchsorted(codes, dcode[idx][on_dev])
+    device[sync[idx]] = np.searchsorted(codes, main) if main is not None else codes.size
     dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
 
     # name each distinct (category, name, process group, sync) once: traces repeat the same kernels thousands of times
@@ -452,9 +453,9 @@ def _read_events(
         _classify(str(cat_names[cat[idx[j]]]), c.name_dict[name[idx[j]]], str(pg_names[pg[j]]), bool(sync_i[j]))
         for j in first.tolist()
     ]
-    fn, kind, res = (
-        (np.array([t[i] for t in named], dtype=object)[which].tolist() for i in range(3)) if named else ([], [], [])
-    )
+    which = which.reshape(-1)
+    # strings built in C from each distinct one: no Python object per event
+    fn, kind, res = (_take([t[i] for t in named], which) for i in range(3))
     htod = (cat[idx] == code["gpu_memcpy"]) & has("HtoD")[idx]
     nbytes = np.where(htod, c.nbytes[idx], np.nan)
     stream_names = np.array(c.stream_dict or [""], dtype=object)
@@ -466,15 +467,20 @@ def _read_events(
             "kind": kind,
             "start_us": ts[idx],
             "duration_us": dur[idx],
-            "host": [host or None] * idx.size,
-            "device": device.tolist(),
+            "host": _take([host or None], np.zeros(idx.size, dtype=np.int64)),
+            "device": _take([*labels.tolist(), None], device),
             "resource": res,
             "bytes": nbytes,
-            "stream": stream_names[stream[idx]].tolist(),
+            "stream": _take(stream_names.tolist(), stream[idx]),
         },
         schema=OP_EVENT_SCHEMA,
     )
     return table, out_bounds, steps_from, dev_main
+
+
+def _take(strings: list, which: np.ndarray) -> pa.Array:
+    """``strings[which]`` as an Arrow string array (None: null)."""
+    return pc.take(pa.array(strings, pa.string()), pa.array(which, pa.int64()))
 
 
 def _code_of(strings: list[str], s: str) -> int:

@@ -151,6 +151,18 @@ class _Dictionary:
     def __init__(self) -> None:
         self.code: dict[str, int] = {}
 
+    def encode_strings(self, get: attrgetter, events: list) -> np.ndarray:
+        """Codes of a string field of ``events`` (the decoder made them ``str``): looked up in the dictionary in C,
+        new ones numbered in the order they first occur (as :meth:`encode` numbers them)."""
+        code = self.code
+        try:
+            return np.fromiter(map(code.get, map(get, events)), np.int32, len(events))
+        except TypeError:  # a string not seen before (None)
+            for s in map(get, events):
+                if s not in code:
+                    code[s] = len(code)
+            return np.fromiter(map(code.get, map(get, events)), np.int32, len(events))
+
     def encode(self, values: list) -> np.ndarray:
         if not values:
             return np.empty(0, dtype=np.int32)
@@ -233,14 +245,15 @@ class ColumnBuilder:
         return self._pgs.encode([a.pg_desc or a.pg_name or "" for a in args])
 
     def add(self, events: list[ChromeEvent]) -> None:
-        x = [e for e in events if e.ph == "X"]
-        n = len(x)
+        phs = list(map(_PH, events))
+        n = phs.count("X")
+        x = events if n == len(events) else [e for e, ph in zip(events, phs) if ph == "X"]
         if n:
             args = list(map(_ARGS, x))
             typed = type(x[0]) is _TypedEvent
             self._put(
-                cat=self._cats.encode(list(map(_CAT, x))),
-                name=self._names.encode(list(map(_NAME, x))),
+                cat=self._cats.encode_strings(_CAT, x),
+                name=self._names.encode_strings(_NAME, x),
                 ts=np.fromiter(map(_TS, x), np.float64, n),
                 dur=np.fromiter(map(_DUR, x), np.float64, n),
                 stream=self._stream(x, typed),
@@ -249,7 +262,7 @@ class ColumnBuilder:
                 nbytes=_arg_floats(args, typed),
                 pg=self._pg(args, typed),
             )
-        fl = [e for e in events if e.ph in _FLOW_PH]
+        fl = [] if n == len(events) else [e for e, ph in zip(events, phs) if ph in _FLOW_PH]
         fl = [e for e in fl if e.cat in FLOW_CATS and e.id is not None]
         if fl:
             ids = ints([e.id for e in fl])
@@ -317,7 +330,7 @@ class ColumnBuilder:
 
 _FLOW_PH = frozenset(("s", "f"))
 _PID, _TID, _TS, _DUR = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("dur")
-_CAT, _NAME, _ARGS = attrgetter("cat"), attrgetter("name"), attrgetter("args")
+_CAT, _NAME, _ARGS, _PH = attrgetter("cat"), attrgetter("name"), attrgetter("args"), attrgetter("ph")
 _PG_DESC, _PG_NAME = attrgetter("pg_desc"), attrgetter("pg_name")
 
 
@@ -601,7 +614,7 @@ class _Reader:
             after = _AFTER.match(buf, j + 1)
             if after and (after.end() <= len(buf)):
                 try:
-                    return j + 1, _decode_run(b"[" + buf[lo : j + 1] + b"]")
+                    return j + 1, _decode_run(b"".join((b"[", memoryview(buf)[lo : j + 1], b"]")))
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     break  # inside a string or an object, or not JSON: the exact scan tells which
                 except RecursionError:
@@ -614,7 +627,7 @@ class _Reader:
 
 def _decode_events(buf: bytes, lo: int, hi: int) -> list[ChromeEvent]:
     try:
-        return _decode_run(b"[" + buf[lo:hi] + b"]")
+        return _decode_run(b"".join((b"[", memoryview(buf)[lo:hi], b"]")))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise TraceReadError(f"not a Chrome-trace JSON object with traceEvents ({exc})") from None
     except RecursionError:
