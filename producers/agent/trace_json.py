@@ -10,7 +10,8 @@ codes of a dictionary, since traces repeat the same few thousand names) and drop
 :class:`Columns`: about 60 bytes per complete (``"ph": "X"``) event and 21 per flow event, whatever the
 JSON spent on them (names, ``args``), and nothing of other events (metadata, counters, instants).
 
-**Cutting the array.**  The last ``}`` of a slice that is followed by ``,`` or ``]`` is tried first:
+**Cutting the array.**  The last ``}`` of a slice that is followed by ``, {`` or ``]`` is tried first (a
+``}, `` alone is common inside kernel names' templates):
 if ``[`` + the slice up to it + ``]`` decodes as a list of events, the cut is at an event boundary
 (the decoder's state there is the state the whole array's decoding would have: after a complete
 value at depth one).  If it does not decode (a ``}`` inside a string or a nested object), the
@@ -137,7 +138,7 @@ def _decode_run(data: bytes) -> list:
 
 
 _WS = re.compile(rb"[ \t\r\n]*")
-_AFTER = re.compile(rb"[ \t\r\n]*[,\]]")
+_AFTER = re.compile(rb"[ \t\r\n]*(?:,[ \t\r\n]*\{|\])")  # an event ends: the next begins, or the array
 _KEY = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _SCALAR = re.compile(rb"[^,}\]\s]+")
 
@@ -607,7 +608,7 @@ class _Reader:
         buf, lo = self.buf, self.pos
         hi = min(len(buf), lo + window)
         j = hi
-        for _ in range(8):  # the last '}' followed by ',' or ']': almost always an event's end
+        for _ in range(8):  # the last '}' followed by ', {' or ']': almost always an event's end
             j = buf.rfind(b"}", lo, j)
             if j < 0:
                 break
