@@ -240,12 +240,13 @@ class ColumnBuilder:
             return np.array(local, dtype=np.int32)[enc.indices.to_numpy(zero_copy_only=False)]
         return np.array([sd.setdefault(k, len(sd)) for k in zip(map(_PID, events), map(_TID, events))], dtype=np.int32)
 
-    def _pg(self, args: list, typed: bool) -> np.ndarray:
-        if typed and not any(map(_PG_DESC, args)) and not any(map(_PG_NAME, args)):  # no process group named
+    def _pg(self, args: list, typed: bool, groups_named: bool) -> np.ndarray:
+        if typed and (not groups_named or (not any(map(_PG_DESC, args)) and not any(map(_PG_NAME, args)))):
             return np.full(len(args), self._pgs.code.setdefault("", len(self._pgs.code)), dtype=np.int32)
         return self._pgs.encode([a.pg_desc or a.pg_name or "" for a in args])
 
-    def add(self, events: list[ChromeEvent]) -> None:
+    def add(self, events: list[ChromeEvent], groups_named: bool = True) -> None:
+        """``groups_named`` False: the run's bytes hold no process group's key (nothing to look for in its args)."""
         phs = list(map(_PH, events))
         n = phs.count("X")
         x = events if n == len(events) else [e for e, ph in zip(events, phs) if ph == "X"]
@@ -261,7 +262,7 @@ class ColumnBuilder:
                 corr=_arg_ints(args, "correlation", typed, -1),
                 device=_arg_ints(args, "device", typed, -2),
                 nbytes=_arg_floats(args, typed),
-                pg=self._pg(args, typed),
+                pg=self._pg(args, typed, groups_named),
             )
         fl = [] if n == len(events) else [e for e, ph in zip(events, phs) if ph in _FLOW_PH]
         fl = [e for e in fl if e.cat in FLOW_CATS and e.id is not None]
@@ -590,7 +591,9 @@ class _Reader:
                 window *= 4
                 continue
             window = WINDOW
-            self.builder.add(events)
+            # a run whose bytes hold no "Process Group" (nor a \u escape that could spell it) names no group
+            buf, lo = self.buf, self.pos
+            self.builder.add(events, buf.find(b"Process Group", lo, end) >= 0 or buf.find(b"\\u", lo, end) >= 0)
             del events
             self.pos = end
             c = self._peek()

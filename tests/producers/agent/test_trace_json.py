@@ -176,3 +176,16 @@ def test_every_real_trace_reads_as_it_did_and_as_its_parsed_object_does(name):
     other = ["worker", "host", "device", "bytes"]
     assert obj.events.drop_columns(other).equals(te.events.drop_columns(other)), name
     np.testing.assert_array_equal(obj.events.column("bytes").to_numpy(), te.events.column("bytes").to_numpy())
+
+
+def test_a_process_group_is_read_in_any_slice_and_however_its_key_is_spelled(monkeypatch):
+    """Runs whose bytes hold no process group key skip looking for one; a key spelled with \\u escapes still counts."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": i, "dur": 1, "args": {}} for i in range(300)]
+    events[250]["args"] = {"Process Group Name": "pg1"}
+    events[280]["args"] = {"Process Group Description": "mine"}
+    data = json.dumps({"traceEvents": events}).encode()
+    data = data.replace(b'"Process Group Description"', b'"Process\\u0020Group Description"')
+    _head, cols = _read(data, 2000, monkeypatch)  # many runs, most without a group
+    names = [cols.pg_dict[i] for i in cols.pg]
+    assert names[250] == "pg1" and names[280] == "mine"
+    assert set(names[:250]) == {""}
