@@ -355,7 +355,7 @@ def _read_events(
             f"event {_cap(c.name_dict[name[i]])!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)"
         )
     dur = np.maximum(dur, 0.0)
-    corr = np.where(is_dev | is_runtime | is_sync_rec, c.corr, -1)
+    corr = c.corr  # read only where the event is device work, a runtime call or a sync record
 
     # ---- steps
     is_ann = cat == code["user_annotation"]
@@ -371,17 +371,18 @@ def _read_events(
     ends = np.array([bounds[s][1] for s in steps], dtype=np.float64)
 
     # ---- launches: the runtime call with the same correlation id, else the flow that ends on the device event
+    # (arrays over the device events only: the working memory is what the trace's device work needs)
     rt_idx = np.flatnonzero(is_runtime & (corr >= 0))
-    launch = ts.copy()
-    runtime_of = np.full(n, -1, dtype=np.int64)
     dev_idx = np.flatnonzero(is_dev)
+    launch = ts[dev_idx]  # of each device event
+    runtime_of = np.full(dev_idx.size, -1, dtype=np.int64)
     if dev_idx.size and rt_idx.size:
-        runtime_of[dev_idx] = _lookup(corr[rt_idx], rt_idx, corr[dev_idx])
-    found = runtime_of[dev_idx] >= 0
-    launch[dev_idx[found]] = ts[runtime_of[dev_idx[found]]]
-    missing = dev_idx[~found]
+        runtime_of = _lookup(corr[rt_idx], rt_idx, corr[dev_idx])
+    found = runtime_of >= 0
+    launch[found] = ts[runtime_of[found]]
+    missing = np.flatnonzero(~found)
     if missing.size:
-        via_flow = _flow_launch(c, stream[missing], ts[missing])
+        via_flow = _flow_launch(c, stream[dev_idx[missing]], ts[dev_idx[missing]])
         ok = np.isfinite(via_flow)
         launch[missing[ok]] = via_flow[ok]
 
@@ -390,9 +391,10 @@ def _read_events(
     if rt_idx.size:  # a few distinct calls, thousands of times each: each name judged once
         blocks = np.array([bool(_BLOCKING_CALL.search(s)) for s in c.name_dict], dtype=bool)
         blocking[rt_idx] = blocks[name[rt_idx]]
-    waited = dev_idx[found & is_copy[dev_idx]]  # an async copy call still running when its copy began: it waited for it
+    waited_of = found & is_copy[dev_idx]  # an async copy call still running when its copy began: it waited for it
+    waited = dev_idx[waited_of]
     if waited.size:
-        r = runtime_of[waited]
+        r = runtime_of[waited_of]
         copy_call = _has(name_dict, "memcpy", ignore_case=True)[name[r]]
         hit = copy_call & (ts[r] + dur[r] > ts[waited])
         blocking[r[hit]] = True
@@ -406,8 +408,10 @@ def _read_events(
     sync = blocking | dev_wait
 
     # ---- the step of each event: CPU work by its start, device work by its launch
-    when = np.where(is_dev, launch, ts)
-    del launch, runtime_of
+    when = ts.copy()
+    still = is_dev[dev_idx]  # device waits are placed by their own start
+    when[dev_idx[still]] = launch[still]
+    del launch, runtime_of, still
     k = np.searchsorted(step_start, when, side="right") - 1
     in_step = (k >= 0) & (when < ends[np.clip(k, 0, None)])
     del when
@@ -427,18 +431,21 @@ def _read_events(
 
     # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
     # (kind of accelerator, number), named once
-    dev_no = np.full(n, -1, dtype=np.int64)
-    dev_no[dev_idx] = c.device[dev_idx]
-    mtia = is_cat(*MTIA_CATS)
-    dcode = np.where(dev_no >= 0, 2 * dev_no + mtia, -1)
-    del dev_no, mtia
-    codes, counts = np.unique(dcode[dev_idx][dcode[dev_idx] >= 0], return_counts=True)
+    dev_no = c.device[dev_idx]
+    dcode = np.where(dev_no >= 0, 2 * dev_no + is_cat(*MTIA_CATS)[dev_idx], -1)  # of each device event
+    del dev_no
+    codes, counts = np.unique(dcode[dcode >= 0], return_counts=True)
     labels = np.array([f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes], dtype=object)
     main = int(codes[np.argmax(counts)]) if codes.size else None  # the accelerator that ran most device events
-    device = np.full(idx.size, None, dtype=object)
-    on_dev = is_dev[idx] & (dcode[idx] >= 0)
-    device[on_dev] = labels[np.searchsorted(codes, dcode[idx][on_dev])]
-    device[sync[idx]] = labels[np.searchsorted(codes, main)] if main is not None else None
+    # each event's device as an index into [*labels, None]
+    device = np.full(idx.size, codes.size, dtype=np.int64)
+    dcode_idx = np.full(idx.size, -1, dtype=np.int64)  # each kept event's, found among the device events
+    if dev_idx.size:
+        at = np.minimum(np.searchsorted(dev_idx, idx), dev_idx.size - 1)
+        dcode_idx = np.where(dev_idx[at] == idx, dcode[at], -1)
+    on_dev = is_dev[idx] & (dcode_idx >= 0)
+    device[on_dev] = np.searchsorted(codes, dcode_idx[on_dev])
+    device[sync[idx]] = np.searchsorted(codes, main) if main is not None else codes.size
     dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
 
     # name each distinct (category, name, process group, sync) once: traces repeat the same kernels thousands of times
@@ -454,9 +461,9 @@ def _read_events(
         _classify(str(cat_names[cat[idx[j]]]), c.name_dict[name[idx[j]]], str(pg_names[pg[j]]), bool(sync_i[j]))
         for j in first.tolist()
     ]
-    fn, kind, res = (
-        (np.array([t[i] for t in named], dtype=object)[which].tolist() for i in range(3)) if named else ([], [], [])
-    )
+    which = which.reshape(-1)
+    # strings built in C from each distinct one: no Python object per event
+    fn, kind, res = (_take([t[i] for t in named], which) for i in range(3))
     htod = (cat[idx] == code["gpu_memcpy"]) & has("HtoD")[idx]
     nbytes = np.where(htod, c.nbytes[idx], np.nan)
     stream_names = np.array(c.stream_dict or [""], dtype=object)
@@ -468,15 +475,20 @@ def _read_events(
             "kind": kind,
             "start_us": ts[idx],
             "duration_us": dur[idx],
-            "host": [host or None] * idx.size,
-            "device": device.tolist(),
+            "host": _take([host or None], np.zeros(idx.size, dtype=np.int64)),
+            "device": _take([*labels.tolist(), None], device),
             "resource": res,
             "bytes": nbytes,
-            "stream": stream_names[stream[idx]].tolist(),
+            "stream": _take(stream_names.tolist(), stream[idx]),
         },
         schema=OP_EVENT_SCHEMA,
     )
     return table, out_bounds, steps_from, dev_main
+
+
+def _take(strings: list, which: np.ndarray) -> pa.Array:
+    """``strings[which]`` as an Arrow string array (None: null)."""
+    return pc.take(pa.array(strings, pa.string()), pa.array(which, pa.int64()))
 
 
 def _code_of(strings: list[str], s: str) -> int:

@@ -10,7 +10,8 @@ codes of a dictionary, since traces repeat the same few thousand names) and drop
 :class:`Columns`: about 60 bytes per complete (``"ph": "X"``) event and 21 per flow event, whatever the
 JSON spent on them (names, ``args``), and nothing of other events (metadata, counters, instants).
 
-**Cutting the array.**  The last ``}`` of a slice that is followed by ``,`` or ``]`` is tried first:
+**Cutting the array.**  The last ``}`` of a slice that is followed by ``, {`` or ``]`` is tried first (a
+``}, `` alone is common inside kernel names' templates):
 if ``[`` + the slice up to it + ``]`` decodes as a list of events, the cut is at an event boundary
 (the decoder's state there is the state the whole array's decoding would have: after a complete
 value at depth one).  If it does not decode (a ``}`` inside a string or a nested object), the
@@ -137,7 +138,7 @@ def _decode_run(data: bytes) -> list:
 
 
 _WS = re.compile(rb"[ \t\r\n]*")
-_AFTER = re.compile(rb"[ \t\r\n]*[,\]]")
+_AFTER = re.compile(rb"[ \t\r\n]*(?:,[ \t\r\n]*\{|\])")  # an event ends: the next begins, or the array
 _KEY = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _SCALAR = re.compile(rb"[^,}\]\s]+")
 
@@ -150,6 +151,18 @@ class _Dictionary:
 
     def __init__(self) -> None:
         self.code: dict[str, int] = {}
+
+    def encode_strings(self, get: attrgetter, events: list) -> np.ndarray:
+        """Codes of a string field of ``events`` (the decoder made them ``str``): looked up in the dictionary in C,
+        new ones numbered in the order they first occur (as :meth:`encode` numbers them)."""
+        code = self.code
+        try:
+            return np.fromiter(map(code.get, map(get, events)), np.int32, len(events))
+        except TypeError:  # a string not seen before (None)
+            for s in map(get, events):
+                if s not in code:
+                    code[s] = len(code)
+            return np.fromiter(map(code.get, map(get, events)), np.int32, len(events))
 
     def encode(self, values: list) -> np.ndarray:
         if not values:
@@ -227,29 +240,31 @@ class ColumnBuilder:
             return np.array(local, dtype=np.int32)[enc.indices.to_numpy(zero_copy_only=False)]
         return np.array([sd.setdefault(k, len(sd)) for k in zip(map(_PID, events), map(_TID, events))], dtype=np.int32)
 
-    def _pg(self, args: list, typed: bool) -> np.ndarray:
-        if typed and not any(map(_PG_DESC, args)) and not any(map(_PG_NAME, args)):  # no process group named
+    def _pg(self, args: list, typed: bool, groups_named: bool) -> np.ndarray:
+        if typed and (not groups_named or (not any(map(_PG_DESC, args)) and not any(map(_PG_NAME, args)))):
             return np.full(len(args), self._pgs.code.setdefault("", len(self._pgs.code)), dtype=np.int32)
         return self._pgs.encode([a.pg_desc or a.pg_name or "" for a in args])
 
-    def add(self, events: list[ChromeEvent]) -> None:
-        x = [e for e in events if e.ph == "X"]
-        n = len(x)
+    def add(self, events: list[ChromeEvent], groups_named: bool = True) -> None:
+        """``groups_named`` False: the run's bytes hold no process group's key (nothing to look for in its args)."""
+        phs = list(map(_PH, events))
+        n = phs.count("X")
+        x = events if n == len(events) else [e for e, ph in zip(events, phs) if ph == "X"]
         if n:
             args = list(map(_ARGS, x))
             typed = type(x[0]) is _TypedEvent
             self._put(
-                cat=self._cats.encode(list(map(_CAT, x))),
-                name=self._names.encode(list(map(_NAME, x))),
+                cat=self._cats.encode_strings(_CAT, x),
+                name=self._names.encode_strings(_NAME, x),
                 ts=np.fromiter(map(_TS, x), np.float64, n),
                 dur=np.fromiter(map(_DUR, x), np.float64, n),
                 stream=self._stream(x, typed),
                 corr=_arg_ints(args, "correlation", typed, -1),
                 device=_arg_ints(args, "device", typed, -2),
                 nbytes=_arg_floats(args, typed),
-                pg=self._pg(args, typed),
+                pg=self._pg(args, typed, groups_named),
             )
-        fl = [e for e in events if e.ph in _FLOW_PH]
+        fl = [] if n == len(events) else [e for e, ph in zip(events, phs) if ph in _FLOW_PH]
         fl = [e for e in fl if e.cat in FLOW_CATS and e.id is not None]
         if fl:
             ids = ints([e.id for e in fl])
@@ -317,7 +332,7 @@ class ColumnBuilder:
 
 _FLOW_PH = frozenset(("s", "f"))
 _PID, _TID, _TS, _DUR = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("dur")
-_CAT, _NAME, _ARGS = attrgetter("cat"), attrgetter("name"), attrgetter("args")
+_CAT, _NAME, _ARGS, _PH = attrgetter("cat"), attrgetter("name"), attrgetter("args"), attrgetter("ph")
 _PG_DESC, _PG_NAME = attrgetter("pg_desc"), attrgetter("pg_name")
 
 
@@ -576,7 +591,9 @@ class _Reader:
                 window *= 4
                 continue
             window = WINDOW
-            self.builder.add(events)
+            # a run whose bytes hold no "Process Group" (nor a \u escape that could spell it) names no group
+            buf, lo = self.buf, self.pos
+            self.builder.add(events, buf.find(b"Process Group", lo, end) >= 0 or buf.find(b"\\u", lo, end) >= 0)
             del events
             self.pos = end
             c = self._peek()
@@ -594,14 +611,14 @@ class _Reader:
         buf, lo = self.buf, self.pos
         hi = min(len(buf), lo + window)
         j = hi
-        for _ in range(8):  # the last '}' followed by ',' or ']': almost always an event's end
+        for _ in range(8):  # the last '}' followed by ', {' or ']': almost always an event's end
             j = buf.rfind(b"}", lo, j)
             if j < 0:
                 break
             after = _AFTER.match(buf, j + 1)
             if after and (after.end() <= len(buf)):
                 try:
-                    return j + 1, _decode_run(b"[" + buf[lo : j + 1] + b"]")
+                    return j + 1, _decode_run(b"".join((b"[", memoryview(buf)[lo : j + 1], b"]")))
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     break  # inside a string or an object, or not JSON: the exact scan tells which
                 except RecursionError:
@@ -614,7 +631,7 @@ class _Reader:
 
 def _decode_events(buf: bytes, lo: int, hi: int) -> list[ChromeEvent]:
     try:
-        return _decode_run(b"[" + buf[lo:hi] + b"]")
+        return _decode_run(b"".join((b"[", memoryview(buf)[lo:hi], b"]")))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise TraceReadError(f"not a Chrome-trace JSON object with traceEvents ({exc})") from None
     except RecursionError:
