@@ -151,7 +151,7 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float((v[lo] + v[min(hi, v.size - 1)]) / 2.0)
 
 
-def ratio_significance(results, noise: float) -> list[tuple[np.ndarray, np.ndarray]]:
+def ratio_significance(results: list[StepResult], noise: float) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per step result, ``(z, ratio)`` of its flagged rows: ``z`` the robust z, except for rows flagged by ratio
     (``ratio`` True: a small peer group), whose z is their excess over the slowest other worker (µs) in units of
     the job's step-to-step noise of a worker's own work (:func:`lockstep.streams.diagnosis.localise.localise`'s

@@ -486,7 +486,7 @@ def _read_events(
     return table, out_bounds, steps_from, dev_main
 
 
-def _take(strings: list, which: np.ndarray) -> pa.Array:
+def _take(strings: list[str | None], which: np.ndarray) -> pa.Array:
     """``strings[which]`` as an Arrow string array (None: null)."""
     return pc.take(pa.array(strings, pa.string()), pa.array(which, pa.int64()))
 
