@@ -28,6 +28,7 @@ from lockstep.schemas.records import (
     WindowFeatures,
     decode,
 )
+from lockstep.sinks.http import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -284,6 +285,12 @@ def run_training(tmp_path, bootstrap, prefix):
     return proc, stop, err
 
 
+def wait_for_line(proc, err: Path, text: str) -> None:
+    """Until the training process's stderr holds ``text``; it must not exit first (the bound only ends a hang)."""
+    wait_for(lambda: text in err.read_text() or proc.poll() is not None, timeout_s=300)
+    assert text in err.read_text() and proc.poll() is None, err.read_text()
+
+
 def test_the_agent_says_when_it_attaches_accepts_refuses_and_publishes_a_window(settings, tmp_path):
     pytest.importorskip("torch", reason="the agent profiles a real PyTorch training loop")
     topics = ensure_topics(settings)
@@ -304,10 +311,7 @@ def test_the_agent_says_when_it_attaches_accepts_refuses_and_publishes_a_window(
             ProfileTrigger(job="talks", window="w1", start_step=step + 60, steps=3, expected_workers=1),
         )
         pub.flush()
-        deadline = time.monotonic() + 60
-        while "published window w1" not in err.read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
-            time.sleep(0.2)
+        wait_for_line(proc, err, "published window w1")
     finally:
         stop.touch()
         proc.wait(timeout=60)
@@ -326,10 +330,7 @@ def test_the_agent_says_when_it_spools_and_when_it_drops(tmp_path):
     pytest.importorskip("torch", reason="the script trains with PyTorch")
     proc, stop, err = run_training(tmp_path, "127.0.0.1:1", "lockstep")
     try:
-        deadline = time.monotonic() + 60
-        while "spool full" not in err.read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
-            time.sleep(0.2)
+        wait_for_line(proc, err, "spool full")
     finally:
         stop.touch()
         proc.wait(timeout=60)

@@ -3,11 +3,9 @@ processes of its host, within the report's bound; nothing of it runs before a tr
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -134,7 +132,6 @@ def test_the_registry_tells_an_exited_process_from_a_running_one(tmp_path):
         assert reg.exited([0, 1]) == []
     finally:
         child.kill()
-    assert os.getpid() > 0 and time.time() > 0
 
 
 def test_a_closing_agent_names_the_host_workers_that_exited_before_it(tmp_path, monkeypatch):
