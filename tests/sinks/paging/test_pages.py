@@ -4,9 +4,9 @@ import base64
 
 import pytest
 
-from lockstep.schemas.records import Evidence, Finding, Impact
 from lockstep.sinks.paging import routes
 from lockstep.sinks.paging.pages import backoff_s, plan, redact_functions, retryable, sign
+from tests.sinks.paging.test_incidents import f
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 
@@ -27,38 +27,6 @@ def test_backoff_grows_exponentially_with_jitter_and_a_cap():
     assert backoff_s(1, retry, 0.0, retry_after_s=7.0) == 7.0  # Retry-After wins
     assert backoff_s(1, retry, 0.0, retry_after_s=3600.0) == 30.0  # up to the cap
     assert [retryable(s) for s in (None, 429, 500, 503, 400, 401, 404, 410, 302)] == [True] * 4 + [False] * 5
-
-
-def f(
-    function="fwd.gemm",
-    cause="gpu_throttle_thermal",
-    workers=(3,),
-    window="w1",
-    job="j",
-    tenant="t",
-    conf=0.9,
-    share=0.1,
-):
-    return Finding(
-        id=window,
-        job=job,
-        window=window,
-        steps=[1],
-        scope="worker",
-        workers=list(workers),
-        hosts=["h"],
-        devices=["h/gpu3"],
-        function=function,
-        function_kind="compute",
-        cause=cause,
-        confidence=conf,
-        evidence=[Evidence(feature=f"work_us[{function}]", value=1.0, peer_value=0.5, deviation=4.0)],
-        impact=Impact(step_time_share=share, gpu_hours_per_day=1.0),
-        policy="p",
-        created_at=0.0,
-        tenant=tenant,
-        summary=f"worker 3: {function} slower",
-    )
 
 
 def test_redaction_hides_every_function_name_and_keeps_the_rest():
