@@ -129,16 +129,18 @@ def gather(
     jobs = ranked[:SERIES_JOBS] if not job else [job]
     report = Report(findings=findings, windows=windows, causes=causes)
     if keys:
-        pairs = " OR ".join("(job = ? AND window_id = ?)" for _ in keys)
+        pairs = " OR ".join("({t}job = ? AND {t}window_id = ?)" for _ in keys)  # {t}: the table's alias, if any
         flat = [x for k in keys for x in k]
-        _, rows = run(
-            f"SELECT job, window_id, kind, reason, start_step, steps, CAST(created_at AS VARCHAR) FROM triggers WHERE {pairs}",
+        _, rows = run(  # with the detector's onset of the slowdown that opened the window, where it gave one
+            "SELECT t.job, t.window_id, t.kind, t.reason, t.start_step, t.steps, CAST(t.created_at AS VARCHAR), "
+            "(SELECT min(c.onset_step) FROM job_changes c WHERE c.job = t.job AND c.window_id = t.window_id "
+            "AND c.change = 'slowdown') FROM triggers t WHERE " + pairs.format(t="t."),
             flat,
         )
         report.triggers = {(r[0], r[1]): TriggerRow(*r) for r in rows}
         _, rows = run(
             "SELECT job, window_id, worker, function, worker_rank, function_rank, z, flagged_steps, workers_total, functions_total "
-            f"FROM window_deviations WHERE {pairs} ORDER BY worker_rank, function_rank",
+            "FROM window_deviations WHERE " + pairs.format(t="") + " ORDER BY worker_rank, function_rank",
             flat,
         )
         for r in rows:

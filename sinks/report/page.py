@@ -101,6 +101,7 @@ class TriggerRow:
     start_step: int
     steps: int
     created_at: str
+    onset_step: int | None = None  # a slowdown's window: the step the detector found the slowdown began at
 
 
 @dataclass(frozen=True)
@@ -324,6 +325,28 @@ def first_bad_step(
     return pts[j].step, base, r[-1]
 
 
+def detector_onset(
+    points: list[SeriesPoint], windows: list[WindowRow], triggers: dict[tuple[str, str], TriggerRow], first_window: int
+) -> tuple[int, float, float] | None:
+    """Where the slowdown that opened the window at ``first_window`` began, as the detector found it (its trigger's
+    onset): (step, median step time µs of up to 50 steps before it, median from it to the window), or None when the
+    detector gave none or the series does not reach back to it.  Unlike :func:`first_bad_step` this holds however
+    long the slowdown ran before its window (a processor that caught up late, a window that found nothing)."""
+    onsets = [
+        t.onset_step
+        for w in windows
+        if w.start_step == first_window and (t := triggers.get((w.job, w.window))) and t.onset_step
+    ]
+    if not onsets:
+        return None
+    onset = min(onsets)
+    before = sorted(p.step_time_us for p in points if onset - 50 <= p.step < onset)
+    during = sorted(p.step_time_us for p in points if onset <= p.step < first_window)
+    if len(before) < 5 or not during:
+        return None
+    return onset, _quantile(before, 0.5), _quantile(during, 0.5)
+
+
 @dataclass(frozen=True)
 class YRange:
     """A step chart's y-axis: ``lo``..``hi`` µs, chosen from the bulk of the points; ``clipped``: the points above
@@ -465,7 +488,7 @@ def step_chart(
             default=None,
         )
     if first_window is not None:
-        bad = first_bad_step(points, first_window)
+        bad = detector_onset(points, wins, triggers, first_window) or first_bad_step(points, first_window)
         if bad is not None:
             step, base, now = bad
             sx = x(step)

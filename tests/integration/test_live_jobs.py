@@ -129,6 +129,41 @@ def onset_to_finding(job: LiveJob, stored_at: float) -> tuple[int, float]:
     return at - FAULT_AT, stored_at - onset
 
 
+def timeline(settings, pipeline, job: LiveJob) -> str:
+    """What the pipeline did for ``job``, for a failure's report: triggers, windows, job changes and findings (steps,
+    seconds after the fault began), and the processor's log lines about partitions and problems."""
+    times = job.step_times()
+    t0 = next((t for s, t in times if s == FAULT_AT), 0.0)
+
+    def rows(sql: str) -> str:
+        out = query(settings.db, sql, [t0, job.job])[1]
+        return "\n".join("  " + " ".join(str(v) for v in row) for row in out) or "  (none)"
+
+    log = pipeline.children["processor"].log_path
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if re.search(r"assign|revok|WARN|ERROR", ln)]
+    return "\n".join(
+        [
+            f"job at step {times[-1][0] if times else '?'}; fault from step {FAULT_AT}",
+            "triggers (window, start, reason, s after onset):",
+            rows("SELECT window_id, start_step, reason, round(epoch(created_at) - ?, 1) FROM triggers WHERE job = ?"),
+            "windows (window, start, workers seen/expected, closed, findings, s after onset):",
+            rows(
+                "SELECT window_id, start_step, workers_seen || '/' || expected_workers, closed, findings, "
+                "round(epoch(closed_at) - ?, 1) FROM windows WHERE job = ? ORDER BY start_step"
+            ),
+            "job changes (change, step, onset, s after onset):",
+            rows("SELECT change, step, onset_step, round(epoch(changed_at) - ?, 1) FROM job_changes WHERE job = ?"),
+            "findings (window, workers, function, cause, confidence, s after onset):",
+            rows(
+                "SELECT window_id, workers, function, cause, round(confidence, 2), round(epoch(created_at) - ?, 1) "
+                "FROM findings WHERE job = ? ORDER BY created_at"
+            ),
+            "processor log:",
+            *lines[-30:],
+        ]
+    )
+
+
 def page_reads_right(settings, job: LiveJob, hit: tuple, slow_rank: int) -> None:
     """The job's page (as ``lockstep report --job`` renders it from the store, while the job runs) in headless
     Chromium: the slow rank's cell in the finding's function is the hottest of the heatmaps, and the step chart
@@ -190,14 +225,20 @@ def test_a_real_job_with_a_slow_rank_is_named_live(settings, tmp_path, pipeline,
                 if slow_rank in f[1] and re.search("preprocess", f[2]) and len(f[1]) < world
             ]
 
-        assert wait_for(named, 300, 1.0), f"no finding named rank {slow_rank}: {findings(settings, job.job)}"
+        assert wait_for(named, 300, 1.0), f"no finding named rank {slow_rank}:\n{timeline(settings, pipeline, job)}"
         hit = min(named(), key=lambda f: f[5])
         steps, seconds = onset_to_finding(job, hit[5])
         print(
             f"\nLIVE {world} ranks: rank {slow_rank} {hit[2]} ({hit[3]}, {hit[4]:.2f}) {steps} steps, {seconds:.1f} s"
         )
+        if steps > 400:  # far later than usual (about 100 steps): what the pipeline did, in the report of a failure
+            print(timeline(settings, pipeline, job))
         if CHROMIUM is not None:
-            page_reads_right(settings, job, hit, slow_rank)
+            try:
+                page_reads_right(settings, job, hit, slow_rank)
+            except AssertionError:
+                print(timeline(settings, pipeline, job))
+                raise
     finally:
         job.stop()
 

@@ -184,6 +184,18 @@ def test_a_2_percent_slowdown_is_visible_and_gets_an_onset_marker():
     assert first_bad_step(noisy, 100) is None  # a noisy job's jitter is no slowdown
 
 
+def test_a_slowdown_long_before_its_window_is_marked_where_the_detector_found_it_began():
+    # a processor that caught up late (or windows that found nothing) opened the first finding's window 1,500 steps
+    # into the slowdown: the series alone then has the slow level as its baseline and marks nothing at the onset
+    pts = steady(n=1700, onset=120)
+    late = window(start=1615)
+    assert first_bad_step(pts, 1615) is None or first_bad_step(pts, 1615)[0] > 1000
+    trig = {("j", "w1615"): TriggerRow("j", "w1615", "slowdown", "slowdown", 1615, 8, "2026-12-01 10:00:00", 120)}
+    svg = step_chart("j", pts, [late], trig, [finding()])
+    assert "slower from step 120 (110.2 ms → 144.2 ms, +31%)" in svg
+    assert "slower from step 120" not in step_chart("j", pts, [late], {}, [finding()])  # without the detector's onset
+
+
 def test_labels_live_in_strips_of_their_own_and_never_overlap():
     pts = steady(n=400, onset=250)
     wins = [window(start=s, name=f"w{s}") for s in (300, 305, 310, 360)]  # close windows: their labels would collide
