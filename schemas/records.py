@@ -390,6 +390,9 @@ class StepPartial(_Record, tag="StepPartial", kw_only=True):
     members: Count = 0
     # ... and the job's world size as the shard's agents report it (0: unknown)
     world_size: Count = 0
+    # the sent_at of the shard's newest heartbeat (of about its ``highest`` step; 0: an older processor): how far
+    # behind the job the detector's view is, which the step's own sent_at is not while the processor catches up
+    highest_sent_at: Timestamp = 0.0
 
     def validate(self) -> None:
         if self.workers and not (self.step <= self.highest):

@@ -703,6 +703,7 @@ class SlowdownDetector:
             clock_sent_at=hb.sent_at,
             newest_sent_at=hb.sent_at,
             highest=hb.step,
+            highest_sent_at=hb.sent_at,
             final=int(final),
             echoes=[echo] if echo is not None else [],
             agents=hb.agent if isinstance(hb.agent, AgentCounters) else None,
@@ -773,7 +774,9 @@ class SlowdownDetector:
                     st.clock_worker = p.clock_worker
                     st.sent_at.clear()
                 st.sent_at[p.step] = p.clock_sent_at
-                st.lag_s.append(max(0.0, now - p.clock_sent_at))
+                # the lag of the detector's view (its max_step is the shard's highest step): while the processor
+                # catches up on a backlog the step closed now was sent long ago, the newest heartbeat was not
+                st.lag_s.append(max(0.0, now - (p.highest_sent_at or p.clock_sent_at)))
         agg = st.steps.get(p.step)
         if agg is None:
             agg = st.steps[p.step] = _StepAgg(now)
@@ -847,10 +850,11 @@ class SlowdownDetector:
                 done = True
             else:
                 break
-        if done:  # keep one host's clock for the last 64 steps (oldest first: the dict is in arrival order)
-            sent_at, oldest = st.sent_at, st.max_step - 64
-            while sent_at and (first := next(iter(sent_at))) < oldest:
-                del sent_at[first]
+        if done:  # keep one host's clock for its last 64 steps (oldest first: the dict is in arrival order); not by
+            # max_step, which runs ahead of the steps closed while the processor catches up (the pace would be lost)
+            sent_at = st.sent_at
+            while len(sent_at) > 64:
+                del sent_at[next(iter(sent_at))]
         return done
 
     def _judge(self, st: JobState, now: float) -> list[ProfileTrigger]:

@@ -2,7 +2,7 @@ import re
 
 import numpy as np
 
-from lockstep.schemas.records import ProfileTrigger, StepHeartbeat, TriggerRefused, TriggerRequest
+from lockstep.schemas.records import ProfileTrigger, StepHeartbeat, StepPartial, TriggerRefused, TriggerRequest
 from lockstep.streams.detector import SlowdownDetector
 from lockstep.streams.policy import DetectorPolicy, JobSelector, Policy
 
@@ -64,6 +64,38 @@ def test_margin_covers_lag_and_control_latency_in_steps():
     # (0.5 s lag + 1.0 s latency) x 2 = 3 s = 30 steps of 0.1 s, plus one
     assert det.margin_steps(det.jobs["j"]) == 31
     assert seen >= 40
+
+
+def test_a_processor_catching_up_on_a_backlog_keeps_the_pace_and_measures_the_lag_of_its_newest_heartbeat():
+    # a processor started 60 s after its job: it reads the shard's heartbeats up to now (highest step 900) first, and
+    # closes the steps from 0 on after; before, the pace was pruned by the highest step (a step interval of NaN, a
+    # window 5 steps ahead, past before the trigger reached the workers) and the lag was that of each closed step
+    det = SlowdownDetector(policy(control_latency_s=1.0))
+    t0, interval, now = 1000.0, 0.065, 1000.0 + 899 * 0.065 + 0.2
+    triggers = []
+    for step in range(900):
+        st = 0.03 if step < 120 else 0.06
+        p = StepPartial(
+            job="j",
+            step=step,
+            shard=0,
+            partition=0,
+            workers=3,
+            slowest_s=st,
+            median_s=st,
+            clock_worker=0,
+            clock_sent_at=t0 + step * interval,
+            newest_sent_at=t0 + step * interval,
+            highest=899,
+            highest_sent_at=t0 + 899 * interval,
+            members=3,
+        )
+        triggers += det.observe_partial(p, now)
+    st = det.jobs["j"]
+    assert abs(det.step_interval_s(st) - interval) < 1e-9
+    # (0.2 s lag + 1.0 s latency) x 2 = 2.4 s = 37 steps of 0.065 s, plus one; not the 2 x 58 s of the closed steps'
+    assert det.margin_steps(st) == 38
+    assert triggers and all(t.start_step >= 899 + 38 for t in triggers), triggers
 
 
 def test_echoed_trigger_receipts_replace_the_assumed_control_latency():
