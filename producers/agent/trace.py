@@ -322,8 +322,10 @@ def _read_events(
     cat = remap[c.cat]  # the Kineto format before 1.9 named the categories differently
     cat_names = np.array(cats, dtype=object)
 
-    def is_cat(*which: str) -> np.ndarray:
-        return np.isin(cat, [code[w] for w in which if w in code])
+    def is_cat(*which: str) -> np.ndarray:  # one lookup per event (np.isin compares each event once per category)
+        table = np.zeros(len(cats), dtype=bool)
+        table[[code[w] for w in which if w in code]] = True
+        return table[cat]
 
     name_dict = pa.array(c.name_dict, pa.string())  # string predicates on each distinct name once
     name = c.name
