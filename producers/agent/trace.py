@@ -325,7 +325,8 @@ def _read_events(
     def is_cat(*which: str) -> np.ndarray:  # one lookup per event (np.isin compares each event once per category)
         table = np.zeros(len(cats), dtype=bool)
         table[[code[w] for w in which if w in code]] = True
-        return table[cat]
+        out: np.ndarray = table[cat]
+        return out
 
     name_dict = pa.array(c.name_dict, pa.string())  # string predicates on each distinct name once
     name = c.name
