@@ -320,6 +320,7 @@ def _read_events(
     code = {s: i for i, s in enumerate(cats)}
     remap = np.array([code[_LEGACY_CATS.get(s, s)] for s in c.cat_dict] or [0], dtype=np.int32)
     cat = remap[c.cat]  # the Kineto format before 1.9 named the categories differently
+    _drop(c, "cat")
     cat_names = np.array(cats, dtype=object)
 
     def is_cat(*which: str) -> np.ndarray:  # one lookup per event (np.isin compares each event once per category)
@@ -422,6 +423,7 @@ def _read_events(
     dev_wait = is_cat(*MTIA_CATS) & has("wait", ignore_case=True)
     is_dev &= ~dev_wait
     sync = blocking | dev_wait
+    del blocking, dev_wait, is_runtime, is_sync_rec, is_copy
 
     # ---- the step of each event: CPU work by its start, device work by its launch
     when = ts.copy()
