@@ -3,6 +3,7 @@
     python benchmarks/bench_offline.py speed [--mb 200] [--no-hta]   # MB/s per core and peak RSS, lockstep vs HTA
     python benchmarks/bench_offline.py big [--mb 2048]               # peak RSS of one 2 GB trace, and of a gzip bomb
     python benchmarks/bench_offline.py ranks [--files 1024]          # 1,024 rank files, one slowed, all cores
+    python benchmarks/bench_offline.py decoders [--mb 100]           # the reader's decoding vs a columnar JSON decoder
 
 Traces are made from the real ones in ``tests/data/traces/`` (``a100_rank0_of16.json.gz``: 2 steps of an A100
 NCCL job) by repeating their steps with shifted timestamps, step numbers and correlation ids, written to a
@@ -11,7 +12,10 @@ its CPU time (user + system: MB/s *per core*, whatever else the machine is doing
 (``ru_maxrss``).  HolisticTraceAnalysis (``pip install -e '.[bench]'``) runs ``parse_trace_dataframe`` with its
 default backend (``json``, what a plain install uses) and with ``ijson_batch_and_compress`` (its
 low-memory one, yajl2_c); the lockstep reader runs ``read_chrome_trace`` then ``summarise`` (it reads
-*and* summarises, HTA only parses).
+*and* summarises, HTA only parses).  ``decoders`` measures in one process, alternating, the reader's own
+decoding into columns (``trace_json.read_file``: msgspec, then a Python object per event turned into numpy
+columns) against DuckDB's ``read_json`` (C++, columns without a Python object per event, one thread) on
+the same events: what a columnar decoder would gain.
 """
 
 from __future__ import annotations
@@ -198,6 +202,50 @@ def ranks(a, tmp: Path) -> None:
     print(f"wall {time.perf_counter() - t:.0f} s with --jobs {a.jobs} on {os.cpu_count()} cores")
 
 
+DUCKDB_EVENT_COLUMNS = (
+    "{ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR', ts: 'DOUBLE', dur: 'DOUBLE', "
+    "args: 'STRUCT(correlation BIGINT, device BIGINT, bytes DOUBLE, \"Process Group Name\" VARCHAR)'}"
+)
+
+
+def decoders(a, tmp: Path) -> None:
+    import statistics
+
+    import duckdb
+
+    from lockstep.producers.agent.trace_json import read_file
+
+    path = tmp / "trace.json"
+    size = write_trace(path, a.mb)
+    raw = path.read_bytes()
+    events = tmp / "events.json"  # the same events as a top-level array, which DuckDB reads record by record
+    events.write_bytes(b"[" + raw[raw.index(b"[", raw.index(b'"traceEvents"')) + 1 : raw.rindex(b"]")] + b"]")
+    del raw
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    query = (
+        f"SELECT cat, name, ts, dur, pid, tid, args.correlation, args.device, args.bytes FROM read_json("
+        f"'{events}', format = 'array', columns = {DUCKDB_EVENT_COLUMNS}, maximum_object_size = 67108864)"
+    )
+    ours, duck = [], []
+    for _ in range(a.repeats):
+        t = time.process_time()
+        with path.open("rb") as fh:
+            read_file(fh, 1 << 40)
+        ours.append(time.process_time() - t)
+        t = time.process_time()
+        rows = con.sql(query).to_arrow_table().num_rows
+        duck.append(time.process_time() - t)
+    o, d = statistics.median(ours), statistics.median(duck)
+    print(
+        f"trace: {size / 1e6:.0f} MB of JSON, {rows:,} events; CPU time, median of {a.repeats}, alternating in one process"
+    )
+    print(f"{'lockstep trace_json.read_file (msgspec)':44s} {size / 1e6 / o:7.1f} MB/s per core  cpu {o:6.2f} s")
+    print(
+        f"{'DuckDB read_json, threads=1 (columns only)':44s} {size / 1e6 / d:7.1f} MB/s per core  cpu {d:6.2f} s  ({o / d:.1f}x)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -213,12 +261,15 @@ def main() -> None:
     r.add_argument("--mb", type=float, default=1.0, help="size of each rank's trace")
     r.add_argument("--slow", type=int, default=7)
     r.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    for p in (s, b, r):
+    d = sub.add_parser("decoders")
+    d.add_argument("--mb", type=float, default=100)
+    d.add_argument("--repeats", type=int, default=5)
+    for p in (s, b, r, d):
         p.add_argument("--tmp", type=Path, default=None, help="where to write the traces (default: a temporary folder)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="lockstep-bench-", dir=a.tmp))
     try:
-        {"speed": speed, "big": big, "ranks": ranks}[a.what](a, tmp)
+        {"speed": speed, "big": big, "ranks": ranks, "decoders": decoders}[a.what](a, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

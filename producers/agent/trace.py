@@ -320,10 +320,14 @@ def _read_events(
     code = {s: i for i, s in enumerate(cats)}
     remap = np.array([code[_LEGACY_CATS.get(s, s)] for s in c.cat_dict] or [0], dtype=np.int32)
     cat = remap[c.cat]  # the Kineto format before 1.9 named the categories differently
+    _drop(c, "cat")
     cat_names = np.array(cats, dtype=object)
 
-    def is_cat(*which: str) -> np.ndarray:
-        return np.isin(cat, [code[w] for w in which if w in code])
+    def is_cat(*which: str) -> np.ndarray:  # one lookup per event (np.isin compares each event once per category)
+        table = np.zeros(len(cats), dtype=bool)
+        table[[code[w] for w in which if w in code]] = True
+        out: np.ndarray = table[cat]
+        return out
 
     name_dict = pa.array(c.name_dict, pa.string())  # string predicates on each distinct name once
     name = c.name
@@ -354,8 +358,13 @@ def _read_events(
         raise TraceError(
             f"event {_cap(c.name_dict[name[i]])!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)"
         )
-    dur = np.maximum(dur, 0.0)
+    del used, broken
+    dur = np.maximum(dur, 0.0, out=dur)  # in place: the columns are this function's to consume
     corr = c.corr  # read only where the event is device work, a runtime call or a sync record
+    # byte counts of the copies only (the column itself is dropped: fewer full-length arrays at the peak)
+    copy_idx = np.flatnonzero(is_copy)
+    copy_bytes = c.nbytes[copy_idx]
+    _drop(c, "nbytes")
 
     # ---- steps
     is_ann = cat == code["user_annotation"]
@@ -374,6 +383,12 @@ def _read_events(
     # (arrays over the device events only: the working memory is what the trace's device work needs)
     rt_idx = np.flatnonzero(is_runtime & (corr >= 0))
     dev_idx = np.flatnonzero(is_dev)
+    # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
+    # (kind of accelerator, number)
+    dev_no = c.device[dev_idx]
+    _drop(c, "device")
+    dcode = np.where(dev_no >= 0, 2 * dev_no + is_cat(*MTIA_CATS)[dev_idx], -1)  # of each device event
+    del dev_no
     launch = ts[dev_idx]  # of each device event
     runtime_of = np.full(dev_idx.size, -1, dtype=np.int64)
     if dev_idx.size and rt_idx.size:
@@ -403,16 +418,19 @@ def _read_events(
         blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = (
             True  # the call itself is not in the trace
         )
+    del corr, rt_idx
+    _drop(c, "corr")
     dev_wait = is_cat(*MTIA_CATS) & has("wait", ignore_case=True)
     is_dev &= ~dev_wait
     sync = blocking | dev_wait
+    del blocking, dev_wait, is_runtime, is_sync_rec, is_copy
 
     # ---- the step of each event: CPU work by its start, device work by its launch
     when = ts.copy()
     still = is_dev[dev_idx]  # device waits are placed by their own start
     when[dev_idx[still]] = launch[still]
     del launch, runtime_of, still
-    k = np.searchsorted(step_start, when, side="right") - 1
+    k = (np.searchsorted(step_start, when, side="right") - 1).astype(np.int32)  # steps are fewer than 2**31
     in_step = (k >= 0) & (when < ends[np.clip(k, 0, None)])
     del when
     is_step = is_cpu & is_ann & starts("ProfilerStep#")
@@ -429,11 +447,7 @@ def _read_events(
     np.maximum.at(ends, k[d], ts[d] + dur[d])
     out_bounds = {int(s): (float(a), float(b)) for s, a, b in zip(steps, step_start, ends)}
 
-    # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
-    # (kind of accelerator, number), named once
-    dev_no = c.device[dev_idx]
-    dcode = np.where(dev_no >= 0, 2 * dev_no + is_cat(*MTIA_CATS)[dev_idx], -1)  # of each device event
-    del dev_no
+    # the device codes of the device events, each named once
     codes, counts = np.unique(dcode[dcode >= 0], return_counts=True)
     labels = np.array([f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes], dtype=object)
     main = int(codes[np.argmax(counts)]) if codes.size else None  # the accelerator that ran most device events
@@ -465,7 +479,8 @@ def _read_events(
     # strings built in C from each distinct one: no Python object per event
     fn, kind, res = (_take([t[i] for t in named], which) for i in range(3))
     htod = (cat[idx] == code["gpu_memcpy"]) & has("HtoD")[idx]
-    nbytes = np.where(htod, c.nbytes[idx], np.nan)
+    nbytes = np.full(idx.size, np.nan)
+    nbytes[htod] = copy_bytes[np.searchsorted(copy_idx, idx[htod])]  # host-to-device copies are copies
     stream_names = np.array(c.stream_dict or [""], dtype=object)
     table = pa.Table.from_pydict(
         {
@@ -484,6 +499,11 @@ def _read_events(
         schema=OP_EVENT_SCHEMA,
     )
     return table, out_bounds, steps_from, dev_main
+
+
+def _drop(c: Columns, column: str) -> None:
+    """Free a column :func:`_read_events` has taken what it needs from (an empty one in its place)."""
+    setattr(c, column, np.empty(0, dtype=getattr(c, column).dtype))
 
 
 def _take(strings: list[str | None], which: np.ndarray) -> pa.Array:

@@ -591,9 +591,7 @@ class _Reader:
                 window *= 4
                 continue
             window = WINDOW
-            # a run whose bytes hold no "Process Group" (nor a \u escape that could spell it) names no group
-            buf, lo = self.buf, self.pos
-            self.builder.add(events, buf.find(b"Process Group", lo, end) >= 0 or buf.find(b"\\u", lo, end) >= 0)
+            self.builder.add(events)
             del events
             self.pos = end
             c = self._peek()
