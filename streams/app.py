@@ -242,7 +242,7 @@ class _Intake:
                 topic=r.topic,
             )
 
-    def agent(self, name: str, stage: Stage, batches: bool) -> Callable[[faust.Stream], Awaitable[None]]:
+    def agent(self, name: str, stage: Stage, batches: bool) -> Callable[..., Awaitable[None]]:
         """The agent: every record to the stage (``batches``: as they come, up to TAKE_MAX at a time).  One that dies
         (an I/O error, a bug outside the stages' guards) fails /healthz, so that the process is restarted and replays
         instead of idling while it looks healthy."""
