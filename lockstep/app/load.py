@@ -174,7 +174,8 @@ def run_load(
         fleet = FleetSimulator(sc)
         publisher = Publisher(producer_config(s))
         control = stack.enter_context(Tail(consumer_config(s, None), topics.control).open())
-        inputs = (topics.heartbeats, topics.windowfeatures if features == "window" else topics.features)  # it sends
+        # what the fleet sends
+        inputs = (topics.heartbeats, topics.windowfeatures if features == "window" else topics.features)
         samples: list[Sample] = []
         t0 = time.time()
         state = _RunState()
