@@ -113,9 +113,59 @@ def limit_fetch_wait(ms: int) -> None:
 def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tuple[faust.App, Processor]:
     """The faust app and the processor it drives.  Its HTTP endpoints are :func:`serve_http`'s, not faust's web server."""
     limit_fetch_wait(settings.fetch_wait_ms)
+    app = _faust_app(settings)
+    topics = Topics.named(settings.topic_prefix)
+    output = FaustOutput(
+        {
+            name: app.topic(
+                name,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+                partitions=settings.partitions,
+            )
+            for name in topics.all()
+        }
+    )
+    processor = _processor(app, settings, policy, topics, output)
+    policy_file = PolicyFile(settings.policy, policy)  # watched: edits apply without a restart
+    intake = _Intake(processor, output)
+    bound_aiokafka(MAX_BATCH_BYTES, on_skip=intake.skipped)  # aiokafka would inflate each batch whole, without a bound
+
+    async def reload_policy(now: float) -> None:
+        new = policy_file.check()
+        if new is not None:
+            processor.set_policy(new)
+
+    async def report_lag(now: float) -> None:
+        intake.report_lag(app)
+
+    _every(app, 1.0, "reload_policy", reload_policy)
+    _every(app, 1.0, "report_lag", report_lag)
+    inputs = {
+        "heartbeats": (topics.heartbeats, processor.heartbeats, "expire_heartbeats"),
+        "detect": (topics.partials, processor.detect, "hang_ticks"),
+        "shards": (topics.windowfeatures, processor.shards, "expire_shards"),
+        "steps": (topics.features, processor.steps, "expire_steps"),
+        "windows": (topics.stepreports, processor.windows, "request_timeouts"),
+        "hangs": (topics.hangs, processor.hangs, "expire_hangs"),
+    }
+    for role in roles:
+        topic, stage, timer = inputs[role]
+        app.agent(output.topics[topic], name=role, concurrency=1)(
+            intake.agent(role, stage, batches=role == "heartbeats")
+        )
+        _every(app, 0.5, timer, stage.on_timer)
+    _on_rebalance(app, processor, output, intake.positions)
+    return app, processor
+
+
+def _faust_app(settings) -> faust.App:
+    """The faust app: one consumer group, at-least-once, topics declared elsewhere, no web server of its own."""
     datadir = os.path.join(tempfile.gettempdir(), "lockstep-faust", settings.processor_id)  # not the cwd
     os.makedirs(os.path.dirname(datadir), exist_ok=True)  # faust creates only the last level
-    app = faust.App(
+    return faust.App(
         settings.processor_id,
         **faust_broker_kwargs(settings),
         store="memory://",
@@ -136,20 +186,10 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         web_enabled=False,  # /healthz and /metrics: serve_http (the same bounded server as the sink's)
         **{k: _coerce(v) for k, v in settings.faust.items()},
     )
-    topics = Topics.named(settings.topic_prefix)
-    output = FaustOutput(
-        {
-            name: app.topic(
-                name,
-                key_type=bytes,
-                value_type=bytes,
-                key_serializer="raw",
-                value_serializer="raw",
-                partitions=settings.partitions,
-            )
-            for name in topics.all()
-        }
-    )
+
+
+def _processor(app: faust.App, settings, policy: Policy, topics: Topics, output: FaustOutput) -> Processor:
+    """The processor's stages over the app's changelog-backed tables."""
 
     def table(name: str, value_type: type) -> TableT:
         return app.Table(name, key_type=str, value_type=value_type, partitions=settings.partitions)
@@ -159,7 +199,7 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         detector=table("detector", str),
         job_history=table("job_history", str),
     )
-    processor = Processor(
+    return Processor(
         policy,
         topics,
         output,
@@ -171,23 +211,30 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
         stage_budget_bytes=settings.stage_budget_mib << 20,
         metrics=Metrics("processor"),
     )
-    policy_file = PolicyFile(settings.policy, policy)  # watched: edits apply without a restart
-    positions: dict[Partition, int] = {}  # next offset to consume, for the lag
-    m = processor.metrics
 
-    def skipped(topic: str, partition: int, first: int, last: int, reason: str) -> None:
+
+class _Intake:
+    """The records coming in: each agent's loop that hands them to its stage, counted as they come (records, bytes,
+    the lag in seconds), with each partition's next offset (``positions``) for the lag in records."""
+
+    def __init__(self, processor: Processor, output: FaustOutput):
+        self.processor = processor
+        self.output = output
+        self.m = processor.metrics
+        self.positions: dict[Partition, int] = {}  # next offset to consume, for the lag
+
+    def skipped(self, topic: str, partition: int, first: int, last: int, reason: str) -> None:
         """A compressed batch that inflates beyond MAX_BATCH_BYTES (or cannot be inflated): its records are not read."""
         log.warning(
             "skipped a record batch of %s[%d], offsets %d..%d, unread: %s", topic, partition, first, last, reason
         )
-        m.inc("kafka_batches_skipped_total", topic=topic)
+        self.m.inc("kafka_batches_skipped_total", topic=topic)
 
-    bound_aiokafka(MAX_BATCH_BYTES, on_skip=skipped)  # aiokafka would inflate each batch whole, without a bound
-
-    def seen(r: RecordIn) -> None:
+    def seen(self, r: RecordIn) -> None:
+        m = self.m
         m.inc("records_in_total", topic=r.topic)
         m.inc("bytes_in_total", len(r.value), topic=r.topic)
-        positions[r.source] = r.offset + 1
+        self.positions[r.source] = r.offset + 1
         if r.timestamp:  # the producer's CreateTime: right on any broker, unlike the watermarks
             m.set(
                 "consumer_lag_seconds",
@@ -195,10 +242,11 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
                 topic=r.topic,
             )
 
-    def feed(name: str, stage: Stage, batches: bool):
+    def agent(self, name: str, stage: Stage, batches: bool) -> Callable[..., Awaitable[None]]:
         """The agent: every record to the stage (``batches``: as they come, up to TAKE_MAX at a time).  One that dies
         (an I/O error, a bug outside the stages' guards) fails /healthz, so that the process is restarted and replays
         instead of idling while it looks healthy."""
+        output, seen, processor = self.output, self.seen, self.processor
 
         async def agent(stream: faust.Stream) -> None:
             try:
@@ -222,44 +270,30 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
 
         return agent
 
-    def every(seconds: float, name: str, fun: Callable[[float], Awaitable[None]]) -> None:
-        async def timer() -> None:
-            await fun(time.time())
-
-        app.timer(seconds, name=name)(timer)
-
-    async def reload_policy(now: float) -> None:
-        new = policy_file.check()
-        if new is not None:
-            processor.set_policy(new)
-
-    async def report_lag(now: float) -> None:
+    def report_lag(self, app: faust.App) -> None:
         """Records behind per partition from the high watermarks the fetches carry (a lower bound where the
         broker under-reports the watermark, as Tansu does; ``consumer_lag_seconds`` is right everywhere)."""
-        for p, pos in list(positions.items()):
+        for p, pos in list(self.positions.items()):
             high = app.consumer.highwater(TP(p.topic, p.partition)) if app.consumer else None
             if high is not None:
-                m.set(
+                self.m.set(
                     "consumer_lag_records",
                     max(0, high - pos),
                     topic=p.topic,
                     partition=str(p.partition),
                 )
 
-    every(1.0, "reload_policy", reload_policy)
-    every(1.0, "report_lag", report_lag)
-    inputs = {
-        "heartbeats": (topics.heartbeats, processor.heartbeats, "expire_heartbeats"),
-        "detect": (topics.partials, processor.detect, "hang_ticks"),
-        "shards": (topics.windowfeatures, processor.shards, "expire_shards"),
-        "steps": (topics.features, processor.steps, "expire_steps"),
-        "windows": (topics.stepreports, processor.windows, "request_timeouts"),
-        "hangs": (topics.hangs, processor.hangs, "expire_hangs"),
-    }
-    for role in roles:
-        topic, stage, timer = inputs[role]
-        app.agent(output.topics[topic], name=role, concurrency=1)(feed(role, stage, batches=role == "heartbeats"))
-        every(0.5, timer, stage.on_timer)
+
+def _every(app: faust.App, seconds: float, name: str, fun: Callable[[float], Awaitable[None]]) -> None:
+    async def timer() -> None:
+        await fun(time.time())
+
+    app.timer(seconds, name=name)(timer)
+
+
+def _on_rebalance(app: faust.App, processor: Processor, output: FaustOutput, positions: dict[Partition, int]) -> None:
+    """Partitions revoked: the stages drop what they hold of them, and so do the output and the lag; assigned: the
+    stages learn of them (and /healthz turns ready)."""
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust's stubs: a handler of any signal
     async def on_revoked(app_, revoked: set[TP], **kwargs) -> None:
@@ -278,8 +312,6 @@ def build_app(settings, policy: Policy, *, roles: tuple[str, ...] = ROLES) -> tu
             stage.on_assigned(got)
         processor.assigned = True
         log.info("partitions assigned: %s", describe_partitions(got) or "none")
-
-    return app, processor
 
 
 def describe_partitions(partitions: Iterable[Partition]) -> str:

@@ -167,59 +167,19 @@ def run_load(
         topics = ensure_topics(s, extra=dict.fromkeys(changelog_topics(s.processor_id), s.partitions))
         pipeline = Pipeline(s, log_dir)
         stack.callback(pipeline.stop)
-        pipeline.start("sink")
-        names = ["processor", *(f"processor-{i}" for i in range(2, processors + 1))]
-        for name in names:
-            pipeline.start(name, command="processor")
-        procs = {name: psutil.Process(child.proc.pid) for name, child in pipeline.children.items()}
-        cpu0 = {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
-        cpu: dict[str, float] = {}  # a killed process's CPU seconds, taken just before
+        names = _start(pipeline, processors)
+        cpu = _CpuTime(pipeline)
         scraped = _Scraped(pipeline, names)
 
         fleet = FleetSimulator(sc)
         publisher = Publisher(producer_config(s))
         control = stack.enter_context(Tail(consumer_config(s, None), topics.control).open())
-        sent_at: dict[int, float] = {}  # step -> its last record handed to the producer
-        inputs = (
-            topics.heartbeats,
-            topics.windowfeatures if features == "window" else topics.features,
-        )  # what the fleet sends
+        # what the fleet sends
+        inputs = (topics.heartbeats, topics.windowfeatures if features == "window" else topics.features)
         samples: list[Sample] = []
         t0 = time.time()
         state = _RunState()
-        killed: dict[str, int] = {}
-
-        def progress(step, res) -> None:
-            now = time.time()
-            sent_at[step] = now
-            state.step = step
-            last = res.triggers[-1] if res.triggers else None
-            active = last is not None and step < last.start_step + last.steps
-            asked = state.asked_at and (not last or last.created_at < state.asked_at)
-            if (
-                kill is not None
-                and last is not None
-                and len(res.triggers) == kill + 1
-                and step >= last.start_step + last.steps // 2
-                and not killed
-            ):
-                victim = names[-1]
-                cpu[victim] = sum(procs[victim].cpu_times()[:2]) - cpu0[victim]
-                scraped.refresh()  # its counts so far stay in the sums
-                pipeline.kill(victim)
-                scraped.dead.add(victim)
-                killed[victim] = step
-            if windows and not active and (not asked or now - state.asked_at > 10.0):
-                publisher.send(
-                    topics.heartbeats,
-                    sc.job,
-                    TriggerRequest(job=sc.job, request=uuid.uuid4().hex[:12], reason="load run", requested_at=now),
-                )
-                state.asked_at = now
-            for name in names:
-                if name not in scraped.dead:
-                    pipeline.children[name].healthy()
-
+        operator = _Operator(sc.job, topics.heartbeats, publisher, pipeline, names, scraped, cpu, state, windows, kill)
         sampler = threading.Thread(
             target=_sample, args=(state, scraped, publisher, inputs, samples, t0), name="load-sampler", daemon=True
         )
@@ -233,48 +193,25 @@ def run_load(
                 steps_per_s=steps_per_s,
                 max_steps=int(duration_s * steps_per_s),
                 stop_after_windows=10**9,
-                progress=progress,
+                progress=operator.progress,
                 features=features,
             )
             seconds = time.time() - t0
             t_end = time.time()
             done = list(live.windows_done)
-
-            def stored() -> list[str]:
-                return [r[0] for r in query(s.db, "SELECT DISTINCT window_id FROM findings WHERE job = ?", [sc.job])[1]]
-
-            def drained() -> bool:  # every window's findings stored, and every heartbeat consumed
-                scraped.refresh()
-                return (
-                    set(done) <= set(stored())
-                    and scraped.sum("lockstep_records_in_total", topic=topics.heartbeats)
-                    >= publisher.stats.records[topics.heartbeats]
-                )
-
-            if not wait_for(drained, drain_timeout_s, interval_s=0.1):
-                log.warning(
-                    "not drained after %.0fs; windows not stored: %s",
-                    drain_timeout_s,
-                    sorted(set(done) - set(stored())),
-                )
+            _drain(s.db, sc.job, done, scraped, publisher, topics.heartbeats, drain_timeout_s)
             drain_s = time.time() - t_end
             time.sleep(1.5)  # a last sample after the drain
         finally:
             state.done = True
             sampler.join(5)
-        cpu = {name: cpu.get(name) or sum(p.cpu_times()[:2]) - cpu0[name] for name, p in procs.items()}
+        cpu_s = cpu.seconds()
         scraped.refresh()
         publisher.poll(0)
         unconsumed = {t: publisher.stats.records[t] - scraped.sum("lockstep_records_in_total", topic=t) for t in inputs}
-        dead = sum(
-            v for m in scraped.last.values() for (name, _), v in m.items() if name == "lockstep_dead_letters_total"
-        )
-        ids = query(s.db, "SELECT window_id, id FROM findings WHERE job = ? ORDER BY window_id, id", [sc.job])[1]
-        findings: dict[str, list[str]] = {}
-        for window, fid in ids:
-            findings.setdefault(window, []).append(fid)
-        window_latency, culprits = _window_latency(s.db, sc.job, live.triggers, sent_at)
-        step_latency = _step_latency(s, topics, sc.job, features, sent_at)
+        findings, finding_rows = _findings_by_window(s.db, sc.job)
+        window_latency, culprits = _window_latency(s.db, sc.job, live.triggers, operator.sent_at)
+        step_latency = _step_latency(s, topics, sc.job, features, operator.sent_at)
         return LoadResult(
             workers=workers,
             steps_per_s=steps_per_s,
@@ -289,14 +226,23 @@ def run_load(
             window_latency_s=window_latency,
             drain_s=drain_s,
             unconsumed=unconsumed,
-            cpu_s=cpu,
-            dead_letters=dead,
+            cpu_s=cpu_s,
+            dead_letters=scraped.total("lockstep_dead_letters_total"),
             log_dir=log_dir,
             processors=processors,
-            killed=killed,
+            killed=operator.killed,
             findings=findings,
-            finding_rows=len(ids),
+            finding_rows=finding_rows,
         )
+
+
+def _start(pipeline: Pipeline, processors: int) -> list[str]:
+    """The sink and ``processors`` processors (one consumer group) started; the processors' names."""
+    pipeline.start("sink")
+    names = ["processor", *(f"processor-{i}" for i in range(2, processors + 1))]
+    for name in names:
+        pipeline.start(name, command="processor")
+    return names
 
 
 @dataclass
@@ -306,6 +252,120 @@ class _RunState:
     step: int = 0  # the fleet's last step
     asked_at: float = 0.0  # when the run last asked for a window (0: never)
     done: bool = False  # the run is over: the sampler stops
+
+
+class _CpuTime:
+    """The CPU seconds (user and system) each of the pipeline's processes has used since this was made."""
+
+    def __init__(self, pipeline: Pipeline):
+        self.procs = {name: psutil.Process(child.proc.pid) for name, child in pipeline.children.items()}
+        self.start = {name: self._used(name) for name in self.procs}
+        self.stopped: dict[str, float] = {}  # a killed process's CPU seconds, taken just before
+
+    def _used(self, name: str) -> float:
+        return sum(self.procs[name].cpu_times()[:2])
+
+    def stop(self, name: str) -> None:
+        """``name`` is about to be killed: its CPU seconds now are its last."""
+        self.stopped[name] = self._used(name) - self.start[name]
+
+    def seconds(self) -> dict[str, float]:
+        return {name: self.stopped.get(name) or self._used(name) - self.start[name] for name in self.procs}
+
+
+class _Operator:
+    """The fleet's progress callback, as an operator would act during the run: it asks for a new window as soon as the
+    last one ended (or 10 s after asking went unanswered), kills the last processor halfway through window ``kill``,
+    and checks that the other processes are still alive.  ``sent_at``: when each step's last record went out."""
+
+    def __init__(
+        self,
+        job: str,
+        requests_topic: str,
+        publisher: Publisher,
+        pipeline: Pipeline,
+        names: list[str],
+        scraped: _Scraped,
+        cpu: _CpuTime,
+        state: _RunState,
+        windows: bool,
+        kill: int | None,
+    ):
+        self.job, self.requests_topic, self.publisher = job, requests_topic, publisher
+        self.pipeline, self.names, self.scraped, self.cpu = pipeline, names, scraped, cpu
+        self.state, self.windows, self.kill = state, windows, kill
+        self.sent_at: dict[int, float] = {}  # step -> its last record handed to the producer
+        self.killed: dict[str, int] = {}  # processor SIGKILLed -> the fleet's step then
+
+    def progress(self, step, res) -> None:
+        state = self.state
+        now = time.time()
+        self.sent_at[step] = now
+        state.step = step
+        last = res.triggers[-1] if res.triggers else None
+        active = last is not None and step < last.start_step + last.steps
+        asked = state.asked_at and (not last or last.created_at < state.asked_at)
+        if (
+            self.kill is not None
+            and last is not None
+            and len(res.triggers) == self.kill + 1
+            and step >= last.start_step + last.steps // 2
+            and not self.killed
+        ):
+            self._kill_last(step)
+        if self.windows and not active and (not asked or now - state.asked_at > 10.0):
+            self.publisher.send(
+                self.requests_topic,
+                self.job,
+                TriggerRequest(job=self.job, request=uuid.uuid4().hex[:12], reason="load run", requested_at=now),
+            )
+            state.asked_at = now
+        for name in self.names:
+            if name not in self.scraped.dead:
+                self.pipeline.children[name].healthy()
+
+    def _kill_last(self, step: int) -> None:
+        victim = self.names[-1]
+        self.cpu.stop(victim)
+        self.scraped.refresh()  # its counts so far stay in the sums
+        self.pipeline.kill(victim)
+        self.scraped.dead.add(victim)
+        self.killed[victim] = step
+
+
+def _drain(
+    db: Path,
+    job: str,
+    done: list[str],
+    scraped: _Scraped,
+    publisher: Publisher,
+    heartbeats: str,
+    timeout_s: float,
+) -> None:
+    """Wait (up to ``timeout_s``) until every window the fleet finished has its findings stored and every heartbeat
+    delivered has been consumed; a warning names the windows not stored when that does not come."""
+
+    def stored() -> list[str]:
+        return [r[0] for r in query(db, "SELECT DISTINCT window_id FROM findings WHERE job = ?", [job])[1]]
+
+    def drained() -> bool:  # every window's findings stored, and every heartbeat consumed
+        scraped.refresh()
+        return (
+            set(done) <= set(stored())
+            and scraped.sum("lockstep_records_in_total", topic=heartbeats) >= publisher.stats.records[heartbeats]
+        )
+
+    if not wait_for(drained, timeout_s, interval_s=0.1):
+        log.warning("not drained after %.0fs; windows not stored: %s", timeout_s, sorted(set(done) - set(stored())))
+
+
+def _findings_by_window(db: Path, job: str) -> tuple[dict[str, list[str]], int]:
+    """The job's finding ids in DuckDB per window, and the rows they are (one each unless one was stored twice)."""
+    ids = query(db, "SELECT window_id, id FROM findings WHERE job = ? ORDER BY window_id, id", [job])[1]
+    findings: dict[str, list[str]] = {}
+    for window, fid in ids:
+        findings.setdefault(window, []).append(fid)
+    return findings, len(ids)
 
 
 def _sample(
@@ -388,3 +448,7 @@ class _Scraped:
 
     def max(self, metric: str, **labels: str) -> float:
         return max((value(m, metric, **labels) for name, m in self.last.items() if name not in self.dead), default=0.0)
+
+    def total(self, metric: str) -> float:
+        """A counter summed over the processors and over all its series, whatever their labels."""
+        return sum(v for m in self.last.values() for (name, _), v in m.items() if name == metric)

@@ -38,6 +38,7 @@ from ..schemas.errors import LockstepError
 
 if TYPE_CHECKING:
     from ..producers.agent.summarise import StepSummary
+    from ..producers.agent.trace import TraceEvents
     from ..schemas.records import WorkerMeta
 
 TRACE_SUFFIXES = (".json", ".gz")
@@ -146,16 +147,10 @@ def load_inputs(
     and summarised by that many processes (:func:`_read_in_pool`)."""
     from ..producers.agent.jaxtrace import read_trace
     from ..producers.agent.summarise import summarise
-    from ..producers.agent.trace import TraceEvents
     from ..schemas.records import WorkerMeta
 
     ranks = ranks or {}
-    samples = _read_table(samples_path, max_bytes) if samples_path else None
-    sampled: set[int] = set()
-    if samples is not None:
-        if "worker" not in samples.column_names:
-            raise DiagnoseError(f"{samples_path}: sample table lacks column worker; needs worker, t_us, metric, value")
-        sampled = set(pc.unique(samples.column("worker")).to_pylist())
+    samples, sampled = _read_samples(samples_path, max_bytes)
     inputs = Inputs(files=len(files))
     owner: dict[int, Path] = {}
 
@@ -169,17 +164,7 @@ def load_inputs(
         inputs.summaries += summaries
 
     traces: list[tuple[Path, TraceEvents]] = []
-    read: dict[Path, tuple[TraceEvents, list | None]] = {}
-    trace_files = []
-    if jobs > 1:
-        for path in files:
-            with _about(path, samples_path):
-                if _is_trace(path, max_bytes):
-                    trace_files.append(path)
-    on_disk = sum(p.stat().st_size for p in trace_files)
-    if len(trace_files) >= POOL_MIN_FILES or (len(trace_files) > 1 and on_disk > POOL_MIN_BYTES):
-        # one process per core, each reading one file at a time, summaries sent back
-        read = _read_in_pool(trace_files, ranks, samples_path, max_bytes, jobs, progress)
+    read = _read_pooled(files, ranks, samples_path, max_bytes, jobs, progress)
     for path in files:
         with _about(path, samples_path):
             if path in read:
@@ -196,36 +181,8 @@ def load_inputs(
                 add(path, _table_workers(path, table, peer_cols, policy_keys), summarise(table, samples))
         if progress and path not in read:
             progress(path)
-    # traces that name no rank: the next free numbers, in the order given
-    taken = set(owner) | {te.worker for _, te in traces if te.worker is not None}
-    free = (n for n in range(len(taken) + len(traces) + 1) if n not in taken)
-    unranked = [i for i, (_, te) in enumerate(traces) if te.worker is None]
-    for i in unranked:
-        traces[i] = (traces[i][0], traces[i][1].with_worker(next(free), "numbered"))
-    if unranked:
-        inputs.notes.append(
-            _note(
-                "no rank in the trace or its file name",
-                [traces[i] for i in unranked],
-                lambda te: f"numbered {te.worker} in the order given",
-            )
-            + " (--rank FILE=N to set one)"
-        )
-    by_name = [(p, te) for p, te in traces if te.meta.rank_from == "file name"]
-    if by_name:
-        inputs.notes.append(
-            _note("no distributedInfo.rank", by_name, lambda te: f"rank {te.worker} from the file name")
-        )
-    for how in sorted({te.meta.steps_from for _, te in traces} - {"ProfilerStep"}):
-        which = [(p, te) for p, te in traces if te.meta.steps_from == how]
-        what = (
-            "the whole trace is one step (no optimizer step or repeating region to tell iterations by)"
-            if how == "whole trace"
-            else f"{{n}} iterations inferred, each ending with an {how}"
-            if how == "Optimizer.step"
-            else f"{{n}} iterations inferred from the repeating top-level {how}"
-        )
-        inputs.notes.append(_note("no ProfilerStep#N", which, lambda te, what=what: what.format(n=len(te.step_bounds))))
+    inputs.notes += _number_unranked(traces, set(owner))
+    inputs.notes += _trace_notes(traces)
     for path, te in traces:
         worker = cast(int, te.worker)  # every trace has a rank now (numbered above)
         with _about(path, samples_path):
@@ -239,6 +196,75 @@ def load_inputs(
         raise DiagnoseError(f"{files[0]}{' ...' if len(files) > 1 else ''}: no events inside any step")
     inputs.expected_workers = max(inputs.expected_workers, len(inputs.workers))
     return inputs
+
+
+def _read_samples(samples_path: Path | None, max_bytes: int) -> tuple[pa.Table | None, set[int]]:
+    """The hardware-sample table (None without one) and the workers it has samples of."""
+    samples = _read_table(samples_path, max_bytes) if samples_path else None
+    sampled: set[int] = set()
+    if samples is not None:
+        if "worker" not in samples.column_names:
+            raise DiagnoseError(f"{samples_path}: sample table lacks column worker; needs worker, t_us, metric, value")
+        sampled = set(pc.unique(samples.column("worker")).to_pylist())
+    return samples, sampled
+
+
+def _read_pooled(
+    files: list[Path], ranks: dict[Path, int], samples_path: Path | None, max_bytes: int, jobs: int, progress
+) -> dict[Path, tuple]:
+    """With ``jobs`` > 1 and POOL_MIN_FILES trace files or more (or more than one, of over POOL_MIN_BYTES on disk):
+    the trace files read by a pool (:func:`_read_in_pool`).  Otherwise none (read in this process)."""
+    trace_files = []
+    if jobs > 1:
+        for path in files:
+            with _about(path, samples_path):
+                if _is_trace(path, max_bytes):
+                    trace_files.append(path)
+    on_disk = sum(p.stat().st_size for p in trace_files)
+    if len(trace_files) >= POOL_MIN_FILES or (len(trace_files) > 1 and on_disk > POOL_MIN_BYTES):
+        # one process per core, each reading one file at a time, summaries sent back
+        return _read_in_pool(trace_files, ranks, samples_path, max_bytes, jobs, progress)
+    return {}
+
+
+def _number_unranked(traces: list[tuple[Path, TraceEvents]], taken: set[int]) -> list[str]:
+    """Traces that name no rank take the next free numbers (not ``taken`` by a table nor named by a trace), in the
+    order given; in place.  The note that says so, if any trace was numbered."""
+    taken = taken | {te.worker for _, te in traces if te.worker is not None}
+    free = (n for n in range(len(taken) + len(traces) + 1) if n not in taken)
+    unranked = [i for i, (_, te) in enumerate(traces) if te.worker is None]
+    for i in unranked:
+        traces[i] = (traces[i][0], traces[i][1].with_worker(next(free), "numbered"))
+    if not unranked:
+        return []
+    return [
+        _note(
+            "no rank in the trace or its file name",
+            [traces[i] for i in unranked],
+            lambda te: f"numbered {te.worker} in the order given",
+        )
+        + " (--rank FILE=N to set one)"
+    ]
+
+
+def _trace_notes(traces: list[tuple[Path, TraceEvents]]) -> list[str]:
+    """How ranks were found where the traces did not say them (their file names), and how their steps were found
+    where they have no ``ProfilerStep#N``."""
+    notes = []
+    by_name = [(p, te) for p, te in traces if te.meta.rank_from == "file name"]
+    if by_name:
+        notes.append(_note("no distributedInfo.rank", by_name, lambda te: f"rank {te.worker} from the file name"))
+    for how in sorted({te.meta.steps_from for _, te in traces} - {"ProfilerStep"}):
+        which = [(p, te) for p, te in traces if te.meta.steps_from == how]
+        what = (
+            "the whole trace is one step (no optimizer step or repeating region to tell iterations by)"
+            if how == "whole trace"
+            else f"{{n}} iterations inferred, each ending with an {how}"
+            if how == "Optimizer.step"
+            else f"{{n}} iterations inferred from the repeating top-level {how}"
+        )
+        notes.append(_note("no ProfilerStep#N", which, lambda te, what=what: what.format(n=len(te.step_bounds))))
+    return notes
 
 
 def _read_in_pool(

@@ -146,19 +146,7 @@ class Agent:
         self._link: RelayLink | None = None  # another local rank: this agent hands its heartbeats to the relay
         if config.relay == "auto" and self.world_size > 1 and config.heartbeat_shard_workers > 0:
             self._join_relay()
-        # answers hang triggers from the io thread (the training thread, which creates the agent, is stuck then)
-        self._hang: HangResponder | None = None
-        try:
-            self._hang = HangResponder(
-                self.meta,
-                config.redact,
-                config.tenant,
-                registry=ProcessRegistry(
-                    (config.relay_dir if config.relay_dir is not None else run_dir(config.job, self.meta.host)) / "pids"
-                ),
-            )
-        except Exception:  # the agent works without it; hang triggers then go unanswered by this worker
-            log.exception("hang answers are off for this worker")
+        self._hang = self._hang_responder()
         self._control = ControlFollower(
             agent_consumer_config(settings, config.job), self.topics.control, config.job, clients=clients
         )
@@ -224,6 +212,24 @@ class Agent:
             self.meta.nic or "?",
             settings.bootstrap_servers,
         )
+
+    def _hang_responder(self) -> HangResponder | None:
+        """What answers hang triggers from the io thread (the training thread, which creates the agent, is stuck
+        then); None when it cannot be made: the agent works without it, and this worker leaves hang triggers
+        unanswered."""
+        cfg = self.config
+        try:
+            return HangResponder(
+                self.meta,
+                cfg.redact,
+                cfg.tenant,
+                registry=ProcessRegistry(
+                    (cfg.relay_dir if cfg.relay_dir is not None else run_dir(cfg.job, self.meta.host)) / "pids"
+                ),
+            )
+        except Exception:
+            log.exception("hang answers are off for this worker")
+            return None
 
     def _join_relay(self) -> None:
         """Become the host's relay (local rank 0) or link to it; without either, the agent works on its own."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import TypedDict
 
 from ...schemas.errors import LockstepError
 from ...schemas.records import HARDWARE_CAUSES, Finding
@@ -137,32 +137,48 @@ def _span(f: Finding) -> tuple[int, int]:
     return (min(f.steps), max(f.steps)) if f.steps else (0, 0)
 
 
+class _Latest(TypedDict):
+    """What an incident takes from its latest finding: when and what saw it last, who and where, what it costs."""
+
+    last_seen_at: float
+    last_finding: str
+    workers: list[int]
+    hosts: list[str]
+    devices: list[str]
+    function: str
+    confidence: float
+    step_time_share: float
+    gpu_hours_per_day: float
+
+
+def _latest(f: Finding) -> _Latest:
+    return _Latest(
+        last_seen_at=f.created_at,
+        last_finding=f.id,
+        workers=f.workers,
+        hosts=f.hosts,
+        devices=f.devices,
+        function=f.function,
+        confidence=f.confidence,
+        step_time_share=f.impact.step_time_share,
+        gpu_hours_per_day=f.impact.gpu_hours_per_day,
+    )
+
+
+def _resolved(inc: Incident, at: float, by: str, step: int, reason: str, told: str) -> tuple[Incident, Event]:
+    """``inc`` resolved at ``at`` from ``step`` on (``resolved_by`` ``by``, ``resolved_reason`` ``reason``), and its
+    ``resolve`` event, whose reason is ``told``."""
+    done = replace(inc, status="resolved", resolved_at=at, resolved_by=by, resolved_step=step, resolved_reason=reason)
+    return done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, told, at)
+
+
 def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | None]:
     """Apply a finding not seen before to the latest occurrence of its key (None: none yet)."""
     first, last = _span(f)
     if current is not None and current.status == "open":
-        newer = f.created_at >= current.last_seen_at
-        inc = replace(
-            current,
-            windows=current.windows + 1,
-            last_step=max(current.last_step, last),
-            **cast(
-                "dict[str, Any]",
-                dict(
-                    last_seen_at=f.created_at,
-                    last_finding=f.id,
-                    workers=f.workers,
-                    hosts=f.hosts,
-                    devices=f.devices,
-                    function=f.function,
-                    confidence=f.confidence,
-                    step_time_share=f.impact.step_time_share,
-                    gpu_hours_per_day=f.impact.gpu_hours_per_day,
-                )
-                if newer
-                else {},
-            ),
-        )
+        inc = replace(current, windows=current.windows + 1, last_step=max(current.last_step, last))
+        if f.created_at >= current.last_seen_at:  # an older window's finding, arriving late, leaves the latest's
+            inc = replace(inc, **_latest(f))
         return inc, Event(inc.id, f.tenant, f.job, "update", f.id, f.window, f.created_at)
     if current is not None and current.resolved_step is not None and first < current.resolved_step:
         return current, None  # an older window's finding, arriving after the problem cleared
@@ -176,25 +192,17 @@ def on_finding(current: Incident | None, f: Finding) -> tuple[Incident, Event | 
         job=f.job,
         scope=f.scope,
         cause=f.cause,
-        function=f.function,
-        workers=f.workers,
-        hosts=f.hosts,
-        devices=f.devices,
         status="open",
         opened_at=f.created_at,
-        last_seen_at=f.created_at,
         resolved_at=None,
         resolved_by=None,
         resolved_step=None,
         first_finding=f.id,
-        last_finding=f.id,
         last_step=last,
         windows=1,
-        confidence=f.confidence,
-        step_time_share=f.impact.step_time_share,
-        gpu_hours_per_day=f.impact.gpu_hours_per_day,
         first_window=f.window,
         first_step=first,
+        **_latest(f),
     )
     return inc, Event(inc.id, f.tenant, f.job, "trigger", f.id, f.window, f.created_at)
 
@@ -208,15 +216,7 @@ def on_window(
     out = []
     for inc in open_incidents:
         if inc.status == "open" and inc.tenant == w.tenant and inc.job == w.job and inc.last_step < w.start_step:
-            done = replace(
-                inc,
-                status="resolved",
-                resolved_at=w.closed_at,
-                resolved_by=w.window,
-                resolved_step=w.start_step,
-                resolved_reason="window",
-            )
-            out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, w.window, w.closed_at)))
+            out.append(_resolved(inc, w.closed_at, w.window, w.start_step, "window", told=w.window))
     return out
 
 
@@ -225,15 +225,7 @@ def on_clock(open_incidents: list[Incident], now: float, policy: IncidentPolicy)
     out = []
     for inc in open_incidents:
         if inc.status == "open" and now - inc.last_seen_at >= policy.stale_after_s:
-            done = replace(
-                inc,
-                status="resolved",
-                resolved_at=now,
-                resolved_by="stale",
-                resolved_step=inc.last_step + 1,
-                resolved_reason="stale",
-            )
-            out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, "stale", now)))
+            out.append(_resolved(inc, now, "stale", inc.last_step + 1, "stale", told="stale"))
     return out
 
 
@@ -263,16 +255,8 @@ def on_job_news(open_incidents: list[Incident], news: list[JobNews]) -> list[tup
         if n is None:
             continue
         reason = "job_ended" if n.change == "ended" else "recovered"
-        done = replace(
-            inc,
-            status="resolved",
-            resolved_at=n.at,
-            resolved_by=reason,
-            resolved_step=n.step + 1,
-            resolved_reason=reason,
-            after_s=n.after_s if n.change == "recovered" else None,
-        )
-        out.append((done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, reason, n.at)))
+        done, ev = _resolved(inc, n.at, reason, n.step + 1, reason, told=reason)
+        out.append((replace(done, after_s=n.after_s if n.change == "recovered" else None), ev))
     return out
 
 
@@ -296,12 +280,4 @@ def resolve_by_hand(inc: Incident, by: str, now: float) -> tuple[Incident, Event
     a later finding of its key opens the next occurrence.  Resolving a resolved incident changes nothing."""
     if inc.status != "open":
         return inc, None
-    done = replace(
-        inc,
-        status="resolved",
-        resolved_at=now,
-        resolved_by=by,
-        resolved_step=inc.last_step + 1,
-        resolved_reason="manual",
-    )
-    return done, Event(inc.id, inc.tenant, inc.job, "resolve", inc.last_finding, "manual", now)
+    return _resolved(inc, now, by, inc.last_step + 1, "manual", told="manual")

@@ -407,41 +407,75 @@ def step_chart(
     if not points:
         return ""
     left, right, top, bottom = 72, 16, 40, 50
-    pw, ph = width - left - right, height - top - bottom
     s0, s1 = points[0].step, points[-1].step
     wins = [w for w in windows if w.job == job]
     s0 = min([s0] + [w.start_step for w in wins if w.start_step + w.steps >= s0 - 50])
     s1 = max([s1] + [w.start_step + w.steps - 1 for w in wins if w.start_step <= s1 + 50])
     wins = [w for w in wins if w.start_step + w.steps - 1 >= s0 and w.start_step <= s1]
-    span = max(1, s1 - s0)
     yr = robust_range(points)
-    ylo, yhi = yr.lo, yr.hi
+    plot = _Plot(left, top, width - left - right, height - top - bottom, s0, max(1, s1 - s0), yr.lo, yr.hi)
+    found = {(f.job, f.window) for f in findings}
+    parts = [
+        *_axes(plot, height),
+        *_window_bands(plot, wins, triggers, found),
+        *_series_lines(plot, points, yr, ranks or {}),
+        *_onset_mark(plot, points, wins, triggers, found),
+    ]
+    return f'<svg class="steps" data-job="{_e(job)}" width="{width}" height="{height}" role="img">{"".join(parts)}{_legend(plot, yr, height)}</svg>'
 
-    def x(step: float) -> float:
-        return left + pw * (step - s0) / span
 
-    def y(us: float) -> float:
-        return top + ph * (1 - (min(max(us, ylo), yhi) - ylo) / (yhi - ylo))
+@dataclass(frozen=True)
+class _Plot:
+    """The step chart's plot area (``left``, ``top``, ``pw`` x ``ph`` px) and its scales: steps ``s0`` to
+    ``s0 + span`` across, step times ``ylo`` to ``yhi`` up (clipped to them)."""
 
+    left: int
+    top: int
+    pw: int
+    ph: int
+    s0: int
+    span: int
+    ylo: float
+    yhi: float
+
+    def x(self, step: float) -> float:
+        return self.left + self.pw * (step - self.s0) / self.span
+
+    def y(self, us: float) -> float:
+        return self.top + self.ph * (1 - (min(max(us, self.ylo), self.yhi) - self.ylo) / (self.yhi - self.ylo))
+
+
+def _axes(p: _Plot, height: int) -> list[str]:
+    """The horizontal grid with its step times (in ms), a ≈ where the y-axis does not start at zero, the steps."""
+    left, top, pw, ph = p.left, p.top, p.pw, p.ph
     parts = []
-    for v in _ticks(ylo, yhi):  # horizontal grid, in ms
+    for v in _ticks(p.ylo, p.yhi):  # horizontal grid, in ms
         parts.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
-            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="axis">{_e(_ms(v))}</text>'
+            f'<line x1="{left}" x2="{left + pw}" y1="{p.y(v):.1f}" y2="{p.y(v):.1f}" stroke="#eee"/>'
+            f'<text x="{left - 6}" y="{p.y(v) + 4:.1f}" text-anchor="end" class="axis">{_e(_ms(v))}</text>'
         )
-    if ylo > 0:  # say so: the axis does not start at zero
+    if p.ylo > 0:  # say so: the axis does not start at zero
         parts.append(
             f'<text x="{left - 6}" y="{top + ph + 14}" text-anchor="end" class="axis"><title>the y-axis starts at '
-            f"{_e(_ms(ylo))}, not at zero, so that small changes show</title>≈</text>"
+            f"{_e(_ms(p.ylo))}, not at zero, so that small changes show</title>≈</text>"
         )
     for k in range(6):
-        st = round(s0 + span * k / 5)
-        parts.append(f'<text x="{x(st):.1f}" y="{top + ph + 16}" text-anchor="middle" class="axis">{st:,}</text>')
+        st = round(p.s0 + p.span * k / 5)
+        parts.append(f'<text x="{p.x(st):.1f}" y="{top + ph + 16}" text-anchor="middle" class="axis">{st:,}</text>')
     parts.append(f'<text x="{left + pw}" y="{height - 6}" text-anchor="end" class="axis">step</text>')
-    found = {(f.job, f.window) for f in findings}
+    return parts
+
+
+def _window_bands(
+    p: _Plot, wins: list[WindowRow], triggers: dict[tuple[str, str], TriggerRow], found: set[tuple[str, str]]
+) -> list[str]:
+    """Each profiling window as a band (darker where it found something) with a mark and its name in the strip above
+    the plot (names that would overlap the one before are left out; the mark and the band's tooltip stay)."""
+    left, top, pw, ph = p.left, p.top, p.pw, p.ph
+    parts = []
     label_end = -math.inf  # the right end of the last window label drawn: labels that would overlap are left out
     for w in sorted(wins, key=lambda w: w.start_step):
-        x0, x1 = x(w.start_step - 0.5), x(w.start_step + w.steps - 0.5)
+        x0, x1 = p.x(w.start_step - 0.5), p.x(w.start_step + w.steps - 0.5)
         x0, x1 = max(left, x0), min(left + pw, x1)
         if x1 - x0 < 3:  # a short window on a long series: at least 3 px, so it is always seen
             x0, x1 = (x0 + x1) / 2 - 1.5, (x0 + x1) / 2 + 1.5
@@ -466,52 +500,78 @@ def step_chart(
                 f"<title>{_e(tip)}</title></text>"
             )
             label_end = cx + half
-    for rank, pts in sorted((ranks or {}).items()):  # each rank's own line, faint, under the two series
-        own = " ".join(f"{x(st):.1f},{y(us):.1f}" for st, us in pts)
+    return parts
+
+
+def _series_lines(
+    p: _Plot, points: list[SeriesPoint], yr: YRange, ranks: dict[int, list[tuple[int, float]]]
+) -> list[str]:
+    """Each rank's own line (faint), the median worker's and the slowest worker's, and a mark at the top edge for
+    each step off the scale."""
+    parts = []
+    for rank, pts in sorted(ranks.items()):  # each rank's own line, faint, under the two series
+        own = " ".join(f"{p.x(st):.1f},{p.y(us):.1f}" for st, us in pts)
         parts.append(
             f'<polyline class="rank" points="{own}" fill="none" stroke="{PEER}" stroke-opacity="0.35" stroke-width="1">'
             f"<title>rank {rank}</title></polyline>"
         )
-    line = " ".join(f"{x(p.step):.1f},{y(p.step_time_us):.1f}" for p in _thin(points, pw))
-    med = " ".join(f"{x(p.step):.1f},{y(p.median_us):.1f}" for p in _thin(points, pw))
+    line = " ".join(f"{p.x(pt.step):.1f},{p.y(pt.step_time_us):.1f}" for pt in _thin(points, p.pw))
+    med = " ".join(f"{p.x(pt.step):.1f},{p.y(pt.median_us):.1f}" for pt in _thin(points, p.pw))
     parts.append(f'<polyline class="median" points="{med}" fill="none" stroke="{PEER}" stroke-width="1.2"/>')
     parts.append(f'<polyline class="slowest" points="{line}" fill="none" stroke="{BAD}" stroke-width="1.6"/>')
-    for p in yr.clipped[:50]:  # outliers: a mark at the top edge, the value on hover and in the legend below
+    for pt in yr.clipped[:50]:  # outliers: a mark at the top edge, the value on hover and in the legend below
         parts.append(
-            f'<path class="clipped" d="M{x(p.step) - 4:.1f},{top + 7} l4,-7 l4,7 z" fill="{BAD}">'
-            f"<title>step {p.step:,}: {_e(_ms(p.step_time_us))}, off the scale</title></path>"
+            f'<path class="clipped" d="M{p.x(pt.step) - 4:.1f},{p.top + 7} l4,-7 l4,7 z" fill="{BAD}">'
+            f"<title>step {pt.step:,}: {_e(_ms(pt.step_time_us))}, off the scale</title></path>"
         )
+    return parts
+
+
+def _onset_mark(
+    p: _Plot,
+    points: list[SeriesPoint],
+    wins: list[WindowRow],
+    triggers: dict[tuple[str, str], TriggerRow],
+    found: set[tuple[str, str]],
+) -> list[str]:
+    """Where the slowdown began, a dashed line labelled in the strip above the window names: before the first window
+    that found something (else the first a slowdown triggered); nothing when there is neither, or no onset."""
     first_window = min((w.start_step for w in wins if w.findings > 0 or (w.job, w.window) in found), default=None)
     if first_window is None:  # a slowdown the detector saw is worth marking even before a finding
         first_window = min(
             (w.start_step for w in wins if (t := triggers.get((w.job, w.window))) and t.kind == "slowdown"),
             default=None,
         )
-    if first_window is not None:
-        bad = detector_onset(points, wins, triggers, first_window) or first_bad_step(points, first_window)
-        if bad is not None:
-            step, base, now = bad
-            sx = x(step)
-            text = f"slower from step {step:,} ({_ms(base)} → {_ms(now)}, {now / base - 1:+.0%})"
-            anchor, tx = ("end", sx - 4) if sx + _text_w(text) + 4 > left + pw else ("start", sx + 4)
-            parts.append(
-                f'<line class="onset" x1="{sx:.1f}" x2="{sx:.1f}" y1="{top - 16}" y2="{top + ph}" stroke="{ACCENT}" '
-                f'stroke-dasharray="4 3" stroke-width="1.5"><title>slower from step {step}: {_e(_ms(now))} against {_e(_ms(base))} before'
-                f'</title></line><text class="label onset-label" x="{tx:.1f}" y="{top - 20}" text-anchor="{anchor}" fill="{ACCENT}">'
-                f"{_e(text)}</text>"
-            )
+    if first_window is None:
+        return []
+    bad = detector_onset(points, wins, triggers, first_window) or first_bad_step(points, first_window)
+    if bad is None:
+        return []
+    step, base, now = bad
+    top, sx = p.top, p.x(step)
+    text = f"slower from step {step:,} ({_ms(base)} → {_ms(now)}, {now / base - 1:+.0%})"
+    anchor, tx = ("end", sx - 4) if sx + _text_w(text) + 4 > p.left + p.pw else ("start", sx + 4)
+    return [
+        f'<line class="onset" x1="{sx:.1f}" x2="{sx:.1f}" y1="{top - 16}" y2="{top + p.ph}" stroke="{ACCENT}" '
+        f'stroke-dasharray="4 3" stroke-width="1.5"><title>slower from step {step}: {_e(_ms(now))} against {_e(_ms(base))} before'
+        f'</title></line><text class="label onset-label" x="{tx:.1f}" y="{top - 20}" text-anchor="{anchor}" fill="{ACCENT}">'
+        f"{_e(text)}</text>"
+    ]
+
+
+def _legend(p: _Plot, yr: YRange, height: int) -> str:
+    """The legend below the axis: the two series, and what is off the scale."""
     off = ""
     if yr.clipped:
-        worst = max(yr.clipped, key=lambda p: p.step_time_us)
+        worst = max(yr.clipped, key=lambda pt: pt.step_time_us)
         off = (
             f'  <tspan fill="{BAD}">▲ off the scale: {plural(len(yr.clipped), "step")}, up to {_e(_ms(worst.step_time_us))} '
             f"(step {worst.step:,})</tspan>"
         )
-    legend = (
-        f'<text class="axis legend" x="{left}" y="{height - 6}"><tspan fill="{BAD}">━ slowest worker</tspan>'
+    return (
+        f'<text class="axis legend" x="{p.left}" y="{height - 6}"><tspan fill="{BAD}">━ slowest worker</tspan>'
         f'  <tspan fill="{PEER}">━ median worker</tspan>{off}</text>'
     )
-    return f'<svg class="steps" data-job="{_e(job)}" width="{width}" height="{height}" role="img">{"".join(parts)}{legend}</svg>'
 
 
 def _thin(points: list[SeriesPoint], pixels: float) -> list[SeriesPoint]:
@@ -633,8 +693,7 @@ def heatmap(
     steps = (
         steps or max((c.flagged_steps for c in cells), default=0) or max((len(f.steps) for f in findings), default=1)
     )
-    by = {(c.worker, c.function): c for c in cells}
-    outlined = {(w, f.function) for f in findings for w in f.workers}
+    grid = _Grid(cell_w, cell_h, label_w, head_h, functions, steps)
     rows = len(workers) + len(devices) + (1 if devices else 0)
     width, height = label_w + cell_w * len(functions) + 120, head_h + cell_h * rows + 8  # room for the last name
     parts = []
@@ -644,8 +703,30 @@ def heatmap(
             f'<text transform="translate({cx + 4:.1f},{head_h - 6}) rotate(-50)" class="axis fn">{_e(fn[:40])}'
             f"<title>{_e(fn)}</title></text>"
         )
+    by = {(c.worker, c.function): c for c in cells}
+    outlined = {(w, f.function) for f in findings for w in f.workers}
+    for i, w in enumerate(workers):
+        parts += _worker_row(grid, i, w, by, outlined)
+    if devices:
+        parts += _device_rows(grid, len(workers), devices)
+    return f'<svg class="heatmap" data-window="{_e(job)}/{_e(window)}" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
 
-    def box(x0: float, y0: float, fill: str, tip: str, top: str, below: str, outline: bool, dark: bool) -> str:
+
+@dataclass(frozen=True)
+class _Grid:
+    """The heatmap's layout: cells of ``cell_w`` x ``cell_h`` px right of the row labels (``label_w``) and below the
+    function names (``head_h``), one column per function; ``steps``: the window's, that each cell held in some of."""
+
+    cell_w: int
+    cell_h: int
+    label_w: int
+    head_h: int
+    functions: list[str]
+    steps: int
+
+    def box(self, x0: float, y0: float, fill: str, tip: str, top: str, below: str, outline: bool, dark: bool) -> str:
+        """One cell: its colour and tooltip, and two lines of text in it (none when ``top`` is empty)."""
+        cell_w, cell_h = self.cell_w, self.cell_h
         stroke = ' stroke="#1b2631" stroke-width="3"' if outline else ""
         ink = "#fff" if dark else "#2c3e50"
         text = (
@@ -659,71 +740,83 @@ def heatmap(
             f'fill="{fill}"{stroke}><title>{_e(tip)}</title></rect>{text}'
         )
 
-    for i, w in enumerate(workers):
-        y0 = head_h + i * cell_h
+
+def _worker_row(
+    g: _Grid, i: int, w: int, by: dict[tuple[int, str], HeatCell], outlined: set[tuple[int, str]]
+) -> list[str]:
+    """Row ``i`` of the heatmap, worker ``w``: its label and a cell per function (``by``: the cells flagged;
+    ``outlined``: the findings' cells)."""
+    steps = g.steps
+    y0 = g.head_h + i * g.cell_h
+    parts = [
+        f'<text x="{g.label_w - 8}" y="{y0 + g.cell_h / 2 + 4:.1f}" text-anchor="end" class="axis">worker {w}</text>'
+    ]
+    for j, fn in enumerate(g.functions):
+        c = by.get((w, fn))
+        z = c.z if c else None
+        held = c.flagged_steps if c else 0
+        link = c is not None and _is_link_cell(c)
+        sig = significance(z, held, steps) if not link else min(1.0, held / max(1, steps))
+        if link:
+            tip, top = (
+                f"worker {w} · {fn}: its link was flagged (steady while its ring-mates burst) in {held} of {steps} steps",
+                "link",
+            )
+        elif c and z is not None:
+            tip = (
+                f"worker {w} · {fn}: {z:+.1f} peers' spreads from the peers' median (median over the steps it was "
+                f"flagged in), held in {held} of {steps} steps"
+            )
+            top = sigmas(z)
+        else:
+            tip, top = f"worker {w} · {fn}: within its peers' spread", ""
+        if (w, fn) in outlined:
+            tip += " · a finding"
         parts.append(
-            f'<text x="{label_w - 8}" y="{y0 + cell_h / 2 + 4:.1f}" text-anchor="end" class="axis">worker {w}</text>'
-        )
-        for j, fn in enumerate(functions):
-            c = by.get((w, fn))
-            z = c.z if c else None
-            held = c.flagged_steps if c else 0
-            link = c is not None and _is_link_cell(c)
-            sig = significance(z, held, steps) if not link else min(1.0, held / max(1, steps))
-            if link:
-                tip, top = (
-                    f"worker {w} · {fn}: its link was flagged (steady while its ring-mates burst) in {held} of {steps} steps",
-                    "link",
-                )
-            elif c and z is not None:
-                tip = (
-                    f"worker {w} · {fn}: {z:+.1f} peers' spreads from the peers' median (median over the steps it was "
-                    f"flagged in), held in {held} of {steps} steps"
-                )
-                top = sigmas(z)
-            else:
-                tip, top = f"worker {w} · {fn}: within its peers' spread", ""
-            if (w, fn) in outlined:
-                tip += " · a finding"
-            parts.append(
-                box(
-                    label_w + j * cell_w,
-                    y0,
-                    _heat_colour(z, sig, link),
-                    tip,
-                    top,
-                    f"{held}/{steps}",
-                    (w, fn) in outlined,
-                    sig > 0.4,
-                )
+            g.box(
+                g.label_w + j * g.cell_w,
+                y0,
+                _heat_colour(z, sig, link),
+                tip,
+                top,
+                f"{held}/{steps}",
+                (w, fn) in outlined,
+                sig > 0.4,
             )
-    if devices:
-        y0 = head_h + len(workers) * cell_h
+        )
+    return parts
+
+
+def _device_rows(g: _Grid, n_workers: int, devices: list[DeviceRow]) -> list[str]:
+    """Below the ``n_workers`` workers' rows: a heading, then a row per link or device a finding named, its one cell
+    in the finding's function's column."""
+    cell_h, label_w, steps = g.cell_h, g.label_w, g.steps
+    y0 = g.head_h + n_workers * cell_h
+    parts = [
+        f'<text x="4" y="{y0 + cell_h / 2 + 8:.1f}" class="axis devices-head">'
+        "links and devices the findings named (the evidence that decided, against the peers')</text>"
+    ]
+    for k, d in enumerate(devices):
+        y0 = g.head_h + (n_workers + 1 + k) * cell_h
         parts.append(
-            f'<text x="4" y="{y0 + cell_h / 2 + 8:.1f}" class="axis devices-head">'
-            "links and devices the findings named (the evidence that decided, against the peers')</text>"
+            f'<text x="{label_w - 8}" y="{y0 + cell_h / 2 - 2:.1f}" text-anchor="end" class="axis device">{_e(d.device)}'
+            f'<tspan x="{label_w - 8}" dy="13">{_e(d.label.rsplit(" ", 1)[0])}</tspan></text>'
         )
-        for k, d in enumerate(devices):
-            y0 = head_h + (len(workers) + 1 + k) * cell_h
-            parts.append(
-                f'<text x="{label_w - 8}" y="{y0 + cell_h / 2 - 2:.1f}" text-anchor="end" class="axis device">{_e(d.device)}'
-                f'<tspan x="{label_w - 8}" dy="13">{_e(d.label.rsplit(" ", 1)[0])}</tspan></text>'
-            )
-            j = functions.index(d.function)
-            sig = device_significance(d, steps)
-            parts.append(
-                box(
-                    label_w + j * cell_w,
-                    y0,
-                    _heat_colour(1.0, sig, link=True),
-                    f"{d.device} · {d.function}: {d.detail}, held in {d.held} of {steps} steps · a finding",
-                    d.label.rsplit(" ", 1)[-1],
-                    f"{d.held}/{steps}",
-                    True,
-                    sig > 0.4,
-                ).replace('class="cell finding"', 'class="cell device finding"')
-            )
-    return f'<svg class="heatmap" data-window="{_e(job)}/{_e(window)}" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
+        j = g.functions.index(d.function)
+        sig = device_significance(d, steps)
+        parts.append(
+            g.box(
+                label_w + j * g.cell_w,
+                y0,
+                _heat_colour(1.0, sig, link=True),
+                f"{d.device} · {d.function}: {d.detail}, held in {d.held} of {steps} steps · a finding",
+                d.label.rsplit(" ", 1)[-1],
+                f"{d.held}/{steps}",
+                True,
+                sig > 0.4,
+            ).replace('class="cell finding"', 'class="cell device finding"')
+        )
+    return parts
 
 
 # --------------------------------------------------------------------------- words
@@ -989,19 +1082,55 @@ def render(
     ``refresh_s``: the live page (refreshes itself that often)."""
     now = generated_at or dt.datetime.now(dt.UTC)
     dev = device_kind(r.findings)
+    failed = [w for w in r.windows if w.closed == "failed"]
+    body = ['<main id="content">', *_overview(r, scope, now, dev, failed, summary), *_step_section(r)]
+    body.append("<h2>Findings</h2>")
+    body += [_finding_card(f, r, now) for f in r.findings] or [
+        "<p>No findings."
+        + (
+            f" {plural(len(failed), 'window')} failed (below), the latest: {_e(failed[0].job)} / "
+            f"{_e(failed[0].window)}, {_e(failed[0].closed_reason)}"
+            if failed
+            else ""
+        )
+        + "</p>"
+    ]
+    heat = _heat_section(r)
+    if heat:
+        body += ["<h2>Deviation from the peers, per window</h2>", *heat]
+    body += _windows_section(r)
+    body += _evidence_section(r)
+    body.append("</main>")
+    live = ""
+    script = ""
+    if refresh_s:
+        live = '<div id="live" class="ok">live</div>'
+        script = f"<script>{_SCRIPT % int(refresh_s * 1000)}</script>"
+    return "\n".join(
+        [
+            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">'
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+            f"<h1>{_e(title)}</h1>{live}",
+            *body,
+            f"{script}</body></html>\n",
+        ]
+    )
+
+
+def _overview(r: Report, scope: str, now: dt.datetime, dev: str, failed: list[WindowRow], summary: bool) -> list[str]:
+    """What was selected and when; what is lost now and so far (``summary``: an offline window has no incidents, no
+    pages, nothing lost over time to sum); the hours lost by cause."""
     open_inc = sum(c.open_incidents for c in r.causes)
     per_day = sum(c.gpu_hours_per_day for c in r.causes)
     lost = sum(c.gpu_hours_lost for c in r.causes)
     cov = [w.coverage for w in r.windows if w.closed != "open"]
-    failed = [w for w in r.windows if w.closed == "failed"]
     waiting = sum(w.closed == "open" for w in r.windows)
     ended = "".join(f" · {n} {what}" for n, what in ((len(failed), "failed"), (waiting, "open")) if n)
     body = [
-        '<main id="content">',
         f'<div class="meta">{_e(scope or "every job")} · generated {now.strftime("%Y-%m-%d %H:%M:%S UTC")} · '
         f"{plural(len(r.findings), 'finding')} · {plural(len(r.windows), 'window')}{ended}</div>",
     ]
-    if summary:  # an offline window has no incidents, no pages, nothing lost over time to sum
+    if summary:
         body.append(
             f'<div class="summary"><div><b>{open_inc}</b>open {"incident" if open_inc == 1 else "incidents"}</div>'
             f"<div><b>{_e(hours(per_day, dev))}</b>per day being lost now</div><div><b>{_e(hours(lost, dev))}</b>lost so far</div>"
@@ -1018,85 +1147,71 @@ def render(
             for c in r.causes
         ]
         body += [f"<h2>{_e(dev)}-hours lost by cause</h2>", hbars(rows)]
+    return body
+
+
+def _step_section(r: Report) -> list[str]:
+    """A card per job (costliest first) with its step chart."""
     jobs = jobs_by_cost(r)
-    if jobs:
-        body.append("<h2>Step time</h2>")
-        for job in jobs:
-            pts = r.series.get(job, [])
-            chart = (
-                step_chart(job, pts, r.windows, r.triggers, r.findings, ranks=r.rank_series.get(job))
-                if pts
-                else '<p class="meta">No step times stored for this job.</p>'
-            )
-            n = (
-                f"steps {pts[0].step:,}..{pts[-1].step:,}, {plural(max(p.workers for p in pts), 'worker')}"
-                if pts
-                else ""
-            )
-            body.append(
-                f'<div class="card"><h3>{_e(job)}</h3><div class="meta">{_e(n)}; shaded: profiling windows'
-                f"{'; faint: each rank' if r.rank_series.get(job) else ''}</div>{chart}</div>"
-            )
-    body.append("<h2>Findings</h2>")
-    body += [_finding_card(f, r, now) for f in r.findings] or [
-        "<p>No findings."
-        + (
-            f" {plural(len(failed), 'window')} failed (below), the latest: {_e(failed[0].job)} / "
-            f"{_e(failed[0].window)}, {_e(failed[0].closed_reason)}"
-            if failed
-            else ""
+    if not jobs:
+        return []
+    body = ["<h2>Step time</h2>"]
+    for job in jobs:
+        pts = r.series.get(job, [])
+        chart = (
+            step_chart(job, pts, r.windows, r.triggers, r.findings, ranks=r.rank_series.get(job))
+            if pts
+            else '<p class="meta">No step times stored for this job.</p>'
         )
-        + "</p>"
-    ]
-    heat = _heat_section(r)
-    if heat:
-        body += ["<h2>Deviation from the peers, per window</h2>", *heat]
-    if r.windows:
-        rows = [
-            (
-                f"{w.job} / {w.window}",
-                w.coverage,
-                f"coverage {w.coverage:.0%} · {plural(w.findings, 'finding')} · "
-                + (f"closed {w.closed}" if w.closed != "open" else "open")
-                + (f": {w.closed_reason}" if w.closed_reason else ""),
-            )
-            for w in r.windows
-        ]
-        body += ["<h2>Profiling windows</h2>", hbars(rows, colour=coverage_colour, top=1.0)]
+        n = f"steps {pts[0].step:,}..{pts[-1].step:,}, {plural(max(p.workers for p in pts), 'worker')}" if pts else ""
         body.append(
-            "<table><tr><th>job</th><th>window</th><th>steps</th><th>workers</th><th>coverage</th><th>per worker</th>"
-            "<th>findings</th><th>closed</th><th>at</th></tr>"
+            f'<div class="card"><h3>{_e(job)}</h3><div class="meta">{_e(n)}; shaded: profiling windows'
+            f"{'; faint: each rank' if r.rank_series.get(job) else ''}</div>{chart}</div>"
         )
-        body += [
-            f"<tr><td>{_e(w.job)}</td><td>{_e(w.window)}</td><td>{w.start_step:,}..{w.start_step + w.steps - 1:,}</td>"
-            f"<td>{w.workers_seen or '-'} of {w.expected_workers or '-'}</td><td>{w.coverage:.0%}</td>"
-            f"<td>{_e(with_unit('B', w.bytes_per_worker))}</td><td>{w.findings}</td>"
-            f'<td class="closed-{_e(w.closed)}" title="{_e(w.closed_reason)}">{_e(w.closed)}'
-            + (f'<div class="meta">{_e(w.closed_reason)}</div>' if w.closed_reason else "")
-            + f"</td><td>{_e(_when(w.closed_at))}</td></tr>"
-            for w in r.windows
-        ]
-        body.append("</table>")
-    used = sorted({e.feature.partition("[")[0] for f in r.findings for e in f.evidence})
-    if used:
-        body.append("<h2>What the evidence means</h2><table>")
-        body += [
-            f"<tr><td>{_e(feature(u).label)}</td><td>{_e(unit_label(feature(u).unit))}</td><td>{_e(feature(u).meaning)}</td></tr>"
-            for u in used
-        ]
-        body.append("</table>")
-    body.append("</main>")
-    live = ""
-    script = ""
-    if refresh_s:
-        live = '<div id="live" class="ok">live</div>'
-        script = f"<script>{_SCRIPT % int(refresh_s * 1000)}</script>"
-    return "\n".join(
-        [
-            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">'
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-            f"<h1>{_e(title)}</h1>{live}",
-            *body,
-            f"{script}</body></html>\n",
-        ]
+    return body
+
+
+def _windows_section(r: Report) -> list[str]:
+    """The profiling windows: their coverage as bars, then a table of each."""
+    if not r.windows:
+        return []
+    rows = [
+        (
+            f"{w.job} / {w.window}",
+            w.coverage,
+            f"coverage {w.coverage:.0%} · {plural(w.findings, 'finding')} · "
+            + (f"closed {w.closed}" if w.closed != "open" else "open")
+            + (f": {w.closed_reason}" if w.closed_reason else ""),
+        )
+        for w in r.windows
+    ]
+    body = ["<h2>Profiling windows</h2>", hbars(rows, colour=coverage_colour, top=1.0)]
+    body.append(
+        "<table><tr><th>job</th><th>window</th><th>steps</th><th>workers</th><th>coverage</th><th>per worker</th>"
+        "<th>findings</th><th>closed</th><th>at</th></tr>"
     )
+    body += [
+        f"<tr><td>{_e(w.job)}</td><td>{_e(w.window)}</td><td>{w.start_step:,}..{w.start_step + w.steps - 1:,}</td>"
+        f"<td>{w.workers_seen or '-'} of {w.expected_workers or '-'}</td><td>{w.coverage:.0%}</td>"
+        f"<td>{_e(with_unit('B', w.bytes_per_worker))}</td><td>{w.findings}</td>"
+        f'<td class="closed-{_e(w.closed)}" title="{_e(w.closed_reason)}">{_e(w.closed)}'
+        + (f'<div class="meta">{_e(w.closed_reason)}</div>' if w.closed_reason else "")
+        + f"</td><td>{_e(_when(w.closed_at))}</td></tr>"
+        for w in r.windows
+    ]
+    body.append("</table>")
+    return body
+
+
+def _evidence_section(r: Report) -> list[str]:
+    """What each evidence feature the findings show means, in its unit."""
+    used = sorted({e.feature.partition("[")[0] for f in r.findings for e in f.evidence})
+    if not used:
+        return []
+    body = ["<h2>What the evidence means</h2><table>"]
+    body += [
+        f"<tr><td>{_e(feature(u).label)}</td><td>{_e(unit_label(feature(u).unit))}</td><td>{_e(feature(u).meaning)}</td></tr>"
+        for u in used
+    ]
+    body.append("</table>")
+    return body

@@ -338,6 +338,12 @@ class FindingsStore:
         cols = [d[0] for d in cur.description]
         return [Incident(**dict(zip(cols, r))) for r in cur.fetchall()]
 
+    def _open_incidents(self, jobs: list[str], incidents: dict[str, Incident]) -> dict[str, Incident]:
+        """The open incidents of ``jobs`` by id, as stored, with this transaction's changes over them (they are newer)."""
+        state = {inc.id: inc for inc in self._incidents("status = 'open' AND list_contains(?, job)", [jobs])}
+        state.update(incidents)
+        return state
+
     def _on_findings(self, new: list[Finding]) -> tuple[dict[str, Incident], list[Event], dict[str, str]]:
         """Apply findings never stored before to the latest occurrence of their incident."""
         if not new:
@@ -389,8 +395,7 @@ class FindingsStore:
             return []
         closed = [ReportedWindow(*r) for r in rows]
         jobs = sorted({w.job for w in closed})
-        state = {inc.id: inc for inc in self._incidents("status = 'open' AND list_contains(?, job)", [jobs])}
-        state.update(incidents)  # this transaction's changes are newer
+        state = self._open_incidents(jobs, incidents)
         events = []
         for w in closed:
             for inc, ev in on_window([i for i in state.values() if i.job == w.job], w, self.policy):
@@ -433,8 +438,7 @@ class FindingsStore:
             return []
         news = [JobNews(*r) for r in rows]
         with_news = sorted({n.job for n in news})
-        state = {inc.id: inc for inc in self._incidents("status = 'open' AND list_contains(?, job)", [with_news])}
-        state.update(incidents)  # this transaction's changes are newer
+        state = self._open_incidents(with_news, incidents)
         changes = on_job_news([i for i in state.values() if i.job in with_news], news)
         for inc, _ in changes:
             incidents[inc.id] = inc

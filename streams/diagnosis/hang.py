@@ -127,14 +127,57 @@ def diagnose_hang(
     reps = latest(reports)
     if not reps:
         return []
-    tenant = tenant or reps[0].tenant
+    c = _compare(reps)
+    known_host = _known_hosts(reps)
+    make = _HangFindings(
+        job=job,
+        window=window,
+        majority=c.majority,
+        expected_workers=expected_workers,
+        policy=policy,
+        tenant=tenant or reps[0].tenant,
+        now=now,
+        hosts={r.worker: r.host for r in reps},
+        known_host=known_host,
+        devices={r.worker: r.device for r in reps},
+    )
+    exits = all(r.reason == "exit" for r in reps)
+    where = f"{int(c.counts[c.mode])} of {len(reps)} answering workers wait in {c.majority.describe()}"
+    if exits:  # the others' training ended (their collectives failed), not stuck: nobody among them is a culprit
+        where = f"{len(reps)} worker(s) of its host closed after it, their training ended at step {int(c.last.max())}"
+        c.culprit[:] = False
+    out = _place_findings(make, reps, c, where)
+    out += _silent_findings(make, reps, c.workers, expected_workers, exits, known_host, where)
+    if not out and exits:  # nobody exited before them: nothing to say
+        return []
+    if not out:  # every worker in one place
+        out.append(_all_alike(make, c.workers))
+    return out
+
+
+@dataclass
+class _Compared:
+    """The answers compared by place: each answer's worker and place (``inverse``, an index into the distinct places;
+    ``counts``: answers at each), the majority's place (``mode``, its position ``majority``; ``strict``: more than
+    half the answers are there), each answer's last step, and which answers are not where the majority is."""
+
+    workers: np.ndarray
+    inverse: np.ndarray
+    counts: np.ndarray
+    mode: int
+    majority: Position
+    strict: bool
+    last: np.ndarray
+    culprit: np.ndarray
+
+
+def _compare(reps: list[HangReport]) -> _Compared:
+    """Where most answers are, and who is not there."""
     workers = np.array([r.worker for r in reps], dtype=np.int64)
     keys = np.array([_key(r) for r in reps], dtype=object)
     _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
     mode = int(np.argmax(counts))
     m = reps[int(np.flatnonzero(inverse == mode)[0])]
-    strict = counts[mode] * 2 > len(reps)
-    majority = _position(m)
     last = np.array([r.last_step for r in reps], dtype=np.int64)
     is_open = np.array([r.collective_open for r in reps], dtype=bool)
     same_coll = np.array(
@@ -148,50 +191,74 @@ def diagnose_hang(
         culprit &= ~(is_open & same_coll & (seq >= m.collective_seq))
     culprit &= ~(last > m.last_step)
     culprit |= last < m.last_step
-    hosts = {r.worker: r.host for r in reps}
+    return _Compared(workers, inverse, counts, mode, _position(m), bool(counts[mode] * 2 > len(reps)), last, culprit)
+
+
+def _known_hosts(reps: list[HangReport]) -> dict[int, str]:
+    """The host of every worker an answer names as its host's (``host_workers``), answering or not."""
     known_host: dict[int, str] = {}
     for r in reps:
         for w in r.host_workers:
             known_host.setdefault(w, r.host)
-    devices = {r.worker: r.device for r in reps}
+    return known_host
+
+
+@dataclass(frozen=True)
+class _HangFindings:
+    """What every finding of one hang window shares: the window, the majority's position (the step it names), the
+    policy, and where each worker is (its host and device, from its answer, else from its host's answers)."""
+
+    job: str
+    window: str
+    majority: Position
+    expected_workers: int
+    policy: str
+    tenant: str
+    now: float
+    hosts: dict[int, str]  # worker -> the host it answered from
+    known_host: dict[int, str]  # worker -> its host, as its host's answers name it
+    devices: dict[int, str]
 
     def finding(
-        ws: list[int], function: str, kind: str, cause: str, conf: float, summary: str, ev: list[Evidence]
+        self, ws: list[int], function: str, kind: str, cause: str, conf: float, summary: str, ev: list[Evidence]
     ) -> Finding:
+        """A finding naming workers ``ws`` (the first MAX_NAMED of them; the rest counted in its summary)."""
         named = ws[:MAX_NAMED]
         scope: Literal["worker", "group"] = "worker" if len(ws) == 1 else "group"
         return Finding(
-            id=finding_id(job, window, scope, named, function, cause, None),
-            job=job,
-            window=window,
-            steps=[max(0, majority.last_step + 1)],
+            id=finding_id(self.job, self.window, scope, named, function, cause, None),
+            job=self.job,
+            window=self.window,
+            steps=[max(0, self.majority.last_step + 1)],
             scope=scope,
             workers=named,
-            hosts=sorted({hosts.get(w) or known_host.get(w, "") for w in named} - {""}),
-            devices=sorted({devices.get(w, "") for w in named} - {""}),
+            hosts=sorted({self.hosts.get(w) or self.known_host.get(w, "") for w in named} - {""}),
+            devices=sorted({self.devices.get(w, "") for w in named} - {""}),
             function=function,
             function_kind=kind,
             cause=cause,
             confidence=conf,
             evidence=ev,
-            impact=Impact(step_time_share=1.0, gpu_hours_per_day=24.0 * expected_workers),
-            policy=policy,
-            created_at=now,
-            tenant=tenant,
+            impact=Impact(step_time_share=1.0, gpu_hours_per_day=24.0 * self.expected_workers),
+            policy=self.policy,
+            created_at=self.now,
+            tenant=self.tenant,
             summary=summary + (f" ({len(ws) - len(named)} more not named)" if len(ws) > len(named) else ""),
             window_steps=1,
         )
 
-    out: list[Finding] = []
-    exits = all(r.reason == "exit" for r in reps)
-    where = f"{int(counts[mode])} of {len(reps)} answering workers wait in {majority.describe()}"
-    if exits:  # the others' training ended (their collectives failed), not stuck: nobody among them is a culprit
-        where = f"{len(reps)} worker(s) of its host closed after it, their training ended at step {int(last.max())}"
-        culprit[:] = False
-    # answering culprits, one finding per distinct position
-    for k in np.unique(inverse[culprit]):
-        idx = np.flatnonzero(culprit & (inverse == k))
-        ws = [int(w) for w in workers[idx]]
+
+def _who(ws: list[int]) -> str:
+    return f"worker {ws[0]}" if len(ws) == 1 else f"workers {', '.join(map(str, ws[:8]))}"
+
+
+def _place_findings(make: _HangFindings, reps: list[HangReport], c: _Compared, where: str) -> list[Finding]:
+    """The answering culprits, one finding per distinct position: where each is, against the majority's place."""
+    majority = make.majority
+    out = []
+    for k in np.unique(c.inverse[c.culprit]):
+        idx = np.flatnonzero(c.culprit & (c.inverse == k))
+        ws = [int(w) for w in c.workers[idx]]
         p = _position(reps[int(idx[0])])
         ev = [
             Evidence(
@@ -204,21 +271,32 @@ def diagnose_hang(
                 deviation=None,
             ),
         ]
-        who = f"worker {ws[0]}" if len(ws) == 1 else f"workers {', '.join(map(str, ws[:8]))}"
         out.append(
-            finding(
+            make.finding(
                 ws,
                 p.function or "(unknown place)",
                 _kind(p.function, p.collective_open),
                 "hang",
-                CONFIDENCE_PLACE if strict else CONFIDENCE_NO_MAJORITY,
-                f"hang: {who} is in {p.describe()}; {where}",
+                CONFIDENCE_PLACE if c.strict else CONFIDENCE_NO_MAJORITY,
+                f"hang: {_who(ws)} is in {p.describe()}; {where}",
                 ev,
             )
         )
-    # expected workers that did not answer
+    return out
+
+
+def _silent_findings(
+    make: _HangFindings,
+    reps: list[HangReport],
+    workers: np.ndarray,
+    expected_workers: int,
+    exits: bool,
+    known_host: dict[int, str],
+    where: str,
+) -> list[Finding]:
+    """The expected workers that did not answer: their process exited, their host's others answered, or nobody of
+    their host did (``exits``: the answers are closing agents', and only their hosts' workers are expected)."""
     answered = set(workers.tolist())
-    # closing agents of some hosts (exits): only their hosts' workers are expected
     expected = sorted({w for r in reps for w in r.host_workers} | answered) if exits else list(range(expected_workers))
     silent = [w for w in expected if w not in answered]
     answered_hosts = {r.host for r in reps}
@@ -226,6 +304,7 @@ def diagnose_hang(
     gone = [w for w in silent if w in exited]
     died = [w for w in silent if w not in exited and known_host.get(w) in answered_hosts]
     host_silent = [w for w in silent if w not in exited and w not in died]
+    out = []
     for ws, fn, cause, conf, why in (
         (
             gone,
@@ -252,28 +331,27 @@ def diagnose_hang(
     ):
         if not ws:
             continue
-        who = f"worker {ws[0]}" if len(ws) == 1 else f"workers {', '.join(map(str, ws[:8]))}"
         ev = [Evidence(feature="answered", value=0.0, peer_value=float(len(reps)), deviation=None)]
-        out.append(finding(ws, fn, "other", cause, conf, f"{cause}: {who} {why}; {where}", ev))
-    if not out and exits:  # nobody exited before them: nothing to say
-        return []
-    if not out:  # every worker in one place
-        ws = [int(w) for w in workers]
-        ev = [Evidence(feature="last_step", value=float(majority.last_step), peer_value=None, deviation=None)]
-        out.append(
-            finding(
-                ws,
-                majority.function or "(unknown place)",
-                _kind(majority.function, majority.collective_open),
-                "hang",
-                CONFIDENCE_ALL_ALIKE,
-                f"hang: every answering worker waits in the same place, {majority.describe()}: the cause is below "
-                "Python (a device kernel, the network) or outside these workers",
-                ev,
-            )
-        )
-        out[-1] = _job_scope(out[-1], job, window)
+        out.append(make.finding(ws, fn, "other", cause, conf, f"{cause}: {_who(ws)} {why}; {where}", ev))
     return out
+
+
+def _all_alike(make: _HangFindings, workers: np.ndarray) -> Finding:
+    """Every worker answered from one place: one job-scope finding says where they all wait."""
+    majority = make.majority
+    ws = [int(w) for w in workers]
+    ev = [Evidence(feature="last_step", value=float(majority.last_step), peer_value=None, deviation=None)]
+    f = make.finding(
+        ws,
+        majority.function or "(unknown place)",
+        _kind(majority.function, majority.collective_open),
+        "hang",
+        CONFIDENCE_ALL_ALIKE,
+        f"hang: every answering worker waits in the same place, {majority.describe()}: the cause is below "
+        "Python (a device kernel, the network) or outside these workers",
+        ev,
+    )
+    return _job_scope(f, make.job, make.window)
 
 
 def _job_scope(f: Finding, job: str, window: str) -> Finding:

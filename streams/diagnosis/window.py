@@ -907,22 +907,8 @@ def _python_findings(
             if sel.sum() >= ctx.need:
                 med = float(np.median(lo[sel]))
                 findings.append(
-                    _job_finding(
-                        ctx,
-                        str(f),
-                        "python",
-                        "python_overhead",
-                        step[py][first][sel],
-                        [
-                            Evidence(
-                                feature="share",
-                                value=round(med, 4),
-                                peer_value=dp.python_share_max,
-                                deviation=round(med / dp.python_share_max, 2),
-                            )
-                        ],
-                        med - dp.python_share_max,
-                        0.6,
+                    _share_finding(
+                        ctx, str(f), "python", "python_overhead", step[py][first][sel], med, dp.python_share_max, 0.6
                     )
                 )
 
@@ -946,21 +932,14 @@ def _comm_findings(
         if over.sum() >= ctx.need:
             med = float(np.median(lo[over]))
             findings.append(
-                _job_finding(
+                _share_finding(
                     ctx,
                     "communication",
                     "collective",
                     "framework_config",
                     steps[over],
-                    [
-                        Evidence(
-                            feature="share",
-                            value=round(med, 4),
-                            peer_value=dp.comm_share_max,
-                            deviation=round(med / dp.comm_share_max, 2),
-                        )
-                    ],
-                    med - dp.comm_share_max,
+                    med,
+                    dp.comm_share_max,
                     COMM_RANGE_CONFIDENCE,
                 )
             )
@@ -1114,6 +1093,15 @@ def _regressions(
                 )
             )
     return findings
+
+
+def _share_finding(
+    ctx: _Ctx, function: str, kind: str, cause: str, steps: np.ndarray, share: float, share_max: float, conf: float
+) -> Finding:
+    """A job-scope finding of a share of the step (``share``, the median over ``steps``) above its expected range's
+    top (``share_max``): the share against the top is its evidence, the excess its impact."""
+    ev = Evidence(feature="share", value=round(share, 4), peer_value=share_max, deviation=round(share / share_max, 2))
+    return _job_finding(ctx, function, kind, cause, steps, [ev], share - share_max, conf)
 
 
 def _job_finding(
