@@ -38,7 +38,6 @@ import bisect
 import functools
 import heapq
 import math
-import time
 from array import array
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
@@ -622,9 +621,8 @@ class SlowdownDetector:
             )
         return st
 
-    def restore(self, job: str, last_trigger_step: int, last_trigger_end: int, now: float | None = None) -> None:
+    def restore(self, job: str, last_trigger_step: int, last_trigger_end: int, now: float) -> None:
         """Carry the last window (cool-down, open window) across restarts (from the processor's table)."""
-        now = time.time() if now is None else now
         st = self._job(job, "", now)
         st.windows = [
             OpenedWindow(f"w{last_trigger_step}", last_trigger_step, last_trigger_end, now + WINDOW_EXPIRY_MIN_S)
@@ -682,10 +680,9 @@ class SlowdownDetector:
 
     # ------------------------------------------------------------------ heartbeats
 
-    def observe(self, hb: StepHeartbeat, now: float | None = None) -> list[ProfileTrigger]:
+    def observe(self, hb: StepHeartbeat, now: float) -> list[ProfileTrigger]:
         """One heartbeat: a partial of one worker.  Raises RecordError('from_the_future') for a heartbeat no real
         worker of the job can have sent."""
-        now = time.time() if now is None else now
         self._plausible(hb.job, hb.step, hb.sent_at, now, f"worker {hb.worker}", f"host {hb.host!r}")
         final = hb.final is True
         echo = hb.echo()
@@ -712,11 +709,10 @@ class SlowdownDetector:
         )
         return self._observe(p, now)
 
-    def observe_partial(self, p: StepPartial, now: float | None = None) -> list[ProfileTrigger]:
+    def observe_partial(self, p: StepPartial, now: float) -> list[ProfileTrigger]:
         """One shard's heartbeats of one step (the heartbeat stage's partial).  A step is complete once its partials
         count as many workers as its recent steps had, or two later steps have started; the first partial of each
         ``(shard, partition)`` counts (a replay sends it again).  Raises RecordError('from_the_future') as ``observe``."""
-        now = time.time() if now is None else now
         self._plausible(p.job, p.highest, p.newest_sent_at, now, f"shard {p.shard}", f"a host of shard {p.shard}")
         return self._observe(p, now)
 
@@ -1086,10 +1082,9 @@ class SlowdownDetector:
                     due.append(job)
         return due
 
-    def tick(self, job: str, now: float | None = None) -> list[ProfileTrigger]:
+    def tick(self, job: str, now: float) -> list[ProfileTrigger]:
         """Close the job's steps that waited the lateness bound, and check it for a hang (inside the stream, in order
         with its heartbeats)."""
-        now = time.time() if now is None else now
         st = self.jobs.get(job)
         if st is None:
             return []
@@ -1137,9 +1132,8 @@ class SlowdownDetector:
 
     # ------------------------------------------------------------------ operators
 
-    def request(self, req: TriggerRequest, now: float | None = None) -> ProfileTrigger | TriggerRefused:
+    def request(self, req: TriggerRequest, now: float) -> ProfileTrigger | TriggerRefused:
         """An operator's window: the same checks as the automatic ones, and an answer either way."""
-        now = time.time() if now is None else now
         dp = self.policy.detector
         st = self.jobs.get(req.job)
         if st is None or st.max_step < 0:

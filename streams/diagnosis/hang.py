@@ -27,7 +27,6 @@ Vectorised over workers (numpy): a job of 10,000 workers answers with 10,000 rep
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -120,10 +119,9 @@ def diagnose_hang(
     *,
     policy: str = "default",
     tenant: str = "",
-    now: float | None = None,
+    now: float,
 ) -> list[Finding]:
     """The findings of one hang window from its answers (any order, duplicates allowed)."""
-    now = time.time() if now is None else now
     reps = latest(reports)
     if not reps:
         return []

@@ -100,10 +100,10 @@ class DetectStage(Stage):
     def _decide(self, record: RecordIn) -> Sequence[ProfileTrigger | TriggerRefused]:
         rec = decode(record.value, (StepPartial, DetectorTick, TriggerRequest))
         self.job_partition[rec.job] = record.source
+        now = self.clock()
         if rec.job not in self.detector.jobs and rec.job in self.table:
             last_start, last_end = map(int, self.table[rec.job].split(","))
-            self.detector.restore(rec.job, last_start, last_end)
-        now = self.clock()
+            self.detector.restore(rec.job, last_start, last_end, now)
         if isinstance(rec, StepPartial):
             decisions = self.detector.observe_partial(rec, now)  # raises RecordError('from_the_future')
             self.series.add_partial(rec, now)
