@@ -424,12 +424,22 @@ def _by_owner(attributed: list[_Attributed]) -> dict[tuple[str, tuple[Any, ...]]
     return merged
 
 
+def _naming_excess(s: Suspect) -> float:
+    """The excess by which a finding's functions compete to name it: the work above the peers', but no more than the
+    duration above theirs (``total_us``, where measured).  Critical-path time above the peers' with no longer a
+    duration is less overlap, not more work: in gloo DDP the peers' backward runs under their all-reduce, which waits
+    for the straggler and takes those instants, the straggler's does not; its backward is 4-10x its peers' in
+    critical time whatever slowed it (a write with fsync after the step, a reniced process, a shaped link)."""
+    longer = s.values.get("total_us", math.nan) - s.peer_values.get("total_us", math.nan)
+    return s.excess_us if not math.isfinite(longer) else min(s.excess_us, max(longer, 0.0))
+
+
 def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attributed]) -> tuple[Finding, bool, float]:
     """The finding of one cause and owner: the suspect that costs most speaks for the others (its function, its
     evidence, then the others' work); with whether the function ran in fewer than the window's steps and its excess
     (µs per step), for :func:`_refined`."""
     hosts = sorted({h for p in parts for h in p[0].hosts})
-    parts.sort(key=lambda p: -p[0].excess_us * len(p[2]))
+    parts.sort(key=lambda p: -_naming_excess(p[0]) * len(p[2]))
     s, att, _ = parts[0]
     members = np.concatenate([p[2] for p in parts])
     workers = sorted({w for p in parts for w in p[0].workers})
