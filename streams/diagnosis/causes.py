@@ -23,7 +23,7 @@ where they were taken and show nothing, ``unknown``.
 | nic      | the same; several hosts, one switch        | nic / switch                            |
 | (either) | a collective over both: the link that shows it decides |                             |
 | cpu      | other processes take the CPU               | host_cpu_contention                     |
-| cpu      | (not data loading) far less CPU than the peers got (they use >= 1/4 core in it), others as busy | host_cpu_contention |
+| cpu      | (not data loading) far less CPU than the peers got (they use >= 0.1 core in it), others as busy | host_cpu_contention |
 | cpu      | host memory nearly full                    | host_memory                             |
 | cpu      | data loading with disk reads down (peers read) | storage                             |
 | cpu      | data loading, host sampled and normal      | dataloader                              |
@@ -106,9 +106,10 @@ def _unique(xs: list[str]) -> list[str]:
 
 
 #: a function is CPU work where the peers use at least this share of a core in it (``cpu_self``): only then can a worker's
-#: lower share say that it waited to run (a live job's 4 ms sleep ran at 0.05 of a core on the peers, 0.015 on the rank
-#: that slept 34 ms: no starvation, its own code)
-CPU_BOUND_MIN = 0.25
+#: lower share say that it waited to run.  A live job's 4 ms sleep ran at 0.05 of a core on the peers, 0.015 on the
+#: rank that slept 34 ms (no starvation: its own code); forward, CPU work, at 0.19 on the peers of a rank starved by
+#: another process, four ranks and a busy loop sharing two loaded cores (``tests/data/real/contention.parquet``)
+CPU_BOUND_MIN = 0.1
 
 #: certainty of an ``undetermined`` cause: the worker, function and device are as sure as any, the cause is not named
 #: (the cause says so); the finding's confidence is about where the fault is, and a localised fault must page

@@ -41,9 +41,10 @@ def test_a_longer_sleep_in_the_workers_own_code_is_its_code_not_cpu_contention()
     assert {e.feature for e in att.evidence} >= {"work_us", "cpu_other"}  # its evidence: the time, a normal host
 
 
-@pytest.mark.parametrize("peer_cpu_self", [0.62, 0.88])
-def test_cpu_work_that_got_far_less_of_a_core_is_still_a_wait_to_run(peer_cpu_self):
-    # the real corpus's cgroup-quota culprits: forward at 0.36-0.40 of a core, their peers at 0.62-0.88
-    att = classify(suspect(1_300.0, 900.0, cpu_self=0.25, peer_cpu_self=peer_cpu_self), Policy().diagnosis)
+@pytest.mark.parametrize(("cpu_self", "peer_cpu_self"), [(0.25, 0.62), (0.25, 0.88), (0.032, 0.19)])
+def test_cpu_work_that_got_far_less_of_a_core_is_still_a_wait_to_run(cpu_self, peer_cpu_self):
+    # the real corpus's cgroup-quota culprits: forward at 0.36-0.40 of a core, their peers at 0.62-0.88; four ranks
+    # and a busy loop on two loaded cores (tests/data/real/contention.parquet): 0.032 against 0.19
+    att = classify(suspect(1_300.0, 900.0, cpu_self=cpu_self, peer_cpu_self=peer_cpu_self), Policy().diagnosis)
     assert att.cause == "host_cpu_contention", att
     assert {e.feature for e in att.evidence} >= {"cpu_self", "cpu_other"}
