@@ -141,10 +141,12 @@ class _Rows:
 
     @property
     def wi(self) -> np.ndarray:  # per (worker, step)
-        return self.wi_all[self.first]
+        out: np.ndarray = self.wi_all[self.first]
+        return out
 
     def col(self, name: str) -> np.ndarray:  # per (worker, step)
-        return _np(self.t, name)[self.first]
+        out: np.ndarray = _np(self.t, name)[self.first]
+        return out
 
 
 def _rows(t: pa.Table) -> _Rows:
