@@ -23,7 +23,7 @@ where they were taken and show nothing, ``unknown``.
 | nic      | the same; several hosts, one switch        | nic / switch                            |
 | (either) | a collective over both: the link that shows it decides |                             |
 | cpu      | other processes take the CPU               | host_cpu_contention                     |
-| cpu      | (not data loading) far less CPU than the peers got, others as busy | host_cpu_contention     |
+| cpu      | (not data loading) far less CPU than the peers got (they use >= 0.1 core in it), others as busy | host_cpu_contention |
 | cpu      | host memory nearly full                    | host_memory                             |
 | cpu      | data loading with disk reads down (peers read) | storage                             |
 | cpu      | data loading, host sampled and normal      | dataloader                              |
@@ -104,6 +104,12 @@ def _round(x: float) -> float | None:
 def _unique(xs: list[str]) -> list[str]:
     return sorted({x for x in xs if x})
 
+
+#: a function is CPU work where the peers use at least this share of a core in it (``cpu_self``): only then can a worker's
+#: lower share say that it waited to run.  A live job's 4 ms sleep ran at 0.05 of a core on the peers, 0.015 on the
+#: rank that slept 34 ms (no starvation: its own code); forward, CPU work, at 0.19 on the peers of a rank starved by
+#: another process, four ranks and a busy loop sharing two loaded cores (``tests/data/real/contention.parquet``)
+CPU_BOUND_MIN = 0.1
 
 #: certainty of an ``undetermined`` cause: the worker, function and device are as sure as any, the cause is not named
 #: (the cause says so); the finding's confidence is about where the fault is, and a localised fault must page
@@ -295,9 +301,13 @@ def _own_code(f: _Facts) -> Attribution:
     if more := f.more_input():
         return Attribution("input_imbalance", f.hosts, f.work() + more, 0.75)
     # CPU work that got far less of a core than on the peers while other processes took at least as much of the
-    # host: the worker waited to run (a host busy anyway hides the rise of cpu_other, not the worker's starvation)
-    if f.drop("cpu_self", policy.cpu_self_drop) and s.values.get("cpu_other", math.nan) >= s.peer_values.get(
-        "cpu_other", math.inf
+    # host: the worker waited to run (a host busy anyway hides the rise of cpu_other, not the worker's starvation).
+    # CPU work: the peers use at least CPU_BOUND_MIN of a core in it; in a function that sleeps or blocks everywhere
+    # (0.05 of a core on the peers), less CPU says nothing of a wait to run
+    if (
+        f.drop("cpu_self", policy.cpu_self_drop)
+        and s.peer_values.get("cpu_self", math.nan) >= CPU_BOUND_MIN
+        and s.values.get("cpu_other", math.nan) >= s.peer_values.get("cpu_other", math.inf)
     ):
         return Attribution("host_cpu_contention", f.hosts, f.ev("cpu_self", "cpu_other"), 0.75)
     if not f.has(*HOST):

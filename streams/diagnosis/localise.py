@@ -128,25 +128,46 @@ def _np(t: pa.Table, name: str) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """The window's worker table as the localisation reads it: one row per (worker, step, function) in ``t``, and
+    ``first``, the first row of each (worker, step), for the worker's own values."""
+
+    t: pa.Table
+    first: np.ndarray
+    ws: np.ndarray  # every worker seen, sorted
+    wi_all: np.ndarray  # per row of t: its worker's index in ws
+    step: np.ndarray  # per row of t
+
+    @property
+    def wi(self) -> np.ndarray:  # per (worker, step)
+        out: np.ndarray = self.wi_all[self.first]
+        return out
+
+    def col(self, name: str) -> np.ndarray:  # per (worker, step)
+        out: np.ndarray = _np(self.t, name)[self.first]
+        return out
+
+
+def _rows(t: pa.Table) -> _Rows:
+    worker, step = _np(t, "worker").astype(np.int64), _np(t, "step").astype(np.int64)
+    span = int(step.max() - step.min()) + 1
+    _, first = np.unique(worker * span + (step - step.min()), return_index=True)
+    ws, wi_all = np.unique(worker, return_inverse=True)
+    return _Rows(t, first, ws, wi_all, step)
+
+
 def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     """The workers that stand out from their peers over the window's steps (:class:`Standing`)."""
     t = _concat(results)
     if t is None:
         return NOBODY
-    worker, step = _np(t, "worker").astype(np.int64), _np(t, "step").astype(np.int64)
-    # one row per (worker, step) for the worker's own values: the first of its function rows
-    span = int(step.max() - step.min()) + 1
-    key = worker * span + (step - step.min())
-    _, first = np.unique(key, return_index=True)
-    ws, wi_all = np.unique(worker, return_inverse=True)
-    n = ws.size
-    wi = wi_all[first]
-    own, peer = _np(t, "own_us")[first], _np(t, "peer_own_us")[first]
-    wait, peer_wait = _np(t, "wait_us")[first], _np(t, "peer_wait_us")[first]
-    st = _np(t, "step_time_us")[first]
+    rows = _rows(t)
+    wi, n = rows.wi, rows.ws.size
+    own, peer = rows.col("own_us"), rows.col("peer_own_us")
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.where(peer > 0, own / peer - 1.0, np.nan)
-        e = (own - peer) / st
+        e = (own - peer) / rows.col("step_time_us")
     shift = group_median(r, wi, n)
     spread = 1.4826 * group_median(np.abs(r - shift[wi]), wi, n)
     if np.isnan(shift).all():
@@ -154,14 +175,15 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     noise = float(max(np.nanmedian(spread) if np.isfinite(spread).any() else 0.0, dp.rel_floor))
     counted = np.bincount(wi, weights=np.isfinite(r), minlength=n)
     # the shift is a median over the worker's steps: its standard error is ~1.2533 noise / sqrt(steps)
-    z = shift / (1.2533 * noise / np.sqrt(np.maximum(counted, 1)))
+    se = 1.2533 * noise / np.sqrt(np.maximum(counted, 1))
+    z = shift / se
     above = np.bincount(wi, weights=np.nan_to_num(r) > 0, minlength=n) / np.maximum(counted, 1)
     excess = group_median(e, wi, n)
-    wait_med, peer_wait_med = group_median(wait, wi, n), group_median(peer_wait, wi, n)
+    wait_med, peer_wait_med = group_median(rows.col("wait_us"), wi, n), group_median(rows.col("peer_wait_us"), wi, n)
     # the group's highest own work in the step: above every other (the others' median is not enough for that, so
     # by the step's own maximum over the worker's group)
-    grp = _np(t, "group").astype(str)[first]
-    gk = np.unique(np.char.add(np.char.add(grp, "\x1f"), step[first].astype(str)), return_inverse=True)[1]
+    grp, step = rows.col("group").astype(str), rows.step[rows.first]
+    gk = np.unique(np.char.add(np.char.add(grp, "\x1f"), step.astype(str)), return_inverse=True)[1]
     top = np.full(int(gk.max()) + 1, -np.inf)
     np.maximum.at(top, gk, own)
     holds = np.bincount(wi, weights=own >= top[gk], minlength=n) / np.maximum(counted, 1)
@@ -175,57 +197,62 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
         & (counted >= min(dp.min_persistent_steps, len(results)))
     )
     idx = np.flatnonzero(np.nan_to_num(out, nan=False))
-    fin = np.where(np.isfinite(z), z, -np.inf)
-    k = int(np.argmax(fin))
+    k = int(np.argmax(np.where(np.isfinite(z), z, -np.inf)))
     top_z = float(z[k]) if np.isfinite(z[k]) else math.nan
-    se_us = 1.2533 * noise / np.sqrt(np.maximum(counted, 1)) * group_median(peer, wi, n)
-    waits_more = wait_med > peer_wait_med
-    standing = Standing([], int(ws[k]), float(shift[k]), top_z, noise, ws, z, bar, se_us, waits_more)
+    se_us, waits_more = se * group_median(peer, wi, n), wait_med > peer_wait_med
+    best = _stands_out_in(rows, idx)
+    host, device = rows.col("host").astype(str), rows.col("device").astype(str)
+    localised = [
+        Localised(
+            worker=int(rows.ws[i]),
+            host=str(host[wi == i][0]),
+            device=str(device[wi == i][0]),
+            group=str(grp[wi == i][0]),
+            function=best[i][0],
+            kind=best[i][1],
+            shift=float(shift[i]),
+            noise=noise,
+            z=float(z[i]),
+            above=float(above[i]),
+            holds=float(holds[i]),
+            steps=sorted(int(s) for s in step[(wi == i) & (np.nan_to_num(r) > 0)]),
+            n_steps=int(counted[i]),
+            peers=int(np.unique(wi[grp == grp[wi == i][0]]).size),
+            own_us=float(np.median(own[wi == i])),
+            peer_own_us=float(np.nanmedian(peer[wi == i])),
+            wait_us=float(wait_med[i]),
+            peer_wait_us=float(peer_wait_med[i]),
+            work_us=best[i][2],
+            peer_work_us=best[i][3],
+            excess_share=float(excess[i]),
+        )
+        for i in idx.tolist()  # the few that stand out (one per culprit), not every worker
+    ]
+    return Standing(localised, int(rows.ws[k]), float(shift[k]), top_z, noise, rows.ws, z, bar, se_us, waits_more)
+
+
+def _stands_out_in(rows: _Rows, idx: np.ndarray) -> dict[int, tuple[str, str, float, float]]:
+    """Per worker index in ``idx``: the function it stands out in, the one whose work is most above its group's
+    median summed over the window (its name, kind, and the medians over steps of its work and its peers'; "" and
+    NaN where it has none)."""
+    t, wi_all, n = rows.t, rows.wi_all, rows.ws.size
     if idx.size == 0:
-        return standing
-    # the function each stands out in: its work above its group's median, summed over the window
+        return {}
     fnames, fci = np.unique(_np(t, "function").astype(str), return_inverse=True)
     nf = fnames.size
+    work, peer_work = _np(t, "work_us"), _np(t, "peer_work_us")
     has = (fnames[fci] != "") & np.isin(wi_all, idx)
     combo = wi_all[has] * nf + fci[has]
-    over = np.bincount(combo, weights=(_np(t, "work_us") - _np(t, "peer_work_us"))[has], minlength=n * nf)
+    over = np.bincount(combo, weights=(work - peer_work)[has], minlength=n * nf)
     over = np.where(np.bincount(combo, minlength=n * nf) > 0, over, -np.inf).reshape(n, nf)
     best = np.argmax(over, axis=1)  # per worker: its function most above its peers (-inf: none)
-    host, device = _np(t, "host").astype(str), _np(t, "device").astype(str)
     kind = _np(t, "kind").astype(str)
-    work, peer_work = _np(t, "work_us"), _np(t, "peer_work_us")
-    localised = []
-    for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
-        mine = first[wi == i]
-        b = int(best[i]) if np.isfinite(over[i, best[i]]) else -1
-        f = str(fnames[b]) if b >= 0 else ""
-        fr = np.flatnonzero((wi_all == i) & (fci == b)) if b >= 0 else np.zeros(0, dtype=np.intp)
-        in_steps = np.flatnonzero((wi == i) & (np.nan_to_num(r) > 0))
-        localised.append(
-            Localised(
-                worker=int(ws[i]),
-                host=str(host[mine[0]]),
-                device=str(device[mine[0]]),
-                group=str(grp[wi == i][0]),
-                function=f,
-                kind=str(kind[fr[0]]) if fr.size else "",
-                shift=float(shift[i]),
-                noise=noise,
-                z=float(z[i]),
-                above=float(above[i]),
-                holds=float(holds[i]),
-                steps=sorted(int(s) for s in step[first][in_steps]),
-                n_steps=int(counted[i]),
-                peers=int(np.unique(wi[grp == grp[wi == i][0]]).size),
-                own_us=float(np.median(own[wi == i])),
-                peer_own_us=float(np.nanmedian(peer[wi == i])),
-                wait_us=float(wait_med[i]),
-                peer_wait_us=float(peer_wait_med[i]),
-                work_us=float(np.median(work[fr])) if fr.size else math.nan,
-                peer_work_us=float(np.median(peer_work[fr])) if fr.size else math.nan,
-                excess_share=float(excess[i]),
-            )
-        )
-    return Standing(
-        localised, standing.top_worker, standing.top_shift, standing.top_z, noise, ws, z, bar, se_us, waits_more
-    )
+    out: dict[int, tuple[str, str, float, float]] = {}
+    for i in idx.tolist():
+        b = int(best[i])
+        if not np.isfinite(over[i, b]):
+            out[i] = ("", "", math.nan, math.nan)
+            continue
+        fr = np.flatnonzero((wi_all == i) & (fci == b))
+        out[i] = (str(fnames[b]), str(kind[fr[0]]), float(np.median(work[fr])), float(np.median(peer_work[fr])))
+    return out

@@ -192,7 +192,21 @@ def _worker_findings(ctx: _Ctx, history: JobHistory | None = None) -> list[Findi
     if pairs is None:
         return []
     attributed = [(s, classify(s, ctx.dp), m) for s, m in _suspects(pairs, history)]
-    return [_worker_finding(ctx, pairs, cause, parts) for (cause, _owner), parts in _by_owner(attributed).items()]
+    built = [_worker_finding(ctx, pairs, cause, parts) for (cause, _owner), parts in _by_owner(attributed).items()]
+    leads = _leads(ctx, [b[0] for b in built])
+    return [_refined(ctx, f, periodic, excess_us, lead=f.id in leads) for f, periodic, excess_us in built]
+
+
+def _leads(ctx: _Ctx, findings: list[Finding]) -> set[str]:
+    """Per worker that stands out: the id of its costliest cause-rule finding (by its share of the step), the one
+    that explains its shift; the localisation lifts that one only (a second, smaller finding on the same worker, a
+    function slower in half the steps beside the one that holds the step, keeps its own confidence)."""
+    leads: set[str] = set()
+    for loc in ctx.standing.localised:
+        mine = [f for f in findings if loc.worker in f.workers and f.function_kind not in WAITING_KINDS]
+        if mine:
+            leads.add(max(mine, key=lambda f: (f.impact.step_time_share, f.confidence)).id)
+    return leads
 
 
 #: outlier columns whose median over a pair's steps describes the pair
@@ -410,11 +424,22 @@ def _by_owner(attributed: list[_Attributed]) -> dict[tuple[str, tuple[Any, ...]]
     return merged
 
 
-def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attributed]) -> Finding:
+def _naming_excess(s: Suspect) -> float:
+    """The excess by which a finding's functions compete to name it: the work above the peers', but no more than the
+    duration above theirs (``total_us``, where measured).  Critical-path time above the peers' with no longer a
+    duration is less overlap, not more work: in gloo DDP the peers' backward runs under their all-reduce, which waits
+    for the straggler and takes those instants, the straggler's does not; its backward is 4-10x its peers' in
+    critical time whatever slowed it (a write with fsync after the step, a reniced process, a shaped link)."""
+    longer = s.values.get("total_us", math.nan) - s.peer_values.get("total_us", math.nan)
+    return s.excess_us if not math.isfinite(longer) else min(s.excess_us, max(longer, 0.0))
+
+
+def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attributed]) -> tuple[Finding, bool, float]:
     """The finding of one cause and owner: the suspect that costs most speaks for the others (its function, its
-    evidence, then the others' work)."""
+    evidence, then the others' work); with whether the function ran in fewer than the window's steps and its excess
+    (µs per step), for :func:`_refined`."""
     hosts = sorted({h for p in parts for h in p[0].hosts})
-    parts.sort(key=lambda p: -p[0].excess_us * len(p[2]))
+    parts.sort(key=lambda p: -_naming_excess(p[0]) * len(p[2]))
     s, att, _ = parts[0]
     members = np.concatenate([p[2] for p in parts])
     workers = sorted({w for p in parts for w in p[0].workers})
@@ -489,7 +514,7 @@ def _worker_finding(ctx: _Ctx, pairs: _Pairs, cause: str, parts: list[_Attribute
         ),
         window_steps=len(ctx.results),
     )
-    return _refined(ctx, finding, periodic=occurred < n_window, excess_us=s.excess_us)
+    return finding, occurred < n_window, s.excess_us
 
 
 def _switch_elements(
@@ -673,7 +698,7 @@ LOCALISED_FLOOR = 0.6
 SHORT_OF_EXCESS_Z = 2.0
 
 
-def _refined(ctx: _Ctx, f: Finding, periodic: bool = False, excess_us: float = math.nan) -> Finding:
+def _refined(ctx: _Ctx, f: Finding, periodic: bool = False, excess_us: float = math.nan, lead: bool = True) -> Finding:
     """A cause rule's worker finding against the localisation: where the localisation has its worker(s), the
     finding pages: its confidence is at least LOCALISED_FLOOR (or the localisation's, if lower; a cause rule refines a
     localisation, and beyond that its own strength, the job's history and the evidence decide); where its workers' own
@@ -683,11 +708,14 @@ def _refined(ctx: _Ctx, f: Finding, periodic: bool = False, excess_us: float = m
     in traces of independent runs side by side, nothing says it is a victim).  A small excess (a GPU kernel at 1% of
     the step) that its own work shows as well as the noise allows is left alone.  Left as they are too: links of
     collectives (a slow link's time is shared by its whole ring) and functions that do not run every step (an
-    evaluation every third step cannot move the median step's own work)."""
+    evaluation every third step cannot move the median step's own work).  Only the ``lead`` finding of a worker that
+    stands out is lifted (:func:`_leads`); its others keep their own confidence."""
     if f.function_kind in WAITING_KINDS or not f.workers:
         return f
     st = ctx.standing
     mine = [loc for loc in st.localised if loc.worker in f.workers]
+    if mine and not lead:  # another finding of its worker explains the shift (:func:`_leads`): no lift, no cap
+        return msgspec.structs.replace(f, evidence=[*f.evidence, _own_evidence(mine[0])])
     if mine:
         # the localisation says where, so the finding pages (at least LOCALISED_FLOOR, or the localisation's own
         # confidence if lower); beyond that the rule's own strength, history and evidence decide

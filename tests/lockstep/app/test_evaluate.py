@@ -14,6 +14,7 @@ from lockstep.producers.simulator.topology import Topology
 from lockstep.schemas import functions as ft
 from lockstep.schemas.records import Evidence, Finding, Impact, StepSlice, decode
 from lockstep.streams.diagnosis import StepFrame, analyze_step
+from lockstep.streams.diagnosis.causes import CPU_BOUND_MIN
 from lockstep.streams.policy import Policy
 from lockstep.streams.stages.shard import step_slices
 from lockstep.streams.stages.step import read_slice, step_frame
@@ -201,6 +202,7 @@ def _unsupported(f: Finding, dp) -> str:
         or (
             measured("cpu_self")
             and rel("cpu_self") < -dp.cpu_self_drop
+            and ev["cpu_self"].peer_value >= CPU_BOUND_MIN  # CPU work on the peers
             and ev["cpu_other"].value >= ev["cpu_other"].peer_value
         ),
         "host_memory": measured("mem_used_frac") and ev["mem_used_frac"].value > dp.mem_high,

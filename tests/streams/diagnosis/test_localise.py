@@ -17,26 +17,35 @@ from lockstep.streams.policy import Policy
 STEPS = 10
 
 
-def window(own: np.ndarray, transfer_us: float = 30_000.0, names: list[str] | None = None):
-    """A synchronous window: ``own[s, w, f]`` is worker w's time in its function f (not waiting) at step s; every
-    worker then all-reduces, waiting there for the slowest one: its all_reduce lasts the transfer plus that wait,
-    and every worker's step is the slowest's own work plus the transfer."""
+def window(
+    own: np.ndarray,
+    transfer_us: float = 30_000.0,
+    names: list[str] | None = None,
+    kind: str = "compute",
+    total: np.ndarray | None = None,
+):
+    """A synchronous window: ``own[s, w, f]`` is worker w's time in its function f (not waiting) at step s (NaN: it
+    does not run it); every worker then all-reduces, waiting there for the slowest one: its all_reduce lasts the
+    transfer plus that wait, and every worker's step is the slowest's own work plus the transfer.  ``total``: the
+    functions' durations where they differ from their critical time (a function partly under a collective)."""
+    total = own if total is None else total
     n_s, n_w, n_f = own.shape
     names = names or [f"fn{i}" for i in range(n_f)]
     policy = Policy()
     workers = [WorkerMeta(rank=i, host=f"h{i}") for i in range(n_w)]
     results = []
     for s in range(n_s):
-        totals = own[s].sum(axis=1)
+        totals = np.nansum(own[s], axis=1)
         step_us = float(totals.max() + transfer_us)
+        runs = ~np.isnan(own[s])
         tables = [
             ft.make_table(
                 {
-                    "function": [*names, "gloo:all_reduce"],
-                    "kind": ["compute"] * n_f + ["collective"],
-                    "calls": [1] * (n_f + 1),
-                    "total_us": [*own[s, w].tolist(), step_us - totals[w]],
-                    "critical_us": [*own[s, w].tolist(), step_us - totals[w]],
+                    "function": [*(n for n, r in zip(names, runs[w], strict=True) if r), "gloo:all_reduce"],
+                    "kind": [kind] * int(runs[w].sum()) + ["collective"],
+                    "calls": [1] * (int(runs[w].sum()) + 1),
+                    "total_us": [*total[s, w][runs[w]].tolist(), step_us - totals[w]],
+                    "critical_us": [*own[s, w][runs[w]].tolist(), step_us - totals[w]],
                 }
             )
             for w in range(n_w)
@@ -126,3 +135,44 @@ def test_leave_one_out_peer_medians_of_small_groups():
     # own work: the step minus the waits, the transfer (30 ms) included: 40, 50, 60, 100 ms; each against the middle
     # of the three others
     assert rows == {0: 60_000.0, 1: 60_000.0, 2: 50_000.0, 3: 50_000.0}
+
+
+def test_the_localisation_lifts_the_finding_that_explains_the_shift_not_a_smaller_one_beside_it():
+    """README's `lockstep diagnose` example (a real 4-rank job, rank 2 sleeping 25 ms in its own region): the
+    region holds the step; one of the rank's autograd functions, slower in half the steps on a loaded machine, came
+    out too, and paged at 0.60 only because the localisation of the same worker lifted it.  The region's finding
+    pages; the other keeps its own confidence, below paging in a job this noisy."""
+    own = np.empty((6, 4, 3))  # slow_function, AddmmBackward0, forward
+    own[:, :, 2] = 20_000.0 * (1.0 + 0.02 * np.random.default_rng(3).standard_normal((6, 4)))
+    own[:, :, 1] = [7_000.0, 8_300.0, 8_300.0, 9_600.0]  # its peers spread 23% around 8.3 ms (a loaded machine)
+    own[::2, 2, 1] = 18_800.0  # worker 2's: 18.8 ms in half the steps
+    own[:, :, 0] = np.nan  # a region only worker 2 runs ...
+    own[:, 2, 0] = 27_600.0  # ... 27.6 ms a step
+    _, d = window(own, names=["slow_function", "AddmmBackward0", "forward"], kind="python")  # CPU, no samples
+    mine = {f.function: f for f in d.findings if f.workers == [2]}
+    assert set(mine) == {"slow_function", "AddmmBackward0"}, [(f.function, f.workers) for f in d.findings]
+    assert mine["slow_function"].confidence >= 0.5 and mine["slow_function"].cause == "rank_specific_code"
+    other = mine["AddmmBackward0"]
+    assert other.confidence < 0.5, other.summary
+    assert "own_work_us" in {e.feature for e in other.evidence}  # it still shows its worker's own work
+    assert not [f for f in d.findings if f.workers != [2] and f.confidence >= 0.5]
+
+
+def test_a_function_longer_in_critical_time_but_not_in_duration_does_not_name_the_finding():
+    """The real corpus's log_fsync case (dev): the culprit writes its log line with fsync after each step; its
+    backward is 4x its peers' in critical time (theirs runs under their all-reduce, which waits for it and takes
+    those instants) but no longer in duration.  The finding names the function that is longer: log_metrics."""
+    rng = np.random.default_rng(5)
+    own = np.empty((10, 4, 3))  # log_metrics, backward, forward
+    own[:, :, 0] = 70.0
+    own[:, 0, 0] = 4_900.0
+    own[:, :, 1] = 2_200.0 * (1.0 + 0.05 * rng.standard_normal((10, 4)))
+    own[:, 0, 1] = 9_500.0
+    own[:, :, 2] = 20_000.0 * (1.0 + 0.02 * rng.standard_normal((10, 4)))
+    total = own.copy()
+    total[:, :, 1] = 20_000.0  # backward lasts as long on every worker
+    total[:, 0, 1] = 15_000.0
+    _, d = window(own, names=["log_metrics", "backward", "forward"], kind="python", total=total)
+    mine = [f for f in d.findings if f.workers == [0]]
+    assert mine and mine[0].function == "log_metrics", [(f.function, f.cause, f.confidence) for f in d.findings]
+    assert {e.feature for e in mine[0].evidence} >= {"work_us"}
