@@ -342,7 +342,8 @@ class _Vocab:
     def has(self, sub: str, ignore_case: bool = False) -> np.ndarray:
         if not len(self.names):
             return np.zeros(self.name.size, dtype=bool)
-        return _has(self.names, sub, ignore_case)[self.name]
+        out: np.ndarray = _has(self.names, sub, ignore_case)[self.name]
+        return out
 
 
 @dataclass
