@@ -1,6 +1,6 @@
 """Offline trace reading at scale: speed and peak memory of ``lockstep diagnose``'s reader against HolisticTraceAnalysis.
 
-    python benchmarks/bench_offline.py speed [--mb 200] [--no-hta]   # MB/s per core and peak RSS, lockstep vs HTA
+    python benchmarks/bench_offline.py speed [--mb 200] [--no-hta] [--repeats 3]  # MB/s per core, peak RSS, vs HTA
     python benchmarks/bench_offline.py big [--mb 2048]               # peak RSS of one 2 GB trace, and of a gzip bomb
     python benchmarks/bench_offline.py ranks [--files 1024]          # 1,024 rank files, one slowed, all cores
     python benchmarks/bench_offline.py decoders [--mb 100]           # the reader's decoding vs a columnar JSON decoder
@@ -9,7 +9,8 @@ Traces are made from the real ones in ``tests/data/traces/`` (``a100_rank0_of16.
 NCCL job) by repeating their steps with shifted timestamps, step numbers and correlation ids, written to a
 temporary folder (``--tmp``; removed at the end).  Every reader runs in a fresh child process, which reports
 its CPU time (user + system: MB/s *per core*, whatever else the machine is doing) and its own peak RSS
-(``ru_maxrss``).  HolisticTraceAnalysis (``pip install -e '.[bench]'``) runs ``parse_trace_dataframe`` with its
+(``ru_maxrss``); ``speed`` runs the readers ``--repeats`` times each, alternating, and reports the median
+of each figure (and each run's CPU time), the ratios between medians.  HolisticTraceAnalysis (``pip install -e '.[bench]'``) runs ``parse_trace_dataframe`` with its
 default backend (``json``, what a plain install uses) and with ``ijson_batch_and_compress`` (its
 low-memory one, yajl2_c); the lockstep reader runs ``read_chrome_trace`` then ``summarise`` (it reads
 *and* summarises, HTA only parses).  ``decoders`` measures in one process, alternating, the reader's own
@@ -25,6 +26,7 @@ import gzip
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,6 +142,8 @@ def _row(what: str, size: int, r: dict) -> str:
         return f"{what:44s} failed: {r['error']}"
     rate = size / 1e6 / r["cpu_s"] if r.get("cpu_s") else float("nan")
     extra = f"  ({r['error']})" if "error" in r else ""
+    if "runs" in r:
+        extra += f"  (cpu of each run: {', '.join('-' if x is None else f'{x:.2f}' for x in r['runs'])} s)"
     return f"{what:44s} {rate:7.1f} MB/s per core  cpu {r['cpu_s']:6.1f} s  wall {r['wall_s']:6.1f} s  peak RSS {r['maxrss_mib']:7.0f} MiB{extra}"
 
 
@@ -147,16 +151,38 @@ def speed(a, tmp: Path) -> None:
     path = tmp / "trace.json"
     size = write_trace(path, a.mb)
     print(f"trace: {size / 1e6:.0f} MB of JSON, {TRACE.name}'s steps repeated")
-    ours = [child(LOCKSTEP_CHILD, str(path), str(1 << 40)) for _ in range(a.repeats)]
-    best = min(ours, key=lambda r: r["cpu_s"])
-    print(_row("lockstep read_chrome_trace + summarise", size, best))
-    if a.no_hta:
-        return
-    for backend in ("json", "ijson_batch_and_compress"):
-        hta = min((child(HTA_CHILD, str(path), backend) for _ in range(a.repeats)), key=lambda r: r.get("cpu_s", 1e9))
+    backends = () if a.no_hta else ("json", "ijson_batch_and_compress")
+    print(
+        f"each figure the median of {a.repeats} run(s), each run a fresh child process"
+        + (", the readers alternating" if backends else "")
+    )
+    runs: dict[str, list[dict]] = {"lockstep": [], **{b: [] for b in backends}}
+    for _ in range(a.repeats):
+        runs["lockstep"].append(child(LOCKSTEP_CHILD, str(path), str(1 << 40)))
+        for backend in backends:
+            runs[backend].append(child(HTA_CHILD, str(path), backend))
+    ours = _median(runs["lockstep"])
+    print(_row("lockstep read_chrome_trace + summarise", size, ours))
+    for backend in backends:
+        hta = _median(runs[backend])
         print(_row(f"HTA parse_trace_dataframe ({backend})", size, hta))
-        if "cpu_s" in hta:
-            print(f"{'':44s} lockstep is {hta['cpu_s'] / best['cpu_s']:.1f}x faster per core")
+        if "cpu_s" in hta and "cpu_s" in ours:
+            print(f"{'':44s} lockstep is {hta['cpu_s'] / ours['cpu_s']:.1f}x faster per core (medians)")
+
+
+def _median(runs: list[dict]) -> dict:
+    """The median of each figure over the runs that gave one (CPU and wall time, peak RSS) and, with more than
+    one run, each run's CPU time; the first error a run reported (all of a failed run when none gave figures)."""
+    done = [r for r in runs if "cpu_s" in r]
+    if not done:
+        return runs[0]
+    out = {k: statistics.median(r[k] for r in done) for k in ("cpu_s", "wall_s", "maxrss_mib")}
+    if len(runs) > 1:
+        out["runs"] = [round(r["cpu_s"], 2) if "cpu_s" in r else None for r in runs]
+    errors = [r["error"] for r in runs if "error" in r]
+    if errors:
+        out["error"] = errors[0]
+    return out
 
 
 def big(a, tmp: Path) -> None:
@@ -209,8 +235,6 @@ DUCKDB_EVENT_COLUMNS = (
 
 
 def decoders(a, tmp: Path) -> None:
-    import statistics
-
     import duckdb
 
     from lockstep.producers.agent.trace_json import read_file

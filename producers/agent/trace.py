@@ -307,178 +307,107 @@ def _wrap(read: Callable[..., tuple[Head, Columns]], *args: Any) -> tuple[Head, 
 
 
 # --------------------------------------------------------------------------- events
+#
+# The stages of reading the events, in order (each a function below): the events' categories and names as
+# codes (:func:`_vocabulary`), what kind of work each event is (:class:`_Kinds`), the steps
+# (:func:`_steps`), each device event's device and launch (:func:`_device_codes`, :func:`_launches`), the
+# sync waits (:func:`_sync_waits`), the step of each event (:func:`_step_index`), the events kept as
+# functions (:func:`_kept`), their devices (:func:`_devices`) and their names (:func:`_named`).  Each stage
+# frees what it no longer needs (the columns are :func:`_read_events`'s to consume): the peak memory is the
+# working arrays of one stage.
+
+
+@dataclass
+class _Vocab:
+    """Each event's category and name as codes, and per-event tests made once per distinct category or name."""
+
+    cat: np.ndarray  # each event's category: a code into ``cats`` (the old format's names as today's)
+    cats: list[str]
+    code: dict[str, int]  # category -> its code
+    name: np.ndarray  # each event's name: a code into ``name_dict``
+    name_dict: list[str]
+    names: pa.Array  # ``name_dict`` as Arrow strings: string predicates on each distinct name once
+
+    def is_cat(self, *which: str) -> np.ndarray:
+        """Is each event of one of these categories (one lookup per event: ``np.isin`` compares each event
+        once per category)."""
+        table = np.zeros(len(self.cats), dtype=bool)
+        table[[self.code[w] for w in which if w in self.code]] = True
+        out: np.ndarray = table[self.cat]
+        return out
+
+    def starts(self, prefix: str) -> np.ndarray:
+        return _starts(self.names, prefix)[self.name] if len(self.names) else np.zeros(self.name.size, dtype=bool)
+
+    def has(self, sub: str, ignore_case: bool = False) -> np.ndarray:
+        if not len(self.names):
+            return np.zeros(self.name.size, dtype=bool)
+        out: np.ndarray = _has(self.names, sub, ignore_case)[self.name]
+        return out
+
+
+@dataclass
+class _Kinds:
+    """What kind of work each event is (masks over all events)."""
+
+    cpu: np.ndarray  # CPU operators, annotations, Python frames
+    runtime: np.ndarray  # runtime and driver calls
+    sync_rec: np.ndarray  # sync records (``cuda_sync``)
+    copy: np.ndarray  # device copies and memsets
+    dev: np.ndarray  # device work: kernels, copies, other accelerators' device events
 
 
 def _read_events(
     c: Columns, worker: int, host: str, pg_suffix: str
 ) -> tuple[pa.Table, dict[int, tuple[float, float]], str, tuple[str, int] | None]:
-    n = c.size
-    cats = list(c.cat_dict)
-    for new in (*_LEGACY_CATS.values(), "user_annotation", "cpu_op"):  # codes for the categories compared below
-        if new not in cats:
-            cats.append(new)
-    code = {s: i for i, s in enumerate(cats)}
-    remap = np.array([code[_LEGACY_CATS.get(s, s)] for s in c.cat_dict] or [0], dtype=np.int32)
-    cat = remap[c.cat]  # the Kineto format before 1.9 named the categories differently
-    _drop(c, "cat")
-    cat_names = np.array(cats, dtype=object)
-
-    def is_cat(*which: str) -> np.ndarray:  # one lookup per event (np.isin compares each event once per category)
-        table = np.zeros(len(cats), dtype=bool)
-        table[[code[w] for w in which if w in code]] = True
-        out: np.ndarray = table[cat]
-        return out
-
-    name_dict = pa.array(c.name_dict, pa.string())  # string predicates on each distinct name once
-    name = c.name
-
-    def starts(prefix: str) -> np.ndarray:
-        return _starts(name_dict, prefix)[name] if len(name_dict) else np.zeros(n, dtype=bool)
-
-    def has(sub: str, ignore_case: bool = False) -> np.ndarray:
-        return _has(name_dict, sub, ignore_case)[name] if len(name_dict) else np.zeros(n, dtype=bool)
-
-    ts, dur, stream = c.ts, c.dur, c.stream
-
-    is_cpu = is_cat(*CPU_CATS)
-    ops = np.flatnonzero(cat == code["cpu_op"])  # old traces wrote record_function regions as operators too
-    if ops.size:
-        region = starts("ProfilerStep#") | starts("Optimizer.") | has("DataLoader")
-        cat[ops[region[ops]]] = code["user_annotation"]
-    is_runtime = is_cat(*RUNTIME_CATS)
-    is_sync_rec = is_cat(*SYNC_CATS)
-    is_copy = is_cat(*COPY_CATS)
-    gpu_cat = np.array([s.startswith("gpu_") and s not in _NOT_DEVICE_WORK for s in cats], dtype=bool)
-    is_dev = is_copy | is_cat("kernel") | is_cat(*MTIA_CATS) | gpu_cat[cat]
-
-    used = is_cpu | is_runtime | is_sync_rec | is_dev
-    broken = used & (~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > MAX_TIME_US) | (dur > MAX_DURATION_US))
-    if broken.any():
-        i = int(np.flatnonzero(broken)[0])
-        raise TraceError(
-            f"event {_cap(c.name_dict[name[i]])!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)"
-        )
-    del used, broken
-    dur = np.maximum(dur, 0.0, out=dur)  # in place: the columns are this function's to consume
-    corr = c.corr  # read only where the event is device work, a runtime call or a sync record
+    v = _vocabulary(c)
+    kinds = _kinds(v)
+    _check_times(c, v, kinds)
+    ts, dur, stream = c.ts, np.maximum(c.dur, 0.0, out=c.dur), c.stream  # clamped in place: ours to consume
     # byte counts of the copies only (the column itself is dropped: fewer full-length arrays at the peak)
-    copy_idx = np.flatnonzero(is_copy)
+    copy_idx = np.flatnonzero(kinds.copy)
     copy_bytes = c.nbytes[copy_idx]
     _drop(c, "nbytes")
-
-    # ---- steps
-    is_ann = cat == code["user_annotation"]
-    bounds, steps_from = _profiler_steps(c.name_dict, name, is_ann & starts("ProfilerStep#"), ts, dur)
-    if not bounds:
-        bounds, steps_from = _inferred_steps(
-            c.name_dict, name, is_ann, starts("Optimizer.step"), ts, dur, stream, is_cpu, is_dev
-        )
+    is_ann = v.cat == v.code["user_annotation"]
+    bounds, steps_from = _steps(v, is_ann, ts, dur, stream, kinds)
     if not bounds:
         return OP_EVENT_SCHEMA.empty_table(), {}, steps_from, None
     steps = np.array(sorted(bounds), dtype=np.int64)
     step_start = np.array([bounds[s][0] for s in steps], dtype=np.float64)
     ends = np.array([bounds[s][1] for s in steps], dtype=np.float64)
 
-    # ---- launches: the runtime call with the same correlation id, else the flow that ends on the device event
-    # (arrays over the device events only: the working memory is what the trace's device work needs)
-    rt_idx = np.flatnonzero(is_runtime & (corr >= 0))
-    dev_idx = np.flatnonzero(is_dev)
-    # device of each device event: its args' device, else its pid (Kineto's device timelines); one code per
-    # (kind of accelerator, number)
-    dev_no = c.device[dev_idx]
-    _drop(c, "device")
-    dcode = np.where(dev_no >= 0, 2 * dev_no + is_cat(*MTIA_CATS)[dev_idx], -1)  # of each device event
-    del dev_no
-    launch = ts[dev_idx]  # of each device event
-    runtime_of = np.full(dev_idx.size, -1, dtype=np.int64)
-    if dev_idx.size and rt_idx.size:
-        runtime_of = _lookup(corr[rt_idx], rt_idx, corr[dev_idx])
-    found = runtime_of >= 0
-    launch[found] = ts[runtime_of[found]]
-    missing = np.flatnonzero(~found)
-    if missing.size:
-        via_flow = _flow_launch(c, stream[dev_idx[missing]], ts[dev_idx[missing]])
-        ok = np.isfinite(via_flow)
-        launch[missing[ok]] = via_flow[ok]
-
-    # ---- sync waits: blocking runtime calls, sync records of calls the trace lacks, device-side waits
-    blocking = np.zeros(n, dtype=bool)
-    if rt_idx.size:  # a few distinct calls, thousands of times each: each name judged once
-        blocks = np.array([bool(_BLOCKING_CALL.search(s)) for s in c.name_dict], dtype=bool)
-        blocking[rt_idx] = blocks[name[rt_idx]]
-    waited_of = found & is_copy[dev_idx]  # an async copy call still running when its copy began: it waited for it
-    waited = dev_idx[waited_of]
-    if waited.size:
-        r = runtime_of[waited_of]
-        copy_call = _has(name_dict, "memcpy", ignore_case=True)[name[r]]
-        hit = copy_call & (ts[r] + dur[r] > ts[waited])
-        blocking[r[hit]] = True
-    sync_rec = np.flatnonzero(is_sync_rec & (name != _code_of(c.name_dict, "Stream Wait Event")))
-    if sync_rec.size:
-        blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = (
-            True  # the call itself is not in the trace
-        )
-    del corr, rt_idx
+    # arrays over the device events only: the working memory is what the trace's device work needs
+    dev_idx = np.flatnonzero(kinds.dev)
+    dcode = _device_codes(c, v, dev_idx)
+    rt_idx = np.flatnonzero(kinds.runtime & (c.corr >= 0))
+    launch, runtime_of = _launches(c, ts, rt_idx, dev_idx)
+    sync = _sync_waits(c, v, kinds, ts, dur, rt_idx, dev_idx, runtime_of)
+    del rt_idx
     _drop(c, "corr")
-    dev_wait = is_cat(*MTIA_CATS) & has("wait", ignore_case=True)
+    dev_wait = v.is_cat(*MTIA_CATS) & v.has("wait", ignore_case=True)  # a device's own event waits
+    is_dev = kinds.dev
     is_dev &= ~dev_wait
-    sync = blocking | dev_wait
-    del blocking, dev_wait, is_runtime, is_sync_rec, is_copy
+    sync |= dev_wait
+    is_cpu = kinds.cpu
+    del dev_wait, kinds  # the runtime, sync record and copy masks
 
-    # ---- the step of each event: CPU work by its start, device work by its launch
+    # the step of each event: CPU work by its start, device work by its launch (device waits by their own start)
     when = ts.copy()
-    still = is_dev[dev_idx]  # device waits are placed by their own start
+    still = is_dev[dev_idx]
     when[dev_idx[still]] = launch[still]
     del launch, runtime_of, still
-    k = (np.searchsorted(step_start, when, side="right") - 1).astype(np.int32)  # steps are fewer than 2**31
-    in_step = (k >= 0) & (when < ends[np.clip(k, 0, None)])
+    k, in_step = _step_index(when, step_start, ends)
     del when
-    is_step = is_cpu & is_ann & starts("ProfilerStep#")
 
-    cpu = is_cpu & ~is_step
-    comm = cpu & np.logical_or.reduce([starts(p) for p in _COMM_PREFIXES])
-    is_op = cat == code["cpu_op"]
-    region = cpu & ~comm & ~is_op
-    keep = in_step & (is_dev | sync | comm | region | (cpu & is_op & ~_nested(stream, ts, dur, cpu)))
-    idx = np.flatnonzero(keep)
-
+    idx, comm = _kept(v, is_ann, is_cpu, is_dev, sync, in_step, ts, dur, stream)
     # a step lasts until the last device work it launched ended
     d = idx[is_dev[idx]]
     np.maximum.at(ends, k[d], ts[d] + dur[d])
     out_bounds = {int(s): (float(a), float(b)) for s, a, b in zip(steps, step_start, ends)}
+    labels, device, dev_main = _devices(host, dcode, dev_idx, idx, is_dev[idx], sync[idx])
 
-    # the device codes of the device events, each named once
-    codes, counts = np.unique(dcode[dcode >= 0], return_counts=True)
-    labels = np.array([f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes], dtype=object)
-    main = int(codes[np.argmax(counts)]) if codes.size else None  # the accelerator that ran most device events
-    # each event's device as an index into [*labels, None]
-    device = np.full(idx.size, codes.size, dtype=np.int64)
-    dcode_idx = np.full(idx.size, -1, dtype=np.int64)  # each kept event's, found among the device events
-    if dev_idx.size:
-        at = np.minimum(np.searchsorted(dev_idx, idx), dev_idx.size - 1)
-        dcode_idx = np.where(dev_idx[at] == idx, dcode[at], -1)
-    on_dev = is_dev[idx] & (dcode_idx >= 0)
-    device[on_dev] = np.searchsorted(codes, dcode_idx[on_dev])
-    device[sync[idx]] = np.searchsorted(codes, main) if main is not None else codes.size
-    dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
-
-    # name each distinct (category, name, process group, sync) once: traces repeat the same kernels thousands of times
-    pg_names = np.array([*c.pg_dict, pg_suffix], dtype=object)
-    pg = np.full(idx.size, len(c.pg_dict), dtype=np.int64)  # the job's one process group, when there is one
-    if c.pg_dict:
-        own = np.array([bool(s) for s in c.pg_dict], dtype=bool)[c.pg[idx]] & comm[idx]
-        pg[own] = c.pg[idx][own]
-    sync_i = sync[idx].astype(np.int64)
-    key = ((cat[idx].astype(np.int64) * max(len(c.name_dict), 1) + name[idx]) * len(pg_names) + pg) * 2 + sync_i
-    _, first, which = np.unique(key, return_index=True, return_inverse=True)
-    named = [
-        _classify(str(cat_names[cat[idx[j]]]), c.name_dict[name[idx[j]]], str(pg_names[pg[j]]), bool(sync_i[j]))
-        for j in first.tolist()
-    ]
-    which = which.reshape(-1)
-    # strings built in C from each distinct one: no Python object per event
-    fn, kind, res = (_take([t[i] for t in named], which) for i in range(3))
-    htod = (cat[idx] == code["gpu_memcpy"]) & has("HtoD")[idx]
+    fn, kind, res = _named(c, v, idx, comm, sync[idx], pg_suffix)
+    htod = (v.cat[idx] == v.code["gpu_memcpy"]) & v.has("HtoD")[idx]
     nbytes = np.full(idx.size, np.nan)
     nbytes[htod] = copy_bytes[np.searchsorted(copy_idx, idx[htod])]  # host-to-device copies are copies
     stream_names = np.array(c.stream_dict or [""], dtype=object)
@@ -491,7 +420,7 @@ def _read_events(
             "start_us": ts[idx],
             "duration_us": dur[idx],
             "host": _take([host or None], np.zeros(idx.size, dtype=np.int64)),
-            "device": _take([*labels.tolist(), None], device),
+            "device": _take(labels, device),
             "resource": res,
             "bytes": nbytes,
             "stream": _take(stream_names.tolist(), stream[idx]),
@@ -499,6 +428,184 @@ def _read_events(
         schema=OP_EVENT_SCHEMA,
     )
     return table, out_bounds, steps_from, dev_main
+
+
+def _vocabulary(c: Columns) -> _Vocab:
+    """The events' categories (the old format's names as today's; its record_function regions, written as
+    operators, as annotations) and names as codes; frees the category column."""
+    cats = list(c.cat_dict)
+    for new in (*_LEGACY_CATS.values(), "user_annotation", "cpu_op"):  # codes for the categories compared below
+        if new not in cats:
+            cats.append(new)
+    code = {s: i for i, s in enumerate(cats)}
+    remap = np.array([code[_LEGACY_CATS.get(s, s)] for s in c.cat_dict] or [0], dtype=np.int32)
+    v = _Vocab(remap[c.cat], cats, code, c.name, c.name_dict, pa.array(c.name_dict, pa.string()))
+    _drop(c, "cat")
+    ops = np.flatnonzero(v.cat == code["cpu_op"])  # old traces wrote record_function regions as operators too
+    if ops.size:
+        region = v.starts("ProfilerStep#") | v.starts("Optimizer.") | v.has("DataLoader")
+        v.cat[ops[region[ops]]] = code["user_annotation"]
+    return v
+
+
+def _kinds(v: _Vocab) -> _Kinds:
+    is_copy = v.is_cat(*COPY_CATS)
+    gpu_cat = np.array([s.startswith("gpu_") and s not in _NOT_DEVICE_WORK for s in v.cats], dtype=bool)
+    is_dev = is_copy | v.is_cat("kernel") | v.is_cat(*MTIA_CATS) | gpu_cat[v.cat]
+    return _Kinds(v.is_cat(*CPU_CATS), v.is_cat(*RUNTIME_CATS), v.is_cat(*SYNC_CATS), is_copy, is_dev)
+
+
+def _check_times(c: Columns, v: _Vocab, kinds: _Kinds) -> None:
+    """A :class:`TraceError` for the first event read whose start or duration no profiler measures."""
+    ts, dur = c.ts, c.dur
+    used = kinds.cpu | kinds.runtime | kinds.sync_rec | kinds.dev
+    broken = used & (~np.isfinite(ts) | ~np.isfinite(dur) | (np.abs(ts) > MAX_TIME_US) | (dur > MAX_DURATION_US))
+    if broken.any():
+        i = int(np.flatnonzero(broken)[0])
+        raise TraceError(
+            f"event {_cap(v.name_dict[v.name[i]])!r} at ts {ts[i]:g} lasts {dur[i]:g} µs: not a time a profiler measures (at most {MAX_DURATION_US:g} µs)"
+        )
+
+
+def _steps(
+    v: _Vocab, is_ann: np.ndarray, ts: np.ndarray, dur: np.ndarray, stream: np.ndarray, kinds: _Kinds
+) -> tuple[dict[int, tuple[float, float]], str]:
+    """step -> (start_us, end_us) from ``ProfilerStep#N``, else inferred; and what they came from."""
+    bounds, steps_from = _profiler_steps(v.name_dict, v.name, is_ann & v.starts("ProfilerStep#"), ts, dur)
+    if bounds:
+        return bounds, steps_from
+    return _inferred_steps(
+        v.name_dict, v.name, is_ann, v.starts("Optimizer.step"), ts, dur, stream, kinds.cpu, kinds.dev
+    )
+
+
+def _device_codes(c: Columns, v: _Vocab, dev_idx: np.ndarray) -> np.ndarray:
+    """The device of each device event, one code per (kind of accelerator, number), -1 where unknown: its args'
+    device, else its pid (Kineto's device timelines); frees the device column."""
+    dev_no = c.device[dev_idx]
+    _drop(c, "device")
+    out: np.ndarray = np.where(dev_no >= 0, 2 * dev_no + v.is_cat(*MTIA_CATS)[dev_idx], -1)
+    return out
+
+
+def _launches(c: Columns, ts: np.ndarray, rt_idx: np.ndarray, dev_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each device event's launch time and the runtime call that launched it (-1: none in the trace): the call
+    with the same correlation id, else the flow that ends on the device event, else its own start."""
+    corr, stream = c.corr, c.stream
+    launch = ts[dev_idx]
+    runtime_of = np.full(dev_idx.size, -1, dtype=np.int64)
+    if dev_idx.size and rt_idx.size:
+        runtime_of = _lookup(corr[rt_idx], rt_idx, corr[dev_idx])
+    found = runtime_of >= 0
+    launch[found] = ts[runtime_of[found]]
+    missing = np.flatnonzero(~found)
+    if missing.size:
+        via_flow = _flow_launch(c, stream[dev_idx[missing]], ts[dev_idx[missing]])
+        ok = np.isfinite(via_flow)
+        launch[missing[ok]] = via_flow[ok]
+    return launch, runtime_of
+
+
+def _sync_waits(
+    c: Columns,
+    v: _Vocab,
+    kinds: _Kinds,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    rt_idx: np.ndarray,
+    dev_idx: np.ndarray,
+    runtime_of: np.ndarray,
+) -> np.ndarray:
+    """Which events are host waits on the device: blocking runtime calls, asynchronous copy calls that waited for
+    their copy, and sync records of calls the trace lacks (a device's own waits are the caller's)."""
+    corr, name = c.corr, v.name
+    blocking = np.zeros(name.size, dtype=bool)
+    if rt_idx.size:  # a few distinct calls, thousands of times each: each name judged once
+        blocks = np.array([bool(_BLOCKING_CALL.search(s)) for s in v.name_dict], dtype=bool)
+        blocking[rt_idx] = blocks[name[rt_idx]]
+    waited_of = (runtime_of >= 0) & kinds.copy[dev_idx]  # an async copy call still running when its copy began
+    waited = dev_idx[waited_of]
+    if waited.size:
+        r = runtime_of[waited_of]
+        copy_call = _has(v.names, "memcpy", ignore_case=True)[name[r]]
+        hit = copy_call & (ts[r] + dur[r] > ts[waited])
+        blocking[r[hit]] = True
+    sync_rec = np.flatnonzero(kinds.sync_rec & (name != _code_of(v.name_dict, "Stream Wait Event")))
+    if sync_rec.size:  # the call itself is not in the trace
+        blocking[sync_rec[_lookup(corr[rt_idx], rt_idx, corr[sync_rec]) < 0]] = True
+    return blocking
+
+
+def _step_index(when: np.ndarray, step_start: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's step (an index into the steps; int32: steps are fewer than 2**31) by the time that places it,
+    and whether that time is inside the step's span."""
+    k = (np.searchsorted(step_start, when, side="right") - 1).astype(np.int32)
+    in_step = (k >= 0) & (when < ends[np.clip(k, 0, None)])
+    return k, in_step
+
+
+def _kept(
+    v: _Vocab,
+    is_ann: np.ndarray,
+    is_cpu: np.ndarray,
+    is_dev: np.ndarray,
+    sync: np.ndarray,
+    in_step: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    stream: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The events that become functions (their indices) and which of them are communication: device work, sync
+    waits, communication and regions on CPU threads, and operators outside every region, inside a step."""
+    is_step = is_cpu & is_ann & v.starts("ProfilerStep#")
+    cpu = is_cpu & ~is_step
+    comm = cpu & np.logical_or.reduce([v.starts(p) for p in _COMM_PREFIXES])
+    is_op = v.cat == v.code["cpu_op"]
+    region = cpu & ~comm & ~is_op
+    keep = in_step & (is_dev | sync | comm | region | (cpu & is_op & ~_nested(stream, ts, dur, cpu)))
+    idx = np.flatnonzero(keep)
+    return idx, comm[idx]
+
+
+def _devices(
+    host: str, dcode: np.ndarray, dev_idx: np.ndarray, idx: np.ndarray, on_dev: np.ndarray, sync: np.ndarray
+) -> tuple[list[str | None], np.ndarray, tuple[str, int] | None]:
+    """The kept events' devices: the labels (``<host>/gpu<N>``, each device named once, None last), each kept
+    event's as an index into them (device work its own, sync waits the main device's, the rest None), and the
+    main device (the accelerator that ran most device events)."""
+    codes, counts = np.unique(dcode[dcode >= 0], return_counts=True)
+    labels = [f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes.tolist()]
+    main = int(codes[np.argmax(counts)]) if codes.size else None
+    device = np.full(idx.size, codes.size, dtype=np.int64)
+    dcode_idx = np.full(idx.size, -1, dtype=np.int64)  # each kept event's, found among the device events
+    if dev_idx.size:
+        at = np.minimum(np.searchsorted(dev_idx, idx), dev_idx.size - 1)
+        dcode_idx = np.where(dev_idx[at] == idx, dcode[at], -1)
+    on_dev = on_dev & (dcode_idx >= 0)
+    device[on_dev] = np.searchsorted(codes, dcode_idx[on_dev])
+    device[sync] = np.searchsorted(codes, main) if main is not None else codes.size
+    dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
+    return [*labels, None], device, dev_main
+
+
+def _named(
+    c: Columns, v: _Vocab, idx: np.ndarray, comm: np.ndarray, sync: np.ndarray, pg_suffix: str
+) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """(function, kind, resource) of the kept events: each distinct (category, name, process group, sync) named
+    once (traces repeat the same kernels thousands of times), the strings built in C from each distinct one."""
+    pg_names = [*c.pg_dict, pg_suffix]
+    pg = np.full(idx.size, len(c.pg_dict), dtype=np.int64)  # the job's one process group, when there is one
+    if c.pg_dict:
+        own = np.array([bool(s) for s in c.pg_dict], dtype=bool)[c.pg[idx]] & comm
+        pg[own] = c.pg[idx][own]
+    sync_i = sync.astype(np.int64)
+    cat, name = v.cat[idx], v.name[idx]
+    key = ((cat.astype(np.int64) * max(len(v.name_dict), 1) + name) * len(pg_names) + pg) * 2 + sync_i
+    _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    named = [_classify(v.cats[cat[j]], v.name_dict[name[j]], pg_names[pg[j]], bool(sync_i[j])) for j in first.tolist()]
+    which = which.reshape(-1)
+    fn, kind, res = (_take([t[i] for t in named], which) for i in range(3))
+    return fn, kind, res
 
 
 def _drop(c: Columns, column: str) -> None:
