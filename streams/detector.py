@@ -61,26 +61,21 @@ from ..schemas.records import (
     TriggerRefused,
     TriggerRequest,
 )
+from .plausible import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS, RESTART_STEPS, allowed_steps, clock_detail, future
 from .policy import DetectorPolicy, Policy
+
+#: the plausibility constants stay importable from here, where they were first defined
+__all__ = ["FUTURE_CLOCK_S", "FUTURE_PACE", "FUTURE_STEPS", "RESTART_STEPS", "SlowdownDetector"]
 
 #: a window counts as open until the job passes its last step, or at least this long
 #: after it was triggered when the job never gets there (a hang, a job that died)
 WINDOW_EXPIRY_MIN_S = 60.0
 #: a job silent this long is forgotten (its cool-down stays in the processor's table)
 FORGET_AFTER_S = 3600.0
-#: a new heartbeat this many steps behind the job is a restart (from a checkpoint), not a late record
-RESTART_STEPS = 16
 #: echoed control latencies kept per job (one value per window: the slowest worker's)
 LATENCY_WINDOWS = 8
 #: an echo above this is a broken clock or a stale replay, not the control topic's latency
 LATENCY_MAX_S = 60.0
-#: a heartbeat more steps than this beyond the job's highest step (plus what its pace allows since it was
-#: last heard) is from the future: a forged or corrupted record, not progress
-FUTURE_STEPS = 1000
-#: ... the pace allowance: this many times the job's own wall-clock step rate
-FUTURE_PACE = 10.0
-#: a heartbeat whose clock is more than this ahead of the processor's is from a broken clock
-FUTURE_CLOCK_S = 86_400.0
 #: the cusum rule's baseline (median and spread) is recomputed every this many steps once it is full
 REFRESH_STEPS = 8
 #: an alarm's size is the median of the excursion's last this many steps (at least recent_steps): the level now,
@@ -537,6 +532,26 @@ class Deadlines:
         return len(self._heap)
 
 
+class _JobProgress:
+    """A job's progress as :func:`~lockstep.streams.plausible.future` reads it."""
+
+    __slots__ = ("_det", "_st")
+
+    def __init__(self, det: SlowdownDetector, st: JobState) -> None:
+        self._det, self._st = det, st
+
+    @property
+    def highest(self) -> int:
+        return self._st.max_step
+
+    @property
+    def last_seen_at(self) -> float:
+        return self._st.last_seen_at
+
+    def interval_s(self) -> float:
+        return self._det.step_interval_s(self._st)
+
+
 class SlowdownDetector:
     """The detector of every job a processor follows.
 
@@ -786,27 +801,19 @@ class SlowdownDetector:
         return self._judge(st, now)
 
     def _plausible(self, job: str, step: int, sent_at: float, now: float, who: str, host: str) -> None:
-        """Steps and clocks from the future poison a job's state (a step 10^9 ahead would schedule its
-        windows at steps never reached and complete every real step early; a sent_at years ahead would
-        hide every later restart), so such records are refused before they touch it."""
-        if sent_at > now + FUTURE_CLOCK_S:
-            raise RecordError(
-                "from_the_future",
-                f"sent_at is {(sent_at - now) / 3600:.0f} h ahead of the processor's clock "
-                f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of {host} is broken",
-            )
+        """Refuse a record from the future (:mod:`~lockstep.streams.plausible`) before it touches the job's state."""
         st = self.jobs.get(job)
-        if st is None or st.max_step < 0 or step <= st.max_step + FUTURE_STEPS:
-            return  # nothing shown yet (any step can be the job's), or near enough
-        interval = self.step_interval_s(st)
-        pace = FUTURE_PACE * (now - st.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
-        allowed = FUTURE_STEPS + pace
-        if step > st.max_step + allowed:
-            raise RecordError(
-                "from_the_future",
-                f"step {step} of job {job!r} ({who}) is {step - st.max_step} steps "
-                f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible",
-            )
+        shown = _JobProgress(self, st) if st is not None else None
+        if not future(step, sent_at, now, shown).any():
+            return
+        if sent_at > now + FUTURE_CLOCK_S:
+            raise RecordError("from_the_future", clock_detail(sent_at - now, f"the clock of {host}"))
+        assert st is not None and shown is not None  # a step beyond the job's needs a job
+        raise RecordError(
+            "from_the_future",
+            f"step {step} of job {job!r} ({who}) is {step - st.max_step} steps "
+            f"beyond the highest it has shown ({st.max_step}); at most {allowed_steps(shown, now):.0f} are plausible",
+        )
 
     def _echo(self, st: JobState, window: str, latency_s: float) -> None:
         if latency_s > LATENCY_MAX_S:
