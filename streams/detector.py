@@ -38,7 +38,6 @@ import heapq
 import math
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,22 +49,31 @@ from ..schemas.records import (
     ProfileTrigger,
     RecordError,
     RefusalCode,
-    Sampling,
     StepHeartbeat,
     StepPartial,
     TriggerRefused,
     TriggerRequest,
 )
-from .change import LEVEL_STEPS, Alarm, StepTimeChange, median_rule, median_sorted
+from . import admission
+from .admission import WINDOW_EXPIRY_MIN_S
+from .change import LEVEL_STEPS, median_rule, median_sorted
+from .jobstate import IncidentWatch, JobState, OpenedWindow, ShardView, StepAgg
 from .plausible import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS, RESTART_STEPS, allowed_steps, clock_detail, future
 from .policy import Policy
 
-#: the plausibility constants stay importable from here, where they were first defined
-__all__ = ["FUTURE_CLOCK_S", "FUTURE_PACE", "FUTURE_STEPS", "RESTART_STEPS", "SlowdownDetector"]
+#: the constants and state classes moved out stay importable from here, where they were first defined
+__all__ = [
+    "FUTURE_CLOCK_S",
+    "FUTURE_PACE",
+    "FUTURE_STEPS",
+    "RESTART_STEPS",
+    "WINDOW_EXPIRY_MIN_S",
+    "IncidentWatch",
+    "JobState",
+    "OpenedWindow",
+    "SlowdownDetector",
+]
 
-#: a window counts as open until the job passes its last step, or at least this long
-#: after it was triggered when the job never gets there (a hang, a job that died)
-WINDOW_EXPIRY_MIN_S = 60.0
 #: a job silent this long is forgotten (its cool-down stays in the processor's table)
 FORGET_AFTER_S = 3600.0
 #: echoed control latencies kept per job (one value per window: the slowest worker's)
@@ -85,97 +93,6 @@ def _summed(counters: Iterable[AgentCounters]) -> AgentCounters:
     """Agents' counters summed field by field."""
     cs = list(counters)
     return AgentCounters(**{f: sum(getattr(c, f) for c in cs) for f in AgentCounters.__struct_fields__})
-
-
-@dataclass(slots=True)
-class _StepAgg:
-    opened_at: float  # processor clock at its first partial
-    slowest_s: float = 0.0
-    workers: int = 0
-    shards: set[tuple[int, int]] = field(default_factory=set)  # (shard, partition) of the partials counted
-
-
-@dataclass(slots=True)
-class _ShardView:
-    """What the detector last heard from one shard (one worker's, through ``observe``)."""
-
-    step: int = -1  # the last step it reported ...
-    workers: int = 0  # ... how many workers reported it ...
-    missing: list[int] = field(default_factory=list)  # ... and which of its workers were behind it (the first)
-    missing_total: int = 0
-    highest: int = -1  # the highest step it has seen
-    members: int = 0  # the workers it expects (its membership, as its last partial said)
-    heard_at: float = 0.0  # processor clock at its last partial
-
-
-@dataclass
-class OpenedWindow:
-    name: str
-    start: int
-    end: int  # first step after the window
-    expires_at: float  # processor clock
-
-
-@dataclass(slots=True)
-class IncidentWatch:
-    """What the detector follows of a job for the sink's incidents (:class:`JobChange`): the slowdown a window was opened
-    for, until its step time is back at the level before it, and the final heartbeats, until the job has ended."""
-
-    window: str = ""  # the window opened for the slowdown watched ("" none) ...
-    onset_step: int = -1  # ... where it began ...
-    onset_at: float = 0.0
-    before_s: float = 0.0  # ... the median step time before it ...
-    during_s: float = 0.0  # ... and its level
-    from_step: int = -1  # the highest step when the window was opened: the steps after it are judged
-    since: deque[float] = field(default_factory=deque)  # step times completed since the window was opened (the latest)
-    finals: int = 0  # final heartbeats heard since the job's highest step last advanced ...
-    finals_step: int = -1  # ... that step ...
-    final_at: float = 0.0  # ... and when the first of them came (processor clock)
-    ended_step: int = -1  # the highest step when the job's end was last reported
-
-
-@dataclass(slots=True)
-class JobState:
-    job: str
-    tenant: str = ""
-    selected: bool = True  # by the policy's job selectors
-    steps: dict[int, _StepAgg] = field(default_factory=dict)  # steps not yet complete
-    history: deque[float] = field(
-        default_factory=lambda: deque(maxlen=512)
-    )  # synchronised step times (s) of complete steps
-    change: StepTimeChange = field(default_factory=StepTimeChange)  # the cusum rule's state
-    alarm: Alarm | None = None  # what the cusum rule said after the last complete step
-    profiled: tuple[int, float, int] | None = (
-        None  # the slowdown a window was opened for: (excursion, level, step its cool-down ends)
-    )
-    world_size: int = 0  # workers in the job as its agents report it (0: not reported)
-    born: float = 0.0  # processor clock when the detector first heard of the job (or of its restart)
-    live_shards: int = 0  # shards heard from lately, when a step last opened
-    expected: int = 0  # workers a step waits for before it is complete: the job's membership (:meth:`members`)
-    shards: dict[tuple[int, int], _ShardView] = field(default_factory=dict)  # (shard, partition) -> what it last said
-    sent_at: dict[int, float] = field(default_factory=dict)  # step -> clock worker's sent_at (one host's clock)
-    clock_key: tuple[int, int] | None = None  # the shard whose clock worker keeps the job's pace ...
-    clock_worker: int | None = None  # ... and that worker
-    newest_sent_at: float = 0.0
-    max_step: int = -1
-    first_step: int = -1  # the first step judged: a job that never had a window counts from here
-    baseline_after: int = -1  # no baseline window is asked for before this step (backs off after a refusal)
-    last_complete: int = -1
-    lag_s: deque[float] = field(
-        default_factory=lambda: deque(maxlen=64)
-    )  # heartbeat arrival lag, processor clock - worker clock
-    last_progress_at: float = 0.0  # processor clock when max_step last advanced
-    last_seen_at: float = 0.0
-    ended: bool = False  # a worker sent its final heartbeat and nothing progressed since
-    hang_step: int = -1  # max_step at which a hang window was triggered
-    tick_at: float = 0.0  # last hang check requested
-    tick_step: int = -1  # the open step a tick was last requested for (it waited the lateness bound)
-    windows: list[OpenedWindow] = field(default_factory=list)  # open ones and the last closed one
-    trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
-    agents: dict[tuple[int, int], AgentCounters] = field(
-        default_factory=dict
-    )  # shard -> its agents' last counters (sent on change)
-    watch: IncidentWatch = field(default_factory=IncidentWatch)  # what the sink's incidents need to hear
 
 
 class Deadlines:
@@ -440,7 +357,7 @@ class SlowdownDetector:
         key = (p.shard, p.partition)
         view = st.shards.get(key)
         if view is None:
-            view = st.shards[key] = _ShardView()
+            view = st.shards[key] = ShardView()
         view.highest = max(view.highest, p.highest)
         view.heard_at = now
         if p.workers and p.step >= view.step:
@@ -482,7 +399,7 @@ class SlowdownDetector:
                 st.lag_s.append(max(0.0, now - (p.highest_sent_at or p.clock_sent_at)))
         agg = st.steps.get(p.step)
         if agg is None:
-            agg = st.steps[p.step] = _StepAgg(now)
+            agg = st.steps[p.step] = StepAgg(now)
             st.expected = self.members(st)
         if key not in agg.shards:
             agg.shards.add(key)
@@ -862,7 +779,7 @@ class SlowdownDetector:
     # ------------------------------------------------------------------ policy checks
 
     def is_open(self, st: JobState, w: OpenedWindow, now: float) -> bool:
-        return w.end > st.max_step and now < w.expires_at
+        return admission.is_open(st, w, now)
 
     def open_windows(self, now: float) -> int:
         """Windows open or scheduled on this processor (the fleet limit counts them).  Only the jobs that may have one
@@ -870,7 +787,7 @@ class SlowdownDetector:
         n = 0
         for job in list(self._windowed):
             st = self.jobs.get(job)
-            k = sum(self.is_open(st, w, now) for w in st.windows) if st is not None else 0
+            k = sum(admission.is_open(st, w, now) for w in st.windows) if st is not None else 0
             if k:
                 n += k
             else:
@@ -878,91 +795,25 @@ class SlowdownDetector:
         return n
 
     def _refuse(self, job: str, code: RefusalCode, reason: str, now: float, request: str = "") -> TriggerRefused:
-        p = self.policy
-        return TriggerRefused(
-            job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now
-        )
+        return admission.refusal(self.policy, job, code, reason, now, request)
 
     def _decide(
         self, st: JobState, now: float, kind: str, reason: str, start: int | None, steps: int, request: str = ""
     ) -> ProfileTrigger | TriggerRefused:
         """``start``: the window's first step; None: a margin ahead (computed only if the checks pass)."""
-        p, dp = self.policy, self.policy.detector
-        if not st.selected:
-            j = p.jobs
-            return self._refuse(
-                st.job,
-                "excluded",
-                f"job {st.job!r} (tenant {st.tenant!r}) is not selected by policy {p.ref} (include {list(j.include)}, exclude {list(j.exclude)}, tenants {list(j.tenants) or 'all'})",
-                now,
-                request,
-            )
-        if st.ended:
-            return self._refuse(
-                st.job, "ended", f"job {st.job!r} ended at step {st.max_step} (final heartbeat)", now, request
-            )
-        is_open = [w for w in st.windows if self.is_open(st, w, now)]
-        closed = [w for w in st.windows if not self.is_open(st, w, now)]
-        # a hang's window profiles nothing (its steps never come; the agents answer where they are): a window opened
-        # before the job stopped, and the cool-down after one, never hold it back (the job will not reach their ends)
-        if kind != "hang" and len(is_open) >= dp.max_windows_per_job:
-            names = ", ".join(f"{w.name} (steps {w.start}..{w.end - 1})" for w in is_open)
-            return self._refuse(
-                st.job,
-                "job_limit",
-                f"job {st.job!r} already has {len(is_open)} window(s) open or scheduled: {names}; policy allows {dp.max_windows_per_job}",
-                now,
-                request,
-            )
-        last = max(closed, key=lambda w: w.end, default=None)
-        if kind != "hang" and last is not None and st.max_step < last.end + dp.cooldown_steps:
-            return self._refuse(
-                st.job,
-                "cooldown",
-                f"job {st.job!r} is in cool-down until step {last.end + dp.cooldown_steps} (window {last.name} ended at step {last.end - 1}, cooldown_steps {dp.cooldown_steps}); it is at step {st.max_step}",
-                now,
-                request,
-            )
-        n_open = self.open_windows(now)
-        if n_open >= dp.max_windows_fleet:
-            return self._refuse(
-                st.job,
-                "fleet_limit",
-                f"{n_open} windows are open on this processor; policy allows {dp.max_windows_fleet} (max_windows_fleet)",
-                now,
-                request,
-            )
+        refused = admission.refused(self.policy, st, now, kind, lambda: self.open_windows(now), request)
+        if refused is not None:
+            return refused
         if start is None:
             start = st.max_step + self.margin_steps(st)
-        start = max([start] + [w.end for w in is_open])  # queued behind open windows: they never overlap
         interval = self.step_interval_s(st)
-        expiry = (
-            max(WINDOW_EXPIRY_MIN_S, 3.0 * (start + steps - st.max_step) * interval)
-            if math.isfinite(interval)
-            else WINDOW_EXPIRY_MIN_S
+        trigger = admission.admit(
+            self.policy, st, now, kind, reason, start, steps, interval, lambda: self.active_workers(st), request
         )
-        window = OpenedWindow(f"w{start}", start, start + steps, now + expiry)
-        st.windows = is_open + ([last] if last else []) + [window]
         self._windowed.add(st.job)
-        return ProfileTrigger(
-            job=st.job,
-            window=window.name,
-            start_step=start,
-            steps=steps,
-            expected_workers=max(1, self.active_workers(st)),
-            sampling=Sampling(hardware_hz=dp.hardware_hz, record_shapes=dp.record_shapes, with_stack=dp.with_stack),
-            policy=p.id,
-            policy_hash=p.hash,
-            reason=f"{reason}; starts {start - st.max_step} steps ahead",
-            created_at=now,
-            tenant=st.tenant,
-            kind=kind,  # type: ignore[arg-type]
-            request=request,
-        )
+        return trigger
 
-    # ------------------------------------------------------------------ margin
-
-    def _live(self, st: JobState) -> list[tuple[tuple[int, int], _ShardView]]:
+    def _live(self, st: JobState) -> list[tuple[tuple[int, int], ShardView]]:
         """The shards heard from lately, with members: their highest step within ``3 x recent_steps`` of the job's, or
         a partial of theirs within the lateness bound of the job's last one (a shard whose partials wait for a late
         worker falls behind the others by that much)."""
@@ -970,7 +821,7 @@ class SlowdownDetector:
         recent = st.last_seen_at - self.lateness_s
         return [(k, v) for k, v in st.shards.items() if v.members and (v.highest >= horizon or v.heard_at >= recent)]
 
-    def _shards_in(self, st: JobState, agg: _StepAgg) -> bool:
+    def _shards_in(self, st: JobState, agg: StepAgg) -> bool:
         """Every shard heard from lately sent its partial of the step (counted only once the step has as many)."""
         return len(agg.shards) >= st.live_shards and all(k in agg.shards for k, _ in self._live(st))
 
@@ -989,23 +840,10 @@ class SlowdownDetector:
     def control_latency_s(self, st: JobState) -> float:
         """The slowest echoed receipt of a trigger among the job's recent windows, else among any
         job's on this processor, else the policy's assumed ``control_latency_s``."""
-        seen = list(st.trigger_latency_s.values()) or [
-            v for j in self.jobs.values() for v in j.trigger_latency_s.values()
-        ]
-        return max(0.0, max(seen)) if seen else self.policy.detector.control_latency_s
+        return admission.control_latency_s(st, self.jobs.values(), self.policy.detector)
 
     def margin_steps(self, st: JobState) -> int:
-        """Steps between the last step seen and the window's start.
-
-        The trigger must reach every worker before it starts the step: allow for
-        how far behind the heartbeats we are (the detector's view is that old)
-        plus the control topic's latency, twice over, in units of the job's
-        wall-clock step interval.  The lag compares two hosts' clocks; NTP's ~10 ms
-        error is small against the seconds this margin is about.
-        """
-        dp = self.policy.detector
-        interval = self.step_interval_s(st)
-        if not (math.isfinite(interval) and interval > 0):
-            return max(dp.min_margin_steps, 5)
-        lag = float(np.median(st.lag_s)) if st.lag_s else 0.0
-        return max(dp.min_margin_steps, math.ceil(2.0 * (lag + self.control_latency_s(st)) / interval) + 1)
+        """Steps between the last step seen and the window's start (:func:`~lockstep.streams.admission.margin_steps`)."""
+        return admission.margin_steps(
+            self.policy.detector, self.step_interval_s(st), st, lambda: self.control_latency_s(st)
+        )
