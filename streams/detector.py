@@ -25,8 +25,13 @@ heartbeat, a partial of one worker.
   job-wide regressions are judged against.
 - **Operators** ask for a window (:meth:`request`) and get it or a refusal.
 
-Every window passes the same policy checks: job selectors, windows open per job,
-cool-down after the last window, windows open on this processor (the fleet limit).
+The parts: change detection in :mod:`~lockstep.streams.change`, the per-job state in
+:mod:`~lockstep.streams.jobstate`, window admission in :mod:`~lockstep.streams.admission`, the "from the future"
+rule (shared with the heartbeat stage) in :mod:`~lockstep.streams.plausible`; this module combines partials into
+steps, follows hangs and endings, and schedules the timer's checks.
+
+Every window passes the same policy checks (:mod:`~lockstep.streams.admission`): job selectors, windows open
+per job, cool-down after the last window, windows open on this processor (the fleet limit).
 A window starts far enough ahead for every worker to hear of it in time: the
 margin comes from the job's wall-clock step interval, the heartbeat lag and the
 control topic's latency (measured from agents' echoes, else the policy's value).
