@@ -25,8 +25,13 @@ heartbeat, a partial of one worker.
   job-wide regressions are judged against.
 - **Operators** ask for a window (:meth:`request`) and get it or a refusal.
 
-Every window passes the same policy checks: job selectors, windows open per job,
-cool-down after the last window, windows open on this processor (the fleet limit).
+The parts: change detection in :mod:`~lockstep.streams.change`, the per-job state in
+:mod:`~lockstep.streams.jobstate`, window admission in :mod:`~lockstep.streams.admission`, the "from the future"
+rule (shared with the heartbeat stage) in :mod:`~lockstep.streams.plausible`; this module combines partials into
+steps, follows hangs and endings, and schedules the timer's checks.
+
+Every window passes the same policy checks (:mod:`~lockstep.streams.admission`): job selectors, windows open
+per job, cool-down after the last window, windows open on this processor (the fleet limit).
 A window starts far enough ahead for every worker to hear of it in time: the
 margin comes from the job's wall-clock step interval, the heartbeat lag and the
 control topic's latency (measured from agents' echoes, else the policy's value).
@@ -34,18 +39,12 @@ control topic's latency (measured from agents' echoes, else the policy's value).
 
 from __future__ import annotations
 
-import bisect
-import functools
 import heapq
 import math
-from array import array
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from statistics import NormalDist
+from collections.abc import Iterable
 
 import numpy as np
-import numpy.typing as npt
 
 from ..schemas.records import (
     AgentCounters,
@@ -55,440 +54,50 @@ from ..schemas.records import (
     ProfileTrigger,
     RecordError,
     RefusalCode,
-    Sampling,
     StepHeartbeat,
     StepPartial,
     TriggerRefused,
     TriggerRequest,
 )
-from .policy import DetectorPolicy, Policy
+from . import admission
+from .admission import WINDOW_EXPIRY_MIN_S
+from .change import LEVEL_STEPS, median_rule, median_sorted
+from .jobstate import IncidentWatch, JobState, OpenedWindow, ShardView, StepAgg
+from .plausible import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS, RESTART_STEPS, allowed_steps, clock_detail, future
+from .policy import Policy
 
-#: a window counts as open until the job passes its last step, or at least this long
-#: after it was triggered when the job never gets there (a hang, a job that died)
-WINDOW_EXPIRY_MIN_S = 60.0
+#: the constants and state classes moved out stay importable from here, where they were first defined
+__all__ = [
+    "FUTURE_CLOCK_S",
+    "FUTURE_PACE",
+    "FUTURE_STEPS",
+    "RESTART_STEPS",
+    "WINDOW_EXPIRY_MIN_S",
+    "IncidentWatch",
+    "JobState",
+    "OpenedWindow",
+    "SlowdownDetector",
+]
+
 #: a job silent this long is forgotten (its cool-down stays in the processor's table)
 FORGET_AFTER_S = 3600.0
-#: a new heartbeat this many steps behind the job is a restart (from a checkpoint), not a late record
-RESTART_STEPS = 16
 #: echoed control latencies kept per job (one value per window: the slowest worker's)
 LATENCY_WINDOWS = 8
 #: an echo above this is a broken clock or a stale replay, not the control topic's latency
 LATENCY_MAX_S = 60.0
-#: a heartbeat more steps than this beyond the job's highest step (plus what its pace allows since it was
-#: last heard) is from the future: a forged or corrupted record, not progress
-FUTURE_STEPS = 1000
-#: ... the pace allowance: this many times the job's own wall-clock step rate
-FUTURE_PACE = 10.0
-#: a heartbeat whose clock is more than this ahead of the processor's is from a broken clock
-FUTURE_CLOCK_S = 86_400.0
-#: the cusum rule's baseline (median and spread) is recomputed every this many steps once it is full
-REFRESH_STEPS = 8
-#: an alarm's size is the median of the excursion's last this many steps (at least recent_steps): the level now,
-#: not that of a long excursion too small to matter that a slowdown came on top of
-LEVEL_STEPS = 50
-#: the reference's autocorrelation is also read robustly from this many steps on
-AUTOCORR_STEPS = 100
-#: a step this many spreads above the baseline is a spike (a candidate periodic step) ...
-SPIKE_SPREADS = 4.0
-#: ... and this many spikes are remembered to recognise periodic ones
-SPIKE_MEMORY = 32
 #: ``observe``'s partials are of one worker: their shard is the worker and their partition this
 ONE_WORKER = -1
-#: log step times the cusum rule keeps per job (at least; the reference and the current excursion must fit)
-LOG_STEPS = 2048
 #: a step waits this long (processor clock, from its first partial) for the partials of its missing shards: twice
 #: the heartbeat stage's default lateness bound, which each shard's partial may already have waited ...
 STEP_LATENESS_S = 4.0
 #: ... or until the job is this many steps past it
 STEP_LATENESS_STEPS = 256
-_NORMAL = NormalDist()
-
-
-@functools.lru_cache(maxsize=8192)
-def _normal_score(twice_rank: int, n: int) -> float:
-    """The normal score of a value with ``twice_rank / 2`` of ``n`` reference values below it (ties count half)."""
-    return _NORMAL.inv_cdf((0.5 * twice_rank + 0.5) / (n + 1))
-
-
-def _median_sorted(v: Sequence[float] | npt.NDArray[np.float64]) -> float:
-    m = len(v) // 2
-    return float(v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m]))
-
-
-def _np_median(a: np.ndarray) -> float:
-    """np.median without its overhead (a few hundred values, no NaN)."""
-    m = a.size // 2
-    if a.size % 2:
-        return float(np.partition(a, m)[m])
-    p = np.partition(a, (m - 1, m))
-    return 0.5 * float(p[m - 1] + p[m])
-
-
-@dataclass
-class Alarm:
-    """A sustained slowdown the cusum rule found: since ``since_step``, ``level_s`` against ``baseline_s``."""
-
-    excursion: int  # which excursion of the evidence it is (the index of its first step)
-    since_step: int  # where the slowdown began (the step after the excursion's lowest evidence)
-    steps: int  # steps judged since
-    level_s: float  # the median step time of the last LEVEL_STEPS of them
-    baseline_s: float
-    spread: float  # the job's step-to-step spread (robust sd of log step time)
-    evidence: float  # the CUSUM, in spreads
-
-    @property
-    def shift(self) -> float:
-        return self.level_s / self.baseline_s - 1.0
-
-
-class StepTimeChange:
-    """The cusum rule on one job's synchronised step times (pure; O(1) per step, amortised).
-
-    **Baseline.** A reference of up to ``reference_steps`` earlier steps, ending where the
-    current excursion began (below): its median log step time is the baseline, 1.4826 x the
-    MAD the job's step-to-step spread.  Recomputed every :data:`REFRESH_STEPS` steps.
-
-    **Score.** Each step's place in the reference, as a normal score: ``Phi^-1`` of its rank
-    (ties halved) among the reference's steps.  On a Gaussian job this is the step's excess in
-    spreads; on a skewed one (the slowest of many workers, mixture-of-experts routing, variable
-    sequence lengths) it is still centred and of unit spread, where a z-score would drift up with
-    the skew.  A step beyond every reference step scores about 2.5 (80 steps) to 2.9 (400): one
-    hiccup adds little.  On a job whose spread is below ``spread_floor`` the score is the excess
-    over the floor instead.  Scores are capped at ``step_cap`` and divided by
-    ``sqrt((1 + r) / (1 - r))``, r the reference's lag-1 autocorrelation (0..0.9; see :meth:`_refresh`): correlated noise has wider sums, and the CUSUM is a sum.
-
-    **Evidence.** ``S = max(0, S + score - k)``, ``k`` = ``cusum_k`` + 2/sqrt(reference size) (the
-    reference's own uncertainty): noise drifts it down, a shift of more than ``k`` spreads up.
-    The steps since ``S`` last was 0 (the excursion) never enter the reference, so a slowdown
-    does not become its own baseline while the evidence builds.  An alarm needs ``S >= cusum_h``,
-    and the median of the last :data:`LEVEL_STEPS` (at least ``recent_steps``) steps since the
-    change began ``slowdown_threshold`` above the baseline; the change began where the mean of
-    the excursion rises most (:meth:`_onset`: an excursion can start with noise).  An excursion that stays below that size for
-    longer than the reference becomes the new normal (drift); so does a slowdown a window was
-    opened for, once its cool-down is over (:meth:`SlowdownDetector._judge`; unless it got worse).
-    An excursion whose evidence reached the alarm and fell back to 0 (a slowdown that ended on its
-    own) is forgotten: it never enters the reference.
-
-    **Periodic steps.** A step :data:`SPIKE_SPREADS` spreads above the baseline is a spike; a spike with two earlier
-    ones ``P`` and ``2P`` steps back (``P >= periodic_min_gap``) and few other spikes in between (a quarter of the steps)
-    (so not a sustained slowdown) is a periodic step (a checkpoint, an evaluation) and is ignored.
-    """
-
-    __slots__ = (
-        "cached_hi",
-        "ignored",
-        "inflation",
-        "log",
-        "mu",
-        "n",
-        "peak",
-        "raw_sigma",
-        "ref",
-        "ref_from",
-        "s",
-        "sigma",
-        "spikes",
-        "start",
-        "steps",
-    )
-
-    def __init__(self) -> None:
-        self.log = array(
-            "d"
-        )  # log step times of the steps judged, oldest first (trimmed to LOG_STEPS..2 x LOG_STEPS) ...
-        self.steps = array("q")  # ... and their step numbers
-        self.n = 0  # steps appended so far: log[i] is step index n - len(log) + i
-        self.ref_from = 0  # the reference starts at this index at the earliest (after a change was accepted)
-        self.s = 0.0  # the evidence (CUSUM), in spreads
-        self.start = 0  # index of the first step of the current excursion (valid while s > 0) ...
-        self.peak = 0.0  # ... and its highest evidence
-        self.mu = math.nan  # baseline: median log step time of the reference
-        self.sigma = math.nan  # spread: robust sd of log step time of the reference (at least spread_floor) ...
-        self.raw_sigma = 0.0  # ... and as measured
-        self.inflation = 1.0  # sqrt((1 + r) / (1 - r)) for the reference's lag-1 autocorrelation r
-        self.ref: list[float] = []  # the reference, sorted
-        self.cached_hi = -1  # the reference's end when it was last computed
-        self.spikes: deque[int] = deque(maxlen=SPIKE_MEMORY)  # step numbers of recent spikes
-        self.ignored = 0  # periodic steps ignored
-
-    def _window(self, lo: int, hi: int) -> array[float]:
-        base = self.n - len(self.log)
-        return self.log[lo - base : hi - base]
-
-    def _append(self, step: int, x: float) -> None:
-        log = self.log
-        log.append(x)
-        self.steps.append(step)
-        self.n += 1
-        if len(log) >= 2 * LOG_STEPS:
-            del log[: len(log) - LOG_STEPS]
-            del self.steps[: len(self.steps) - LOG_STEPS]
-
-    def reference(self, dp: DetectorPolicy) -> tuple[int, int]:
-        """Index range of the reference: up to ``reference_steps`` steps before the current excursion."""
-        hi = self.start if self.s > 0 else self.n
-        return max(self.ref_from, hi - dp.reference_steps, self.n - len(self.log)), hi
-
-    def _refresh(self, lo: int, hi: int, dp: DetectorPolicy) -> None:
-        window = np.frombuffer(self._window(lo, hi), dtype=np.float64)
-        ref = np.sort(window)
-        mu = self.mu = _median_sorted(ref)
-        self.raw_sigma = 1.4826 * _np_median(np.abs(window - mu))
-        self.sigma = max(self.raw_sigma, dp.spread_floor)
-        # lag-1 autocorrelation: the correlation of successive steps (hiccups clipped) less its standard error, or
-        # from AUTOCORR_STEPS steps on, if higher, the robust reading (step-to-step differences spread sqrt(2 (1 - r))
-        # times the steps), which heavy tails and slow wander do not hide; on 30 independent steps it exceeds 0.5
-        # one time in 15
-        r = 0.0
-        if self.raw_sigma >= dp.spread_floor:  # (below the floor steps are scored against it: no spread to correlate)
-            w = np.clip(window, mu - 3.0 * self.sigma, mu + 3.0 * self.sigma)
-            w = w - w.mean()
-            r = float(w[1:] @ w[:-1]) / float(w @ w) - 1.0 / math.sqrt(window.size)
-            if window.size >= AUTOCORR_STEPS:
-                d = np.diff(window)
-                r = max(r, 1.0 - 0.5 * (1.4826 * _np_median(np.abs(d - _np_median(d))) / self.raw_sigma) ** 2)
-            r = min(max(r, 0.0), 0.9)
-        self.inflation = math.sqrt((1.0 + r) / (1.0 - r))
-        self.ref = ref.tolist()
-        self.cached_hi = hi
-
-    def _score(self, x: float, dp: DetectorPolicy) -> float:
-        if self.raw_sigma < dp.spread_floor:
-            z = (x - self.mu) / dp.spread_floor
-        else:
-            ref = self.ref
-            z = _normal_score(bisect.bisect_left(ref, x) + bisect.bisect_right(ref, x), len(ref))
-        return float(max(-dp.step_cap, min(z, dp.step_cap)) / self.inflation)
-
-    def _periodic(self, step: int, min_gap: int) -> bool:
-        spikes = self.spikes  # ascending step numbers
-        m = len(spikes)
-        for i, q in enumerate(spikes):
-            gap = step - q
-            if gap < min_gap:
-                break
-            # spikes at step - gap and step - 2 gap, and few others since (a quarter of the steps at most): a
-            # pattern, not a sustained slowdown
-            if m - i - 1 > (gap - 1) // 4:
-                continue
-            try:
-                j = spikes.index(q - gap)
-            except ValueError:
-                continue
-            if m - j - 2 <= (2 * gap - 2) // 4:
-                return True
-        return False
-
-    def update(self, step: int, step_time_s: float, dp: DetectorPolicy) -> Alarm | None:
-        """Judge one completed step; an :class:`Alarm` while a slowdown worth a window is seen."""
-        x = math.log(max(step_time_s, 1e-9))
-        lo, hi = self.reference(dp)
-        if hi - lo < dp.baseline_steps and self.s > 0:  # the reference left the buffer during a long excursion
-            self.rebaseline()
-            lo, hi = self.reference(dp)
-        if hi - lo < dp.baseline_steps:  # learning the baseline
-            self._append(step, x)
-            return None
-        if self.cached_hi < 0 or hi - self.cached_hi >= min(REFRESH_STEPS, max(1, (hi - lo) // 16)):
-            self._refresh(lo, hi, dp)
-        spike = x - self.mu > SPIKE_SPREADS * self.sigma
-        if spike and dp.periodic_min_gap and self._periodic(step, dp.periodic_min_gap):
-            self.ignored += 1
-            return None
-        if spike:
-            self.spikes.append(step)
-        s = max(0.0, self.s + self._score(x, dp) - dp.cusum_k - 2.0 / math.sqrt(len(self.ref)))
-        if s > 0.0 and self.s == 0.0:
-            self.start, self.peak = self.n, 0.0
-        elif s == 0.0 and self.s > 0.0 and self.peak >= dp.cusum_h:
-            self._forget_excursion()
-        self.s = min(s, 2.0 * dp.cusum_h)  # bounded: a job that recovers drops below the alarm within a few steps
-        self.peak = max(self.peak, self.s)
-        self._append(step, x)
-        if self.s < dp.cusum_h or self.n - self.start < dp.recent_steps:
-            return None
-        onset = self._onset(dp)
-        level = _median_sorted(sorted(self._window(max(onset, self.n - max(LEVEL_STEPS, dp.recent_steps)), self.n)))
-        alarm = Alarm(
-            self.start,
-            self.steps[onset - self.n],
-            self.n - onset,
-            math.exp(level),
-            math.exp(self.mu),
-            self.sigma,
-            self.s,
-        )
-        if alarm.shift >= dp.slowdown_threshold:
-            return alarm
-        if self.n - self.start > dp.reference_steps:
-            self.rebaseline()  # a change too small to matter that lasted: the new normal
-        return None
-
-    def _onset(self, dp: DetectorPolicy) -> int:
-        """Where in the excursion the change began: the split with the largest standardised rise of the mean
-        (the reference, at its median, before it; hiccups clipped), leaving at least ``recent_steps`` after
-        it.  An excursion can begin with noise before the slowdown; its level is that of the steps after."""
-        v = np.frombuffer(self._window(self.start, self.n), dtype=np.float64)
-        m = v.size
-        if m <= dp.recent_steps:
-            return self.start
-        # hiccups clipped: at twice the recent level's excess, at least step_cap spreads
-        c = max(dp.step_cap * self.sigma, 2.0 * (_np_median(v[-min(m, LEVEL_STEPS) :]) - self.mu))
-        excess = np.clip(v - self.mu, -c, c)
-        a = np.arange(m - dp.recent_steps + 1)  # excursion steps before the split
-        after = np.cumsum(excess[::-1])[::-1][a]  # the excess of the steps from the split on ...
-        before = np.concatenate(([0.0], np.cumsum(excess[: m - dp.recent_steps])))  # ... and of those before it
-        nb, na = len(self.ref) + a, m - a
-        gain = (after / na - before / nb) * np.sqrt(nb * na / (nb + na))
-        return self.start + int(np.argmax(gain))
-
-    def _forget_excursion(self) -> None:
-        """A slowdown that ended on its own (the evidence rose to an alarm, then fell back to 0) is not the
-        job's normal: its steps leave the log, so that the reference never holds them (a recurrence at the
-        same level would otherwise rank as ordinary)."""
-        keep = self.start - (self.n - len(self.log))
-        if keep >= 0:
-            del self.log[keep:]
-            del self.steps[keep:]
-            self.n = self.start
-        self.peak = 0.0
-        self.cached_hi = -1
-
-    def rebaseline(self, fresh: bool = False) -> None:
-        """The current excursion's level becomes the baseline (it lasted, too small to matter); ``fresh``: the
-        steps from now on do (a window was opened for a slowdown: its level now is the job's new normal)."""
-        if fresh:
-            self.ref_from = self.n
-        elif self.s > 0.0:
-            self.ref_from = self.start
-        self.s = self.peak = 0.0
-        self.cached_hi = -1
-
-    def describe(self, dp: DetectorPolicy) -> str:
-        """What the rule sees, for people: the recent median against the baseline, and the evidence."""
-        if not self.log:
-            return "no complete step yet"
-        # the current excursion if there is one, else the last quarter of a reference
-        recent_n = max(1, self.n - self.start) if self.s > 0 else min(len(self.log), max(1, dp.reference_steps // 4))
-        recent = math.exp(_median_sorted(sorted(self._window(self.n - recent_n, self.n))))
-        lo, hi = self.reference(dp)
-        if hi - lo < dp.baseline_steps or math.isnan(self.mu):
-            return f"median step time {recent * 1e3:.1f} ms; still learning the baseline ({hi - lo} of {dp.baseline_steps} steps)"
-        base = math.exp(self.mu)
-        return (
-            f"median step time {recent * 1e3:.1f} ms over the last {recent_n} steps vs baseline {base * 1e3:.1f} ms "
-            f"({(recent / base - 1) * 100:+.1f}%; step-to-step spread {self.sigma * 100:.1f}%, slowdown_threshold "
-            f"{dp.slowdown_threshold * 100:g}%); evidence {self.s:.1f} of {dp.cusum_h:g} spreads"
-        )
 
 
 def _summed(counters: Iterable[AgentCounters]) -> AgentCounters:
     """Agents' counters summed field by field."""
     cs = list(counters)
     return AgentCounters(**{f: sum(getattr(c, f) for c in cs) for f in AgentCounters.__struct_fields__})
-
-
-def _median_rule(st: JobState, dp: DetectorPolicy) -> tuple[float, float] | None:
-    """The older rule (``rule: median``): the median of the last ``recent_steps`` step times (one
-    hiccup is not a slowdown) and the 25th percentile of up to 4 x ``baseline_steps`` earlier ones (the
-    recent best); None until there are enough steps."""
-    if len(st.history) < dp.baseline_steps + dp.recent_steps:
-        return None
-    h = list(st.history)
-    return float(np.median(h[-dp.recent_steps :])), float(
-        np.percentile(h[: -dp.recent_steps][-4 * dp.baseline_steps :], 25)
-    )
-
-
-@dataclass(slots=True)
-class _StepAgg:
-    opened_at: float  # processor clock at its first partial
-    slowest_s: float = 0.0
-    workers: int = 0
-    shards: set[tuple[int, int]] = field(default_factory=set)  # (shard, partition) of the partials counted
-
-
-@dataclass(slots=True)
-class _ShardView:
-    """What the detector last heard from one shard (one worker's, through ``observe``)."""
-
-    step: int = -1  # the last step it reported ...
-    workers: int = 0  # ... how many workers reported it ...
-    missing: list[int] = field(default_factory=list)  # ... and which of its workers were behind it (the first)
-    missing_total: int = 0
-    highest: int = -1  # the highest step it has seen
-    members: int = 0  # the workers it expects (its membership, as its last partial said)
-    heard_at: float = 0.0  # processor clock at its last partial
-
-
-@dataclass
-class OpenedWindow:
-    name: str
-    start: int
-    end: int  # first step after the window
-    expires_at: float  # processor clock
-
-
-@dataclass(slots=True)
-class IncidentWatch:
-    """What the detector follows of a job for the sink's incidents (:class:`JobChange`): the slowdown a window was opened
-    for, until its step time is back at the level before it, and the final heartbeats, until the job has ended."""
-
-    window: str = ""  # the window opened for the slowdown watched ("" none) ...
-    onset_step: int = -1  # ... where it began ...
-    onset_at: float = 0.0
-    before_s: float = 0.0  # ... the median step time before it ...
-    during_s: float = 0.0  # ... and its level
-    from_step: int = -1  # the highest step when the window was opened: the steps after it are judged
-    since: deque[float] = field(default_factory=deque)  # step times completed since the window was opened (the latest)
-    finals: int = 0  # final heartbeats heard since the job's highest step last advanced ...
-    finals_step: int = -1  # ... that step ...
-    final_at: float = 0.0  # ... and when the first of them came (processor clock)
-    ended_step: int = -1  # the highest step when the job's end was last reported
-
-
-@dataclass(slots=True)
-class JobState:
-    job: str
-    tenant: str = ""
-    selected: bool = True  # by the policy's job selectors
-    steps: dict[int, _StepAgg] = field(default_factory=dict)  # steps not yet complete
-    history: deque[float] = field(
-        default_factory=lambda: deque(maxlen=512)
-    )  # synchronised step times (s) of complete steps
-    change: StepTimeChange = field(default_factory=StepTimeChange)  # the cusum rule's state
-    alarm: Alarm | None = None  # what the cusum rule said after the last complete step
-    profiled: tuple[int, float, int] | None = (
-        None  # the slowdown a window was opened for: (excursion, level, step its cool-down ends)
-    )
-    world_size: int = 0  # workers in the job as its agents report it (0: not reported)
-    born: float = 0.0  # processor clock when the detector first heard of the job (or of its restart)
-    live_shards: int = 0  # shards heard from lately, when a step last opened
-    expected: int = 0  # workers a step waits for before it is complete: the job's membership (:meth:`members`)
-    shards: dict[tuple[int, int], _ShardView] = field(default_factory=dict)  # (shard, partition) -> what it last said
-    sent_at: dict[int, float] = field(default_factory=dict)  # step -> clock worker's sent_at (one host's clock)
-    clock_key: tuple[int, int] | None = None  # the shard whose clock worker keeps the job's pace ...
-    clock_worker: int | None = None  # ... and that worker
-    newest_sent_at: float = 0.0
-    max_step: int = -1
-    first_step: int = -1  # the first step judged: a job that never had a window counts from here
-    baseline_after: int = -1  # no baseline window is asked for before this step (backs off after a refusal)
-    last_complete: int = -1
-    lag_s: deque[float] = field(
-        default_factory=lambda: deque(maxlen=64)
-    )  # heartbeat arrival lag, processor clock - worker clock
-    last_progress_at: float = 0.0  # processor clock when max_step last advanced
-    last_seen_at: float = 0.0
-    ended: bool = False  # a worker sent its final heartbeat and nothing progressed since
-    hang_step: int = -1  # max_step at which a hang window was triggered
-    tick_at: float = 0.0  # last hang check requested
-    tick_step: int = -1  # the open step a tick was last requested for (it waited the lateness bound)
-    windows: list[OpenedWindow] = field(default_factory=list)  # open ones and the last closed one
-    trigger_latency_s: dict[str, float] = field(default_factory=dict)  # window -> slowest echoed receipt
-    agents: dict[tuple[int, int], AgentCounters] = field(
-        default_factory=dict
-    )  # shard -> its agents' last counters (sent on change)
-    watch: IncidentWatch = field(default_factory=IncidentWatch)  # what the sink's incidents need to hear
 
 
 class Deadlines:
@@ -535,6 +144,26 @@ class Deadlines:
     def entries(self) -> int:
         """Heap entries, stale ones included (at most about twice the jobs scheduled)."""
         return len(self._heap)
+
+
+class _JobProgress:
+    """A job's progress as :func:`~lockstep.streams.plausible.future` reads it."""
+
+    __slots__ = ("_det", "_st")
+
+    def __init__(self, det: SlowdownDetector, st: JobState) -> None:
+        self._det, self._st = det, st
+
+    @property
+    def highest(self) -> int:
+        return self._st.max_step
+
+    @property
+    def last_seen_at(self) -> float:
+        return self._st.last_seen_at
+
+    def interval_s(self) -> float:
+        return self._det.step_interval_s(self._st)
 
 
 class SlowdownDetector:
@@ -651,7 +280,7 @@ class SlowdownDetector:
             return where + "not selected by the policy's job selectors"
         if dp.rule == "cusum":
             return where + st.change.describe(dp)
-        seen = _median_rule(st, dp)
+        seen = median_rule(st.history, dp)
         if seen is None:
             return (
                 where
@@ -733,7 +362,7 @@ class SlowdownDetector:
         key = (p.shard, p.partition)
         view = st.shards.get(key)
         if view is None:
-            view = st.shards[key] = _ShardView()
+            view = st.shards[key] = ShardView()
         view.highest = max(view.highest, p.highest)
         view.heard_at = now
         if p.workers and p.step >= view.step:
@@ -775,7 +404,7 @@ class SlowdownDetector:
                 st.lag_s.append(max(0.0, now - (p.highest_sent_at or p.clock_sent_at)))
         agg = st.steps.get(p.step)
         if agg is None:
-            agg = st.steps[p.step] = _StepAgg(now)
+            agg = st.steps[p.step] = StepAgg(now)
             st.expected = self.members(st)
         if key not in agg.shards:
             agg.shards.add(key)
@@ -786,27 +415,19 @@ class SlowdownDetector:
         return self._judge(st, now)
 
     def _plausible(self, job: str, step: int, sent_at: float, now: float, who: str, host: str) -> None:
-        """Steps and clocks from the future poison a job's state (a step 10^9 ahead would schedule its
-        windows at steps never reached and complete every real step early; a sent_at years ahead would
-        hide every later restart), so such records are refused before they touch it."""
-        if sent_at > now + FUTURE_CLOCK_S:
-            raise RecordError(
-                "from_the_future",
-                f"sent_at is {(sent_at - now) / 3600:.0f} h ahead of the processor's clock "
-                f"(at most {FUTURE_CLOCK_S / 3600:.0f} h): the clock of {host} is broken",
-            )
+        """Refuse a record from the future (:mod:`~lockstep.streams.plausible`) before it touches the job's state."""
         st = self.jobs.get(job)
-        if st is None or st.max_step < 0 or step <= st.max_step + FUTURE_STEPS:
-            return  # nothing shown yet (any step can be the job's), or near enough
-        interval = self.step_interval_s(st)
-        pace = FUTURE_PACE * (now - st.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
-        allowed = FUTURE_STEPS + pace
-        if step > st.max_step + allowed:
-            raise RecordError(
-                "from_the_future",
-                f"step {step} of job {job!r} ({who}) is {step - st.max_step} steps "
-                f"beyond the highest it has shown ({st.max_step}); at most {allowed:.0f} are plausible",
-            )
+        shown = _JobProgress(self, st) if st is not None else None
+        if not future(step, sent_at, now, shown).any():
+            return
+        if sent_at > now + FUTURE_CLOCK_S:
+            raise RecordError("from_the_future", clock_detail(sent_at - now, f"the clock of {host}"))
+        assert st is not None and shown is not None  # a step beyond the job's needs a job
+        raise RecordError(
+            "from_the_future",
+            f"step {step} of job {job!r} ({who}) is {step - st.max_step} steps "
+            f"beyond the highest it has shown ({st.max_step}); at most {allowed_steps(shown, now):.0f} are plausible",
+        )
 
     def _echo(self, st: JobState, window: str, latency_s: float) -> None:
         if latency_s > LATENCY_MAX_S:
@@ -884,7 +505,7 @@ class SlowdownDetector:
                 st.profiled = (alarm.excursion, alarm.level_s, out[0].start_step + out[0].steps + dp.cooldown_steps)
                 self._watch_slowdown(st, out[0], alarm.since_step, alarm.baseline_s, alarm.level_s, now)
             return out
-        medians = _median_rule(st, dp)
+        medians = median_rule(st.history, dp)
         if medians is None:
             return []
         recent, baseline = medians
@@ -990,7 +611,7 @@ class SlowdownDetector:
         w.since.append(step_time_s)
         if len(w.since) < dp.recovery_steps:
             return
-        level = _median_sorted(sorted(w.since))
+        level = median_sorted(sorted(w.since))
         if level > w.before_s * (1.0 + 0.5 * dp.slowdown_threshold):
             return
         reason = (
@@ -1032,7 +653,7 @@ class SlowdownDetector:
         if w.ended_step == st.max_step:
             return
         last = list(st.history)[-max(1, self.policy.detector.recent_steps) :]
-        level = _median_sorted(sorted(last)) if last else 0.0
+        level = median_sorted(sorted(last)) if last else 0.0
         self._change(
             st, "ended", st.max_step, now, after_s=level, end=end, reason=f"ended at step {st.max_step}: {why}"
         )
@@ -1163,7 +784,7 @@ class SlowdownDetector:
     # ------------------------------------------------------------------ policy checks
 
     def is_open(self, st: JobState, w: OpenedWindow, now: float) -> bool:
-        return w.end > st.max_step and now < w.expires_at
+        return admission.is_open(st, w, now)
 
     def open_windows(self, now: float) -> int:
         """Windows open or scheduled on this processor (the fleet limit counts them).  Only the jobs that may have one
@@ -1171,7 +792,7 @@ class SlowdownDetector:
         n = 0
         for job in list(self._windowed):
             st = self.jobs.get(job)
-            k = sum(self.is_open(st, w, now) for w in st.windows) if st is not None else 0
+            k = sum(admission.is_open(st, w, now) for w in st.windows) if st is not None else 0
             if k:
                 n += k
             else:
@@ -1179,91 +800,25 @@ class SlowdownDetector:
         return n
 
     def _refuse(self, job: str, code: RefusalCode, reason: str, now: float, request: str = "") -> TriggerRefused:
-        p = self.policy
-        return TriggerRefused(
-            job=job, request=request or "-", code=code, reason=reason, policy=p.id, policy_hash=p.hash, at=now
-        )
+        return admission.refusal(self.policy, job, code, reason, now, request)
 
     def _decide(
         self, st: JobState, now: float, kind: str, reason: str, start: int | None, steps: int, request: str = ""
     ) -> ProfileTrigger | TriggerRefused:
         """``start``: the window's first step; None: a margin ahead (computed only if the checks pass)."""
-        p, dp = self.policy, self.policy.detector
-        if not st.selected:
-            j = p.jobs
-            return self._refuse(
-                st.job,
-                "excluded",
-                f"job {st.job!r} (tenant {st.tenant!r}) is not selected by policy {p.ref} (include {list(j.include)}, exclude {list(j.exclude)}, tenants {list(j.tenants) or 'all'})",
-                now,
-                request,
-            )
-        if st.ended:
-            return self._refuse(
-                st.job, "ended", f"job {st.job!r} ended at step {st.max_step} (final heartbeat)", now, request
-            )
-        is_open = [w for w in st.windows if self.is_open(st, w, now)]
-        closed = [w for w in st.windows if not self.is_open(st, w, now)]
-        # a hang's window profiles nothing (its steps never come; the agents answer where they are): a window opened
-        # before the job stopped, and the cool-down after one, never hold it back (the job will not reach their ends)
-        if kind != "hang" and len(is_open) >= dp.max_windows_per_job:
-            names = ", ".join(f"{w.name} (steps {w.start}..{w.end - 1})" for w in is_open)
-            return self._refuse(
-                st.job,
-                "job_limit",
-                f"job {st.job!r} already has {len(is_open)} window(s) open or scheduled: {names}; policy allows {dp.max_windows_per_job}",
-                now,
-                request,
-            )
-        last = max(closed, key=lambda w: w.end, default=None)
-        if kind != "hang" and last is not None and st.max_step < last.end + dp.cooldown_steps:
-            return self._refuse(
-                st.job,
-                "cooldown",
-                f"job {st.job!r} is in cool-down until step {last.end + dp.cooldown_steps} (window {last.name} ended at step {last.end - 1}, cooldown_steps {dp.cooldown_steps}); it is at step {st.max_step}",
-                now,
-                request,
-            )
-        n_open = self.open_windows(now)
-        if n_open >= dp.max_windows_fleet:
-            return self._refuse(
-                st.job,
-                "fleet_limit",
-                f"{n_open} windows are open on this processor; policy allows {dp.max_windows_fleet} (max_windows_fleet)",
-                now,
-                request,
-            )
+        refused = admission.refused(self.policy, st, now, kind, lambda: self.open_windows(now), request)
+        if refused is not None:
+            return refused
         if start is None:
             start = st.max_step + self.margin_steps(st)
-        start = max([start] + [w.end for w in is_open])  # queued behind open windows: they never overlap
         interval = self.step_interval_s(st)
-        expiry = (
-            max(WINDOW_EXPIRY_MIN_S, 3.0 * (start + steps - st.max_step) * interval)
-            if math.isfinite(interval)
-            else WINDOW_EXPIRY_MIN_S
+        trigger = admission.admit(
+            self.policy, st, now, kind, reason, start, steps, interval, lambda: self.active_workers(st), request
         )
-        window = OpenedWindow(f"w{start}", start, start + steps, now + expiry)
-        st.windows = is_open + ([last] if last else []) + [window]
         self._windowed.add(st.job)
-        return ProfileTrigger(
-            job=st.job,
-            window=window.name,
-            start_step=start,
-            steps=steps,
-            expected_workers=max(1, self.active_workers(st)),
-            sampling=Sampling(hardware_hz=dp.hardware_hz, record_shapes=dp.record_shapes, with_stack=dp.with_stack),
-            policy=p.id,
-            policy_hash=p.hash,
-            reason=f"{reason}; starts {start - st.max_step} steps ahead",
-            created_at=now,
-            tenant=st.tenant,
-            kind=kind,  # type: ignore[arg-type]
-            request=request,
-        )
+        return trigger
 
-    # ------------------------------------------------------------------ margin
-
-    def _live(self, st: JobState) -> list[tuple[tuple[int, int], _ShardView]]:
+    def _live(self, st: JobState) -> list[tuple[tuple[int, int], ShardView]]:
         """The shards heard from lately, with members: their highest step within ``3 x recent_steps`` of the job's, or
         a partial of theirs within the lateness bound of the job's last one (a shard whose partials wait for a late
         worker falls behind the others by that much)."""
@@ -1271,7 +826,7 @@ class SlowdownDetector:
         recent = st.last_seen_at - self.lateness_s
         return [(k, v) for k, v in st.shards.items() if v.members and (v.highest >= horizon or v.heard_at >= recent)]
 
-    def _shards_in(self, st: JobState, agg: _StepAgg) -> bool:
+    def _shards_in(self, st: JobState, agg: StepAgg) -> bool:
         """Every shard heard from lately sent its partial of the step (counted only once the step has as many)."""
         return len(agg.shards) >= st.live_shards and all(k in agg.shards for k, _ in self._live(st))
 
@@ -1290,23 +845,10 @@ class SlowdownDetector:
     def control_latency_s(self, st: JobState) -> float:
         """The slowest echoed receipt of a trigger among the job's recent windows, else among any
         job's on this processor, else the policy's assumed ``control_latency_s``."""
-        seen = list(st.trigger_latency_s.values()) or [
-            v for j in self.jobs.values() for v in j.trigger_latency_s.values()
-        ]
-        return max(0.0, max(seen)) if seen else self.policy.detector.control_latency_s
+        return admission.control_latency_s(st, self.jobs.values(), self.policy.detector)
 
     def margin_steps(self, st: JobState) -> int:
-        """Steps between the last step seen and the window's start.
-
-        The trigger must reach every worker before it starts the step: allow for
-        how far behind the heartbeats we are (the detector's view is that old)
-        plus the control topic's latency, twice over, in units of the job's
-        wall-clock step interval.  The lag compares two hosts' clocks; NTP's ~10 ms
-        error is small against the seconds this margin is about.
-        """
-        dp = self.policy.detector
-        interval = self.step_interval_s(st)
-        if not (math.isfinite(interval) and interval > 0):
-            return max(dp.min_margin_steps, 5)
-        lag = float(np.median(st.lag_s)) if st.lag_s else 0.0
-        return max(dp.min_margin_steps, math.ceil(2.0 * (lag + self.control_latency_s(st)) / interval) + 1)
+        """Steps between the last step seen and the window's start (:func:`~lockstep.streams.admission.margin_steps`)."""
+        return admission.margin_steps(
+            self.policy.detector, self.step_interval_s(st), st, lambda: self.control_latency_s(st)
+        )

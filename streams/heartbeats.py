@@ -32,7 +32,8 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from ..schemas.records import MAX_MISSING, AgentCounters, Echo, PartialClosed, StepPartial, WorkerCounters
-from .detector import FUTURE_CLOCK_S, FUTURE_PACE, FUTURE_STEPS, RESTART_STEPS
+from .plausible import FUTURE_STEPS, RESTART_STEPS, clock_ahead, clock_detail
+from .plausible import future as _future
 
 T = TypeVar("T")
 
@@ -203,21 +204,13 @@ class HeartbeatShards(Generic[T]):
 
     def future(self, key: ShardKey, step: np.ndarray, sent_at: np.ndarray, now: float) -> np.ndarray:
         """Rows no real worker can have sent: a clock a day ahead, or a step far beyond the shard's progress (the
-        detector's rule, on the shard: a record that would poison it is refused before it touches it)."""
-        bad = sent_at > now + FUTURE_CLOCK_S
-        sh = self.shards.get(key)
-        if sh is not None and sh.highest >= 0:
-            interval = sh.interval_s()
-            pace = FUTURE_PACE * (now - sh.last_seen_at) / interval if math.isfinite(interval) and interval > 0 else 0.0
-            bad |= step > sh.highest + FUTURE_STEPS + pace
-        elif step.size > 1:  # a shard's first rows, in one batch of records: judged against their own median
-            bad |= step > float(np.median(step)) + FUTURE_STEPS
-        return bad
+        detector's rule, :func:`~lockstep.streams.plausible.future`, on the shard: a record that would poison it
+        is refused before it touches it)."""
+        return _future(step, sent_at, now, self.shards.get(key))
 
     def future_detail(self, key: ShardKey, step: np.ndarray, sent_at: np.ndarray, now: float) -> str:
-        if (sent_at > now + FUTURE_CLOCK_S).any():
-            ahead = float(sent_at.max()) - now
-            return f"sent_at is {ahead / 3600:.0f} h ahead of the processor's clock (at most {FUTURE_CLOCK_S / 3600:.0f} h): a host's clock is broken"
+        if clock_ahead(sent_at, now).any():
+            return clock_detail(float(sent_at.max()) - now, "a host's clock")
         sh = self.shards.get(key)
         highest = sh.highest if sh is not None and sh.highest >= 0 else -1
         if highest < 0:
