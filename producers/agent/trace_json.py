@@ -559,14 +559,8 @@ class _Reader:
                     meta[key] = self._value(MAX_META_BYTES, f"the trace's {key}")
                 else:
                     self._value(MAX_META_BYTES, f"the trace's {key[:40]}")
-                c = self._peek()
-                self.pos += 1
-                if c == b"}":
+                if self._after_item(b"}"):
                     break
-                if c != b",":
-                    raise TraceReadError(
-                        f"not a Chrome-trace JSON object with traceEvents (expected ',' or '}}', got {c!r})"
-                    )
         if self._peek():
             raise TraceReadError("not a Chrome-trace JSON object with traceEvents (trailing data after the object)")
         if not seen_events:
@@ -594,14 +588,20 @@ class _Reader:
             self.builder.add(events)
             del events
             self.pos = end
-            c = self._peek()
-            self.pos += 1
-            if c == b"]":
+            if self._after_item(b"]"):
                 return
-            if c != b",":
-                raise TraceReadError(
-                    f"not a Chrome-trace JSON object with traceEvents (expected ',' or ']', got {c!r})"
-                )
+
+    def _after_item(self, close: bytes) -> bool:
+        """Past the separator after an item of an object or array: True where it was ``close`` (the end)."""
+        c = self._peek()
+        self.pos += 1
+        if c == close:
+            return True
+        if c != b",":
+            raise TraceReadError(
+                f"not a Chrome-trace JSON object with traceEvents (expected ',' or '{close.decode()}', got {c!r})"
+            )
+        return False
 
     def _cut(self, window: int) -> tuple[int, list[ChromeEvent]]:
         """The end of the last whole event in the window from ``pos`` (just after its ``}``) and the events up to

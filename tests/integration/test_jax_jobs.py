@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.app.runtime import Pipeline
 from lockstep.broker import free_port
-from lockstep.kafka import ensure_topics
 from lockstep.sinks.http import query, wait_for
-from lockstep.streams.app import changelog_topics
 
 pytestmark = pytest.mark.integration
 JOB = Path(__file__).with_name("jax_job.py")
@@ -29,16 +26,6 @@ FAULT_AT = 60
 def jax_installed():
     """Imported in the tests, never at collection (DEVELOPING.md)."""
     pytest.importorskip("jax", reason="JAX is not installed (pip install -e '.[jax]')")
-
-
-@pytest.fixture
-def pipeline(settings, tmp_path):
-    ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
-    p = Pipeline(settings, tmp_path)
-    p.start("sink", 60)
-    p.start("processor", 60)
-    yield p
-    p.stop()
 
 
 def start(out: Path, world: int, env: dict[str, str]) -> list[subprocess.Popen]:

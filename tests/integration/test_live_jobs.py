@@ -25,14 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.app.runtime import Pipeline
 from lockstep.broker import free_port
-from lockstep.kafka import ensure_topics
 from lockstep.metrics import value
 from lockstep.sinks.http import query, wait_for
 from lockstep.sinks.report.data import gather
 from lockstep.sinks.report.page import render
-from lockstep.streams.app import changelog_topics
 from tests.integration.test_browser import CHROMIUM, artifacts, chromium, hottest_cell
 
 pytestmark = pytest.mark.integration
@@ -197,16 +194,6 @@ def page_reads_right(settings, job: LiveJob, hit: tuple, slow_rank: int) -> None
     # near the fault's first step: the marker goes to the first raw step above the line in the 4 steps before the
     # rolling median crossed it, which a noisy step just before the fault can be (114 was seen for 120)
     assert FAULT_AT - 10 <= at <= FAULT_AT + 40, at
-
-
-@pytest.fixture
-def pipeline(settings, tmp_path):
-    ensure_topics(settings, extra=dict.fromkeys(changelog_topics(settings.processor_id), settings.partitions))
-    p = Pipeline(settings, tmp_path)
-    p.start("sink", 60)
-    p.start("processor", 60)
-    yield p
-    p.stop()
 
 
 @pytest.mark.timeout(600)
