@@ -31,6 +31,25 @@ OP_EVENT_SCHEMA = pa.schema(
     ]
 )
 OP_EVENT_REQUIRED = ("worker", "step", "function", "kind", "start_us", "duration_us")
+#: optional columns of a collective's instance, where the trace records them (torch's ``record_param_comms``
+#: ``Seq`` and process group): the collective's sequence number in its process group, the same on every member
+#: rank, and the group; null elsewhere.  A table with them matches collectives across ranks by (group, number)
+#: (:mod:`lockstep.streams.diagnosis.collectives`); the trace reader adds them only to a trace that has them.
+COLLECTIVE_FIELDS = (
+    pa.field("collective_seq", pa.int64()),
+    pa.field("process_group", pa.string()),
+)
+OP_EVENT_SEQ_SCHEMA = pa.schema([*OP_EVENT_SCHEMA, *COLLECTIVE_FIELDS])
+#: one worker's numbered collective instances in one step (the summariser's, beside its function table): what
+#: matching them across ranks needs, a few rows per collective call
+COLLECTIVE_INSTANCE_SCHEMA = pa.schema(
+    [
+        pa.field("function", pa.string(), nullable=False),
+        pa.field("process_group", pa.string()),
+        pa.field("collective_seq", pa.int64(), nullable=False),
+        pa.field("duration_us", pa.float64(), nullable=False),
+    ]
+)
 #: bounds of an op event's values: what records can carry (schemas.records Rank, Step) and what a profiler
 #: measures (an event of more than about 11.6 days, or a time beyond the year 5000, is a broken input)
 MAX_WORKER = 10_000_000
@@ -49,6 +68,9 @@ SAMPLE_SCHEMA = pa.schema(
 SAMPLE_REQUIRED = ("worker", "t_us", "metric", "value")
 
 __all__ = [
+    "COLLECTIVE_FIELDS",
+    "COLLECTIVE_INSTANCE_SCHEMA",
+    "OP_EVENT_SEQ_SCHEMA",
     "FUNCTION_KINDS",
     "MAX_DURATION_US",
     "MAX_STEP",

@@ -8,7 +8,7 @@ and sync event that starts inside them (``--steps``), or every event that starts
 the trace (``--span-us A:B``, microseconds after its first event); the device events those runtime calls launched
 (``correlation``) and the flow events that join them (unless ``--no-flows``); process and thread names.  Each event's
 ``args`` keep only what the trace reader uses (correlation, device, stream, bytes, process
-group); top-level keys except ``traceEvents`` are kept, ``deviceProperties`` reduced to id and
+group, a collective's sequence number); top-level keys except ``traceEvents`` are kept, ``deviceProperties`` reduced to id and
 name.  Timestamps and durations are not touched.
 """
 
@@ -28,6 +28,7 @@ KEEP_ARGS = (
     "bytes",
     "Process Group Description",
     "Process Group Name",
+    "Seq",
 )
 CPU = (
     "cpu_op",

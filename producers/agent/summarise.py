@@ -37,7 +37,15 @@ import pyarrow.compute as pc
 
 from ...schemas import functions as ft
 from ...schemas.errors import LockstepError
-from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_REQUIRED, SAMPLE_REQUIRED
+from ...schemas.events import (
+    COLLECTIVE_INSTANCE_SCHEMA,
+    MAX_DURATION_US,
+    MAX_STEP,
+    MAX_TIME_US,
+    MAX_WORKER,
+    OP_EVENT_REQUIRED,
+    SAMPLE_REQUIRED,
+)
 from ...schemas.records import FUNCTION_KINDS
 
 #: critical-path classes, higher wins
@@ -70,6 +78,8 @@ class StepSummary:
     step: int
     step_time_us: float
     functions: pa.Table  # conformed to lockstep.schemas.functions.SCHEMA
+    #: its numbered collective instances (COLLECTIVE_INSTANCE_SCHEMA), None when its events carry no numbers
+    collectives: pa.Table | None = None
 
 
 def summarise(
@@ -154,16 +164,49 @@ def summarise(
     table = ft.make_table({k: np.asarray(v)[idx] for k, v in cols.items()})
     group = c_ws[idx]  # cells are sorted by (worker-step, function): each worker-step is one slice
     bounds = np.searchsorted(group, np.arange(n_ws + 1))
+    inst, inst_bounds = _instances(events, ws, n_ws)
     return [
         StepSummary(
             worker=int(pairs[g, 0]),
             step=int(pairs[g, 1]),
             step_time_us=float(step_time[g]),
             functions=table.slice(bounds[g], bounds[g + 1] - bounds[g]),
+            collectives=None if inst is None else inst.slice(inst_bounds[g], inst_bounds[g + 1] - inst_bounds[g]),
         )
         for g in range(n_ws)
         if bounds[g + 1] > bounds[g] and step_time[g] > 0
     ]
+
+
+def _instances(events: pa.Table, ws: np.ndarray, n_ws: int) -> tuple[pa.Table | None, np.ndarray]:
+    """The numbered collective instances (COLLECTIVE_INSTANCE_SCHEMA) sorted by worker-step, and where each
+    worker-step's begin; (None, ...) when the events carry no ``collective_seq`` column or no number in it."""
+    if "collective_seq" not in events.column_names:
+        return None, np.zeros(n_ws + 1, dtype=np.int64)
+    seq = _column(events, "collective_seq", pa.int64(), "op-event")
+    has = np.asarray(seq.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if not has.any():
+        return None, np.zeros(n_ws + 1, dtype=np.int64)
+    number = seq.fill_null(-1).to_numpy(zero_copy_only=False)
+    has &= number >= 0
+    rows = np.flatnonzero(has)
+    rows = rows[np.argsort(ws[rows], kind="stable")]
+    pg = (
+        _column(events, "process_group", pa.string(), "op-event")
+        if "process_group" in events.column_names
+        else pa.nulls(events.num_rows, pa.string())
+    )
+    take = pa.array(rows, pa.int64())
+    inst = pa.Table.from_arrays(
+        [
+            _column(events, "function", pa.string(), "op-event").take(take),
+            pg.take(take),
+            pa.array(number[rows], pa.int64()),
+            _column(events, "duration_us", pa.float64(), "op-event").take(take),
+        ],
+        schema=COLLECTIVE_INSTANCE_SCHEMA,
+    )
+    return inst, np.searchsorted(ws[rows], np.arange(n_ws + 1))
 
 
 # --------------------------------------------------------------------------- input

@@ -77,7 +77,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas.errors import LockstepError
-from ...schemas.events import MAX_DURATION_US, MAX_STEP, MAX_TIME_US, MAX_WORKER, OP_EVENT_SCHEMA
+from ...schemas.events import (
+    COLLECTIVE_FIELDS,
+    MAX_DURATION_US,
+    MAX_STEP,
+    MAX_TIME_US,
+    MAX_WORKER,
+    OP_EVENT_SCHEMA,
+)
 from .trace_json import Columns, Head, TraceReadError, read_file, read_object, release_memory
 
 MAX_NAME = 200
@@ -395,11 +402,14 @@ def _read_events(
     when = ts.copy()
     still = is_dev[dev_idx]
     when[dev_idx[still]] = launch[still]
-    del launch, runtime_of, still
+    del launch, still
     k, in_step = _step_index(when, step_start, ends)
     del when
 
     idx, comm = _kept(v, is_ann, is_cpu, is_dev, sync, in_step, ts, dur, stream)
+    seq = _sequence(c, is_cpu, ts, dur, stream, idx, dev_idx, runtime_of)
+    del runtime_of
+    _drop(c, "seq")
     # a step lasts until the last device work it launched ended
     d = idx[is_dev[idx]]
     np.maximum.at(ends, k[d], ts[d] + dur[d])
@@ -427,6 +437,13 @@ def _read_events(
         },
         schema=OP_EVENT_SCHEMA,
     )
+    if seq is not None:  # the trace numbers its collectives: their instances, on the collectives only
+        number, group = seq
+        coll = np.isin(np.asarray(kind.to_numpy(zero_copy_only=False), dtype=object), ("collective", "p2p"))
+        number[~coll] = -1
+        has = number >= 0
+        table = table.append_column(COLLECTIVE_FIELDS[0], pa.array(number, pa.int64(), mask=~has))
+        table = table.append_column(COLLECTIVE_FIELDS[1], pc.if_else(pa.array(has), group, pa.nulls(idx.size, pa.string())))
     return table, out_bounds, steps_from, dev_main
 
 
@@ -565,6 +582,52 @@ def _kept(
     keep = in_step & (is_dev | sync | comm | region | (cpu & is_op & ~_nested(stream, ts, dur, cpu)))
     idx = np.flatnonzero(keep)
     return idx, comm[idx]
+
+
+def _sequence(
+    c: Columns,
+    is_cpu: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    stream: np.ndarray,
+    idx: np.ndarray,
+    dev_idx: np.ndarray,
+    runtime_of: np.ndarray,
+) -> tuple[np.ndarray, pa.Array] | None:
+    """The kept events' collective sequence numbers (-1: none) and process groups, None when the trace records
+    none.  ``torch.profiler`` writes a collective's number (``args.Seq``, with its ``Process Group Name`` and
+    ``Description``) on the ``record_param_comms`` operator that its ``c10d::`` operator encloses and that encloses
+    its ``nccl:`` region and the launch of its kernel: a CPU event takes the number of the numbered CPU event on its
+    thread that it overlaps (the last to start before it ends), a device event the one of the call that launched
+    it; an event that carries a number itself keeps its own."""
+    has = c.seq >= 0
+    if not has.any():
+        return None
+    own = c.seq[idx]
+    number = own.copy()
+    pg = c.pg[idx].astype(np.int64)
+    rec = np.flatnonzero(has & is_cpu)
+    if rec.size:
+        # the spans a kept event is looked up by: its own, or for device work the launching call's
+        q_ev = idx.copy()
+        at = np.minimum(np.searchsorted(dev_idx, idx), max(dev_idx.size - 1, 0))
+        launched = (dev_idx.size > 0) & (dev_idx[at] == idx) if dev_idx.size else np.zeros(idx.size, dtype=bool)
+        if dev_idx.size:
+            launched &= runtime_of[at] >= 0
+            q_ev[launched] = runtime_of[at][launched]
+        t0 = float(min(ts[rec].min(), ts[q_ev].min())) if q_ev.size else float(ts[rec].min())
+        span = float(max((ts + dur)[rec].max(), (ts + dur)[q_ev].max() if q_ev.size else 0.0) - t0) + 1.0
+        r_key = stream[rec].astype(np.float64) * span + (ts[rec] - t0)
+        order = np.argsort(r_key, kind="stable")
+        rec, r_key = rec[order], r_key[order]
+        q_end = stream[q_ev].astype(np.float64) * span + (ts[q_ev] + dur[q_ev] - t0)
+        pos = np.searchsorted(r_key, q_end, side="right") - 1
+        ok = pos >= 0
+        r = rec[np.clip(pos, 0, None)]
+        ok &= (stream[r] == stream[q_ev]) & (ts[r] + dur[r] >= ts[q_ev]) & (own < 0)
+        number[ok] = c.seq[r[ok]]
+        pg[ok] = c.pg[r[ok]]
+    return number, _take(c.pg_dict, pg)
 
 
 def _devices(

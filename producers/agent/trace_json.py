@@ -65,6 +65,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=False):
     bytes: Any = None
     pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
     pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    seq: Any = msgspec.field(name="Seq", default=None)
 
 
 _NO_ARGS = _Args()
@@ -80,6 +81,7 @@ class _TypedArgs(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=Fa
     bytes: int | float = _ABSENT
     pg_desc: str = msgspec.field(name="Process Group Description", default="")
     pg_name: str = msgspec.field(name="Process Group Name", default="")
+    seq: int = msgspec.field(name="Seq", default=_ABSENT)
 
 
 _NO_TYPED_ARGS = _TypedArgs()
@@ -194,6 +196,7 @@ class Columns:
     device: np.ndarray  # int64 args.device, else the pid; -1 where neither is a number
     nbytes: np.ndarray  # float64 args.bytes, NaN where absent
     pg: np.ndarray  # int32 -> pg_dict: args' process group (description, else name), "" where none
+    seq: np.ndarray  # int64 args.Seq (a collective's sequence number in its process group), -1 where absent
     cat_dict: list[str]
     name_dict: list[str]
     stream_dict: list[str]
@@ -263,6 +266,7 @@ class ColumnBuilder:
                 device=_arg_ints(args, "device", typed, -2),
                 nbytes=_arg_floats(args, typed),
                 pg=self._pg(args, typed, groups_named),
+                seq=_arg_ints(args, "seq", typed, -1),
             )
         fl = [] if n == len(events) else [e for e, ph in zip(events, phs) if ph in _FLOW_PH]
         fl = [e for e in fl if e.cat in FLOW_CATS and e.id is not None]
@@ -290,6 +294,7 @@ class ColumnBuilder:
             "device": np.int64,
             "nbytes": np.float64,
             "pg": np.int32,
+            "seq": np.int64,
             "flow_is_end": bool,
             "flow_id": np.int64,
             "flow_ts": np.float64,
