@@ -70,7 +70,6 @@ SAMPLE_REQUIRED = ("worker", "t_us", "metric", "value")
 __all__ = [
     "COLLECTIVE_FIELDS",
     "COLLECTIVE_INSTANCE_SCHEMA",
-    "OP_EVENT_SEQ_SCHEMA",
     "FUNCTION_KINDS",
     "MAX_DURATION_US",
     "MAX_STEP",
@@ -78,6 +77,7 @@ __all__ = [
     "MAX_WORKER",
     "OP_EVENT_REQUIRED",
     "OP_EVENT_SCHEMA",
+    "OP_EVENT_SEQ_SCHEMA",
     "SAMPLE_REQUIRED",
     "SAMPLE_SCHEMA",
 ]

@@ -443,7 +443,9 @@ def _read_events(
         number[~coll] = -1
         has = number >= 0
         table = table.append_column(COLLECTIVE_FIELDS[0], pa.array(number, pa.int64(), mask=~has))
-        table = table.append_column(COLLECTIVE_FIELDS[1], pc.if_else(pa.array(has), group, pa.nulls(idx.size, pa.string())))
+        table = table.append_column(
+            COLLECTIVE_FIELDS[1], pc.if_else(pa.array(has), group, pa.nulls(idx.size, pa.string()))
+        )
     return table, out_bounds, steps_from, dev_main
 
 

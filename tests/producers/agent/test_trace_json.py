@@ -23,7 +23,7 @@ NASTY = ["}, {", '"}, {"ph": "X"', "\\", '\\"', "]}", "[{", "ProfilerStep#1", "Ã
 
 
 def _columns_equal(a: tj.Columns, b: tj.Columns) -> None:
-    for f in ("ts", "dur", "corr", "device", "flow_is_end", "flow_id", "flow_ts"):
+    for f in ("ts", "dur", "corr", "device", "seq", "flow_is_end", "flow_id", "flow_ts"):
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
     np.testing.assert_array_equal(a.nbytes, b.nbytes)
     for f, d in (("cat", "cat_dict"), ("name", "name_dict"), ("stream", "stream_dict"), ("pg", "pg_dict")):
@@ -53,6 +53,7 @@ event = st.fixed_dictionaries(
                 "device": st.one_of(st.integers(-3, 9), st.none(), st.floats(0, 3)),
                 "bytes": st.one_of(st.integers(-1, 2**70), st.floats(allow_nan=False, allow_infinity=False)),
                 "Process Group Name": st.one_of(st.text(max_size=6), st.integers(0, 3)),
+                "Seq": st.one_of(st.integers(-2, 2**64), st.text(max_size=3), st.none()),
                 "Input Dims": st.recursive(
                     st.integers(), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(NASTY), c)
                 ),
