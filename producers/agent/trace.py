@@ -44,6 +44,10 @@ Which events become functions, and under which stable name:
   made them.
 - **Communication on CPU threads** (``nccl:*``, ``gloo:*``, ``c10d::*``):
   collectives by name and process group, e.g. ``gloo:all_reduce[default_pg]``.
+- **Collective numbers**: where the trace numbers its collectives (``record_param_comms``'s ``Seq`` with its
+  process group, as torch's NCCL backend writes them), each collective event (the ``c10d::`` / ``nccl:``
+  operators, the NCCL kernels) takes the number of its call, and the op events get the optional
+  ``collective_seq`` and ``process_group`` columns (:func:`_sequence`); a trace without numbers gets neither.
 - **CPU regions**: ``record_function`` annotations and Python frames
   (``with_stack``), named by call site (``train.py(42): slow_function``, the
   path reduced to its file name so that it is the same on every host);
@@ -610,15 +614,15 @@ def _sequence(
     pg = c.pg[idx].astype(np.int64)
     rec = np.flatnonzero(has & is_cpu)
     if rec.size:
-        # the spans a kept event is looked up by: its own, or for device work the launching call's
+        # the span a kept event is looked up by: its own, or for device work the launching call's
         q_ev = idx.copy()
-        at = np.minimum(np.searchsorted(dev_idx, idx), max(dev_idx.size - 1, 0))
-        launched = (dev_idx.size > 0) & (dev_idx[at] == idx) if dev_idx.size else np.zeros(idx.size, dtype=bool)
         if dev_idx.size:
-            launched &= runtime_of[at] >= 0
+            at = np.minimum(np.searchsorted(dev_idx, idx), dev_idx.size - 1)
+            launched = (dev_idx[at] == idx) & (runtime_of[at] >= 0)
             q_ev[launched] = runtime_of[at][launched]
-        t0 = float(min(ts[rec].min(), ts[q_ev].min())) if q_ev.size else float(ts[rec].min())
-        span = float(max((ts + dur)[rec].max(), (ts + dur)[q_ev].max() if q_ev.size else 0.0) - t0) + 1.0
+        t0 = float(min(ts[rec].min(), ts[q_ev].min(initial=np.inf)))
+        span = float(max((ts[rec] + dur[rec]).max(), (ts[q_ev] + dur[q_ev]).max(initial=-np.inf)) - t0) + 1.0
+        # (thread, start) as one sortable number: the numbered events in order on each thread
         r_key = stream[rec].astype(np.float64) * span + (ts[rec] - t0)
         order = np.argsort(r_key, kind="stable")
         rec, r_key = rec[order], r_key[order]
@@ -629,7 +633,8 @@ def _sequence(
         ok &= (stream[r] == stream[q_ev]) & (ts[r] + dur[r] >= ts[q_ev]) & (own < 0)
         number[ok] = c.seq[r[ok]]
         pg[ok] = c.pg[r[ok]]
-    return number, _take(c.pg_dict, pg)
+    groups: list[str | None] = list(c.pg_dict)
+    return number, _take(groups, pg)
 
 
 def _devices(
