@@ -15,9 +15,13 @@ import gzip
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from lockstep.app.offline import diagnose, load_inputs
 from lockstep.commands.cli import main
+from lockstep.streams.policy import Policy
 from tests.lockstep.commands.test_diagnose_traces import A100, GEMM, slowed
 
 #: the extra collective's kernel: as long as a large all-reduce in a pipeline group, run while the GPU is idle
@@ -150,3 +154,38 @@ def test_a_collective_of_another_group_does_not_hide_the_slowed_rank_when_the_tr
     assert {0, 1} <= set(named), positional  # the innocent ones
     slowed_rank = [f for f in positional if f["workers"] == [2]]
     assert all(f["impact"]["step_time_share"] < share / 2 for f in slowed_rank), slowed_rank
+
+
+def test_an_op_event_table_with_numbers_is_matched_too(tmp_path):
+    """An op-event table's optional ``collective_seq`` and ``process_group`` columns: workers 0 and 1 run one
+    all-reduce more in their own group (numbers 0), the job's two all-reduces are numbers 0 and 1 of group "0".
+    Worker 3 arrives last at each (its calls are the shortest): the waits are each call's excess over worker 3's,
+    and the extra one's over the shorter of workers 0 and 1 (it is not compared with 2 and 3, which never ran it)."""
+    rows = []
+    for w in range(4):
+        rows.append((w, 1, "train.py(9): step", "python", 0.0, 1000.0 + 100 * (w == 3), None, None))
+        for n, d in enumerate((300.0 - 50 * w, 200.0 - 40 * w)):  # the job's: shortest on worker 3
+            rows.append((w, 1, "nccl:all_reduce", "collective", 1100.0 + 400 * n, d, n, "0"))
+        if w < 2:  # the extra one, in group "pp": 80 on worker 0, 50 on worker 1
+            rows.append((w, 1, "nccl:all_reduce", "collective", 1900.0, 80.0 - 30 * w, 0, "pp"))
+    names = ("worker", "step", "function", "kind", "start_us", "duration_us", "collective_seq", "process_group")
+    table = pa.table({k: list(v) for k, v in zip(names, zip(*rows))})
+    path = tmp_path / "events.parquet"
+    pq.write_table(table, path)
+    inputs = load_inputs([path], None, None)
+    (summary,) = [s for s in inputs.summaries if s.worker == 0]
+    assert summary.collectives is not None and summary.collectives.num_rows == 3
+    results: list = []
+    diagnose(inputs, Policy(), "t", now=0.0, keep=results)
+    workers = results[0].workers.to_pydict()
+    wait = dict(zip(workers["worker"], workers["wait_us"]))
+    # the job's calls: (300 - 50w) - 150 and (200 - 40w) - 80; the extra one: worker 0 waits 30
+    assert wait == pytest.approx({0: 150 + 120 + 30, 1: 100 + 80 + 0, 2: 50 + 40, 3: 0.0})
+    # without the numbers the step stage compares totals: worker 0's extra call reads as waiting
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(table.drop_columns(["collective_seq", "process_group"]), plain)
+    results = []
+    diagnose(load_inputs([plain], None, None), Policy(), "t", now=0.0, keep=results)
+    workers = results[0].workers.to_pydict()
+    wait = dict(zip(workers["worker"], workers["wait_us"]))
+    assert wait == pytest.approx({0: 580 - 230, 1: 460 - 230, 2: 320 - 230, 3: 0.0})
