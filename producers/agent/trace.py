@@ -47,7 +47,8 @@ Which events become functions, and under which stable name:
 - **Collective numbers**: where the trace numbers its collectives (``record_param_comms``'s ``Seq`` with its
   process group, as torch's NCCL backend writes them), each collective event (the ``c10d::`` / ``nccl:``
   operators, the NCCL kernels) takes the number of its call, and the op events get the optional
-  ``collective_seq`` and ``process_group`` columns (:func:`_sequence`); a trace without numbers gets neither.
+  ``collective_seq`` and ``process_group`` columns (:func:`_sequence`; the group by its name where
+  ``distributedInfo.pg_config`` gives it, :func:`_group_names`); a trace without numbers gets neither.
 - **CPU regions**: ``record_function`` annotations and Python frames
   (``with_stack``), named by call site (``train.py(42): slow_function``, the
   path reduced to its file name so that it is the same on every host);
@@ -204,6 +205,8 @@ def read_chrome_trace(
     )
     del cols
     release_memory()
+    if "process_group" in events.column_names and groups:
+        events = _group_names(events, groups)
     props = {p.get("id"): str(p.get("name", "")) for p in head.deviceProperties or [] if isinstance(p, dict)}
     meta = TraceMeta(
         host=host,
@@ -635,6 +638,21 @@ def _sequence(
         pg[ok] = c.pg[r[ok]]
     groups: list[str | None] = list(c.pg_dict)
     return number, _take(groups, pg)
+
+
+def _group_names(events: pa.Table, groups: tuple[ProcessGroup, ...]) -> pa.Table:
+    """The collectives' process groups by name where ``distributedInfo.pg_config`` gives the name of the
+    description the events carry (and no other group of the rank has that description): names are the same on
+    every rank and unique, descriptions need not be (``mesh_tp`` for every tensor-parallel group)."""
+    descs = [g.desc for g in groups]
+    named = {g.desc: g.name for g in groups if g.desc and g.name and descs.count(g.desc) == 1}
+    if not named:
+        return events
+    i = events.schema.get_field_index("process_group")
+    col = events.column(i).combine_chunks().dictionary_encode()
+    labels = [named.get(d, d) for d in col.dictionary.to_pylist()]
+    renamed = pc.take(pa.array(labels, pa.string()), col.indices)
+    return events.set_column(i, events.schema.field(i), renamed)
 
 
 def _devices(

@@ -119,3 +119,22 @@ def test_the_summary_keeps_each_steps_numbered_instances(trace):
         per = pa.table(c).group_by("function").aggregate([("collective_seq", "count")]).to_pydict()
         for f, n in zip(per["function"], per["collective_seq_count"]):
             assert n <= calls[f]
+
+
+def test_groups_are_named_by_the_trace_s_pg_config_where_their_description_is_unique(trace):
+    """Descriptions need not be unique across a job (every tensor-parallel group is ``mesh_tp``); names are.  Where
+    ``distributedInfo.pg_config`` names the group of a description, the collectives carry the name."""
+    configured = json.loads(json.dumps(trace))
+    configured["distributedInfo"]["pg_config"] = [
+        {"pg_name": "0", "pg_desc": "default_pg", "ranks": list(range(16))},
+        {"pg_name": "7", "pg_desc": "pp", "ranks": [0, 1]},
+    ]
+    before = read_chrome_trace(trace, 0).events
+    after = read_chrome_trace(configured, 0).events
+    rename = {"default_pg": "0", "pp": "7", None: None}
+    assert after.column("process_group").to_pylist() == [rename[g] for g in before.column("process_group").to_pylist()]
+    assert after.drop_columns(["process_group", "bytes"]).equals(before.drop_columns(["process_group", "bytes"]))
+    # two groups of one description: neither name is taken
+    configured["distributedInfo"]["pg_config"].append({"pg_name": "8", "pg_desc": "pp", "ranks": [2, 3]})
+    again = read_chrome_trace(configured, 0).events
+    assert set(again.column("process_group").to_pylist()) == {"0", "pp", None}
