@@ -69,11 +69,13 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float, keep: list | None 
     """Step stage for every step, then the window stage, exactly as in the processor; ``keep``, when given,
     receives the step results (for the report's deviation map)."""
     from ..streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window
-    from ..streams.diagnosis.collectives import Instances, matched_waits, with_matched_waits
+    from ..streams.diagnosis.collectives import Instances, by_worker_step, matched_waits, with_matched_waits
 
     # collectives the traces number: each instance matched across ranks by (process group, number), its wait exact
-    waits = matched_waits(
-        [Instances(s.worker, s.step, s.collectives) for s in inputs.summaries if s.collectives is not None]
+    waits = by_worker_step(
+        matched_waits(
+            [Instances(s.worker, s.step, s.collectives) for s in inputs.summaries if s.collectives is not None]
+        )
     )
     by_step: dict[int, list] = {}
     for s in inputs.summaries:
@@ -89,7 +91,7 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float, keep: list | None 
             step,
             [inputs.workers[s.worker] for s in ss],
             [s.step_time_us for s in ss],
-            [with_matched_waits(s.functions, s.worker, s.step, waits) for s in ss],
+            [with_matched_waits(s.functions, waits.get((s.worker, s.step))) for s in ss],
             policy.diagnosis.peer_group_keys,
             [inputs.hardware.get(s.worker, "none") for s in ss],
         )

@@ -51,7 +51,7 @@ class Instances:
 def matched_waits(parts: list[Instances]) -> pa.Table:
     """Each numbered instance's wait (its duration minus the shortest duration of the same (process group, number,
     function) on any worker), summed per (worker, step, function) over the instances at least two workers hold
-    (WAIT_SCHEMA); an instance one worker holds alone is not matched."""
+    (WAIT_SCHEMA, sorted by worker, step); an instance one worker holds alone is not matched."""
     parts = [p for p in parts if p.table.num_rows]
     if not parts:
         return WAIT_SCHEMA.empty_table()
@@ -64,44 +64,52 @@ def matched_waits(parts: list[Instances]) -> pa.Table:
     seq = t.column("collective_seq").to_numpy()
     dur = t.column("duration_us").to_numpy()
     # the instance: (group, number, function); one worker's rows of one instance are one call of it
-    _, inst = np.unique(np.stack([gcode, seq, fcode]), axis=1, return_inverse=True)
-    inst = inst.reshape(-1)
+    inst = _key(gcode, seq, fcode)
     n_i = int(inst.max()) + 1
-    wkeys, wi = np.unique(np.stack([inst, worker]), axis=1, return_inverse=True)
-    wi = wi.reshape(-1)
-    per_worker = np.bincount(wi, weights=dur)  # a call split in rows on one worker: their sum
-    members = np.bincount(wkeys[0], minlength=n_i)
+    wi = _key(inst, worker)  # the calls
+    first = np.unique(wi, return_index=True)[1]  # each call's first row
+    call_inst = inst[first]
+    per_call = np.bincount(wi, weights=dur)  # a call split in rows on one worker: their sum
+    members = np.bincount(call_inst, minlength=n_i)
     shortest = np.full(n_i, np.inf)
-    np.minimum.at(shortest, wkeys[0], per_worker)
-    matched = members[inst] >= 2
-    # each call's wait, on the call's first row (the others add nothing)
-    first = np.zeros(wi.size, dtype=bool)
-    first[np.unique(wi, return_index=True)[1]] = True
-    wait = np.where(first, per_worker[wi] - shortest[inst], 0.0)
-    rows = np.flatnonzero(matched)
+    np.minimum.at(shortest, call_inst, per_call)
+    rows = np.flatnonzero(members[inst] >= 2)
     if rows.size == 0:
         return WAIT_SCHEMA.empty_table()
-    ckeys, ci = np.unique(np.stack([worker[rows], step[rows], fcode[rows]]), axis=1, return_inverse=True)
-    ci = ci.reshape(-1)
+    # each call's wait on its first row (the others add nothing)
+    wait = np.zeros(wi.size)
+    wait[first] = per_call - shortest[call_inst]
+    ci = _key(worker[rows], step[rows], fcode[rows])  # the cells, in (worker, step, function) order
+    cell_first = rows[np.unique(ci, return_index=True)[1]]
+    n_c = cell_first.size
     return pa.Table.from_arrays(
         [
-            pa.array(ckeys[0], pa.int64()),
-            pa.array(ckeys[1], pa.int64()),
-            pa.array(fnames[ckeys[2]].tolist(), pa.string()),
-            pa.array(np.bincount(ci, minlength=ckeys.shape[1]).astype(np.int32)),
-            pa.array(np.bincount(ci, weights=wait[rows], minlength=ckeys.shape[1])),
+            pa.array(worker[cell_first], pa.int64()),
+            pa.array(step[cell_first], pa.int64()),
+            pa.array(fnames[fcode[cell_first]].tolist(), pa.string()),
+            pa.array(np.bincount(ci, minlength=n_c).astype(np.int32)),  # rows: as the function table counts calls
+            pa.array(np.bincount(ci, weights=wait[rows], minlength=n_c)),
         ],
         schema=WAIT_SCHEMA,
     )
 
 
-def with_matched_waits(functions: pa.Table, worker: int, step: int, waits: pa.Table) -> pa.Table:
-    """The worker's function table for the step with ``wait_us`` set from ``waits`` (:func:`matched_waits`) for the
-    functions whose every call was matched; the table itself when none was."""
-    if waits.num_rows == 0 or functions.num_rows == 0:
-        return functions
-    mine = waits.filter(pc.and_(pc.equal(waits.column("worker"), worker), pc.equal(waits.column("step"), step)))
-    if mine.num_rows == 0:
+def by_worker_step(waits: pa.Table) -> dict[tuple[int, int], pa.Table]:
+    """:func:`matched_waits`' rows of each (worker, step) (its rows are sorted so): one pass, not a filter per
+    function table."""
+    if waits.num_rows == 0:
+        return {}
+    w = waits.column("worker").to_numpy()
+    s = waits.column("step").to_numpy()
+    cut = np.flatnonzero((np.diff(w) != 0) | (np.diff(s) != 0)) + 1
+    bounds = np.concatenate([[0], cut, [w.size]])
+    return {(int(w[a]), int(s[a])): waits.slice(a, b - a) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+
+
+def with_matched_waits(functions: pa.Table, mine: pa.Table | None) -> pa.Table:
+    """A worker's function table for a step with ``wait_us`` set from ``mine`` (its rows of :func:`matched_waits`,
+    :func:`by_worker_step`) for the functions whose every call was matched; the table itself when none was."""
+    if mine is None or mine.num_rows == 0 or functions.num_rows == 0:
         return functions
     at = pc.index_in(functions.column("function"), value_set=mine.column("function"))
     at = np.asarray(at.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -117,6 +125,15 @@ def with_matched_waits(functions: pa.Table, worker: int, step: int, waits: pa.Ta
     i = functions.schema.get_field_index("wait_us")
     field = functions.schema.field(i)
     return functions.set_column(i, field, pa.array(wait, pa.float64()).cast(field.type))
+
+
+def _key(*cols: np.ndarray) -> np.ndarray:
+    """Dense codes 0..k-1 of the rows' tuples of ``cols``, in the tuples' lexicographic order."""
+    key = np.zeros(cols[0].size, dtype=np.int64)
+    for c in cols:
+        values, code = np.unique(c, return_inverse=True)
+        key = np.unique(key * values.size + code.reshape(-1), return_inverse=True)[1].reshape(-1)
+    return key
 
 
 def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:

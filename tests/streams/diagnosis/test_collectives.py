@@ -10,7 +10,7 @@ import pytest
 
 from lockstep.schemas import functions as ft
 from lockstep.schemas.events import COLLECTIVE_INSTANCE_SCHEMA
-from lockstep.streams.diagnosis.collectives import Instances, matched_waits, with_matched_waits
+from lockstep.streams.diagnosis.collectives import Instances, by_worker_step, matched_waits, with_matched_waits
 
 AR, K = "nccl:all_reduce", "ncclDevKernel_AllReduce"
 
@@ -94,12 +94,25 @@ def test_the_wait_is_set_where_every_call_of_the_cell_was_matched():
             inst(1, 5, [(AR, "0", 1, 5.0), (AR, "0", 2, 5.0), (K, "0", 1, 4.0), (K, "0", 2, 4.0)]),
         ]
     )
-    out = with_matched_waits(_table(), 0, 5, waits)
+    cells = by_worker_step(waits)
+    assert sorted(cells) == [(0, 5), (1, 5)]
+    out = with_matched_waits(_table(), cells[(0, 5)])
     assert out.schema == ft.SCHEMA
     wait = out.column("wait_us").to_pylist()
     # all-reduce: both calls matched, 3 + 1; the kernel: 2 of its 3 calls (group 1's is in no other trace): the
     # cell keeps the step stage's estimate; gemm is no collective
     assert wait[0] == pytest.approx(4.0) and math.isnan(wait[1]) and math.isnan(wait[2])
     table = _table()
-    assert with_matched_waits(table, 0, 6, waits) is table  # another step: the table as it was
-    assert with_matched_waits(table, 0, 5, matched_waits([])) is table
+    assert with_matched_waits(table, cells.get((0, 6))) is table  # another step: the table as it was
+    assert by_worker_step(matched_waits([])) == {}
+
+
+def test_the_waits_come_sorted_by_worker_and_step():
+    parts = [
+        inst(w, s, [(K, "0", 10 * s + 1, 5.0 + w), (AR, "0", 10 * s + 2, 1.0 + w)]) for w in (2, 0, 1) for s in (4, 3)
+    ]
+    cells = by_worker_step(matched_waits(parts))
+    assert sorted(cells) == [(w, s) for w in (0, 1, 2) for s in (3, 4)]
+    for (w, s), t in cells.items():
+        assert set(t.column("worker").to_pylist()) == {w} and set(t.column("step").to_pylist()) == {s}
+        assert dict(zip(t.column("function").to_pylist(), t.column("wait_us").to_pylist())) == {K: w, AR: w}
