@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar, cast, get_args, overload
 
 import msgspec
@@ -689,6 +690,20 @@ class Impact(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     gpu_hours_per_day: float
 
 
+#: what a job's workers compute on, as their agents found it: ``cpu`` no accelerator (an agent that finds no CUDA
+#: device names its worker's device ``<host>/cpu``), ``gpu`` an accelerator, ``""`` not known (records from before it)
+DeviceKind = Literal["", "gpu", "cpu"]
+
+
+def device_kind_of(devices: Iterable[str]) -> DeviceKind:
+    """The kind of the workers whose devices these are: ``cpu`` when every one is its host's CPU (``<host>/cpu``,
+    ``cpu``), ``gpu`` when any is another device, ``""`` when none is named."""
+    named = [d for d in devices if d]
+    if not named:
+        return ""
+    return "cpu" if all(d == "cpu" or d.endswith("/cpu") for d in named) else "gpu"
+
+
 class Finding(_Record, tag="Finding", kw_only=True):
     """A diagnosed anomaly.  Key: ``job``.  Also the ``--json`` shape of every command."""
 
@@ -714,6 +729,9 @@ class Finding(_Record, tag="Finding", kw_only=True):
     window_steps: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = (
         0  # how many steps the window had (persistence = len(steps)/window_steps)
     )
+    # added after the first findings: what the job's workers compute on (their agents' devices): ``cpu`` makes the
+    # impact's hours CPU-hours (``gpu_hours_per_day`` keeps its name: the job's devices' hours); "" older windows
+    device_kind: DeviceKind = ""
 
     def validate(self) -> None:
         if self.scope not in SCOPES:

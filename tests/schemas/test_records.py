@@ -296,3 +296,14 @@ def test_every_deprecated_path_is_in_the_readme_with_its_removal():
     for name in ("`StepHeartbeat` keyed by job", "`FeatureBatch`", "`DetectorTick`", "rule: median"):
         assert name in section
     assert len(DEPRECATED) == section.count("| 0.2 |")
+
+
+def test_device_kind_of_workers_and_findings_without_it():
+    from lockstep.schemas.records import device_kind_of
+
+    assert device_kind_of(["vm/cpu", "vm/cpu", "cpu"]) == "cpu"
+    assert device_kind_of(["vm/cpu", "vm/gpu0"]) == device_kind_of(["host3/gpu5"]) == "gpu"
+    assert device_kind_of(["", ""]) == device_kind_of([]) == ""
+    # a finding written before the field reads as not known (the page then judges by the devices named)
+    old = msgspec.json.encode({k: v for k, v in msgspec.to_builtins(_finding()).items() if k != "device_kind"})
+    assert decode(old).device_kind == ""
