@@ -1071,6 +1071,7 @@ Record = (
     | StepReport
     | WindowTimeout
     | WindowExpected
+    | WindowRefused
     | WindowReport
     | DeadLetter
     | TriggerRequest

@@ -35,7 +35,7 @@ class Job:
         return out
 
     def refuse(self, window: str, why: str = "past", workers=range(WORKERS)) -> None:
-        self.refusals.update({w: (window, why) for w in workers})
+        self.refusals.update(dict.fromkeys(workers, (window, why)))
 
     def until_trigger(self, level: float, limit: int = 100) -> list:
         for _ in range(limit):
