@@ -465,6 +465,7 @@ class SlowdownDetector:
             st.profiled = None  # the slowdown is not profiled yet: its next complete step asks again
             watch.retries += 1
             watch.widen += 1 if reasons["past"] else 0
+            watch.refused_start = w.start
             self._dirty.add(st.job)
         self.refused.append(
             WindowRefused(
@@ -855,8 +856,8 @@ class SlowdownDetector:
         refused = admission.refused(self.policy, st, now, kind, lambda: self.open_windows(now), request)
         if refused is not None:
             return refused
-        if start is None:
-            start = st.max_step + self.margin_steps(st)
+        if start is None:  # after a window every worker refused: never its start again (a window's name is its start)
+            start = max(st.max_step + self.margin_steps(st), st.watch.refused_start + 1)
         interval = self.step_interval_s(st)
         trigger = admission.admit(
             self.policy, st, now, kind, reason, start, steps, interval, lambda: self.active_workers(st), request

@@ -64,6 +64,7 @@ class IncidentWatch:
     ended_step: int = -1  # the highest step when the job's end was last reported
     retries: int = 0  # windows every worker refused, asked again for this slowdown without the cool-down ...
     widen: int = 0  # ... and how many of them were refused as ``past``: the margin doubles for each
+    refused_start: int = -1  # the first step of the last of them: the next window starts after it (its own name)
 
 
 @dataclass(slots=True)
