@@ -107,6 +107,12 @@ CATALOGUE: dict[str, Spec] = {
         "gauge", ("code",), "automatic windows not opened, by the policy check that stopped them", _PROC
     ),
     "trigger_refusals_total": Spec("counter", ("code",), "operators' trigger requests refused, by reason", _PROC),
+    "windows_refused_total": Spec(
+        "counter",
+        ("retry",),
+        "windows every expected worker's agent refused (closed at once); retry: asked again without the cool-down",
+        _PROC,
+    ),
     "policy_info": Spec("gauge", ("policy",), "1 for the policy in force (id@hash)", _PROC),
     "detector_jobs": Spec("gauge", (), "jobs the detector follows", _PROC),
     "detector_open_windows": Spec("gauge", (), "windows open or scheduled by this processor", _PROC),

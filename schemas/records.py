@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar, cast, get_args, overload
 
 import msgspec
@@ -189,11 +190,16 @@ class StepHeartbeat(_Record, tag="StepHeartbeat", kw_only=True):
     # workers in the job as the agent knows it (torch.distributed, WORLD_SIZE): the job's membership, which steps and
     # windows are counted against; on the agent's first heartbeats and every so often (absent: unknown)
     world_size: Count | msgspec.UnsetType = msgspec.UNSET
+    # with the echo: the worker refused that trigger, and why (AgentRefusal: ``past``, ``overlap``); absent: accepted
+    trigger_refused: AgentRefusal | msgspec.UnsetType = msgspec.UNSET
 
     def echo(self) -> Echo | None:
         """The worker's echo of the last trigger it received, when this heartbeat carries one."""
         if isinstance(self.trigger_window, str) and isinstance(self.trigger_latency_s, float):
-            return Echo(worker=self.worker, window=self.trigger_window, latency_s=self.trigger_latency_s)
+            refused = self.trigger_refused if isinstance(self.trigger_refused, str) else ""
+            return Echo(
+                worker=self.worker, window=self.trigger_window, latency_s=self.trigger_latency_s, refused=refused
+            )
         return None
 
     def validate(self) -> None:
@@ -216,6 +222,9 @@ MAX_MISSING_RANGES = 4096
 MAX_MISSING_RANKS = 100_000
 #: a step time: positive and finite (NaN fails both bounds)
 Seconds = Annotated[float, msgspec.Meta(gt=0.0, lt=1e9)]
+#: why an agent refused a trigger (``past``, ``overlap``; "" accepted): a word, not a closed list, so that a newer
+#: agent's reason does not make an older processor refuse the whole heartbeat batch
+AgentRefusal = Annotated[str, msgspec.Meta(max_length=32)]
 
 
 class Echo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -224,6 +233,9 @@ class Echo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     worker: Rank
     window: Name
     latency_s: float  # its receipt (worker clock) - the trigger's created_at (processor clock)
+    # added after the first echoes: why the worker refused the trigger ("" accepted, or an agent older than refusals):
+    # ``past`` (its start step had begun when the trigger reached the worker), ``overlap`` (an accepted window)
+    refused: AgentRefusal = ""
 
 
 class WorkerCounters(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -291,6 +303,8 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
             extra: dict[str, Any] = {"final": True} if i in final else {}
             if (e := echo.pop(w, None)) is not None:
                 extra.update(trigger_window=e.window, trigger_latency_s=e.latency_s)
+                if e.refused:
+                    extra["trigger_refused"] = e.refused
             if (c := agent.pop(w, None)) is not None:
                 extra["agent"] = c
             if self.world_size:
@@ -689,6 +703,20 @@ class Impact(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     gpu_hours_per_day: float
 
 
+#: what a job's workers compute on, as their agents found it: ``cpu`` no accelerator (an agent that finds no CUDA
+#: device names its worker's device ``<host>/cpu``), ``gpu`` an accelerator, ``""`` not known (records from before it)
+DeviceKind = Literal["", "gpu", "cpu"]
+
+
+def device_kind_of(devices: Iterable[str]) -> DeviceKind:
+    """The kind of the workers whose devices these are: ``cpu`` when every one is its host's CPU (``<host>/cpu``,
+    ``cpu``), ``gpu`` when any is another device, ``""`` when none is named."""
+    named = [d for d in devices if d]
+    if not named:
+        return ""
+    return "cpu" if all(d == "cpu" or d.endswith("/cpu") for d in named) else "gpu"
+
+
 class Finding(_Record, tag="Finding", kw_only=True):
     """A diagnosed anomaly.  Key: ``job``.  Also the ``--json`` shape of every command."""
 
@@ -714,6 +742,9 @@ class Finding(_Record, tag="Finding", kw_only=True):
     window_steps: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = (
         0  # how many steps the window had (persistence = len(steps)/window_steps)
     )
+    # added after the first findings: what the job's workers compute on (their agents' devices): ``cpu`` makes the
+    # impact's hours CPU-hours (``gpu_hours_per_day`` keeps its name: the job's devices' hours); "" older windows
+    device_kind: DeviceKind = ""
 
     def validate(self) -> None:
         if self.scope not in SCOPES:
@@ -760,6 +791,22 @@ class WindowTimeout(_Record, tag="WindowTimeout", kw_only=True):
 
     job: Name
     window: Name
+
+
+class WindowRefused(_Record, tag="WindowRefused", kw_only=True):
+    """Internal: every expected worker refused the window's trigger (their agents echoed why, on their heartbeats):
+    the detect stage asks the window stage to close it now, ``failed`` with the reasons, instead of at its deadline.
+    Key: ``job``, on the step reports topic (after the window's ``WindowExpected``)."""
+
+    job: Name
+    window: Name
+    expected_workers: Workers
+    reasons: Annotated[
+        dict[AgentRefusal, Count], msgspec.Meta(max_length=16)
+    ]  # refusal -> workers that gave it (``past``, ``overlap``)
+    start_step: Step = 0
+    retry: bool = False  # the detector may open another window for the same slowdown at once (not after a cool-down)
+    at: Timestamp = 0.0
 
 
 #: how a profiling window ended: every step reported (``complete``), not every step by the window stage's timeout
@@ -994,6 +1041,7 @@ RECORD_TYPES: dict[str, type[_Record]] = {
         StepReport,
         WindowTimeout,
         WindowExpected,
+        WindowRefused,
         WindowReport,
         DeadLetter,
         TriggerRequest,
@@ -1023,6 +1071,7 @@ Record = (
     | StepReport
     | WindowTimeout
     | WindowExpected
+    | WindowRefused
     | WindowReport
     | DeadLetter
     | TriggerRequest

@@ -118,14 +118,15 @@ def admit(
         if math.isfinite(interval_s)
         else WINDOW_EXPIRY_MIN_S
     )
-    window = OpenedWindow(f"w{start}", start, start + steps, now + expiry)
+    expected = max(1, workers())
+    window = OpenedWindow(f"w{start}", start, start + steps, now + expiry, expected=expected, kind=kind)
     st.windows = opened + ([last] if last else []) + [window]
     return ProfileTrigger(
         job=st.job,
         window=window.name,
         start_step=start,
         steps=steps,
-        expected_workers=max(1, workers()),
+        expected_workers=expected,
         sampling=Sampling(hardware_hz=dp.hardware_hz, record_shapes=dp.record_shapes, with_stack=dp.with_stack),
         policy=p.id,
         policy_hash=p.hash,
@@ -152,9 +153,16 @@ def margin_steps(dp: DetectorPolicy, interval_s: float, st: JobState, control_la
     plus the control topic's latency (``control_latency``, asked only when the
     interval is known), twice over, in units of the job's wall-clock step
     interval (``interval_s``).  The lag compares two hosts' clocks; NTP's ~10 ms
-    error is small against the seconds this margin is about.
+    error is small against the seconds this margin is about.  After windows of the
+    slowdown watched that every worker refused as ``past`` (the trigger came too late),
+    the margin doubles for each (``st.watch.widen``).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
-        return max(dp.min_margin_steps, 5)
+        return max(dp.min_margin_steps, 5) << st.watch.widen
     lag = float(np.median(st.lag_s)) if st.lag_s else 0.0
-    return max(dp.min_margin_steps, math.ceil(2.0 * (lag + control_latency()) / interval_s) + 1)
+    return max(dp.min_margin_steps, math.ceil(2.0 * (lag + control_latency()) / interval_s) + 1) << st.watch.widen
+
+
+def all_refused(w: OpenedWindow) -> bool:
+    """Every worker the window's trigger expects refused it (a window restored from the table expects none known)."""
+    return not w.refused and w.expected > 0 and len(w.refusals) >= w.expected

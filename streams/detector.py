@@ -48,6 +48,7 @@ import numpy as np
 
 from ..schemas.records import (
     AgentCounters,
+    Echo,
     JobChange,
     JobChangeKind,
     JobEnd,
@@ -58,6 +59,7 @@ from ..schemas.records import (
     StepPartial,
     TriggerRefused,
     TriggerRequest,
+    WindowRefused,
 )
 from . import admission
 from .admission import WINDOW_EXPIRY_MIN_S
@@ -182,6 +184,9 @@ class SlowdownDetector:
         self.jobs: dict[str, JobState] = {}
         self.suppressed: Counter[str] = Counter()  # automatic windows not opened, by refusal code
         self.changes: list[JobChange] = []  # for the sink's incidents, until the caller takes them (take_changes)
+        self.refused: list[
+            WindowRefused
+        ] = []  # windows every worker refused, until the caller takes them (take_refused)
         self._dirty: set[str] = set()  # jobs whose state changed since their due times were computed
         self._ticks = Deadlines()  # a hang check or a step that waited the lateness bound (due_ticks)
         self._endings = Deadlines()  # final heartbeats, then silence (due_endings)
@@ -359,6 +364,8 @@ class SlowdownDetector:
         st.newest_sent_at = max(st.newest_sent_at, p.newest_sent_at)
         for e in p.echoes:  # agents' echoes of a trigger
             self._echo(st, e.window, e.latency_s)
+            if e.refused:
+                self._refusal(st, e, now)
         key = (p.shard, p.partition)
         view = st.shards.get(key)
         if view is None:
@@ -436,6 +443,46 @@ class SlowdownDetector:
         lat[window] = max(lat.get(window, 0.0), latency_s)  # below 0: clock skew; counts as 0
         while len(lat) > LATENCY_WINDOWS:
             del lat[next(iter(lat))]
+
+    def _refusal(self, st: JobState, e: Echo, now: float) -> None:
+        """A worker's agent refused a window's trigger.  Once every worker the trigger expects has refused, the window
+        is closed at once (a :class:`WindowRefused` for the window stage, :meth:`take_refused`), and a slowdown's window
+        is forgotten as if never opened, so that the same slowdown asks again at its next complete step instead of
+        after the cool-down: at most ``refused_retries`` times per slowdown, the margin doubled each time the trigger
+        came too late (``past``)."""
+        w = next((x for x in st.windows if x.name == e.window), None)
+        if w is None or w.refused:
+            return
+        w.refusals[e.worker] = e.refused
+        if not admission.all_refused(w):
+            return
+        w.refused = True
+        reasons = Counter(w.refusals.values())
+        watch, dp = st.watch, self.policy.detector
+        retry = w.kind == "slowdown" and watch.window == w.name and watch.retries < dp.refused_retries
+        if retry:
+            st.windows.remove(w)  # it never ran: neither open nor the start of a cool-down
+            st.profiled = None  # the slowdown is not profiled yet: its next complete step asks again
+            watch.retries += 1
+            watch.widen += 1 if reasons["past"] else 0
+            watch.refused_start = w.start
+            self._dirty.add(st.job)
+        self.refused.append(
+            WindowRefused(
+                job=st.job,
+                window=w.name,
+                expected_workers=w.expected,
+                reasons=dict(sorted(reasons.items())),
+                start_step=w.start,
+                retry=retry,
+                at=now,
+            )
+        )
+
+    def take_refused(self) -> list[WindowRefused]:
+        """The windows every worker refused since the last call (the caller closes them: the window stage)."""
+        out, self.refused = self.refused, []
+        return out
 
     def _complete_steps(self, st: JobState, now: float) -> bool:
         """Move complete steps to the history (and through the cusum rule), in step order; True if any completed.
@@ -809,8 +856,8 @@ class SlowdownDetector:
         refused = admission.refused(self.policy, st, now, kind, lambda: self.open_windows(now), request)
         if refused is not None:
             return refused
-        if start is None:
-            start = st.max_step + self.margin_steps(st)
+        if start is None:  # after a window every worker refused: never its start again (a window's name is its start)
+            start = max(st.max_step + self.margin_steps(st), st.watch.refused_start + 1)
         interval = self.step_interval_s(st)
         trigger = admission.admit(
             self.policy, st, now, kind, reason, start, steps, interval, lambda: self.active_workers(st), request

@@ -118,7 +118,8 @@ class _Shard:
         self.open: dict[int, _Open] = {}
         self.news_holders: list[Held] = []
         self.final = 0
-        self.echoes: dict[str, Echo] = {}  # window -> its slowest receipt
+        # window -> its slowest receipt; (window, worker) -> a worker's refusal of it (the detector counts who refused)
+        self.echoes: dict[str | tuple[str, int], Echo] = {}
         self.agents: dict[int, AgentCounters] = {}  # worker -> its agent's last counters
         self.agents_changed = False
         self.last_seen_at = 0.0
@@ -331,6 +332,9 @@ class HeartbeatShards(Generic[T]):
             sh.ended[sh.index(np.unique(np.asarray(list(ended), dtype=_I8)))] = True
             self._account(sh)  # new members grow the open steps' flags
         for e in echoes:
+            if e.refused:
+                sh.echoes[(e.window, e.worker)] = e
+                continue
             seen = sh.echoes.get(e.window)
             if seen is None or e.latency_s > seen.latency_s:
                 sh.echoes[e.window] = e
@@ -450,7 +454,7 @@ class HeartbeatShards(Generic[T]):
             )
             release = op.holders
         if sh.echoes or sh.agents_changed:
-            p.echoes = sorted(sh.echoes.values(), key=lambda e: e.window)
+            p.echoes = sorted(sh.echoes.values(), key=lambda e: (e.window, e.worker))
             if sh.agents_changed:
                 fields = AgentCounters.__struct_fields__
                 p.agents = AgentCounters(**{f: sum(getattr(c, f) for c in sh.agents.values()) for f in fields})

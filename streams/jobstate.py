@@ -40,6 +40,10 @@ class OpenedWindow:
     start: int
     end: int  # first step after the window
     expires_at: float  # processor clock
+    expected: int = 0  # the workers its trigger expects (0: restored from the table, not known)
+    kind: str = ""  # what opened it (ProfileTrigger.kind)
+    refusals: dict[int, str] = field(default_factory=dict)  # worker -> why its agent refused the trigger (echoed)
+    refused: bool = False  # every expected worker refused: closed at once (WindowRefused)
 
 
 @dataclass(slots=True)
@@ -58,6 +62,9 @@ class IncidentWatch:
     finals_step: int = -1  # ... that step ...
     final_at: float = 0.0  # ... and when the first of them came (processor clock)
     ended_step: int = -1  # the highest step when the job's end was last reported
+    retries: int = 0  # windows every worker refused, asked again for this slowdown without the cool-down ...
+    widen: int = 0  # ... and how many of them were refused as ``past``: the margin doubles for each
+    refused_start: int = -1  # the first step of the last of them: the next window starts after it (its own name)
 
 
 @dataclass(slots=True)

@@ -47,6 +47,7 @@ class DetectorPolicy:
     window_steps: int = 8  # steps per profiling window
     max_window_steps: int = 64  # longest window `lockstep trigger --steps` may ask for
     cooldown_steps: int = 200  # no new window for this many steps after one ended
+    refused_retries: int = 2  # a window every worker refused closes at once, and its slowdown may ask again that many times without the cool-down (a "past" refusal doubles the margin each time)
     baseline_every_steps: int = 2000  # a healthy job is profiled this many steps after its last window (0: never)
     control_latency_s: float = 1.0  # control-topic latency assumed until agents have echoed a trigger
     min_margin_steps: int = 2  # start at least this many steps ahead

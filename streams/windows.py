@@ -26,7 +26,7 @@ from .diagnosis.step import StepResult
 T = TypeVar("T")
 #: why an assembler closed a step, a shard or a window: all of it came (``complete``), its time ran out
 #: (``timeout``), or it was closed early because the stage held more than its memory budget (``budget``)
-CloseReason = Literal["complete", "timeout", "budget"]
+CloseReason = Literal["complete", "timeout", "budget", "refused"]
 
 
 class Handle(Generic[T]):
@@ -353,6 +353,7 @@ class PendingWindow(_Opened, Generic[T]):
     missing: set[int] = field(default_factory=set)  # expected workers a step report named missing ...
     missing_total: int = 0  # ... and the most any step missed (more than it could name)
     held: int = 0  # bytes of the step results' tables it holds
+    refused: dict[str, int] = field(default_factory=dict)  # every expected worker refused the trigger: why -> how many
 
     @property
     def steps_reported(self) -> int:
@@ -441,6 +442,16 @@ class WindowAssembler(_Assembler[tuple[str, str], PendingWindow[T], ClosedWindow
             return False
         w.handles.append(handle)
         return True
+
+    def refuse(self, key: tuple[str, str], reasons: dict[str, int]) -> ClosedWindow[T] | None:
+        """Every expected worker refused the window's trigger (the detector counted their agents' echoes): it closes
+        now with their reasons, unless a step report came (someone profiled it after all: it waits for the rest, or
+        its timeout); None when it is not open or waits."""
+        w = self._open.get(key)
+        if w is None or w.first_report_at is not None:
+            return None
+        w.refused = dict(reasons)
+        return self._close(key, "refused")
 
     def due(self, now: float) -> list[tuple[str, str]]:
         """Windows past their timeout (from their first step report) or, with no step report yet, past their

@@ -66,6 +66,8 @@ log = logging.getLogger("lockstep.agent")
 IDLE_PRODUCER_S = 30.0
 #: an agent that starts before its host's relay waits this long (or six flush intervals) for it, keeping its heartbeats
 RELAY_JOIN_S = 3.0
+#: trigger echoes waiting for a heartbeat each (receipts and refusals; a burst of triggers keeps the newest)
+ECHOES_PENDING = 16
 
 
 @dataclass
@@ -172,9 +174,9 @@ class Agent:
         self._raw_answers = 0
         self._io_snapshot = (0, 0)  # (dropped, spooled) as the io thread last saw them
         self._last_counters = AgentCounters()
-        self._echo: tuple[str, float] | None = (
-            None  # (window, receipt latency) of the last trigger, for the next heartbeat
-        )
+        # (window, receipt latency, refusal: "" accepted) of the triggers received, one on each next heartbeat (the io
+        # thread appends receipts, the training thread refusals: a deque's append and popleft are atomic)
+        self._echoes: deque[tuple[str, float, str]] = deque(maxlen=ECHOES_PENDING)
         # the running window
         self._torch: TorchWindow | None = None
         self._sampler: HardwareSampler | None = None
@@ -291,8 +293,10 @@ class Agent:
                 failed_windows=self._failed,
             )
             extra["agent"] = c
-        if self._echo is not None:  # the detector measures the control topic's latency from these
-            (extra["trigger_window"], extra["trigger_latency_s"]), self._echo = self._echo, None
+        if self._echoes:  # the detector measures the control topic's latency from these
+            extra["trigger_window"], extra["trigger_latency_s"], refused = self._echoes.popleft()
+            if refused:  # the detector closes a window every worker refused, and may ask again at once
+                extra["trigger_refused"] = refused
         return StepHeartbeat(
             job=self.config.job,
             worker=self.meta.rank,
@@ -343,6 +347,10 @@ class Agent:
                 self._prepare_sampler(trig)
             elif offer.reason != "duplicate":
                 self._refused.append((trig.window, offer.reason))
+                # echoed on the next heartbeat, so that a window every worker refused closes at once
+                self._echoes.append(
+                    (trig.window, time.time() - trig.created_at if trig.created_at else 0.0, offer.reason)
+                )
                 log.warning(
                     "refused profiling window %s starting at step %d: %s (this worker is at step %d)",
                     trig.window,
@@ -453,7 +461,8 @@ class Agent:
             if isinstance(rec, ProfileTrigger):
                 if rec.kind == "hang" and self._hang is not None:
                     self._answer_hang(rec)
-                self._echo = (rec.window, time.time() - rec.created_at) if rec.created_at else None
+                if rec.created_at:
+                    self._echoes.append((rec.window, time.time() - rec.created_at, ""))
                 self._inbox.append(rec)
             elif isinstance(rec, RawRequest) and self.meta.rank in rec.workers:
                 self._work.put(partial(self._answer, rec))

@@ -64,6 +64,12 @@ def _where(f: dict[str, Any]) -> str:
     return "every worker" if f["scope"] == "job" else f"workers {f['workers'][:6]}"
 
 
+def hours_unit(f: dict[str, Any]) -> str:
+    """Whose hours a finding's cost counts: ``CPU-h`` for a job whose workers have no accelerator (the finding's
+    ``device_kind``), ``GPU-h`` otherwise (and for findings from before it)."""
+    return "CPU-h" if f.get("device_kind") == "cpu" else "GPU-h"
+
+
 def _headline(p: Page) -> str:
     f = p.finding
     share = f["impact"]["step_time_share"] * 100
@@ -90,6 +96,7 @@ def _details(p: Page) -> dict[str, Any]:
         "confidence": f["confidence"],
         "step_time_share": f["impact"]["step_time_share"],
         "gpu_hours_per_day": f["impact"]["gpu_hours_per_day"],
+        "hours_unit": hours_unit(f),  # what gpu_hours_per_day counts: GPU-h, or CPU-h for a job without accelerators
         "steps": f"{len(f['steps'])}/{f.get('window_steps') or len(f['steps'])}",
         "evidence": f["evidence"],
         "summary": f.get("summary", ""),
@@ -161,7 +168,7 @@ def slack(p: Page) -> dict[str, Any]:
         ("Confidence", f"{f['confidence']:.2f}"),
         (
             "Cost",
-            f"{f['impact']['step_time_share'] * 100:.1f}% of step, {f['impact']['gpu_hours_per_day']:.1f} GPU-h/day",
+            f"{f['impact']['step_time_share'] * 100:.1f}% of step, {f['impact']['gpu_hours_per_day']:.1f} {hours_unit(f)}/day",
         ),
         ("Steps", f"{len(f['steps'])}/{f.get('window_steps') or len(f['steps'])} of window {f['window']}"),
         ("Incident", p.incident_id),

@@ -923,7 +923,12 @@ def evidence_table(f: Finding) -> str:
 def device_kind(findings: list[Finding]) -> str:
     """What a job's hours are hours of (the store's ``gpu_hours`` count the job's workers' devices): ``CPU`` where
     the findings name a worker's CPU (``host/cpu``: a job without accelerators) and nothing of a GPU, else ``GPU``
-    (a GPU, NVLink, PCIe or NCCL named, or nothing said: a host or a NIC is on any job)."""
+    (a GPU, NVLink, PCIe or NCCL named, or nothing said: a host or a NIC is on any job).  What the findings say of
+    the workers themselves (``device_kind``, from their agents' devices) decides first; findings from before it are
+    judged by the names."""
+    said = {f.device_kind for f in findings if f.device_kind}
+    if said:
+        return "CPU" if said == {"cpu"} else "GPU"
     names = [d.lower() for f in findings for d in f.devices] + [f.function.lower() for f in findings]
     gpu = any(k in d for d in names for k in ("gpu", "cuda", "mtia", "nvlink", "pcie", "nccl", "rocm", "hip"))
     return "CPU" if not gpu and any(d.endswith("/cpu") for d in names) else "GPU"

@@ -28,7 +28,17 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from ...schemas.records import HARDWARE_CAUSES, Closed, Evidence, Finding, Impact, WindowReport, finding_id
+from ...schemas.records import (
+    HARDWARE_CAUSES,
+    Closed,
+    DeviceKind,
+    Evidence,
+    Finding,
+    Impact,
+    WindowReport,
+    device_kind_of,
+    finding_id,
+)
 from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
@@ -99,6 +109,9 @@ def diagnose_window(
         explained = {f.function for f in findings}
         findings += [f for f in _job_findings(ctx, groups, history, findings) if f.function not in explained]
     findings.sort(key=lambda f: (-f.impact.step_time_share, f.id))
+    kind = workers_device_kind(results)
+    for f in findings:  # a host or a NIC is named on any job: the workers' devices say whose hours the cost counts
+        f.device_kind = kind
     # a window is the job's normal unless something deviated or regressed (expected ranges describe the job itself)
     healthy = not any(f.scope != "job" or f.cause == "regression" for f in findings)
     if steps_seen >= 2 and healthy and coverage >= MIN_COVERAGE:
@@ -107,6 +120,17 @@ def diagnose_window(
         info, results, policy, now=now, closed=closed, closed_reason=closed_reason, bytes_in=bytes_in, findings=findings
     )
     return WindowDiagnosis(findings=findings, report=report, history=history)
+
+
+def workers_device_kind(results: list[StepResult]) -> DeviceKind:
+    """What the window's workers compute on, from the devices their agents named (every worker's, from the step
+    reports' worker tables; the outliers' where a step stage older than those sent none)."""
+    devices: set[str] = set()
+    for r in results:
+        table = r.workers if r.workers is not None and r.workers.num_rows else r.outliers
+        if "device" in table.column_names:
+            devices.update(str(d) for d in table.column("device").unique().to_pylist() if d)
+    return device_kind_of(devices)
 
 
 def _coverage(info: WindowInfo, results: list[StepResult]) -> float:

@@ -27,6 +27,7 @@ from ...schemas.records import (
     TriggerRefused,
     TriggerRequest,
     WindowExpected,
+    WindowRefused,
     decode,
 )
 from ..detector import STEP_LATENESS_S, STEP_LATENESS_STEPS, WINDOW_EXPIRY_MIN_S, SlowdownDetector
@@ -58,7 +59,8 @@ def top_jobs(values: dict[str, float], k: int = TOP_JOBS) -> dict[tuple[tuple[st
 
 class DetectStage(Stage):
     """``topics.partials`` -> :class:`SlowdownDetector` -> ``topics.control`` (and ``StepSeries``, ``JobChange`` ->
-    ``topics.series``; each trigger's ``WindowExpected`` -> ``topics.stepreports``)."""
+    ``topics.series``; each trigger's ``WindowExpected``, and a ``WindowRefused`` for each window every worker
+    refused, -> ``topics.stepreports``)."""
 
     name = "detect"
 
@@ -95,6 +97,7 @@ class DetectStage(Stage):
             for decision in decisions:
                 await self._decided(decision)
             await self._changes(self.detector.take_changes())
+            await self._refused(self.detector.take_refused())
         await self.out.acknowledge(records)  # each record is done once it has been processed
 
     def _decide(self, record: RecordIn) -> Sequence[ProfileTrigger | TriggerRefused]:
@@ -142,6 +145,20 @@ class DetectStage(Stage):
                 change=ch.change,
             )
             await self.send(self.topics.series, ch.job, ch)
+
+    async def _refused(self, refused: Sequence[WindowRefused]) -> None:
+        """Windows every worker refused -> ``topics.stepreports`` (the window stage closes each at once, ``failed``)."""
+        for r in refused:
+            log.warning(
+                "window %s/%s: every one of its %d workers refused the trigger (%s)%s",
+                r.job,
+                r.window,
+                r.expected_workers,
+                ", ".join(f"{n} {why}" for why, n in r.reasons.items()),
+                "; the slowdown asks again without the cool-down" if r.retry else "",
+            )
+            self.metrics.inc("windows_refused_total", retry="yes" if r.retry else "no")
+            await self.send(self.topics.stepreports, r.job, r)
 
     def _expected(self, t: ProfileTrigger) -> WindowExpected:
         """The window stage's notice of a trigger, with the detector's own deadline for the window (by then its

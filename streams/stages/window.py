@@ -5,7 +5,8 @@ step reported; a window that waits too long is closed by a ``WindowTimeout`` tha
 into the window's own partition (the close writes tables, which only the input stream may).  Every
 trigger ends in a ``WindowReport`` with a terminal state (:data:`~lockstep.schemas.records.Closed`):
 the detect stage announces each window it triggers (``WindowExpected``), so a window whose step
-reports never come closes ``failed`` at its deadline; a step report whose tables cannot be read is
+reports never come closes ``failed`` at its deadline, or at once when every expected worker refused its
+trigger (``WindowRefused``, from the detector's count of the agents' echoed refusals); a step report whose tables cannot be read is
 dead-lettered and counted as reported, and its window closes ``failed`` with the reason while the
 other steps still give their findings; a bug in the diagnosis closes the window ``failed`` too (its
 records go to the dead letters, to be replayed once the bug is fixed).  Two
@@ -31,6 +32,7 @@ from ...schemas.records import (
     RecordError,
     StepReport,
     WindowExpected,
+    WindowRefused,
     WindowTimeout,
     decode,
     encode,
@@ -41,6 +43,12 @@ from ..windows import ClosedWindow, Handle, PendingWindow, WindowAssembler
 from .base import AssemblingStage, Clock, Output, Policies, RecordIn
 
 log = logging.getLogger("lockstep.processor")
+
+#: an agent's refusal of a trigger (``Echo.refused``), for people
+REFUSALS = {
+    "past": "the window's first step had begun when the trigger reached the worker",
+    "overlap": "it overlapped a window the worker had accepted",
+}
 
 
 class WindowStage(AssemblingStage[ClosedWindow[RecordIn]]):
@@ -70,9 +78,15 @@ class WindowStage(AssemblingStage[ClosedWindow[RecordIn]]):
     async def _add(self, record: RecordIn, h: Handle[RecordIn]) -> tuple[ClosedWindow[RecordIn] | None, bool]:
         """A step report into its window, a trigger's notice opens one, a timeout request closes one; a record of a
         window closed already is late.  A timeout request for a window not open is released (nothing to close)."""
-        rec = decode(record.value, (StepReport, WindowTimeout, WindowExpected))
+        rec = decode(record.value, (StepReport, WindowTimeout, WindowExpected, WindowRefused))
         if f"{rec.job}:{rec.window}" in self.closed_windows:
             return None, True
+        if isinstance(rec, WindowRefused):  # every worker refused its trigger: close it now, not at its deadline
+            key = (rec.job, rec.window)
+            if not self.assembler.hold(key, h):
+                await self.release([h])
+                return None, False
+            return self.assembler.refuse(key, rec.reasons), False
         if isinstance(rec, WindowTimeout):
             key = (rec.job, rec.window)
             if not self.assembler.hold(key, h):
@@ -119,6 +133,15 @@ class WindowStage(AssemblingStage[ClosedWindow[RecordIn]]):
             return "failed", (
                 f"{len(invalid)} of {w.window_steps} step reports unreadable (step {step}: {why}); "
                 f"findings from the {len(w.results)} others"
+            )
+        if w.refused:
+            why = ", ".join(
+                f"{n} {reason}{f' ({REFUSALS[reason]})' if reason in REFUSALS else ''}"
+                for reason, n in w.refused.items()
+            )
+            return "failed", (
+                f"every one of the {w.expected_workers} expected workers refused the trigger: {why}; closed at once, "
+                "not at the trigger's deadline"
             )
         if not w.results:
             return "failed", (

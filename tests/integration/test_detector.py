@@ -63,6 +63,7 @@ class Job:
     step: int = 0
     stop: str = ""  # "final": send final heartbeats and stop; "hang": stop, the laggard one step early
     laggard: int = 2
+    refuse: ProfileTrigger | None = None  # every worker echoes its refusal of this trigger (past) on its next heartbeat
     done: bool = False
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
@@ -97,6 +98,16 @@ class Driver(threading.Thread):
     def _step(self, job: Job, now: float) -> None:
         base = 0.02 * job.factor * (1.8 if job.hiccups and job.step % 17 == 5 else 1.0)
         times = base * job.rng.normal(1.0, 0.02, job.workers)
+        refused, job.refuse = job.refuse, None
+        echo = (
+            {
+                "trigger_window": refused.window,
+                "trigger_latency_s": max(0.0, now - refused.created_at),
+                "trigger_refused": "past",
+            }
+            if refused is not None
+            else {}
+        )
         for w in range(job.workers):
             if job.stop == "hang" and w == job.laggard:
                 continue  # never finishes this step
@@ -109,6 +120,7 @@ class Driver(threading.Thread):
                 sent_at=now,
                 final=job.stop == "final",
                 world_size=job.workers,  # as agents report it: the job's steps go as soon as every worker is in
+                **echo,
             )
             self.pub.send(self.topic, job.name, hb)
         if job.stop:
@@ -214,6 +226,32 @@ def test_a_slowdown_triggers_once_within_the_cooldown_and_noise_does_not(rig):
     assert (t.policy, t.policy_hash) == ("itest", load_policy(rig.policy_path).hash)
     assert rig.control.triggers("noisy") == []
     assert 'lockstep_triggers_suppressed{code="cooldown"}' in rig.metrics()  # the cool-down stopped a second window
+
+
+def test_a_window_every_worker_refused_closes_failed_at_once_and_its_slowdown_gets_another(rig):
+    """The trigger reaches the workers too late: each echoes its refusal (``past``) on its next heartbeat.  The real
+    processor closes the window ``failed`` with the refusals (not "no step report by the trigger's deadline", which
+    it said at its deadline before) and the slowdown gets a second window inside what was the cool-down."""
+    job = rig.driver.add("refused")
+    rig.wait_step(job, 30)
+    job.factor = 1.6
+    (first,) = rig.control.wait("refused")
+    job.refuse = first
+    triggers = rig.control.wait("refused", n=2, timeout_s=30)
+    topic = f"{rig.settings.topic_prefix}.windows"
+    reports: list[WindowReport] = []
+    deadline = time.monotonic() + 30
+    while not reports and time.monotonic() < deadline:
+        reports = [decode(v, WindowReport) for _, v in read_all(rig.settings, [topic])[topic]]
+        reports = [r for r in reports if r.job == "refused" and r.window == first.window]
+        time.sleep(0.3)
+    job.stop = "final"
+    (r,) = reports
+    assert (r.closed, r.steps_seen) == ("failed", 0)
+    assert r.closed_reason.startswith("every one of the 4 expected workers refused the trigger: 4 past"), r
+    assert len(triggers) == 2 and triggers[1].kind == "slowdown", triggers
+    assert triggers[1].start_step < first.start_step + first.steps + 300  # cooldown_steps: not waited out
+    assert 'lockstep_windows_refused_total{retry="yes"} 1' in rig.metrics()
 
 
 def test_a_hang_triggers_once(rig):

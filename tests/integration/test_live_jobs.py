@@ -161,6 +161,12 @@ def timeline(settings, pipeline, job: LiveJob) -> str:
     )
 
 
+def cost_reads_cpu_hours(page: str) -> None:
+    """A gloo job on CPUs only: the page counts what its findings cost in CPU-hours, never GPU-hours (a finding that
+    names the host said GPU-h before the findings carried their workers' device kind)."""
+    assert "CPU-h" in page and "GPU-h" not in page and "GPU-hours" not in page, re.findall(r"[\d.,]+ [CG]PU-\w+", page)
+
+
 def page_reads_right(settings, job: LiveJob, hit: tuple, slow_rank: int) -> None:
     """The job's page (as ``lockstep report --job`` renders it from the store, while the job runs) in headless
     Chromium: the slow rank's cell in the finding's function is the hottest of the heatmaps, and the step chart
@@ -220,6 +226,8 @@ def test_a_real_job_with_a_slow_rank_is_named_live(settings, tmp_path, pipeline,
         )
         if steps > 400:  # far later than usual (about 100 steps): what the pipeline did, in the report of a failure
             print(timeline(settings, pipeline, job))
+        report = gather(lambda sql, params=None: query(settings.db, sql, params), job=job.job)
+        cost_reads_cpu_hours(render(report, title=f"Lockstep: {job.job}"))
         if CHROMIUM is not None:
             try:
                 page_reads_right(settings, job, hit, slow_rank)

@@ -296,3 +296,32 @@ def test_every_deprecated_path_is_in_the_readme_with_its_removal():
     for name in ("`StepHeartbeat` keyed by job", "`FeatureBatch`", "`DetectorTick`", "rule: median"):
         assert name in section
     assert len(DEPRECATED) == section.count("| 0.2 |")
+
+
+def test_device_kind_of_workers_and_findings_without_it():
+    from lockstep.schemas.records import device_kind_of
+
+    assert device_kind_of(["vm/cpu", "vm/cpu", "cpu"]) == "cpu"
+    assert device_kind_of(["vm/cpu", "vm/gpu0"]) == device_kind_of(["host3/gpu5"]) == "gpu"
+    assert device_kind_of(["", ""]) == device_kind_of([]) == ""
+    # a finding written before the field reads as not known (the page then judges by the devices named)
+    old = msgspec.json.encode({k: v for k, v in msgspec.to_builtins(_finding()).items() if k != "device_kind"})
+    assert decode(old).device_kind == ""
+
+
+def test_a_refusal_echo_survives_batching_and_an_accepted_echo_stays_small():
+    from lockstep.schemas.records import StepHeartbeat, batch_heartbeats
+
+    beats = [
+        StepHeartbeat(job="j", worker=w, step=5, step_time_s=0.1, host="h", sent_at=1.0, **extra)
+        for w, extra in enumerate(
+            [
+                {"trigger_window": "w9", "trigger_latency_s": 2.0, "trigger_refused": "past"},
+                {"trigger_window": "w9", "trigger_latency_s": 0.5},
+            ]
+        )
+    ]
+    ((_, batch),) = batch_heartbeats(beats, 256)
+    again = decode(encode(batch)).heartbeats()
+    assert [(hb.trigger_refused, hb.echo().refused) for hb in again] == [("past", "past"), (msgspec.UNSET, "")]
+    assert b"trigger_refused" not in msgspec.json.encode(again[1])

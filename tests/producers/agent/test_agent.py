@@ -320,6 +320,10 @@ def test_the_agent_says_when_it_attaches_accepts_refuses_and_publishes_a_window(
     assert any(x.startswith("refused profiling window w-late starting at step 0") for x in lines), lines
     assert any(x.startswith(f"accepted profiling window w1: steps {step + 60}..{step + 62}") for x in lines), lines
     assert any(x.startswith("published window w1: its ") for x in lines), lines
+    # the refusal travels to the detector on a heartbeat (it closes a window every worker refused at once)
+    beats = heartbeats_of(v for _, v in read_all(settings, [topics.heartbeats])[topics.heartbeats])
+    echoed = {(hb.trigger_window, hb.trigger_refused) for hb in beats if hb.echo() is not None}
+    assert echoed == {("w-late", "past")}, echoed  # w1 was accepted (and, without created_at, not timed)
     # and nothing else by default
     assert all(AGENT_LINES.match(x) for x in lines), lines
     assert "rdkafka" not in err.read_text()

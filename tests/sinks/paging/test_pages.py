@@ -125,3 +125,20 @@ def test_slack_pages_escape_what_a_function_or_job_name_could_do_there():
         )  # no mention, no link, nothing Slack parses
         joined = " ".join(texts)
         assert "&lt;!channel&gt;" in joined and "&amp; co" in joined and "&lt;@U0ADMIN&gt;" in joined
+
+
+def test_pages_count_cpu_hours_for_a_job_without_accelerators():
+    """A real CPU-only job's finding names its host; its workers' kind (``device_kind``) says whose hours the cost
+    counts.  A finding from before the field keeps GPU-h."""
+    import msgspec
+
+    from lockstep.sinks.paging.pages import Page, pagerduty, slack
+
+    cpu = f(function="preprocess")
+    cpu.devices, cpu.device_kind = ["vm"], "cpu"
+    old = msgspec.to_builtins(f(function="preprocess"))
+    old.pop("device_kind", None)  # a record written before the field
+    for rec, unit in ((msgspec.to_builtins(cpu), "CPU-h"), (old, "GPU-h")):
+        page = Page("trigger", "inc", 1, rec, "critical", "w2", 0.0)
+        assert f"{unit}/day" in str(slack(page)) and ("CPU-h" in str(slack(page))) == (unit == "CPU-h")
+        assert pagerduty(page)["payload"]["custom_details"]["hours_unit"] == unit

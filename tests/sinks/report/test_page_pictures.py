@@ -229,6 +229,16 @@ def test_figures_in_the_jobs_units_jobs_by_cost_and_coverage_red_only_when_low()
     assert device_kind([finding()]) == device_kind([host]) == device_kind([]) == "GPU" and device_kind([cpu]) == "CPU"
     page = render(Report([cpu], [window(findings=1)], []), generated_at=None)
     assert "CPU-h per day" in page and "GPU-h" not in page and ">µs<" in page and ">us<" not in page
+    # a real CPU-only job's finding names the host, not a worker's CPU: its workers' kind, carried from their agents'
+    # devices, decides (it said GPU-h before)
+    cpu_host = finding(function="preprocess")
+    cpu_host.devices, cpu_host.device_kind = ["vm"], "cpu"
+    assert device_kind([cpu_host]) == "CPU"
+    page = render(Report([cpu_host], [window(findings=1)], []), generated_at=None)
+    assert "CPU-h per day" in page and "GPU-h" not in page
+    gpu_host = finding(function="dataloader.next")
+    gpu_host.devices, gpu_host.device_kind = ["worker0/cpu"], "gpu"  # the workers' kind wins over a name
+    assert device_kind([gpu_host]) == device_kind([gpu_host, cpu_host]) == "GPU"
     cheap, dear = finding(), finding()
     cheap.job, dear.job = "a-cheap", "z-dear"
     cheap.impact.gpu_hours_per_day, dear.impact.gpu_hours_per_day = 1.0, 500.0

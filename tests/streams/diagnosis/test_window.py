@@ -63,7 +63,7 @@ class Step:
     step: int = 0
 
 
-def workers(n: int, per_host: int = 8, hosts_per_switch: int = 2, labels=None) -> list[WorkerMeta]:
+def workers(n: int, per_host: int = 8, hosts_per_switch: int = 2, labels=None, cpu=False) -> list[WorkerMeta]:
     out = []
     for w in range(n):
         h = w // per_host
@@ -71,6 +71,7 @@ def workers(n: int, per_host: int = 8, hosts_per_switch: int = 2, labels=None) -
             WorkerMeta(
                 rank=w,
                 host=f"node{h:03d}",
+                device=f"node{h:03d}/cpu" if cpu else "",  # an agent that found no CUDA device names its CPU
                 local_rank=w % per_host,
                 nic=f"node{h:03d}/bond0",
                 switch=f"sw{h // hosts_per_switch}",
@@ -162,10 +163,11 @@ def run(
     job="j",
     wire=True,
     resource=None,
+    cpu=False,
 ):
     """Diagnose one window of ``steps`` steps; ``fault(step)`` changes a Step in place."""
     rng = np.random.default_rng(seed)
-    metas = workers(n, per_host=per_host, labels=labels)
+    metas = workers(n, per_host=per_host, labels=labels, cpu=cpu)
     names = NAMES + list(extra)
     kinds = [f[1] for f in FUNCS] + ["python"] * len(extra)
     resources = [(resource or {}).get(f[0], f[2]) for f in FUNCS] + ["cpu"] * len(extra)
@@ -387,6 +389,21 @@ def test_host_cpu_contention_reported_once_for_the_host():
 
     f = only(run(fault=fault))
     assert (f.cause, f.workers, f.devices) == ("host_cpu_contention", list(range(24, 32)), ["node003"])
+    assert f.device_kind == "gpu"  # the workers' devices (GPUs by default) say whose hours, not the host named
+
+
+def test_a_job_without_accelerators_says_so_on_its_findings_that_name_a_host():
+    """Every worker's agent named its CPU (no CUDA device): the finding names the host, and says the job's workers
+    compute on CPUs, through the step reports' wire format, so that its cost is counted in CPU-hours."""
+
+    def fault(s):
+        s.dur[24:32, IDX["dataloader.next"]] *= 3
+        s.dur[24:32, IDX["python.loop"]] *= 3
+        s.hw["cpu_other"][24:32] += 0.6
+
+    f = only(run(fault=fault, cpu=True))
+    assert (f.devices, f.device_kind) == (["node003"], "cpu")
+    assert decode(encode(f)).device_kind == "cpu"
 
 
 def test_host_memory_pressure():

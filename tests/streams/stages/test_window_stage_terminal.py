@@ -232,3 +232,50 @@ async def test_a_good_twin_of_an_unreadable_step_report_supersedes_it(pair):
     (report,) = window_reports(p)
     assert (report.closed, report.closed_reason, report.steps_seen) == ("complete", "", 4)
     assert p.dead() == {("windows", "invalid"): 1}
+
+
+async def test_a_window_every_worker_refused_closes_failed_at_once_and_its_slowdown_gets_another(pair):
+    """The processor in memory: a slowdown's trigger reaches the agents after the window's first step; each echoes
+    its refusal (``past``) on its next heartbeat.  The window closes ``failed`` with the reasons as soon as the last
+    refusal is counted, with no timer run (before: at its deadline, ~70 s), and the slowdown gets a new window at once
+    (before: after the cool-down, 200 steps)."""
+    from lockstep.schemas.records import StepHeartbeat, WindowRefused
+    from tests.streams.stages.test_detect_stage import T0, control, run, slowed_down
+
+    p = pair(window_timeout_s=30.0)
+    first = await slowed_down(p)
+    await p.pump()
+    assert len(p.proc.windows.assembler) == 1  # announced by its notice
+    step, sent = 60, T0 + 60 * 0.2
+    beats = [
+        p.produce(
+            TOPICS.heartbeats,
+            "j",
+            StepHeartbeat(
+                job="j",
+                worker=w,
+                step=step,
+                step_time_s=0.3,
+                host=f"h{w}",
+                sent_at=sent,
+                world_size=8,
+                trigger_window=first.window,
+                trigger_latency_s=2.0,
+                trigger_refused="past",
+            ),
+        )
+        for w in range(8)
+    ]
+    await run(p, [(sent + 0.05, beats)])
+    await p.pump()
+    refused = [r for r in p.sent(TOPICS.stepreports) if isinstance(r, WindowRefused)]
+    assert [(r.window, r.reasons, r.retry) for r in refused] == [(first.window, {"past": 8}, True)]
+    (report,) = window_reports(p)
+    assert (report.window, report.closed, report.steps_seen) == (first.window, "failed", 0)
+    assert report.closed_reason.startswith("every one of the 8 expected workers refused the trigger: 8 past")
+    assert not [r for r in p.sent(TOPICS.stepreports) if isinstance(r, WindowTimeout)]  # no deadline waited for
+    assert p.proc.metrics.get("windows_refused_total", retry="yes") == 1
+    assert p.proc.metrics.get("windows_closed_total", reason="failed") == 1
+    second = [t for t in control(p) if t.window != first.window]
+    assert len(second) == 1 and second[0].kind == "slowdown"
+    assert second[0].start_step < first.start_step + first.steps + 200  # inside what was the cool-down
