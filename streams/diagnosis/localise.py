@@ -35,6 +35,7 @@ Vectorised: one sort per statistic, no loop over workers or functions.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -244,6 +245,7 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
         )
         for i in idx.tolist()  # the few that stand out (one per culprit), not every worker
     ]
+    own_idx = set(idx.tolist())
     localised += [
         Localised(
             worker=int(rows.ws[i]),
@@ -271,7 +273,7 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
             bar=fs.bar,
         )
         for i, fs in _by_function(results, rows, dp, counted, n_peers).items()
-        if i not in set(idx.tolist()) and wait_med[i] < peer_wait_med[i]
+        if i not in own_idx and wait_med[i] < peer_wait_med[i]  # the straggler waits least
     ]
     return Standing(localised, int(rows.ws[k]), float(shift[k]), top_z, noise, rows.ws, z, bar, se_us, waits_more)
 
@@ -328,8 +330,8 @@ def _by_function(
     has = (fn != "") & (n_peers[rows.wi_all] >= 3)
     if not has.any():
         return {}
-    noise_of = _function_noise(results, dp)
-    if not noise_of:
+    keys, spread = _function_noise(results, dp)
+    if keys.size == 0:
         return {}
     steps = np.unique(rows.step)
     si = np.searchsorted(steps, rows.step)
@@ -341,6 +343,9 @@ def _by_function(
     cf[ci] = fn[has]
     cg = np.empty(combos.size, dtype=object)
     cg[ci] = grp[has]
+    ckey = np.char.add(np.char.add(cg.astype(str), "\x1f"), cf.astype(str))
+    at = np.minimum(np.searchsorted(keys, ckey), keys.size - 1)
+    noise = np.where(keys[at] == ckey, spread[at], np.nan)
     ck = np.empty(combos.size, dtype=object)
     ck[ci] = _np(t, "kind").astype(str)[has]
     # per (worker, step) reported: 0 where the function was not among its rows (not above its group's median)
@@ -356,12 +361,14 @@ def _by_function(
     mask = ~reported[cw]
     x_step[mask], x_own[mask] = np.nan, np.nan
     n = np.maximum(counted[cw], 1)
-    excess, shift = np.nanmedian(x_step, axis=1), np.nanmedian(x_own, axis=1)
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # a worker whose peers' own work is 0 in every step
+        excess, shift = np.nanmedian(x_step, axis=1), np.nanmedian(x_own, axis=1)
+        z = excess / (1.2533 * noise / np.sqrt(n))
     above = np.sum(np.nan_to_num(x_step) > 0, axis=1) / n
-    noise = np.array([noise_of.get((str(g), str(f)), math.nan) for g, f in zip(cg, cf, strict=True)])
-    z = excess / (1.2533 * noise / np.sqrt(n))
     # every (worker, function) that could have stood out was tested: chance gives the largest of them more
-    bar = threshold(dp, int(np.count_nonzero(n_peers >= 3)) * max(len({f for _, f in noise_of}), 1))
+    functions = np.unique(np.char.partition(keys, "\x1f")[:, 2])
+    bar = threshold(dp, int(np.count_nonzero(n_peers >= 3)) * max(functions.size, 1))
     ok = (
         np.isfinite(z)
         & (z >= bar)
@@ -392,19 +399,22 @@ def _by_function(
     return out
 
 
-def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> dict[tuple[str, str], float]:
-    """Per (group, function) of the window, not waiting: the spread of its work across the group's workers as a
-    share of the step (1.4826 x MAD / step time, the median over steps; at least ``rel_floor`` of its median work)."""
+def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> tuple[np.ndarray, np.ndarray]:
+    """Per (group, function) of the window, not waiting, in groups of 3 or more (keys ``group \\x1f function``,
+    sorted): the spread of its work across the group's workers as a share of the step (1.4826 x MAD / step time,
+    the median over steps; at least ``rel_floor`` of its median work; NaN for a function the group's median worker
+    does not run)."""
     from .step import WAITING_KINDS
 
+    none = (np.array([], dtype=str), np.array([]))
     parts = [r.groups for r in results if r.groups is not None and r.groups.num_rows]
     if not parts:
-        return {}
+        return none
     g = pa.concat_tables(parts)
     kind = _np(g, "kind").astype(str)
     keep = ~np.isin(kind, WAITING_KINDS) & (_np(g, "workers") >= 3)
     if not keep.any():
-        return {}
+        return none
     key = np.char.add(np.char.add(_np(g, "group").astype(str)[keep], "\x1f"), _np(g, "function").astype(str)[keep])
     keys, ki = np.unique(key, return_inverse=True)
     st = np.maximum(_np(g, "step_time_us")[keep], 1.0)
@@ -413,4 +423,4 @@ def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> dict[tupl
     noise = np.fmax(spread, floor)
     # a function its group's median worker does not run (one rank's own code) has no spread to compare with
     noise[~(floor > 0)] = math.nan
-    return {tuple(k.split("\x1f", 1)): float(v) for k, v in zip(keys.tolist(), noise.tolist(), strict=True)}
+    return keys, noise
