@@ -20,12 +20,22 @@ peers' summed over the window.
   nobody holds anybody up and nobody stands out).
 
 The victims of a straggler have *lower* own work than their peers (they wait instead), so they never stand out.
+
+A worker whose own work does not stand out as a whole can still stand out in one function (a slower optimizer step,
+one of two culprits, a DataLoader a few percent of the step: the job's own-work noise hides it, the function's own
+spread does not): per (worker, function) the median over the worker's steps of its work in it above its group's
+median, against that function's spread across the group's workers in the same steps (1.4826 x MAD, the median over
+steps, never below ``rel_floor`` of the function's median work), named under the same bars: ``localise_z`` standard
+errors and more than chance gives the largest of every (worker, function) tested, at least ``localise_min_shift`` of
+its peers' own work and ``min_excess_share`` of the step, above in ``persistence`` of the steps, waiting less than
+its peers.  Only in groups of 3 or more workers: the spread of two is half their difference, the shift itself.
 Vectorised: one sort per statistic, no loop over workers or functions.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -62,6 +72,8 @@ class Localised:
     work_us: float  # in the function
     peer_work_us: float
     excess_share: float  # median over steps of (own - peers') / step time
+    basis: str = "own"  # what stood out: "own" (its own work) or "function" (its work in ``function`` alone)
+    bar: float = math.nan  # the standard errors it needed (NaN: the Standing's own-work bar)
 
 
 @dataclass(frozen=True)
@@ -202,6 +214,11 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     se_us, waits_more = se * group_median(peer, wi, n), wait_med > peer_wait_med
     best = _stands_out_in(rows, idx)
     host, device = rows.col("host").astype(str), rows.col("device").astype(str)
+    # per worker: the workers of its peer group (its group in its first step)
+    wg = np.zeros(n, dtype=np.int64)
+    gcode = np.unique(grp, return_inverse=True)[1]
+    wg[wi[::-1]] = gcode[::-1]
+    n_peers = np.bincount(wg, minlength=int(wg.max()) + 1)[wg]
     localised = [
         Localised(
             worker=int(rows.ws[i]),
@@ -227,6 +244,36 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
             excess_share=float(excess[i]),
         )
         for i in idx.tolist()  # the few that stand out (one per culprit), not every worker
+    ]
+    own_idx = set(idx.tolist())
+    localised += [
+        Localised(
+            worker=int(rows.ws[i]),
+            host=str(host[wi == i][0]),
+            device=str(device[wi == i][0]),
+            group=str(grp[wi == i][0]),
+            function=fs.function,
+            kind=fs.kind,
+            shift=fs.shift,
+            noise=fs.noise,
+            z=fs.z,
+            above=fs.above,
+            holds=float(holds[i]),
+            steps=fs.steps,
+            n_steps=int(counted[i]),
+            peers=int(n_peers[i]),
+            own_us=float(np.median(own[wi == i])),
+            peer_own_us=float(np.nanmedian(peer[wi == i])),
+            wait_us=float(wait_med[i]),
+            peer_wait_us=float(peer_wait_med[i]),
+            work_us=fs.work_us,
+            peer_work_us=fs.peer_work_us,
+            excess_share=fs.excess_share,
+            basis="function",
+            bar=fs.bar,
+        )
+        for i, fs in _by_function(results, rows, dp, counted, n_peers).items()
+        if i not in own_idx and wait_med[i] < peer_wait_med[i]  # the straggler waits least
     ]
     return Standing(localised, int(rows.ws[k]), float(shift[k]), top_z, noise, rows.ws, z, bar, se_us, waits_more)
 
@@ -256,3 +303,124 @@ def _stands_out_in(rows: _Rows, idx: np.ndarray) -> dict[int, tuple[str, str, fl
         fr = np.flatnonzero((wi_all == i) & (fci == b))
         out[i] = (str(fnames[b]), str(kind[fr[0]]), float(np.median(work[fr])), float(np.median(peer_work[fr])))
     return out
+
+
+@dataclass(frozen=True)
+class _FunctionShift:
+    function: str
+    kind: str
+    shift: float  # median over steps of (work - group median) / its peers' own work
+    noise: float  # the function's spread across the group, as a share of the step
+    z: float
+    bar: float
+    above: float
+    steps: list[int]
+    work_us: float
+    peer_work_us: float
+    excess_share: float  # median over steps of (work - group median) / step time
+
+
+def _by_function(
+    results: list[StepResult], rows: _Rows, dp: DiagnosisPolicy, counted: np.ndarray, n_peers: np.ndarray
+) -> dict[int, _FunctionShift]:
+    """Per worker index: its function that stands out most from its group's in the window (:data:`__doc__`), for
+    the workers that have one."""
+    t = rows.t
+    fn = _np(t, "function").astype(str)
+    has = (fn != "") & (n_peers[rows.wi_all] >= 3)
+    if not has.any():
+        return {}
+    keys, spread = _function_noise(results, dp)
+    if keys.size == 0:
+        return {}
+    steps = np.unique(rows.step)
+    si = np.searchsorted(steps, rows.step)
+    grp = _np(t, "group").astype(str)
+    combos, ci = np.unique(np.char.add(np.char.add(rows.wi_all[has].astype(str), "\x1f"), fn[has]), return_inverse=True)
+    cw = np.zeros(combos.size, dtype=np.int64)
+    cw[ci] = rows.wi_all[has]
+    cf = np.empty(combos.size, dtype=object)
+    cf[ci] = fn[has]
+    cg = np.empty(combos.size, dtype=object)
+    cg[ci] = grp[has]
+    ckey = np.char.add(np.char.add(cg.astype(str), "\x1f"), cf.astype(str))
+    at = np.minimum(np.searchsorted(keys, ckey), keys.size - 1)
+    noise = np.where(keys[at] == ckey, spread[at], np.nan)
+    ck = np.empty(combos.size, dtype=object)
+    ck[ci] = _np(t, "kind").astype(str)[has]
+    # per (worker, step) reported: 0 where the function was not among its rows (not above its group's median)
+    reported = np.zeros((rows.ws.size, steps.size), dtype=bool)
+    reported[rows.wi, si[rows.first]] = True
+    work, peer_work = _np(t, "work_us")[has], _np(t, "peer_work_us")[has]
+    st, peer_own = _np(t, "step_time_us")[has], _np(t, "peer_own_us")[has]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x_step = np.zeros((combos.size, steps.size))
+        x_own = np.zeros((combos.size, steps.size))
+        np.add.at(x_step, (ci, si[has]), (work - peer_work) / st)
+        np.add.at(x_own, (ci, si[has]), np.where(peer_own > 0, (work - peer_work) / peer_own, np.nan))
+    mask = ~reported[cw]
+    x_step[mask], x_own[mask] = np.nan, np.nan
+    n = np.maximum(counted[cw], 1)
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # a worker whose peers' own work is 0 in every step
+        excess, shift = np.nanmedian(x_step, axis=1), np.nanmedian(x_own, axis=1)
+        z = excess / (1.2533 * noise / np.sqrt(n))
+    above = np.sum(np.nan_to_num(x_step) > 0, axis=1) / n
+    # every (worker, function) that could have stood out was tested: chance gives the largest of them more
+    functions = np.unique(np.char.partition(keys, "\x1f")[:, 2])
+    bar = threshold(dp, int(np.count_nonzero(n_peers >= 3)) * max(functions.size, 1))
+    ok = (
+        np.isfinite(z)
+        & (z >= bar)
+        & (shift >= dp.localise_min_shift)
+        & (excess >= dp.min_excess_share)
+        & (above >= dp.persistence)
+        & (counted[cw] >= min(dp.min_persistent_steps, len(results)))
+    )
+    out: dict[int, _FunctionShift] = {}
+    for c in np.flatnonzero(ok)[np.argsort(-z[ok], kind="stable")].tolist():
+        i = int(cw[c])
+        if i in out:
+            continue
+        r = np.flatnonzero(has)[ci == c]
+        out[i] = _FunctionShift(
+            function=str(cf[c]),
+            kind=str(ck[c]),
+            shift=float(shift[c]),
+            noise=float(noise[c]),
+            z=float(z[c]),
+            bar=bar,
+            above=float(above[c]),
+            steps=sorted(int(s) for s in steps[np.nan_to_num(x_step[c]) > 0]),
+            work_us=float(np.median(_np(t, "work_us")[r])),
+            peer_work_us=float(np.median(_np(t, "peer_work_us")[r])),
+            excess_share=float(excess[c]),
+        )
+    return out
+
+
+def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> tuple[np.ndarray, np.ndarray]:
+    """Per (group, function) of the window, not waiting, in groups of 3 or more (keys ``group \\x1f function``,
+    sorted): the spread of its work across the group's workers as a share of the step (1.4826 x MAD / step time,
+    the median over steps; at least ``rel_floor`` of its median work; NaN for a function the group's median worker
+    does not run)."""
+    from .step import WAITING_KINDS
+
+    none = (np.array([], dtype=str), np.array([]))
+    parts = [r.groups for r in results if r.groups is not None and r.groups.num_rows]
+    if not parts:
+        return none
+    g = pa.concat_tables(parts)
+    kind = _np(g, "kind").astype(str)
+    keep = ~np.isin(kind, WAITING_KINDS) & (_np(g, "workers") >= 3)
+    if not keep.any():
+        return none
+    key = np.char.add(np.char.add(_np(g, "group").astype(str)[keep], "\x1f"), _np(g, "function").astype(str)[keep])
+    keys, ki = np.unique(key, return_inverse=True)
+    st = np.maximum(_np(g, "step_time_us")[keep], 1.0)
+    spread = group_median(1.4826 * _np(g, "work_mad_us")[keep] / st, ki, keys.size)
+    floor = dp.rel_floor * group_median(_np(g, "work_us")[keep] / st, ki, keys.size)
+    noise = np.fmax(spread, floor)
+    # a function its group's median worker does not run (one rank's own code) has no spread to compare with
+    noise[~(floor > 0)] = math.nan
+    return keys, noise

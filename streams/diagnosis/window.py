@@ -784,7 +784,8 @@ def _refined(ctx: _Ctx, f: Finding, periodic: bool = False, excess_us: float = m
 
 
 def _localised_confidence(ctx: _Ctx, loc: Localised) -> float:
-    strength = min(1.0, loc.z / (2.0 * ctx.standing.bar))
+    bar = loc.bar if math.isfinite(loc.bar) else ctx.standing.bar  # a function's bar, or the own work's
+    strength = min(1.0, loc.z / (2.0 * bar))
     conf = (0.5 + 0.3 * strength) * _persisted(loc.above) * (0.5 + 0.5 * ctx.coverage)
     return round(min(0.99, max(0.01, conf)), 3)
 
@@ -842,6 +843,12 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
             f"{len(loc.steps)}/{loc.n_steps} steps ({loc.z:.1f} standard errors of the job's step-to-step noise "
             f"{loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers {loc.peer_wait_us:,.0f}: "
             "they wait for it; cause undetermined (no cause rule's evidence)"
+            if loc.basis == "own"
+            else f"worker {loc.worker}: its work in {function} above its group's median in {len(loc.steps)}/"
+            f"{loc.n_steps} steps, by {loc.excess_share:.1%} of the step ({loc.shift:.0%} of its peers' own work; "
+            f"{loc.z:.1f} standard errors of that function's spread across its peers, {loc.noise:.2%} of the step), "
+            f"where its own work as a whole is within the job's noise; it waits {loc.wait_us:,.0f} us, its peers "
+            f"{loc.peer_wait_us:,.0f}: they wait for it; cause undetermined (no cause rule's evidence)"
         ),
         window_steps=n,
     )

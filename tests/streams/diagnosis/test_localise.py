@@ -176,3 +176,34 @@ def test_a_function_longer_in_critical_time_but_not_in_duration_does_not_name_th
     mine = [f for f in d.findings if f.workers == [0]]
     assert mine and mine[0].function == "log_metrics", [(f.function, f.cause, f.confidence) for f in d.findings]
     assert {e.feature for e in mine[0].evidence} >= {"work_us"}
+
+
+def test_a_function_slower_on_one_worker_is_found_where_its_own_work_is_lost_in_the_jobs_noise():
+    # backward 20 ms moving 30% from step to step on every worker: a worker's own work as a whole moves as much, and
+    # worker 2's optimizer step, 4 ms longer than its peers' (1 ms, steady), is well within that; in the
+    # optimizer step itself, against that function's spread across the peers, it stands out
+    rng = np.random.default_rng(5)
+    own = np.stack(
+        [
+            20_000.0 * (1.0 + 0.3 * rng.standard_normal((STEPS, 4))),
+            1_000.0 * (1.0 + 0.02 * rng.standard_normal((STEPS, 4))),
+        ],
+        axis=2,
+    )
+    own[:, 2, 1] += 4_000.0
+    results, d = window(own, names=["backward", "optimizer"])
+    standing = localise(results, Policy().diagnosis)
+    assert standing.z_of(2) < standing.bar  # its own work as a whole does not stand out
+    (loc,) = standing.localised
+    assert (loc.worker, loc.function, loc.basis) == (2, "optimizer", "function")
+    assert loc.z >= loc.bar and loc.shift >= Policy().diagnosis.localise_min_shift
+    named = [f for f in d.findings if f.scope == "worker"]
+    assert [(f.workers, f.function) for f in named] == [([2], "optimizer")], [
+        (f.scope, f.workers, f.function, f.cause) for f in d.findings
+    ]
+    assert named[0].confidence >= 0.5
+    # without the slower optimizer step nobody stands out, as a whole or in a function
+    own[:, 2, 1] -= 4_000.0
+    results, d = window(own, names=["backward", "optimizer"])
+    assert localise(results, Policy().diagnosis).localised == []
+    assert not [f for f in d.findings if f.confidence >= 0.5]
