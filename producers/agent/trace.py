@@ -818,19 +818,24 @@ def _has(names: pa.Array, sub: str, ignore_case: bool = False) -> np.ndarray:
 
 
 def _nested(stream: np.ndarray, ts: np.ndarray, dur: np.ndarray, among: np.ndarray) -> np.ndarray:
-    """For the ``among`` events: does another of them on the same thread enclose it?"""
+    """For the ``among`` events: does another of them on the same thread enclose it?
+
+    A running maximum of the end times over each thread's events in start order (threads are few, events many:
+    one vectorised pass per thread).  Exact in the trace's own times: the threads are not joined into one
+    series by an offset, which loses microseconds once a stray ``ts`` of 0 stretches a thread's span to 1e15."""
     out = np.zeros(ts.size, dtype=bool)
     idx = np.flatnonzero(among)
     if idx.size == 0:
         return out
     thread = stream[idx].astype(np.int64)
     order = np.lexsort((-dur[idx], ts[idx], thread))
-    t0 = ts[idx][order] - ts[idx].min()
-    big = float(t0.max() + dur[idx].max() + 1.0)
-    off = thread[order] * big  # threads are separate segments of one running maximum
-    end = off + t0 + dur[idx][order]
-    prev = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
-    out[idx[order]] = off + t0 < prev
+    start = ts[idx][order]
+    end = start + dur[idx][order]
+    inside = np.zeros(order.size, dtype=bool)
+    cuts = np.flatnonzero(np.diff(thread[order])) + 1
+    for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [order.size]]), strict=True):
+        inside[lo + 1 : hi] = start[lo + 1 : hi] < np.maximum.accumulate(end[lo : hi - 1])
+    out[idx[order]] = inside
     return out
 
 

@@ -325,3 +325,33 @@ def test_reading_is_bounded(tmp_path):
         read_bounded(tmp_path / "zero.json", 1 << 20)
     with pytest.raises(TraceError, match=r"not a regular file \(a directory\)"):
         read_bounded(tmp_path, 1 << 20)
+
+
+def test_nesting_is_exact_when_a_stray_zero_timestamp_stretches_a_threads_span():
+    """A Kineto trace can hold an event at ``ts`` 0 beside events at ~1.7e15 µs: enclosure is still decided
+    in the events' own times, on every thread (checked against every pair)."""
+    import numpy as np
+
+    from lockstep.producers.agent.trace import _nested
+
+    rng = np.random.default_rng(5)
+    n = 400
+    stream = rng.integers(0, 40, n).astype(np.int32)
+    ts = 1.7e15 + np.round(rng.uniform(0, 5_000, n), 3)
+    dur = np.round(rng.uniform(0.001, 50, n), 3)
+    ts[0], dur[0] = 0.0, 1.0  # the stray event
+    ts[1], stream[1] = ts[2] + dur[2], stream[2]  # starts exactly where another ends: not inside it
+    among = rng.random(n) < 0.9
+    among[:3] = True
+    got = _nested(stream, ts, dur, among)
+    want = np.zeros(n, dtype=bool)
+    idx = np.flatnonzero(among)
+    for i in idx:
+        for j in idx:
+            if i == j or stream[i] != stream[j]:
+                continue
+            before = ts[j] < ts[i] or (ts[j] == ts[i] and (dur[j] > dur[i] or (dur[j] == dur[i] and j < i)))
+            if before and ts[i] < ts[j] + dur[j]:
+                want[i] = True
+    assert not got[1]
+    assert np.array_equal(got, want)
