@@ -99,12 +99,28 @@ def _megatron_labels() -> dict[str, str]:
     return {}
 
 
+def _jax_gpu(host: str) -> str:
+    """``<host>/gpu<N>`` of the first accelerator of a JAX process (already imported: never imported here)."""
+    jax = sys.modules.get("jax")
+    try:
+        devices = [] if jax is None else jax.local_devices()
+    except Exception:
+        log.debug("JAX devices not readable", exc_info=True)
+        return ""
+    gpus = [d for d in devices if str(getattr(d, "platform", "")).lower() in ("gpu", "cuda", "rocm")]
+    if not gpus:
+        return ""
+    local = getattr(gpus[0], "local_hardware_id", None)
+    return f"{host}/gpu{int(gpus[0].id if local is None else local)}"
+
+
 def _gpu(host: str, local_rank: int, env: dict[str, str]) -> tuple[str, str]:
-    """(device name, NVML UUID) of the GPU this process uses; ("", "") without one."""
+    """(device name, NVML UUID) of the GPU this process uses; ("", "") without one (a JAX process's GPU
+    has no UUID here)."""
     torch = sys.modules.get("torch")
     try:
         if torch is None or not torch.cuda.is_available():
-            return "", ""
+            return _jax_gpu(host), ""
         cur = torch.cuda.current_device()
         uuid = str(getattr(torch.cuda.get_device_properties(cur), "uuid", "") or "")
         uuid = uuid if not uuid or uuid.startswith("GPU-") else f"GPU-{uuid}"

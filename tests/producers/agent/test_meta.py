@@ -44,3 +44,20 @@ def test_nic_from_nccl_settings_and_the_default_route():
     assert nic_from_env({"NCCL_SOCKET_IFNAME": "^docker"}, 0) == ""  # an exclusion names no NIC
     assert default_route_interface(ROUTES) == "bond0"
     assert default_route_interface(ROUTES.splitlines()[0]) == ""
+
+
+def test_a_jax_process_names_its_accelerator_and_a_cpu_only_one_its_cpu(monkeypatch):
+    """JAX's devices decide when torch has no CUDA: its first GPU by its local hardware id, else the CPU (the
+    job's CPU-h against GPU-h follow from this name). JAX stands in as a module holding two devices."""
+    import sys
+    import types
+
+    dev = types.SimpleNamespace
+    jax = types.ModuleType("jax")
+    jax.local_devices = lambda: [dev(platform="gpu", id=4, local_hardware_id=0), dev(platform="gpu", id=5)]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "jax", jax)
+    assert discover(cfg(host="h1"), {}).meta.device == "h1/gpu0"
+    jax.local_devices = lambda: [dev(platform="cpu", id=0)]  # type: ignore[attr-defined]
+    assert discover(cfg(host="h1"), {}).meta.device == "h1/cpu"
+    jax.local_devices = lambda: (_ for _ in ()).throw(RuntimeError("no backend"))  # type: ignore[attr-defined]
+    assert discover(cfg(host="h1"), {}).meta.device == "h1/cpu"
