@@ -41,6 +41,13 @@ def main() -> None:
         metavar="K",
         help="SIGKILL the last processor halfway through window K (0: the first)",
     )
+    ap.add_argument(
+        "--stop-after-windows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="stop the fleet a few steps after N windows were delivered, or at --minutes (default 0: at --minutes)",
+    )
     ap.add_argument("--no-windows", action="store_true", help="heartbeats only: the always-on signal's cost")
     ap.add_argument(
         "--features",
@@ -79,6 +86,7 @@ def main() -> None:
         features=args.features,
         processors=args.processors,
         kill=args.kill,
+        stop_after_windows=args.stop_after_windows,
     )
     summary = res.summary()
     summary["load_average_after"] = os.getloadavg()

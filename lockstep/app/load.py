@@ -148,6 +148,7 @@ def run_load(
     features: Literal["window", "step"] = "window",
     processors: int = 1,
     kill: int | None = None,
+    stop_after_windows: int = 0,
 ) -> LoadResult:
     """``windows=False``: heartbeats only (the always-on signal's cost).  ``features``: what the fleet sends, one
     ``WindowFeatures`` per worker and window (as agents do), or a ``FeatureBatch`` per worker and step (as older agents did).
@@ -155,7 +156,8 @@ def run_load(
     ``processors``: that many processors in one consumer group share the partitions (the job's heartbeat shards and
     feature shards spread over them).  ``kill``: the last processor is SIGKILLed halfway through window number
     ``kill`` (0: the first) and not restarted: the others take its partitions over after the group's session timeout
-    and replay what it had not committed."""
+    and replay what it had not committed.  ``stop_after_windows``: the fleet stops a few steps after that many windows
+    were delivered, or at ``duration_s``, whichever comes first (0: at ``duration_s``)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="lockstep-load-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     policy = log_dir / "load-policy.yaml"
@@ -192,7 +194,7 @@ def run_load(
                 topics,
                 steps_per_s=steps_per_s,
                 max_steps=int(duration_s * steps_per_s),
-                stop_after_windows=10**9,
+                stop_after_windows=stop_after_windows,
                 progress=operator.progress,
                 features=features,
             )

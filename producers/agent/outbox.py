@@ -309,6 +309,7 @@ class Outbox:
         if left and producer is not None:
             producer.purge(in_queue=True, in_flight=True)
             producer.flush(1.0)  # serves the purge callbacks: the records go to the spool
+        self._producer = None  # librdkafka's threads and connections end with it, not when the outbox is freed
         self.spool.close()
         if len(self.spool):
             log.warning(
