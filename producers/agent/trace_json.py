@@ -248,8 +248,10 @@ class ColumnBuilder:
             return np.full(len(args), self._pgs.code.setdefault("", len(self._pgs.code)), dtype=np.int32)
         return self._pgs.encode([a.pg_desc or a.pg_name or "" for a in args])
 
-    def add(self, events: list[ChromeEvent], groups_named: bool = True) -> None:
-        """``groups_named`` False: the run's bytes hold no process group's key (nothing to look for in its args)."""
+    def add(self, events: list[ChromeEvent], groups_named: bool = True, numbered: bool = True) -> None:
+        """``groups_named`` False: the run's bytes hold no process group's key (nothing to look for in its args);
+        ``numbered`` False: they hold no ``"Seq"`` (collective numbers are rare: most runs skip that column's pass;
+        a key spelt with escapes is not seen, and that trace is then matched as one without numbers)."""
         phs = list(map(_PH, events))
         n = phs.count("X")
         x = events if n == len(events) else [e for e, ph in zip(events, phs) if ph == "X"]
@@ -266,7 +268,7 @@ class ColumnBuilder:
                 device=_arg_ints(args, "device", typed, -2),
                 nbytes=_arg_floats(args, typed),
                 pg=self._pg(args, typed, groups_named),
-                seq=_arg_ints(args, "seq", typed, -1),
+                seq=_arg_ints(args, "seq", typed, -1) if numbered else np.full(n, -1, dtype=np.int64),
             )
         fl = [] if n == len(events) else [e for e, ph in zip(events, phs) if ph in _FLOW_PH]
         fl = [e for e in fl if e.cat in FLOW_CATS and e.id is not None]
@@ -590,7 +592,7 @@ class _Reader:
                 window *= 4
                 continue
             window = WINDOW
-            self.builder.add(events)
+            self.builder.add(events, numbered=self.buf.find(b'"Seq"', self.pos, end) >= 0)
             del events
             self.pos = end
             if self._after_item(b"]"):
