@@ -293,15 +293,17 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
             )
 
     def heartbeats(self) -> list[StepHeartbeat]:
-        """The batch as one ``StepHeartbeat`` per row (the rare fields on the worker's first row), for readers that
-        want records, not columns."""
-        echo = {e.worker: e for e in self.echoes}
+        """The batch as one ``StepHeartbeat`` per row, for readers that want records, not columns: counters on the
+        worker's first row, its echoes one a row in order."""
+        echo: dict[int, list[Echo]] = {}
+        for e in self.echoes:  # a worker's echoes in order, one per row of its own (an agent sends one a heartbeat)
+            echo.setdefault(e.worker, []).append(e)
         agent = {a.worker: a.counters for a in self.agents}
         final = set(self.final)
         out = []
         for i, (w, step, t, at) in enumerate(zip(self.worker, self.step, self.step_time_s, self.sent_at)):
             extra: dict[str, Any] = {"final": True} if i in final else {}
-            if (e := echo.pop(w, None)) is not None:
+            if (e := echo[w].pop(0) if echo.get(w) else None) is not None:
                 extra.update(trigger_window=e.window, trigger_latency_s=e.latency_s)
                 if e.refused:
                     extra["trigger_refused"] = e.refused

@@ -325,3 +325,25 @@ def test_a_refusal_echo_survives_batching_and_an_accepted_echo_stays_small():
     again = decode(encode(batch)).heartbeats()
     assert [(hb.trigger_refused, hb.echo().refused) for hb in again] == [("past", "past"), (msgspec.UNSET, "")]
     assert b"trigger_refused" not in msgspec.json.encode(again[1])
+
+
+def test_a_workers_echoes_in_one_batch_come_back_on_its_own_heartbeats_in_order():
+    """An agent echoes one trigger a heartbeat; two triggers (a refusal, then a receipt) in one flush are two echoes
+    of the same worker in one batch, and reading the batch as heartbeats keeps both (it kept the last one)."""
+    from lockstep.schemas.records import StepHeartbeat, batch_heartbeats
+
+    echoes = [
+        {"trigger_window": "w-past", "trigger_latency_s": 0.1, "trigger_refused": "past"},
+        {},
+        {"trigger_window": "w1", "trigger_latency_s": 0.2},
+    ]
+    beats = [
+        StepHeartbeat(job="j", worker=3, step=s, step_time_s=0.1, host="h", sent_at=1.0 + s, **extra)
+        for s, extra in enumerate(echoes)
+    ]
+    ((_, batch),) = batch_heartbeats(beats, 256)
+    again = decode(encode(batch)).heartbeats()
+    assert [(hb.trigger_window, hb.trigger_refused) for hb in again if isinstance(hb.trigger_window, str)] == [
+        ("w-past", "past"),
+        ("w1", msgspec.UNSET),
+    ]
