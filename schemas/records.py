@@ -296,8 +296,8 @@ class HeartbeatBatch(_Record, tag="HeartbeatBatch", kw_only=True):
         """The batch as one ``StepHeartbeat`` per row, for readers that want records, not columns: counters on the
         worker's first row, its echoes one a row in order."""
         echo: dict[int, list[Echo]] = {}
-        for e in self.echoes:  # a worker's echoes in order, one per row of its own (an agent sends one a heartbeat)
-            echo.setdefault(e.worker, []).append(e)
+        for sent in self.echoes:  # a worker's echoes in order, one per row of its own (an agent sends one a beat)
+            echo.setdefault(sent.worker, []).append(sent)
         agent = {a.worker: a.counters for a in self.agents}
         final = set(self.final)
         out = []
