@@ -19,7 +19,9 @@ WITH s AS (
            median(step_time_us) FILTER (WHERE back <= {RECENT_STEPS}) AS step_time_us, max(received_at) AS seen_at
     FROM s GROUP BY job
 ), f AS (
-    SELECT job, any_value(tenant) AS tenant, count(*) AS findings, max(created_at) AS seen_at FROM findings GROUP BY job
+    SELECT job, any_value(tenant) AS tenant, count(*) AS findings, max(created_at) AS seen_at,
+           bool_and(coalesce(record->>'device_kind', '') = 'cpu') AS cpu_only
+    FROM findings GROUP BY job
 ), w AS (
     SELECT job, any_value(tenant) AS tenant, count(*) AS windows, max(closed_at) AS seen_at FROM windows GROUP BY job
 ), i AS (
@@ -39,6 +41,7 @@ SELECT j.tenant, j.job, series.last_step, series.workers, series.step_time_us,
        coalesce(i.open_incidents, 0) AS open_incidents, coalesce(f.findings, 0) AS findings,
        coalesce(w.windows, 0) AS windows, coalesce(i.gpu_hours_per_day, 0) AS gpu_hours_per_day,
        coalesce(i.gpu_hours_lost, 0) AS gpu_hours_lost,
+       CASE WHEN coalesce(f.cpu_only, false) THEN 'CPU' ELSE 'GPU' END AS hours_unit,
        e.ended_step IS NOT NULL AND e.ended_step >= coalesce(series.last_step, 0) AS ended,
        CAST(greatest(series.seen_at, f.seen_at, w.seen_at) AS VARCHAR) AS last_seen
 FROM jobs j
@@ -65,6 +68,7 @@ class JobRow:
     windows: int
     gpu_hours_per_day: float
     gpu_hours_lost: float
+    hours_unit: str  # what its hours are hours of: "CPU" where every finding says its workers have no accelerator
     ended: bool  # the detector saw it end (final heartbeats, or silence after one) at or after its last step
     last_seen: str | None  # latest of its series, findings and windows (UTC)
 

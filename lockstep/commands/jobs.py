@@ -37,7 +37,7 @@ def run(args) -> int:
         print("no jobs yet" + (f" named {args.job}" if args.job else ""))
         return 0
     headers = ["job", "tenant", "state", "last step", "workers", "step time", "open incidents", "findings"]
-    headers += ["GPU-h/day lost now", "GPU-h lost", "last seen (UTC)"]
+    headers += ["lost now, per day", "lost so far", "last seen (UTC)"]
     rows = [
         [
             j.job,
@@ -48,8 +48,8 @@ def run(args) -> int:
             "-" if j.step_time_us is None else duration_us(j.step_time_us),
             j.open_incidents,
             j.findings,
-            number(j.gpu_hours_per_day),
-            number(j.gpu_hours_lost),
+            f"{number(j.gpu_hours_per_day)} {j.hours_unit}-h",
+            f"{number(j.gpu_hours_lost)} {j.hours_unit}-h",
             (j.last_seen or "-")[:19],
         ]
         for j in jobs

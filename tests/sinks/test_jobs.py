@@ -3,6 +3,8 @@ incidents), its last step and workers, its recent step time, open incidents, cos
 
 from __future__ import annotations
 
+import msgspec
+
 from lockstep.schemas.records import JobChange, StepSeries
 from lockstep.sinks.http import query
 from lockstep.sinks.jobs import RECENT_STEPS, fetch_jobs
@@ -39,14 +41,19 @@ def test_jobs_are_listed_once_with_their_state_and_costliest_first(tmp_path):
         )
     )
     store.write(Batch([fnd("c1", job="c", gpu_hours=50.0, cause="nic")], [], {}))
+    # e: a CPU-only job (its agents found no accelerator): its hours are CPU-hours
+    store.write(
+        Batch([msgspec.structs.replace(fnd("e1", job="e", gpu_hours=1.0, devices=("vm",)), device_kind="cpu")], [], {})
+    )
     store.write(Batch.of([series("d", range(30), lambda s: 50_000)], {}))
     store.write(Batch.of([JobChange(job="d", tenant="acme", change="ended", step=29, at=T0)], {}))
     store.close()
 
     jobs = fetch_jobs(lambda sql, params=None: query(path, sql, params))
-    assert [j.job for j in jobs][:2] == ["c", "b"]  # then a and d, which cost nothing, the latest seen first
+    assert [j.job for j in jobs][:3] == ["c", "b", "e"]  # then a and d, which cost nothing, the latest seen first
     by = {j.job: j for j in jobs}
-    assert len(jobs) == 4
+    assert len(jobs) == 5
+    assert [by[j].hours_unit for j in "abcde"] == ["GPU", "GPU", "GPU", "GPU", "CPU"]  # a finding-less job: as before
     assert (by["a"].last_step, by["a"].workers, by["a"].step_time_us) == (499, 7, 200_000.0)
     assert RECENT_STEPS == 100  # the step time is the recent one, not the job's whole history (median 100 ms)
     assert (by["b"].open_incidents, by["b"].findings, by["b"].windows, by["b"].gpu_hours_per_day) == (1, 2, 1, 2.0)
@@ -54,3 +61,9 @@ def test_jobs_are_listed_once_with_their_state_and_costliest_first(tmp_path):
     assert by["d"].ended and not by["a"].ended and by["d"].open_incidents == 0
     assert [j.job for j in fetch_jobs(lambda sql, params=None: query(path, sql, params), job="b")] == ["b"]
     assert len(fetch_jobs(lambda sql, params=None: query(path, sql, params), limit=2)) == 2
+    # a job with a finding from before device_kind (or a GPU worker's) keeps GPU-hours
+    store = FindingsStore(path)
+    store.write(Batch([fnd("e2", job="e", window_="w9", steps=(300, 301), gpu_hours=1.0)], [], {}))
+    store.close()
+    (e,) = fetch_jobs(lambda sql, params=None: query(path, sql, params), job="e")
+    assert e.hours_unit == "GPU"
