@@ -152,7 +152,6 @@ def load_inputs(
 ) -> Inputs:
     """``progress(path)`` hears every file read (the CLI's progress bar).  ``jobs`` > 1: trace files are read
     and summarised by that many processes (:func:`_read_in_pool`)."""
-    from ..producers.agent.jaxtrace import read_trace
     from ..producers.agent.summarise import summarise
     from ..schemas.records import WorkerMeta
 
@@ -178,7 +177,8 @@ def load_inputs(
                 traces.append((path, read[path][0]))
                 continue
             if _is_trace(path, max_bytes):
-                traces.append((path, read_trace(path, ranks.get(path), max_bytes=max_bytes)))
+                read[path] = read_summarised(path, ranks.get(path), samples, max_bytes)
+                traces.append((path, read[path][0]))
             elif path in ranks:
                 raise DiagnoseError(
                     f"{path}: --rank is for trace files; an op-event table names its workers in its worker column"
@@ -306,23 +306,35 @@ _SAMPLES: dict[Path, pa.Table] = {}
 
 
 def _read_one(path: Path, rank: int | None, samples_path: Path | None, max_bytes: int) -> tuple:
-    """In a pool process: one trace read, and summarised when its rank is known."""
-    from ..producers.agent.jaxtrace import read_trace
-    from ..producers.agent.summarise import summarise
-
-    te = read_trace(path, rank, max_bytes=max_bytes)
-    if te.worker is None:
-        return te, None
+    """In a pool process: one trace read, and summarised when its rank is known (:func:`read_summarised`)."""
     samples = None
     if samples_path is not None:
         if samples_path not in _SAMPLES:  # once per process
             _SAMPLES[samples_path] = _read_table(samples_path, max_bytes)
         samples = _SAMPLES[samples_path]
+    return read_summarised(path, rank, samples, max_bytes)
+
+
+def read_summarised(
+    path: Path, rank: int | None, samples: pa.Table | None, max_bytes: int
+) -> tuple[TraceEvents, list[StepSummary] | None]:
+    """One trace file read and summarised a part at a time (:func:`~lockstep.producers.agent.trace.read_chrome_trace_parts`:
+    a large trace in bounded memory): the trace with its events left out, and its step summaries.  A trace whose rank
+    is not known yet comes back whole and not summarised (None), to be numbered and summarised by the caller."""
     from dataclasses import replace
 
+    from ..producers.agent.jaxtrace import read_trace_parts
+    from ..producers.agent.summarise import summarise
     from ..schemas.events import OP_EVENT_SCHEMA
 
-    return replace(te, events=OP_EVENT_SCHEMA.empty_table()), summarise(te.events, samples, te.step_bounds)
+    summaries: list[StepSummary] = []
+    bounds: dict[int, tuple[float, float]] = {}
+    for te in read_trace_parts(path, rank, max_bytes=max_bytes):
+        if te.worker is None:  # read whole (one part)
+            return te, None
+        summaries += summarise(te.events, samples, te.step_bounds)
+        bounds.update(te.step_bounds)
+    return replace(te, events=OP_EVENT_SCHEMA.empty_table(), step_bounds=bounds), summaries
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ How a JAX trace maps:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas.events import MAX_STEP, OP_EVENT_SCHEMA
-from .trace import MAX_TRACE_BYTES, TraceError, TraceEvents, file_rank, read_bounded, read_chrome_trace
+from .trace import (
+    MAX_TRACE_BYTES,
+    TraceError,
+    TraceEvents,
+    file_rank,
+    read_bounded,
+    read_chrome_trace,
+    read_chrome_trace_parts,
+)
 
 PERFETTO_NAME = "perfetto_trace.json.gz"
 #: the key a converted trace carries (it is read as a torch trace, not converted again)
@@ -311,6 +320,17 @@ def retag(te: TraceEvents, cpu_devices: frozenset[int], host: str) -> TraceEvent
     if meta.device and any(meta.device == lbl for lbl in cpu_labels):
         meta = replace(meta, device=cpu_name)
     return replace(te, events=events, meta=meta)
+
+
+def read_trace_parts(
+    source: str | Path, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES
+) -> Iterator[TraceEvents]:
+    """One worker's trace file, whichever profiler wrote it, in parts of whole steps: ``torch.profiler``'s in bounded
+    memory (:func:`~lockstep.producers.agent.trace.read_chrome_trace_parts`), JAX's whole (one part)."""
+    if is_jax_source(source):
+        yield read_jax_trace(source, worker, max_bytes=max_bytes)
+    else:
+        yield from read_chrome_trace_parts(source, worker, max_bytes=max_bytes)
 
 
 def read_trace(

@@ -248,9 +248,14 @@ def _events(t: pa.Table) -> dict[str, np.ndarray]:
         raise SummaryError(
             f"op-event worker {out['worker'].max()} or step {out['step'].max()} out of range (worker 0..{MAX_WORKER}, step 0..{MAX_STEP})"
         )
+    # functions numbered in name order: a step's table lists them so, however the events were batched or ordered
     fenc = _column(t, "function", pa.string(), "op-event").dictionary_encode()
-    out["fcode"] = fenc.indices.to_numpy().astype(np.int64)
-    out["fnames"] = np.asarray(fenc.dictionary.to_pylist(), dtype=object)
+    names = np.asarray(fenc.dictionary.to_pylist(), dtype=object)
+    order = np.argsort(names.astype(str), kind="stable")
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    out["fcode"] = rank[fenc.indices.to_numpy()]
+    out["fnames"] = names[order]
     kind = _column(t, "kind", pa.string(), "op-event")
     bad = set(pc.unique(kind).to_pylist()) - set(FUNCTION_KINDS)
     if bad:

@@ -67,15 +67,17 @@ what records can carry, or an event lasting more than ``MAX_DURATION_US`` is a
 
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import os
 import re
 import stat
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pyarrow as pa
@@ -90,11 +92,24 @@ from ...schemas.events import (
     MAX_WORKER,
     OP_EVENT_SCHEMA,
 )
-from .trace_json import Columns, Head, TraceReadError, read_file, read_object, release_memory
+from .trace_json import (
+    EVENT_COLUMNS,
+    FLOW_COLUMNS,
+    Columns,
+    Head,
+    Spilled,
+    TraceReadError,
+    read_file,
+    read_object,
+    release_memory,
+)
 
 MAX_NAME = 200
 #: largest trace accepted, after decompression (a JSON trace decodes to a few times its size in memory)
 MAX_TRACE_BYTES = 2 << 30
+#: events (complete and flow) of a trace read whole; a larger one is read in parts of about this many
+#: (:func:`read_chrome_trace_parts`)
+PART_EVENTS = 2_000_000
 _CHUNK = 16 << 20
 
 
@@ -179,7 +194,67 @@ def read_chrome_trace(
     else:
         path = Path(source)
         with open_regular(source, max_bytes, "trace") as fh:
-            head, cols = _wrap(read_file, fh, max_bytes)
+            head, read = _wrap(read_file, fh, max_bytes)
+        cols = cast(Columns, read)  # nothing spilled without a folder
+    who = _who(head, worker, path)
+    events, bounds, steps_from, dev = _read_events(
+        cols, -1 if who.worker is None else who.worker, who.host, who.pg_suffix
+    )
+    del cols
+    release_memory()
+    return _trace_events(head, who, events, bounds, steps_from, dev)
+
+
+def read_chrome_trace_parts(
+    source: str | Path, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES, part_events: int = PART_EVENTS
+) -> Iterator[TraceEvents]:
+    """One worker's trace file read in parts of whole steps, in bounded memory: each part's events and bounds are
+    those of a run of its steps, together the ones :func:`read_chrome_trace` gives (a summary of each part is a
+    summary of its steps).  A trace of at most ``part_events`` events (complete and flow) is one part.
+
+    A larger one is written to a temporary folder (``TMPDIR``; about 60 bytes an event) as it is read, and read
+    back a chunk at a time: a pass finds the steps (``ProfilerStep#N``), the main device and whether the trace
+    numbers its collectives, a second counts each step's events, and the steps are grouped so that each part holds
+    about ``part_events`` events.  A part takes the events that overlap its time (the regions and calls around its
+    own), the device work its runtime calls launched (by correlation id), and device work that no call of an
+    earlier part launched and that began in it; each event is kept by the part whose step it belongs to.  So the
+    memory is one part's events and one chunk, whatever the trace's size.  A trace without ``ProfilerStep#N``
+    (its steps are inferred from all its events) or whose rank is not known yet (a caller numbers it later) is
+    read back whole: one part, as :func:`read_chrome_trace`."""
+    path = Path(source)
+    with tempfile.TemporaryDirectory(prefix="lockstep-trace-") as tmp:
+        with open_regular(source, max_bytes, "trace") as fh:
+            head, cols = _wrap(read_file, fh, max_bytes, spill=Path(tmp), spill_rows=part_events)
+        who = _who(head, worker, path)
+        if isinstance(cols, Spilled) and who.worker is not None:
+            parts = _read_parts(cols, who.worker, who.host, who.pg_suffix, part_events)
+            if parts is not None:
+                steps_from, dev, tables = parts
+                for events, bounds in tables:
+                    yield _trace_events(head, who, events, bounds, steps_from, dev)
+                return
+        whole = _joined_chunks(cols) if isinstance(cols, Spilled) else cols
+        del cols
+        events, bounds, steps_from, dev = _read_events(
+            whole, -1 if who.worker is None else who.worker, who.host, who.pg_suffix
+        )
+        del whole
+        release_memory()
+        yield _trace_events(head, who, events, bounds, steps_from, dev)
+
+
+@dataclass
+class _Who:
+    """Whose trace it is, from its head, the caller and the file name."""
+
+    worker: int | None
+    rank_from: str
+    host: str
+    groups: tuple[ProcessGroup, ...]
+    pg_suffix: str  # the job's one process group, named on its collectives
+
+
+def _who(head: Head, worker: int | None, path: Path | None) -> _Who:
     dist = head.distributedInfo
     rank_from = "given"
     if worker is None:
@@ -196,18 +271,24 @@ def read_chrome_trace(
         for pg in dist.get("pg_config", []) or []
         if isinstance(pg, dict)
     )
-    world = dist.get("world_size")
-    events, bounds, steps_from, dev = _read_events(
-        cols,
-        -1 if worker is None else worker,
-        host,
-        f"[{groups[0].desc or groups[0].name}]" if len(groups) == 1 else "",
-    )
-    del cols
-    release_memory()
-    if "process_group" in events.column_names and groups:
-        events = _group_names(events, groups)
+    suffix = f"[{groups[0].desc or groups[0].name}]" if len(groups) == 1 else ""
+    return _Who(worker, rank_from, host, groups, suffix)
+
+
+def _trace_events(
+    head: Head,
+    who: _Who,
+    events: pa.Table,
+    bounds: dict[int, tuple[float, float]],
+    steps_from: str,
+    dev: tuple[str, int] | None,
+) -> TraceEvents:
+    dist = head.distributedInfo
+    if "process_group" in events.column_names and who.groups:
+        events = _group_names(events, who.groups)
     props = {p.get("id"): str(p.get("name", "")) for p in head.deviceProperties or [] if isinstance(p, dict)}
+    world = dist.get("world_size")
+    host = who.host
     meta = TraceMeta(
         host=host,
         device=f"{host}/{dev[0]}{dev[1]}" if dev else "",
@@ -215,13 +296,13 @@ def read_chrome_trace(
         world_size=world
         if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORKER
         else None,
-        process_groups=groups,
+        process_groups=who.groups,
         gpu=props.get(dev[1], "") if dev else next(iter(props.values()), ""),
         trace_id=head.trace_id,
-        rank_from=rank_from if worker is not None else "",
+        rank_from=who.rank_from if who.worker is not None else "",
         steps_from=steps_from,
     )
-    return TraceEvents(worker=worker, events=events, step_bounds=bounds, meta=meta)
+    return TraceEvents(worker=who.worker, events=events, step_bounds=bounds, meta=meta)
 
 
 def file_rank(path: Path) -> int | None:
@@ -310,10 +391,10 @@ def read_bounded(source: str | Path, max_bytes: int, what: str = "trace") -> byt
         return out
 
 
-def _wrap(read: Callable[..., tuple[Head, Columns]], *args: Any) -> tuple[Head, Columns]:
+def _wrap(read: Callable[..., tuple[Head, Any]], *args: Any, **kwargs: Any) -> tuple[Head, Any]:
     """The streaming reader's result, its errors as :class:`TraceError`."""
     try:
-        return read(*args)
+        return read(*args, **kwargs)
     except TraceReadError as exc:
         raise TraceError(str(exc)) from None
     except RecursionError:
@@ -372,8 +453,11 @@ class _Kinds:
 
 
 def _read_events(
-    c: Columns, worker: int, host: str, pg_suffix: str
+    c: Columns, worker: int, host: str, pg_suffix: str, part: _Part | None = None
 ) -> tuple[pa.Table, dict[int, tuple[float, float]], str, tuple[str, int] | None]:
+    """The kept events as an op-event table, the step bounds, what the steps came from and the main device.  With
+    ``part``: the events are a part's (:func:`_read_parts`), the steps, main device and numbering the whole
+    trace's, and only the part's own steps' events are kept (the bounds are all steps'; the caller takes its own)."""
     v = _vocabulary(c)
     kinds = _kinds(v)
     _check_times(c, v, kinds)
@@ -383,7 +467,7 @@ def _read_events(
     copy_bytes = c.nbytes[copy_idx]
     _drop(c, "nbytes")
     is_ann = v.cat == v.code["user_annotation"]
-    bounds, steps_from = _steps(v, is_ann, ts, dur, stream, kinds)
+    bounds, steps_from = (part.bounds, "ProfilerStep") if part else _steps(v, is_ann, ts, dur, stream, kinds)
     if not bounds:
         return OP_EVENT_SCHEMA.empty_table(), {}, steps_from, None
     steps = np.array(sorted(bounds), dtype=np.int64)
@@ -412,16 +496,18 @@ def _read_events(
     del launch, still
     k, in_step = _step_index(when, step_start, ends)
     del when
+    if part is not None:  # a part keeps its own steps' events only (the others are there as context)
+        in_step &= np.isin(steps, part.own)[np.clip(k, 0, None)]
 
     idx, comm = _kept(v, is_ann, is_cpu, is_dev, sync, in_step, ts, dur, stream)
-    seq = _sequence(c, is_cpu, ts, dur, stream, idx, dev_idx, runtime_of)
+    seq = _sequence(c, is_cpu, ts, dur, stream, idx, dev_idx, runtime_of, part.numbered if part else None)
     del runtime_of
     _drop(c, "seq")
     # a step lasts until the last device work it launched ended
     d = idx[is_dev[idx]]
     np.maximum.at(ends, k[d], ts[d] + dur[d])
     out_bounds = {int(s): (float(a), float(b)) for s, a, b in zip(steps, step_start, ends)}
-    labels, device, dev_main = _devices(host, dcode, dev_idx, idx, is_dev[idx], sync[idx])
+    labels, device, dev_main = _devices(host, dcode, dev_idx, idx, is_dev[idx], sync[idx], part.main if part else None)
 
     fn, kind, res = _named(c, v, idx, comm, sync[idx], pg_suffix)
     htod = (v.cat[idx] == v.code["gpu_memcpy"]) & v.has("HtoD")[idx]
@@ -454,6 +540,124 @@ def _read_events(
             COLLECTIVE_FIELDS[1], pc.if_else(pa.array(has), group, pa.nulls(idx.size, pa.string()))
         )
     return table, out_bounds, steps_from, dev_main
+
+
+# --------------------------------------------------------------------------- a large trace in parts
+
+
+@dataclass
+class _Part:
+    """What a part of a trace is read with (:func:`_read_parts`): the whole trace's steps, main device and numbering,
+    and the part's own steps."""
+
+    bounds: dict[int, tuple[float, float]]
+    own: np.ndarray  # int64 step numbers
+    main: int | None
+    numbered: bool
+
+
+#: the columns that tell what an event is (:func:`_vocabulary`, :func:`_kinds`) and when
+_WHAT = ("cat", "name", "ts", "dur")
+
+
+def _read_parts(
+    sp: Spilled, worker: int, host: str, pg_suffix: str, part_events: int
+) -> tuple[str, tuple[str, int] | None, Iterator[tuple[pa.Table, dict[int, tuple[float, float]]]]] | None:
+    """A spilled trace's steps (``ProfilerStep#N``) read a run of them at a time: what they came from, the main
+    device, and each part's op events and own step bounds (lazily: one part in memory at a time).  None where the
+    trace has no ``ProfilerStep#N`` (its steps are inferred from all its events: the caller reads it whole)."""
+    # pass 1: the times checked, the steps, the device that ran most device work, whether collectives are numbered
+    marks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    dev_counts: dict[int, int] = {}
+    numbered = False
+    for i in range(sp.chunks):
+        c = sp.load(i, *_WHAT, "stream", "device", "seq")
+        v = _vocabulary(c)
+        kinds = _kinds(v)
+        _check_times(c, v, kinds)
+        step = np.flatnonzero((v.cat == v.code["user_annotation"]) & v.starts("ProfilerStep#"))
+        marks.append((v.name[step], c.ts[step], c.dur[step]))
+        dev_idx = np.flatnonzero(kinds.dev)
+        codes, counts = np.unique((d := _device_codes(c, v, dev_idx))[d >= 0], return_counts=True)
+        for code, n in zip(codes.tolist(), counts.tolist()):
+            dev_counts[code] = dev_counts.get(code, 0) + n
+        numbered |= bool((c.seq >= 0).any())
+    names, ts, dur = (np.concatenate(x) for x in zip(*marks))
+    bounds, _ = _profiler_steps(sp.name_dict, names, np.ones(names.size, dtype=bool), ts, dur)
+    if not bounds:
+        return None
+    codes = np.array(sorted(dev_counts), dtype=np.int64)
+    main = _main_device(codes, np.array([dev_counts[c] for c in codes.tolist()], dtype=np.int64))
+    steps = np.array(sorted(bounds), dtype=np.int64)
+    starts = np.array([bounds[s][0] for s in steps.tolist()])
+    # pass 2: each step's events (by their start; the events before the first step count with it), then the
+    # steps grouped into parts of about part_events
+    per_step = np.zeros(steps.size, dtype=np.int64)
+    for i in range(sp.chunks):
+        k = np.searchsorted(starts, sp.load(i, "ts").ts, side="right") - 1
+        per_step += np.bincount(np.clip(k, 0, None), minlength=steps.size)
+    first = [0]
+    held = 0
+    for j, n in enumerate(per_step.tolist()):
+        if held and held + n > part_events:
+            first.append(j)
+            held = 0
+        held += n
+    edges = [-np.inf, *starts[first[1:]].tolist(), np.inf]
+    own = np.split(steps, first[1:])
+
+    def tables() -> Iterator[tuple[pa.Table, dict[int, tuple[float, float]]]]:
+        claimed = [np.zeros(0, dtype=np.uint8)] * sp.chunks  # per chunk: its device events a part took (bits)
+        for g, mine in enumerate(own):
+            cols = _part_columns(sp, edges[g], edges[g + 1], edges[max(g - 1, 0)], claimed)
+            part = _Part(bounds, mine, main, numbered)
+            events, all_bounds, _, _ = _read_events(cols, worker, host, pg_suffix, part)
+            del cols
+            yield events, {s: all_bounds[s] for s in mine.tolist()}
+            del events
+            release_memory()
+
+    return "ProfilerStep", (("mtia" if main % 2 else "gpu", main // 2) if main is not None else None), tables()
+
+
+def _part_columns(sp: Spilled, lo: float, hi: float, flows_from: float, claimed: list[np.ndarray]) -> Columns:
+    """The events a part from ``lo`` to ``hi`` (µs) is read from: every event other than device work that overlaps
+    it (the regions and calls around its own events), the device work that the runtime calls begun in it launched
+    (the same correlation id), device work begun in it that no earlier part took (launched by no call in the
+    trace), and the flow events from ``flows_from`` on.  ``claimed``: each chunk's device events taken by the
+    parts so far (packed bits, updated)."""
+    launched = []
+    for i in range(sp.chunks):  # the correlation ids of the runtime calls begun in the part
+        c = sp.load(i, *_WHAT, "corr")
+        rt = _kinds(_vocabulary(c)).runtime & (c.corr >= 0) & (c.ts >= lo) & (c.ts < hi)
+        launched.append(c.corr[rt])
+    ids = np.unique(np.concatenate(launched))
+    del launched
+    picked: dict[str, list[np.ndarray]] = {}
+    for i in range(sp.chunks):
+        c = sp.load(i)
+        dev = _kinds(_vocabulary(copy.copy(c))).dev  # (a copy: the vocabulary frees the category column)
+        taken = np.unpackbits(claimed[i], count=c.size).astype(bool) if claimed[i].size else np.zeros(c.size, bool)
+        began = (c.ts >= lo) & (c.ts < hi)
+        mine = dev & ~taken & ((np.isin(c.corr, ids) & (c.corr >= 0)) | began)
+        claimed[i] = np.packbits(taken | mine)
+        rows = np.flatnonzero(mine | (~dev & (c.ts < hi) & (c.ts + c.dur >= lo)))
+        flows = np.flatnonzero((c.flow_ts >= flows_from) & (c.flow_ts < hi))
+        for k in EVENT_COLUMNS:
+            picked.setdefault(k, []).append(getattr(c, k)[rows])
+        for k in FLOW_COLUMNS:
+            picked.setdefault(k, []).append(getattr(c, k)[flows])
+        del c, dev, taken, began, mine
+    cols = {k: np.concatenate(v) for k, v in picked.items()}
+    return Columns(**cols, cat_dict=sp.cat_dict, name_dict=sp.name_dict, stream_dict=sp.stream_dict, pg_dict=sp.pg_dict)
+
+
+def _joined_chunks(sp: Spilled) -> Columns:
+    """A spilled trace's chunks as one :class:`Columns` (the whole trace in memory, as :func:`read_chrome_trace`)."""
+    parts = [sp.load(i) for i in range(sp.chunks)]
+    cols = {k: np.concatenate([getattr(p, k) for p in parts]) for k in (*EVENT_COLUMNS, *FLOW_COLUMNS)}
+    del parts
+    return Columns(**cols, cat_dict=sp.cat_dict, name_dict=sp.name_dict, stream_dict=sp.stream_dict, pg_dict=sp.pg_dict)
 
 
 def _vocabulary(c: Columns) -> _Vocab:
@@ -602,15 +806,17 @@ def _sequence(
     idx: np.ndarray,
     dev_idx: np.ndarray,
     runtime_of: np.ndarray,
+    numbered: bool | None = None,
 ) -> tuple[np.ndarray, pa.Array] | None:
     """The kept events' collective sequence numbers (-1: none) and process groups, None when the trace records
     none.  ``torch.profiler`` writes a collective's number (``args.Seq``, with its ``Process Group Name`` and
     ``Description``) on the ``record_param_comms`` operator that its ``c10d::`` operator encloses and that encloses
     its ``nccl:`` region and the launch of its kernel: a CPU event takes the number of the numbered CPU event on its
     thread that it overlaps (the last to start before it ends), a device event the one of the call that launched
-    it; an event that carries a number itself keeps its own."""
+    it; an event that carries a number itself keeps its own.  ``numbered``: whether the trace does (None: whether
+    these events do)."""
     has = c.seq >= 0
-    if not has.any():
+    if not (has.any() if numbered is None else numbered):
         return None
     own = c.seq[idx]
     number = own.copy()
@@ -656,14 +862,23 @@ def _group_names(events: pa.Table, groups: tuple[ProcessGroup, ...]) -> pa.Table
 
 
 def _devices(
-    host: str, dcode: np.ndarray, dev_idx: np.ndarray, idx: np.ndarray, on_dev: np.ndarray, sync: np.ndarray
+    host: str,
+    dcode: np.ndarray,
+    dev_idx: np.ndarray,
+    idx: np.ndarray,
+    on_dev: np.ndarray,
+    sync: np.ndarray,
+    main: int | None = None,
 ) -> tuple[list[str | None], np.ndarray, tuple[str, int] | None]:
     """The kept events' devices: the labels (``<host>/gpu<N>``, each device named once, None last), each kept
     event's as an index into them (device work its own, sync waits the main device's, the rest None), and the
-    main device (the accelerator that ran most device events)."""
+    main device (the accelerator that ran most device events; ``main``: the whole trace's, for a part of it)."""
     codes, counts = np.unique(dcode[dcode >= 0], return_counts=True)
+    if main is None:
+        main = _main_device(codes, counts)
+    elif main not in codes:
+        codes = np.sort(np.append(codes, main))
     labels = [f"{host}/{'mtia' if c % 2 else 'gpu'}{c // 2}" for c in codes.tolist()]
-    main = int(codes[np.argmax(counts)]) if codes.size else None
     device = np.full(idx.size, codes.size, dtype=np.int64)
     dcode_idx = np.full(idx.size, -1, dtype=np.int64)  # each kept event's, found among the device events
     if dev_idx.size:
@@ -674,6 +889,11 @@ def _devices(
     device[sync] = np.searchsorted(codes, main) if main is not None else codes.size
     dev_main = ("mtia" if main % 2 else "gpu", main // 2) if main is not None else None
     return [*labels, None], device, dev_main
+
+
+def _main_device(codes: np.ndarray, counts: np.ndarray) -> int | None:
+    """The device code that ran most device events (the lowest of a tie), None where there are none."""
+    return int(codes[np.argmax(counts)]) if codes.size else None
 
 
 def _named(

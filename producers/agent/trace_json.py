@@ -35,6 +35,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
@@ -211,10 +212,82 @@ class Columns:
         return int(self.ts.size)
 
 
+#: the column names and types of :class:`Columns`' arrays (complete events, then flow events)
+EVENT_COLUMNS: dict[str, type] = {
+    "cat": np.int32,
+    "name": np.int32,
+    "ts": np.float64,
+    "dur": np.float64,
+    "stream": np.int32,
+    "corr": np.int64,
+    "device": np.int64,
+    "nbytes": np.float64,
+    "pg": np.int32,
+    "seq": np.int64,
+}
+FLOW_COLUMNS: dict[str, type] = {
+    "flow_is_end": bool,
+    "flow_id": np.int64,
+    "flow_ts": np.float64,
+    "flow_stream": np.int32,
+}
+
+
+@dataclass
+class Spilled:
+    """A trace's columns written to disk run by run (:class:`ColumnBuilder` with a spill folder), read back a chunk
+    at a time: what a trace too large to hold whole is summarised from, a group of steps at a time
+    (:func:`lockstep.producers.agent.trace.read_chrome_trace_parts`).  Each chunk is one ``.npy`` file per column
+    in ``folder`` (the caller's to remove); the dictionaries are the whole trace's, ``relabel`` and ``pid_device``
+    turn a chunk's stream codes and absent devices into what :meth:`ColumnBuilder.columns` gives."""
+
+    folder: Path
+    chunks: int
+    cat_dict: list[str]
+    name_dict: list[str]
+    stream_dict: list[str]
+    pg_dict: list[str]
+    relabel: np.ndarray  # int32: a stream's code as read -> its code in stream_dict
+    pid_device: np.ndarray  # int64: a stream (relabelled) -> its pid as a device number, -1 where not a number
+
+    def load(self, chunk: int, *columns: str) -> Columns:
+        """Chunk ``chunk`` as :class:`Columns` with these columns (all where none are named; the others empty)."""
+        want = set(columns or (*EVENT_COLUMNS, *FLOW_COLUMNS))
+        cols = {
+            k: np.load(self.folder / f"{chunk}.{k}.npy") if k in want else np.empty(0, dtype)
+            for k, dtype in (*EVENT_COLUMNS.items(), *FLOW_COLUMNS.items())
+        }
+        _finish(cols, self.relabel, self.pid_device)
+        return Columns(
+            **cols,
+            cat_dict=self.cat_dict,
+            name_dict=self.name_dict,
+            stream_dict=self.stream_dict,
+            pg_dict=self.pg_dict,
+        )
+
+
+def _finish(cols: dict[str, np.ndarray], relabel: np.ndarray | None, pid_device: np.ndarray) -> None:
+    """Streams by their text's code, and a device event's device from its pid where its args name none; in place."""
+    if relabel is not None:
+        for k in ("stream", "flow_stream"):
+            if cols[k].size:
+                cols[k] = relabel[cols[k]]
+    dev = cols["device"]
+    absent = dev == -2
+    if absent.any():
+        dev[absent] = pid_device[cols["stream"][absent]]
+
+
 @dataclass
 class ColumnBuilder:
-    """Events in, runs at a time; :meth:`columns` at the end."""
+    """Events in, runs at a time; :meth:`columns` at the end.  With ``spill`` (a folder), the runs are written there
+    whenever they hold ``spill_rows`` events, and :meth:`finish` gives a :class:`Spilled` once any were."""
 
+    spill: Path | None = None
+    spill_rows: int = 1 << 21
+    _chunks: int = 0
+    _rows: int = 0
     _cats: _Dictionary = field(default_factory=_Dictionary)
     _names: _Dictionary = field(default_factory=_Dictionary)
     _pgs: _Dictionary = field(default_factory=_Dictionary)
@@ -225,6 +298,16 @@ class ColumnBuilder:
     def _put(self, **cols: np.ndarray) -> None:
         for k, v in cols.items():
             self._parts.setdefault(k, []).append(v)
+        self._rows += next(iter(cols.values())).size
+
+    def _write_chunk(self) -> None:
+        """The runs held so far written as the next chunk (one file per column), and freed."""
+        assert self.spill is not None
+        for k, dtype in (*EVENT_COLUMNS.items(), *FLOW_COLUMNS.items()):
+            np.save(self.spill / f"{self._chunks}.{k}.npy", _joined(self._parts.pop(k, []), dtype))
+        self._chunks += 1
+        self._rows = 0
+        release_memory()
 
     def _stream(self, events: list, typed: bool) -> np.ndarray:
         sd = self._streams
@@ -284,57 +367,64 @@ class ColumnBuilder:
                 flow_ts=np.fromiter(map(_TS, fl), np.float64, len(fl)),
                 flow_stream=self._stream(fl, type(fl[0]) is _TypedEvent),
             )
+        if self.spill is not None and self._rows >= self.spill_rows:
+            self._write_chunk()
 
-    def columns(self) -> Columns:
-        empty = {
-            "cat": np.int32,
-            "name": np.int32,
-            "ts": np.float64,
-            "dur": np.float64,
-            "stream": np.int32,
-            "corr": np.int64,
-            "device": np.int64,
-            "nbytes": np.float64,
-            "pg": np.int32,
-            "seq": np.int64,
-            "flow_is_end": bool,
-            "flow_id": np.int64,
-            "flow_ts": np.float64,
-            "flow_stream": np.int32,
-        }
-        cols: dict[str, np.ndarray] = {}
-        for k, dtype in empty.items():  # one column at a time: the parts of one and its whole at most
-            parts = self._parts.pop(k, [])
-            col = np.empty(sum(p.size for p in parts), dtype=parts[0].dtype if parts else dtype)
-            at = 0
-            while parts:  # each part freed as soon as it is copied
-                p = parts.pop(0)
-                col[at : at + p.size] = p
-                at += p.size
-                del p
-            cols[k] = col
-        release_memory()
-        # timelines by their text ("1/2" whether pid and tid were numbers or strings), each numbered once
+    def _streams_by_text(self) -> tuple[list[str], np.ndarray | None, np.ndarray]:
+        """Timelines by their text ("1/2" whether pid and tid were numbers or strings), each numbered once: the
+        labels, each code's new code (None: no timelines), and each label's pid as a device number (-1: not one)."""
         keys = list(self._streams)
         labels = [f"{p}/{t}" for p, t in keys]
         stream_dict, relabel = np.unique(np.array(labels or [""], dtype=object).astype(str), return_inverse=True)
-        relabel = relabel.astype(np.int32)
-        cols["stream"] = relabel[cols["stream"]] if keys else cols["stream"]
-        cols["flow_stream"] = relabel[cols["flow_stream"]] if keys else cols["flow_stream"]
-        # a device event's device: args.device, else its pid (Kineto's device timelines)
-        dev = cols["device"]
-        absent = dev == -2
-        if absent.any():
-            pids = [lbl.split("/", 1)[0] for lbl in stream_dict.tolist()]  # a pid written "7" is pid 7 too
-            by_label = np.array([int(p) if p.isascii() and p.isdigit() and len(p) < 18 else -1 for p in pids], np.int64)
-            dev[absent] = by_label[cols["stream"][absent]]
+        pids = [lbl.split("/", 1)[0] for lbl in stream_dict.tolist()]  # a pid written "7" is pid 7 too
+        by_label = np.array([int(p) if p.isascii() and p.isdigit() and len(p) < 18 else -1 for p in pids], np.int64)
+        return stream_dict.tolist(), relabel.astype(np.int32) if keys else None, by_label
+
+    def columns(self) -> Columns:
+        cols: dict[str, np.ndarray] = {}
+        for k, dtype in (*EVENT_COLUMNS.items(), *FLOW_COLUMNS.items()):  # one column at a time
+            cols[k] = _joined(self._parts.pop(k, []), dtype)
+        release_memory()
+        stream_dict, relabel, pid_device = self._streams_by_text()
+        _finish(cols, relabel, pid_device)  # a device event's device: args.device, else its pid (Kineto's timelines)
         return Columns(
             **cols,
             cat_dict=self._cats.strings(),
             name_dict=self._names.strings(),
-            stream_dict=stream_dict.tolist(),
+            stream_dict=stream_dict,
             pg_dict=self._pgs.strings(),
         )
+
+    def finish(self) -> Columns | Spilled:
+        """:meth:`columns`, or where runs were spilled, the rest spilled too and the :class:`Spilled` chunks."""
+        if not self._chunks:
+            return self.columns()
+        if self._rows:
+            self._write_chunk()
+        stream_dict, relabel, pid_device = self._streams_by_text()
+        assert self.spill is not None
+        return Spilled(
+            self.spill,
+            self._chunks,
+            self._cats.strings(),
+            self._names.strings(),
+            stream_dict,
+            self._pgs.strings(),
+            relabel if relabel is not None else np.zeros(1, np.int32),
+            pid_device,
+        )
+
+
+def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    """The parts of a column as one array, each part freed as soon as it is copied (the parts and the whole at most)."""
+    col = np.empty(sum(p.size for p in parts), dtype=parts[0].dtype if parts else dtype)
+    at = 0
+    while parts:
+        p = parts.pop(0)
+        col[at : at + p.size] = p
+        at += p.size
+        del p
+    return col
 
 
 _FLOW_PH = frozenset(("s", "f"))
@@ -686,9 +776,13 @@ def _last_event_end(view: memoryview) -> int:
 # --------------------------------------------------------------------------- the entry points
 
 
-def read_file(fh: BinaryIO, max_bytes: int, what: str = "trace") -> tuple[Head, Columns]:
-    """A trace file's metadata and event columns, read in slices; at most ``max_bytes`` (decompressed) read."""
-    builder = ColumnBuilder()
+def read_file(
+    fh: BinaryIO, max_bytes: int, what: str = "trace", *, spill: Path | None = None, spill_rows: int = 1 << 21
+) -> tuple[Head, Columns | Spilled]:
+    """A trace file's metadata and event columns, read in slices; at most ``max_bytes`` (decompressed) read.  With
+    ``spill`` (a folder): once more than ``spill_rows`` events were read, the columns go there in chunks of about
+    that many (:class:`Spilled`)."""
+    builder = ColumnBuilder(spill, spill_rows)
     meta = _Reader(_Source(fh, max_bytes, what), builder).read()
     try:
         head = msgspec.convert({k: msgspec.json.decode(v) for k, v in meta.items()}, Head)
@@ -696,7 +790,7 @@ def read_file(fh: BinaryIO, max_bytes: int, what: str = "trace") -> tuple[Head, 
         raise TraceReadError(f"not a Chrome-trace JSON object with traceEvents ({exc})") from None
     except RecursionError:
         raise TraceReadError("not a Chrome-trace JSON object with traceEvents (nested too deeply)") from None
-    return head, builder.columns()
+    return head, builder.finish()
 
 
 def read_object(obj: dict) -> tuple[Head, Columns]:
