@@ -12,7 +12,7 @@ its CPU time (user + system: MB/s *per core*, whatever else the machine is doing
 (``ru_maxrss``); ``speed`` runs the readers ``--repeats`` times each, alternating, and reports the median
 of each figure (and each run's CPU time), the ratios between medians.  HolisticTraceAnalysis (``pip install -e '.[bench]'``) runs ``parse_trace_dataframe`` with its
 default backend (``json``, what a plain install uses) and with ``ijson_batch_and_compress`` (its
-low-memory one, yajl2_c); the lockstep reader runs ``read_chrome_trace`` then ``summarise`` (it reads
+low-memory one, yajl2_c); the lockstep reader runs ``lockstep diagnose``'s ``read_summarised`` (``read_chrome_trace_parts``, each part summarised: it reads
 *and* summarises, HTA only parses).  ``decoders`` measures in one process, alternating, the reader's own
 decoding into columns (``trace_json.read_file``: msgspec, then a Python object per event turned into numpy
 columns) against DuckDB's ``read_json`` (C++, columns without a Python object per event, one thread) on
@@ -39,14 +39,14 @@ TRACE = ROOT / "tests" / "data" / "traces" / "a100_rank0_of16.json.gz"
 
 LOCKSTEP_CHILD = """
 import json, resource, sys, time
-from lockstep.producers.agent.trace import read_chrome_trace, TraceError
-from lockstep.producers.agent.summarise import summarise
+from pathlib import Path
+from lockstep.app.offline import read_summarised
+from lockstep.producers.agent.trace import TraceError
 ru0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 try:
-    te = read_chrome_trace(sys.argv[1], max_bytes=int(sys.argv[2]))
-    rows = summarise(te.events, None, te.step_bounds)
-    out = {"steps": len(te.step_bounds), "op_events": te.events.num_rows}
+    te, rows = read_summarised(Path(sys.argv[1]), 0, None, int(sys.argv[2]))
+    out = {"steps": len(te.step_bounds), "functions": sum(r.functions.num_rows for r in rows)}
 except TraceError as exc:
     out = {"error": str(exc)}
 ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -162,7 +162,7 @@ def speed(a, tmp: Path) -> None:
         for backend in backends:
             runs[backend].append(child(HTA_CHILD, str(path), backend))
     ours = _median(runs["lockstep"])
-    print(_row("lockstep read_chrome_trace + summarise", size, ours))
+    print(_row("lockstep diagnose's reader + summariser", size, ours))
     for backend in backends:
         hta = _median(runs[backend])
         print(_row(f"HTA parse_trace_dataframe ({backend})", size, hta))
@@ -189,7 +189,7 @@ def big(a, tmp: Path) -> None:
     path = tmp / "big.json"
     size = write_trace(path, a.mb)
     print(f"trace: {size / 1e6:.0f} MB of JSON, {TRACE.name}'s steps repeated")
-    print(_row("lockstep read_chrome_trace + summarise", size, child(LOCKSTEP_CHILD, str(path), str(1 << 40))))
+    print(_row("lockstep diagnose's reader + summariser", size, child(LOCKSTEP_CHILD, str(path), str(1 << 40))))
     path.unlink()
     bomb = tmp / "bomb.json.gz"
     write_bomb(bomb, a.bomb_gib)

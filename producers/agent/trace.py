@@ -206,7 +206,7 @@ def read_chrome_trace(
 
 
 def read_chrome_trace_parts(
-    source: str | Path, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES, part_events: int = PART_EVENTS
+    source: str | Path, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES, part_events: int | None = None
 ) -> Iterator[TraceEvents]:
     """One worker's trace file read in parts of whole steps, in bounded memory: each part's events and bounds are
     those of a run of its steps, together the ones :func:`read_chrome_trace` gives (a summary of each part is a
@@ -222,6 +222,7 @@ def read_chrome_trace_parts(
     (its steps are inferred from all its events) or whose rank is not known yet (a caller numbers it later) is
     read back whole: one part, as :func:`read_chrome_trace`."""
     path = Path(source)
+    part_events = part_events or PART_EVENTS
     with tempfile.TemporaryDirectory(prefix="lockstep-trace-") as tmp:
         with open_regular(source, max_bytes, "trace") as fh:
             head, cols = _wrap(read_file, fh, max_bytes, spill=Path(tmp), spill_rows=part_events)

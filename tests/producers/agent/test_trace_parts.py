@@ -1,0 +1,161 @@
+"""A trace read in parts of whole steps (``read_chrome_trace_parts``: spilled to disk, a part at a time) summarises
+to exactly what it summarises to read whole, whatever the file's event order, and holds one part at a time."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lockstep.producers.agent import trace as trace_mod
+from lockstep.producers.agent.summarise import StepSummary, summarise
+from lockstep.producers.agent.trace import TraceError, read_chrome_trace, read_chrome_trace_parts
+
+TRACES = Path(__file__).parents[2] / "data" / "traces"
+REAL = sorted(p.name for p in TRACES.glob("*.json.gz"))
+
+
+def _rows(t: pa.Table | None) -> list[tuple] | None:
+    """A table's rows with NaN made comparable."""
+    if t is None:
+        return None
+    cols = t.to_pydict()
+    return [
+        tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in row)
+        for row in zip(*cols.values(), strict=True)
+    ]
+
+
+def _summaries(parts) -> dict[tuple[int, int], tuple]:
+    out: dict[tuple[int, int], tuple] = {}
+    for te in parts:
+        for s in summarise(te.events, None, te.step_bounds):
+            assert (s.worker, s.step) not in out, f"step {s.step} summarised by two parts"
+            out[(s.worker, s.step)] = _key(s)
+    return out
+
+
+def _key(s: StepSummary) -> tuple:
+    return s.step_time_us, _rows(s.functions), _rows(s.collectives)
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_a_real_trace_read_in_parts_summarises_as_it_does_read_whole(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    whole = read_chrome_trace(TRACES / name, 0)
+    parts = list(read_chrome_trace_parts(TRACES / name, 0, part_events=300))
+    assert _summaries(parts) == _summaries([whole])
+    assert all(p.meta == whole.meta for p in parts)
+    assert sorted(b for p in parts for b in p.step_bounds) == sorted(whole.step_bounds)
+    assert not list(tmp_path.iterdir()), "the spilled chunks are removed"
+
+
+def _repeated(path: Path, times: int, *, lag_us: float = 0.0, device_first: bool = False) -> Path:
+    """The real A100 trace's two steps repeated ``times`` times (shifted times, step numbers and correlation ids);
+    ``lag_us``: its device work runs that much later (past the next step's start); ``device_first``: the device
+    events written before the CPU's (``torch.profiler`` does not write events in time order)."""
+    trace = json.loads(gzip.decompress((TRACES / "a100_rank0_of16.json.gz").read_bytes()))
+    events = [e for e in trace["traceEvents"] if e.get("ph") != "M"]
+    meta = [e for e in trace["traceEvents"] if e.get("ph") == "M"]
+    t0 = min(e["ts"] for e in events)
+    span = max(e["ts"] + e.get("dur", 0) for e in events) - t0 + lag_us
+    corr = 1 + max(e.get("args", {}).get("correlation", 0) for e in events)
+    out = []
+    for i in range(times):
+        for e in events:
+            e = {**e, "ts": e["ts"] + i * span}
+            on_device = e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+            if on_device:
+                e["ts"] += lag_us
+            if "correlation" in e.get("args", {}):
+                e["args"] = {**e["args"], "correlation": e["args"]["correlation"] + i * corr}
+            if e["name"].startswith("ProfilerStep#"):
+                e["name"] = f"ProfilerStep#{int(e['name'][13:]) + 2 * i}"
+            out.append(e)
+    if device_first:
+        out.sort(key=lambda e: e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"))
+    trace["traceEvents"] = meta + out
+    path.write_text(json.dumps(trace))
+    return path
+
+
+def test_device_work_running_after_the_next_part_began_stays_with_the_step_that_launched_it(tmp_path):
+    """Each step's kernels run 40 ms late (into the next step, so into the next part), and the file holds the device
+    events before the CPU's: the parts still give each step exactly its own work."""
+    path = _repeated(tmp_path / "lagged.json", 8, lag_us=40_000.0, device_first=True)
+    whole = read_chrome_trace(path, 0)
+    parts = list(read_chrome_trace_parts(path, 0, part_events=10_000))
+    assert len(parts) >= 4
+    got, want = _summaries(parts), _summaries([whole])
+    assert got == want
+    assert len(want) == 16
+
+
+def test_the_largest_part_does_not_grow_with_the_trace(tmp_path):
+    """Memory is one part's: a trace four times as long is read in four times as many parts, of the same size."""
+    sizes = {}
+    for times in (4, 16):
+        path = _repeated(tmp_path / f"r{times}.json", times)
+        parts = [te.events.num_rows for te in read_chrome_trace_parts(path, 0, part_events=12_000)]
+        sizes[times] = (len(parts), max(parts))
+    (n_short, big_short), (n_long, big_long) = sizes[4], sizes[16]
+    assert n_long >= 3 * n_short
+    assert big_long == big_short
+
+
+def test_a_trace_of_at_most_part_events_is_one_part_and_spills_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    spilled = []
+    real_save = trace_mod.np.save
+
+    def save(*a, **k):
+        spilled.append(a[0])
+        return real_save(*a, **k)
+
+    monkeypatch.setattr("lockstep.producers.agent.trace_json.np.save", save)
+    parts = list(read_chrome_trace_parts(TRACES / "a100_rank0_of16.json.gz", 0))
+    assert len(parts) == 1 and not spilled
+    assert parts[0].events.num_rows == read_chrome_trace(TRACES / "a100_rank0_of16.json.gz", 0).events.num_rows
+
+
+def test_a_trace_whose_rank_is_unknown_or_without_profiler_steps_is_read_whole(tmp_path):
+    """Read back whole (one part) where its steps must be inferred from all its events, or its rank is numbered later."""
+    path = _repeated(tmp_path / "r.json", 4)
+    trace = json.loads(path.read_text())
+    trace["distributedInfo"].pop("rank", None)
+    unranked = tmp_path / "unranked.json"
+    unranked.write_text(json.dumps(trace))
+    parts = list(read_chrome_trace_parts(unranked, None, part_events=1_000))
+    assert len(parts) == 1 and parts[0].worker is None
+    assert parts[0].events.num_rows == read_chrome_trace(unranked).events.num_rows
+    for e in trace["traceEvents"]:
+        if e["name"].startswith("ProfilerStep#"):
+            e["name"] = "step_region"
+    no_steps = tmp_path / "no_steps.json"
+    no_steps.write_text(json.dumps(trace))
+    parts = list(read_chrome_trace_parts(no_steps, 0, part_events=1_000))
+    whole = read_chrome_trace(no_steps, 0)
+    assert len(parts) == 1 and parts[0].meta.steps_from == whole.meta.steps_from != "ProfilerStep"
+    assert _summaries(parts) == _summaries([whole])
+
+
+def test_a_broken_event_in_a_later_chunk_is_the_same_error_and_leaves_no_spilled_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = _repeated(tmp_path / "r.json", 4)
+    trace = json.loads(path.read_text())
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
+    ops[-1]["dur"] = 1e13  # no profiler measures that
+    path.write_text(json.dumps(trace))
+    with pytest.raises(TraceError) as whole:
+        read_chrome_trace(path, 0)
+    with pytest.raises(TraceError) as parts:
+        list(read_chrome_trace_parts(path, 0, part_events=1_000))
+    assert str(parts.value) == str(whole.value)
+    assert not os.listdir(tmp_path / "tmp")
