@@ -466,6 +466,7 @@ class SlowdownDetector:
             watch.retries += 1
             watch.widen += 1 if reasons["past"] else 0
             watch.refused_start = w.start
+            watch.asking_again = True
             self._dirty.add(st.job)
         self.refused.append(
             WindowRefused(
@@ -638,8 +639,16 @@ class SlowdownDetector:
     ) -> None:
         """A window was opened for a slowdown: say so, and watch the step time from now on for a recovery.  A slowdown on
         top of one already watched keeps the first one's onset and level before (the job has recovered once it is back
-        there)."""
+        there).  A window asked again for the same slowdown after every worker refused the last one (:meth:`_refusal`)
+        is watched from, but not announced: the sink heard of this slowdown already (with the refused window's name), and
+        a second ``slowdown`` news would count it twice."""
         w = st.watch
+        if w.asking_again and w.window:
+            w.asking_again = False
+            w.window, w.from_step = trigger.window, st.max_step
+            w.since = deque(maxlen=max(1, self.policy.detector.recovery_steps))
+            return
+        w.asking_again = False
         interval = self.step_interval_s(st)
         onset_at = max(0.0, now - max(0, st.max_step - onset_step) * interval) if math.isfinite(interval) else now
         if not w.window:

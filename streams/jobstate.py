@@ -65,6 +65,7 @@ class IncidentWatch:
     retries: int = 0  # windows every worker refused, asked again for this slowdown without the cool-down ...
     widen: int = 0  # ... and how many of them were refused as ``past``: the margin doubles for each
     refused_start: int = -1  # the first step of the last of them: the next window starts after it (its own name)
+    asking_again: bool = False  # the next window for it is such a retry: the sink heard of this slowdown already
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
         producer_config,
     )
     from .memory import MemoryKafka
-    from .publisher import DeliveryError, Publisher, PublishStats
+    from .publisher import DeliveryError, Publisher, PublisherClosed, PublishStats
     from .tail import Message, Tail, ask, read_all
     from .topics import TopicError, ensure_topics, topic_ids
 
@@ -65,7 +65,7 @@ _LAZY = {
         "clients",
     ),
     "MemoryKafka": "memory",
-    **dict.fromkeys(("DeliveryError", "Publisher", "PublishStats"), "publisher"),
+    **dict.fromkeys(("DeliveryError", "Publisher", "PublisherClosed", "PublishStats"), "publisher"),
     **dict.fromkeys(("Message", "Tail", "ask", "read_all"), "tail"),
     **dict.fromkeys(("TopicError", "ensure_topics", "topic_ids"), "topics"),
 }
@@ -96,6 +96,7 @@ __all__ = [
     "ProducerClient",
     "PublishStats",
     "Publisher",
+    "PublisherClosed",
     "Tail",
     "TopicError",
     "Topics",

@@ -17,13 +17,17 @@ from confluent_kafka import KafkaError
 
 from ..schemas.errors import LockstepError
 from ..schemas.records import encode
-from .clients import CONFLUENT, Clients
+from .clients import CONFLUENT, Clients, ProducerClient
 
 log = logging.getLogger(__name__)
 
 
 class DeliveryError(LockstepError, RuntimeError):
     """Kafka did not acknowledge some records."""
+
+
+class PublisherClosed(LockstepError, RuntimeError):
+    """A record was sent through a :class:`Publisher` after its :meth:`~Publisher.close`."""
 
 
 @dataclass
@@ -39,10 +43,16 @@ class Publisher:
     whose :class:`~lockstep.producers.agent.outbox.Outbox` never waits and spools instead)."""
 
     def __init__(self, config: dict, *, buffer_wait_s: float = 5.0, clients: Clients = CONFLUENT):
-        self._producer = clients.producer(config)
+        self._owned: ProducerClient | None = clients.producer(config)  # None once closed
         self._buffer_wait_s = buffer_wait_s
         self.stats = PublishStats()
         self._lock = threading.Lock()
+
+    @property
+    def _producer(self) -> ProducerClient:
+        if self._owned is None:
+            raise PublisherClosed("the publisher is closed")
+        return self._owned
 
     def _on_delivery(self, err: KafkaError | None, msg) -> None:  # runs inside poll()/flush()
         topic = msg.topic()
@@ -80,7 +90,7 @@ class Publisher:
         self._producer.poll(timeout)
 
     def pending(self) -> int:
-        return len(self._producer)
+        return len(self._owned) if self._owned is not None else 0
 
     def flush(self, timeout_s: float = 30.0) -> None:
         left = self._producer.flush(timeout_s)
@@ -92,4 +102,15 @@ class Publisher:
             )
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._producer.flush(timeout_s)
+        """Deliver what is queued (up to ``timeout_s``), then let go of the producer: librdkafka's threads and
+        connections end with it, not when the publisher is freed (a broker stopped while a client is connected waits
+        for it).  What was not delivered by then is dropped, counted in :attr:`stats` and logged.  Closing again does
+        nothing; sending after it raises :class:`PublisherClosed`."""
+        producer, self._owned = self._owned, None
+        if producer is None:
+            return
+        left = producer.flush(timeout_s)
+        if left:
+            producer.purge(in_queue=True, in_flight=True)
+            producer.flush(1.0)  # serves the purge callbacks: they count the records as failed
+            log.warning("closed with %d record(s) undelivered after %.1f s: dropped", left, timeout_s)

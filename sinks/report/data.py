@@ -16,6 +16,7 @@ from collections.abc import Callable
 import msgspec
 
 from ...schemas.records import Finding
+from ..store.writes import SLOWDOWN_NEWS_FIRST, SLOWDOWN_NEWS_OF_TRIGGER
 from .page import CauseRow, HeatCell, IncidentRow, PageRow, Report, SeriesPoint, TriggerRow, WindowRow
 
 Run = Callable[..., tuple[list[str], list]]
@@ -133,8 +134,8 @@ def gather(
         flat = [x for k in keys for x in k]
         _, rows = run(  # with the detector's onset of the slowdown that opened the window, where it gave one
             "SELECT t.job, t.window_id, t.kind, t.reason, t.start_step, t.steps, CAST(t.created_at AS VARCHAR), "
-            "(SELECT min(c.onset_step) FROM job_changes c WHERE c.job = t.job AND c.window_id = t.window_id "
-            "AND c.change = 'slowdown') FROM triggers t WHERE " + pairs.format(t="t."),
+            f"(SELECT c.onset_step FROM job_changes c WHERE {SLOWDOWN_NEWS_OF_TRIGGER} ORDER BY {SLOWDOWN_NEWS_FIRST} "
+            "LIMIT 1) FROM triggers t WHERE " + pairs.format(t="t."),
             flat,
         )
         report.triggers = {(r[0], r[1]): TriggerRow(*r) for r in rows}

@@ -34,6 +34,8 @@ from .writes import (
     INCIDENT_SCHEMA,
     INCIDENT_SELECT,
     INCIDENT_TIMES,
+    SLOWDOWN_NEWS_FIRST,
+    SLOWDOWN_NEWS_OF_TRIGGER,
     Batch,
     changes_table,
     deviations_table,
@@ -454,6 +456,22 @@ class FindingsStore:
             FROM job_changes c
             WHERE c.change = 'slowdown' AND c.job = incidents.job AND c.window_id = incidents.first_window
               AND incidents.onset_at IS NULL
+            """
+        )
+        # first seen in a window asked again for the same slowdown (every worker refused the one before): no news
+        # names it, the slowdown's news names the refused window
+        self.con.execute(
+            f"""
+            UPDATE incidents SET onset_step = n.onset_step, onset_at = n.onset_at, before_s = n.before_s,
+                                 during_s = n.during_s
+            FROM (
+                SELECT i.id, c.onset_step, c.onset_at, c.before_s, c.during_s
+                FROM incidents i JOIN triggers t ON t.job = i.job AND t.window_id = i.first_window
+                JOIN job_changes c ON {SLOWDOWN_NEWS_OF_TRIGGER}
+                WHERE i.onset_at IS NULL AND t.kind = 'slowdown'
+                QUALIFY row_number() OVER (PARTITION BY i.id ORDER BY {SLOWDOWN_NEWS_FIRST}) = 1
+            ) n
+            WHERE incidents.id = n.id
             """
         )
 

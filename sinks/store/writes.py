@@ -194,6 +194,18 @@ _CHANGE_SCHEMA = pa.schema(
 )
 
 
+#: the ``job_changes`` row ``c`` that is the detector's ``slowdown`` news of the window ``t`` (a row of ``triggers``): its
+#: own, else (a window asked again after every worker refused the one before, which the detector does not announce
+#: twice) the job's latest slowdown news up to the trigger with no recovery or end of the job between them: the
+#: detector keeps a slowdown's onset until it recovers or the job ends.  Order by :data:`SLOWDOWN_NEWS_FIRST`.
+SLOWDOWN_NEWS_OF_TRIGGER = """c.job = t.job AND c.change = 'slowdown' AND (c.window_id = t.window_id OR (
+    t.kind = 'slowdown' AND c.changed_at <= t.created_at AND NOT EXISTS (
+        SELECT 1 FROM job_changes r WHERE r.job = t.job AND r.change IN ('recovered', 'ended')
+          AND r.changed_at > c.changed_at AND r.changed_at <= t.created_at)))"""
+#: the window's own news first, then the latest
+SLOWDOWN_NEWS_FIRST = "(c.window_id = t.window_id) DESC, c.changed_at DESC, c.step DESC"
+
+
 def changes_table(changes: list[JobChange]) -> pa.Table:
     """The detector's ``JobChange`` records, one row each (key: job, change, step, window)."""
     rows = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lockstep.schemas.records import JobChange, ProfileTrigger
+from lockstep.sinks.report.data import gather
 from lockstep.sinks.store import Batch, FindingsStore
 from tests.sinks.test_store import fnd
 
@@ -91,3 +92,36 @@ def test_news_of_another_run_or_before_the_onset_leaves_an_incident_open(tmp_pat
     (ev,) = store.write(Batch.of([change("j", "ended", 500, T0 + 300, end="silent")], {}))
     assert (ev.action, ev.reason) == ("resolve", "job_ended")
     assert store.con.execute("SELECT count(*) FROM job_changes").fetchone()[0] == 3
+
+
+def test_an_incident_first_seen_in_a_window_asked_again_keeps_the_onset_of_its_slowdown(tmp_path):
+    """Every worker refused the slowdown's window w100; the detector asked again (w110) without a second ``slowdown``
+    news: the incident found in w110 keeps the onset the news of w100 gave, and the report's trigger of w110 too."""
+    store = FindingsStore(tmp_path / "f.duckdb")
+    q = lambda sql: store.con.execute(sql).fetchall()  # noqa: E731
+    store.write(Batch.of([trigger("j", "w100", 100, T0 + 10), change("j", "slowdown", 95, T0 + 10, **SLOWDOWN)], {}))
+    store.write(Batch.of([trigger("j", "w110", 110, T0 + 12)], {}))
+    # another job's slowdown news and an earlier run's recovered slowdown lend k's retried window nothing
+    store.write(
+        Batch.of(
+            [
+                change("k", "slowdown", 10, T0 - 100, **SLOWDOWN),
+                change("k", "recovered", 50, T0 - 50, after_s=0.2, steps=30, **SLOWDOWN),
+                trigger("k", "w70", 70, T0 + 12),
+            ],
+            {},
+        )
+    )
+    (opened,) = store.write(Batch([fnd("a1", window_="w110", steps=(110, 111), created_at=T0 + 30)], [], {}))
+    assert opened.action == "trigger"
+    store.write(Batch([fnd("b1", job="k", window_="w70", steps=(70, 71), created_at=T0 + 30)], [], {}))
+    assert q(
+        "SELECT job, first_window, onset_step, epoch(onset_at), before_s, during_s FROM incidents ORDER BY job"
+    ) == [
+        ("j", "w110", 90, T0, 0.2, 0.26),
+        ("k", "w70", None, None, None, None),
+    ]
+    assert q("SELECT count(*) FROM job_changes WHERE job = 'j'") == [(1,)]
+    report = gather(lambda sql, params=None: store.query(sql, params))
+    onsets = {k: t.onset_step for k, t in report.triggers.items()}
+    assert (onsets[("j", "w100")], onsets[("j", "w110")], onsets[("k", "w70")]) == (90, 90, None)

@@ -106,3 +106,16 @@ def test_without_refusal_echoes_a_window_closes_as_before():
         job.refusals[w] = (first[0].window, "")
     assert job.run(60, 0.26) == []
     assert det.take_refused() == []
+
+
+def test_a_retried_window_is_the_same_slowdown_its_news_is_sent_once():
+    det = SlowdownDetector(Policy())
+    job, first = slowed(det)
+    (news,) = det.take_changes()
+    assert (news.change, news.window) == ("slowdown", first[0].window)
+    job.refuse(first[0].window, "past")
+    (again,) = job.until_trigger(0.26, limit=3)
+    assert [r.retry for r in det.take_refused()] == [True]
+    assert det.take_changes() == []  # the same slowdown: no second "slowdown" news (nor a second incident onset)
+    assert det.jobs["j"].watch.window == again.window  # its recovery is watched from the window that runs
+    assert det.jobs["j"].watch.onset_step == news.onset_step
