@@ -67,7 +67,6 @@ what records can carry, or an event lasting more than ``MAX_DURATION_US`` is a
 
 from __future__ import annotations
 
-import copy
 import gzip
 import hashlib
 import os
@@ -559,6 +558,24 @@ class _Part:
 
 #: the columns that tell what an event is (:func:`_vocabulary`, :func:`_kinds`) and when
 _WHAT = ("cat", "name", "ts", "dur")
+#: an event's kind as the parts are chosen by (a chunk's ``kind`` file): a runtime call with a correlation id, device work
+_RUNTIME, _DEVICE = 1, 2
+
+
+@dataclass
+class _Chunk:
+    """Where a spilled chunk's events lie (µs, correlation ids): a part skips the chunks it needs nothing of."""
+
+    calls: tuple[float, float]  # runtime calls with a correlation id: first and last start
+    context: tuple[float, float]  # other events than device work: first start, last end
+    device: tuple[float, float]  # device work: first and last start
+    ids: tuple[float, float]  # device work's correlation ids: lowest and highest
+    flows: tuple[float, float]  # flow events: first and last
+
+
+def _span(x: np.ndarray, end: np.ndarray | None = None) -> tuple[float, float]:
+    """The lowest of ``x`` and the highest of ``end`` (else of ``x``): Python numbers, ids exact; empty: none met."""
+    return (x.min().item(), (x if end is None else end).max().item()) if x.size else (np.inf, -np.inf)
 
 
 def _read_parts(
@@ -567,12 +584,14 @@ def _read_parts(
     """A spilled trace's steps (``ProfilerStep#N``) read a run of them at a time: what they came from, the main
     device, and each part's op events and own step bounds (lazily: one part in memory at a time).  None where the
     trace has no ``ProfilerStep#N`` (its steps are inferred from all its events: the caller reads it whole)."""
-    # pass 1: the times checked, the steps, the device that ran most device work, whether collectives are numbered
+    # pass 1: the times checked, the steps, the device that ran most device work, whether collectives are numbered,
+    # and each chunk's kinds (a file beside its columns) and where its events lie
     marks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     dev_counts: dict[int, int] = {}
     numbered = False
+    index: list[_Chunk] = []
     for i in range(sp.chunks):
-        c = sp.load(i, *_WHAT, "stream", "device", "seq")
+        c = sp.load(i, *_WHAT, "stream", "device", "seq", "corr", "flow_ts")
         v = _vocabulary(c)
         kinds = _kinds(v)
         _check_times(c, v, kinds)
@@ -583,6 +602,19 @@ def _read_parts(
         for code, n in zip(codes.tolist(), counts.tolist()):
             dev_counts[code] = dev_counts.get(code, 0) + n
         numbered |= bool((c.seq >= 0).any())
+        calls = kinds.runtime & (c.corr >= 0)
+        np.save(sp.folder / f"{i}.kind.npy", (calls * _RUNTIME + kinds.dev * _DEVICE).astype(np.uint8))
+        ctx = ~kinds.dev
+        dev_ids = c.corr[dev_idx]
+        index.append(
+            _Chunk(
+                _span(c.ts[calls]),
+                _span(c.ts[ctx], c.ts[ctx] + c.dur[ctx]),
+                _span(c.ts[dev_idx]),
+                _span(dev_ids[dev_ids >= 0]),
+                _span(c.flow_ts),
+            )
+        )
     names, ts, dur = (np.concatenate(x) for x in zip(*marks))
     bounds, _ = _profiler_steps(sp.name_dict, names, np.ones(names.size, dtype=bool), ts, dur)
     if not bounds:
@@ -610,7 +642,7 @@ def _read_parts(
     def tables() -> Iterator[tuple[pa.Table, dict[int, tuple[float, float]]]]:
         claimed = [np.zeros(0, dtype=np.uint8)] * sp.chunks  # per chunk: its device events a part took (bits)
         for g, mine in enumerate(own):
-            cols = _part_columns(sp, edges[g], edges[g + 1], edges[max(g - 1, 0)], claimed)
+            cols = _part_columns(sp, index, edges[g], edges[g + 1], edges[max(g - 1, 0)], claimed)
             part = _Part(bounds, mine, main, numbered)
             events, all_bounds, _, _ = _read_events(cols, worker, host, pg_suffix, part)
             del cols
@@ -621,35 +653,51 @@ def _read_parts(
     return "ProfilerStep", (("mtia" if main % 2 else "gpu", main // 2) if main is not None else None), tables()
 
 
-def _part_columns(sp: Spilled, lo: float, hi: float, flows_from: float, claimed: list[np.ndarray]) -> Columns:
+def _part_columns(
+    sp: Spilled, index: list[_Chunk], lo: float, hi: float, flows_from: float, claimed: list[np.ndarray]
+) -> Columns:
     """The events a part from ``lo`` to ``hi`` (µs) is read from: every event other than device work that overlaps
     it (the regions and calls around its own events), the device work that the runtime calls begun in it launched
     (the same correlation id), device work begun in it that no earlier part took (launched by no call in the
     trace), and the flow events from ``flows_from`` on.  ``claimed``: each chunk's device events taken by the
-    parts so far (packed bits, updated)."""
+    parts so far (packed bits, updated).  Chunks that hold none of these (``index``) are not read."""
+
+    def meets(span: tuple[float, float], a: float, b: float) -> bool:
+        return span[0] < b and span[1] >= a
+
     launched = []
-    for i in range(sp.chunks):  # the correlation ids of the runtime calls begun in the part
-        c = sp.load(i, *_WHAT, "corr")
-        rt = _kinds(_vocabulary(c)).runtime & (c.corr >= 0) & (c.ts >= lo) & (c.ts < hi)
-        launched.append(c.corr[rt])
-    ids = np.unique(np.concatenate(launched))
+    for i, ix in enumerate(index):  # the correlation ids of the runtime calls begun in the part
+        if meets(ix.calls, lo, hi):
+            c = sp.load(i, "ts", "corr")
+            rt = ((np.load(sp.folder / f"{i}.kind.npy") & _RUNTIME) > 0) & (c.ts >= lo) & (c.ts < hi)
+            launched.append(c.corr[rt])
+    ids = np.unique(np.concatenate(launched)) if launched else np.zeros(0, np.int64)
     del launched
     picked: dict[str, list[np.ndarray]] = {}
-    for i in range(sp.chunks):
-        c = sp.load(i)
-        dev = _kinds(_vocabulary(copy.copy(c))).dev  # (a copy: the vocabulary frees the category column)
+    for i, ix in enumerate(index):
+        by_id = ids.size > 0 and meets(ix.ids, ids[0].item(), ids[-1].item() + 1)
+        if not (meets(ix.context, lo, hi) or meets(ix.device, lo, hi) or by_id or meets(ix.flows, flows_from, hi)):
+            continue
+        c = sp.load(i, "ts", "dur", "corr", "flow_ts")
+        dev = (np.load(sp.folder / f"{i}.kind.npy") & _DEVICE) > 0
         taken = np.unpackbits(claimed[i], count=c.size).astype(bool) if claimed[i].size else np.zeros(c.size, bool)
         began = (c.ts >= lo) & (c.ts < hi)
         mine = dev & ~taken & ((np.isin(c.corr, ids) & (c.corr >= 0)) | began)
         claimed[i] = np.packbits(taken | mine)
         rows = np.flatnonzero(mine | (~dev & (c.ts < hi) & (c.ts + c.dur >= lo)))
         flows = np.flatnonzero((c.flow_ts >= flows_from) & (c.flow_ts < hi))
-        for k in EVENT_COLUMNS:
-            picked.setdefault(k, []).append(getattr(c, k)[rows])
-        for k in FLOW_COLUMNS:
-            picked.setdefault(k, []).append(getattr(c, k)[flows])
         del c, dev, taken, began, mine
-    cols = {k: np.concatenate(v) for k, v in picked.items()}
+        if rows.size or flows.size:
+            c = sp.load(i)
+            for k in EVENT_COLUMNS:
+                picked.setdefault(k, []).append(getattr(c, k)[rows])
+            for k in FLOW_COLUMNS:
+                picked.setdefault(k, []).append(getattr(c, k)[flows])
+            del c
+    cols = {
+        k: np.concatenate(picked[k]) if k in picked else np.empty(0, dtype)
+        for k, dtype in (*EVENT_COLUMNS.items(), *FLOW_COLUMNS.items())
+    }
     return Columns(**cols, cat_dict=sp.cat_dict, name_dict=sp.name_dict, stream_dict=sp.stream_dict, pg_dict=sp.pg_dict)
 
 
