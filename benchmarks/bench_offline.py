@@ -1,7 +1,7 @@
 """Offline trace reading at scale: speed and peak memory of ``lockstep diagnose``'s reader against HolisticTraceAnalysis.
 
     python benchmarks/bench_offline.py speed [--mb 200] [--no-hta] [--repeats 3]  # MB/s per core, peak RSS, vs HTA
-    python benchmarks/bench_offline.py big [--mb 2048]               # peak RSS of one 2 GB trace, and of a gzip bomb
+    python benchmarks/bench_offline.py big [--mb 2048 ...]           # peak RSS of a 2 GB trace (or of each size), and of a gzip bomb
     python benchmarks/bench_offline.py ranks [--files 1024]          # 1,024 rank files, one slowed, all cores
     python benchmarks/bench_offline.py decoders [--mb 100]           # the reader's decoding vs a columnar JSON decoder
 
@@ -186,11 +186,13 @@ def _median(runs: list[dict]) -> dict:
 
 
 def big(a, tmp: Path) -> None:
-    path = tmp / "big.json"
-    size = write_trace(path, a.mb)
-    print(f"trace: {size / 1e6:.0f} MB of JSON, {TRACE.name}'s steps repeated")
-    print(_row("lockstep diagnose's reader + summariser", size, child(LOCKSTEP_CHILD, str(path), str(1 << 40))))
-    path.unlink()
+    """Peak RSS against trace size (it should stay flat once a trace is read in parts), then the bomb."""
+    for mb in a.mb:
+        path = tmp / "big.json"
+        size = write_trace(path, mb)
+        print(f"trace: {size / 1e6:.0f} MB of JSON, {TRACE.name}'s steps repeated")
+        print(_row("lockstep diagnose's reader + summariser", size, child(LOCKSTEP_CHILD, str(path), str(1 << 40))))
+        path.unlink()
     bomb = tmp / "bomb.json.gz"
     write_bomb(bomb, a.bomb_gib)
     limit = 2048 << 20
@@ -278,7 +280,7 @@ def main() -> None:
     s.add_argument("--repeats", type=int, default=1)
     s.add_argument("--no-hta", action="store_true")
     b = sub.add_parser("big")
-    b.add_argument("--mb", type=float, default=2048)
+    b.add_argument("--mb", type=float, nargs="+", default=[2048], help="trace sizes, each measured in turn")
     b.add_argument("--bomb-gib", type=float, default=4.0)
     r = sub.add_parser("ranks")
     r.add_argument("--files", type=int, default=1024)

@@ -108,7 +108,9 @@ MAX_NAME = 200
 MAX_TRACE_BYTES = 2 << 30
 #: events (complete and flow) of a trace read whole; a larger one is read in parts of about this many
 #: (:func:`read_chrome_trace_parts`)
-PART_EVENTS = 2_000_000
+PART_EVENTS = 1_000_000
+#: events of a spilled chunk (what a part reads back at once)
+CHUNK_EVENTS = 1 << 18
 _CHUNK = 16 << 20
 
 
@@ -224,7 +226,14 @@ def read_chrome_trace_parts(
     part_events = part_events or PART_EVENTS
     with tempfile.TemporaryDirectory(prefix="lockstep-trace-") as tmp:
         with open_regular(source, max_bytes, "trace") as fh:
-            head, cols = _wrap(read_file, fh, max_bytes, spill=Path(tmp), spill_rows=part_events)
+            head, cols = _wrap(
+                read_file,
+                fh,
+                max_bytes,
+                spill=Path(tmp),
+                spill_rows=part_events,
+                chunk_rows=min(part_events, CHUNK_EVENTS),
+            )
         who = _who(head, worker, path)
         if isinstance(cols, Spilled) and who.worker is not None:
             parts = _read_parts(cols, who.worker, who.host, who.pg_suffix, part_events)

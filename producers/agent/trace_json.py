@@ -281,11 +281,13 @@ def _finish(cols: dict[str, np.ndarray], relabel: np.ndarray | None, pid_device:
 
 @dataclass
 class ColumnBuilder:
-    """Events in, runs at a time; :meth:`columns` at the end.  With ``spill`` (a folder), the runs are written there
-    whenever they hold ``spill_rows`` events, and :meth:`finish` gives a :class:`Spilled` once any were."""
+    """Events in, runs at a time; :meth:`columns` at the end.  With ``spill`` (a folder): once the runs hold
+    ``spill_rows`` events they are written there, and from then on whenever they hold ``chunk_rows``;
+    :meth:`finish` gives a :class:`Spilled` once any were."""
 
     spill: Path | None = None
-    spill_rows: int = 1 << 21
+    spill_rows: int = 1 << 20
+    chunk_rows: int = 1 << 18
     _chunks: int = 0
     _rows: int = 0
     _cats: _Dictionary = field(default_factory=_Dictionary)
@@ -301,11 +303,14 @@ class ColumnBuilder:
         self._rows += next(iter(cols.values())).size
 
     def _write_chunk(self) -> None:
-        """The runs held so far written as the next chunk (one file per column), and freed."""
+        """The runs held so far written as the next chunks of about ``chunk_rows`` events (one file per column), and
+        freed."""
         assert self.spill is not None
+        pieces = max(1, -(-self._rows // self.chunk_rows))
         for k, dtype in (*EVENT_COLUMNS.items(), *FLOW_COLUMNS.items()):
-            np.save(self.spill / f"{self._chunks}.{k}.npy", _joined(self._parts.pop(k, []), dtype))
-        self._chunks += 1
+            for j, piece in enumerate(np.array_split(_joined(self._parts.pop(k, []), dtype), pieces)):
+                np.save(self.spill / f"{self._chunks + j}.{k}.npy", piece)
+        self._chunks += pieces
         self._rows = 0
         release_memory()
 
@@ -367,7 +372,7 @@ class ColumnBuilder:
                 flow_ts=np.fromiter(map(_TS, fl), np.float64, len(fl)),
                 flow_stream=self._stream(fl, type(fl[0]) is _TypedEvent),
             )
-        if self.spill is not None and self._rows >= self.spill_rows:
+        if self.spill is not None and self._rows >= (self.chunk_rows if self._chunks else self.spill_rows):
             self._write_chunk()
 
     def _streams_by_text(self) -> tuple[list[str], np.ndarray | None, np.ndarray]:
@@ -777,12 +782,18 @@ def _last_event_end(view: memoryview) -> int:
 
 
 def read_file(
-    fh: BinaryIO, max_bytes: int, what: str = "trace", *, spill: Path | None = None, spill_rows: int = 1 << 21
+    fh: BinaryIO,
+    max_bytes: int,
+    what: str = "trace",
+    *,
+    spill: Path | None = None,
+    spill_rows: int = 1 << 20,
+    chunk_rows: int = 1 << 18,
 ) -> tuple[Head, Columns | Spilled]:
     """A trace file's metadata and event columns, read in slices; at most ``max_bytes`` (decompressed) read.  With
     ``spill`` (a folder): once more than ``spill_rows`` events were read, the columns go there in chunks of about
-    that many (:class:`Spilled`)."""
-    builder = ColumnBuilder(spill, spill_rows)
+    ``chunk_rows`` (:class:`Spilled`)."""
+    builder = ColumnBuilder(spill, spill_rows, chunk_rows)
     meta = _Reader(_Source(fh, max_bytes, what), builder).read()
     try:
         head = msgspec.convert({k: msgspec.json.decode(v) for k, v in meta.items()}, Head)
