@@ -46,7 +46,9 @@ ru0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 try:
     te, rows = read_summarised(Path(sys.argv[1]), 0, None, int(sys.argv[2]))
-    out = {"steps": len(te.step_bounds), "functions": sum(r.functions.num_rows for r in rows)}
+    out = {"steps": len(te.step_bounds), "functions": sum(r.functions.num_rows for r in rows),
+           "summary_mib": sum(r.functions.nbytes + (r.collectives.nbytes if r.collectives is not None else 0)
+                              for r in rows) / 2**20}
 except TraceError as exc:
     out = {"error": str(exc)}
 ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -142,6 +144,8 @@ def _row(what: str, size: int, r: dict) -> str:
         return f"{what:44s} failed: {r['error']}"
     rate = size / 1e6 / r["cpu_s"] if r.get("cpu_s") else float("nan")
     extra = f"  ({r['error']})" if "error" in r else ""
+    if "summary_mib" in r:
+        extra += f"  ({r['steps']:,} steps; their function tables {r['summary_mib']:.0f} MiB)"
     if "runs" in r:
         extra += f"  (cpu of each run: {', '.join('-' if x is None else f'{x:.2f}' for x in r['runs'])} s)"
     return f"{what:44s} {rate:7.1f} MB/s per core  cpu {r['cpu_s']:6.1f} s  wall {r['wall_s']:6.1f} s  peak RSS {r['maxrss_mib']:7.0f} MiB{extra}"
