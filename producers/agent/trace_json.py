@@ -132,7 +132,7 @@ _events = msgspec.json.Decoder(list[ChromeEvent])
 _typed_events = msgspec.json.Decoder(list[_TypedEvent])
 
 
-def _decode_run(data: bytes) -> list:
+def _decode_run(data: bytes | memoryview) -> list:
     """A run of events: typed in C when the args are as torch.profiler writes them, else loosely."""
     try:
         return _typed_events.decode(data)
@@ -567,7 +567,7 @@ class _Reader:
 
     def __init__(self, src: _Source, builder: ColumnBuilder) -> None:
         self.src, self.builder = src, builder
-        self.buf = b""
+        self.buf = bytearray()
         self.pos = 0
         self.eof = False
 
@@ -584,7 +584,9 @@ class _Reader:
                     break
                 parts.append(b)
                 have += len(b)
-            self.buf, self.pos = b"".join(parts), 0
+            # a bytearray with a spare byte before pos: a run of events is decoded in place, between brackets
+            # written over the bytes around it (:meth:`_in_brackets`), not copied
+            self.buf, self.pos = bytearray().join([b" ", *parts]), 1
         return self.pos < len(self.buf)
 
     def _skip_ws(self) -> None:
@@ -705,6 +707,18 @@ class _Reader:
             )
         return False
 
+    def _in_brackets(self, lo: int, hi: int) -> list:
+        """The events from ``lo`` to ``hi`` decoded as the array ``[...]``: the byte before ``lo`` and the one at ``hi``
+        (a separator or whitespace, already read or still to read) are the brackets while it is decoded."""
+        buf = self.buf
+        before, after = buf[lo - 1], buf[hi]
+        buf[lo - 1], buf[hi] = 0x5B, 0x5D
+        try:
+            with memoryview(buf) as view:
+                return _decode_run(view[lo - 1 : hi + 1])
+        finally:
+            buf[lo - 1], buf[hi] = before, after
+
     def _cut(self, window: int) -> tuple[int, list[ChromeEvent]]:
         """The end of the last whole event in the window from ``pos`` (just after its ``}``) and the events up to
         it; -1 when none ends in it."""
@@ -718,7 +732,7 @@ class _Reader:
             after = _AFTER.match(buf, j + 1)
             if after and (after.end() <= len(buf)):
                 try:
-                    return j + 1, _decode_run(b"".join((b"[", memoryview(buf)[lo : j + 1], b"]")))
+                    return j + 1, self._in_brackets(lo, j + 1)
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     break  # inside a string or an object, or not JSON: the exact scan tells which
                 except RecursionError:
