@@ -33,7 +33,9 @@ import gzip
 import os
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -336,10 +338,13 @@ class ColumnBuilder:
             return np.full(len(args), self._pgs.code.setdefault("", len(self._pgs.code)), dtype=np.int32)
         return self._pgs.encode([a.pg_desc or a.pg_name or "" for a in args])
 
-    def add(self, events: list[ChromeEvent], groups_named: bool = True, numbered: bool = True) -> None:
+    def add(
+        self, events: list[ChromeEvent], groups_named: bool = True, numbered: bool | Callable[[], bool] = True
+    ) -> None:
         """``groups_named`` False: the run's bytes hold no process group's key (nothing to look for in its args);
-        ``numbered`` False: they hold no ``"Seq"`` (collective numbers are rare: most runs skip that column's pass;
-        a key spelt with escapes is not seen, and that trace is then matched as one without numbers)."""
+        ``numbered`` (or, called, it says) False: they hold no ``"Seq"``, asked only of a run decoded loosely (a typed
+        run's numbers are read in C anyway; a loose run with none skips that column's pass; a key spelt with escapes
+        is not seen there, and that run is then read as one without numbers)."""
         phs = list(map(_PH, events))
         n = phs.count("X")
         x = events if n == len(events) else [e for e, ph in zip(events, phs) if ph == "X"]
@@ -356,7 +361,9 @@ class ColumnBuilder:
                 device=_arg_ints(args, "device", typed, -2),
                 nbytes=_arg_floats(args, typed),
                 pg=self._pg(args, typed, groups_named),
-                seq=_arg_ints(args, "seq", typed, -1) if numbered else np.full(n, -1, dtype=np.int64),
+                seq=_arg_ints(args, "seq", typed, -1)
+                if typed or (numbered() if callable(numbered) else numbered)
+                else np.full(n, -1, dtype=np.int64),
             )
         fl = [] if n == len(events) else [e for e, ph in zip(events, phs) if ph in _FLOW_PH]
         fl = [e for e in fl if e.cat in FLOW_CATS and e.id is not None]
@@ -575,7 +582,7 @@ class _Reader:
     def _fill(self, need: int) -> bool:
         """At least ``need`` bytes from ``pos`` on, or all that is left; False when none is left."""
         if len(self.buf) - self.pos < need and not self.eof:
-            parts = [self.buf[self.pos :]]
+            parts: list[bytes | bytearray] = [self.buf[self.pos :]]
             have = len(parts[0])
             while have < need:
                 b = self.src.read(max(need - have, WINDOW))
@@ -598,11 +605,11 @@ class _Reader:
 
     def _peek(self) -> bytes:
         self._skip_ws()
-        return self.buf[self.pos : self.pos + 1]
+        return bytes(self.buf[self.pos : self.pos + 1])
 
     def _expect(self, c: bytes) -> None:
         if self._peek() != c:
-            got = self.buf[self.pos : self.pos + 20]
+            got = bytes(self.buf[self.pos : self.pos + 20])
             raise TraceReadError(
                 f"not a Chrome-trace JSON object with traceEvents (expected {c.decode()!r}, got {got!r:.40})"
             )
@@ -629,7 +636,7 @@ class _Reader:
             self._fill(need)
             end = self._value_end(need)
             if end >= 0 and end > self.pos:
-                out = self.buf[self.pos : end]
+                out = bytes(self.buf[self.pos : end])
                 self.pos = end
                 return out
             if self.eof and len(self.buf) - self.pos <= need:
@@ -689,7 +696,7 @@ class _Reader:
                 window *= 4
                 continue
             window = WINDOW
-            self.builder.add(events, numbered=self.buf.find(b'"Seq"', self.pos, end) >= 0)
+            self.builder.add(events, numbered=partial(_holds, self.buf, b'"Seq"', self.pos, end))
             del events
             self.pos = end
             if self._after_item(b"]"):
@@ -743,7 +750,11 @@ class _Reader:
         return (end + lo, _decode_events(buf, lo, end + lo)) if end >= 0 else (-1, [])
 
 
-def _decode_events(buf: bytes, lo: int, hi: int) -> list[ChromeEvent]:
+def _holds(buf: bytearray, what: bytes, lo: int, hi: int) -> bool:
+    return buf.find(what, lo, hi) >= 0
+
+
+def _decode_events(buf: bytes | bytearray, lo: int, hi: int) -> list[ChromeEvent]:
     try:
         return _decode_run(b"".join((b"[", memoryview(buf)[lo:hi], b"]")))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
