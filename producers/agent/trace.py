@@ -67,6 +67,7 @@ what records can carry, or an event lasting more than ``MAX_DURATION_US`` is a
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -224,13 +225,28 @@ def read_chrome_trace_parts(
     read back whole: one part, as :func:`read_chrome_trace`."""
     path = Path(source)
     part_events = part_events or PART_EVENTS
-    with tempfile.TemporaryDirectory(prefix="lockstep-trace-") as tmp:
-        with open_regular(source, max_bytes, "trace") as fh:
+    try:
+        yield from _parts_spilled(path, worker, max_bytes, part_events)
+    except OSError as exc:  # the temporary folder: full, gone, not writable
+        raise TraceError(
+            f"cannot spill the trace's events to {tempfile.gettempdir()} ({exc.strerror or exc}): set TMPDIR to a "
+            "folder with room for about 60 bytes an event"
+        ) from None
+
+
+def _parts_spilled(path: Path, worker: int | None, max_bytes: int, part_events: int) -> Iterator[TraceEvents]:
+    """:func:`read_chrome_trace_parts`, its temporary folder made only once a chunk is spilled, removed at the end."""
+    with contextlib.ExitStack() as stack:
+
+        def folder() -> Path:
+            return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lockstep-trace-")))
+
+        with open_regular(path, max_bytes, "trace") as fh:
             head, cols = _wrap(
                 read_file,
                 fh,
                 max_bytes,
-                spill=Path(tmp),
+                spill=folder,
                 spill_rows=part_events,
                 chunk_rows=min(part_events, CHUNK_EVENTS),
             )

@@ -287,7 +287,7 @@ class ColumnBuilder:
     ``spill_rows`` events they are written there, and from then on whenever they hold ``chunk_rows``;
     :meth:`finish` gives a :class:`Spilled` once any were."""
 
-    spill: Path | None = None
+    spill: Path | Callable[[], Path] | None = None  # a folder, or what makes one when the first chunk is written
     spill_rows: int = 1 << 20
     chunk_rows: int = 1 << 18
     _chunks: int = 0
@@ -307,6 +307,8 @@ class ColumnBuilder:
     def _write_chunk(self) -> None:
         """The runs held so far written as the next chunks of about ``chunk_rows`` events (one file per column), and
         freed."""
+        if callable(self.spill):
+            self.spill = self.spill()
         assert self.spill is not None
         pieces = max(1, -(-self._rows // self.chunk_rows))
         for k, dtype in (*EVENT_COLUMNS.items(), *FLOW_COLUMNS.items()):
@@ -414,7 +416,7 @@ class ColumnBuilder:
         if self._rows:
             self._write_chunk()
         stream_dict, relabel, pid_device = self._streams_by_text()
-        assert self.spill is not None
+        assert isinstance(self.spill, Path)
         return Spilled(
             self.spill,
             self._chunks,
@@ -811,12 +813,12 @@ def read_file(
     max_bytes: int,
     what: str = "trace",
     *,
-    spill: Path | None = None,
+    spill: Path | Callable[[], Path] | None = None,
     spill_rows: int = 1 << 20,
     chunk_rows: int = 1 << 18,
 ) -> tuple[Head, Columns | Spilled]:
     """A trace file's metadata and event columns, read in slices; at most ``max_bytes`` (decompressed) read.  With
-    ``spill`` (a folder): once more than ``spill_rows`` events were read, the columns go there in chunks of about
+    ``spill`` (a folder, or a function that makes one): once more than ``spill_rows`` events were read, the columns go there in chunks of about
     ``chunk_rows`` (:class:`Spilled`)."""
     builder = ColumnBuilder(spill, spill_rows, chunk_rows)
     meta = _Reader(_Source(fh, max_bytes, what), builder).read()

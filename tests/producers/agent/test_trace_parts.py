@@ -7,12 +7,12 @@ import gzip
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from lockstep.producers.agent import trace as trace_mod
 from lockstep.producers.agent.summarise import StepSummary, summarise
 from lockstep.producers.agent.trace import TraceError, read_chrome_trace, read_chrome_trace_parts
 
@@ -46,12 +46,17 @@ def _key(s: StepSummary) -> tuple:
 
 @pytest.mark.parametrize("name", REAL)
 def test_a_real_trace_read_in_parts_summarises_as_it_does_read_whole(name, tmp_path, monkeypatch):
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     whole = read_chrome_trace(TRACES / name, 0)
-    parts = list(read_chrome_trace_parts(TRACES / name, 0, part_events=300))
+    reading = read_chrome_trace_parts(TRACES / name, 0, part_events=300)
+    first = next(reading)
+    spilled = list(tmp_path.iterdir())
+    parts = [first, *reading]
     assert _summaries(parts) == _summaries([whole])
     assert all(p.meta == whole.meta for p in parts)
     assert sorted(b for p in parts for b in p.step_bounds) == sorted(whole.step_bounds)
+    if whole.events.num_rows > 300:
+        assert spilled, "a trace of more than part_events events is spilled"
     assert not list(tmp_path.iterdir()), "the spilled chunks are removed"
 
 
@@ -108,20 +113,22 @@ def test_the_largest_part_does_not_grow_with_the_trace(tmp_path):
     assert big_long == big_short
 
 
-def test_a_trace_of_at_most_part_events_is_one_part_and_spills_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    spilled = []
-    real_save = trace_mod.np.save
-
-    def save(*a, **k):
-        spilled.append(a[0])
-        return real_save(*a, **k)
-
-    monkeypatch.setattr("lockstep.producers.agent.trace_json.np.save", save)
+def test_a_trace_of_at_most_part_events_is_one_part_and_needs_no_temporary_folder(tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(not_a_folder))
     parts = list(read_chrome_trace_parts(TRACES / "a100_rank0_of16.json.gz", 0))
-    assert len(parts) == 1 and not spilled
+    assert len(parts) == 1
     assert parts[0].events.num_rows == read_chrome_trace(TRACES / "a100_rank0_of16.json.gz", 0).events.num_rows
+
+
+def test_a_temporary_folder_without_room_is_a_one_line_error_that_says_what_to_do(tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(not_a_folder))
+    with pytest.raises(TraceError, match="set TMPDIR to a folder with room") as err:
+        list(read_chrome_trace_parts(TRACES / "a100_rank0_of16.json.gz", 0, part_events=300))
+    assert "\n" not in str(err.value)
 
 
 def test_a_trace_whose_rank_is_unknown_or_without_profiler_steps_is_read_whole(tmp_path):
@@ -146,8 +153,8 @@ def test_a_trace_whose_rank_is_unknown_or_without_profiler_steps_is_read_whole(t
 
 
 def test_a_broken_event_in_a_later_chunk_is_the_same_error_and_leaves_no_spilled_files(tmp_path, monkeypatch):
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     path = _repeated(tmp_path / "r.json", 4)
     trace = json.loads(path.read_text())
     ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
