@@ -26,7 +26,7 @@ gzip bomb or a nested or out-of-range trace is a one-line :class:`DiagnoseError`
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -196,6 +196,8 @@ def load_inputs(
             host = te.meta.host or f"worker{worker}"
             meta = WorkerMeta(rank=worker, host=host, device=te.meta.device or f"{host}/cpu")
             done = read.get(path, (None, None))[1]
+            if done is not None and te.meta.rank_from == "numbered":  # summarised before it had a number
+                done = [replace(s, worker=worker) for s in done]
             add(path, {worker: meta}, done if done is not None else summarise(te.events, samples, te.step_bounds))
             if te.meta.world_size:
                 inputs.expected_workers = max(inputs.expected_workers, te.meta.world_size)
@@ -320,17 +322,17 @@ def read_summarised(
 ) -> tuple[TraceEvents, list[StepSummary] | None]:
     """One trace file read and summarised a part at a time (:func:`~lockstep.producers.agent.trace.read_chrome_trace_parts`:
     a large trace in bounded memory): the trace with its events left out, and its step summaries.  A trace whose rank
-    is not known yet comes back whole and not summarised (None), to be numbered and summarised by the caller."""
-    from dataclasses import replace
-
+    is not known yet is summarised as worker 0's (the caller numbers it, and its summaries with it); with a sample
+    table, whose rows are matched by worker, it comes back whole and not summarised (None), to be numbered and
+    summarised by the caller."""
     from ..producers.agent.jaxtrace import read_trace_parts
     from ..producers.agent.summarise import summarise
     from ..schemas.events import OP_EVENT_SCHEMA
 
     summaries: list[StepSummary] = []
     bounds: dict[int, tuple[float, float]] = {}
-    for te in read_trace_parts(path, rank, max_bytes=max_bytes):
-        if te.worker is None:  # read whole (one part)
+    for te in read_trace_parts(path, rank, max_bytes=max_bytes, anonymous_as=None if samples is not None else 0):
+        if te.worker is None and samples is not None:  # read whole (one part)
             return te, None
         summaries += summarise(te.events, samples, te.step_bounds)
         bounds.update(te.step_bounds)

@@ -323,14 +323,18 @@ def retag(te: TraceEvents, cpu_devices: frozenset[int], host: str) -> TraceEvent
 
 
 def read_trace_parts(
-    source: str | Path, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES
+    source: str | Path, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES, anonymous_as: int | None = None
 ) -> Iterator[TraceEvents]:
     """One worker's trace file, whichever profiler wrote it, in parts of whole steps: ``torch.profiler``'s in bounded
-    memory (:func:`~lockstep.producers.agent.trace.read_chrome_trace_parts`), JAX's whole (one part)."""
+    memory (:func:`~lockstep.producers.agent.trace.read_chrome_trace_parts`, ``anonymous_as`` with it), JAX's whole
+    (one part)."""
     if is_jax_source(source):
-        yield read_jax_trace(source, worker, max_bytes=max_bytes)
+        te = read_jax_trace(source, worker, max_bytes=max_bytes)
+        if te.worker is None and anonymous_as is not None:  # its events as that worker's meanwhile
+            te = replace(te.with_worker(anonymous_as), worker=None, meta=te.meta)
+        yield te
     else:
-        yield from read_chrome_trace_parts(source, worker, max_bytes=max_bytes)
+        yield from read_chrome_trace_parts(source, worker, max_bytes=max_bytes, anonymous_as=anonymous_as)
 
 
 def read_trace(

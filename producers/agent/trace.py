@@ -208,7 +208,12 @@ def read_chrome_trace(
 
 
 def read_chrome_trace_parts(
-    source: str | Path, worker: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES, part_events: int | None = None
+    source: str | Path,
+    worker: int | None = None,
+    *,
+    max_bytes: int = MAX_TRACE_BYTES,
+    part_events: int | None = None,
+    anonymous_as: int | None = None,
 ) -> Iterator[TraceEvents]:
     """One worker's trace file read in parts of whole steps, in bounded memory: each part's events and bounds are
     those of a run of its steps, together the ones :func:`read_chrome_trace` gives (a summary of each part is a
@@ -221,12 +226,13 @@ def read_chrome_trace_parts(
     own), the device work its runtime calls launched (by correlation id), and device work that no call of an
     earlier part launched and that began in it; each event is kept by the part whose step it belongs to.  So the
     memory is one part's events and one chunk, whatever the trace's size.  A trace without ``ProfilerStep#N``
-    (its steps are inferred from all its events) or whose rank is not known yet (a caller numbers it later) is
-    read back whole: one part, as :func:`read_chrome_trace`."""
+    (its steps are inferred from all its events) is read back whole: one part, as :func:`read_chrome_trace`.  So is
+    one whose rank is not known (the caller numbers it later), unless ``anonymous_as`` says whose its events are
+    meanwhile (its parts' ``worker`` stays None)."""
     path = Path(source)
     part_events = part_events or PART_EVENTS
     try:
-        yield from _parts_spilled(path, worker, max_bytes, part_events)
+        yield from _parts_spilled(path, worker, max_bytes, part_events, anonymous_as)
     except OSError as exc:  # the temporary folder: full, gone, not writable
         raise TraceError(
             f"cannot spill the trace's events to {tempfile.gettempdir()} ({exc.strerror or exc}): set TMPDIR to a "
@@ -234,7 +240,9 @@ def read_chrome_trace_parts(
         ) from None
 
 
-def _parts_spilled(path: Path, worker: int | None, max_bytes: int, part_events: int) -> Iterator[TraceEvents]:
+def _parts_spilled(
+    path: Path, worker: int | None, max_bytes: int, part_events: int, anonymous_as: int | None
+) -> Iterator[TraceEvents]:
     """:func:`read_chrome_trace_parts`, its temporary folder made only once a chunk is spilled, removed at the end."""
     with contextlib.ExitStack() as stack:
 
@@ -251,8 +259,9 @@ def _parts_spilled(path: Path, worker: int | None, max_bytes: int, part_events: 
                 chunk_rows=min(part_events, CHUNK_EVENTS),
             )
         who = _who(head, worker, path)
-        if isinstance(cols, Spilled) and who.worker is not None:
-            parts = _read_parts(cols, who.worker, who.host, who.pg_suffix, part_events)
+        whose = who.worker if who.worker is not None else anonymous_as if anonymous_as is not None else -1
+        if isinstance(cols, Spilled) and whose >= 0:
+            parts = _read_parts(cols, whose, who.host, who.pg_suffix, part_events)
             if parts is not None:
                 steps_from, dev, tables = parts
                 for events, bounds in tables:
@@ -260,9 +269,7 @@ def _parts_spilled(path: Path, worker: int | None, max_bytes: int, part_events: 
                 return
         whole = _joined_chunks(cols) if isinstance(cols, Spilled) else cols
         del cols
-        events, bounds, steps_from, dev = _read_events(
-            whole, -1 if who.worker is None else who.worker, who.host, who.pg_suffix
-        )
+        events, bounds, steps_from, dev = _read_events(whole, whose, who.host, who.pg_suffix)
         del whole
         release_memory()
         yield _trace_events(head, who, events, bounds, steps_from, dev)

@@ -131,8 +131,9 @@ def test_a_temporary_folder_without_room_is_a_one_line_error_that_says_what_to_d
     assert "\n" not in str(err.value)
 
 
-def test_a_trace_whose_rank_is_unknown_or_without_profiler_steps_is_read_whole(tmp_path):
-    """Read back whole (one part) where its steps must be inferred from all its events, or its rank is numbered later."""
+def test_a_trace_whose_rank_is_unknown_is_read_in_parts_as_the_callers_placeholder_worker(tmp_path):
+    """Without ``anonymous_as`` it is read back whole (its events carry worker -1 until it is numbered); with it, in
+    parts whose events are that worker's, the summaries those of the whole trace read as that worker's."""
     path = _repeated(tmp_path / "r.json", 4)
     trace = json.loads(path.read_text())
     trace["distributedInfo"].pop("rank", None)
@@ -141,6 +142,14 @@ def test_a_trace_whose_rank_is_unknown_or_without_profiler_steps_is_read_whole(t
     parts = list(read_chrome_trace_parts(unranked, None, part_events=1_000))
     assert len(parts) == 1 and parts[0].worker is None
     assert parts[0].events.num_rows == read_chrome_trace(unranked).events.num_rows
+    parts = list(read_chrome_trace_parts(unranked, None, part_events=1_000, anonymous_as=0))
+    assert len(parts) > 1 and all(p.worker is None for p in parts)
+    assert _summaries(parts) == _summaries([read_chrome_trace(unranked, 0)])
+
+
+def test_a_trace_without_profiler_steps_is_read_whole(tmp_path):
+    """Its steps are inferred from all its events: one part, as read whole."""
+    trace = json.loads(_repeated(tmp_path / "r.json", 4).read_text())
     for e in trace["traceEvents"]:
         if e["name"].startswith("ProfilerStep#"):
             e["name"] = "step_region"
@@ -166,3 +175,27 @@ def test_a_broken_event_in_a_later_chunk_is_the_same_error_and_leaves_no_spilled
         list(read_chrome_trace_parts(path, 0, part_events=1_000))
     assert str(parts.value) == str(whole.value)
     assert not os.listdir(tmp_path / "tmp")
+
+
+def test_lockstep_diagnose_numbers_unranked_traces_read_in_parts_as_it_numbers_them_read_whole(tmp_path, monkeypatch):
+    """Two traces that name no rank, each read in parts as worker 0's: numbered 0 and 1 in the order given, their
+    summaries with them, as when each is read whole."""
+    from lockstep.app.offline import load_inputs
+
+    files = []
+    for name in ("first.json", "second.json"):
+        trace = json.loads(_repeated(tmp_path / "r.json", 3).read_text())
+        trace["distributedInfo"].pop("rank", None)
+        files.append(tmp_path / name)
+        files[-1].write_text(json.dumps(trace))
+
+    def read() -> tuple[dict, list[str]]:
+        inputs = load_inputs(files, None, None, jobs=1)
+        return {(s.worker, s.step): _key(s) for s in inputs.summaries}, inputs.notes
+
+    whole, notes = read()
+    monkeypatch.setattr("lockstep.producers.agent.trace.PART_EVENTS", 5_000)
+    in_parts, notes_parts = read()
+    assert sorted({w for w, _ in in_parts}) == [0, 1]
+    assert in_parts == whole and notes_parts == notes
+    assert any("numbered 0" in n and "numbered 1" in n for n in notes)
