@@ -499,7 +499,7 @@ def _read_events(
     copy_bytes = c.nbytes[copy_idx]
     _drop(c, "nbytes")
     is_ann = v.cat == v.code["user_annotation"]
-    bounds, steps_from = (part.bounds, "ProfilerStep") if part else _steps(v, is_ann, ts, dur, stream, kinds)
+    bounds, steps_from = (part.bounds, part.steps_from) if part else _steps(v, is_ann, ts, dur, stream, kinds)
     if not bounds:
         return OP_EVENT_SCHEMA.empty_table(), {}, steps_from, None
     steps = np.array(sorted(bounds), dtype=np.int64)
@@ -583,6 +583,7 @@ class _Part:
     and the part's own steps."""
 
     bounds: dict[int, tuple[float, float]]
+    steps_from: str
     own: np.ndarray  # int64 step numbers
     main: int | None
     numbered: bool
@@ -613,12 +614,15 @@ def _span(x: np.ndarray, end: np.ndarray | None = None) -> tuple[float, float]:
 def _read_parts(
     sp: Spilled, worker: int, host: str, pg_suffix: str, part_events: int
 ) -> tuple[str, tuple[str, int] | None, Iterator[tuple[pa.Table, dict[int, tuple[float, float]]]]] | None:
-    """A spilled trace's steps (``ProfilerStep#N``) read a run of them at a time: what they came from, the main
-    device, and each part's op events and own step bounds (lazily: one part in memory at a time).  None where the
-    trace has no ``ProfilerStep#N`` (its steps are inferred from all its events: the caller reads it whole)."""
+    """A spilled trace's steps (``ProfilerStep#N``, else each ending with an ``Optimizer.step``) read a run of them
+    at a time: what they came from, the main device, and each part's op events and own step bounds (lazily: one part
+    in memory at a time).  None where the trace has neither (its steps are inferred from its top-level regions, or
+    it is one step: the caller reads it whole)."""
     # pass 1: the times checked, the steps, the device that ran most device work, whether collectives are numbered,
     # and each chunk's kinds (a file beside its columns) and where its events lie
     marks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    opts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # Optimizer.step: the steps without ProfilerStep#N
+    t_first = np.inf
     dev_counts: dict[int, int] = {}
     numbered = False
     index: list[_Chunk] = []
@@ -629,6 +633,10 @@ def _read_parts(
         _check_times(c, v, kinds)
         step = np.flatnonzero((v.cat == v.code["user_annotation"]) & v.starts("ProfilerStep#"))
         marks.append((v.name[step], c.ts[step], c.dur[step]))
+        opt = np.flatnonzero(kinds.cpu & v.starts("Optimizer.step"))
+        opts.append((c.ts[opt], c.dur[opt], c.stream[opt]))
+        work = kinds.cpu | kinds.dev
+        t_first = min(t_first, float(c.ts[work].min())) if work.any() else t_first
         dev_idx = np.flatnonzero(kinds.dev)
         codes, counts = np.unique((d := _device_codes(c, v, dev_idx))[d >= 0], return_counts=True)
         for code, n in zip(codes.tolist(), counts.tolist()):
@@ -648,9 +656,13 @@ def _read_parts(
             )
         )
     names, ts, dur = (np.concatenate(x) for x in zip(*marks))
-    bounds, _ = _profiler_steps(sp.name_dict, names, np.ones(names.size, dtype=bool), ts, dur)
+    bounds, steps_from = _profiler_steps(sp.name_dict, names, np.ones(names.size, dtype=bool), ts, dur)
     if not bounds:
-        return None
+        opt_ts, opt_dur, opt_stream = (np.concatenate(x) for x in zip(*opts))
+        by_opt = _optimizer_steps(opt_ts, opt_dur, opt_stream, t_first)
+        if not by_opt:
+            return None
+        bounds, steps_from = by_opt, "Optimizer.step"
     codes = np.array(sorted(dev_counts), dtype=np.int64)
     main = _main_device(codes, np.array([dev_counts[c] for c in codes.tolist()], dtype=np.int64))
     steps = np.array(sorted(bounds), dtype=np.int64)
@@ -675,14 +687,14 @@ def _read_parts(
         claimed = [np.zeros(0, dtype=np.uint8)] * sp.chunks  # per chunk: its device events a part took (bits)
         for g, mine in enumerate(own):
             cols = _part_columns(sp, index, edges[g], edges[g + 1], edges[max(g - 1, 0)], claimed)
-            part = _Part(bounds, mine, main, numbered)
+            part = _Part(bounds, steps_from, mine, main, numbered)
             events, all_bounds, _, _ = _read_events(cols, worker, host, pg_suffix, part)
             del cols
             yield events, {s: all_bounds[s] for s in mine.tolist()}
             del events
             release_memory()
 
-    return "ProfilerStep", (("mtia" if main % 2 else "gpu", main // 2) if main is not None else None), tables()
+    return steps_from, (("mtia" if main % 2 else "gpu", main // 2) if main is not None else None), tables()
 
 
 def _part_columns(
@@ -1100,13 +1112,10 @@ def _inferred_steps(
         return {}, "whole trace"
     t_first = float(ts[work].min())
     t_last = float((ts + dur)[work].max())
-    opt_mask = is_cpu & is_opt_step
-    opt = np.flatnonzero(opt_mask)
-    opt = opt[~_nested(stream, ts, dur, opt_mask)[opt]]  # a wrapping optimizer's inner step is not another
-    if opt.size >= 2:
-        opt_end = np.sort(ts[opt] + dur[opt])
-        begin = np.concatenate([[t_first], opt_end[:-1]])
-        return {i: (float(b), float(e)) for i, (b, e) in enumerate(zip(begin, opt_end))}, "Optimizer.step"
+    opt = np.flatnonzero(is_cpu & is_opt_step)
+    by_opt = _optimizer_steps(ts[opt], dur[opt], stream[opt], t_first)
+    if by_opt:
+        return by_opt, "Optimizer.step"
     top = np.flatnonzero(is_cpu & is_ann & ~_nested(stream, ts, dur, is_cpu))
     if top.size:
         text = np.array(name_dict, dtype=object)[name[top]]  # by the names' text: ties go to the one sorting first
@@ -1119,6 +1128,19 @@ def _inferred_steps(
             occ = occ[np.argsort(ts[occ], kind="stable")]
             return {i: (float(ts[j]), float(ts[j] + dur[j])) for i, j in enumerate(occ)}, f"region {u[best]}"
     return {0: (t_first, t_last)}, "whole trace"
+
+
+def _optimizer_steps(
+    ts: np.ndarray, dur: np.ndarray, stream: np.ndarray, t_first: float
+) -> dict[int, tuple[float, float]] | None:
+    """Iterations that each end with an ``Optimizer.step`` (these events'), the first beginning with the trace's
+    work at ``t_first``; None with fewer than two.  A wrapping optimizer's inner step is not another."""
+    top = np.flatnonzero(~_nested(stream, ts, dur, np.ones(ts.size, dtype=bool)))
+    if top.size < 2:
+        return None
+    opt_end = np.sort(ts[top] + dur[top])
+    begin = np.concatenate([[t_first], opt_end[:-1]])
+    return {i: (float(b), float(e)) for i, (b, e) in enumerate(zip(begin, opt_end))}
 
 
 def _starts(names: pa.Array, prefix: str) -> np.ndarray:
