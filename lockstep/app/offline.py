@@ -148,9 +148,11 @@ def load_inputs(
     ranks: dict[Path, int] | None = None,
     max_bytes: int = int(MAX_INPUT_MB * 2**20),
     progress=None,
+    status=None,
     jobs: int = 1,
 ) -> Inputs:
-    """``progress(path)`` hears every file read (the CLI's progress bar).  ``jobs`` > 1: trace files are read
+    """``progress(path)`` hears every file read (the CLI's progress bar), ``status(text)`` how far a large trace read
+    in this process has got (its parts' steps).  ``jobs`` > 1: trace files are read
     and summarised by that many processes (:func:`_read_in_pool`)."""
     from ..producers.agent.summarise import summarise
     from ..schemas.records import WorkerMeta
@@ -170,14 +172,15 @@ def load_inputs(
         inputs.summaries += summaries
 
     traces: list[tuple[Path, TraceEvents]] = []
-    read = _read_pooled(files, ranks, samples_path, max_bytes, jobs, progress)
+    pooled = _read_pooled(files, ranks, samples_path, max_bytes, jobs, progress)  # (their progress heard there)
+    read = dict(pooled)  # each trace file: the trace and its summaries
     for path in files:
         with _about(path, samples_path):
             if path in read:
                 traces.append((path, read[path][0]))
                 continue
             if _is_trace(path, max_bytes):
-                read[path] = read_summarised(path, ranks.get(path), samples, max_bytes)
+                read[path] = read_summarised(path, ranks.get(path), samples, max_bytes, status)
                 traces.append((path, read[path][0]))
             elif path in ranks:
                 raise DiagnoseError(
@@ -186,8 +189,10 @@ def load_inputs(
             else:
                 table = _read_table(path, max_bytes)
                 add(path, _table_workers(path, table, peer_cols, policy_keys), summarise(table, samples))
-        if progress and path not in read:
+        if progress and path not in pooled:
             progress(path)
+        if status and path in read and path not in pooled:
+            status("reading")
     inputs.notes += _number_unranked(traces, set(owner))
     inputs.notes += _trace_notes(traces)
     for path, te in traces:
@@ -318,13 +323,14 @@ def _read_one(path: Path, rank: int | None, samples_path: Path | None, max_bytes
 
 
 def read_summarised(
-    path: Path, rank: int | None, samples: pa.Table | None, max_bytes: int
+    path: Path, rank: int | None, samples: pa.Table | None, max_bytes: int, status=None
 ) -> tuple[TraceEvents, list[StepSummary] | None]:
     """One trace file read and summarised a part at a time (:func:`~lockstep.producers.agent.trace.read_chrome_trace_parts`:
     a large trace in bounded memory): the trace with its events left out, and its step summaries.  A trace whose rank
     is not known yet is summarised as worker 0's (the caller numbers it, and its summaries with it); with a sample
     table, whose rows are matched by worker, it comes back whole and not summarised (None), to be numbered and
-    summarised by the caller."""
+    summarised by the caller.  ``status(text)`` hears how many steps are read after each part of a trace read in
+    parts."""
     from ..producers.agent.jaxtrace import read_trace_parts
     from ..producers.agent.summarise import summarise
     from ..schemas.events import OP_EVENT_SCHEMA
@@ -336,6 +342,8 @@ def read_summarised(
             return te, None
         summaries += summarise(te.events, samples, te.step_bounds)
         bounds.update(te.step_bounds)
+        if status:
+            status(f"reading {path.name}: {len(bounds):,} steps")
     return replace(te, events=OP_EVENT_SCHEMA.empty_table(), step_bounds=bounds), summaries
 
 

@@ -100,6 +100,7 @@ def run(args) -> int:
             ranks=_given_ranks(args.rank, files),
             max_bytes=int(args.max_input_mb * 2**20),
             progress=lambda _: bar.update(),
+            status=bar.status,
             jobs=jobs,
         )
     for note in inputs.notes:

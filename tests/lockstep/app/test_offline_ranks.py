@@ -51,7 +51,9 @@ def test_a_pool_finds_what_one_process_finds_and_what_fewer_ranks_give(ranks):
     seen: list = []
     pooled = _findings(files, jobs=4, seen=seen)
     assert sorted(seen) == sorted(files)  # progress heard of every file
-    assert pooled == _findings(files, jobs=1)
+    one: list = []
+    assert pooled == _findings(files, jobs=1, seen=one)
+    assert sorted(one) == sorted(files)  # read in this process too
     slowed_rank = [f for f in pooled if SLOW in f[0]]
     assert slowed_rank and all(w == (SLOW,) for w, *_ in slowed_rank), pooled
     assert any(GEMM in fn for _, fn, *_ in slowed_rank), slowed_rank

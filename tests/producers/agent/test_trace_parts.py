@@ -200,13 +200,19 @@ def test_lockstep_diagnose_numbers_unranked_traces_read_in_parts_as_it_numbers_t
         files.append(tmp_path / name)
         files[-1].write_text(json.dumps(trace))
 
+    status: list[str] = []
+
     def read() -> tuple[dict, list[str]]:
-        inputs = load_inputs(files, None, None, jobs=1)
+        inputs = load_inputs(files, None, None, jobs=1, status=status.append)
         return {(s.worker, s.step): _key(s) for s in inputs.summaries}, inputs.notes
 
     whole, notes = read()
     monkeypatch.setattr("lockstep.producers.agent.trace.PART_EVENTS", 5_000)
+    status.clear()
     in_parts, notes_parts = read()
     assert sorted({w for w, _ in in_parts}) == [0, 1]
     assert in_parts == whole and notes_parts == notes
     assert any("numbered 0" in n and "numbered 1" in n for n in notes)
+    # how far each large trace has got, part by part, for the progress bar
+    first = [s for s in status if s.startswith("reading first.json: ")]
+    assert len(first) >= 2 and first[-1] == "reading first.json: 6 steps"
