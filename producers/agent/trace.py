@@ -1118,17 +1118,27 @@ def _inferred_steps(
     if by_opt:
         return by_opt, "Optimizer.step"
     top = np.flatnonzero(is_cpu & is_ann & ~_nested(stream, ts, dur, is_cpu))
-    if top.size:
-        text = np.array(name_dict, dtype=object)[name[top]]  # by the names' text: ties go to the one sorting first
-        u, inv, counts = np.unique(text, return_inverse=True, return_counts=True)
-        total = np.bincount(inv, weights=dur[top])
-        total[counts < 2] = 0.0
-        best = int(np.argmax(total))
-        if total[best] >= 0.5 * (t_last - t_first):
-            occ = np.sort(top[inv == best], kind="stable")
-            occ = occ[np.argsort(ts[occ], kind="stable")]
-            return {i: (float(ts[j]), float(ts[j] + dur[j])) for i, j in enumerate(occ)}, f"region {u[best]}"
-    return {0: (t_first, t_last)}, "whole trace"
+    by_region = _region_steps(np.array(name_dict, dtype=object)[name[top]], ts[top], dur[top], t_first, t_last)
+    return by_region or ({0: (t_first, t_last)}, "whole trace")
+
+
+def _region_steps(
+    text: np.ndarray, ts: np.ndarray, dur: np.ndarray, t_first: float, t_last: float
+) -> tuple[dict[int, tuple[float, float]], str] | None:
+    """Iterations as the occurrences of the top-level annotation (these, in the trace's order: their names' text,
+    starts and durations) that repeats and covers most time, if it covers at least half the trace; else None.
+    Ties go to the name sorting first."""
+    if not text.size:
+        return None
+    u, inv, counts = np.unique(text, return_inverse=True, return_counts=True)
+    total = np.bincount(inv, weights=dur)
+    total[counts < 2] = 0.0
+    best = int(np.argmax(total))
+    if total[best] < 0.5 * (t_last - t_first):
+        return None
+    occ = np.flatnonzero(inv == best)
+    occ = occ[np.argsort(ts[occ], kind="stable")]
+    return {i: (float(ts[j]), float(ts[j] + dur[j])) for i, j in enumerate(occ)}, f"region {u[best]}"
 
 
 def _optimizer_steps(
