@@ -623,7 +623,8 @@ def _read_parts(
     # and each chunk's kinds (a file beside its columns) and where its events lie
     marks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     opts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # Optimizer.step: the steps without ProfilerStep#N
-    t_first = np.inf
+    anns: list[tuple[np.ndarray, ...]] = []  # CPU annotations: without either, the steps may be a repeating region
+    t_first, t_last, offset = np.inf, -np.inf, 0
     dev_counts: dict[int, int] = {}
     numbered = False
     index: list[_Chunk] = []
@@ -636,8 +637,13 @@ def _read_parts(
         marks.append((v.name[step], c.ts[step], c.dur[step]))
         opt = np.flatnonzero(kinds.cpu & v.starts("Optimizer.step"))
         opts.append((c.ts[opt], c.dur[opt], c.stream[opt]))
+        ann = np.flatnonzero(kinds.cpu & (v.cat == v.code["user_annotation"]))
+        anns.append((v.name[ann], c.ts[ann], c.dur[ann], c.stream[ann], offset + ann))
+        offset += c.size
         work = kinds.cpu | kinds.dev
-        t_first = min(t_first, float(c.ts[work].min())) if work.any() else t_first
+        if work.any():
+            t_first = min(t_first, float(c.ts[work].min()))
+            t_last = max(t_last, float((c.ts[work] + c.dur[work]).max()))
         dev_idx = np.flatnonzero(kinds.dev)
         codes, counts = np.unique((d := _device_codes(c, v, dev_idx))[d >= 0], return_counts=True)
         for code, n in zip(codes.tolist(), counts.tolist()):
@@ -661,9 +667,14 @@ def _read_parts(
     if not bounds:
         opt_ts, opt_dur, opt_stream = (np.concatenate(x) for x in zip(*opts))
         by_opt = _optimizer_steps(opt_ts, opt_dur, opt_stream, t_first)
-        if not by_opt:
-            return None
-        bounds, steps_from = by_opt, "Optimizer.step"
+        if by_opt:
+            bounds, steps_from = by_opt, "Optimizer.step"
+        else:
+            a_name, a_ts, a_dur, a_stream, a_at = (np.concatenate(x) for x in zip(*anns))
+            by_region = _spilled_region_steps(sp, a_name, a_ts, a_dur, a_stream, a_at, t_first, t_last)
+            if not by_region:
+                return None  # one step: a part can hold no less
+            bounds, steps_from = by_region
     codes = np.array(sorted(dev_counts), dtype=np.int64)
     main = _main_device(codes, np.array([dev_counts[c] for c in codes.tolist()], dtype=np.int64))
     steps = np.array(sorted(bounds), dtype=np.int64)
@@ -696,6 +707,65 @@ def _read_parts(
             release_memory()
 
     return steps_from, (("mtia" if main % 2 else "gpu", main // 2) if main is not None else None), tables()
+
+
+def _spilled_region_steps(
+    sp: Spilled,
+    name: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    stream: np.ndarray,
+    at: np.ndarray,
+    t_first: float,
+    t_last: float,
+) -> tuple[dict[int, tuple[float, float]], str] | None:
+    """:func:`_region_steps` of a spilled trace, from its CPU annotations (``at``: their places in the trace): the
+    top-level ones are those that no CPU event of any chunk encloses (:func:`_enclosed`, the rule of :func:`_nested`)."""
+    nested = np.zeros(ts.size, dtype=bool)
+    offset = 0
+    for i in range(sp.chunks):
+        c = sp.load(i, *_WHAT, "stream")
+        cpu = np.flatnonzero(_kinds(_vocabulary(c)).cpu)
+        nested |= _enclosed(stream, ts, dur, at, c.stream[cpu], c.ts[cpu], c.dur[cpu], offset + cpu)
+        offset += c.size
+    top = ~nested
+    return _region_steps(np.array(sp.name_dict, dtype=object)[name[top]], ts[top], dur[top], t_first, t_last)
+
+
+def _enclosed(
+    stream: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    at: np.ndarray,
+    e_stream: np.ndarray,
+    e_ts: np.ndarray,
+    e_dur: np.ndarray,
+    e_at: np.ndarray,
+) -> np.ndarray:
+    """For each event (``stream``, ``ts``, ``dur``, its place ``at``): does one of the ``e_*`` events enclose it as
+    :func:`_nested` decides, i.e. does one that comes before it on its thread in (start, longest first, place) order
+    end after it starts.  Each event is put just before an identical one (itself, where it is among them)."""
+    n = ts.size
+    key_stream = np.concatenate([stream, e_stream]).astype(np.int64)
+    start = np.concatenate([ts, e_ts])
+    order = np.lexsort(
+        (
+            np.concatenate([np.zeros(n, np.int8), np.ones(e_ts.size, np.int8)]),
+            np.concatenate([at, e_at]),
+            -np.concatenate([dur, e_dur]),
+            start,
+            key_stream,
+        )
+    )
+    end = np.concatenate([np.full(n, -np.inf), e_ts + e_dur])[order]
+    thread = key_stream[order]
+    cuts = np.flatnonzero(np.diff(thread)) + 1
+    for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [order.size]]), strict=True):
+        end[lo:hi] = np.maximum.accumulate(end[lo:hi])
+    mine = np.flatnonzero(order < n)
+    out = np.zeros(n, dtype=bool)
+    out[order[mine]] = start[order[mine]] < end[mine]
+    return out
 
 
 def _part_columns(

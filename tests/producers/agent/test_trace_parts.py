@@ -147,28 +147,35 @@ def test_a_trace_whose_rank_is_unknown_is_read_in_parts_as_the_callers_placehold
     assert _summaries(parts) == _summaries([read_chrome_trace(unranked, 0)])
 
 
-def test_a_trace_without_profiler_steps_is_read_in_parts_by_its_optimizer_steps_else_whole(tmp_path):
-    """Without ``ProfilerStep#N`` its iterations end with its ``Optimizer.step``s: parts, as read whole.  Without
-    those either (its steps inferred from its top-level regions, or one step): one part, as read whole."""
+def test_a_trace_without_profiler_steps_is_read_in_parts_by_its_inferred_steps(tmp_path):
+    """Without ``ProfilerStep#N`` its iterations end with its ``Optimizer.step``s, else they are its repeating
+    top-level region (which no CPU event of any chunk encloses): parts, as read whole.  A trace that is one step is
+    one part."""
+
+    def read(trace: dict, name: str) -> tuple[list, object]:
+        path = tmp_path / name
+        path.write_text(json.dumps(trace))
+        return list(read_chrome_trace_parts(path, 0, part_events=5_000)), read_chrome_trace(path, 0)
+
     trace = json.loads(_repeated(tmp_path / "r.json", 4).read_text())
     for e in trace["traceEvents"]:
         if e["name"].startswith("ProfilerStep#"):
             e["name"] = "step_region"
-    no_steps = tmp_path / "no_steps.json"
-    no_steps.write_text(json.dumps(trace))
-    parts = list(read_chrome_trace_parts(no_steps, 0, part_events=5_000))
-    whole = read_chrome_trace(no_steps, 0)
+    parts, whole = read(trace, "no_steps.json")
     assert len(parts) > 1 and all(p.meta.steps_from == whole.meta.steps_from == "Optimizer.step" for p in parts)
     assert _summaries(parts) == _summaries([whole])
+
     for e in trace["traceEvents"]:
         if e["name"].startswith("Optimizer.step"):
             e["name"] = "optimizer_region"
-    no_optimizer = tmp_path / "no_optimizer.json"
-    no_optimizer.write_text(json.dumps(trace))
-    parts = list(read_chrome_trace_parts(no_optimizer, 0, part_events=5_000))
-    whole = read_chrome_trace(no_optimizer, 0)
-    assert len(parts) == 1 and parts[0].meta.steps_from == whole.meta.steps_from
-    assert whole.meta.steps_from not in ("ProfilerStep", "Optimizer.step")
+    parts, whole = read(trace, "no_optimizer.json")
+    assert len(parts) > 1 and all(p.meta.steps_from == whole.meta.steps_from == "region step_region" for p in parts)
+    assert _summaries(parts) == _summaries([whole])
+
+    for i, e in enumerate(e for e in trace["traceEvents"] if e["name"] == "step_region"):
+        e["name"] = f"region {i}"  # nothing repeats: the whole trace is one step
+    parts, whole = read(trace, "one_step.json")
+    assert len(parts) == 1 and parts[0].meta.steps_from == whole.meta.steps_from == "whole trace"
     assert _summaries(parts) == _summaries([whole])
 
 
