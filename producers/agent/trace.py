@@ -220,15 +220,14 @@ def read_chrome_trace_parts(
     summary of its steps).  A trace of at most ``part_events`` events (complete and flow) is one part.
 
     A larger one is written to a temporary folder (``TMPDIR``; about 60 bytes an event) as it is read, and read
-    back a chunk at a time: a pass finds the steps (``ProfilerStep#N``, else inferred as the whole read infers them),
-    the main device and whether the trace
-    numbers its collectives, a second counts each step's events, and the steps are grouped so that each part holds
-    about ``part_events`` events.  A part takes the events that overlap its time (the regions and calls around its
-    own), the device work its runtime calls launched (by correlation id), and device work that no call of an
-    earlier part launched and that began in it; each event is kept by the part whose step it belongs to.  So the
-    memory is one part's events and one chunk, whatever the trace's size.  A trace that is one step is read back
-    whole: one part, as :func:`read_chrome_trace`.  So is
-    one whose rank is not known (the caller numbers it later), unless ``anonymous_as`` says whose its events are
+    back a chunk at a time: a pass finds the steps (``ProfilerStep#N``, else inferred as the whole read infers
+    them), the main device and whether the trace numbers its collectives, a second counts each step's events, and
+    the steps are grouped so that each part holds about ``part_events`` events.  A part takes the events that
+    overlap its time (the regions and calls around its own), the device work its runtime calls launched (by
+    correlation id), and device work that no call of an earlier part launched and that began in it; each event is
+    kept by the part whose step it belongs to.  So the memory is one part's events and one chunk, whatever the
+    trace's size.  A trace that is one step is read back whole: one part, as :func:`read_chrome_trace`.  So is one
+    whose rank is not known (the caller numbers it later), unless ``anonymous_as`` says whose its events are
     meanwhile (its parts' ``worker`` stays None)."""
     path = Path(source)
     part_events = part_events or PART_EVENTS
