@@ -267,7 +267,7 @@ def _parts_spilled(
                 for events, bounds in tables:
                     yield _trace_events(head, who, events, bounds, steps_from, dev)
                 return
-        whole = _joined_chunks(cols) if isinstance(cols, Spilled) else cols
+        whole = _concat(cols, [cols.load(i) for i in range(cols.chunks)]) if isinstance(cols, Spilled) else cols
         del cols
         events, bounds, steps_from, dev = _read_events(whole, whose, who.host, who.pg_suffix)
         del whole
@@ -787,12 +787,12 @@ def _part_columns(
             launched.append(c.corr[rt])
     ids = np.sort(np.concatenate(launched)) if launched else np.zeros(0, np.int64)  # (repeats do no harm)
     del launched
-    picked: dict[str, list[np.ndarray]] = {}
+    picked: list[Columns] = []
     for i, ix in enumerate(index):
         by_id = ids.size > 0 and meets(ix.ids, ids[0].item(), ids[-1].item() + 1)
         if not (meets(ix.context, lo, hi) or meets(ix.device, lo, hi) or by_id or meets(ix.flows, flows_from, hi)):
             continue
-        c = sp.load(i, "ts", "dur", "corr", "flow_ts")
+        c = sp.load(i)
         dev = (np.load(sp.folder / f"{i}.kind.npy") & _DEVICE) > 0
         taken = np.unpackbits(claimed[i], count=c.size).astype(bool) if claimed[i].size else np.zeros(c.size, bool)
         began = (c.ts >= lo) & (c.ts < hi)
@@ -800,19 +800,13 @@ def _part_columns(
         claimed[i] = np.packbits(taken | mine)
         rows = np.flatnonzero(mine | (~dev & (c.ts < hi) & (c.ts + c.dur >= lo)))
         flows = np.flatnonzero((c.flow_ts >= flows_from) & (c.flow_ts < hi))
-        del c, dev, taken, began, mine
         if rows.size or flows.size:
-            c = sp.load(i)
-            for k in EVENT_COLUMNS:
-                picked.setdefault(k, []).append(getattr(c, k)[rows])
-            for k in FLOW_COLUMNS:
-                picked.setdefault(k, []).append(getattr(c, k)[flows])
-            del c
-    cols = {
-        k: np.concatenate(picked[k]) if k in picked else np.empty(0, dtype)
-        for k, dtype in (*EVENT_COLUMNS.items(), *FLOW_COLUMNS.items())
-    }
-    return Columns(**cols, cat_dict=sp.cat_dict, name_dict=sp.name_dict, stream_dict=sp.stream_dict, pg_dict=sp.pg_dict)
+            taken_cols = {k: getattr(c, k)[rows] for k in EVENT_COLUMNS} | {
+                k: getattr(c, k)[flows] for k in FLOW_COLUMNS
+            }
+            picked.append(replace(c, **taken_cols))
+        del c, dev, taken, began, mine
+    return _concat(sp, picked)
 
 
 def _among(values: np.ndarray, ids: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -826,11 +820,12 @@ def _among(values: np.ndarray, ids: np.ndarray, where: np.ndarray) -> np.ndarray
     return out
 
 
-def _joined_chunks(sp: Spilled) -> Columns:
-    """A spilled trace's chunks as one :class:`Columns` (the whole trace in memory, as :func:`read_chrome_trace`)."""
-    parts = [sp.load(i) for i in range(sp.chunks)]
-    cols = {k: np.concatenate([getattr(p, k) for p in parts]) for k in (*EVENT_COLUMNS, *FLOW_COLUMNS)}
-    del parts
+def _concat(sp: Spilled, parts: list[Columns]) -> Columns:
+    """Pieces of a spilled trace's chunks (in the trace's order) as one :class:`Columns`."""
+    cols = {
+        k: np.concatenate([getattr(p, k) for p in parts]) if parts else np.empty(0, dtype)
+        for k, dtype in (*EVENT_COLUMNS.items(), *FLOW_COLUMNS.items())
+    }
     return Columns(**cols, cat_dict=sp.cat_dict, name_dict=sp.name_dict, stream_dict=sp.stream_dict, pg_dict=sp.pg_dict)
 
 

@@ -157,17 +157,18 @@ def test_a_trace_without_profiler_steps_is_read_in_parts_by_its_inferred_steps(t
         path.write_text(json.dumps(trace))
         return list(read_chrome_trace_parts(path, 0, part_events=5_000)), read_chrome_trace(path, 0)
 
+    def rename(trace: dict, prefix: str, name: str) -> None:
+        for e in trace["traceEvents"]:
+            if e["name"].startswith(prefix):
+                e["name"] = name
+
     trace = json.loads(_repeated(tmp_path / "r.json", 4).read_text())
-    for e in trace["traceEvents"]:
-        if e["name"].startswith("ProfilerStep#"):
-            e["name"] = "step_region"
+    rename(trace, "ProfilerStep#", "step_region")
     parts, whole = read(trace, "no_steps.json")
     assert len(parts) > 1 and all(p.meta.steps_from == whole.meta.steps_from == "Optimizer.step" for p in parts)
     assert _summaries(parts) == _summaries([whole])
 
-    for e in trace["traceEvents"]:
-        if e["name"].startswith("Optimizer.step"):
-            e["name"] = "optimizer_region"
+    rename(trace, "Optimizer.step", "optimizer_region")
     parts, whole = read(trace, "no_optimizer.json")
     assert len(parts) > 1 and all(p.meta.steps_from == whole.meta.steps_from == "region step_region" for p in parts)
     assert _summaries(parts) == _summaries([whole])
