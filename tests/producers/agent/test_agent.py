@@ -298,19 +298,24 @@ def test_the_agent_says_when_it_attaches_accepts_refuses_and_publishes_a_window(
     try:
         line = proc.stdout.readline()
         assert line.startswith("READY"), (line, err.read_text())
-        step = int(line.split()[1])
         pub = Publisher(producer_config(settings))
         pub.send(
             topics.control,
             "talks",
             ProfileTrigger(job="talks", window="w-late", start_step=0, steps=2, expected_workers=1),
         )
+        pub.flush()
+        # the first trigger can take seconds to arrive (the agent's consumer joining): the next one is set ahead of
+        # the step the worker was at when it refused the first, not of the step it was at when it attached
+        wait_for_line(proc, err, "refused profiling window w-late")
+        step = int(re.search(r"w-late .*this worker is at step (\d+)", err.read_text()).group(1))
         pub.send(
             topics.control,
             "talks",
             ProfileTrigger(job="talks", window="w1", start_step=step + 60, steps=3, expected_workers=1),
         )
         pub.flush()
+        pub.close()
         wait_for_line(proc, err, "published window w1")
     finally:
         stop.touch()
