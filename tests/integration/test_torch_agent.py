@@ -147,13 +147,20 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path, w
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             metrics = r.read().decode()
         # each job's agents, as an operator asks for them (the store's step times, the processor's counters)
-        status = subprocess.run(
-            [sys.executable, "-m", "lockstep", "agent", "status", "--db", str(settings.db), "--json"]
-            + ["--processor", f"http://127.0.0.1:{port}", "--job", JOB],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        # (the store's step times trail the window's report by a flush: asked again until they reach its start)
+        deadline = time.monotonic() + 30
+        while True:
+            status = subprocess.run(
+                [sys.executable, "-m", "lockstep", "agent", "status", "--db", str(settings.db), "--json"]
+                + ["--processor", f"http://127.0.0.1:{port}", "--job", JOB],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            seen = json.loads(status.stdout or "[{}]") if status.returncode == 0 else [{}]
+            if ((seen or [{}])[0].get("last_step") or -1) >= start or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         _, rows = query(
             settings.db,
             "SELECT workers, function, cause, hosts FROM findings WHERE window_id = 'w-agent' ORDER BY step_time_share DESC",
