@@ -28,7 +28,10 @@ median, against that function's spread across the group's workers in the same st
 steps, never below ``rel_floor`` of the function's median work), named under the same bars: ``localise_z`` standard
 errors and more than chance gives the largest of every (worker, function) tested, at least ``localise_min_shift`` of
 its peers' own work and ``min_excess_share`` of the step, above in ``persistence`` of the steps, waiting less than
-its peers.  Only in groups of 3 or more workers: the spread of two is half their difference, the shift itself.
+its peers.  In a group of two the spread across the pair is half their difference, the shift itself: there the
+worker's excess is over its only peer (twice that over the pair's median), and the function's noise is how much
+that excess moves from step to step (1.4826 x its MAD over the worker's steps, never below ``rel_floor`` of the
+function's work), as the own-work test's is.
 Vectorised: one sort per statistic, no loop over workers or functions.
 """
 
@@ -327,12 +330,10 @@ def _by_function(
     the workers that have one."""
     t = rows.t
     fn = _np(t, "function").astype(str)
-    has = (fn != "") & (n_peers[rows.wi_all] >= 3)
+    has = (fn != "") & (n_peers[rows.wi_all] >= 2)
     if not has.any():
         return {}
     keys, spread = _function_noise(results, dp)
-    if keys.size == 0:
-        return {}
     steps = np.unique(rows.step)
     si = np.searchsorted(steps, rows.step)
     grp = _np(t, "group").astype(str)
@@ -344,8 +345,11 @@ def _by_function(
     cg = np.empty(combos.size, dtype=object)
     cg[ci] = grp[has]
     ckey = np.char.add(np.char.add(cg.astype(str), "\x1f"), cf.astype(str))
-    at = np.minimum(np.searchsorted(keys, ckey), keys.size - 1)
-    noise = np.where(keys[at] == ckey, spread[at], np.nan)
+    if keys.size:
+        at = np.minimum(np.searchsorted(keys, ckey), keys.size - 1)
+        noise = np.where(keys[at] == ckey, spread[at], np.nan)
+    else:
+        noise = np.full(combos.size, np.nan)
     ck = np.empty(combos.size, dtype=object)
     ck[ci] = _np(t, "kind").astype(str)[has]
     # per (worker, step) reported: 0 where the function was not among its rows (not above its group's median)
@@ -353,22 +357,35 @@ def _by_function(
     reported[rows.wi, si[rows.first]] = True
     work, peer_work = _np(t, "work_us")[has], _np(t, "peer_work_us")[has]
     st, peer_own = _np(t, "step_time_us")[has], _np(t, "peer_own_us")[has]
+    # in a pair the group's median is the mean of the two: the worker's excess over its only peer is twice its
+    # excess over that median
+    pair_row = n_peers[rows.wi_all[has]] == 2
+    over = np.where(pair_row, 2.0, 1.0) * (work - peer_work)
     with np.errstate(invalid="ignore", divide="ignore"):
         x_step = np.zeros((combos.size, steps.size))
         x_own = np.zeros((combos.size, steps.size))
-        np.add.at(x_step, (ci, si[has]), (work - peer_work) / st)
-        np.add.at(x_own, (ci, si[has]), np.where(peer_own > 0, (work - peer_work) / peer_own, np.nan))
+        x_work = np.zeros((combos.size, steps.size))
+        np.add.at(x_step, (ci, si[has]), over / st)
+        np.add.at(x_own, (ci, si[has]), np.where(peer_own > 0, over / peer_own, np.nan))
+        np.add.at(x_work, (ci, si[has]), work / st)
     mask = ~reported[cw]
-    x_step[mask], x_own[mask] = np.nan, np.nan
+    x_step[mask], x_own[mask], x_work[mask] = np.nan, np.nan, np.nan
     n = np.maximum(counted[cw], 1)
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # a worker whose peers' own work is 0 in every step
         excess, shift = np.nanmedian(x_step, axis=1), np.nanmedian(x_own, axis=1)
+        pair = n_peers[cw] == 2
+        if pair.any():
+            # a pair has no spread across peers to compare with (that of two is half their difference, the shift
+            # itself): the excess's own step-to-step spread instead, as the own-work test's noise
+            s2s = 1.4826 * np.nanmedian(np.abs(x_step[pair] - excess[pair, None]), axis=1)
+            noise[pair] = np.fmax(
+                s2s, dp.rel_floor * np.nanmedian(np.where(x_work[pair] > 0, x_work[pair], np.nan), axis=1)
+            )
         z = excess / (1.2533 * noise / np.sqrt(n))
     above = np.sum(np.nan_to_num(x_step) > 0, axis=1) / n
     # every (worker, function) that could have stood out was tested: chance gives the largest of them more
-    functions = np.unique(np.char.partition(keys, "\x1f")[:, 2])
-    bar = threshold(dp, int(np.count_nonzero(n_peers >= 3)) * max(functions.size, 1))
+    bar = threshold(dp, int(np.count_nonzero(n_peers >= 2)) * max(_tested_functions(results), 1))
     ok = (
         np.isfinite(z)
         & (z >= bar)
@@ -397,6 +414,18 @@ def _by_function(
             excess_share=float(excess[c]),
         )
     return out
+
+
+def _tested_functions(results: list[StepResult]) -> int:
+    """How many functions (not waiting) the window's groups of 2 or more ran: each could have stood out."""
+    from .step import WAITING_KINDS
+
+    parts = [r.groups for r in results if r.groups is not None and r.groups.num_rows]
+    if not parts:
+        return 0
+    g = pa.concat_tables(parts)
+    keep = ~np.isin(_np(g, "kind").astype(str), WAITING_KINDS) & (_np(g, "workers") >= 2)
+    return int(np.unique(_np(g, "function").astype(str)[keep]).size)
 
 
 def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> tuple[np.ndarray, np.ndarray]:

@@ -799,6 +799,16 @@ def _own_evidence(loc: Localised) -> Evidence:
     )
 
 
+def _function_noise_words(loc: Localised) -> str:
+    """What a function-basis localisation's noise is: the function's spread across the peers, or in a pair (where
+    that spread is the shift itself) how much the worker's excess over its only peer moves from step to step."""
+    return "its excess's step-to-step spread" if loc.peers == 2 else "that function's spread across its peers"
+
+
+def _function_peer_words(loc: Localised) -> str:
+    return "its only peer's" if loc.peers == 2 else "its group's median"
+
+
 def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
     """A worker that stands out from its peers (:mod:`.localise`) that no cause rule named: the worker and the
     function it stands out in, cause ``undetermined``."""
@@ -844,9 +854,9 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
             f"{loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers {loc.peer_wait_us:,.0f}: "
             "they wait for it; cause undetermined (no cause rule's evidence)"
             if loc.basis == "own"
-            else f"worker {loc.worker}: its work in {function} above its group's median in {len(loc.steps)}/"
+            else f"worker {loc.worker}: its work in {function} above {_function_peer_words(loc)} in {len(loc.steps)}/"
             f"{loc.n_steps} steps, by {loc.excess_share:.1%} of the step ({loc.shift:.0%} of its peers' own work; "
-            f"{loc.z:.1f} standard errors of that function's spread across its peers, {loc.noise:.2%} of the step), "
+            f"{loc.z:.1f} standard errors of {_function_noise_words(loc)}, {loc.noise:.2%} of the step), "
             f"where its own work as a whole is within the job's noise; it waits {loc.wait_us:,.0f} us, its peers "
             f"{loc.peer_wait_us:,.0f}: they wait for it; cause undetermined (no cause rule's evidence)"
         ),

@@ -207,3 +207,49 @@ def test_a_function_slower_on_one_worker_is_found_where_its_own_work_is_lost_in_
     results, d = window(own, names=["backward", "optimizer"])
     assert localise(results, Policy().diagnosis).localised == []
     assert not [f for f in d.findings if f.confidence >= 0.5]
+
+
+def test_in_a_pair_a_function_slower_on_one_worker_stands_out_against_its_own_step_to_step_spread():
+    # two workers: the spread across a pair is half their difference, the shift itself, so the function's noise is
+    # how much the worker's excess over its only peer moves from step to step. Backward moves 30% a step on each
+    # worker, so worker 1's own work as a whole, 4 ms more in its optimizer step, is within the job's noise; in the
+    # optimizer step, steady on both, it stands out, and worker 0 (its only peer, waiting for it) does not
+    rng = np.random.default_rng(7)
+    own = np.stack(
+        [
+            20_000.0 * (1.0 + 0.3 * rng.standard_normal((STEPS, 2))),
+            1_000.0 * (1.0 + 0.02 * rng.standard_normal((STEPS, 2))),
+        ],
+        axis=2,
+    )
+    own[:, 1, 1] += 4_000.0
+    results, d = window(own, names=["backward", "optimizer"])
+    standing = localise(results, Policy().diagnosis)
+    assert standing.z_of(1) < standing.bar  # its own work as a whole does not stand out
+    (loc,) = standing.localised
+    assert (loc.worker, loc.function, loc.basis, loc.peers) == (1, "optimizer", "function", 2)
+    # its excess is over its only peer's work (4 ms), not over the pair's mean (2 ms)
+    assert loc.work_us - loc.peer_work_us == pytest.approx(2_000.0, rel=0.1)
+    assert loc.excess_share * np.median([r.step_time_median_us for r in results]) == pytest.approx(4_000.0, rel=0.1)
+    assert [(f.workers, f.function) for f in d.findings if f.scope == "worker"] == [([1], "optimizer")]
+    # the same pair without the slower optimizer step: nobody stands out, as a whole or in a function
+    own[:, 1, 1] -= 4_000.0
+    results, d = window(own, names=["backward", "optimizer"])
+    assert localise(results, Policy().diagnosis).localised == []
+    assert not [f for f in d.findings if f.confidence >= 0.5]
+
+
+def test_in_a_pair_a_function_that_differs_by_chance_from_step_to_step_does_not_stand_out():
+    # worker 1's data loading is longer than worker 0's on average, but by as much as it moves from step to step
+    # (2 ms +- 2.5 ms): no persistent shift, so no finding names it
+    rng = np.random.default_rng(11)
+    own = np.stack(
+        [
+            20_000.0 * (1.0 + 0.02 * rng.standard_normal((STEPS, 2))),
+            3_000.0 + 2_500.0 * np.abs(rng.standard_normal((STEPS, 2))),
+        ],
+        axis=2,
+    )
+    results, d = window(own, names=["backward", "loader"])
+    assert [loc for loc in localise(results, Policy().diagnosis).localised if loc.function == "loader"] == []
+    assert not [f for f in d.findings if f.function == "loader" and f.confidence >= 0.5]
