@@ -4,7 +4,8 @@
 often it fires on healthy jobs (``lockstep/app/detector_eval.py``).
 
 ``lockstep evaluate --real [CORPUS]``: the diagnosis on the real-fault corpus (``tests/data/real/corpus/``,
-recorded real jobs), per part of its split (dev, test), per mechanism and per job size."""
+recorded real jobs), per part of its split (dev, test), per mechanism and per job size, also over the faults whose
+recording shows them (:func:`lockstep.app.real_corpus.visibility`)."""
 
 from __future__ import annotations
 
