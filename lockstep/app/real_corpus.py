@@ -45,6 +45,8 @@ VISIBLE_ABOVE = 0.7
 #: ... and its median excess over the other workers' median is at least this share of the step (the smallest cost
 #: issue 21 asks the diagnosis to find: a kernel costing 1% of the step)
 VISIBLE_EXCESS = 0.01
+#: the columns :func:`visibility` reads
+VISIBILITY_COLUMNS = ("worker", "step", "step_time_us", "function", "critical_us")
 
 
 class CorpusError(LockstepError, ValueError):
@@ -249,7 +251,3 @@ def visibility(table: pa.Table, culprits: Sequence[int], function: str) -> Visib
         excess=[round(e, 4) for e in excess.tolist()],
         reason="; ".join(short),
     )
-
-
-#: the columns :func:`visibility` reads
-VISIBILITY_COLUMNS = ("worker", "step", "step_time_us", "function", "critical_us")
