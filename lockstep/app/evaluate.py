@@ -351,6 +351,14 @@ class RealCaseResult:
     findings: list[Finding]
     named: list[Finding | None]  # per culprit: the best finding that names it (and no worker that is not a culprit)
     seconds: float
+    #: lockstep.app.real_corpus.Visibility: whether the fixture shows the fault at all (None: a healthy job), from the
+    #: fixture and the manifest only
+    visibility: Any = None
+
+    @property
+    def visible(self) -> bool:
+        """A faulty case whose recording shows its fault (:func:`lockstep.app.real_corpus.visibility`)."""
+        return self.visibility is not None and self.visibility.visible
 
     @property
     def healthy(self) -> bool:
@@ -415,16 +423,18 @@ def _best(r_findings: list[Finding], culprit: int, culprits: list[int], judge) -
 
 def run_real_case(manifest, fixture: Path, policy: Policy) -> RealCaseResult:
     from .offline import diagnose as diagnose_inputs
-    from .real_corpus import load_fixture
+    from .real_corpus import VISIBILITY_COLUMNS, fixture_inputs, read_fixture, visibility
 
     t0 = time.perf_counter()
+    table = read_fixture(fixture)
     # a fixed clock: the same fixture gives the same findings
-    findings = diagnose_inputs(load_fixture(fixture), policy, manifest.case, now=0.0).findings
+    findings = diagnose_inputs(fixture_inputs(table), policy, manifest.case, now=0.0).findings
     r = RealCaseResult(manifest, findings, [], 0.0)
     r.named = [
         _best(findings, c, manifest.culprits, lambda f: (r.right(f), r.function_right(f))) for c in manifest.culprits
     ]
     r.seconds = time.perf_counter() - t0
+    r.visibility = visibility(table.select(list(VISIBILITY_COLUMNS)), manifest.culprits, manifest.function)
     return r
 
 
@@ -441,6 +451,8 @@ class _RealTally:
         healthy_findings = [f for r in healthy for f in r.findings]
         wrong = [f for r in faults for f in r.false_findings]
         pairs = [(f.confidence, r.right(f)) for r in self.results for f in r.findings]
+        visible = [r for r in faults if r.visible]
+        shown = lambda k: _share(sum(bool(k(r)) for r in visible), len(visible))  # noqa: E731
         return {
             "cases": len(self.results),
             "faults": n,
@@ -458,6 +470,11 @@ class _RealTally:
             "findings": len(pairs),
             "calibration_error": _calibration(pairs)[1],
             "seconds": round(sum(r.seconds for r in self.results), 2),
+            # added with the fixtures' visibility (lockstep.app.real_corpus.visibility): faults whose recording shows
+            # the fault, and worker+fn and paging over those faults only
+            "visible": len(visible),
+            "worker_function_visible": shown(lambda r: r.worker_function),
+            "paging_visible": shown(lambda r: r.paging),
         }
 
 

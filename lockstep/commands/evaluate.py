@@ -4,12 +4,15 @@
 often it fires on healthy jobs (``lockstep/app/detector_eval.py``).
 
 ``lockstep evaluate --real [CORPUS]``: the diagnosis on the real-fault corpus (``tests/data/real/corpus/``,
-recorded real jobs), per part of its split (dev, test), per mechanism and per job size."""
+recorded real jobs), per part of its split (dev, test), per mechanism and per job size, also over the faults whose
+recording shows them (:func:`lockstep.app.real_corpus.visibility`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import msgspec
 
 from .. import config
 
@@ -169,6 +172,8 @@ def real_case_json(r) -> dict:
         "worker_function": r.worker_function,
         "cause": r.cause,
         "paging": r.paging,
+        "visible": r.visible if not r.healthy else None,
+        "visibility": None if r.visibility is None else msgspec.to_builtins(r.visibility),
         "findings": [
             {
                 "id": f.id,
@@ -201,6 +206,9 @@ def real_report(summary: dict) -> str:
         "false conf",
         "job-wide",
         "calib err",
+        "visible",
+        "worker+fn vis",
+        "paging vis",
     ]
     rows = []
     for part, p in summary["parts"].items():
@@ -225,6 +233,9 @@ def real_report(summary: dict) -> str:
                     f["false_confident"],
                     f"{f['job_wide']} ({f['job_wide_confident']} conf)" if f["faults"] else "-",
                     "-" if f["calibration_error"] is None else f"{f['calibration_error']:.2f}",
+                    f["visible"] if f["faults"] else "-",
+                    _pct(f["worker_function_visible"]),
+                    _pct(f["paging_visible"]),
                 ]
             )
     sim = summary.get("simulated")
@@ -247,7 +258,10 @@ def real_report(summary: dict) -> str:
         "worker: every culprit named (by findings naming culprits only); worker+fn: and with a function the fault slows;",
         "cause: and a cause right for it; paging: worker+fn at confidence >= 0.5; conf: mean confidence of those findings;",
         "healthy conf: confident/all findings on healthy jobs; false conf: confident findings naming a worker that is no",
-        "culprit on faulty jobs; job-wide: faulty jobs with a job-scope finding; calib err: expected calibration error.",
+        "culprit on faulty jobs; job-wide: faulty jobs with a job-scope finding; calib err: expected calibration error;",
+        "visible: faults whose recording shows them (each culprit's critical time in the fault's functions above the",
+        "others' median in >= 70% of the steps running them, by a median >= 1% of the step); worker+fn vis, paging vis:",
+        "worker+fn and paging over those faults only.",
     ]
     return "\n".join(lines)
 
@@ -265,8 +279,20 @@ def real_case_table(results) -> str:
             or "(none)"
         )
         ok = "healthy" if r.healthy else ("ok" if r.cause else "fn" if r.worker_function else "MISS")
-        rows.append([m.case, m.split, ok, ",".join(map(str, m.culprits)) or "-", got])
-    return table(["case", "part", "result", "culprits", "findings"], rows, max_width=70)
+        rows.append([m.case, m.split, ok, ",".join(map(str, m.culprits)) or "-", visible_cell(r), got])
+    return table(["case", "part", "result", "culprits", "visible", "findings"], rows, max_width=70)
+
+
+def visible_cell(r) -> str:
+    """``yes w2 10/10 +20.6%``: visible or not, and per culprit the steps its work in the fault's functions is
+    above the others' median, of the steps running them, and its median excess as a share of the step."""
+    v = r.visibility
+    if v is None:
+        return "-"
+    per = ", ".join(
+        f"w{c} {a}/{v.steps} {e * 100:+.1f}%" for c, a, e in zip(r.manifest.culprits, v.above, v.excess, strict=True)
+    )
+    return f"{'yes' if v.visible else 'no'} {per}"
 
 
 def run_detector(args, policy) -> int:

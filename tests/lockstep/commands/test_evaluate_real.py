@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from lockstep.app.offline import diagnose
-from lockstep.app.real_corpus import CORPUS, load_fixture
+from lockstep.app.real_corpus import CORPUS, Manifest, Visibility, load_fixture
 from lockstep.commands.cli import main
 from lockstep.streams.policy import Policy
 
@@ -55,6 +55,8 @@ def recount(cases: list[dict], mans: dict[str, dict]) -> dict:
     cause = lambda f, m: fn(f, m) and f["cause"] in m["causes"]  # noqa: E731
     share = lambda k: round(k / len(faults), 4) if faults else None  # noqa: E731
     healthy_findings = [f for c in healthy for f in c["findings"]]
+    visible = [c for c in faults if c["visible"]]
+    shown = lambda k: round(k / len(visible), 4) if visible else None  # noqa: E731
     wrong = [f for c in faults for f in c["findings"] if not names_only_culprits(f, mans[c["case"]]["culprits"])]
     return {
         "cases": len(cases),
@@ -69,6 +71,11 @@ def recount(cases: list[dict], mans: dict[str, dict]) -> dict:
         "false_confident": sum(f["confidence"] >= PAGING for f in wrong),
         "job_wide": sum(any(f["scope"] == "job" for f in c["findings"]) for c in faults),
         "findings": sum(len(c["findings"]) for c in cases),
+        "visible": len(visible),
+        "worker_function_visible": shown(sum(per_culprit(c, fn) for c in visible)),
+        "paging_visible": shown(
+            sum(per_culprit(c, lambda f, m: fn(f, m) and f["confidence"] >= PAGING) for c in visible)
+        ),
     }
 
 
@@ -147,10 +154,38 @@ def test_the_findings_listed_are_lockstep_diagnoses(run_json):
         ]
 
 
+def test_every_case_says_whether_its_recording_shows_the_fault(run_json):
+    """``visible`` is the fixture's visibility (computed here from the fixture), None on a healthy job; the table of
+    cases says it too."""
+    from lockstep.app.real_corpus import VISIBILITY_COLUMNS, read_fixture, visibility
+    from lockstep.commands.evaluate import visible_cell
+
+    mans = manifests()
+    for c in run_json["cases"]:
+        m = mans[c["case"]]
+        v = visibility(read_fixture(CORPUS / m["fixture"], VISIBILITY_COLUMNS), m["culprits"], m["function"])
+        assert c["visible"] == (None if v is None else v.visible), c["case"]
+        assert c["visibility"] == (None if v is None else msgspec.to_builtins(v)), c["case"]
+    faulty = [c for c in run_json["cases"] if c["visible"] is not None]
+    assert any(c["visible"] for c in faulty) and not all(c["visible"] for c in faulty)
+    assert run_json["parts"]["all"]["overall"]["visible"] == sum(c["visible"] for c in faulty)
+
+    class Case:  # what visible_cell reads of a result
+        def __init__(self, c: dict) -> None:
+            self.manifest = msgspec.convert(mans[c["case"]], type=Manifest)
+            self.visibility = None if c["visibility"] is None else msgspec.convert(c["visibility"], type=Visibility)
+
+    for c in run_json["cases"]:
+        cell = visible_cell(Case(c))
+        assert cell == "-" if c["visible"] is None else cell.startswith("yes " if c["visible"] else "no "), cell
+
+
 def test_the_text_table_has_both_parts(run_json):
     from lockstep.commands.evaluate import real_report
 
     text = real_report(run_json)
+    header = text.splitlines()[2].split()
+    assert header[-8:] == ["job-wide", "calib", "err", "visible", "worker+fn", "vis", "paging", "vis"]
     assert re.search(r"^dev\s+overall", text, re.M) and re.search(r"^test\s+overall", text, re.M)
     for mech in {m["mechanism"] for m in manifests().values()}:
         assert re.search(rf"^test\s+mechanism {mech}\s", text, re.M), mech
