@@ -103,7 +103,9 @@ def small_group_step(s: int) -> SimpleNamespace:
         },
         schema=WORKER_SCHEMA,
     )
-    return SimpleNamespace(outliers=pa.Table.from_pydict(cols, schema=OUTLIER_SCHEMA), workers=workers, step=8 + s)
+    return SimpleNamespace(
+        outliers=pa.Table.from_pydict(cols, schema=OUTLIER_SCHEMA), workers=workers, groups=None, step=8 + s
+    )
 
 
 def test_small_groups_cells_read_in_standard_errors_so_a_held_rise_outranks_a_one_step_spike():
