@@ -26,6 +26,8 @@ gzip bomb or a nested or out-of-range trace is a one-line :class:`DiagnoseError`
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -47,6 +49,8 @@ MAX_INPUT_MB = 2048.0
 #: fewer trace files than this, of fewer bytes in all, are read in the calling process (starting a pool costs ~1 s)
 POOL_MIN_FILES = 16
 POOL_MIN_BYTES = 32 << 20
+#: how often the calling process relays what the pool processes say of their reads (at most), in seconds
+POOL_STATUS_S = 0.1
 
 
 class DiagnoseError(LockstepError, ValueError):
@@ -151,8 +155,8 @@ def load_inputs(
     status=None,
     jobs: int = 1,
 ) -> Inputs:
-    """``progress(path)`` hears every file read (the CLI's progress bar), ``status(text)`` how far a large trace read
-    in this process has got (its parts' steps).  ``jobs`` > 1: trace files are read
+    """``progress(path)`` hears every file read (the CLI's progress bar), ``status(text)`` how far a large trace has
+    got (its parts' steps), read in this process or in a pool process.  ``jobs`` > 1: trace files are read
     and summarised by that many processes (:func:`_read_in_pool`)."""
     from ..producers.agent.summarise import summarise
     from ..schemas.records import WorkerMeta
@@ -172,7 +176,7 @@ def load_inputs(
         inputs.summaries += summaries
 
     traces: list[tuple[Path, TraceEvents]] = []
-    pooled = _read_pooled(files, ranks, samples_path, max_bytes, jobs, progress)  # (their progress heard there)
+    pooled = _read_pooled(files, ranks, samples_path, max_bytes, jobs, progress, status)  # (progress heard there)
     read = dict(pooled)  # each trace file: the trace and its summaries
     for path in files:
         with _about(path, samples_path):
@@ -224,7 +228,7 @@ def _read_samples(samples_path: Path | None, max_bytes: int) -> tuple[pa.Table |
 
 
 def _read_pooled(
-    files: list[Path], ranks: dict[Path, int], samples_path: Path | None, max_bytes: int, jobs: int, progress
+    files: list[Path], ranks: dict[Path, int], samples_path: Path | None, max_bytes: int, jobs: int, progress, status
 ) -> dict[Path, tuple]:
     """With ``jobs`` > 1 and POOL_MIN_FILES trace files or more (or more than one, of over POOL_MIN_BYTES on disk):
     the trace files read by a pool (:func:`_read_in_pool`).  Otherwise none (read in this process)."""
@@ -237,7 +241,7 @@ def _read_pooled(
     on_disk = sum(p.stat().st_size for p in trace_files)
     if len(trace_files) >= POOL_MIN_FILES or (len(trace_files) > 1 and on_disk > POOL_MIN_BYTES):
         # one process per core, each reading one file at a time, summaries sent back
-        return _read_in_pool(trace_files, ranks, samples_path, max_bytes, jobs, progress)
+        return _read_in_pool(trace_files, ranks, samples_path, max_bytes, jobs, progress, status)
     return {}
 
 
@@ -282,44 +286,95 @@ def _trace_notes(traces: list[tuple[Path, TraceEvents]]) -> list[str]:
 
 
 def _read_in_pool(
-    files: list[Path], ranks: dict[Path, int], samples_path: Path | None, max_bytes: int, jobs: int, progress
+    files: list[Path], ranks: dict[Path, int], samples_path: Path | None, max_bytes: int, jobs: int, progress, status
 ) -> dict[Path, tuple]:
     """Trace files read by ``jobs`` processes (spawned: nothing of this process is shared), one file at a time
     each, so that each holds one trace's columns at most.  A trace whose rank is known comes back summarised
     (its function tables: a few hundred kilobytes, whatever the trace's size) with its events left out; one
-    whose rank is not known yet comes back whole, to be numbered and summarised here."""
+    whose rank is not known yet comes back whole, to be numbered and summarised here.
+
+    ``status(text)`` hears, here, what each process's reads say after each part (:func:`read_summarised`), as for a
+    trace read in this process: they write it to a pipe (:func:`_tell`) that this process drains while it waits for
+    the files, every POOL_STATUS_S at most and whenever a file is done (so before that file's ``progress``).  The
+    processes read in parts of this process's ``trace.PART_EVENTS``."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from ..producers.agent import trace
 
     out: dict[Path, tuple] = {}
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=ctx) as pool:
-        futures = {pool.submit(_read_one, path, ranks.get(path), samples_path, max_bytes): path for path in files}
-        try:
-            for fut in as_completed(futures):
-                path = futures[fut]
-                with _about(path, samples_path):
-                    out[path] = fut.result()
-                if progress:
-                    progress(path)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+    heard, told = ctx.Pipe(duplex=False)
+    try:
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(files)),
+            mp_context=ctx,
+            initializer=_pool_process,
+            initargs=(told if status else None, trace.PART_EVENTS),
+        ) as pool:
+            futures = {pool.submit(_read_one, path, ranks.get(path), samples_path, max_bytes): path for path in files}
+            order = {fut: i for i, fut in enumerate(futures)}
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=POOL_STATUS_S, return_when=FIRST_COMPLETED)
+                    while status and heard.poll():  # what the processes said so far (a file's before its result)
+                        status(heard.recv_bytes().decode(errors="replace"))
+                    for fut in sorted(done, key=order.__getitem__):
+                        path = futures[fut]
+                        with _about(path, samples_path):
+                            out[path] = fut.result()
+                        if progress:
+                            progress(path)
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    finally:
+        heard.close()
+        told.close()
+    if status:
+        status("reading")
     return out
 
 
 _SAMPLES: dict[Path, pa.Table] = {}
+_TOLD = None  # in a pool process: the write end of the calling process's status pipe (:func:`_pool_process`)
+
+
+def _pool_process(told, part_events: int) -> None:
+    """A pool process's start: its reads' statuses go to ``told`` (None: nowhere), written without blocking
+    (:func:`_tell`); parts of the calling process's size."""
+    global _TOLD
+    from ..producers.agent import trace
+
+    trace.PART_EVENTS = part_events
+    if told is not None:
+        os.set_blocking(told.fileno(), False)
+        _TOLD = told
+
+
+def _tell(text: str) -> None:
+    """In a pool process: one status to the calling process.  One message of at most PIPE_BUF bytes is one write,
+    which a pipe takes whole or not at all (POSIX), so the processes need no lock and none ever waits: a message
+    that finds the pipe full (the caller is behind) is dropped, the next one says more."""
+    if _TOLD is None:
+        return
+    try:  # (send_bytes writes its 4-byte length and a short text at once)
+        _TOLD.send_bytes(text.encode()[: select.PIPE_BUF - 4])
+    except (BlockingIOError, BrokenPipeError):
+        pass
 
 
 def _read_one(path: Path, rank: int | None, samples_path: Path | None, max_bytes: int) -> tuple:
-    """In a pool process: one trace read, and summarised when its rank is known (:func:`read_summarised`)."""
+    """In a pool process: one trace read, and summarised when its rank is known (:func:`read_summarised`), its
+    statuses told to the calling process."""
     samples = None
     if samples_path is not None:
         if samples_path not in _SAMPLES:  # once per process
             _SAMPLES[samples_path] = _read_table(samples_path, max_bytes)
         samples = _SAMPLES[samples_path]
-    return read_summarised(path, rank, samples, max_bytes)
+    return read_summarised(path, rank, samples, max_bytes, _tell)
 
 
 def read_summarised(

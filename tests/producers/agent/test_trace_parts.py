@@ -224,3 +224,46 @@ def test_lockstep_diagnose_numbers_unranked_traces_read_in_parts_as_it_numbers_t
     # how far each large trace has got, part by part, for the progress bar
     first = [s for s in status if s.startswith("reading first.json: ")]
     assert len(first) >= 2 and first[-1] == "reading first.json: 6 steps"
+
+
+@pytest.mark.slow  # two spawned pool processes read the traces
+def test_traces_read_by_a_pool_tell_the_caller_how_far_each_part_got_as_read_here(tmp_path, monkeypatch):
+    """``--jobs 2``: each pool process tells the calling process's ``status`` how many steps of a trace it has read,
+    after each part (the parts the caller's ``PART_EVENTS`` makes, passed on to the processes), every file's in
+    order, before its ``progress``; the inputs are those one process reads, with the same statuses."""
+    from lockstep.app import offline
+    from lockstep.app.offline import load_inputs
+
+    files = []
+    for rank, times in ((0, 1), (1, 2)):
+        trace = json.loads(_repeated(tmp_path / "r.json", times).read_text())
+        trace["distributedInfo"]["rank"] = rank
+        files.append(tmp_path / f"rank-{rank}.json")
+        files[-1].write_text(json.dumps(trace))
+    monkeypatch.setattr("lockstep.producers.agent.trace.PART_EVENTS", 5_000)
+
+    def read(jobs: int) -> tuple[dict, list[str], list]:
+        heard: list = []
+        inputs = load_inputs(files, None, None, jobs=jobs, status=heard.append, progress=heard.append)
+        summaries = {(s.worker, s.step): _key(s) for s in inputs.summaries}
+        return summaries, [*inputs.notes, inputs.expected_workers, *sorted(inputs.workers.items())], heard
+
+    here, meta_here, heard_here = read(jobs=1)
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("a trace read in the calling process: the pool was to read it")
+
+    monkeypatch.setattr(offline, "POOL_MIN_FILES", 2)  # two files are enough for a pool
+    monkeypatch.setattr(offline, "read_summarised", not_here)  # (the pool processes' own is not patched)
+    pooled, meta_pooled, heard_pooled = read(jobs=2)
+    assert pooled == here and meta_pooled == meta_here
+    assert sorted({w for w, _ in pooled}) == [0, 1] and len(pooled) == 2 + 4
+
+    for path, steps in zip(files, (2, 4), strict=True):
+        told = [s for s in heard_pooled if isinstance(s, str) and s.startswith(f"reading {path.name}: ")]
+        assert told == [s for s in heard_here if isinstance(s, str) and s.startswith(f"reading {path.name}: ")]
+        assert len(told) >= 2 and told[-1] == f"reading {path.name}: {steps} steps", told
+        counts = [int(s.rpartition(": ")[2].split()[0]) for s in told]
+        assert counts == sorted(set(counts))  # part by part, in order
+        assert heard_pooled.index(told[-1]) < heard_pooled.index(path)  # before the file is done
+    assert heard_pooled[-1] == "reading"  # the line says no one file's progress once the pool is done
