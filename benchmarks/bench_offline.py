@@ -7,7 +7,9 @@
 
 Traces are made from the real ones in ``tests/data/traces/`` (``a100_rank0_of16.json.gz``: 2 steps of an A100
 NCCL job) by repeating their steps with shifted timestamps, step numbers and correlation ids, written to a
-temporary folder (``--tmp``; removed at the end).  Every reader runs in a fresh child process, which reports
+temporary folder (``--tmp``; removed at the end).  Whole-microsecond timestamps stay integers, as the trace writes
+them (``1683564902201308.0``, 17 significant digits, is a number msgspec parses on its slow path: ~15% more of the
+reader's CPU time at 100 MB, a cost that traces as profilers write them do not have).  Every reader runs in a fresh child process, which reports
 its CPU time (user + system: MB/s *per core*, whatever else the machine is doing) and its own peak RSS
 (``ru_maxrss``); ``speed`` runs the readers ``--repeats`` times each, alternating, and reports the median
 of each figure (and each run's CPU time), the ratios between medians.  HolisticTraceAnalysis (``pip install -e '.[bench]'``) runs ``parse_trace_dataframe`` with its
@@ -98,13 +100,15 @@ def write_trace(path: Path, mb: float, *, slow_us: float = 0.0, world_size: int 
         i = 0
         while written < mb * 1e6:
             out = []
+            shift = i * (span + slow_us)
+            shift = int(shift) if float(shift).is_integer() else shift  # whole µs stay written as the trace wrote them
             for e in events:
-                e = {**e, "ts": e["ts"] + i * (span + slow_us)}
+                e = {**e, "ts": e["ts"] + shift}
                 if "correlation" in e.get("args", {}):
                     e["args"] = {**e["args"], "correlation": e["args"]["correlation"] + i * corr}
                 if e["name"].startswith("ProfilerStep#"):
                     e["name"] = f"ProfilerStep#{int(e['name'][13:]) + 2 * i}"
-                    e["dur"] = e["dur"] + slow_us
+                    e["dur"] = e["dur"] + slow_us if slow_us else e["dur"]
                 out.append(e)
             if slow_us:  # a slow region at the end of each step: the slowed rank's own function
                 for s in (e for e in out if e["name"].startswith("ProfilerStep#")):
