@@ -63,14 +63,25 @@ def test_cpu_contention_from_another_process(tmp_path):
     rf.check_named("contention", rf.diagnose_cli(out))
 
 
+def diagnosed(case: str, tmp_path: Path) -> list[dict]:
+    """The findings of a run of the case; run a second time where the first pages on a worker the fault is not on.
+
+    Four ranks share this machine's 2 CPUs with whatever else runs (in CI, the suite itself): a healthy rank can be
+    descheduled through most of a window and stand out as much as the culprit (once in CI: worker 0's forward). A
+    second, fresh run tells that apart from a rule that blames the wrong worker, which it does again. A culprit not
+    named fails at once."""
+    findings = rf.diagnose_cli(run(case, tmp_path / "first"))
+    if rf.named(findings, rf.EXPECT[case]) is not None and rf.blames_another(case, findings):
+        findings = rf.diagnose_cli(run(case, tmp_path / "second"))
+    return findings
+
+
 def test_a_slow_data_loader(tmp_path):
-    out = run("dataloader", tmp_path)
-    rf.check_named("dataloader", rf.diagnose_cli(out))
+    rf.check_named("dataloader", diagnosed("dataloader", tmp_path))
 
 
 def test_extra_compute_in_one_ranks_forward(tmp_path):
-    out = run("compute", tmp_path)
-    rf.check_named("compute", rf.diagnose_cli(out))
+    rf.check_named("compute", diagnosed("compute", tmp_path))
 
 
 def test_a_corpus_case_records_a_fixture_and_its_manifest(tmp_path):
