@@ -333,7 +333,7 @@ def _by_function(
     has = (fn != "") & (n_peers[rows.wi_all] >= 2)
     if not has.any():
         return {}
-    keys, spread = _function_noise(results, dp)
+    keys, spread, tested = _function_noise(results, dp)
     steps = np.unique(rows.step)
     si = np.searchsorted(steps, rows.step)
     grp = _np(t, "group").astype(str)
@@ -385,7 +385,7 @@ def _by_function(
         z = excess / (1.2533 * noise / np.sqrt(n))
     above = np.sum(np.nan_to_num(x_step) > 0, axis=1) / n
     # every (worker, function) that could have stood out was tested: chance gives the largest of them more
-    bar = threshold(dp, int(np.count_nonzero(n_peers >= 2)) * max(_tested_functions(results), 1))
+    bar = threshold(dp, int(np.count_nonzero(n_peers >= 2)) * max(tested, 1))
     ok = (
         np.isfinite(z)
         & (z >= bar)
@@ -416,34 +416,23 @@ def _by_function(
     return out
 
 
-def _tested_functions(results: list[StepResult]) -> int:
-    """How many functions (not waiting) the window's groups of 2 or more ran: each could have stood out."""
-    from .step import WAITING_KINDS
-
-    parts = [r.groups for r in results if r.groups is not None and r.groups.num_rows]
-    if not parts:
-        return 0
-    g = pa.concat_tables(parts)
-    keep = ~np.isin(_np(g, "kind").astype(str), WAITING_KINDS) & (_np(g, "workers") >= 2)
-    return int(np.unique(_np(g, "function").astype(str)[keep]).size)
-
-
-def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> tuple[np.ndarray, np.ndarray]:
+def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> tuple[np.ndarray, np.ndarray, int]:
     """Per (group, function) of the window, not waiting, in groups of 3 or more (keys ``group \\x1f function``,
     sorted): the spread of its work across the group's workers as a share of the step (1.4826 x MAD / step time,
     the median over steps; at least ``rel_floor`` of its median work; NaN for a function the group's median worker
-    does not run)."""
+    does not run); and how many functions (not waiting) the window's groups of 2 or more ran, each of which could
+    have stood out."""
     from .step import WAITING_KINDS
 
-    none = (np.array([], dtype=str), np.array([]))
     parts = [r.groups for r in results if r.groups is not None and r.groups.num_rows]
     if not parts:
-        return none
+        return np.array([], dtype=str), np.array([]), 0
     g = pa.concat_tables(parts)
-    kind = _np(g, "kind").astype(str)
-    keep = ~np.isin(kind, WAITING_KINDS) & (_np(g, "workers") >= 3)
+    working, workers = ~np.isin(_np(g, "kind").astype(str), WAITING_KINDS), _np(g, "workers")
+    tested = int(np.unique(_np(g, "function").astype(str)[working & (workers >= 2)]).size)
+    keep = working & (workers >= 3)
     if not keep.any():
-        return none
+        return np.array([], dtype=str), np.array([]), tested
     key = np.char.add(np.char.add(_np(g, "group").astype(str)[keep], "\x1f"), _np(g, "function").astype(str)[keep])
     keys, ki = np.unique(key, return_inverse=True)
     st = np.maximum(_np(g, "step_time_us")[keep], 1.0)
@@ -452,4 +441,4 @@ def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> tuple[np.
     noise = np.fmax(spread, floor)
     # a function its group's median worker does not run (one rank's own code) has no spread to compare with
     noise[~(floor > 0)] = math.nan
-    return keys, noise
+    return keys, noise, tested
