@@ -40,9 +40,16 @@ def test_diagnose_names_the_slowed_rank_and_function(traces):
     assert (top["scope"], top["workers"], top["function"]) == ("worker", [2], "slow_function"), top["summary"]
     assert top["cause"] == "rank_specific_code" and top["schema"] == "Finding"
     assert top["impact"]["step_time_share"] > 0  # 25 ms of a ~50 ms step here; the share depends on the machine's load
-    # the healthy ranks waited for it in the all-reduce: never blamed with any confidence
-    # (on a loaded 2-core machine a rank can be preempted in half the steps: that is a weak finding at most)
-    assert all(f["workers"] in ([], [2]) or f["confidence"] < 0.5 for f in findings), [f["summary"] for f in findings]
+    # the healthy ranks waited for it in the all-reduce: their waiting is never blamed with any confidence.  On a
+    # shared 2-core machine a healthy rank can really be descheduled in most of these 6 short steps (seen in CI, and
+    # in 3 of 10 runs under a bursty load: its backward 2-5x its peers' in 5 of 6 steps).  That rank's own work in a
+    # function it computes is above its peers', which a victim's never is: only such a finding may page
+    for f in findings:
+        if f["workers"] in ([], [2]) or f["confidence"] < 0.5:
+            continue
+        assert f["function_kind"] not in ("collective", "p2p"), f["summary"]
+        work = [e for e in f["evidence"] if e["feature"] in ("work_us", f"work_us[{f['function']}]")]
+        assert work and work[0]["value"] > work[0]["peer_value"], f["summary"]
 
 
 def test_diagnose_prints_a_table(traces):
