@@ -331,6 +331,27 @@ def blames_another(case: str, findings: list[dict]) -> bool:
     return any(f["workers"] not in ([], [EXPECT[case].worker]) and f["confidence"] >= 0.5 for f in findings)
 
 
+def victims_paged(findings: list[dict], culprit: int) -> list[str]:
+    """The summaries of the findings that page (confidence >= 0.5) on a worker other than ``culprit`` without its
+    own work in a function it computes above its peers': a victim's waiting blamed.  A healthy rank descheduled on a
+    shared machine really does more work in its own functions (its backward 2-5x its peers' in 5 of 6 short steps,
+    seen in CI), which a victim never does: that is no victim paged."""
+    return [
+        f["summary"]
+        for f in findings
+        if f["workers"] not in ([], [culprit])
+        and f["confidence"] >= 0.5
+        and (
+            f["function_kind"] in ("collective", "p2p")
+            or not any(
+                e["feature"] in ("work_us", f"work_us[{f['function']}]") and e["value"] > e["peer_value"]
+                for e in f["evidence"]
+                if e["value"] is not None and e["peer_value"] is not None
+            )
+        )
+    ]
+
+
 def summary(findings: list[dict]) -> str:
     return (
         "; ".join(f"{f['scope']} {f['workers']} {f['function']} {f['cause']} {f['confidence']:.2f}" for f in findings)

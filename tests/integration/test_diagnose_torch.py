@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_faults as rf
+
 pytestmark = pytest.mark.integration
 JOB = Path(__file__).with_name("torch_job.py")
 
@@ -40,16 +43,10 @@ def test_diagnose_names_the_slowed_rank_and_function(traces):
     assert (top["scope"], top["workers"], top["function"]) == ("worker", [2], "slow_function"), top["summary"]
     assert top["cause"] == "rank_specific_code" and top["schema"] == "Finding"
     assert top["impact"]["step_time_share"] > 0  # 25 ms of a ~50 ms step here; the share depends on the machine's load
-    # the healthy ranks waited for it in the all-reduce: their waiting is never blamed with any confidence.  On a
-    # shared 2-core machine a healthy rank can really be descheduled in most of these 6 short steps (seen in CI, and
-    # in 3 of 10 runs under a bursty load: its backward 2-5x its peers' in 5 of 6 steps).  That rank's own work in a
-    # function it computes is above its peers', which a victim's never is: only such a finding may page
-    for f in findings:
-        if f["workers"] in ([], [2]) or f["confidence"] < 0.5:
-            continue
-        assert f["function_kind"] not in ("collective", "p2p"), f["summary"]
-        work = [e for e in f["evidence"] if e["feature"] in ("work_us", f"work_us[{f['function']}]")]
-        assert work and work[0]["value"] > work[0]["peer_value"], f["summary"]
+    # the healthy ranks waited for it in the all-reduce: their waiting is never blamed with any confidence (a healthy
+    # rank descheduled on 2 shared CPUs in most of these 6 short steps may page on its own work: 3 of 10 runs under a
+    # bursty load, and once in CI)
+    assert not rf.victims_paged(findings, 2), rf.victims_paged(findings, 2)
 
 
 def test_diagnose_prints_a_table(traces):
