@@ -295,8 +295,9 @@ def _read_in_pool(
 
     ``status(text)`` hears, here, what each process's reads say after each part (:func:`read_summarised`), as for a
     trace read in this process: they write it to a pipe (:func:`_tell`) that this process drains while it waits for
-    the files, every POOL_STATUS_S at most and whenever a file is done (so before that file's ``progress``).  The
-    processes read in parts of this process's ``trace.PART_EVENTS``."""
+    the files, every POOL_STATUS_S at most and whenever a file is done (so before that file's ``progress``).  While
+    several files are being read at once, each status says how many others are (``(and 2 more file(s) being
+    read)``).  The processes read in parts of this process's ``trace.PART_EVENTS``."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -312,16 +313,24 @@ def _read_in_pool(
             initializer=_pool_process,
             initargs=(told if status else None, trace.PART_EVENTS),
         ) as pool:
-            futures = {pool.submit(_read_one, path, ranks.get(path), samples_path, max_bytes): path for path in files}
+            futures = {
+                pool.submit(_read_one, path, ranks.get(path), samples_path, max_bytes, i): path
+                for i, path in enumerate(files)
+            }
             order = {fut: i for i, fut in enumerate(futures)}
             pending = set(futures)
+            reading: set[str] = set()  # the files that have said how far they are and are not done
             try:
                 while pending:
                     done, pending = wait(pending, timeout=POOL_STATUS_S, return_when=FIRST_COMPLETED)
                     while status and heard.poll():  # what the processes said so far (a file's before its result)
-                        status(heard.recv_bytes().decode(errors="replace"))
+                        i, _, said = heard.recv_bytes().decode(errors="replace").partition(" ")
+                        reading.add(i)
+                        others = f" (and {len(reading) - 1} more file(s) being read)" if len(reading) > 1 else ""
+                        status(said + others)
                     for fut in sorted(done, key=order.__getitem__):
                         path = futures[fut]
+                        reading.discard(str(order[fut]))
                         with _about(path, samples_path):
                             out[path] = fut.result()
                         if progress:
@@ -366,15 +375,15 @@ def _tell(text: str) -> None:
         pass
 
 
-def _read_one(path: Path, rank: int | None, samples_path: Path | None, max_bytes: int) -> tuple:
+def _read_one(path: Path, rank: int | None, samples_path: Path | None, max_bytes: int, i: int) -> tuple:
     """In a pool process: one trace read, and summarised when its rank is known (:func:`read_summarised`), its
-    statuses told to the calling process."""
+    statuses told to the calling process after the file's number ``i`` (which files are still being read)."""
     samples = None
     if samples_path is not None:
         if samples_path not in _SAMPLES:  # once per process
             _SAMPLES[samples_path] = _read_table(samples_path, max_bytes)
         samples = _SAMPLES[samples_path]
-    return read_summarised(path, rank, samples, max_bytes, _tell)
+    return read_summarised(path, rank, samples, max_bytes, lambda text: _tell(f"{i} {text}"))
 
 
 def read_summarised(

@@ -259,6 +259,10 @@ def test_traces_read_by_a_pool_tell_the_caller_how_far_each_part_got_as_read_her
     assert pooled == here and meta_pooled == meta_here
     assert sorted({w for w, _ in pooled}) == [0, 1] and len(pooled) == 2 + 4
 
+    # while both files are read at once, each says the other is too
+    others = [s.partition(" (")[2] for s in heard_pooled if isinstance(s, str) and " (" in s]
+    assert set(others) <= {"and 1 more file(s) being read)"}, others
+    heard_pooled = [s.partition(" (")[0] if isinstance(s, str) else s for s in heard_pooled]
     for path, steps in zip(files, (2, 4), strict=True):
         told = [s for s in heard_pooled if isinstance(s, str) and s.startswith(f"reading {path.name}: ")]
         assert told == [s for s in heard_here if isinstance(s, str) and s.startswith(f"reading {path.name}: ")]
