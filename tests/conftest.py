@@ -22,6 +22,19 @@ def pytest_configure(config):
         hypothesis_settings.load_profile("quick" if quick_tier(config.getoption("markexpr", "") or "") else "full")
 
 
+#: the folders whose tests start real processes (brokers, processors, PyTorch ranks) or measure them: under
+#: ``pytest -n 2 --dist loadgroup`` (the README's test command) they run one at a time in one xdist worker, as
+#: before, while the other worker runs the rest of the suite (in-process tests, whose CPU the first one mostly leaves
+#: idle: the whole suite kept 41% of 2 cores busy when run in one process)
+SERIAL_FOLDERS = ("integration", "adversarial")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(f"tests/{folder}/" in item.nodeid for folder in SERIAL_FOLDERS):
+            item.add_marker(pytest.mark.xdist_group("processes"))
+
+
 def _docker_answers() -> bool:
     if not shutil.which("docker"):
         return False
