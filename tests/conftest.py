@@ -22,27 +22,6 @@ def pytest_configure(config):
         hypothesis_settings.load_profile("quick" if quick_tier(config.getoption("markexpr", "") or "") else "full")
 
 
-#: the folders whose tests start real processes (brokers, processors, PyTorch ranks) or measure them: under
-#: ``pytest -n 2`` (the README's test command) they run one at a time, in order, in one xdist worker, as in one
-#: process, while the other worker runs the rest of the suite (in-process tests: the whole suite in one process kept
-#: 41% of 2 cores busy, the real processes mostly waiting on real time)
-SERIAL_FOLDERS = ("integration", "adversarial")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduler for ``-n``: LoadScopeScheduling with one scope for the tests of SERIAL_FOLDERS and one per
-    test for the rest (``--dist loadgroup`` would do it with marks, but it renames the tests' node ids, which pytest 9
-    no longer lets it do: its groups are silently ignored)."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Split(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "processes" if nodeid.startswith(tuple(f"tests/{f}/" for f in SERIAL_FOLDERS)) else nodeid
-
-    return Split(config, log)
-
-
 def _docker_answers() -> bool:
     if not shutil.which("docker"):
         return False
