@@ -319,18 +319,18 @@ def _read_in_pool(
             }
             order = {fut: i for i, fut in enumerate(futures)}
             pending = set(futures)
-            reading: set[str] = set()  # the files that have said how far they are and are not done
+            reading: set[int] = set()  # the files (by number) that have said how far they are and are not done
             try:
                 while pending:
                     done, pending = wait(pending, timeout=POOL_STATUS_S, return_when=FIRST_COMPLETED)
                     while status and heard.poll():  # what the processes said so far (a file's before its result)
                         i, _, said = heard.recv_bytes().decode(errors="replace").partition(" ")
-                        reading.add(i)
+                        reading.add(int(i))
                         others = f" (and {len(reading) - 1} more file(s) being read)" if len(reading) > 1 else ""
                         status(said + others)
                     for fut in sorted(done, key=order.__getitem__):
                         path = futures[fut]
-                        reading.discard(str(order[fut]))
+                        reading.discard(order[fut])
                         with _about(path, samples_path):
                             out[path] = fut.result()
                         if progress:
