@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,22 +39,23 @@ def artifacts() -> Path:
 
 
 def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    profile = artifacts() / "profile"
-    return subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            f"--user-data-dir={profile}",
-            "--window-size=1280,2400",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """One headless Chromium run, with a profile of its own (removed after it): two runs at once never share one."""
+    with tempfile.TemporaryDirectory(prefix="lockstep-chromium-", ignore_cleanup_errors=True) as profile:
+        return subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--window-size=1280,2400",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def build_store(path: Path, now: float) -> None:
