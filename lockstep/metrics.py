@@ -1,7 +1,7 @@
 """Process metrics, exposed through the official Prometheus client (``prometheus_client``).
 
 Every metric either process exports is declared once in :data:`CATALOGUE` (name without the
-``lockstep_`` prefix, kind, labels, help, which process exports it): the README's table, the
+``lockstep_`` prefix, kind, labels, help, which process exports it): docs/deployment.md's table, the
 Prometheus alert rules and the Grafana dashboard under ``deploy/`` are checked against it.  The
 names are a contract: add, never rename.
 
@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .schemas.errors import LockstepError
 
-prometheus_client.disable_created_metrics()  # no *_created series: counters are what the README lists
+prometheus_client.disable_created_metrics()  # no *_created series: counters are what docs/deployment.md lists
 
 PREFIX = "lockstep"
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST

@@ -488,7 +488,7 @@ class DetectorTick(_Record, tag="DetectorTick", kw_only=True):
     at: Timestamp = 0.0
 
 
-#: what older senders may still send, read until the version named (README.md, "Contracts": Deprecated); new senders
+#: what older senders may still send, read until the version named (docs/contracts.md: Deprecated); new senders
 #: use what each entry names instead
 DEPRECATED: dict[str, tuple[str, str]] = {
     "StepHeartbeat keyed by job": ("0.2", "HeartbeatBatch keyed job/shard (heartbeat_shard_workers > 0)"),

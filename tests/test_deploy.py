@@ -1,8 +1,8 @@
 """deploy/: the Prometheus alert rules and the Grafana dashboard name only metrics the processes export, each
 PromQL function is applied to the kind of metric it is for, promtool accepts the rules and the compose Prometheus's
-configuration, the README's metrics table is the catalogue (lockstep/metrics.py), the Kubernetes manifests render
-(kustomize) into objects valid against the Kubernetes schemas whose commands are real CLI commands, and the Slurm
-example runs a real `lockstep agent run`."""
+configuration, docs/deployment.md's metrics table is the catalogue (lockstep/metrics.py), the Kubernetes manifests
+render (kustomize) into objects valid against the Kubernetes schemas whose commands are real CLI commands, and the
+Slurm example runs a real `lockstep agent run`."""
 
 import copy
 import json
@@ -91,9 +91,9 @@ def test_the_dashboard_covers_every_metric():
     assert not missing, missing
 
 
-def test_the_readme_lists_the_catalogue():
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| metric | process | what |") :]
+def test_the_deployment_doc_lists_the_catalogue():
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    table = doc[doc.index("| metric | process | what |") :]
     table = table[: table.index("\n\n")]
     listed = {}
     for row in table.splitlines()[2:]:

@@ -68,7 +68,7 @@ class Measured(msgspec.Struct, kw_only=True):
 class Manifest(msgspec.Struct, kw_only=True):
     format: int
     case: str  # the case id: MECHANISM-SEVERITY-wRANKS[-two], healthy[-neighbour]-wRANKS
-    mechanism: str  # how the fault was made (README's table), or "healthy"
+    mechanism: str  # how the fault was made (the corpus README's table), or "healthy"
     resource: str  # cpu | memory | storage | network | software | input | none
     severity: str  # mild | strong | none
     intended_share: float  # what the fault was meant to cost: a share of the healthy step

@@ -22,8 +22,8 @@ larger than :data:`MAX_EVENT_BYTES`, or a top-level value other than ``traceEven
 **Bounds.**  Every byte read counts against ``max_bytes`` (for gzip, the bytes *after*
 decompression, as they are inflated): a gzip bomb is refused when its content reaches the limit,
 having cost the time to inflate that much and the memory of one slice.  Memory: one slice (4 MiB,
-a few copies of it while it is decoded) + the columns; see README "Reading traces offline" for the
-measured figures.
+a few copies of it while it is decoded) + the columns; see docs/offline.md ("Traces of any size,
+many ranks" and "The reader's speed and memory, measured") for the measured figures.
 """
 
 from __future__ import annotations

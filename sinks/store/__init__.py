@@ -8,7 +8,7 @@ which the pager (:mod:`..paging.pager`) turns into pages.
 
 SQL names follow the records, except where SQL reserves the word:
 ``Finding.window`` is the column ``window_id`` and ``Finding.group`` is ``peer_group``.
-The tables and views are listed in README.md ("SQL").
+The tables and views are listed in docs/store.md ("Tables and views").
 
 The package: :mod:`.migrations` (the schema), :mod:`.writes` (records as rows, upserts, transactions),
 :mod:`.reads` (someone's SQL, checked and bounded; the store's errors) and :class:`FindingsStore`

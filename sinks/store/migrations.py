@@ -1,7 +1,7 @@
 """The findings file's schema: versioned migrations, each applied once in its own transaction.
 
-The tables and views are listed in README.md ("SQL").  SQL names follow the records, except where SQL reserves
-the word: ``Finding.window`` is the column ``window_id`` and ``Finding.group`` is ``peer_group``.
+The tables and views are listed in docs/store.md ("Tables and views").  SQL names follow the records, except where
+SQL reserves the word: ``Finding.window`` is the column ``window_id`` and ``Finding.group`` is ``peer_group``.
 """
 
 from __future__ import annotations

@@ -286,12 +286,13 @@ def test_a_heartbeat_echoes_its_trigger_only_with_both_fields():
     )
 
 
-def test_every_deprecated_path_is_in_the_readme_with_its_removal():
+def test_every_deprecated_path_is_in_the_contracts_doc_with_its_removal():
+    """docs/contracts.md (the README links it) lists every deprecated path with the version that removes it."""
     from lockstep.schemas.records import DEPRECATED
     from tests.paths import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("**Deprecated, removed in") : readme.index("## Layout")]
+    contracts = (ROOT / "docs" / "contracts.md").read_text()
+    section = contracts[contracts.index("**Deprecated, removed in") :].split("\n## ")[0]
     assert {version for version, _ in DEPRECATED.values()} == {"0.2"}
     for name in ("`StepHeartbeat` keyed by job", "`FeatureBatch`", "`DetectorTick`", "rule: median"):
         assert name in section

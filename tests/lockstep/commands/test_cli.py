@@ -128,14 +128,14 @@ def test_a_bad_routes_file_stops_the_sink_with_one_line(tmp_path):
         assert len(lines) == 1 and needle in lines[0], r.stderr
 
 
-def test_every_agent_setting_the_readme_lists_is_a_flag_of_agent_run(tmp_path):
-    """README: "the same names are flags of `lockstep agent run`" - identity flags included."""
+def test_every_agent_setting_the_docs_list_is_a_flag_of_agent_run(tmp_path):
+    """docs/agent.md: "the same names are flags of `lockstep agent run`" - identity flags included."""
     import re
 
     from tests.paths import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| setting | default | meaning |", readme.index("Agent settings")) :]
+    agent_doc = (ROOT / "docs" / "agent.md").read_text()
+    table = agent_doc[agent_doc.index("| setting | default | meaning |", agent_doc.index("Agent settings")) :]
     table = table[: table.index("\n\n")]
     names = {n for row in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", row.split("|")[1])}
     assert {"rank", "host", "device", "labels", "redact", "spool_dir"} <= names

@@ -138,10 +138,10 @@ def test_leave_one_out_peer_medians_of_small_groups():
 
 
 def test_the_localisation_lifts_the_finding_that_explains_the_shift_not_a_smaller_one_beside_it():
-    """README's `lockstep diagnose` example (a real 4-rank job, rank 2 sleeping 25 ms in its own region): the
-    region holds the step; one of the rank's autograd functions, slower in half the steps on a loaded machine, came
-    out too, and paged at 0.60 only because the localisation of the same worker lifted it.  The region's finding
-    pages; the other keeps its own confidence, below paging in a job this noisy."""
+    """docs/offline.md's `lockstep diagnose` example ("Real jobs": a real 4-rank job, rank 2 sleeping 25 ms in its
+    own region): the region holds the step; one of the rank's autograd functions, slower in half the steps on a loaded
+    machine, came out too, and paged at 0.60 only because the localisation of the same worker lifted it.  The
+    region's finding pages; the other keeps its own confidence, below paging in a job this noisy."""
     own = np.empty((6, 4, 3))  # slow_function, AddmmBackward0, forward
     own[:, :, 2] = 20_000.0 * (1.0 + 0.02 * np.random.default_rng(3).standard_normal((6, 4)))
     own[:, :, 1] = [7_000.0, 8_300.0, 8_300.0, 9_600.0]  # its peers spread 23% around 8.3 ms (a loaded machine)
