@@ -101,6 +101,7 @@ def test_device_work_running_after_the_next_part_began_stays_with_the_step_that_
     assert len(want) == 16
 
 
+@pytest.mark.slow  # ~10 s: traces of the real one's steps repeated, written and read in parts
 def test_the_largest_part_does_not_grow_with_the_trace(tmp_path):
     """Memory is one part's: a trace four times as long is read in four times as many parts, of the same size."""
     sizes = {}
@@ -131,6 +132,7 @@ def test_a_temporary_folder_without_room_is_a_one_line_error_that_says_what_to_d
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # ~10 s: traces of the real one's steps repeated, written and read in parts
 def test_a_trace_whose_rank_is_unknown_is_read_in_parts_as_the_callers_placeholder_worker(tmp_path):
     """Without ``anonymous_as`` it is read back whole (its events carry worker -1 until it is numbered); with it, in
     parts whose events are that worker's, the summaries those of the whole trace read as that worker's."""
@@ -147,6 +149,7 @@ def test_a_trace_whose_rank_is_unknown_is_read_in_parts_as_the_callers_placehold
     assert _summaries(parts) == _summaries([read_chrome_trace(unranked, 0)])
 
 
+@pytest.mark.slow  # ~10 s: traces of the real one's steps repeated, written and read in parts
 def test_a_trace_without_profiler_steps_is_read_in_parts_by_its_inferred_steps(tmp_path):
     """Without ``ProfilerStep#N`` its iterations end with its ``Optimizer.step``s, else they are its repeating
     top-level region (which no CPU event of any chunk encloses): parts, as read whole.  A trace that is one step is
