@@ -10,7 +10,9 @@ accumulated and hands it to librdkafka, which batches it (so heartbeats travel
 in batches).  A record Kafka does not acknowledge within the
 delivery timeout, or that librdkafka has no room for, goes to the on-disk
 :class:`~lockstep.producers.agent.spool.Spool`, and so does everything after it
-while Kafka stays unreachable.  Every ``retry_s`` the thread asks the cluster for
+while Kafka stays unreachable; what librdkafka still holds unsent then goes there at
+once, in the order it was put, so the spool keeps the records in order and its bound
+drops the oldest.  Every ``retry_s`` the thread asks the cluster for
 metadata; once it answers, spooled segments are sent again, oldest first, and a
 segment is deleted when each of its records was delivered or spooled anew
 (at-least-once: a record whose delivery timed out may arrive twice, which every
@@ -194,6 +196,7 @@ class Outbox:
             self._send(topic, key, value)
         if self._producer is not None:
             self._producer.poll(0)
+            self._hand_back()
         if self._down and time.monotonic() >= self._next_probe:
             self._probe()
         if (
@@ -228,6 +231,7 @@ class Outbox:
             self._client().produce(topic, value=value, key=key, on_delivery=on_delivery or self._delivered)
         except BufferError:
             self._mark_down("librdkafka's queue is full")
+            self._hand_back()
             self._to_spool(topic, key, value)
         except KafkaException as exc:
             self.counters.rejected += 1
@@ -242,6 +246,18 @@ class Outbox:
             log.warning("Kafka unreachable (%s): spooling records to %s until it answers", why, self.spool.dir)
         self._down = True
         self._next_probe = time.monotonic() + self._retry_s
+
+    def _hand_back(self) -> None:
+        """Once Kafka is down, what librdkafka still holds unsent goes to the spool at once, in the order it was
+        produced (its purge callbacks, served here), before any later record is spooled: otherwise each would wait out
+        its delivery timeout and reach the spool interleaved with the records spooled meanwhile, and the spool's
+        bound would drop a mix of old and new steps instead of the oldest.  Not called from a delivery callback
+        (librdkafka's poll is not re-entrant); records already sent keep their own timeouts (purging them could send
+        twice what the broker did write)."""
+        producer = self._producer
+        if self._down and producer is not None and len(producer):
+            producer.purge(in_queue=True, in_flight=False)
+            producer.poll(0)
 
     def _probe(self) -> None:
         try:

@@ -1,6 +1,7 @@
 """Publishing without ever blocking: queue bound, spool while Kafka is away, resend when it returns."""
 
 import time
+from itertools import pairwise
 
 import pytest
 
@@ -92,6 +93,30 @@ def test_a_bounded_spool_says_what_it_dropped_and_the_next_run_sends_the_rest(tm
         values = [v for _, v in read_all(settings, ["t.features"])["t.features"]]
     assert len(values) == left
     assert sorted(int(v[:6]) for v in values) == list(range(600 - left, 600))  # the oldest were dropped
+
+
+def test_records_kafka_held_when_it_went_away_reach_the_spool_before_later_ones(tmp_path):
+    """When the broker goes away mid-stream, the records librdkafka still held are spooled at once and in order,
+    before the records put after: the spool holds them in the order they were put, so its bound drops the oldest.
+    (Before, each waited out its delivery timeout and reached the spool in runs of about ten, interleaved with the
+    records spooled meanwhile: 200..208, 404..413, 209..218, ...)"""
+    broker = EmbeddedBroker(port=free_port()).start()
+    try:
+        settings = Settings(bootstrap_servers=broker.bootstrap_servers, topic_prefix="t", partitions=1)
+        ensure_topics(settings)
+        ob = outbox(broker.bootstrap_servers, tmp_path / "spool").start()
+        for i in range(800):
+            if i == 200:
+                broker.stop()
+            ob.put("t.heartbeats", b"j", b"%06d" % i)
+            time.sleep(0.005)
+        assert wait_for(lambda: ob.counters.sent + ob.counters.spooled_total >= 800, 30), ob.counters
+        spooled = [int(v) for seg in ob.spool.segments() for _, _, v in ob.spool.read(seg)]
+        ob.close(timeout_s=0)
+    finally:
+        broker.stop()
+    assert len(spooled) >= 600
+    assert spooled == sorted(spooled), [(a, b) for a, b in pairwise(spooled) if b < a][:5]
 
 
 def test_an_agent_that_starts_before_the_pipeline_creates_no_topic_and_waits_for_it(tmp_path):
