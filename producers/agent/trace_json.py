@@ -46,6 +46,11 @@ import pyarrow as pa
 
 from ...schemas.errors import LockstepError
 
+try:  # the native scanner (producers/agent/_tracescan.c), built by `pip install` where a C compiler is
+    from . import _tracescan as native  # type: ignore[attr-defined]  # a C extension; its interface is in its source
+except ImportError:  # pragma: no cover - a build without a compiler: msgspec decodes every run
+    native = None
+
 #: bytes of JSON decoded at once
 WINDOW = 4 << 20
 #: the largest single event accepted (kernel names with their templates run to a few kilobytes)
@@ -168,6 +173,15 @@ class _Dictionary:
                 if s not in code:
                     code[s] = len(code)
             return np.fromiter(map(code.get, map(get, events)), np.int32, len(events))
+
+    def recode(self, local: np.ndarray, strings: list[str]) -> np.ndarray:
+        """Codes of ``local`` (indices into ``strings``), new strings numbered in the order they first occur."""
+        uniq, first = np.unique(local, return_index=True)
+        lut = np.zeros(len(strings), dtype=np.int32)
+        code = self.code
+        for u in uniq[np.argsort(first)].tolist():
+            lut[u] = code.setdefault(strings[u], len(code))
+        return lut[local]
 
     def encode(self, values: list) -> np.ndarray:
         if not values:
@@ -319,21 +333,37 @@ class ColumnBuilder:
         release_memory()
 
     def _stream(self, events: list, typed: bool) -> np.ndarray:
-        sd = self._streams
         n = len(events)
         try:  # the usual case: pid and tid are numbers (typed: checked by the decoder, never "7")
             if not typed:
                 raise TypeError
-            p = np.fromiter(map(_PID, events), np.int64, n)
-            t = np.fromiter(map(_TID, events), np.int64, n)
-            ok = n == 0 or (p.min() >= 0 and p.max() < 2**31 and t.min() >= -(2**31) and t.max() < 2**31)
+            return self._stream_of(
+                np.fromiter(map(_PID, events), np.int64, n), np.fromiter(map(_TID, events), np.int64, n)
+            )
         except (ValueError, TypeError, OverflowError):
-            ok = False
-        if ok:
+            sd = self._streams
+            keys = zip(map(_PID, events), map(_TID, events))
+            return np.array([sd.setdefault(k, len(sd)) for k in keys], dtype=np.int32)
+
+    def _stream_of(self, p: np.ndarray, t: np.ndarray, strings: list[str] | None = None) -> np.ndarray:
+        """The timelines of events whose pid and tid are the integers ``p`` and ``t``, numbered as first seen; with
+        ``strings`` (the native scanner's), a pid or tid below ``_STRING_ID`` is the string ``_STRING_ID`` - it
+        codes."""
+        sd = self._streams
+        if not p.size or (p.min() >= 0 and p.max() < 2**31 and t.min() >= -(2**31) and t.max() < 2**31):
             enc = pa.array((p << 32) | (t + 2**31)).dictionary_encode()  # (pid, tid) as one number
             local = [sd.setdefault((k >> 32, (k & (2**32 - 1)) - 2**31), len(sd)) for k in enc.dictionary.to_pylist()]
             return np.array(local, dtype=np.int32)[enc.indices.to_numpy(zero_copy_only=False)]
-        return np.array([sd.setdefault(k, len(sd)) for k in zip(map(_PID, events), map(_TID, events))], dtype=np.int32)
+        pairs, first, inverse = np.unique(np.stack([p, t], axis=1), axis=0, return_index=True, return_inverse=True)
+
+        def key(v: int) -> int | str:
+            return strings[_STRING_ID - v] if strings is not None and v <= _STRING_ID else v
+
+        codes = np.empty(len(pairs), dtype=np.int32)
+        for k in np.argsort(first).tolist():
+            a, b = pairs[k].tolist()
+            codes[k] = sd.setdefault((key(a), key(b)), len(sd))
+        return codes[inverse.reshape(-1)]
 
     def _pg(self, args: list, typed: bool, groups_named: bool) -> np.ndarray:
         if typed and (not groups_named or (not any(map(_PG_DESC, args)) and not any(map(_PG_NAME, args)))):
@@ -380,6 +410,44 @@ class ColumnBuilder:
                 flow_id=ids,
                 flow_ts=np.fromiter(map(_TS, fl), np.float64, len(fl)),
                 flow_stream=self._stream(fl, type(fl[0]) is _TypedEvent),
+            )
+        if self.spill is not None and self._rows >= (self.chunk_rows if self._chunks else self.spill_rows):
+            self._write_chunk()
+
+    def add_scanned(self, scanned: tuple) -> None:
+        """A run of events as the native scanner gave it (``_tracescan.scan``): the same columns :meth:`add` makes
+        of that run decoded by msgspec as :class:`_TypedEvent`."""
+        raw, escaped, x, fl = scanned
+        strings = [msgspec.json.decode(b'"%s"' % r, type=str) if e else r.decode() for r, e in zip(raw, escaped)]
+        n = len(x[0]) // 4
+        if n:
+            col = [np.frombuffer(b, dtype=d) for b, d in zip(x, _SCANNED_X)]
+            cat, name, ts, dur, pid, tid, corr, device, nbytes, pg, seq = col
+            self._put(
+                cat=self._cats.recode(cat, strings),
+                name=self._names.recode(name, strings),
+                ts=ts,
+                dur=dur,
+                stream=self._stream_of(pid, tid, strings),
+                corr=_typed_ints(corr, -1),
+                device=_typed_ints(device, -2),
+                nbytes=_typed_floats(nbytes),
+                pg=self._pgs.recode(pg, strings),
+                seq=_typed_ints(seq, -1),
+            )
+        m = len(fl[0])
+        if m:
+            is_end, fid, fts, fpid, ftid = (np.frombuffer(b, dtype=d) for b, d in zip(fl, _SCANNED_FLOWS))
+            ids = np.where((fid >= 0) & (fid < 2**62), fid, -1)
+            odd = np.flatnonzero(ids < 0)  # ids out of range: coded by their text, as :meth:`add` codes them
+            if odd.size:
+                fd = self._flow_ids
+                ids[odd] = [(2**62) + fd.setdefault(str(v), len(fd)) for v in fid[odd].tolist()]
+            self._put(
+                flow_is_end=is_end.astype(bool),
+                flow_id=ids,
+                flow_ts=fts,
+                flow_stream=self._stream_of(fpid, ftid, strings),
             )
         if self.spill is not None and self._rows >= (self.chunk_rows if self._chunks else self.spill_rows):
             self._write_chunk()
@@ -442,6 +510,22 @@ def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
 
 
 _FLOW_PH = frozenset(("s", "f"))
+#: the dtypes of the native scanner's columns (producers/agent/_tracescan.c): complete events, flow events
+_SCANNED_X = (
+    np.int32,
+    np.int32,
+    np.float64,
+    np.float64,
+    np.int64,
+    np.int64,
+    np.int64,
+    np.int64,
+    np.float64,
+    np.int32,
+    np.int64,
+)
+_STRING_ID = -(2**62) - 1  # the native scanner's pid or tid written as a string: _STRING_ID - its code
+_SCANNED_FLOWS = (np.uint8, np.int64, np.float64, np.int64, np.int64)
 _PID, _TID, _TS, _DUR = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("dur")
 _CAT, _NAME, _ARGS, _PH = attrgetter("cat"), attrgetter("name"), attrgetter("args"), attrgetter("ph")
 _PG_DESC, _PG_NAME = attrgetter("pg_desc"), attrgetter("pg_name")
@@ -451,24 +535,32 @@ def _arg_ints(args: list, field: str, typed: bool, absent: int) -> np.ndarray:
     """An integer of the args (ids, device numbers) as :func:`ints` gives it."""
     if typed:
         try:
-            v = np.fromiter(map(attrgetter(field), args), np.int64, len(args))
+            return _typed_ints(np.fromiter(map(attrgetter(field), args), np.int64, len(args)), absent)
         except OverflowError:  # beyond int64: one by one
             return ints([None if a == _ABSENT else a for a in map(attrgetter(field), args)], absent)
-        out = np.where((v >= 0) & (v < 2**62), v, -1)
-        out[v == _ABSENT] = absent
-        return out
     return ints(list(map(attrgetter(field), args)), absent)
+
+
+def _typed_ints(v: np.ndarray, absent: int) -> np.ndarray:
+    """Integers read as int64 with ``_ABSENT`` where there were none, as :func:`ints` gives them."""
+    out = np.where((v >= 0) & (v < 2**62), v, -1)
+    out[v == _ABSENT] = absent
+    return out
 
 
 def _arg_floats(args: list, typed: bool) -> np.ndarray:
     if typed:
         try:
-            v = np.fromiter(map(attrgetter("bytes"), args), np.float64, len(args))
+            return _typed_floats(np.fromiter(map(attrgetter("bytes"), args), np.float64, len(args)))
         except OverflowError:
             return floats([a.bytes for a in args])
-        with np.errstate(invalid="ignore"):
-            return np.where((v >= 0) & (v < 1e18), v, np.nan)
     return floats([a.bytes for a in args])
+
+
+def _typed_floats(v: np.ndarray) -> np.ndarray:
+    """Byte counts read as float64 (``_ABSENT`` where there were none), as :func:`floats` gives them."""
+    with np.errstate(invalid="ignore"):
+        return np.where((v >= 0) & (v < 1e18), v, np.nan)
 
 
 def release_memory() -> None:
@@ -698,7 +790,10 @@ class _Reader:
                 window *= 4
                 continue
             window = WINDOW
-            self.builder.add(events, numbered=partial(_holds, self.buf, b'"Seq"', self.pos, end))
+            if isinstance(events, tuple):
+                self.builder.add_scanned(events)
+            else:
+                self.builder.add(events, numbered=partial(_holds, self.buf, b'"Seq"', self.pos, end))
             del events
             self.pos = end
             if self._after_item(b"]"):
@@ -728,9 +823,9 @@ class _Reader:
         finally:
             buf[lo - 1], buf[hi] = before, after
 
-    def _cut(self, window: int) -> tuple[int, list[ChromeEvent]]:
+    def _cut(self, window: int) -> tuple[int, list[ChromeEvent] | tuple]:
         """The end of the last whole event in the window from ``pos`` (just after its ``}``) and the events up to
-        it; -1 when none ends in it."""
+        it, scanned (:func:`_scan`) or decoded; -1 when none ends in it."""
         buf, lo = self.buf, self.pos
         hi = min(len(buf), lo + window)
         j = hi
@@ -740,6 +835,9 @@ class _Reader:
                 break
             after = _AFTER.match(buf, j + 1)
             if after and (after.end() <= len(buf)):
+                scanned = _scan(buf, lo, j + 1)
+                if scanned is not None:
+                    return j + 1, scanned
                 try:
                     return j + 1, self._in_brackets(lo, j + 1)
                 except (msgspec.DecodeError, msgspec.ValidationError):
@@ -749,7 +847,15 @@ class _Reader:
                         "not a Chrome-trace JSON object with traceEvents (nested too deeply)"
                     ) from None
         end = _last_event_end(memoryview(buf)[lo:hi]) if hi > lo else -1
-        return (end + lo, _decode_events(buf, lo, end + lo)) if end >= 0 else (-1, [])
+        if end < 0:
+            return -1, []
+        return end + lo, _scan(buf, lo, end + lo) or _decode_events(buf, lo, end + lo)
+
+
+def _scan(buf: bytearray, lo: int, hi: int) -> tuple | None:
+    """The events from ``lo`` to ``hi`` as the native scanner's columns; None where it gave up on them (anything but
+    what torch.profiler writes: msgspec decodes those) or is not built."""
+    return native.scan(buf, lo, hi) if native is not None else None
 
 
 def _holds(buf: bytearray, what: bytes, lo: int, hi: int) -> bool:
