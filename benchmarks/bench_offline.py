@@ -15,10 +15,11 @@ its CPU time (user + system: MB/s *per core*, whatever else the machine is doing
 of each figure (and each run's CPU time), the ratios between medians.  HolisticTraceAnalysis (``pip install -e '.[bench]'``) runs ``parse_trace_dataframe`` with its
 default backend (``json``, what a plain install uses) and with ``ijson_batch_and_compress`` (its
 low-memory one, yajl2_c); the lockstep reader runs ``lockstep diagnose``'s ``read_summarised`` (``read_chrome_trace_parts``, each part summarised: it reads
-*and* summarises, HTA only parses).  ``decoders`` measures in one process, alternating, the reader's own
-decoding into columns (``trace_json.read_file``: msgspec, then a Python object per event turned into numpy
-columns) against DuckDB's ``read_json`` (C++, columns without a Python object per event, one thread) on
-the same events: what a columnar decoder would gain.
+*and* summarises, HTA only parses), and runs it again with its native scanner switched off (every run of events
+decoded by msgspec: the baseline the scanner is measured against, in the same run).  ``decoders`` measures in one
+process, alternating, the reader's own decoding into columns (``trace_json.read_file``: with the native scanner,
+then without it, msgspec and a Python object per event turned into numpy columns) against DuckDB's ``read_json``
+(C++, columns without a Python object per event, one thread) on the same events.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ LOCKSTEP_CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 from lockstep.app.offline import read_summarised
+from lockstep.producers.agent import trace_json
 from lockstep.producers.agent.trace import TraceError
+if sys.argv[3:] == ["msgspec"]:
+    trace_json.native = None  # the baseline: every run decoded by msgspec
 ru0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 try:
@@ -55,7 +59,7 @@ except TraceError as exc:
     out = {"error": str(exc)}
 ru = resource.getrusage(resource.RUSAGE_SELF)
 cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
-out.update(wall_s=time.perf_counter() - t0, cpu_s=cpu, maxrss_mib=ru.ru_maxrss / 1024)
+out.update(wall_s=time.perf_counter() - t0, cpu_s=cpu, maxrss_mib=ru.ru_maxrss / 1024, native=trace_json.native is not None)
 print(json.dumps(out))
 """
 
@@ -164,13 +168,20 @@ def speed(a, tmp: Path) -> None:
         f"each figure the median of {a.repeats} run(s), each run a fresh child process"
         + (", the readers alternating" if backends else "")
     )
-    runs: dict[str, list[dict]] = {"lockstep": [], **{b: [] for b in backends}}
+    runs: dict[str, list[dict]] = {"lockstep": [], "msgspec": [], **{b: [] for b in backends}}
     for _ in range(a.repeats):
         runs["lockstep"].append(child(LOCKSTEP_CHILD, str(path), str(1 << 40)))
+        runs["msgspec"].append(child(LOCKSTEP_CHILD, str(path), str(1 << 40), "msgspec"))
         for backend in backends:
             runs[backend].append(child(HTA_CHILD, str(path), backend))
     ours = _median(runs["lockstep"])
+    if not all(r.get("native") for r in runs["lockstep"]):
+        print("the native scanner is not built here (no C compiler at install?): msgspec decoded every run")
     print(_row("lockstep diagnose's reader + summariser", size, ours))
+    base = _median(runs["msgspec"])
+    print(_row("the same, the native scanner off (msgspec)", size, base))
+    if "cpu_s" in base and "cpu_s" in ours:
+        print(f"{'':44s} the scanner makes the read {base['cpu_s'] / ours['cpu_s']:.1f}x faster per core (medians)")
     for backend in backends:
         hta = _median(runs[backend])
         print(_row(f"HTA parse_trace_dataframe ({backend})", size, hta))
@@ -247,6 +258,7 @@ DUCKDB_EVENT_COLUMNS = (
 def decoders(a, tmp: Path) -> None:
     import duckdb
 
+    from lockstep.producers.agent import trace_json
     from lockstep.producers.agent.trace_json import read_file
 
     path = tmp / "trace.json"
@@ -261,20 +273,28 @@ def decoders(a, tmp: Path) -> None:
         f"SELECT cat, name, ts, dur, pid, tid, args.correlation, args.device, args.bytes FROM read_json("
         f"'{events}', format = 'array', columns = {DUCKDB_EVENT_COLUMNS}, maximum_object_size = 67108864)"
     )
-    ours, duck = [], []
+    ours, plain, duck = [], [], []
+    native = trace_json.native
     for _ in range(a.repeats):
-        t = time.process_time()
-        with path.open("rb") as fh:
-            read_file(fh, 1 << 40)
-        ours.append(time.process_time() - t)
+        for scanner, times in ((native, ours), (None, plain)):
+            trace_json.native = scanner
+            t = time.process_time()
+            with path.open("rb") as fh:
+                read_file(fh, 1 << 40)
+            times.append(time.process_time() - t)
+        trace_json.native = native
         t = time.process_time()
         rows = con.sql(query).to_arrow_table().num_rows
         duck.append(time.process_time() - t)
-    o, d = statistics.median(ours), statistics.median(duck)
+    o, p, d = statistics.median(ours), statistics.median(plain), statistics.median(duck)
     print(
         f"trace: {size / 1e6:.0f} MB of JSON, {rows:,} events; CPU time, median of {a.repeats}, alternating in one process"
     )
-    print(f"{'lockstep trace_json.read_file (msgspec)':44s} {size / 1e6 / o:7.1f} MB/s per core  cpu {o:6.2f} s")
+    what = "native scanner" if native is not None else "native scanner NOT BUILT: msgspec"
+    print(f"{f'lockstep trace_json.read_file ({what})':44s} {size / 1e6 / o:7.1f} MB/s per core  cpu {o:6.2f} s")
+    print(
+        f"{'lockstep trace_json.read_file (msgspec)':44s} {size / 1e6 / p:7.1f} MB/s per core  cpu {p:6.2f} s  ({p / o:.1f}x slower)"
+    )
     print(
         f"{'DuckDB read_json, threads=1 (columns only)':44s} {size / 1e6 / d:7.1f} MB/s per core  cpu {d:6.2f} s  ({o / d:.1f}x)"
     )

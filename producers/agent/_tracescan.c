@@ -8,7 +8,7 @@
  * before, which also says what is wrong with bytes that are not a trace.  Every byte read is checked against the run's
  * end first: nothing is read outside [lo, hi).
  *
- * scan(buffer, lo, hi) -> None | (strings, escaped, x, flows)
+ * scan(buffer, lo, hi) -> None | (strings, escaped, x, flows, order)
  *   strings  list[bytes]: the distinct string values of the kept fields (cat, name, the two process-group args), raw
  *            (between the quotes, escapes not undone), numbered from 0 in the order they first occur; 0 is "".
  *   escaped  bytes: 1 where strings[i] holds a backslash (the reader decodes those as JSON).
@@ -19,6 +19,7 @@
  *            A pid or tid written as a string is -(2**62) - 1 - its code into strings.
  *   flows    5 bytes objects, the flow events ("ph" "s" or "f", "cat" "ac2g" or "async", an integer "id"): is_end
  *            (uint8), id (int64), ts (float64), pid, tid (int64).
+ *   order    3 bytes objects (int32): the codes of x's cat, name and pg, each in the order they first occur there.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -70,6 +71,8 @@ typedef struct {
     Py_ssize_t i, end;
     int depth;
     Table strings;
+    Buf seen;     /* per code, a bit per string column of x (cat, name, pg) it was put in */
+    Buf order[3]; /* per string column of x, its codes in the order they first occur in it (int32) */
     Buf x[11];
     Buf f[5];
 } Scan;
@@ -115,7 +118,8 @@ static int32_t table_code(Scan *sc, Py_ssize_t off, Py_ssize_t len) {
         j = (j + 1) & (t->cap - 1);
     }
     Slot q = {off, len, h, n};
-    if (buf_put(&t->list, &q, sizeof q) < 0) return NOMEM;
+    static const uint8_t unseen = 0;
+    if (buf_put(&t->list, &q, sizeof q) < 0 || buf_put(&sc->seen, &unseen, 1) < 0) return NOMEM;
     t->slots[j] = q;
     return n;
 }
@@ -486,6 +490,14 @@ static int read_args(Scan *sc, Args *a) {
     return 0;
 }
 
+/* a code put in string column `col` of x: noted in that column's order when it is its first there */
+static inline int note(Scan *sc, int col, int32_t code) {
+    uint8_t *seen = (uint8_t *)sc->seen.p + code;
+    if (*seen & (1 << col)) return 0;
+    *seen |= (uint8_t)(1 << col);
+    return buf_put(&sc->order[col], &code, 4);
+}
+
 static int read_event(Scan *sc) {
     if (sc->i >= sc->end || sc->s[sc->i] != '{') return BAIL;
     sc->depth = 1;
@@ -572,7 +584,7 @@ static int read_event(Scan *sc) {
             buf_put(&sc->x[3], &dur, 8) < 0 || buf_put(&sc->x[4], &pid, 8) < 0 || buf_put(&sc->x[5], &tid, 8) < 0 ||
             buf_put(&sc->x[6], &a.corr, 8) < 0 || buf_put(&sc->x[7], &a.device, 8) < 0 ||
             buf_put(&sc->x[8], &a.bytes, 8) < 0 || buf_put(&sc->x[9], &a.pg, 4) < 0 ||
-            buf_put(&sc->x[10], &a.seq, 8) < 0)
+            buf_put(&sc->x[10], &a.seq, 8) < 0 || note(sc, 0, cat) < 0 || note(sc, 1, name) < 0 || note(sc, 2, a.pg) < 0)
             return NOMEM;
         return 0;
     }
@@ -613,6 +625,8 @@ static int scan_run(Scan *sc) {
 static void scan_free(Scan *sc) {
     free(sc->strings.slots);
     free(sc->strings.list.p);
+    free(sc->seen.p);
+    for (int k = 0; k < 3; k++) free(sc->order[k].p);
     for (int k = 0; k < 11; k++) free(sc->x[k].p);
     for (int k = 0; k < 5; k++) free(sc->f[k].p);
 }
@@ -686,13 +700,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         PyObject *x = columns_tuple(sc.x, 11);
         PyObject *f = x ? columns_tuple(sc.f, 5) : NULL;
-        if (!x || !f) {
+        PyObject *order = f ? columns_tuple(sc.order, 3) : NULL;
+        if (!x || !f || !order) {
             Py_DECREF(strings);
             Py_DECREF(escaped);
             Py_XDECREF(x);
+            Py_XDECREF(f);
             goto done;
         }
-        out = Py_BuildValue("(NNNN)", strings, escaped, x, f);
+        out = Py_BuildValue("(NNNNN)", strings, escaped, x, f, order);
     }
 done:
     scan_free(&sc);

@@ -174,12 +174,12 @@ class _Dictionary:
                     code[s] = len(code)
             return np.fromiter(map(code.get, map(get, events)), np.int32, len(events))
 
-    def recode(self, local: np.ndarray, strings: list[str]) -> np.ndarray:
-        """Codes of ``local`` (indices into ``strings``), new strings numbered in the order they first occur."""
-        uniq, first = np.unique(local, return_index=True)
+    def recode(self, local: np.ndarray, strings: list[str], first: bytes) -> np.ndarray:
+        """Codes of ``local`` (indices into ``strings``; ``first``, int32: those it holds, in the order they first
+        occur in it), new strings numbered in that order."""
         lut = np.zeros(len(strings), dtype=np.int32)
         code = self.code
-        for u in uniq[np.argsort(first)].tolist():
+        for u in np.frombuffer(first, dtype=np.int32).tolist():
             lut[u] = code.setdefault(strings[u], len(code))
         return lut[local]
 
@@ -417,22 +417,22 @@ class ColumnBuilder:
     def add_scanned(self, scanned: tuple) -> None:
         """A run of events as the native scanner gave it (``_tracescan.scan``): the same columns :meth:`add` makes
         of that run decoded by msgspec as :class:`_TypedEvent`."""
-        raw, escaped, x, fl = scanned
+        raw, escaped, x, fl, first = scanned
         strings = [msgspec.json.decode(b'"%s"' % r, type=str) if e else r.decode() for r, e in zip(raw, escaped)]
         n = len(x[0]) // 4
         if n:
             col = [np.frombuffer(b, dtype=d) for b, d in zip(x, _SCANNED_X)]
             cat, name, ts, dur, pid, tid, corr, device, nbytes, pg, seq = col
             self._put(
-                cat=self._cats.recode(cat, strings),
-                name=self._names.recode(name, strings),
+                cat=self._cats.recode(cat, strings, first[0]),
+                name=self._names.recode(name, strings, first[1]),
                 ts=ts,
                 dur=dur,
                 stream=self._stream_of(pid, tid, strings),
                 corr=_typed_ints(corr, -1),
                 device=_typed_ints(device, -2),
                 nbytes=_typed_floats(nbytes),
-                pg=self._pgs.recode(pg, strings),
+                pg=self._pgs.recode(pg, strings, first[2]),
                 seq=_typed_ints(seq, -1),
             )
         m = len(fl[0])
