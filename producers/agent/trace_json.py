@@ -47,7 +47,7 @@ import pyarrow as pa
 from ...schemas.errors import LockstepError
 
 try:  # the native scanner (producers/agent/_tracescan.c), built by `pip install` where a C compiler is
-    from . import _tracescan as native  # type: ignore[attr-defined]  # a C extension; its interface is in its source
+    from . import _tracescan as native  # a C extension; its interface is in its source
 except ImportError:  # pragma: no cover - a build without a compiler: msgspec decodes every run
     native = None
 

@@ -97,7 +97,7 @@ def _trace(events: list, ensure_ascii: bool, sep: tuple[str, str]) -> bytes:
 
 
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12) | st.sampled_from(
-    ["", "ac2g", "async", "kernel", 'a"b', "a\\b", "}, {", "ü", "\x01", "𝔘"]
+    ["", "ac2g", "async", "kernel", 'a"b', "a\\b", "}, {", "ü", "\x01", "\U0001d518"]
 )
 _int = st.integers(-(2**63), 2**64) | st.integers(-5, 5) | st.sampled_from([2**62 - 1, 2**62, 10**18, 10**17])
 _num = (
@@ -109,7 +109,8 @@ _num = (
 
 @needs_native
 @pytest.mark.parametrize(
-    "text", ["174041096073403.4221", "1683564901540885.123", "0.1", "9007199254740993", "4203669603018.756", "-0.0", "5e-324"]
+    "text",
+    ["174041096073403.4221", "1683564901540885.123", "0.1", "9007199254740993", "4203669603018.756", "-0.0", "5e-324"],
 )
 def test_numbers_read_as_the_nearest_double(text, monkeypatch) -> None:
     """Digits beyond 2**53 are rounded once, not twice (``174041096073403.4221`` read as its digits over 10**4 is one
@@ -118,7 +119,13 @@ def test_numbers_read_as_the_nearest_double(text, monkeypatch) -> None:
     scanned = _read(data, True, monkeypatch)
     assert scanned[1].ts[0] == float(text)
     _assert_same(scanned, _read(data, False, monkeypatch))
-_junk = st.recursive(st.none() | st.booleans() | _num | _text, lambda c: st.lists(c, max_size=3) | st.dictionaries(_text, c, max_size=3), max_leaves=6)
+
+
+_junk = st.recursive(
+    st.none() | st.booleans() | _num | _text,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(_text, c, max_size=3),
+    max_leaves=6,
+)
 _args = st.fixed_dictionaries(
     {},
     optional={
@@ -149,7 +156,9 @@ _event = st.fixed_dictionaries(
 
 
 @needs_native
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(
     events=st.lists(_event, min_size=1, max_size=12),
     ensure_ascii=st.booleans(),
