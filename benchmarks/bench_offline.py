@@ -47,7 +47,7 @@ from lockstep.app.offline import read_summarised
 from lockstep.producers.agent import trace_json
 from lockstep.producers.agent.trace import TraceError
 if sys.argv[3:] == ["msgspec"]:
-    trace_json.native = None  # the baseline: every run decoded by msgspec
+    trace_json.native_scan = None  # the baseline: every run decoded by msgspec
 ru0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 try:
@@ -59,7 +59,7 @@ except TraceError as exc:
     out = {"error": str(exc)}
 ru = resource.getrusage(resource.RUSAGE_SELF)
 cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
-out.update(wall_s=time.perf_counter() - t0, cpu_s=cpu, maxrss_mib=ru.ru_maxrss / 1024, native=trace_json.native is not None)
+out.update(wall_s=time.perf_counter() - t0, cpu_s=cpu, maxrss_mib=ru.ru_maxrss / 1024, native=trace_json.native_scan is not None)
 print(json.dumps(out))
 """
 
@@ -274,15 +274,15 @@ def decoders(a, tmp: Path) -> None:
         f"'{events}', format = 'array', columns = {DUCKDB_EVENT_COLUMNS}, maximum_object_size = 67108864)"
     )
     ours, plain, duck = [], [], []
-    native = trace_json.native
+    native = trace_json.native_scan
     for _ in range(a.repeats):
         for scanner, times in ((native, ours), (None, plain)):
-            trace_json.native = scanner
+            trace_json.native_scan = scanner
             t = time.process_time()
             with path.open("rb") as fh:
                 read_file(fh, 1 << 40)
             times.append(time.process_time() - t)
-        trace_json.native = native
+        trace_json.native_scan = native
         t = time.process_time()
         rows = con.sql(query).to_arrow_table().num_rows
         duck.append(time.process_time() - t)

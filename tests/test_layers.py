@@ -55,6 +55,15 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def extensions() -> set[str]:
+    """Modules written in C (``producers/agent/_tracescan.c``): importable, and they import nothing of ours."""
+    return {
+        ".".join((package, *path.relative_to(ROOT / folder).with_suffix("").parts))
+        for folder, package in FOLDERS.items()
+        for path in (ROOT / folder).rglob("*.c")
+    }
+
+
 def imports(name: str, path: Path, known: set[str]) -> Iterator[tuple[str, int]]:
     """(module of ours, line) for every import in the file."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -90,8 +99,9 @@ def layer(name: str) -> str | None:
 
 def graph() -> dict[str, dict[str, int]]:
     mods = modules()
-    known = set(mods)
-    return {name: {t: line for t, line in imports(name, path, known) if t != name} for name, path in mods.items()}
+    known = set(mods) | extensions()
+    out = {name: {t: line for t, line in imports(name, path, known) if t != name} for name, path in mods.items()}
+    return out | {name: {} for name in extensions()}
 
 
 def test_every_module_has_a_layer():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import gzip
+import logging
 import os
 import re
 import zlib
@@ -46,10 +47,17 @@ import pyarrow as pa
 
 from ...schemas.errors import LockstepError
 
-try:  # the native scanner (producers/agent/_tracescan.c), built by `pip install` where a C compiler is
-    from . import _tracescan as native  # a C extension; its interface is in its source
-except ImportError:  # pragma: no cover - a build without a compiler: msgspec decodes every run
-    native = None
+#: ``scan(buffer, lo, hi)``, the native scanner (producers/agent/_tracescan.c, built by `pip install` where a C
+#: compiler is); None where it is not built (or switched off, as the benchmark's baseline and the tests do): msgspec
+#: then decodes every run
+native_scan: Callable[[bytearray, int, int], tuple | None] | None
+try:
+    from ._tracescan import scan as native_scan
+except ImportError:  # pragma: no cover - a build without a compiler
+    native_scan = None
+_unbuilt_told = native_scan is not None  # where it is built there is nothing to tell
+
+log = logging.getLogger(__name__)
 
 #: bytes of JSON decoded at once
 WINDOW = 4 << 20
@@ -855,7 +863,7 @@ class _Reader:
 def _scan(buf: bytearray, lo: int, hi: int) -> tuple | None:
     """The events from ``lo`` to ``hi`` as the native scanner's columns; None where it gave up on them (anything but
     what torch.profiler writes: msgspec decodes those) or is not built."""
-    return native.scan(buf, lo, hi) if native is not None else None
+    return native_scan(buf, lo, hi) if native_scan is not None else None
 
 
 def _holds(buf: bytearray, what: bytes, lo: int, hi: int) -> bool:
@@ -926,6 +934,13 @@ def read_file(
     """A trace file's metadata and event columns, read in slices; at most ``max_bytes`` (decompressed) read.  With
     ``spill`` (a folder, or a function that makes one): once more than ``spill_rows`` events were read, the columns go there in chunks of about
     ``chunk_rows`` (:class:`Spilled`)."""
+    global _unbuilt_told
+    if not _unbuilt_told:  # once a process
+        _unbuilt_told = True
+        log.warning(
+            "the trace reader's native scanner is not built (no C compiler or no Python headers when lockstep was "
+            "installed): traces are read about half as fast; install gcc and python3-dev, then `pip install` again"
+        )
     builder = ColumnBuilder(spill, spill_rows, chunk_rows)
     meta = _Reader(_Source(fh, max_bytes, what), builder).read()
     try:

@@ -26,7 +26,7 @@ from lockstep.producers.agent import trace_json
 from lockstep.producers.agent.trace_json import ColumnBuilder, TraceReadError, _decode_run, read_file
 
 TRACES = Path(__file__).parents[2] / "data" / "traces"
-NATIVE = trace_json.native
+NATIVE = trace_json.native_scan
 
 
 def _buildable() -> bool:
@@ -45,7 +45,7 @@ needs_native = pytest.mark.skipif(NATIVE is None, reason="the native scanner is 
 
 def _read(data: bytes, native: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
     with monkeypatch.context() as m:
-        m.setattr(trace_json, "native", NATIVE if native else None)
+        m.setattr(trace_json, "native_scan", NATIVE if native else None)
         try:
             return read_file(io.BytesIO(data), 1 << 40)
         except TraceReadError as exc:
@@ -72,8 +72,8 @@ class _Counted:
     def __init__(self) -> None:
         self.read = self.gave_up = 0
 
-    def scan(self, buf: bytearray, lo: int, hi: int) -> tuple | None:
-        out = NATIVE.scan(buf, lo, hi)
+    def __call__(self, buf: bytearray, lo: int, hi: int) -> tuple | None:
+        out = NATIVE(buf, lo, hi)
         self.read += out is not None
         self.gave_up += out is None
         return out
@@ -84,9 +84,9 @@ class _Counted:
 def test_every_public_trace_is_scanned_natively_into_the_columns_msgspec_gives(name, monkeypatch) -> None:
     data = gzip.decompress((TRACES / name).read_bytes())
     counted = _Counted()
-    monkeypatch.setattr(trace_json, "native", counted)
+    monkeypatch.setattr(trace_json, "native_scan", counted)
     native = read_file(io.BytesIO(data), 1 << 40)
-    monkeypatch.setattr(trace_json, "native", None)
+    monkeypatch.setattr(trace_json, "native_scan", None)
     _assert_same(native, read_file(io.BytesIO(data), 1 << 40))
     assert counted.read >= 1 and counted.gave_up == 0  # Kineto's traces, string pids included, never fall back
 
@@ -200,7 +200,7 @@ def test_mutated_bytes_never_crash_the_scanner_and_what_it_accepts_msgspec_reads
             else:
                 del b[at : at + rng.randint(1, 30)]
         a, z = sorted(rng.randrange(len(b) + 1) for _ in range(2)) if rng.random() < 0.3 else (0, len(b))
-        out = NATIVE.scan(b, a, z)
+        out = NATIVE(b, a, z)
         if out is None:
             continue
         accepted += 1
@@ -243,14 +243,14 @@ def test_mutated_bytes_never_crash_the_scanner_and_what_it_accepts_msgspec_reads
     ],
 )
 def test_the_scanner_gives_up_on_what_it_does_not_read_exactly(run) -> None:
-    assert NATIVE.scan(bytearray(run), 0, len(run)) is None
+    assert NATIVE(bytearray(run), 0, len(run)) is None
 
 
 @needs_native
 def test_the_scanner_never_reads_past_the_end_it_is_given() -> None:
     run = bytearray(b'{"ph": "X", "ts": 12, "dur": 3}')
-    assert NATIVE.scan(run, 0, len(run)) is not None
+    assert NATIVE(run, 0, len(run)) is not None
     for hi in range(len(run)):  # every cut short: given up on, whatever follows in the buffer
-        assert NATIVE.scan(run, 0, hi) is None
+        assert NATIVE(run, 0, hi) is None
     with pytest.raises(ValueError):
-        NATIVE.scan(run, 0, len(run) + 1)
+        NATIVE(run, 0, len(run) + 1)
