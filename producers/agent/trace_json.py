@@ -5,8 +5,10 @@
 (the bytes, then a Python object per event and field).  Here the file is read in slices of
 :data:`WINDOW` bytes (gunzipped as it is read, when it is gzip): the top-level object is walked key by
 key, and the ``traceEvents`` array is cut at the last event boundary of each slice and that run of
-events decoded by msgspec into structs, which are at once turned into a few numpy columns (strings as
-codes of a dictionary, since traces repeat the same few thousand names) and dropped.  What stays is
+events read into a few numpy columns (strings as codes of a dictionary, since traces repeat the same few
+thousand names): by the native scanner (``_tracescan.c``, :func:`_scan`), which reads what torch.profiler
+writes with no Python object per event, or, where it gives up or is not built, by msgspec into structs,
+which are at once turned into the same columns and dropped.  What stays is
 :class:`Columns`: about 60 bytes per complete (``"ph": "X"``) event and 21 per flow event, whatever the
 JSON spent on them (names, ``args``), and nothing of other events (metadata, counters, instants).
 
