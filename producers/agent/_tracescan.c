@@ -1,17 +1,18 @@
 /* The trace reader's native scanner: a run of Chrome-trace events (the bytes of `{...}, {...}, ...` as torch.profiler
  * writes them) straight into the reader's columns, with no Python object per event.
  *
- * It accepts a strict subset of what the msgspec path (producers/agent/trace_json.py, `_TypedEvent`) accepts, and
- * gives the same columns for it.  Anything else -- a key spelt with escapes, a category spelt with escapes, a flow id
- * that is a string, a number that is not plain (an integer beyond 18 digits, an integer field written 1.0), invalid UTF-8, a duplicated field, nesting deeper than MAX_DEPTH, bytes that
- * are not JSON -- makes it give up on the whole run (it returns None), and the reader decodes that run with msgspec as
- * before, which also says what is wrong with bytes that are not a trace.  Every byte read is checked against the run's
- * end first: nothing is read outside [lo, hi).
+ * It accepts a strict subset of what the msgspec path (producers/agent/trace_json.py: `_TypedEvent`, or `ChromeEvent`
+ * where a pid or tid is a string) accepts, and gives the same columns for it.  Anything else -- a key or a category
+ * spelt with escapes, a flow id that is a string, a number that is not plain (an integer beyond 18 digits, an integer
+ * field written 1.0), invalid UTF-8, a duplicated field, nesting deeper than MAX_DEPTH, bytes that are not JSON --
+ * makes it give up on the whole run (it returns None), and the reader decodes that run with msgspec as before, which
+ * also says what is wrong with bytes that are not a trace.  Every byte read is checked against the run's end first:
+ * nothing is read outside [lo, hi).
  *
  * scan(buffer, lo, hi) -> None | (strings, escaped, x, flows, order)
  *   strings  list[bytes]: the distinct string values of the kept fields (cat, name, the two process-group args, a pid
- *            or tid written as a string), raw
- *            (between the quotes, escapes not undone), numbered from 0 in the order they first occur; 0 is "".
+ *            or tid written as a string), raw (between the quotes, escapes not undone), numbered from 0 in the order
+ *            they first occur; 0 is "".
  *   escaped  bytes: 1 where strings[i] holds a backslash (the reader decodes those as JSON).
  *   x        11 bytes objects, the complete ("ph": "X") events' columns: cat, name (int32 codes into strings), ts, dur
  *            (float64), pid, tid, correlation, device (int64), bytes (float64), pg (int32: the process group's
