@@ -3,6 +3,7 @@
 - The **op-event table**: one row per executed function on one worker, times on
   that worker's own clock (only differences within a worker mean anything).
 - The **hardware-sample table**: one row per sample of one metric on one worker.
+- The **connection table**: one row per TCP connection of one worker over a window.
 
 Both are Arrow tables (Parquet or CSV on disk).  The summariser turns them into
 one function table (:mod:`lockstep.schemas.functions`) per worker and step.
@@ -67,9 +68,31 @@ SAMPLE_SCHEMA = pa.schema(
 )
 SAMPLE_REQUIRED = ("worker", "t_us", "metric", "value")
 
+#: the **connection table**: one row per TCP connection of one worker's training process during a window (its
+#: counters' change over the window, its RTT at the end), read from the kernel's ``tcp_info`` by the agent
+#: (``producers/agent/tcpdiag.py``).  ``local`` and ``peer`` are ``address:port``; a connection between two workers
+#: appears on both with the two swapped, which is how the diagnosis knows which worker is at its other end
+#: (:mod:`lockstep.streams.diagnosis.links`).  ``segs_out`` and ``retrans`` are the data segments the worker sent and
+#: those it sent again: a lossy path shows at its sender.
+CONNECTION_SCHEMA = pa.schema(
+    [
+        pa.field("worker", pa.int64(), nullable=False),
+        pa.field("local", pa.string(), nullable=False),
+        pa.field("peer", pa.string(), nullable=False),
+        pa.field("segs_out", pa.int64(), nullable=False),
+        pa.field("retrans", pa.int64(), nullable=False),
+        pa.field("bytes_sent", pa.int64()),
+        pa.field("rtt_us", pa.float64()),  # smoothed RTT at the window's end
+        pa.field("min_rtt_us", pa.float64()),
+    ]
+)
+CONNECTION_REQUIRED = ("worker", "local", "peer", "segs_out", "retrans")
+
 __all__ = [
     "COLLECTIVE_FIELDS",
     "COLLECTIVE_INSTANCE_SCHEMA",
+    "CONNECTION_REQUIRED",
+    "CONNECTION_SCHEMA",
     "FUNCTION_KINDS",
     "MAX_DURATION_US",
     "MAX_STEP",

@@ -143,6 +143,10 @@ class DiagnosisPolicy:
     cpu_self_drop: float = (
         0.5  # CPU work that got this much less of a core than the peers', others taking as much: contention
     )
+    # --- lossy links, from the workers' TCP connections (links.py)
+    link_loss_min: float = 0.005  # a connection that sent this share of its data segments again is lossy ...
+    link_min_retrans: int = 10  # ... and at least this many segments ...
+    link_min_segs: int = 1000  # ... judged only on connections that sent at least this many in the window
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,9 @@ _RANGES = (
     ("diagnosis", "localise_z", lambda v: v > 0, "> 0"),
     ("diagnosis", "localise_alpha", lambda v: 0 < v < 1, "in (0, 1)"),
     ("diagnosis", "localise_min_shift", lambda v: v >= 0, ">= 0"),
+    ("diagnosis", "link_loss_min", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("diagnosis", "link_min_retrans", lambda v: v >= 1, ">= 1"),
+    ("diagnosis", "link_min_segs", lambda v: v >= 1, ">= 1"),
 )
 
 

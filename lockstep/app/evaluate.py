@@ -423,12 +423,14 @@ def _best(r_findings: list[Finding], culprit: int, culprits: list[int], judge) -
 
 def run_real_case(manifest, fixture: Path, policy: Policy) -> RealCaseResult:
     from .offline import diagnose as diagnose_inputs
-    from .real_corpus import VISIBILITY_COLUMNS, fixture_inputs, read_fixture, visibility
+    from .real_corpus import VISIBILITY_COLUMNS, fixture_connections, fixture_inputs, read_fixture, visibility
 
     t0 = time.perf_counter()
     table = read_fixture(fixture)
+    inputs = fixture_inputs(table)
+    inputs.connections = fixture_connections(fixture)
     # a fixed clock: the same fixture gives the same findings
-    findings = diagnose_inputs(fixture_inputs(table), policy, manifest.case, now=0.0).findings
+    findings = diagnose_inputs(inputs, policy, manifest.case, now=0.0).findings
     r = RealCaseResult(manifest, findings, [], 0.0)
     r.named = [
         _best(findings, c, manifest.culprits, lambda f: (r.right(f), r.function_right(f))) for c in manifest.culprits

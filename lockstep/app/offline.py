@@ -67,6 +67,7 @@ class Inputs:
     files: int = 0
     expected_workers: int = 0  # the job's workers: the largest world_size a trace gives, at least those read
     notes: list[str] = field(default_factory=list)  # how ranks or steps were found where the files did not say
+    connections: pa.Table | None = None  # the workers' TCP connections over the window (CONNECTION_SCHEMA), if given
 
 
 def diagnose(inputs: Inputs, policy, job: str, *, now: float, keep: list | None = None):
@@ -109,7 +110,7 @@ def diagnose(inputs: Inputs, policy, job: str, *, now: float, keep: list | None 
     )
     if keep is not None:
         keep += results
-    return diagnose_window(info, results, policy, now=now)
+    return diagnose_window(info, results, policy, now=now, connections=inputs.connections)
 
 
 # --------------------------------------------------------------------------- files
@@ -225,6 +226,30 @@ def _read_samples(samples_path: Path | None, max_bytes: int) -> tuple[pa.Table |
             raise DiagnoseError(f"{samples_path}: sample table lacks column worker; needs worker, t_us, metric, value")
         sampled = set(pc.unique(samples.column("worker")).to_pylist())
     return samples, sampled
+
+
+def read_connections(path: Path, max_bytes: int = int(MAX_INPUT_MB * 2**20)) -> pa.Table:
+    """A connection table (.parquet, .csv; ``CONNECTION_SCHEMA``: what ``--connections`` reads), its columns cast to
+    the schema's types; a file that lacks a required column or whose values do not fit says so in one line."""
+    from ..schemas.events import CONNECTION_REQUIRED, CONNECTION_SCHEMA
+
+    t = _read_table(path, max_bytes)
+    missing = [c for c in CONNECTION_REQUIRED if c not in t.column_names]
+    if missing:
+        raise DiagnoseError(
+            f"{path}: connection table lacks column {', '.join(missing)}; needs {', '.join(CONNECTION_REQUIRED)}"
+        )
+    cols = []
+    for f in CONNECTION_SCHEMA:
+        col = t.column(f.name) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+        try:
+            col = col.cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise DiagnoseError(f"{path}: column {f.name} of the connection table is not {f.type}") from None
+        if not f.nullable and col.null_count:
+            raise DiagnoseError(f"{path}: column {f.name} of the connection table has empty values")
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=CONNECTION_SCHEMA)
 
 
 def _read_pooled(

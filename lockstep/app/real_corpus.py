@@ -83,6 +83,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     fixture: str  # the Parquet file beside the manifest
     recorded: str  # UTC time of the recording
     record_seconds: float
+    # added after the first recordings: the connection table beside the manifest (the workers' TCP connections over
+    # the fixture's steps, CONNECTION_SCHEMA), "" where the case was recorded without one
+    connections: str = ""
 
 
 def write_manifest(m: Manifest, path: Path) -> None:
@@ -124,9 +127,29 @@ def read_fixture(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
         raise CorpusError(f"{path}: {exc}") from None
 
 
+def connections_path(fixture: Path) -> Path:
+    """Where a fixture's connection table lies: ``ID.connections.parquet`` beside ``ID.parquet``."""
+    return fixture.with_name(f"{fixture.stem}.connections.parquet")
+
+
+def fixture_connections(fixture: Path) -> pa.Table | None:
+    """The fixture's connection table, None where it was recorded without one."""
+    from .offline import DiagnoseError, read_connections
+
+    path = connections_path(fixture)
+    if not path.exists():
+        return None
+    try:
+        return read_connections(path)
+    except DiagnoseError as exc:
+        raise CorpusError(str(exc)) from None
+
+
 def load_fixture(path: Path) -> Inputs:
-    """A fixture -> the inputs of :func:`lockstep.app.offline.diagnose`."""
-    return fixture_inputs(read_fixture(path))
+    """A fixture (and its connection table, if it has one) -> the inputs of :func:`lockstep.app.offline.diagnose`."""
+    inputs = fixture_inputs(read_fixture(path))
+    inputs.connections = fixture_connections(path)
+    return inputs
 
 
 def fixture_inputs(table: pa.Table) -> Inputs:

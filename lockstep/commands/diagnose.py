@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from .. import config
-from ..app.offline import MAX_INPUT_MB, DiagnoseError, diagnose, expand_inputs, load_inputs
+from ..app.offline import MAX_INPUT_MB, DiagnoseError, diagnose, expand_inputs, load_inputs, read_connections
 
 
 def register(sub) -> None:
@@ -35,6 +35,14 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--samples", type=Path, default=None, help="hardware-sample table (.parquet, .csv): worker, t_us, metric, value"
+    )
+    p.add_argument(
+        "--connections",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the workers' TCP connections over the same steps (.parquet, .csv): worker, local, peer, segs_out, "
+        "retrans (the agent's connection table): a worker whose link loses packets is named from them",
     )
     p.add_argument(
         "--rank",
@@ -82,7 +90,8 @@ def run(args) -> int:
     if not args.max_input_mb > 0:
         raise DiagnoseError(f"--max-input-mb must be positive, got {args.max_input_mb:g}")
     files = expand_inputs(args.files)
-    for path in (*files, *([args.samples] if args.samples else [])):
+    extra = [p for p in (args.samples, args.connections) if p]
+    for path in (*files, *extra):
         if is_duckdb(path):
             raise DiagnoseError(
                 f"{path} is a DuckDB file (a findings store?), not a trace or an op-event table: "
@@ -103,6 +112,8 @@ def run(args) -> int:
             status=bar.status,
             jobs=jobs,
         )
+    if args.connections:
+        inputs.connections = read_connections(args.connections, int(args.max_input_mb * 2**20))
     for note in inputs.notes:
         print(f"lockstep diagnose: {note}", file=sys.stderr)
     labels = sorted({k for w in inputs.workers.values() for k in w.labels})

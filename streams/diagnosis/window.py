@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...schemas.records import (
     HARDWARE_CAUSES,
@@ -42,6 +43,7 @@ from ...schemas.records import (
 from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
+from .links import LossyLink, lossy_links
 from .localise import NOBODY, Localised, Standing, localise
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
@@ -91,7 +93,10 @@ def diagnose_window(
     closed_reason: str = "",
     bytes_in: int = 0,
     history: JobHistory | None = None,
+    connections: pa.Table | None = None,
 ) -> WindowDiagnosis:
+    """``connections``: the workers' TCP connections over the window (``CONNECTION_SCHEMA``), where their agents
+    recorded them: a lossy link is named from them (:mod:`.links`)."""
     dp = policy.diagnosis
     results = sorted(results, key=lambda r: r.step)
     steps_seen = len(results)
@@ -105,6 +110,7 @@ def diagnose_window(
         # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it
         named = {w for f in findings if f.scope == "worker" for w in f.workers}
         findings += [_localised_finding(ctx, loc) for loc in ctx.standing.localised if loc.worker not in named]
+        findings = _with_links(ctx, findings, lossy_links(connections, dp))
         findings += _group_findings(ctx, groups)
         explained = {f.function for f in findings}
         findings += [f for f in _job_findings(ctx, groups, history, findings) if f.function not in explained]
@@ -862,6 +868,123 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
         ),
         window_steps=n,
     )
+
+
+# --------------------------------------------------------------------------- lossy links
+
+
+def _collective(groups: pa.Table | None) -> tuple[str, str, float]:
+    """The window's collective with the largest median share of the step: (function, kind, share); a lossy link
+    slows every transfer over it, and the job waits in its collectives."""
+    if groups is None or groups.num_rows == 0:
+        return "", "collective", 0.0
+    g = groups.filter(pc.is_in(groups.column("kind"), value_set=pa.array(list(WAITING_KINDS))))
+    if g.num_rows == 0:
+        return "", "collective", 0.0
+    fn, inv = np.unique(np.asarray(g.column("function").to_pylist(), dtype=object), return_inverse=True)
+    share = np.nan_to_num(_np(g, "share"))
+    med = np.array([np.median(share[inv == i]) for i in range(fn.size)])
+    best = int(np.argmax(med))
+    kind = g.column("kind").to_pylist()[int(np.flatnonzero(inv == best)[0])]
+    return str(fn[best]), kind, float(med[best])
+
+
+def _link_evidence(link: LossyLink) -> list[Evidence]:
+    evidence = [
+        Evidence(
+            feature="tcp_retrans_share",
+            value=round(link.loss, 5),
+            peer_value=round(link.others_loss, 5) if math.isfinite(link.others_loss) else None,
+            deviation=round(link.loss / link.others_loss - 1, 2) if link.others_loss > 0 else None,
+        ),
+        Evidence(feature="lossy_peers", value=float(len(link.peers)), peer_value=None, deviation=None),
+    ]
+    if math.isfinite(link.rtt_us) and math.isfinite(link.others_rtt_us):
+        evidence.append(
+            Evidence(
+                feature="rtt_us",
+                value=round(link.rtt_us, 1),
+                peer_value=round(link.others_rtt_us, 1),
+                deviation=round(link.rtt_us / link.others_rtt_us - 1, 2) if link.others_rtt_us > 0 else None,
+            )
+        )
+    return evidence
+
+
+def _link_confidence(ctx: _Ctx, link: LossyLink) -> float:
+    """Named by its connections alone: from just paging at the loss threshold to 0.9 at ten times it."""
+    strength = min(1.0, link.loss / (10.0 * ctx.dp.link_loss_min))
+    return round(min(0.99, (0.55 + 0.35 * strength) * (0.5 + 0.5 * ctx.coverage)), 3)
+
+
+def _with_links(ctx: _Ctx, findings: list[Finding], links: list[LossyLink]) -> list[Finding]:
+    """A worker named by its lossy connections (:mod:`.links`): a finding of its own on the job's collective, cause
+    ``nic``; where a finding already names it in that collective, that finding gets the cause and the evidence."""
+    if not links:
+        return findings
+    function, kind, share = _collective(ctx.groups)
+    function = function or "network"
+    n = len(ctx.results)
+    steps = sorted({r.step for r in ctx.results})
+    out = list(findings)
+    for link in links:
+        conf = _link_confidence(ctx, link)
+        evidence = _link_evidence(link)
+        peers = ", ".join(map(str, link.peers))
+        summary = (
+            f"worker {link.worker}: its TCP connections with workers {peers} sent {link.loss:.2%} of their data "
+            f"segments again ({link.retrans:,} of {link.segs_out:,}; the other connections' median {link.others_loss:.2%}); "
+            f"the one worker they share, its link (NIC, cable or switch port) loses packets; every worker waits for "
+            f"it in {function} ({share:.0%} of the step, what it can cost at most); cause nic"
+        )
+        same = [
+            i
+            for i, f in enumerate(out)
+            if f.scope == "worker" and f.workers == [link.worker] and f.function == function
+        ]
+        if same:
+            f = out[same[0]]
+            out[same[0]] = msgspec.structs.replace(
+                f,
+                id=finding_id(f.job, f.window, f.scope, f.workers, f.function, "nic", f.group),
+                cause="nic",
+                confidence=max(f.confidence, conf),
+                evidence=[*f.evidence, *evidence],
+                summary=f"{f.summary}; {summary}",
+            )
+            continue
+        host = ""
+        for r in ctx.results:
+            if r.workers is not None and r.workers.num_rows:
+                hit = r.workers.filter(pc.equal(r.workers.column("worker"), link.worker))
+                if hit.num_rows:
+                    host = str(hit.column("host")[0].as_py())
+                    break
+        out.append(
+            Finding(
+                id=finding_id(ctx.info.job, ctx.info.window, "worker", [link.worker], function, "nic", None),
+                job=ctx.info.job,
+                window=ctx.info.window,
+                steps=steps,
+                scope="worker",
+                workers=[link.worker],
+                hosts=[host] if host else [],
+                devices=[],
+                group=None,
+                function=function,
+                function_kind=kind,
+                cause="nic",
+                confidence=conf,
+                evidence=evidence,
+                impact=_impact(share, ctx.info.expected_workers),
+                policy=ctx.policy_ref,
+                created_at=ctx.now,
+                tenant=ctx.info.tenant,
+                summary=summary,
+                window_steps=n,
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- scope: group

@@ -8,7 +8,8 @@ optimizer.  After two unprofiled steps, ``--steps`` steps are profiled with the 
 ``TorchWindow`` and sampled by its ``HardwareSampler`` (a process of its own, NIC and process
 CPU at ``--hz``, /proc at 100 Hz).  Written to ``--out``: ``rankR.json`` (the Chrome trace,
 ``host_name`` set to ``nodeR``: every rank stands for a host of its own) and
-``samplesR.parquet`` (the samples, moved onto the trace's clock as the agent does).
+``samplesR.parquet`` (the samples, moved onto the trace's clock as the agent does) and
+``connectionsR.parquet`` (its TCP connections over the steps from ``--warmup`` on, as the agent records a window's).
 
 Faults made inside the rank (``--case``, on the ranks of ``--culprit`` only): ``dataloader`` (its
 dataset takes 3 ms per sample), ``compute`` (extra matrix products in its ``forward``).
@@ -45,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lockstep.producers.agent.profiler import TorchWindow, export_trace
 from lockstep.producers.agent.sampler import HardwareSampler
+from lockstep.producers.agent.tcpdiag import connections, snapshot
 from lockstep.producers.agent.trace import read_chrome_trace
 from lockstep.producers.agent.window import clock_offset_us, to_trace_clock
 from lockstep.schemas.records import Sampling
@@ -309,8 +311,11 @@ def main() -> int:
     # with --go-after-warmup (the corpus) the profiler and the sampler run from step 1, so that the healthy step is
     # measured under their cost too; the fixture keeps the steps from --warmup on
     profile_from = 1 if args.go_after_warmup else args.warmup
+    tcp_before = None
     for step in range(steps):
         t0 = time.perf_counter()
+        if step == args.warmup:  # the TCP connections over the steps the fixture keeps, as the agent takes a window's
+            tcp_before = snapshot()
         if step == profile_from:
             sampler.start()
             window.start(step)
@@ -351,6 +356,7 @@ def main() -> int:
         if profile_from <= step < steps - 1:  # the boundary into the next step, where the agent's step() would be
             boundaries[step + 1] = time.time() * 1e6
             window.step()
+    conns = connections(args.rank, tcp_before, snapshot())
     pin(every_cpu)  # the fault's window is over: the profiler's and the sampler's stop run at full speed
     prof = window.stop()
     samples, stats = sampler.stop()
@@ -367,6 +373,8 @@ def main() -> int:
     pq.write_table(
         to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries)), args.out / f"samples{args.rank}.parquet"
     )
+    if conns is not None:
+        pq.write_table(conns, args.out / f"connections{args.rank}.parquet")
     (args.out / f"sampler{args.rank}.json").write_text(
         json.dumps(
             {

@@ -732,7 +732,7 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
     import datetime
     import tempfile
 
-    from lockstep.app.real_corpus import FORMAT, Manifest, measure, read_manifest, write_manifest
+    from lockstep.app.real_corpus import FORMAT, Manifest, connections_path, measure, read_manifest, write_manifest
 
     mech = MECHANISMS.get(case.mechanism)
     old = dest / f"{case.id}.json"
@@ -742,7 +742,12 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
         out = Path(tmp)
         knobs = run_case(case, out)
         write_fixture(out, dest / f"{case.id}.parquet", files=corpus_traces(out, case.world), first_step=CORPUS_WARMUP)
-    fixture = dest / f"{case.id}.parquet"
+        fixture = dest / f"{case.id}.parquet"
+        conns = [out / f"connections{r}.parquet" for r in range(case.world)]
+        if all(p.exists() for p in conns):  # every rank's, or none: a table missing a worker would mislead
+            pq.write_table(pa.concat_tables([pq.read_table(p) for p in conns]), connections_path(fixture))
+        else:
+            connections_path(fixture).unlink(missing_ok=True)
     function = mech.function if mech else ""
     manifest = Manifest(
         format=FORMAT,
@@ -762,6 +767,7 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
         fixture=fixture.name,
         recorded=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         record_seconds=round(time.monotonic() - t0, 1),
+        connections=connections_path(fixture).name if connections_path(fixture).exists() else "",
     )
     write_manifest(manifest, dest / f"{case.id}.json")
     return manifest.measured
