@@ -57,7 +57,8 @@ def _peer_workers(conns: pa.Table) -> np.ndarray:
     other = np.where(at >= 0, worker[np.maximum(at, 0)], -1)
     counts = pc.value_counts(forward)
     claimed_twice = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
-    return np.where(pc.is_in(backward, value_set=claimed_twice).to_numpy(zero_copy_only=False), -1, other)
+    ambiguous = pc.or_(pc.is_in(forward, value_set=claimed_twice), pc.is_in(backward, value_set=claimed_twice))
+    return np.where(ambiguous.to_numpy(zero_copy_only=False), -1, other)
 
 
 def _median(x: np.ndarray) -> float:

@@ -270,17 +270,29 @@ def traces(out: Path) -> list[Path]:
     return [out / f"rank{r}.json" for r in range(WORLD)]
 
 
-def diagnose_cli(out: Path) -> list[dict]:
-    """``lockstep diagnose`` on the run's traces and samples, as a user runs it: its findings."""
+def merge_connections(out: Path, world: int, dest: Path) -> bool:
+    """Every rank's ``connectionsR.parquet`` as one connection table at ``dest``; False (and no file) unless every
+    rank wrote one: a table missing a worker would mislead."""
+    parts = [out / f"connections{r}.parquet" for r in range(world)]
+    if not all(p.exists() for p in parts):
+        dest.unlink(missing_ok=True)
+        return False
+    pq.write_table(pa.concat_tables([pq.read_table(p) for p in parts]), dest)
+    return True
+
+
+def diagnose_cli(out: Path, files: list[Path] | None = None, connections: Path | None = None) -> list[dict]:
+    """``lockstep diagnose`` on the run's traces and samples (and connections), as a user runs it: its findings."""
     p = subprocess.run(
         [
             sys.executable,
             "-m",
             "lockstep",
             "diagnose",
-            *map(str, traces(out)),
+            *map(str, files or traces(out)),
             "--samples",
             str(out / "samples.parquet"),
+            *(["--connections", str(connections)] if connections else []),
             "--json",
         ],
         capture_output=True,
@@ -743,11 +755,7 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
         knobs = run_case(case, out)
         write_fixture(out, dest / f"{case.id}.parquet", files=corpus_traces(out, case.world), first_step=CORPUS_WARMUP)
         fixture = dest / f"{case.id}.parquet"
-        conns = [out / f"connections{r}.parquet" for r in range(case.world)]
-        if all(p.exists() for p in conns):  # every rank's, or none: a table missing a worker would mislead
-            pq.write_table(pa.concat_tables([pq.read_table(p) for p in conns]), connections_path(fixture))
-        else:
-            connections_path(fixture).unlink(missing_ok=True)
+        merge_connections(out, case.world, connections_path(fixture))
     function = mech.function if mech else ""
     manifest = Manifest(
         format=FORMAT,

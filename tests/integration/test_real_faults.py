@@ -35,6 +35,25 @@ def nic_of(out: Path, worker: int) -> np.ndarray:
     return s.column("value").to_numpy()
 
 
+def test_a_lossy_link_is_named_by_its_connections(tmp_path):
+    """The corpus's ``tbf_burst-strong-w4``, run again: rank 2's link drops packets both ways (a token bucket with a
+    small queue), every rank's all-reduce waits alike, and the ranks' TCP connections (the kernel's counters, read
+    as the agent reads them) name rank 2: the one endpoint its lossy connections share."""
+    case = next(c for c in rf.corpus_cases() if c.id == "tbf_burst-strong-w4")
+    try:
+        rf.run_case(case, tmp_path)
+    except rf.Unavailable as exc:
+        pytest.skip(str(exc))
+    conns = tmp_path / "connections.parquet"
+    assert rf.merge_connections(tmp_path, case.world, conns)
+    found = rf.diagnose_cli(tmp_path, rf.corpus_traces(tmp_path, case.world), conns)
+    nic = [f for f in found if f["cause"] == "nic"]
+    assert [f["workers"] for f in nic] == [[2]], rf.summary(found)
+    assert nic[0]["function"].startswith("gloo:all_reduce") and nic[0]["confidence"] >= 0.5
+    ev = {e["feature"]: e for e in nic[0]["evidence"]}
+    assert ev["tcp_retrans_share"]["value"] >= 0.005 > ev["tcp_retrans_share"]["peer_value"]
+
+
 def test_a_rate_limited_link(tmp_path):
     out = run("link", tmp_path)
     # every namespace's own NIC was sampled; while busy, the culprit's link ran at its limit (rx + tx of 100 Mbit/s)

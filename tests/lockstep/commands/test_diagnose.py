@@ -246,3 +246,58 @@ def test_a_rate_limited_link_in_a_ring_is_named_by_the_shape_of_its_samples(tmp_
         and named[0]["function"] == "gloo:all_reduce"
     ), out
     assert "saturated its link" in named[0]["summary"] and len(named) == 1
+
+
+def ring_connections(workers: int, culprit: int | None, lost: int = 2_000) -> pa.Table:
+    """Each worker's TCP connections of a ring sending r -> r-1, seen from both ends, as the agent records them:
+    the culprit's link loses ``lost`` of 40,000 segments both ways (its connection to r-1, the one from r+1)."""
+    rows = []
+    for r in range(workers):
+        to = (r - 1) % workers
+        a, b = f"10.0.{r // 250}.{r % 250 + 1}:4{r:04d}", f"10.0.{to // 250}.{to % 250 + 1}:5{to:04d}"
+        bad = culprit is not None and culprit in (r, to)
+        rows.append(dict(worker=r, local=a, peer=b, segs_out=40_000, retrans=lost if bad else 4))
+        rows.append(dict(worker=to, local=b, peer=a, segs_out=0, retrans=0))
+    return pa.Table.from_pylist(rows)
+
+
+def test_a_lossy_link_is_named_from_the_connections_where_timing_shows_none(tmp_path, capsys):
+    """Every worker's all-reduce alike (a ring waits for its slowest link): the timing alone names no worker; the
+    connections name the one endpoint the lossy ones share, cause nic, with the counts as evidence."""
+    events = tmp_path / "e.parquet"
+    pq.write_table(op_events(workers=8), events)
+    conns = tmp_path / "c.parquet"
+    pq.write_table(ring_connections(8, culprit=5), conns)
+    code, out, _ = run(capsys, events, "--json")
+    assert code == 0 and not [f for f in json.loads(out) if f["scope"] == "worker"]
+    code, out, _ = run(capsys, events, "--connections", conns, "--json")
+    found = msgspec.convert(json.loads(out), list[Finding])
+    (link,) = [f for f in found if f.cause == "nic"]
+    assert (link.scope, link.workers, link.function, link.hosts) == ("worker", [5], "nccl:all_reduce", ["host1"])
+    assert link.confidence >= 0.5
+    ev = {e.feature: e for e in link.evidence}
+    assert ev["tcp_retrans_share"].value == pytest.approx(0.05) and ev["tcp_retrans_share"].peer_value == pytest.approx(1e-4)
+    assert ev["lossy_peers"].value == 2
+    assert "workers 4, 6" in link.summary
+    # healthy connections, or a CSV of them: no link named
+    pcsv.write_csv(ring_connections(8, culprit=None), tmp_path / "c.csv")
+    code, out, _ = run(capsys, events, "--connections", tmp_path / "c.csv", "--json")
+    assert code == 0 and not [f for f in json.loads(out) if f["cause"] == "nic"]
+
+
+def test_a_bad_connection_table_is_a_one_line_error(tmp_path, capsys):
+    events = tmp_path / "e.csv"
+    pcsv.write_csv(op_events(), events)
+    nopeer = tmp_path / "nopeer.csv"
+    pcsv.write_csv(ring_connections(4, None).drop_columns(["peer"]), nopeer)
+    words = tmp_path / "words.csv"
+    pcsv.write_csv(ring_connections(4, None).set_column(3, "segs_out", pa.array(["many"] * 8)), words)
+    cases = [
+        (nopeer, "nopeer.csv: connection table lacks column peer"),
+        (words, "words.csv: column segs_out of the connection table is not int64"),
+        (tmp_path / "none.parquet", "none.parquet: cannot read it"),
+    ]
+    for path, message in cases:
+        code, _, err = run(capsys, events, "--connections", path)
+        assert code == 1 and message in err, (path, err)
+        assert err.startswith("lockstep diagnose: error: ") and err.count("\n") == 1, err

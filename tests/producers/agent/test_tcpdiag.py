@@ -1,0 +1,99 @@
+"""The training process's TCP connections from the kernel (producers/agent/tcpdiag.py), on real sockets."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from lockstep.producers.agent import tcpdiag
+from lockstep.schemas.events import CONNECTION_SCHEMA
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sock_diag is Linux's")
+
+
+@pytest.fixture
+def pair():
+    """A connected pair of TCP sockets in this process, the receiving end drained by a thread."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    out = socket.create_connection(srv.getsockname())
+    inn, _ = srv.accept()
+    srv.close()
+    received = []
+
+    def drain() -> None:
+        while chunk := inn.recv(1 << 20):
+            received.append(len(chunk))
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    yield out, inn, received
+    out.close()
+    t.join(timeout=10)
+    inn.close()
+
+
+def test_a_snapshot_has_this_process_connections_with_their_ends(pair):
+    out, inn, _ = pair
+    snap = tcpdiag.snapshot()
+    assert snap is not None
+    ends = {(s.local, s.peer) for s in snap.values()}
+    a = "{}:{}".format(*out.getsockname())
+    b = "{}:{}".format(*inn.getsockname())
+    assert (a, b) in ends and (b, a) in ends
+
+
+def test_two_snapshots_give_what_was_sent_between_them(pair):
+    out, _, received = pair
+    before = tcpdiag.snapshot()
+    out.sendall(b"x" * 4_000_000)
+    while sum(received) < 4_000_000:
+        threading.Event().wait(0.01)
+    t = tcpdiag.connections(7, before, tcpdiag.snapshot())
+    assert t is not None and t.schema == CONNECTION_SCHEMA
+    rows = {r["local"]: r for r in t.to_pylist()}
+    sender = rows["{}:{}".format(*out.getsockname())]
+    assert sender["worker"] == 7
+    assert sender["bytes_sent"] >= 4_000_000 and sender["segs_out"] >= 4_000_000 // 65_483
+    assert 0 <= sender["retrans"] <= sender["segs_out"]  # the loopback drops nothing; a timer may still fire
+    assert sender["rtt_us"] > 0
+    # the receiving end sent no data
+    receiver = rows["{}:{}".format(*pair[1].getsockname())]
+    assert receiver["segs_out"] == 0 and receiver["bytes_sent"] == 0
+
+
+def test_another_process_connections_are_not_this_one(pair):
+    # a child with a connection of its own: in its snapshot, not in ours; ours not in its
+    code = (
+        "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "c = socket.create_connection(s.getsockname()); a, _ = s.accept(); "
+        "print('%s:%d' % c.getsockname(), flush=True); sys.stdin.readline()"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = child.stdout.readline().strip()
+        mine = tcpdiag.snapshot()
+        its = tcpdiag.snapshot(child.pid)
+        assert mine is not None and its is not None
+        assert theirs in {s.local for s in its.values()} and theirs not in {s.local for s in mine.values()}
+        assert "{}:{}".format(*pair[0].getsockname()) not in {s.local for s in its.values()}
+    finally:
+        child.communicate("\n", timeout=10)
+
+
+def test_a_connection_opened_between_snapshots_counts_from_zero_and_a_missing_snapshot_gives_none(pair):
+    out, _, received = pair
+    before: dict[int, tcpdiag.Socket] = {}  # as if the connection were opened after the window began
+    out.sendall(b"y" * 100_000)
+    while sum(received) < 100_000:
+        threading.Event().wait(0.01)
+    t = tcpdiag.connections(0, before, tcpdiag.snapshot())
+    sender = next(r for r in t.to_pylist() if r["local"] == "{}:{}".format(*out.getsockname()))
+    assert sender["bytes_sent"] >= 100_000
+    assert tcpdiag.connections(0, None, tcpdiag.snapshot()) is None
+    assert tcpdiag.connections(0, tcpdiag.snapshot(), None) is None

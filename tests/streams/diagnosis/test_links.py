@@ -1,0 +1,117 @@
+"""Lossy links named from the workers' TCP connections (streams/diagnosis/links.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+import pytest
+
+from lockstep.schemas.events import CONNECTION_SCHEMA
+from lockstep.streams.diagnosis.links import lossy_links
+from lockstep.streams.policy import DiagnosisPolicy
+
+DP = DiagnosisPolicy()
+
+
+def ip(w: int) -> str:
+    return f"10.0.0.{w + 1}"
+
+
+def table(conns: list[tuple[int, int, int, int]], *, extra: list[dict] | None = None) -> pa.Table:
+    """``(sender, receiver, segs_out, retrans)`` per connection: each is seen by both ends, the receiver sending
+    only acknowledgements on it (no data segments)."""
+    rows = []
+    for i, (a, b, segs, retrans) in enumerate(conns):
+        pa_, pb = 40000 + i, 50000 + i
+        rows.append(dict(worker=a, local=f"{ip(a)}:{pa_}", peer=f"{ip(b)}:{pb}", segs_out=segs, retrans=retrans))
+        rows.append(dict(worker=b, local=f"{ip(b)}:{pb}", peer=f"{ip(a)}:{pa_}", segs_out=0, retrans=0))
+    return pa.Table.from_pylist(rows + (extra or []), schema=CONNECTION_SCHEMA)
+
+
+def ring(n: int, lossy: set[tuple[int, int]], segs: int = 30_000, lost: int = 1_500) -> pa.Table:
+    """A ring sending r -> r-1 (as gloo's ring all-reduce does); the pairs in ``lossy`` lose ``lost`` segments."""
+    conns = []
+    for r in range(n):
+        a, b = r, (r - 1) % n
+        conns.append((a, b, segs, lost if (a, b) in lossy else 3))
+    return table(conns)
+
+
+def named(t: pa.Table, dp: DiagnosisPolicy = DP) -> list[tuple[int, tuple[int, ...]]]:
+    return [(x.worker, x.peers) for x in lossy_links(t, dp)]
+
+
+def test_a_workers_lossy_link_in_a_ring_names_it_not_its_neighbours():
+    # worker 2's link drops packets both ways: its connection to 1 and the one from 3 lose
+    assert named(ring(4, {(2, 1), (3, 2)})) == [(2, (1, 3))]
+    assert named(ring(8, {(5, 4), (6, 5)})) == [(5, (4, 6))]
+    assert named(ring(3, {(1, 0), (2, 1)})) == [(1, (0, 2))]
+
+
+def test_the_evidence_says_how_much_was_lost_against_the_other_connections():
+    (link,) = lossy_links(ring(4, {(2, 1), (3, 2)}, segs=10_000, lost=600), DP)
+    assert link.retrans == 1_200 and link.segs_out == 20_000 and link.loss == pytest.approx(0.06)
+    assert link.others_loss == pytest.approx(3 / 10_000)
+    assert link.lossy == 2 and link.judged == 4
+
+
+def test_a_pair_names_neither_worker():
+    # the one connection between two workers is both workers' link
+    assert named(ring(2, {(1, 0), (0, 1)})) == []
+    assert named(table([(0, 1, 30_000, 2_000)])) == []
+
+
+def test_a_network_where_every_connection_loses_names_no_worker():
+    assert named(ring(4, {(0, 3), (1, 0), (2, 1), (3, 2)})) == []
+
+
+def test_a_worker_every_peer_loses_with_in_a_full_mesh_is_named():
+    conns = [(a, b, 20_000, 800 if 0 in (a, b) else 0) for a in range(4) for b in range(4) if a != b]
+    assert named(table(conns)) == [(0, (1, 2, 3))]
+
+
+def test_two_faulty_links_apart_are_both_named():
+    assert named(ring(8, {(2, 1), (3, 2), (6, 5), (7, 6)})) == [(2, (1, 3)), (6, (5, 7))]
+
+
+def test_below_the_bars_nothing_is_lossy():
+    # 0.4% sent again: under link_loss_min
+    assert named(ring(4, {(2, 1), (3, 2)}, segs=100_000, lost=400)) == []
+    # too few segments to judge
+    assert named(ring(4, {(2, 1), (3, 2)}, segs=500, lost=100)) == []
+    # a high share of very few segments sent again
+    assert named(ring(4, {(2, 1), (3, 2)}, segs=1_000, lost=9)) == []
+    # the policy's bar decides
+    assert named(ring(4, {(2, 1), (3, 2)}, segs=100_000, lost=400), dataclasses.replace(DP, link_loss_min=0.003)) == [
+        (2, (1, 3))
+    ]
+
+
+def test_connections_to_what_is_not_a_worker_do_not_count():
+    # a lossy connection to a broker or a store (its other end in no worker's table) and one to itself
+    outside = [
+        dict(worker=2, local=f"{ip(2)}:1000{i}", peer=f"10.9.9.9:909{i}", segs_out=50_000, retrans=5_000)
+        for i in range(3)
+    ]
+    loopback = [
+        dict(worker=2, local=f"{ip(2)}:2000", peer=f"{ip(2)}:2001", segs_out=50_000, retrans=5_000),
+        dict(worker=2, local=f"{ip(2)}:2001", peer=f"{ip(2)}:2000", segs_out=50_000, retrans=5_000),
+    ]
+    t = ring(4, set())
+    t = pa.concat_tables([t, pa.Table.from_pylist(outside + loopback, schema=CONNECTION_SCHEMA)])
+    assert named(t) == []
+
+
+def test_an_endpoint_two_workers_claim_is_left_out():
+    # two agents report the same local endpoint (a copied table, a NAT): which worker is at the other end is unknown
+    t = ring(4, {(2, 1), (3, 2)})
+    rows = t.to_pylist()
+    clone = next(r for r in rows if r["worker"] == 2 and r["segs_out"] > 0)
+    rows.append({**clone, "worker": 0})
+    assert 2 not in [w for w, _ in named(pa.Table.from_pylist(rows, schema=CONNECTION_SCHEMA))]
+
+
+def test_no_table_or_an_empty_one_names_nobody():
+    assert lossy_links(None, DP) == []
+    assert lossy_links(CONNECTION_SCHEMA.empty_table(), DP) == []
