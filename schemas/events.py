@@ -12,8 +12,10 @@ one function table (:mod:`lockstep.schemas.functions`) per worker and step.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .records import FUNCTION_KINDS
+from .functions import unpack_ipc
+from .records import FUNCTION_KINDS, MAX_CONNECTIONS, Connection, RecordError
 
 OP_EVENT_SCHEMA = pa.schema(
     [
@@ -87,6 +89,41 @@ CONNECTION_SCHEMA = pa.schema(
     ]
 )
 CONNECTION_REQUIRED = ("worker", "local", "peer", "segs_out", "retrans")
+_CONNECTION_FIELDS = [f.name for f in CONNECTION_SCHEMA if f.name != "worker"]
+
+
+def connection_records(table: pa.Table) -> list[Connection]:
+    """One worker's connection table -> the ``connections`` of its ``WindowFeatures`` (those that sent most, at most
+    MAX_CONNECTIONS; a record bounds what it carries)."""
+    if table.num_rows > MAX_CONNECTIONS:
+        table = table.sort_by([("segs_out", "descending")]).slice(0, MAX_CONNECTIONS)
+    return [Connection(**row) for row in table.select(_CONNECTION_FIELDS).to_pylist()]
+
+
+def read_connections_ipc(data: bytes, what: str) -> pa.Table:
+    """A record's connection table (an Arrow IPC stream, zstd) as CONNECTION_SCHEMA; raises
+    RecordError('bad_function_table') when it is not one (columns, types, a negative count or worker)."""
+    table = unpack_ipc(data)
+    try:
+        table = table.select(CONNECTION_SCHEMA.names).cast(CONNECTION_SCHEMA)
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise RecordError("bad_function_table", f"{what} is not a connection table ({exc})") from None
+    for name in ("worker", "segs_out", "retrans"):
+        col = table.column(name)
+        if col.null_count or (table.num_rows and pc.min(col).as_py() < 0):
+            raise RecordError("bad_function_table", f"{what}.{name} holds an empty or negative value")
+    return table
+
+
+def connection_table(workers: list[int], connections: list[list[Connection]]) -> pa.Table:
+    """Workers' ``WindowFeatures.connections`` -> one connection table (CONNECTION_SCHEMA)."""
+    rows = [
+        {"worker": w, **{k: getattr(c, k) for k in _CONNECTION_FIELDS}}
+        for w, conns in zip(workers, connections, strict=True)
+        for c in conns
+    ]
+    return pa.Table.from_pylist(rows, schema=CONNECTION_SCHEMA)
+
 
 __all__ = [
     "COLLECTIVE_FIELDS",
@@ -103,4 +140,7 @@ __all__ = [
     "OP_EVENT_SEQ_SCHEMA",
     "SAMPLE_REQUIRED",
     "SAMPLE_SCHEMA",
+    "connection_records",
+    "connection_table",
+    "read_connections_ipc",
 ]

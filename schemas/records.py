@@ -536,6 +536,24 @@ class FeatureBatch(_Record, tag="FeatureBatch", kw_only=True):
             )
 
 
+#: the most TCP connections one worker's window carries (those that sent most, where it has more)
+MAX_CONNECTIONS = 256
+Endpoint = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]  # "address:port"
+
+
+class Connection(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """One TCP connection of the worker's training process over a window, from the kernel's ``tcp_info``: a row of
+    the connection table (:data:`lockstep.schemas.events.CONNECTION_SCHEMA`, which adds the worker)."""
+
+    local: Endpoint
+    peer: Endpoint
+    segs_out: NonNegInt  # data segments it sent in the window
+    retrans: NonNegInt  # ... and sent again
+    bytes_sent: NonNegInt | None = None
+    rtt_us: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] | None = None  # smoothed RTT at the window's end
+    min_rtt_us: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] | None = None
+
+
 class WindowFeatures(_Record, tag="WindowFeatures", kw_only=True):
     """One worker's summary of the steps of a window it profiled, in one record.  Key: ``job:window:shard``
     (:func:`lockstep.kafka.window_features_key`), topic ``<prefix>.windowfeatures``.
@@ -563,6 +581,8 @@ class WindowFeatures(_Record, tag="WindowFeatures", kw_only=True):
     policy: str = "default"
     sent_at: Timestamp = 0.0
     tenant: str = ""
+    # added with issue 21: the worker's TCP connections over the window (empty where its agent could not read them)
+    connections: Annotated[list[Connection], msgspec.Meta(max_length=MAX_CONNECTIONS)] = []
 
     def validate(self) -> None:
         if len(self.step_time_us) != len(self.steps):
@@ -614,6 +634,9 @@ class StepSlice(_Record, tag="StepSlice", kw_only=True):
     # missing members come in runs: a host, a rack, everyone after a crash).  Newer writers send these, and
     # ``missing`` only when it names at most MAX_NAMED_MISSING workers (what older readers see); a reader takes both
     missing_ranges: Annotated[list[tuple[Rank, Rank]], msgspec.Meta(max_length=MAX_MISSING_RANGES)] = []
+    # added with issue 21: the TCP connections of the workers whose first summarised step this is (an Arrow IPC
+    # stream, CONNECTION_SCHEMA; empty: none): each worker's once per window, on the way to the window stage
+    connections: bytes = b""
 
     def validate(self) -> None:
         if not self.window_start <= self.step < self.window_start + self.window_steps:
@@ -786,6 +809,8 @@ class StepReport(_Record, tag="StepReport", kw_only=True):
     # added with issue 21: every worker's own work against its peers' (an Arrow IPC stream, WORKER_SCHEMA of
     # lockstep.streams.diagnosis.step; empty from a step stage older than the localisation)
     workers: bytes = b""
+    # added with issue 21: the step's slices' TCP connections (an Arrow IPC stream, CONNECTION_SCHEMA; empty: none)
+    connections: bytes = b""
 
 
 class WindowTimeout(_Record, tag="WindowTimeout", kw_only=True):

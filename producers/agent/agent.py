@@ -46,6 +46,7 @@ from ...kafka import (
     window_features_key,
 )
 from ...schemas.records import AgentCounters, ProfileTrigger, RawRequest, StepHeartbeat, batch_heartbeats, encode
+from . import tcpdiag
 from .control import ControlFollower
 from .hang import HangResponder, ProcessRegistry
 from .meta import Identity, discover
@@ -180,6 +181,7 @@ class Agent:
         # the running window
         self._torch: TorchWindow | None = None
         self._sampler: HardwareSampler | None = None
+        self._tcp_before: dict[int, tcpdiag.Socket] | None = None
         self._prepared: tuple[str, HardwareSampler] | None = (
             None  # (window, its sampler process, started at acceptance)
         )
@@ -398,6 +400,7 @@ class Agent:
         if self._kind is None:
             self._kind = torch_kind()
         self._torch = self._kind.window(trig.sampling)
+        self._tcp_before = tcpdiag.snapshot()  # the training process's TCP connections as the window begins
         self._torch.start(step)
 
     def _new_sampler(self, trig: ProfileTrigger) -> HardwareSampler:
@@ -416,7 +419,8 @@ class Agent:
         sampler, self._sampler = self._sampler, None
         sampler.halt()  # type: ignore[union-attr]
         record, boundaries = self._record, self._boundaries
-        self._work.put(lambda: self._summarise(prof, window.trigger, sampler, boundaries, record))  # type: ignore[arg-type]
+        tcp = (self._tcp_before, tcpdiag.snapshot())
+        self._work.put(lambda: self._summarise(prof, window.trigger, sampler, boundaries, record, tcp))  # type: ignore[arg-type]
 
     def _abort(self, window: ScheduledWindow, error: str) -> None:
         """Detach whatever of the window is running and count it as failed."""
@@ -499,7 +503,13 @@ class Agent:
                 log.exception("agent background work failed")
 
     def _summarise(
-        self, prof, trigger: ProfileTrigger, sampler: HardwareSampler, boundaries, record: WindowRecord
+        self,
+        prof,
+        trigger: ProfileTrigger,
+        sampler: HardwareSampler,
+        boundaries,
+        record: WindowRecord,
+        tcp: tuple[dict | None, dict | None] = (None, None),
     ) -> None:
         from .window import process_window
 
@@ -518,6 +528,7 @@ class Agent:
                 min_share=self.config.min_share,
                 tenant=self.config.tenant,
                 kind=self._kind,
+                connections=tcpdiag.connections(self.meta.rank, *tcp),
             )
         except Exception as exc:
             log.exception("could not summarise window %s", trigger.window)

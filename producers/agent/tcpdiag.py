@@ -44,6 +44,7 @@ _TCP_INFO = {
     "data_segs_out": (156, "I"),
     "min_rtt_us": (148, "I"),
     "bytes_sent": (200, "Q"),
+    "bytes_received": (128, "Q"),
 }
 
 
@@ -57,6 +58,7 @@ class Socket:
     segs_out: int
     retrans: int
     bytes_sent: int | None
+    bytes_received: int | None
     rtt_us: float | None
     min_rtt_us: float | None
 
@@ -111,6 +113,7 @@ def _dump(family: int) -> list[Socket]:
                             segs_out=_field(info, "data_segs_out") or 0,
                             retrans=_field(info, "total_retrans") or 0,
                             bytes_sent=_field(info, "bytes_sent"),
+                            bytes_received=_field(info, "bytes_received"),
                             rtt_us=None if rtt is None else float(rtt),
                             min_rtt_us=None if min_rtt is None else float(min_rtt),
                         )
@@ -149,28 +152,36 @@ def snapshot(pid: int | None = None) -> dict[int, Socket] | None:
     return {s.inode: s for s in found if s.inode in owned}
 
 
+def _change(now: int | None, then: int | None) -> int | None:
+    return None if now is None else now - (then or 0)
+
+
 def connections(worker: int, before: dict[int, Socket] | None, after: dict[int, Socket] | None) -> pa.Table | None:
     """Two snapshots -> the connection table of what happened between them: counters' change, RTT at the end.
 
-    A connection opened between them counts from zero; one closed between them is not in the table (its last
-    counters are gone with it).  ``None`` where either snapshot is missing.
+    Only connections that carried data either way are kept (a job's idle connections, a full mesh of them in gloo,
+    tell nothing).  A connection opened between them counts from zero; one closed between them is not in the table
+    (its last counters are gone with it).  ``None`` where either snapshot is missing.
     """
     if before is None or after is None:
         return None
     rows = []
     for inode, s in sorted(after.items()):
         b = before.get(inode)
-        same = b is not None and (b.local, b.peer) == (s.local, s.peer)  # an inode reused by another socket: from zero
-        sent = s.bytes_sent
-        if sent is not None and same and b.bytes_sent is not None:
-            sent -= b.bytes_sent
+        if b is not None and (b.local, b.peer) != (s.local, s.peer):
+            b = None  # an inode reused by another socket: from zero
+        segs = s.segs_out - (b.segs_out if b else 0)
+        sent = _change(s.bytes_sent, b.bytes_sent if b else 0)
+        got = _change(s.bytes_received, b.bytes_received if b else 0)
+        if not (segs > 0 or (sent or 0) > 0 or (got or 0) > 0):
+            continue
         rows.append(
             {
                 "worker": worker,
                 "local": s.local,
                 "peer": s.peer,
-                "segs_out": s.segs_out - (b.segs_out if same else 0),
-                "retrans": s.retrans - (b.retrans if same else 0),
+                "segs_out": segs,
+                "retrans": s.retrans - (b.retrans if b else 0),
                 "bytes_sent": sent,
                 "rtt_us": s.rtt_us,
                 "min_rtt_us": s.min_rtt_us,

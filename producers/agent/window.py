@@ -3,7 +3,8 @@
 Chrome trace -> :func:`read_chrome_trace` (op events and step bounds) -> hardware
 samples moved onto the trace's clock -> redaction of the events' names -> :func:`summarise`
 (one function table per step) -> one :class:`WindowFeatures` with every step of the window
-(one table, function names once, only what the diagnosis reads).  The raw trace is kept by
+(one table, function names once, only what the diagnosis reads; the worker's TCP connections over the window
+beside it).  The raw trace is kept by
 the :class:`~lockstep.producers.agent.retention.RawStore`.
 
 The trace reader and the summariser are ``trace.py`` and ``summarise.py``, the same
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...schemas import functions as ft
+from ...schemas.events import connection_records
 from ...schemas.records import HardwareSeen, ProfileTrigger, RawRequest, RawTrace, WindowFeatures, WorkerMeta
 from .redact import Redaction
 from .retention import RawStore, slice_trace
@@ -86,9 +88,11 @@ def window_features(
     *,
     tenant: str = "",
     now: float | None = None,
+    connections: pa.Table | None = None,
 ) -> WindowFeatures | None:
     """The worker's summarised steps of the window in one record (steps outside it are dropped; None if none is left).
-    The summaries were made from redacted op events (:func:`process_window`): two names that redact alike are one function."""
+    The summaries were made from redacted op events (:func:`process_window`): two names that redact alike are one function.
+    ``connections``: the worker's TCP connections over the window (:mod:`.tcpdiag`), carried with it."""
     now = time.time() if now is None else now
     kept = [
         s
@@ -119,6 +123,7 @@ def window_features(
         policy=trigger.policy_ref,
         sent_at=now,
         tenant=tenant or trigger.tenant,
+        connections=connection_records(connections) if connections is not None else [],
     )
 
 
@@ -148,6 +153,7 @@ def process_window(
     min_share: float = 0.0,
     tenant: str = "",
     kind: ProfilerKind | None = None,
+    connections: pa.Table | None = None,
 ) -> WindowOutcome:
     from .profiler import export_trace
 
@@ -163,7 +169,7 @@ def process_window(
         events = redaction.table(without_thread_events(te.events, own_threads))  # names as they may leave the host
         samples = to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries_unix_us))
         summaries = summarise(events, samples if samples.num_rows else None, te.step_bounds, min_share=min_share)
-        record = window_features(summaries, trigger, meta, hardware, tenant=tenant)
+        record = window_features(summaries, trigger, meta, hardware, tenant=tenant, connections=connections)
         store.keep(trigger.window, raw, te.step_bounds)
     finally:
         Path(path).unlink(missing_ok=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ...schemas.events import read_connections_ipc
 from ...schemas.functions import float_columns, pack, unpack_ipc
 from ...schemas.records import RecordError, StepClosed, StepReport
 from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, WORKER_SCHEMA, StepResult
@@ -89,6 +90,7 @@ def step_report(
         outliers=pack(result.outliers),
         groups=pack(result.groups),
         workers=pack(result.workers) if result.workers is not None else b"",
+        connections=pack(result.connections) if result.connections is not None else b"",
         policy=policy,
         tenant=tenant,
         closed=closed,
@@ -110,6 +112,7 @@ def step_result(report: StepReport) -> StepResult:
         outliers=_table(report.outliers, OUTLIER_SCHEMA, "outliers"),
         groups=_table(report.groups, GROUP_SCHEMA, "groups"),
         workers=_table(report.workers, WORKER_SCHEMA, "workers") if report.workers else None,
+        connections=read_connections_ipc(report.connections, "StepReport.connections") if report.connections else None,
     )
 
 

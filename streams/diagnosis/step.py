@@ -141,6 +141,8 @@ class StepResult:
     outliers: pa.Table  # OUTLIER_SCHEMA
     groups: pa.Table  # GROUP_SCHEMA
     workers: pa.Table | None = None  # WORKER_SCHEMA (None: a step stage older than the localisation)
+    # the TCP connections of the workers whose first step of the window this is (CONNECTION_SCHEMA; None: none came)
+    connections: pa.Table | None = None
 
 
 def _encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -96,9 +96,11 @@ def diagnose_window(
     connections: pa.Table | None = None,
 ) -> WindowDiagnosis:
     """``connections``: the workers' TCP connections over the window (``CONNECTION_SCHEMA``), where their agents
-    recorded them: a lossy link is named from them (:mod:`.links`)."""
+    recorded them: a lossy link is named from them (:mod:`.links`); by default those the step results carry."""
     dp = policy.diagnosis
     results = sorted(results, key=lambda r: r.step)
+    if connections is None:
+        connections = window_connections(results)
     steps_seen = len(results)
     coverage = _coverage(info, results)
     findings: list[Finding] = []
@@ -126,6 +128,20 @@ def diagnose_window(
         info, results, policy, now=now, closed=closed, closed_reason=closed_reason, bytes_in=bytes_in, findings=findings
     )
     return WindowDiagnosis(findings=findings, report=report, history=history)
+
+
+def window_connections(results: list[StepResult]) -> pa.Table | None:
+    """The window's connection table from its step results (each worker's on its first step); a connection a
+    replayed slice brought twice counts once."""
+    parts = [r.connections for r in results if r.connections is not None and r.connections.num_rows]
+    if not parts:
+        return None
+    t = pa.concat_tables(parts)
+    key = pc.binary_join_element_wise(
+        pc.cast(t.column("worker"), pa.string()), t.column("local"), t.column("peer"), "|"
+    )
+    _, first = np.unique(np.asarray(key.to_pylist(), dtype=object), return_index=True)
+    return t if first.size == t.num_rows else t.take(pa.array(np.sort(first)))
 
 
 def workers_device_kind(results: list[StepResult]) -> DeviceKind:

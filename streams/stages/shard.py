@@ -20,8 +20,10 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...schemas import functions as ft
+from ...schemas.events import connection_table
 from ...schemas.records import (
     MAX_NAMED_MISSING,
     RecordError,
@@ -147,7 +149,16 @@ def iter_step_slices(
     rows = ft.complete(t.take(pa.array(order)).drop_columns(["step"]), _present(t))
     bounds = np.searchsorted(step[order], np.arange(n_steps + 1))
     members = np.arange(p.members.start, p.members.stop)
-    return _slices(p, n_steps, good, declared, owner, order, bounds, meta, members, rows, per_step_bytes), errors
+    # each good member's TCP connections ride on the slice of its first step: once per window to the window stage
+    first = np.array([r.steps[0] - ws for r in recs[:live]], dtype=np.int64)
+    carry = good & np.array([bool(r.connections) for r in recs[:live]], dtype=bool)
+    conns = {
+        s: connection_table([recs[i].worker.rank for i in who], [recs[i].connections for i in who])
+        for s in np.unique(first[carry]).tolist()
+        for who in [np.flatnonzero(carry & (first == s))]
+    }
+    slices = _slices(p, n_steps, good, declared, owner, order, bounds, meta, members, rows, per_step_bytes, conns)
+    return slices, errors
 
 
 def _slices(
@@ -162,6 +173,7 @@ def _slices(
     members: np.ndarray,
     rows: pa.Table,
     per_step_bytes: np.ndarray,
+    connections: dict[int, pa.Table],
 ) -> Iterator[tuple[int, bytes]]:
     ws, live = p.window_start, len(p.records)
     for s in range(n_steps):  # one slice per step of the window: a handful per shard
@@ -186,6 +198,7 @@ def _slices(
             functions=b"",
             policy=p.policy,
             tenant=p.tenant,
+            connections=ft.pack(connections[s]) if s in connections else b"",
         )
         functions = rows.slice(int(bounds[s]), int(bounds[s + 1] - bounds[s]))
         for value in _encoded(base, workers, functions, per_step_bytes[who]):
@@ -199,14 +212,21 @@ def _present(t: pa.Table) -> pa.Schema:
 
 
 def _encoded(base: StepSlice, workers: pa.Table, functions: pa.Table, sizes: np.ndarray) -> list[bytes]:
-    """The slice as records, cut in halves by workers until each fits :data:`SLICE_MAX_BYTES`."""
+    """The slice as records, cut in halves by workers (their rows and connections with them) until each fits
+    :data:`SLICE_MAX_BYTES`."""
     value = encode(_with(base, workers, functions, sizes))
     if len(value) <= SLICE_MAX_BYTES or workers.num_rows < 2:
         return [value]
     half = workers.num_rows // 2
     split = int(np.asarray(workers.column("rows"))[:half].sum())
-    return _encoded(base, workers.slice(0, half), functions.slice(0, split), sizes[:half]) + _encoded(
-        base, workers.slice(half), functions.slice(split), sizes[half:]
+    first, rest = base, base
+    if base.connections:
+        conns = ft.unpack_ipc(base.connections)
+        mine = pc.is_in(conns.column("worker"), value_set=workers.column("rank").slice(0, half))
+        first = msgspec.structs.replace(base, connections=ft.pack(conns.filter(mine)))
+        rest = msgspec.structs.replace(base, connections=ft.pack(conns.filter(pc.invert(mine))))
+    return _encoded(first, workers.slice(0, half), functions.slice(0, split), sizes[:half]) + _encoded(
+        rest, workers.slice(half), functions.slice(split), sizes[half:]
     )
 
 

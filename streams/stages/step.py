@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ...schemas import functions as ft
+from ...schemas.events import read_connections_ipc
 from ...schemas.records import MAX_NAMED_MISSING, FeatureBatch, RecordError, StepSlice, decode, encode
 from ..diagnosis import StepFrame, analyze_step, step_report
 from ..diagnosis.frame import WORKER_SCHEMA, worker_columns
@@ -60,6 +61,7 @@ class StepStage(TimedAssemblingStage[ClosedStep[RecordIn]]):
                     closed="complete" if closed.reason == "complete" else "timeout",  # budget: closed early
                 )
                 rec.missing, rec.missing_total = missing_workers(p.expected_workers, frame.rank)
+                rec.connections = step_connections(p)
                 report = encode(rec)
         except Exception as exc:
             await self.failed([h.item for h in p.handles], exc)
@@ -90,12 +92,24 @@ def missing_workers(expected: int, seen: np.ndarray) -> tuple[list[int], int]:
     return lost[:MAX_NAMED_MISSING].tolist(), total
 
 
+def step_connections(p: PendingStep[RecordIn]) -> bytes:
+    """The TCP connections the step's slices carry (their workers' first step: each worker's once a window), as one
+    table for the window stage; empty when none does."""
+    parts = [
+        read_connections_ipc(x.record.connections, "StepSlice.connections") for x in p.slices if x.record.connections
+    ]
+    return ft.pack(pa.concat_tables(parts)) if parts else b""
+
+
 def read_slice(sl: StepSlice) -> tuple[pa.Table, pa.Table]:
-    """A slice's workers and their rows (values checked with the step's, :func:`step_frame`); RecordError if they disagree."""
+    """A slice's workers and their rows (values checked with the step's, :func:`step_frame`); RecordError if they
+    disagree, or if its connections are not a connection table."""
     workers = ft.unpack_ipc(sl.workers)
     if not workers.schema.equals(WORKER_SCHEMA, check_metadata=False):
         raise RecordError("bad_function_table", f"slice workers table is not {WORKER_SCHEMA.names}")
     functions = ft.read_compact(sl.functions, sl.functions_codec, window=False, size=sl.functions_size)
+    if sl.connections:
+        read_connections_ipc(sl.connections, "StepSlice.connections")
     rows = workers.column("rows").to_numpy(zero_copy_only=False)
     if workers.column("rank").null_count or (rows < 0).any() or int(rows.sum()) != functions.num_rows:
         raise RecordError(

@@ -276,7 +276,9 @@ def test_a_lossy_link_is_named_from_the_connections_where_timing_shows_none(tmp_
     assert (link.scope, link.workers, link.function, link.hosts) == ("worker", [5], "nccl:all_reduce", ["host1"])
     assert link.confidence >= 0.5
     ev = {e.feature: e for e in link.evidence}
-    assert ev["tcp_retrans_share"].value == pytest.approx(0.05) and ev["tcp_retrans_share"].peer_value == pytest.approx(1e-4)
+    assert ev["tcp_retrans_share"].value == pytest.approx(0.05) and ev["tcp_retrans_share"].peer_value == pytest.approx(
+        1e-4
+    )
     assert ev["lossy_peers"].value == 2
     assert "workers 4, 6" in link.summary
     # healthy connections, or a CSV of them: no link named

@@ -115,3 +115,25 @@ def test_the_agents_own_threads_leave_the_trace():
         )
     )
     assert without_thread_events(events, frozenset({2})).column("function").to_pylist() == ["a", "c", "d"]
+
+
+def test_the_workers_tcp_connections_ride_with_its_window_the_busiest_when_too_many():
+    from lockstep.schemas.events import CONNECTION_SCHEMA, connection_table
+    from lockstep.schemas.records import MAX_CONNECTIONS, WindowFeatures, decode, encode
+
+    trig = ProfileTrigger(job="j", window="w", start_step=5, steps=1, expected_workers=4, sampling=Sampling())
+    meta = WorkerMeta(rank=3, host="h1")
+    n = MAX_CONNECTIONS + 10
+    conns = pa.Table.from_pylist(
+        [
+            dict(worker=3, local=f"10.0.0.4:{1000 + i}", peer=f"10.0.0.1:{2000 + i}", segs_out=i, retrans=i // 100)
+            for i in range(n)
+        ],
+        schema=CONNECTION_SCHEMA,
+    )
+    r = decode(encode(window_features([Summary(5, table(["a"]))], trig, meta, "host", connections=conns)), WindowFeatures)
+    assert len(r.connections) == MAX_CONNECTIONS
+    assert min(c.segs_out for c in r.connections) == n - MAX_CONNECTIONS  # the ones that sent least left out
+    back = connection_table([3], [r.connections])
+    assert back.schema == CONNECTION_SCHEMA and back.column("worker").unique().to_pylist() == [3]
+    assert window_features([Summary(5, table(["a"]))], trig, meta, "host").connections == []

@@ -115,3 +115,20 @@ def test_an_endpoint_two_workers_claim_is_left_out():
 def test_no_table_or_an_empty_one_names_nobody():
     assert lossy_links(None, DP) == []
     assert lossy_links(CONNECTION_SCHEMA.empty_table(), DP) == []
+
+
+def test_a_window_takes_each_connection_once_from_its_step_results():
+    # a replayed shard's twin slices bring a worker's connections twice: they count once
+    from lockstep.streams.diagnosis.step import StepResult
+    from lockstep.streams.diagnosis.window import window_connections
+
+    t = ring(4, {(2, 1), (3, 2)})
+    empty = pa.table({})
+
+    def result(step: int, conns: pa.Table | None) -> StepResult:
+        return StepResult("j", "w", step, 4, 1.0, 1.0, 1.0, 1.0, empty, empty, connections=conns)
+
+    got = window_connections([result(1, t), result(1, t.slice(0, 3)), result(2, None)])
+    assert got.num_rows == t.num_rows and got.equals(t)
+    assert window_connections([result(1, None)]) is None
+    assert named(got) == [(2, (1, 3))]

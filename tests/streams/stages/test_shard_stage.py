@@ -234,3 +234,57 @@ async def test_a_shards_slices_are_built_and_sent_one_at_a_time(pair, window_fea
     p.out.send = send
     await p.feed(shipped(p, window_features[:4]))
     assert [s.step for s in slices(p)] == [60, 61]
+
+
+def with_ring_connections(records, culprit: int, lost: int = 2_000):
+    """The records with each worker's TCP connections of a ring sending r -> r-1: ``culprit``'s link loses ``lost``
+    of 40,000 segments both ways."""
+    from lockstep.schemas.records import Connection
+
+    n = len(records)
+    conns: dict[int, list[Connection]] = {r: [] for r in range(n)}
+    for r in range(n):
+        to = (r - 1) % n
+        a, b = f"10.0.0.{r + 1}:4{r:04d}", f"10.0.0.{to + 1}:5{to:04d}"
+        bad = culprit in (r, to)
+        conns[r].append(Connection(local=a, peer=b, segs_out=40_000, retrans=lost if bad else 3, rtt_us=80.0))
+        conns[to].append(Connection(local=b, peer=a, segs_out=0, retrans=0, rtt_us=60.0))
+    return [msgspec.structs.replace(rec, connections=conns[rec.worker.rank]) for rec in records]
+
+
+@pytest.mark.parametrize("cut", [False, True])
+async def test_the_workers_connections_reach_the_window_stage_once_and_name_a_lossy_link(
+    pair, window_features, monkeypatch, cut
+):
+    if cut:  # slices cut to one worker each: each worker's connections go with its own part
+        monkeypatch.setattr(shard_module, "SLICE_MAX_BYTES", 2000)
+    p = pair()
+    recs = shipped(p, with_ring_connections(window_features, culprit=6))
+    await p.feed(recs)
+    carried = [s for s in slices(p) if s.connections]
+    assert {s.step for s in carried} == {60}  # the workers' first step only
+    assert sorted(ft.unpack_ipc(s.connections).column("worker").to_pylist().count(6) for s in carried)[-1] == 2
+    await p.pump()
+    nic = [f for f in findings(p) if f.cause == "nic"]
+    assert [(f.workers, f.scope) for f in nic] == [([6], "worker")], [(f.workers, f.cause) for f in findings(p)]
+    ev = {e.feature: e for e in nic[0].evidence}
+    assert ev["tcp_retrans_share"].value == pytest.approx(0.05) and ev["lossy_peers"].value == 2
+    # the simulated fault is still found beside it
+    assert any(f.workers == [3] for f in findings(p))
+
+
+async def test_a_slice_whose_connections_are_not_a_connection_table_is_dead_lettered(pair, window_features):
+    import pyarrow as pa
+
+    p = pair()
+    await p.feed(shipped(p, with_ring_connections(window_features[:4], culprit=1)))
+    good = next(s for s in slices(p) if s.connections)
+    wrong = msgspec.structs.replace(good, connections=ft.pack(pa.table({"worker": [0], "local": ["a:1"]})))
+    conns = ft.unpack_ipc(good.connections)
+    negative = msgspec.structs.replace(
+        good, connections=ft.pack(conns.set_column(3, "segs_out", pa.array([-1] * conns.num_rows, pa.int64())))
+    )
+    await p.feed([p.produce(TOPICS.features, "j:60", wrong), p.produce(TOPICS.features, "j:60", negative)])
+    assert p.dead() == {("steps", "bad_function_table"): 2}
+    details = [d.detail for d in p.sent(TOPICS.deadletter)]
+    assert "is not a connection table" in details[0] and "segs_out holds an empty or negative value" in details[1]
