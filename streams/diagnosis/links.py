@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from ..policy import DiagnosisPolicy
 
-__all__ = ["LossyLink", "lossy_links"]
+__all__ = ["LossyLink", "lossy_links", "peer_workers"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class LossyLink:
     others_rtt_us: float  # the median RTT of the judged connections it is not an end of
 
 
-def _peer_workers(conns: pa.Table) -> np.ndarray:
+def peer_workers(conns: pa.Table) -> np.ndarray:
     """Each connection's worker at the other end: the worker that has it with its ends swapped (-1: none does, or
     two workers claim that end: not one of the job's workers, or not uniquely one)."""
     forward = pc.binary_join_element_wise(conns.column("local"), conns.column("peer"), "|")
@@ -71,7 +71,7 @@ def lossy_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[LossyLink]:
     if conns is None or conns.num_rows == 0:
         return []
     worker = conns.column("worker").to_numpy()
-    other = _peer_workers(conns)
+    other = peer_workers(conns)
     segs = conns.column("segs_out").to_numpy().astype(np.float64)
     retrans = conns.column("retrans").to_numpy().astype(np.float64)
     rtt = (

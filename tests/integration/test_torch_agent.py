@@ -216,3 +216,14 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path, w
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert all(r["windows"][0]["window"] == "w-agent" and r["windows"][0]["error"] == "" for r in reports)
     assert all(r["counters"]["dropped_records"] == 0 for r in reports)
+    # each rank's agent read its process's TCP connections over the window from the kernel: the gradient
+    # all-reduce's connections, each seen from both ends, so that every one that carried data has a worker at its
+    # other end (what the window's link rule needs); on the loopback nothing is lossy, so no nic finding
+    from lockstep.schemas.events import connection_table
+    from lockstep.streams.diagnosis.links import peer_workers
+
+    conns = connection_table([b.worker.rank for _, b in records], [b.connections for _, b in records])
+    assert set(conns.column("worker").to_pylist()) == set(range(world)), conns.to_pylist()
+    busy = [p for p, segs in zip(peer_workers(conns), conns.column("segs_out").to_pylist(), strict=True) if segs >= 100]
+    assert busy and all(0 <= p < world for p in busy), conns.to_pylist()
+    assert not any(cause == "nic" for _w, _f, cause, _h in rows), rows

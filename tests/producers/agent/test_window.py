@@ -131,7 +131,9 @@ def test_the_workers_tcp_connections_ride_with_its_window_the_busiest_when_too_m
         ],
         schema=CONNECTION_SCHEMA,
     )
-    r = decode(encode(window_features([Summary(5, table(["a"]))], trig, meta, "host", connections=conns)), WindowFeatures)
+    r = decode(
+        encode(window_features([Summary(5, table(["a"]))], trig, meta, "host", connections=conns)), WindowFeatures
+    )
     assert len(r.connections) == MAX_CONNECTIONS
     assert min(c.segs_out for c in r.connections) == n - MAX_CONNECTIONS  # the ones that sent least left out
     back = connection_table([3], [r.connections])
