@@ -86,6 +86,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     # added after the first recordings: the connection table beside the manifest (the workers' TCP connections over
     # the fixture's steps, CONNECTION_SCHEMA), "" where the case was recorded without one
     connections: str = ""
+    # added with it: the host's 1-minute load average as the recording began (-1: not recorded); this machine has
+    # 2 cores, and a loaded host hides a fault in the others' noise
+    host_load: float = -1.0
 
 
 def write_manifest(m: Manifest, path: Path) -> None:

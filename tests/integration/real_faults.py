@@ -750,6 +750,7 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
     old = dest / f"{case.id}.json"
     split = read_manifest(old).split if old.exists() else split_of(case.id, cases)  # a case keeps its part for good
     t0 = time.monotonic()
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix=f"corpus-{case.id}-") as tmp:
         out = Path(tmp)
         knobs = run_case(case, out)
@@ -776,6 +777,7 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
         recorded=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         record_seconds=round(time.monotonic() - t0, 1),
         connections=connections_path(fixture).name if connections_path(fixture).exists() else "",
+        host_load=round(load, 2),
     )
     write_manifest(manifest, dest / f"{case.id}.json")
     return manifest.measured
