@@ -7,6 +7,7 @@
     python benchmarks/bench_agent.py summarise   # time to turn one window's trace into its feature record
     python benchmarks/bench_agent.py sampler     # hardware sampler at 1 and 10 kHz: achieved rate, CPU cost, training-step impact
     python benchmarks/bench_agent.py outage      # step time while Kafka is away, with agent.step() vs without (ABBA)
+    python benchmarks/bench_agent.py connections # the TCP-connection snapshot a window takes twice: time, record bytes
 
 The model is a transformer encoder (d_model 256, batch 4 x 32 tokens, AdamW): 8 layers, about
 100 ms a step on this machine's CPU, for ``overhead`` and ``sampler``; 24 layers (the depth of
@@ -486,6 +487,49 @@ def outage(args) -> None:
     )
 
 
+def connections(args) -> None:
+    """What reading the process's TCP connections costs the training thread (twice a window: ``tcpdiag.snapshot``)
+    with N connected pairs of sockets open in this process (2N connections, and 2N more file descriptors), and what
+    they add to the window's record (every connection busy, so none is left out as idle)."""
+    import socket
+
+    import msgspec
+
+    from lockstep.producers.agent import tcpdiag
+    from lockstep.schemas.events import connection_records
+    from lockstep.schemas.records import Connection
+
+    print(f"tcpdiag.snapshot(): median of {args.repeats} calls; record bytes: msgpack of WindowFeatures.connections")
+    for n in args.pairs:
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(n)
+        socks = []
+        for _ in range(n):
+            c = socket.create_connection(srv.getsockname())
+            a, _ = srv.accept()
+            socks += [c, a]
+        for c in socks[::2]:
+            c.send(b"x")  # every connection carried data: all are kept
+        before = tcpdiag.snapshot()
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            after = tcpdiag.snapshot()
+            times.append(time.perf_counter() - t0)
+        table = tcpdiag.connections(0, before, after)
+        kept = connection_records(table) if table is not None else []
+        size = len(msgspec.msgpack.encode(kept))
+        print(
+            f"  {2 * n:5d} connections: snapshot {statistics.median(times) * 1e3:6.2f} ms (min {min(times) * 1e3:.2f}), "
+            f"{len(kept)} kept in the record ({size / 1024:.1f} KiB, {size / max(1, len(kept)):.0f} B each)"
+        )
+        assert all(isinstance(k, Connection) for k in kept)
+        for x in socks:
+            x.close()
+        srv.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -523,6 +567,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--blocks", type=int, default=8, help="block pairs while the broker is stopped")
     g.add_argument("--steps", type=int, default=150, help="steps per block")
     g.set_defaults(func=outage)
+    c = sub.add_parser("connections")
+    c.add_argument(
+        "--pairs", type=int, nargs="+", default=[4, 64, 512], help="connected socket pairs (2 connections each)"
+    )
+    c.add_argument("--repeats", type=int, default=50)
+    c.set_defaults(func=connections)
     args = p.parse_args(argv)
     args.func(args)
     return 0

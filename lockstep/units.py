@@ -86,6 +86,13 @@ FEATURES: dict[str, Feature] = {
     "nvlink_gbps_p95": Feature(
         "NVLink peak", "GB/s", "95th percentile of the NVLink throughput samples while the function ran"
     ),
+    "tcp_retrans_share": Feature(
+        "TCP sent again",
+        "share",
+        "share of the data segments its lossy TCP connections sent again in the window, against the others' median",
+    ),
+    "lossy_peers": Feature("lossy peers", "", "workers at the other end of its lossy TCP connections"),
+    "rtt_us": Feature("TCP RTT", "us", "smoothed round-trip time of its lossy TCP connections at the window's end"),
 }
 
 #: NVML clock-event reason bits (nvmlClocksEventReasons)
@@ -215,7 +222,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "gpu_slow": ("work_us", "sm_clock_mhz", "sm_active"),  # slower at the same clock
     "pcie": ("pcie_gbps",),
     "nvlink": ("nvlink_gbps_sd", "nvlink_gbps_p95", "nvlink_gbps"),  # steady while the ring-mates burst
-    "nic": ("nic_gbps_sd", "nic_gbps_p95", "nic_gbps"),
+    "nic": ("tcp_retrans_share", "lossy_peers", "nic_gbps_sd", "nic_gbps_p95", "nic_gbps"),
     "switch": ("nic_gbps_sd", "nic_gbps_p95", "nic_gbps"),
     "host_cpu_contention": ("cpu_other", "cpu_self"),
     "host_memory": ("mem_used_frac",),

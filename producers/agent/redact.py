@@ -166,6 +166,17 @@ class Redaction:
         name = self.text(name)
         return "fn:" + keyed_hash(self.salt, name) if self.names == "hash" else name
 
+    def connections(self, table: pa.Table) -> pa.Table:
+        """A connection table as it may leave the host: with ``names=hash`` its endpoints (``address:port``) hashed
+        too, under the same salt on every worker, so that a connection's two ends still match across workers."""
+        if self.names != "hash" or table.num_rows == 0:
+            return table
+        for column in ("local", "peer"):
+            i = table.schema.get_field_index(column)
+            hashed = pa.array(["ep:" + keyed_hash(self.salt, e) for e in table.column(column).to_pylist()])
+            table = table.set_column(i, table.schema.field(i), hashed)
+        return table
+
     def names_array(self, names: pa.Array | pa.ChunkedArray) -> pa.Array:
         """Vectorised over a column of function names: each distinct name is redacted once (by :meth:`name`)."""
         if self.paths == "keep" and self.names == "keep":

@@ -169,6 +169,8 @@ def process_window(
         events = redaction.table(without_thread_events(te.events, own_threads))  # names as they may leave the host
         samples = to_trace_clock(samples, clock_offset_us(te.step_bounds, boundaries_unix_us))
         summaries = summarise(events, samples if samples.num_rows else None, te.step_bounds, min_share=min_share)
+        if connections is not None:
+            connections = redaction.connections(connections)
         record = window_features(summaries, trigger, meta, hardware, tenant=tenant, connections=connections)
         store.keep(trigger.window, raw, te.step_bounds)
     finally:

@@ -358,11 +358,14 @@ def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
     """Per (group, function): the steps of the window in which the function occurs (a checkpoint that runs every third
     step occurs in a third of them); the window's steps where it does not occur periodically.
 
-    It occurs where most of the group ran it.  Not where any worker did: a function table leaves out what is below
-    its size budget, so a function that one worker reports only in the steps where it was slow there would seem to
-    occur only then.  A function fewer run (code of one rank, an evaluation every k-th step) occurs where anyone ran
-    it only when those steps are evenly spaced, at least two apart, from the window's start to its end (a period):
-    what a budget cuts at random is not."""
+    A function occurs periodically where the steps that run it are evenly spaced, at least two apart, from the
+    window's start to its end, at least three of them (a period): the steps most of the group ran it in, else those
+    anyone did (code of one rank, an evaluation every k-th step).  What a size budget cuts at random is not a period: a function table leaves
+    out what is below its budget, so a function every worker runs every step, small enough to be cut, seems to
+    occur only in the steps where it was slow (for most of the group in a step where the whole job stalled, for one
+    worker where it was descheduled); it occurs in every step (issue 21, seventh pass: before, the steps most ran it
+    in counted whether or not they formed a period, and a `zero_grad` slow on one worker in 2 of 10 steps was
+    persistent "in 2 of its 1 occurrences")."""
     n = len(ctx.results)
     g = ctx.groups
     if g is None or g.num_rows == 0:
@@ -370,26 +373,37 @@ def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
     key = np.char.add(np.char.add(_np(g, "group").astype(str), "\x1f"), _np(g, "function").astype(str))
     step = _np(g, "step").astype(np.int64)
     keys, inv = np.unique(key, return_inverse=True)
-    most = _steps_per_key(inv, step, keys.size, 2 * _np(g, "present") > _np(g, "workers"))
-    # the steps in which anyone ran it: evenly spaced, at least two apart, spanning the window (a period)
-    order = np.lexsort((step, inv))
-    k, st = inv[order], step[order]
+    w0, w1 = ctx.results[0].step, ctx.results[-1].step
+    most = 2 * _np(g, "present") > _np(g, "workers")
+    count_most, period_most = _period(inv[most], step[most], keys.size, w0, w1)
+    count_any, period_any = _period(inv, step, keys.size, w0, w1)
+    per = np.where(period_most, count_most, np.where(period_any, count_any, n))
+    want = np.char.add(np.char.add(group.astype(str), "\x1f"), fn.astype(str))
+    pos = np.clip(np.searchsorted(keys, want), 0, keys.size - 1)
+    out: np.ndarray = np.minimum(np.where(keys[pos] == want, per[pos], n), n).astype(np.int64)
+    return out
+
+
+def _period(inv: np.ndarray, step: np.ndarray, n_keys: int, w0: int, w1: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per key: the distinct steps it has rows in, and whether they form a period of the window ``w0..w1``: at least
+    three (two steps a budget let through at random are as often evenly spaced as not), evenly spaced, at least two
+    apart, the first within a period of the start, the last within one of the end."""
+    count = np.zeros(n_keys, dtype=np.int64)
+    periodic = np.zeros(n_keys, dtype=bool)
+    if inv.size == 0:
+        return count, periodic
+    pairs = np.unique(np.stack([inv, step], axis=1), axis=0)  # one row per (key, step), by key then step
+    k, st = pairs[:, 0], pairs[:, 1]
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
-    count = np.diff(np.r_[starts, k.size])
+    c = np.diff(np.r_[starts, k.size])
     gap = np.diff(st, prepend=st[0])
     gap[starts] = -1  # no gap before a key's first step
     big = np.where(gap < 0, np.iinfo(np.int64).max, gap)
     lo, hi = np.minimum.reduceat(big, starts), np.maximum.reduceat(gap, starts)
     first, last = st[starts], st[np.r_[starts[1:], k.size] - 1]
-    w0, w1 = ctx.results[0].step, ctx.results[-1].step
-    periodic = (count >= 2) & (lo == hi) & (lo >= 2) & (first - w0 < lo) & (w1 - last < lo)
-    per = np.full(keys.size, n, dtype=np.int64)
-    per[k[starts][periodic]] = count[periodic]
-    per = np.where(most > 0, most, per)
-    want = np.char.add(np.char.add(group.astype(str), "\x1f"), fn.astype(str))
-    pos = np.clip(np.searchsorted(keys, want), 0, keys.size - 1)
-    out: np.ndarray = np.minimum(np.where(keys[pos] == want, per[pos], n), n).astype(np.int64)
-    return out
+    count[k[starts]] = c
+    periodic[k[starts]] = (c >= 3) & (lo == hi) & (lo >= 2) & (first - w0 < lo) & (w1 - last < lo)
+    return count, periodic
 
 
 def _need(ctx: _Ctx, occurrences: np.ndarray) -> np.ndarray:
@@ -593,7 +607,10 @@ def _what_if(
     functions: list[str],
     shared: bool = False,
 ) -> float:
-    """Share of the synchronised step saved if the members' excess in ``functions`` were gone (median over steps).
+    """Share of the synchronised step saved if the members' excess in ``functions`` were gone: the mean over the
+    window's steps (each step's saving; a step where nothing was flagged saves nothing), what a fix saves per step
+    on average, which the GPU-hours per day scale.  (The median of the steps' savings, before issue 21's seventh
+    pass, made a checkpoint slow at every third step cost nothing.)
 
     The finding on its own: the members' work before and after the fix, against
     the slowest healthy worker, so that a smaller fault hidden behind a bigger
@@ -627,7 +644,7 @@ def _what_if(
         floor = r.healthy_work_max_us if math.isfinite(r.healthy_work_max_us) else 0.0
         before, after = max(work_w.max(), floor), max((work_w - cut).max(), floor)
         saved.append(_share(float(before - after), r.step_time_us))
-    return float(np.median(saved)) if saved else 0.0
+    return float(np.mean(saved)) if saved else 0.0
 
 
 def _share(saved_us: float, step_time_us: float) -> float:
@@ -947,9 +964,14 @@ def _with_links(ctx: _Ctx, findings: list[Finding], links: list[LossyLink]) -> l
         conf = _link_confidence(ctx, link)
         evidence = _link_evidence(link)
         peers = ", ".join(map(str, link.peers))
+        others = (
+            f"the other connections' median {link.others_loss:.2%}"
+            if math.isfinite(link.others_loss)
+            else "no other connection sent enough to compare"
+        )
         summary = (
             f"worker {link.worker}: its TCP connections with workers {peers} sent {link.loss:.2%} of their data "
-            f"segments again ({link.retrans:,} of {link.segs_out:,}; the other connections' median {link.others_loss:.2%}); "
+            f"segments again ({link.retrans:,} of {link.segs_out:,}; {others}); "
             f"the one worker they share, its link (NIC, cable or switch port) loses packets; every worker waits for "
             f"it in {function} ({share:.0%} of the step, what it can cost at most); cause nic"
         )
@@ -969,12 +991,12 @@ def _with_links(ctx: _Ctx, findings: list[Finding], links: list[LossyLink]) -> l
                 summary=f"{f.summary}; {summary}",
             )
             continue
-        host = ""
+        host, device = "", ""  # the worker's, as its agent named them
         for r in ctx.results:
             if r.workers is not None and r.workers.num_rows:
                 hit = r.workers.filter(pc.equal(r.workers.column("worker"), link.worker))
                 if hit.num_rows:
-                    host = str(hit.column("host")[0].as_py())
+                    host, device = str(hit.column("host")[0].as_py()), str(hit.column("device")[0].as_py() or "")
                     break
         out.append(
             Finding(
@@ -985,7 +1007,7 @@ def _with_links(ctx: _Ctx, findings: list[Finding], links: list[LossyLink]) -> l
                 scope="worker",
                 workers=[link.worker],
                 hosts=[host] if host else [],
-                devices=[],
+                devices=[device] if device else [],
                 group=None,
                 function=function,
                 function_kind=kind,

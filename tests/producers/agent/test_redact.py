@@ -195,3 +195,27 @@ def test_the_applied_redaction_is_reported_without_its_salt():
     r = Redaction.parse("names=hash,salt=s3cret")
     assert r.spec() == "paths=strip,stacks=drop,names=hash"
     assert Redaction.parse(r.spec(with_salt=True)) == r
+
+
+def test_hashed_names_hash_connection_endpoints_alike_on_every_worker_so_a_lossy_link_is_still_named():
+    import pyarrow as pa
+
+    from lockstep.schemas.events import CONNECTION_SCHEMA
+    from lockstep.streams.diagnosis.links import lossy_links
+    from lockstep.streams.policy import DiagnosisPolicy
+
+    rows = []
+    for r in range(4):  # a ring r -> r-1, worker 2's link losing both ways
+        to = (r - 1) % 4
+        a, b = f"10.0.0.{r + 1}:4000{r}", f"10.0.0.{to + 1}:5000{to}"
+        rows.append(dict(worker=r, local=a, peer=b, segs_out=40_000, retrans=2_000 if 2 in (r, to) else 2))
+        rows.append(dict(worker=to, local=b, peer=a, segs_out=0, retrans=0))
+    table = pa.Table.from_pylist(rows, schema=CONNECTION_SCHEMA)
+    each = [table.filter(pa.compute.equal(table.column("worker"), w)) for w in range(4)]
+    hashed = pa.concat_tables(
+        [Redaction.parse("names=hash,salt=s3cret").connections(t) for t in each]  # each worker's agent, apart
+    )
+    ends = hashed.column("local").to_pylist() + hashed.column("peer").to_pylist()
+    assert all(e.startswith("ep:") and "10.0.0" not in e for e in ends)
+    assert [x.worker for x in lossy_links(hashed, DiagnosisPolicy())] == [2]
+    assert Redaction.parse("paths=strip").connections(table).equals(table)  # addresses kept otherwise
