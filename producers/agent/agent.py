@@ -181,7 +181,7 @@ class Agent:
         # the running window
         self._torch: TorchWindow | None = None
         self._sampler: HardwareSampler | None = None
-        self._tcp_before: dict[int, tcpdiag.Socket] | None = None
+        self._tcp_before: dict[tuple[str, str], tcpdiag.Socket] | None = None
         self._prepared: tuple[str, HardwareSampler] | None = (
             None  # (window, its sampler process, started at acceptance)
         )

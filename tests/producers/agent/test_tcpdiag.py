@@ -12,7 +12,7 @@ import pytest
 from lockstep.producers.agent import tcpdiag
 from lockstep.schemas.events import CONNECTION_SCHEMA
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sock_diag is Linux's")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO is Linux's")
 
 
 @pytest.fixture
@@ -68,9 +68,9 @@ def test_two_snapshots_give_what_was_sent_between_them(pair):
 
 
 def test_another_process_connections_are_not_this_one(pair):
-    # a child with a connection of its own: in its snapshot, not in ours; ours not in its
+    # a child with a connection of its own (to a server of its own): not in this process's snapshot
     code = (
-        "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
         "c = socket.create_connection(s.getsockname()); a, _ = s.accept(); "
         "print('%s:%d' % c.getsockname(), flush=True); sys.stdin.readline()"
     )
@@ -78,17 +78,26 @@ def test_another_process_connections_are_not_this_one(pair):
     try:
         theirs = child.stdout.readline().strip()
         mine = tcpdiag.snapshot()
-        its = tcpdiag.snapshot(child.pid)
-        assert mine is not None and its is not None
-        assert theirs in {s.local for s in its.values()} and theirs not in {s.local for s in mine.values()}
-        assert "{}:{}".format(*pair[0].getsockname()) not in {s.local for s in its.values()}
+        assert mine is not None and theirs not in {s.local for s in mine.values()}
+        assert "{}:{}".format(*pair[0].getsockname()) in {s.local for s in mine.values()}
     finally:
         child.communicate("\n", timeout=10)
 
 
+def test_a_listening_socket_and_a_file_are_no_connection(tmp_path, pair):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    listening = "{}:{}".format(*srv.getsockname())
+    with srv, open(tmp_path / "f", "w"):
+        snap = tcpdiag.snapshot()
+    assert listening not in {s.local for s in snap.values()}
+    assert len(snap) >= 2  # the pair's two ends
+
+
 def test_a_connection_opened_between_snapshots_counts_from_zero_and_a_missing_snapshot_gives_none(pair):
     out, _, received = pair
-    before: dict[int, tcpdiag.Socket] = {}  # as if the connection were opened after the window began
+    before: dict[tuple[str, str], tcpdiag.Socket] = {}  # as if the connection were opened after the window began
     out.sendall(b"y" * 100_000)
     while sum(received) < 100_000:
         threading.Event().wait(0.01)
