@@ -11,9 +11,9 @@ workers appears in both tables with its ends swapped, which gives every connecti
   Loss shows at the sender.
 - A lossy connection is an edge between its two workers: one of their links is at fault.  A worker is **named**
   when it is at one end of lossy connections to at least two different peers, and to more than any of those
-  peers is: the one endpoint its lossy connections share (a network where every worker loses names none).  In a ring, a worker's bad link slows the connection to
+  peers is: the one endpoint its lossy connections share.  In a ring, a worker's bad link slows the connection to
   the previous rank and the one from the next: both name it, and each neighbour has one.  A pair's single
-  connection names neither (its link is both workers').
+  connection names neither (its link is both workers'); a network where every worker loses names none.
 
 Pure: a table in, :class:`LossyLink` out; no Kafka, no files.
 """
