@@ -509,7 +509,7 @@ class Agent:
         sampler: HardwareSampler,
         boundaries,
         record: WindowRecord,
-        tcp: tuple[dict | None, dict | None] = (None, None),
+        tcp: tuple[dict | None, dict | None],
     ) -> None:
         from .window import process_window
 

@@ -915,8 +915,7 @@ def _collective(groups: pa.Table | None) -> tuple[str, str, float]:
     if g.num_rows == 0:
         return "", "collective", 0.0
     fn, inv = np.unique(np.asarray(g.column("function").to_pylist(), dtype=object), return_inverse=True)
-    share = np.nan_to_num(_np(g, "share"))
-    med = np.array([np.median(share[inv == i]) for i in range(fn.size)])
+    med = group_median(np.nan_to_num(_np(g, "share")), inv, fn.size)
     best = int(np.argmax(med))
     kind = g.column("kind").to_pylist()[int(np.flatnonzero(inv == best)[0])]
     return str(fn[best]), kind, float(med[best])
