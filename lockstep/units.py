@@ -92,7 +92,15 @@ FEATURES: dict[str, Feature] = {
         "share of the data segments its lossy TCP connections sent again in the window, against the others' median",
     ),
     "lossy_peers": Feature("lossy peers", "", "workers at the other end of its lossy TCP connections"),
-    "rtt_us": Feature("TCP RTT", "us", "smoothed round-trip time of its lossy TCP connections at the window's end"),
+    "rtt_us": Feature(
+        "TCP RTT", "us", "smoothed round-trip time of its lossy or slow TCP connections at the window's end"
+    ),
+    "tcp_busy_mbps": Feature(
+        "TCP busy throughput",
+        "MB/s",
+        "bytes its fastest TCP connection to a peer sent per second of data in flight, against the others' median",
+    ),
+    "slow_peers": Feature("slow peers", "", "workers at the other end of its slow TCP connections"),
 }
 
 #: NVML clock-event reason bits (nvmlClocksEventReasons)
@@ -222,7 +230,15 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "gpu_slow": ("work_us", "sm_clock_mhz", "sm_active"),  # slower at the same clock
     "pcie": ("pcie_gbps",),
     "nvlink": ("nvlink_gbps_sd", "nvlink_gbps_p95", "nvlink_gbps"),  # steady while the ring-mates burst
-    "nic": ("tcp_retrans_share", "lossy_peers", "nic_gbps_sd", "nic_gbps_p95", "nic_gbps"),
+    "nic": (
+        "tcp_retrans_share",
+        "lossy_peers",
+        "tcp_busy_mbps",
+        "slow_peers",
+        "nic_gbps_sd",
+        "nic_gbps_p95",
+        "nic_gbps",
+    ),
     "switch": ("nic_gbps_sd", "nic_gbps_p95", "nic_gbps"),
     "host_cpu_contention": ("cpu_other", "cpu_self"),
     "host_memory": ("mem_used_frac",),

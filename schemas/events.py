@@ -86,6 +86,9 @@ CONNECTION_SCHEMA = pa.schema(
         pa.field("bytes_sent", pa.int64()),
         pa.field("rtt_us", pa.float64()),  # smoothed RTT at the window's end
         pa.field("min_rtt_us", pa.float64()),
+        pa.field("busy_us", pa.int64()),  # time with data in flight, in the window
+        pa.field("rwnd_limited_us", pa.int64()),  # ... held back by the peer's receive window
+        pa.field("sndbuf_limited_us", pa.int64()),  # ... held back by the sender's buffer
     ]
 )
 CONNECTION_REQUIRED = ("worker", "local", "peer", "segs_out", "retrans")
@@ -104,6 +107,9 @@ def read_connections_ipc(data: bytes, what: str) -> pa.Table:
     """A record's connection table (an Arrow IPC stream, zstd) as CONNECTION_SCHEMA; raises
     RecordError('bad_function_table') when it is not one (columns, types, a negative count or worker)."""
     table = unpack_ipc(data)
+    for f in CONNECTION_SCHEMA:  # a column an older processor's table has not: empty
+        if f.nullable and f.name not in table.column_names:
+            table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
     try:
         table = table.select(CONNECTION_SCHEMA.names).cast(CONNECTION_SCHEMA)
     except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

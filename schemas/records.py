@@ -552,6 +552,9 @@ class Connection(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     bytes_sent: NonNegInt | None = None
     rtt_us: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] | None = None  # smoothed RTT at the window's end
     min_rtt_us: Annotated[float, msgspec.Meta(ge=0.0, lt=1e9)] | None = None
+    busy_us: NonNegInt | None = None  # time with data in flight (linux >= 4.10)
+    rwnd_limited_us: NonNegInt | None = None  # ... of it held back by the peer's receive window
+    sndbuf_limited_us: NonNegInt | None = None  # ... of it held back by the sender's own buffer
 
 
 class WindowFeatures(_Record, tag="WindowFeatures", kw_only=True):

@@ -147,6 +147,9 @@ class DiagnosisPolicy:
     link_loss_min: float = 0.005  # a connection that sent this share of its data segments again is lossy ...
     link_min_retrans: int = 10  # ... and at least this many segments ...
     link_min_segs: int = 1000  # ... judged only on connections that sent at least this many in the window
+    # --- slow links, from the same connections: throughput while data was in flight
+    link_slow_ratio: float = 0.5  # every connection of a worker at most this share of the others' median: slow ...
+    link_min_busy_us: int = 20_000  # ... judged only on connections busy this long (the kernel counts it in ticks)
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,8 @@ _RANGES = (
     ("diagnosis", "link_loss_min", lambda v: 0 < v < 1, "in (0, 1)"),
     ("diagnosis", "link_min_retrans", lambda v: v >= 1, ">= 1"),
     ("diagnosis", "link_min_segs", lambda v: v >= 1, ">= 1"),
+    ("diagnosis", "link_slow_ratio", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("diagnosis", "link_min_busy_us", lambda v: v >= 1, ">= 1"),
 )
 
 

@@ -38,6 +38,9 @@ _TCP_INFO = {
     "bytes_received": (128, "Q"),
     "min_rtt_us": (148, "I"),
     "data_segs_out": (156, "I"),
+    "busy_us": (168, "Q"),  # time with data in flight (cumulative)
+    "rwnd_limited_us": (176, "Q"),  # ... of it, held back by the receiver's window
+    "sndbuf_limited_us": (184, "Q"),  # ... of it, held back by the sender's own buffer
     "bytes_sent": (200, "Q"),
 }
 
@@ -54,6 +57,9 @@ class Socket:
     bytes_received: int | None
     rtt_us: float | None
     min_rtt_us: float | None
+    busy_us: int | None = None
+    rwnd_limited_us: int | None = None
+    sndbuf_limited_us: int | None = None
 
 
 def _address(addr: tuple) -> str:
@@ -97,6 +103,9 @@ def _socket(fd: int) -> Socket | None:
         bytes_received=_field(info, "bytes_received"),
         rtt_us=None if rtt is None else float(rtt),
         min_rtt_us=None if min_rtt is None else float(min_rtt),
+        busy_us=_field(info, "busy_us"),
+        rwnd_limited_us=_field(info, "rwnd_limited_us"),
+        sndbuf_limited_us=_field(info, "sndbuf_limited_us"),
     )
 
 
@@ -160,6 +169,9 @@ def connections(
                 "bytes_sent": sent,
                 "rtt_us": s.rtt_us,
                 "min_rtt_us": s.min_rtt_us,
+                "busy_us": _change(s.busy_us, b.busy_us if b else 0),
+                "rwnd_limited_us": _change(s.rwnd_limited_us, b.rwnd_limited_us if b else 0),
+                "sndbuf_limited_us": _change(s.sndbuf_limited_us, b.sndbuf_limited_us if b else 0),
             }
         )
     return pa.Table.from_pylist(rows, schema=CONNECTION_SCHEMA)

@@ -15,7 +15,19 @@ workers appears in both tables with its ends swapped, which gives every connecti
   the previous rank and the one from the next: both name it, and each neighbour has one.  A pair's single
   connection names neither (its link is both workers'); a network where every worker loses names none.
 
-Pure: a table in, :class:`LossyLink` out; no Kafka, no files.
+A link can also be slow without losing anything: a port negotiated down to a lower speed, a shaper, a congested
+path.  Its connections then take longer to deliver the same bytes.  The kernel counts, per connection, the time it
+had data in flight (``busy_us``) and how much of that the receiver's window or the sender's own buffer held it back;
+the rest is the network's.  A connection's **throughput while busy** is its bytes sent over that rest.
+
+- A connection is judged when it sent at least ``link_min_segs`` data segments and was busy at least
+  ``link_min_busy_us`` (the kernel counts busy time in ticks of 1-4 ms).
+- A worker is **named** when it is at one end of judged connections to at least two different peers, and every one
+  of them ran at most ``link_slow_ratio`` of the median throughput of the judged connections it is not an end of: in
+  a ring, its link slows the connection to the next rank and the one from the previous, while each neighbour still
+  has one fast connection.  A pair has no other connection to compare with, and names neither.
+
+Pure: a table in, :class:`LossyLink` and :class:`SlowLink` out; no Kafka, no files.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import pyarrow.compute as pc
 
 from ..policy import DiagnosisPolicy
 
-__all__ = ["LossyLink", "lossy_links", "peer_workers"]
+__all__ = ["LossyLink", "SlowLink", "lossy_links", "peer_workers", "slow_links"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,19 @@ class LossyLink:
     lossy: int  # of them lossy, in the whole job
     rtt_us: float  # the median RTT of its lossy connections (NaN: not recorded)
     others_rtt_us: float  # the median RTT of the judged connections it is not an end of
+
+
+@dataclass(frozen=True)
+class SlowLink:
+    """A worker named because each of its connections ran well below the others while data was in flight."""
+
+    worker: int
+    peers: tuple[int, ...]  # the workers at the other end of its judged connections
+    mbps: float  # the fastest of its judged connections' throughput while busy (MB/s)
+    others_mbps: float  # the median of the judged connections it is not an end of
+    judged: int  # connections between workers judged, in the whole job
+    rtt_us: float  # the median RTT of its judged connections (NaN: not recorded)
+    others_rtt_us: float  # ... of the others
 
 
 def peer_workers(conns: pa.Table) -> np.ndarray:
@@ -66,6 +91,14 @@ def _median(x: np.ndarray) -> float:
     return float(np.median(x)) if x.size else float("nan")
 
 
+def _column(conns: pa.Table, name: str) -> np.ndarray:
+    """A numeric column as float64, NaN where empty or where the table (an older agent's) has no such column."""
+    if name not in conns.column_names:
+        return np.full(conns.num_rows, np.nan)
+    out: np.ndarray = pc.fill_null(pc.cast(conns.column(name), pa.float64()), np.nan).to_numpy()
+    return out
+
+
 def lossy_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[LossyLink]:
     """The workers whose links lose packets, named from the window's connection table (see the module's text)."""
     if conns is None or conns.num_rows == 0:
@@ -74,11 +107,7 @@ def lossy_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[LossyLink]:
     other = peer_workers(conns)
     segs = conns.column("segs_out").to_numpy().astype(np.float64)
     retrans = conns.column("retrans").to_numpy().astype(np.float64)
-    rtt = (
-        pc.fill_null(conns.column("rtt_us"), np.nan).to_numpy()
-        if "rtt_us" in conns.column_names
-        else np.full(conns.num_rows, np.nan)
-    )
+    rtt = _column(conns, "rtt_us")
     judged = (other >= 0) & (other != worker) & (segs >= dp.link_min_segs)
     if judged.sum() < 2:
         return []
@@ -110,6 +139,57 @@ def lossy_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[LossyLink]:
                 judged=int(judged.sum()),
                 lossy=int(lossy.sum()),
                 rtt_us=_median(rtt[mine]),
+                others_rtt_us=_median(rtt[rest]),
+            )
+        )
+    return found
+
+
+def slow_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[SlowLink]:
+    """The workers whose links deliver slowly, named from the window's connection table (see the module's text)."""
+    if conns is None or conns.num_rows == 0:
+        return []
+    worker = conns.column("worker").to_numpy()
+    other = peer_workers(conns)
+    segs = conns.column("segs_out").to_numpy()
+    busy = _column(conns, "busy_us")
+    held = np.nan_to_num(_column(conns, "rwnd_limited_us")) + np.nan_to_num(_column(conns, "sndbuf_limited_us"))
+    net_us = busy - held  # NaN where the agent's kernel did not count busy time
+    sent = _column(conns, "bytes_sent")
+    judged = (other >= 0) & (other != worker) & (segs >= dp.link_min_segs) & (net_us >= dp.link_min_busy_us)
+    judged &= sent > 0
+    if judged.sum() < 3:  # a worker's two connections and at least one other
+        return []
+    mbps = np.divide(sent, net_us, out=np.full(sent.shape, np.nan), where=judged)  # bytes/us = MB/s
+    rtt = _column(conns, "rtt_us")
+    # each worker's fastest judged connection (either end), and how many distinct peers it has: vectorised, so
+    # that only the few workers that could be slow (fastest below the ratio of the job's fastest) are looked at
+    a, b, m = worker[judged], other[judged], mbps[judged]
+    n = int(max(a.max(), b.max())) + 1
+    fastest = np.zeros(n)
+    np.maximum.at(fastest, a, m)
+    np.maximum.at(fastest, b, m)
+    pairs = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1), axis=0)
+    degree = np.bincount(pairs.ravel(), minlength=n)
+    candidates = np.flatnonzero((degree >= 2) & (fastest > 0) & (fastest <= dp.link_slow_ratio * m.max()))
+    found = []
+    for w in candidates.tolist():
+        ends_w = judged & ((worker == w) | (other == w))
+        rest = judged & ~ends_w
+        peers = sorted(set(np.where(worker[ends_w] == w, other[ends_w], worker[ends_w]).tolist()))
+        if not rest.any():
+            continue
+        others = float(np.median(mbps[rest]))
+        if fastest[w] > dp.link_slow_ratio * others:
+            continue
+        found.append(
+            SlowLink(
+                worker=int(w),
+                peers=tuple(int(p) for p in peers),
+                mbps=float(fastest[w]),
+                others_mbps=others,
+                judged=int(judged.sum()),
+                rtt_us=_median(rtt[ends_w]),
                 others_rtt_us=_median(rtt[rest]),
             )
         )

@@ -43,7 +43,7 @@ from ...schemas.records import (
 from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
-from .links import LossyLink, lossy_links
+from .links import LossyLink, SlowLink, lossy_links, slow_links
 from .localise import NOBODY, Localised, Standing, localise
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
@@ -112,7 +112,7 @@ def diagnose_window(
         # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it
         named = {w for f in findings if f.scope == "worker" for w in f.workers}
         findings += [_localised_finding(ctx, loc) for loc in ctx.standing.localised if loc.worker not in named]
-        findings = _with_links(ctx, findings, lossy_links(connections, dp))
+        findings = _with_links(ctx, findings, [*lossy_links(connections, dp), *slow_links(connections, dp)])
         findings += _group_findings(ctx, groups)
         explained = {f.function for f in findings}
         findings += [f for f in _job_findings(ctx, groups, history, findings) if f.function not in explained]
@@ -921,16 +921,27 @@ def _collective(groups: pa.Table | None) -> tuple[str, str, float]:
     return str(fn[best]), kind, float(med[best])
 
 
-def _link_evidence(link: LossyLink) -> list[Evidence]:
-    evidence = [
-        Evidence(
-            feature="tcp_retrans_share",
-            value=round(link.loss, 5),
-            peer_value=round(link.others_loss, 5) if math.isfinite(link.others_loss) else None,
-            deviation=round(link.loss / link.others_loss - 1, 2) if link.others_loss > 0 else None,
-        ),
-        Evidence(feature="lossy_peers", value=float(len(link.peers)), peer_value=None, deviation=None),
-    ]
+def _link_evidence(link: LossyLink | SlowLink) -> list[Evidence]:
+    if isinstance(link, LossyLink):
+        evidence = [
+            Evidence(
+                feature="tcp_retrans_share",
+                value=round(link.loss, 5),
+                peer_value=round(link.others_loss, 5) if math.isfinite(link.others_loss) else None,
+                deviation=round(link.loss / link.others_loss - 1, 2) if link.others_loss > 0 else None,
+            ),
+            Evidence(feature="lossy_peers", value=float(len(link.peers)), peer_value=None, deviation=None),
+        ]
+    else:
+        evidence = [
+            Evidence(
+                feature="tcp_busy_mbps",
+                value=round(link.mbps, 1),
+                peer_value=round(link.others_mbps, 1),
+                deviation=round(link.mbps / link.others_mbps - 1, 2),
+            ),
+            Evidence(feature="slow_peers", value=float(len(link.peers)), peer_value=None, deviation=None),
+        ]
     if math.isfinite(link.rtt_us) and math.isfinite(link.others_rtt_us):
         evidence.append(
             Evidence(
@@ -943,15 +954,43 @@ def _link_evidence(link: LossyLink) -> list[Evidence]:
     return evidence
 
 
-def _link_confidence(ctx: _Ctx, link: LossyLink) -> float:
-    """Named by its connections alone: from just paging at the loss threshold to 0.9 at ten times it."""
-    strength = min(1.0, link.loss / (10.0 * ctx.dp.link_loss_min))
-    return round(min(0.99, (0.55 + 0.35 * strength) * (0.5 + 0.5 * ctx.coverage)), 3)
+def _link_confidence(ctx: _Ctx, link: LossyLink | SlowLink) -> float:
+    """Named by its connections alone: from just paging at the bar to 0.9 at ten times the loss (lossy) or a
+    quarter of the bar's throughput (slow)."""
+    if isinstance(link, LossyLink):
+        strength = min(1.0, link.loss / (10.0 * ctx.dp.link_loss_min))
+    else:
+        ratio = link.mbps / link.others_mbps
+        strength = min(1.0, math.log(ctx.dp.link_slow_ratio / max(ratio, 1e-9)) / math.log(4.0))
+    return round(min(0.99, (0.55 + 0.35 * max(strength, 0.0)) * (0.5 + 0.5 * ctx.coverage)), 3)
 
 
-def _with_links(ctx: _Ctx, findings: list[Finding], links: list[LossyLink]) -> list[Finding]:
-    """A worker named by its lossy connections (:mod:`.links`): a finding of its own on the job's collective, cause
-    ``nic``; where a finding already names it in that collective, that finding gets the cause and the evidence."""
+def _link_summary(link: LossyLink | SlowLink, function: str, share: float) -> str:
+    peers = ", ".join(map(str, link.peers))
+    cost = f"every worker waits for it in {function} ({share:.0%} of the step, what it can cost at most); cause nic"
+    if isinstance(link, SlowLink):
+        return (
+            f"worker {link.worker}: its TCP connections with workers {peers} delivered at most "
+            f"{link.mbps:,.0f} MB/s while they had data in flight, the other connections' median "
+            f"{link.others_mbps:,.0f} MB/s; the one worker they share, its link (NIC speed, shaping or a congested "
+            f"port) is slow; {cost}"
+        )
+    others = (
+        f"the other connections' median {link.others_loss:.2%}"
+        if math.isfinite(link.others_loss)
+        else "no other connection sent enough to compare"
+    )
+    return (
+        f"worker {link.worker}: its TCP connections with workers {peers} sent {link.loss:.2%} of their data "
+        f"segments again ({link.retrans:,} of {link.segs_out:,}; {others}); "
+        f"the one worker they share, its link (NIC, cable or switch port) loses packets; {cost}"
+    )
+
+
+def _with_links(ctx: _Ctx, findings: list[Finding], links: list[LossyLink | SlowLink]) -> list[Finding]:
+    """A worker named by its lossy or slow connections (:mod:`.links`): a finding of its own on the job's
+    collective, cause ``nic``; where a finding already names it in that collective (its timing, or the other rule),
+    that finding gets the cause and the evidence."""
     if not links:
         return findings
     function, kind, share = _collective(ctx.groups)
@@ -962,18 +1001,7 @@ def _with_links(ctx: _Ctx, findings: list[Finding], links: list[LossyLink]) -> l
     for link in links:
         conf = _link_confidence(ctx, link)
         evidence = _link_evidence(link)
-        peers = ", ".join(map(str, link.peers))
-        others = (
-            f"the other connections' median {link.others_loss:.2%}"
-            if math.isfinite(link.others_loss)
-            else "no other connection sent enough to compare"
-        )
-        summary = (
-            f"worker {link.worker}: its TCP connections with workers {peers} sent {link.loss:.2%} of their data "
-            f"segments again ({link.retrans:,} of {link.segs_out:,}; {others}); "
-            f"the one worker they share, its link (NIC, cable or switch port) loses packets; every worker waits for "
-            f"it in {function} ({share:.0%} of the step, what it can cost at most); cause nic"
-        )
+        summary = _link_summary(link, function, share)
         same = [
             i
             for i, f in enumerate(out)
@@ -986,7 +1014,7 @@ def _with_links(ctx: _Ctx, findings: list[Finding], links: list[LossyLink]) -> l
                 id=finding_id(f.job, f.window, f.scope, f.workers, f.function, "nic", f.group),
                 cause="nic",
                 confidence=max(f.confidence, conf),
-                evidence=[*f.evidence, *evidence],
+                evidence=[*f.evidence, *(e for e in evidence if e.feature not in {x.feature for x in f.evidence})],
                 summary=f"{f.summary}; {summary}",
             )
             continue

@@ -802,9 +802,35 @@ def record_corpus(dest: Path, only: list[str], cases: list[Case] | None = None) 
     return 0
 
 
+def healthy_links(worlds: list[int]) -> int:
+    """``--healthy-links WORLD ...``: healthy jobs in network namespaces, no link shaped (how the slow-link bar,
+    ``link_slow_ratio``, was chosen): each job's lowest ratio of a worker's fastest connection to the median of the
+    connections it is not an end of, the figure the rule compares with the bar."""
+    import dataclasses
+    import tempfile
+
+    from lockstep.app.offline import read_connections
+    from lockstep.streams.diagnosis.links import slow_links
+    from lockstep.streams.policy import DiagnosisPolicy
+
+    every = dataclasses.replace(DiagnosisPolicy(), link_slow_ratio=0.999)  # every worker's ratio, not only slow ones
+    for world in worlds:
+        with tempfile.TemporaryDirectory(prefix=f"healthy-links-w{world}-") as tmp:
+            out = Path(tmp)
+            # the network cases' job (namespaces, their batch), no culprit: nothing shaped
+            run_case(Case(f"healthy-links-w{world}", "htb", "strong", world, ()), out)
+            merge_connections(out, world, out / "connections.parquet")
+            ratios = [x.mbps / x.others_mbps for x in slow_links(read_connections(out / "connections.parquet"), every)]
+        low = f"{min(ratios):.2f}" if ratios else "none below 1"
+        print(f"{world} ranks: lowest ratio {low} (bar {DiagnosisPolicy().link_slow_ratio})", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     import tempfile
 
+    if argv and argv[0] == "--healthy-links":
+        return healthy_links([int(w) for w in argv[1:]] or SIZES[1:])
     if argv and argv[0] == "--corpus":
         return record_corpus(CORPUS, argv[1:])
     if argv and argv[0] == "--holdout":

@@ -287,6 +287,42 @@ def test_a_lossy_link_is_named_from_the_connections_where_timing_shows_none(tmp_
     assert code == 0 and not [f for f in json.loads(out) if f["cause"] == "nic"]
 
 
+def test_a_slow_link_is_named_from_the_connections_busy_time_and_a_lossy_one_gets_one_finding(tmp_path, capsys):
+    """A link that delivers slowly but loses nothing: worker 5's two connections ran at 100 MB/s while busy, the
+    others at 800. Named, cause nic, with the throughputs as evidence; a link both lossy and slow is one finding."""
+    events = tmp_path / "e.parquet"
+    pq.write_table(op_events(workers=8), events)
+
+    def with_busy(t: pa.Table, slow: int) -> pa.Table:
+        rows = t.to_pylist()
+        for row in rows:
+            if row["segs_out"]:
+                w, to = row["worker"], (row["worker"] - 1) % 8
+                row["bytes_sent"] = 40_000_000
+                row["busy_us"] = 400_000 if slow in (w, to) else 50_000
+        return pa.Table.from_pylist(rows)
+
+    conns = tmp_path / "c.parquet"
+    pq.write_table(with_busy(ring_connections(8, culprit=None), slow=5), conns)
+    code, out, _ = run(capsys, events, "--connections", conns, "--json")
+    found = msgspec.convert(json.loads(out), list[Finding])
+    (link,) = [f for f in found if f.cause == "nic"]
+    assert (link.scope, link.workers, link.function) == ("worker", [5], "nccl:all_reduce")
+    ev = {e.feature: e for e in link.evidence}
+    assert ev["tcp_busy_mbps"].value == pytest.approx(100.0) and ev["tcp_busy_mbps"].peer_value == pytest.approx(800)
+    assert ev["slow_peers"].value == 2 and "tcp_retrans_share" not in ev
+    assert link.confidence >= 0.8 and "delivered at most 100 MB/s" in link.summary
+    # lossy and slow: one finding on worker 5 with both rules' evidence
+    pq.write_table(with_busy(ring_connections(8, culprit=5), slow=5), conns)
+    code, out, _ = run(capsys, events, "--connections", conns, "--json")
+    assert code == 0
+    found = msgspec.convert(json.loads(out), list[Finding])
+    (link,) = [f for f in found if f.cause == "nic"]
+    features = [e.feature for e in link.evidence]
+    assert link.workers == [5] and {"tcp_retrans_share", "tcp_busy_mbps"} <= set(features)
+    assert len(features) == len(set(features))
+
+
 def test_a_bad_connection_table_is_a_one_line_error(tmp_path, capsys):
     events = tmp_path / "e.csv"
     pcsv.write_csv(op_events(), events)

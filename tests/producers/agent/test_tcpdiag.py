@@ -67,6 +67,33 @@ def test_two_snapshots_give_what_was_sent_between_them(pair):
     assert receiver["segs_out"] == 0 and receiver["bytes_sent"] == 0
 
 
+def test_the_time_a_connection_was_busy_and_what_held_it_back_are_counted():
+    # a receiver that reads nothing for 0.3 s: the sender has data in flight, held back by the receiver's window
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    out = socket.create_connection(srv.getsockname())
+    inn, _ = srv.accept()
+    srv.close()
+    local = "{}:{}".format(*out.getsockname())
+    with out, inn:
+        before = tcpdiag.snapshot()
+        sender = threading.Thread(target=out.sendall, args=(b"x" * 30_000_000,), daemon=True)
+        sender.start()
+        threading.Event().wait(0.3)
+        got = 0
+        while got < 30_000_000:
+            got += len(inn.recv(1 << 20))
+        sender.join(timeout=10)
+        rows = {r["local"]: r for r in tcpdiag.connections(0, before, tcpdiag.snapshot()).to_pylist()}
+    row = rows[local]
+    if row["busy_us"] is None:
+        pytest.skip("this kernel's tcp_info has no busy time (linux < 4.10)")
+    assert row["busy_us"] >= 150_000  # most of the 0.3 s the receiver slept, in kernel ticks
+    held = row["rwnd_limited_us"] + row["sndbuf_limited_us"]
+    assert 0 < held <= row["busy_us"]
+
+
 def test_another_process_connections_are_not_this_one(pair):
     # a child with a connection of its own (to a server of its own): not in this process's snapshot
     code = (

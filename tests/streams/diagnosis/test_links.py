@@ -1,4 +1,4 @@
-"""Lossy links named from the workers' TCP connections (streams/diagnosis/links.py)."""
+"""Lossy and slow links named from the workers' TCP connections (streams/diagnosis/links.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from lockstep.schemas.events import CONNECTION_SCHEMA
-from lockstep.streams.diagnosis.links import lossy_links
+from lockstep.streams.diagnosis.links import lossy_links, slow_links
 from lockstep.streams.policy import DiagnosisPolicy
 
 DP = DiagnosisPolicy()
@@ -132,3 +132,86 @@ def test_a_window_takes_each_connection_once_from_its_step_results():
     assert got.num_rows == t.num_rows and got.equals(t)
     assert window_connections([result(1, None)]) is None
     assert named(got) == [(2, (1, 3))]
+
+
+# --------------------------------------------------------------------------- slow links
+
+
+def busy_ring(
+    n: int, mbps: dict[tuple[int, int], float], *, healthy: float = 800.0, sent: int = 40_000_000
+) -> pa.Table:
+    """A ring sending r -> r-1 whose connections ran at ``healthy`` MB/s while busy, those in ``mbps`` at theirs;
+    the receiving end's row carries no data (segs_out 0), as the kernel counts it."""
+    rows = []
+    for r in range(n):
+        a, b = r, (r - 1) % n
+        rate = mbps.get((a, b), healthy)
+        pa_, pb = 40000 + r, 50000 + r
+        rows.append(
+            dict(worker=a, local=f"{ip(a)}:{pa_}", peer=f"{ip(b)}:{pb}", segs_out=sent // 1448, retrans=0,
+                 bytes_sent=sent, busy_us=int(sent / rate), rwnd_limited_us=0, sndbuf_limited_us=0, rtt_us=300.0)
+        )  # fmt: skip
+        rows.append(dict(worker=b, local=f"{ip(b)}:{pb}", peer=f"{ip(a)}:{pa_}", segs_out=0, retrans=0))
+    return pa.Table.from_pylist(rows, schema=CONNECTION_SCHEMA)
+
+
+def slow(t: pa.Table, dp: DiagnosisPolicy = DP) -> list[tuple[int, tuple[int, ...]]]:
+    return [(x.worker, x.peers) for x in slow_links(t, dp)]
+
+
+def test_a_workers_slow_link_in_a_ring_names_it_not_its_neighbours():
+    # worker 2's link is shaped both ways: its connection to 1 and the one from 3 deliver at 120 MB/s
+    assert slow(busy_ring(4, {(2, 1): 120.0, (3, 2): 130.0})) == [(2, (1, 3))]
+    assert slow(busy_ring(8, {(5, 4): 120.0, (6, 5): 110.0})) == [(5, (4, 6))]
+    assert slow(busy_ring(3, {(1, 0): 300.0, (2, 1): 350.0})) == [(1, (0, 2))]
+    (link,) = slow_links(busy_ring(4, {(2, 1): 100.0, (3, 2): 200.0}), DP)
+    assert link.mbps == pytest.approx(200.0) and link.others_mbps == pytest.approx(800.0)
+    assert link.judged == 4 and link.rtt_us == 300.0
+
+
+def test_one_slow_connection_names_neither_end():
+    # one direction's path is slow (a congested port between two workers): either end could own it
+    assert slow(busy_ring(4, {(2, 1): 100.0})) == []
+
+
+def test_healthy_spread_and_a_pair_name_nobody():
+    # the spread of healthy connections measured on this machine's namespaced rings: the slowest worker's fastest
+    # connection at 0.71 of the others' median
+    assert slow(busy_ring(3, {(0, 2): 700.0, (1, 0): 750.0}, healthy=1050.0)) == []
+    assert slow(busy_ring(8, {(3, 2): 200.0, (6, 5): 290.0}, healthy=420.0)) == []
+    # a pair's connections have nothing to compare with
+    assert slow(busy_ring(2, {(0, 1): 100.0, (1, 0): 100.0})) == []
+
+
+def test_the_time_the_receiver_or_the_senders_buffer_held_it_back_is_not_the_links():
+    t = busy_ring(4, {(2, 1): 100.0, (3, 2): 100.0})
+    assert slow(t) == [(2, (1, 3))]
+    # the same busy time, nine tenths of it waiting on the receiver's window: the network delivered at 1,000 MB/s
+    rows = t.to_pylist()
+    for r in rows:
+        if r["busy_us"] and r["worker"] in (2, 3) and r["segs_out"]:
+            r["rwnd_limited_us"] = int(r["busy_us"] * 0.9)
+    assert slow(pa.Table.from_pylist(rows, schema=CONNECTION_SCHEMA)) == []
+
+
+def test_busy_time_too_short_or_not_recorded_is_not_judged():
+    # 4 MB at 10,000 MB/s is 0.4 ms of busy time, under a kernel tick: those connections are not judged, and worker
+    # 2's two slow ones have nothing to compare with
+    assert slow(busy_ring(4, {(2, 1): 100.0, (3, 2): 100.0}, healthy=10_000.0, sent=4_000_000)) == []
+    # an older agent's table has no busy time
+    assert slow(ring(4, {(2, 1), (3, 2)})) == []
+    assert slow_links(None, DP) == [] and slow_links(CONNECTION_SCHEMA.empty_table(), DP) == []
+    # the policy's bar decides
+    t = busy_ring(4, {(2, 1): 500.0, (3, 2): 500.0})
+    assert slow(t) == [] and slow(t, dataclasses.replace(DP, link_slow_ratio=0.7)) == [(2, (1, 3))]
+
+
+def test_a_connection_table_from_before_busy_time_is_still_read():
+    # an older processor's step slice: no busy-time columns; the table is read with them empty, not dead-lettered
+    from lockstep.schemas.events import read_connections_ipc
+    from lockstep.schemas.functions import pack
+
+    old = ring(4, {(2, 1), (3, 2)}).drop_columns(["busy_us", "rwnd_limited_us", "sndbuf_limited_us"])
+    got = read_connections_ipc(pack(old), "slice")
+    assert got.schema.equals(CONNECTION_SCHEMA) and got.column("busy_us").null_count == got.num_rows
+    assert named(got) == [(2, (1, 3))] and slow(got) == []
