@@ -167,14 +167,21 @@ class Redaction:
         return "fn:" + keyed_hash(self.salt, name) if self.names == "hash" else name
 
     def connections(self, table: pa.Table) -> pa.Table:
-        """A connection table as it may leave the host: with ``names=hash`` its endpoints (``address:port``) hashed
-        too, under the same salt on every worker, so that a connection's two ends still match across workers."""
+        """A connection table as it may leave the host: with ``names=hash`` its endpoints' addresses hashed too
+        (``ep:<hash>:<port>``), under the same salt on every worker, so that a connection's two ends still match
+        across workers, and a connection within one host (both ends one address) still shows as one."""
         if self.names != "hash" or table.num_rows == 0:
             return table
+
+        def hashed(endpoint: str) -> str:
+            address, _, port = endpoint.rpartition(":")
+            return f"ep:{keyed_hash(self.salt, address)}:{port}"
+
         for column in ("local", "peer"):
             i = table.schema.get_field_index(column)
-            hashed = pa.array(["ep:" + keyed_hash(self.salt, e) for e in table.column(column).to_pylist()])
-            table = table.set_column(i, table.schema.field(i), hashed)
+            table = table.set_column(
+                i, table.schema.field(i), pa.array([hashed(e) for e in table.column(column).to_pylist()])
+            )
         return table
 
     def names_array(self, names: pa.Array | pa.ChunkedArray) -> pa.Array:

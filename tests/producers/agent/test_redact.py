@@ -217,5 +217,6 @@ def test_hashed_names_hash_connection_endpoints_alike_on_every_worker_so_a_lossy
     )
     ends = hashed.column("local").to_pylist() + hashed.column("peer").to_pylist()
     assert all(e.startswith("ep:") and "10.0.0" not in e for e in ends)
+    assert hashed.column("local")[0].as_py().endswith(":40000")  # the address hashed, the port kept
     assert [x.worker for x in lossy_links(hashed, DiagnosisPolicy())] == [2]
     assert Redaction.parse("paths=strip").connections(table).equals(table)  # addresses kept otherwise

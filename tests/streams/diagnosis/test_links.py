@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from lockstep.schemas.events import CONNECTION_SCHEMA
-from lockstep.streams.diagnosis.links import lossy_links, slow_links
+from lockstep.streams.diagnosis.links import between_hosts, lossy_links, slow_links
 from lockstep.streams.policy import DiagnosisPolicy
 
 DP = DiagnosisPolicy()
@@ -215,3 +215,20 @@ def test_a_connection_table_from_before_busy_time_is_still_read():
     got = read_connections_ipc(pack(old), "slice")
     assert got.schema.equals(CONNECTION_SCHEMA) and got.column("busy_us").null_count == got.num_rows
     assert named(got) == [(2, (1, 3))] and slow(got) == []
+
+
+def test_connections_within_one_host_are_no_link():
+    # every rank on one address (loopback, or one host's address): the slowest and the lossiest connections are the
+    # host's CPU, not a link; between two addresses the same numbers name the worker
+    def on_one_host(t: pa.Table) -> pa.Table:
+        rows = t.to_pylist()
+        for r in rows:
+            r["local"] = "127.0.0.1:" + r["local"].rpartition(":")[2]
+            r["peer"] = "127.0.0.1:" + r["peer"].rpartition(":")[2]
+        return pa.Table.from_pylist(rows, schema=CONNECTION_SCHEMA)
+
+    slowed, lossy = busy_ring(4, {(2, 1): 100.0, (3, 2): 100.0}), ring(4, {(2, 1), (3, 2)})
+    assert slow(slowed) == [(2, (1, 3))] and named(lossy) == [(2, (1, 3))]
+    assert slow(on_one_host(slowed)) == [] and named(on_one_host(lossy)) == []
+    v6 = pa.table({"local": ["::1:4000", "fe80::1:4000"], "peer": ["::1:5000", "fe80::2:5000"]})
+    assert between_hosts(v6).tolist() == [False, True]
