@@ -226,4 +226,9 @@ def test_a_slow_rank_of_a_real_ddp_job_is_found_end_to_end(settings, tmp_path, w
     assert set(conns.column("worker").to_pylist()) == set(range(world)), conns.to_pylist()
     busy = [p for p, segs in zip(peer_workers(conns), conns.column("segs_out").to_pylist(), strict=True) if segs >= 100]
     assert busy and all(0 <= p < world for p in busy), conns.to_pylist()
+    # ... and how long each had data in flight (the slow-link rule's measure), where the kernel counts it: the
+    # kernel's busy time holds the time the receiver's window and the sender's buffer held it back
+    sending = [r for r in conns.to_pylist() if r["segs_out"] >= 100]
+    if all(r["busy_us"] is not None for r in sending):
+        assert all(r["busy_us"] >= r["rwnd_limited_us"] + r["sndbuf_limited_us"] >= 0 for r in sending), sending
     assert not any(cause == "nic" for _w, _f, cause, _h in rows), rows
