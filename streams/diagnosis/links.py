@@ -20,8 +20,8 @@ path.  Its connections then take longer to deliver the same bytes.  The kernel c
 had data in flight (``busy_us``) and how much of that the receiver's window or the sender's own buffer held it back;
 the rest is the network's.  A connection's **throughput while busy** is its bytes sent over that rest.
 
-- A connection is judged when it sent at least ``link_min_segs`` data segments and was busy at least
-  ``link_min_busy_us`` (the kernel counts busy time in ticks of 1-4 ms).
+- A connection is judged when it sent at least ``link_min_segs`` data segments and the network's part of its busy
+  time is at least ``link_min_busy_us`` (the kernel counts busy time in ticks of 1-4 ms).
 - A worker is **named** when it is at one end of judged connections to at least two different peers, and every one
   of them ran at most ``link_slow_ratio`` of the median throughput of the judged connections it is not an end of: in
   a ring, its link slows the connection to the next rank and the one from the previous, while each neighbour still
@@ -171,8 +171,8 @@ def slow_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[SlowLink]:
     held = np.nan_to_num(_column(conns, "rwnd_limited_us")) + np.nan_to_num(_column(conns, "sndbuf_limited_us"))
     net_us = busy - held  # NaN where the agent's kernel did not count busy time
     sent = _column(conns, "bytes_sent")
-    judged = (other >= 0) & (other != worker) & (segs >= dp.link_min_segs) & (net_us >= dp.link_min_busy_us)
-    judged &= (sent > 0) & between_hosts(conns)
+    judged = (worker >= 0) & (other >= 0) & (other != worker) & (segs >= dp.link_min_segs)
+    judged &= (net_us >= dp.link_min_busy_us) & (sent > 0) & between_hosts(conns)
     if judged.sum() < 3:  # a worker's two connections and at least one other
         return []
     mbps = np.divide(sent, net_us, out=np.full(sent.shape, np.nan), where=judged)  # bytes/us = MB/s
