@@ -802,10 +802,15 @@ def record_corpus(dest: Path, only: list[str], cases: list[Case] | None = None) 
     return 0
 
 
-def healthy_links(worlds: list[int]) -> int:
-    """``--healthy-links WORLD ...``: healthy jobs in network namespaces, no link shaped (how the slow-link bar,
-    ``link_slow_ratio``, was chosen): each job's lowest ratio of a worker's fastest connection to the median of the
-    connections it is not an end of, the figure the rule compares with the bar."""
+#: healthy namespaced jobs' connection tables (``--healthy-links --save``): the link rules' real healthy spread
+LINKS = Path(__file__).resolve().parents[1] / "data" / "real" / "links"
+
+
+def healthy_links(worlds: list[int], save: Path | None = None) -> int:
+    """``--healthy-links [--save] WORLD ...``: healthy jobs in network namespaces, no link shaped (how the slow-link
+    bar, ``link_slow_ratio``, was chosen): each job's lowest ratio of a worker's fastest connection to the median of
+    the connections it is not an end of, the figure the rule compares with the bar.  With ``--save`` each job's
+    connection table is kept in :data:`LINKS` (``healthy-wN-K.connections.parquet``)."""
     import dataclasses
     import tempfile
 
@@ -821,6 +826,10 @@ def healthy_links(worlds: list[int]) -> int:
             run_case(Case(f"healthy-links-w{world}", "htb", "strong", world, ()), out)
             merge_connections(out, world, out / "connections.parquet")
             ratios = [x.mbps / x.others_mbps for x in slow_links(read_connections(out / "connections.parquet"), every)]
+            if save is not None:
+                save.mkdir(parents=True, exist_ok=True)
+                k = len(list(save.glob(f"healthy-w{world}-*.connections.parquet")))
+                shutil.copy(out / "connections.parquet", save / f"healthy-w{world}-{k}.connections.parquet")
         low = f"{min(ratios):.2f}" if ratios else "none below 1"
         print(f"{world} ranks: lowest ratio {low} (bar {DiagnosisPolicy().link_slow_ratio})", flush=True)
     return 0
@@ -830,7 +839,9 @@ def main(argv: list[str]) -> int:
     import tempfile
 
     if argv and argv[0] == "--healthy-links":
-        return healthy_links([int(w) for w in argv[1:]] or SIZES[1:])
+        save = LINKS if argv[1:2] == ["--save"] else None
+        worlds = [int(w) for w in argv[2 if save else 1 :]]
+        return healthy_links(worlds or list(SIZES[1:]), save)
     if argv and argv[0] == "--corpus":
         return record_corpus(CORPUS, argv[1:])
     if argv and argv[0] == "--holdout":

@@ -232,3 +232,21 @@ def test_connections_within_one_host_are_no_link():
     assert slow(on_one_host(slowed)) == [] and named(on_one_host(lossy)) == []
     v6 = pa.table({"local": ["::1:4000", "fe80::1:4000"], "peer": ["::1:5000", "fe80::2:5000"]})
     assert between_hosts(v6).tolist() == [False, True]
+
+
+def test_healthy_rings_recorded_in_network_namespaces_name_nobody():
+    # real connection tables of healthy gloo jobs of 3, 4 and 8 ranks, each rank in a namespace of its own with a
+    # link to a bridge, nothing shaped (tests/integration/real_faults.py --healthy-links --save): the spread that a
+    # real job's links show on this machine, which the bars must leave alone
+    from pathlib import Path
+
+    from lockstep.app.offline import read_connections
+
+    tables = sorted((Path(__file__).parents[2] / "data" / "real" / "links").glob("healthy-w*.connections.parquet"))
+    assert len(tables) >= 6
+    for path in tables:
+        t = read_connections(path)
+        assert between_hosts(t).all() and slow_links(t, DP) == [] and lossy_links(t, DP) == [], path.name
+        # the healthy spread stays above the bar: every worker's fastest connection over the others' median
+        every = slow_links(t, dataclasses.replace(DP, link_slow_ratio=0.999))
+        assert all(x.mbps / x.others_mbps > DP.link_slow_ratio for x in every), path.name
