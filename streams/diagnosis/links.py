@@ -114,16 +114,23 @@ def _column(conns: pa.Table, name: str) -> np.ndarray:
     return out
 
 
+def _judgeable(conns: pa.Table, dp: DiagnosisPolicy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each connection's worker, the worker at its other end, and whether both rules may judge it: another worker
+    at its other end, across two addresses, at least ``link_min_segs`` data segments sent."""
+    worker = conns.column("worker").to_numpy()
+    other = peer_workers(conns)
+    segs = conns.column("segs_out").to_numpy()
+    return worker, other, (other >= 0) & (other != worker) & (segs >= dp.link_min_segs) & between_hosts(conns)
+
+
 def lossy_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[LossyLink]:
     """The workers whose links lose packets, named from the window's connection table (see the module's text)."""
     if conns is None or conns.num_rows == 0:
         return []
-    worker = conns.column("worker").to_numpy()
-    other = peer_workers(conns)
+    worker, other, judged = _judgeable(conns, dp)
     segs = conns.column("segs_out").to_numpy().astype(np.float64)
     retrans = conns.column("retrans").to_numpy().astype(np.float64)
     rtt = _column(conns, "rtt_us")
-    judged = (other >= 0) & (other != worker) & (segs >= dp.link_min_segs) & between_hosts(conns)
     if judged.sum() < 2:
         return []
     loss = np.divide(retrans, segs, out=np.zeros_like(segs), where=segs > 0)
@@ -164,15 +171,12 @@ def slow_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[SlowLink]:
     """The workers whose links deliver slowly, named from the window's connection table (see the module's text)."""
     if conns is None or conns.num_rows == 0:
         return []
-    worker = conns.column("worker").to_numpy()
-    other = peer_workers(conns)
-    segs = conns.column("segs_out").to_numpy()
+    worker, other, judged = _judgeable(conns, dp)
     busy = _column(conns, "busy_us")
     held = np.nan_to_num(_column(conns, "rwnd_limited_us")) + np.nan_to_num(_column(conns, "sndbuf_limited_us"))
     net_us = busy - held  # NaN where the agent's kernel did not count busy time
     sent = _column(conns, "bytes_sent")
-    judged = (worker >= 0) & (other >= 0) & (other != worker) & (segs >= dp.link_min_segs)
-    judged &= (net_us >= dp.link_min_busy_us) & (sent > 0) & between_hosts(conns)
+    judged &= (worker >= 0) & (net_us >= dp.link_min_busy_us) & (sent > 0)
     if judged.sum() < 3:  # a worker's two connections and at least one other
         return []
     mbps = np.divide(sent, net_us, out=np.full(sent.shape, np.nan), where=judged)  # bytes/us = MB/s

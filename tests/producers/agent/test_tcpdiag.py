@@ -15,15 +15,21 @@ from lockstep.schemas.events import CONNECTION_SCHEMA
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO is Linux's")
 
 
-@pytest.fixture
-def pair():
-    """A connected pair of TCP sockets in this process, the receiving end drained by a thread."""
+def connected() -> tuple[socket.socket, socket.socket]:
+    """A connected pair of TCP sockets in this process over the loopback: (the sending end, the receiving end)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen()
     out = socket.create_connection(srv.getsockname())
     inn, _ = srv.accept()
     srv.close()
+    return out, inn
+
+
+@pytest.fixture
+def pair():
+    """A connected pair of TCP sockets in this process, the receiving end drained by a thread."""
+    out, inn = connected()
     received = []
 
     def drain() -> None:
@@ -69,12 +75,7 @@ def test_two_snapshots_give_what_was_sent_between_them(pair):
 
 def test_the_time_a_connection_was_busy_and_what_held_it_back_are_counted():
     # a receiver that reads nothing for 0.3 s: the sender has data in flight, held back by the receiver's window
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    out = socket.create_connection(srv.getsockname())
-    inn, _ = srv.accept()
-    srv.close()
+    out, inn = connected()
     local = "{}:{}".format(*out.getsockname())
     with out, inn:
         before = tcpdiag.snapshot()
