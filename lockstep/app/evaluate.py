@@ -507,7 +507,8 @@ REAL_PARTS = ("dev", "test", "holdout", "all")
 
 
 def summarise_real(results: list[RealCaseResult], part: str = "all") -> dict:
-    """The ``--real --json`` shape: {"parts": {PART: {"overall", "by_mechanism", "by_size", "calibration"}}}.
+    """The ``--real --json`` shape: {"parts": {PART: {"overall", "by_mechanism", "by_size", "by_culprits",
+    "calibration"}}} (``by_culprits``: by the number of culprits, 0 for healthy jobs; added in issue 21's ninth pass).
 
     ``part`` ``all`` gives the parts dev, test and all (both together; holdout too where the folder has holdout
     cases); ``dev``, ``test`` or ``holdout`` that part alone.
@@ -521,14 +522,17 @@ def summarise_real(results: list[RealCaseResult], part: str = "all") -> dict:
         mine = [r for r in results if name == "all" or r.manifest.split == name]
         by_mech: dict[str, _RealTally] = {}
         by_size: dict[int, _RealTally] = {}
+        by_culprits: dict[int, _RealTally] = {}
         for r in mine:
             by_mech.setdefault(r.manifest.mechanism, _RealTally()).results.append(r)
             by_size.setdefault(r.manifest.ranks, _RealTally()).results.append(r)
+            by_culprits.setdefault(len(r.manifest.culprits), _RealTally()).results.append(r)
         pairs = [(f.confidence, r.right(f)) for r in mine for f in r.findings]
         parts[name] = {
             "overall": _RealTally(mine).figures(),
             "by_mechanism": {k: by_mech[k].figures() for k in sorted(by_mech)},
             "by_size": {str(k): by_size[k].figures() for k in sorted(by_size)},
+            "by_culprits": {str(k): by_culprits[k].figures() for k in sorted(by_culprits)},
             "calibration": _calibration(pairs)[0],
         }
     return {"parts": parts}

@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..policy import DiagnosisPolicy
-from .stats import group_median
+from .stats import group_median, others_median
 from .step import StepResult
 
 
@@ -172,6 +172,88 @@ def _rows(t: pa.Table) -> _Rows:
     return _Rows(t, first, ws, wi_all, step)
 
 
+@dataclass(frozen=True)
+class _OwnTest:
+    """Every worker's own work against its peers' baseline over the window (arrays per worker index)."""
+
+    shift: np.ndarray
+    noise: float
+    se: np.ndarray
+    z: np.ndarray
+    above: np.ndarray
+    excess: np.ndarray
+    wait_med: np.ndarray
+    peer_wait_med: np.ndarray
+    counted: np.ndarray  # steps with a baseline
+    peer: np.ndarray  # per (worker, step) row: the baseline, its peers' median own work
+    bar: float
+    steps_above: np.ndarray  # per (worker, step) row: above its peers' baseline
+    out: np.ndarray  # stands out
+
+
+def _own_test(
+    rows: _Rows, own: np.ndarray, peer: np.ndarray, peer_wait: np.ndarray, dp: DiagnosisPolicy, n_results: int
+) -> _OwnTest:
+    wi, n = rows.wi, rows.ws.size
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.where(peer > 0, own / peer - 1.0, np.nan)
+        e = (own - peer) / rows.col("step_time_us")
+    shift = group_median(r, wi, n)
+    spread = 1.4826 * group_median(np.abs(r - shift[wi]), wi, n)
+    noise = float(max(np.nanmedian(spread) if np.isfinite(spread).any() else 0.0, dp.rel_floor))
+    counted = np.bincount(wi, weights=np.isfinite(r), minlength=n)
+    # the shift is a median over the worker's steps: its standard error is ~1.2533 noise / sqrt(steps)
+    se = 1.2533 * noise / np.sqrt(np.maximum(counted, 1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = shift / se
+    above = np.bincount(wi, weights=np.nan_to_num(r) > 0, minlength=n) / np.maximum(counted, 1)
+    excess = group_median(e, wi, n)
+    wait_med, peer_wait_med = group_median(rows.col("wait_us"), wi, n), group_median(peer_wait, wi, n)
+    bar = threshold(dp, int(np.count_nonzero(np.isfinite(z))))
+    with np.errstate(invalid="ignore"):
+        out = (
+            (z >= bar)
+            & (shift >= dp.localise_min_shift)
+            & (excess >= dp.min_excess_share)
+            & (above >= dp.persistence)
+            & (wait_med < peer_wait_med)
+            & (counted >= min(dp.min_persistent_steps, n_results))
+        )
+    return _OwnTest(
+        shift, noise, se, z, above, excess, wait_med, peer_wait_med, counted, peer, bar, np.nan_to_num(r) > 0, out
+    )
+
+
+def _peeled(
+    rows: _Rows,
+    own: np.ndarray,
+    gk: np.ndarray,
+    first: _OwnTest,
+    in_function: np.ndarray,
+    dp: DiagnosisPolicy,
+    n_results: int,
+) -> tuple[np.ndarray, list[_OwnTest]]:
+    """Several culprits: once some workers stand out, the others are tested again against baselines (their peers'
+    median own work and waits) without them, until no more stands out (a second straggler among few peers lifts
+    their median and their noise, and hides; the victims, whose waits it sets, are no baseline for it either).
+    ``in_function``: per worker index, whether it stood out in one function (left out of the baselines too, not
+    tested again).  Returns per worker index the test that named it (-1: none; -2: it stood out in a function) and
+    the tests."""
+    tests, named = [first], np.where(first.out, 0, np.where(in_function, -2, -1))
+    n_keys = int(gk.max()) + 1
+    while (named != -1).any() and len(tests) <= rows.ws.size:
+        include = named[rows.wi] == -1
+        peer = others_median(own, gk, n_keys, include)
+        peer_wait = others_median(rows.col("wait_us"), gk, n_keys, include)
+        again = _own_test(rows, own, peer, peer_wait, dp, n_results)
+        new = again.out & (named == -1)
+        if not new.any():
+            break
+        named[new] = len(tests)
+        tests.append(again)
+    return named, tests
+
+
 def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     """The workers that stand out from their peers over the window's steps (:class:`Standing`)."""
     t = _concat(results)
@@ -180,21 +262,11 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     rows = _rows(t)
     wi, n = rows.wi, rows.ws.size
     own, peer = rows.col("own_us"), rows.col("peer_own_us")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = np.where(peer > 0, own / peer - 1.0, np.nan)
-        e = (own - peer) / rows.col("step_time_us")
-    shift = group_median(r, wi, n)
-    spread = 1.4826 * group_median(np.abs(r - shift[wi]), wi, n)
-    if np.isnan(shift).all():
+    first = _own_test(rows, own, peer, rows.col("peer_wait_us"), dp, len(results))
+    if np.isnan(first.shift).all():
         return NOBODY
-    noise = float(max(np.nanmedian(spread) if np.isfinite(spread).any() else 0.0, dp.rel_floor))
-    counted = np.bincount(wi, weights=np.isfinite(r), minlength=n)
-    # the shift is a median over the worker's steps: its standard error is ~1.2533 noise / sqrt(steps)
-    se = 1.2533 * noise / np.sqrt(np.maximum(counted, 1))
-    z = shift / se
-    above = np.bincount(wi, weights=np.nan_to_num(r) > 0, minlength=n) / np.maximum(counted, 1)
-    excess = group_median(e, wi, n)
-    wait_med, peer_wait_med = group_median(rows.col("wait_us"), wi, n), group_median(rows.col("peer_wait_us"), wi, n)
+    noise, z, bar, counted = first.noise, first.z, first.bar, first.counted
+    wait_med, peer_wait_med = first.wait_med, first.peer_wait_med
     # the group's highest own work in the step: above every other (the others' median is not enough for that, so
     # by the step's own maximum over the worker's group)
     grp, step = rows.col("group").astype(str), rows.step[rows.first]
@@ -202,52 +274,51 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     top = np.full(int(gk.max()) + 1, -np.inf)
     np.maximum.at(top, gk, own)
     holds = np.bincount(wi, weights=own >= top[gk], minlength=n) / np.maximum(counted, 1)
-    bar = threshold(dp, int(np.count_nonzero(np.isfinite(z))))
-    out = (
-        (z >= bar)
-        & (shift >= dp.localise_min_shift)
-        & (excess >= dp.min_excess_share)
-        & (above >= dp.persistence)
-        & (wait_med < peer_wait_med)
-        & (counted >= min(dp.min_persistent_steps, len(results)))
-    )
-    idx = np.flatnonzero(np.nan_to_num(out, nan=False))
-    k = int(np.argmax(np.where(np.isfinite(z), z, -np.inf)))
-    top_z = float(z[k]) if np.isfinite(z[k]) else math.nan
-    se_us, waits_more = se * group_median(peer, wi, n), wait_med > peer_wait_med
-    best = _stands_out_in(rows, idx)
-    host, device = rows.col("host").astype(str), rows.col("device").astype(str)
     # per worker: the workers of its peer group (its group in its first step)
     wg = np.zeros(n, dtype=np.int64)
     gcode = np.unique(grp, return_inverse=True)[1]
     wg[wi[::-1]] = gcode[::-1]
     n_peers = np.bincount(wg, minlength=int(wg.max()) + 1)[wg]
-    localised = [
-        Localised(
-            worker=int(rows.ws[i]),
-            host=str(host[wi == i][0]),
-            device=str(device[wi == i][0]),
-            group=str(grp[wi == i][0]),
-            function=best[i][0],
-            kind=best[i][1],
-            shift=float(shift[i]),
-            noise=noise,
-            z=float(z[i]),
-            above=float(above[i]),
-            holds=float(holds[i]),
-            steps=sorted(int(s) for s in step[(wi == i) & (np.nan_to_num(r) > 0)]),
-            n_steps=int(counted[i]),
-            peers=int(np.unique(wi[grp == grp[wi == i][0]]).size),
-            own_us=float(np.median(own[wi == i])),
-            peer_own_us=float(np.nanmedian(peer[wi == i])),
-            wait_us=float(wait_med[i]),
-            peer_wait_us=float(peer_wait_med[i]),
-            work_us=best[i][2],
-            peer_work_us=best[i][3],
-            excess_share=float(excess[i]),
+    by_function = {
+        i: fs
+        for i, fs in _by_function(results, rows, dp, counted, n_peers).items()
+        if not first.out[i] and wait_med[i] < peer_wait_med[i]  # the straggler waits least
+    }
+    named, tests = _peeled(rows, own, gk, first, np.isin(np.arange(n), list(by_function)), dp, len(results))
+    idx = np.flatnonzero(named >= 0)
+    k = int(np.argmax(np.where(np.isfinite(z), z, -np.inf)))
+    top_z = float(z[k]) if np.isfinite(z[k]) else math.nan
+    se_us, waits_more = first.se * group_median(peer, wi, n), wait_med > peer_wait_med
+    best = _stands_out_in(rows, idx)
+    host, device = rows.col("host").astype(str), rows.col("device").astype(str)
+    localised = []
+    for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
+        ot, mine = tests[named[i]], wi == i
+        localised.append(
+            Localised(
+                worker=int(rows.ws[i]),
+                host=str(host[mine][0]),
+                device=str(device[mine][0]),
+                group=str(grp[mine][0]),
+                function=best[i][0],
+                kind=best[i][1],
+                shift=float(ot.shift[i]),
+                noise=ot.noise,
+                z=float(ot.z[i]),
+                above=float(ot.above[i]),
+                holds=float(holds[i]),
+                steps=sorted(int(s) for s in step[mine & ot.steps_above]),
+                n_steps=int(counted[i]),
+                peers=int(np.unique(wi[grp == grp[mine][0]]).size),
+                own_us=float(np.median(own[mine])),
+                peer_own_us=float(np.nanmedian(ot.peer[mine])),
+                wait_us=float(ot.wait_med[i]),
+                peer_wait_us=float(ot.peer_wait_med[i]),
+                work_us=best[i][2],
+                peer_work_us=best[i][3],
+                excess_share=float(ot.excess[i]),
+            )
         )
-        for i in idx.tolist()  # the few that stand out (one per culprit), not every worker
-    ]
     own_idx = set(idx.tolist())
     localised += [
         Localised(
@@ -275,10 +346,10 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
             basis="function",
             bar=fs.bar,
         )
-        for i, fs in _by_function(results, rows, dp, counted, n_peers).items()
-        if i not in own_idx and wait_med[i] < peer_wait_med[i]  # the straggler waits least
+        for i, fs in by_function.items()
+        if i not in own_idx
     ]
-    return Standing(localised, int(rows.ws[k]), float(shift[k]), top_z, noise, rows.ws, z, bar, se_us, waits_more)
+    return Standing(localised, int(rows.ws[k]), float(first.shift[k]), top_z, noise, rows.ws, z, bar, se_us, waits_more)
 
 
 def _stands_out_in(rows: _Rows, idx: np.ndarray) -> dict[int, tuple[str, str, float, float]]:

@@ -39,6 +39,33 @@ def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int, upper: b
     return out
 
 
+def others_median(values: np.ndarray, groups: np.ndarray, n_groups: int, include: np.ndarray) -> np.ndarray:
+    """Per row: the median of ``values`` over the *other* rows of its group id that ``include`` marks (the row itself
+    left out; NaN values ignored; NaN where no other is included).  One lexsort."""
+    v = np.asarray(values, dtype=np.float64)
+    inc = np.asarray(include, dtype=bool) & ~np.isnan(v)
+    rows = np.flatnonzero(inc)
+    out = np.full(v.size, np.nan)
+    if rows.size == 0:
+        return out
+    order = rows[np.lexsort((v[rows], groups[rows]))]
+    sv = v[order]
+    counts = np.bincount(groups[rows], minlength=n_groups)
+    starts = np.cumsum(counts) - counts
+    pos = np.full(v.size, -1, dtype=np.int64)  # each included row's place among its group's included, sorted
+    pos[order] = np.arange(order.size) - starts[groups[order]]
+    others = counts[groups] - inc  # how many others each row has
+    one = inc.astype(np.int64)
+
+    def at(k: np.ndarray) -> np.ndarray:  # the k-th of the others, sorted: past the row itself, one further
+        picked: np.ndarray = sv[np.clip(starts[groups] + k + one * (k >= pos), 0, sv.size - 1)]
+        return picked
+
+    has = others >= 1
+    out[has] = ((at((others - 1) // 2) + at(others // 2)) / 2.0)[has]
+    return out
+
+
 def group_or(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
     out = np.zeros(n_groups, dtype=np.uint64)
     np.bitwise_or.at(out, groups, np.asarray(values, dtype=np.uint64))

@@ -108,10 +108,19 @@ def diagnose_window(
     if steps_seen:
         need = max(min(dp.min_persistent_steps, steps_seen), math.ceil(dp.persistence * steps_seen))
         ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups, localise(results, dp))
-        findings += _worker_findings(ctx, history)
-        # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it
+        pairs = _persistent_pairs(ctx)
+        findings += _worker_findings(ctx, pairs, history)
+        # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it,
+        # and in the function it stands out in most, whatever other function a cause rule named it in
+        # where no cause rule weighed that function of it (the step stage did not flag it persistently: among few
+        # peers a second straggler lifts the baseline it is flagged against)
         named = {w for f in findings if f.scope == "worker" for w in f.workers}
-        findings += [_localised_finding(ctx, loc) for loc in ctx.standing.localised if loc.worker not in named]
+        weighed = _weighed(pairs)
+        findings += [
+            _localised_finding(ctx, loc)
+            for loc in ctx.standing.localised
+            if loc.worker not in named or (loc.function and (loc.worker, loc.function) not in weighed)
+        ]
         findings = _with_links(ctx, findings, [*lossy_links(connections, dp), *slow_links(connections, dp)])
         findings += _group_findings(ctx, groups)
         explained = {f.function for f in findings}
@@ -232,15 +241,22 @@ def _steps_per_key(inv: np.ndarray, step: np.ndarray, n: int, where: np.ndarray 
 # --------------------------------------------------------------------------- scope: worker
 
 
-def _worker_findings(ctx: _Ctx, history: JobHistory | None = None) -> list[Finding]:
+def _worker_findings(ctx: _Ctx, pairs: _Pairs | None, history: JobHistory | None = None) -> list[Finding]:
     """Persistent (worker, function) pairs, clustered by the element they share, attributed, merged by owner."""
-    pairs = _persistent_pairs(ctx)
     if pairs is None:
         return []
     attributed = [(s, classify(s, ctx.dp), m) for s, m in _suspects(pairs, history)]
     built = [_worker_finding(ctx, pairs, cause, parts) for (cause, _owner), parts in _by_owner(attributed).items()]
     leads = _leads(ctx, [b[0] for b in built])
     return [_refined(ctx, f, periodic, excess_us, lead=f.id in leads) for f, periodic, excess_us in built]
+
+
+def _weighed(pairs: _Pairs | None) -> set[tuple[int, str]]:
+    """The persistent (worker, function) pairs: those the cause rules weighed."""
+    if pairs is None:
+        return set()
+    p = np.flatnonzero(pairs.persistent)
+    return set(zip(pairs.label["worker"][p].tolist(), pairs.label["function"][p].astype(str).tolist(), strict=True))
 
 
 def _leads(ctx: _Ctx, findings: list[Finding]) -> set[str]:

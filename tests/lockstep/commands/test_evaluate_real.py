@@ -112,6 +112,9 @@ def test_the_table_is_an_independent_recount_of_the_findings(run_json):
             groups[f"m:{mech}"] = (("by_mechanism", mech), [c for c in mine if mans[c["case"]]["mechanism"] == mech])
         for size in {mans[c["case"]]["ranks"] for c in mine}:
             groups[f"s:{size}"] = (("by_size", str(size)), [c for c in mine if mans[c["case"]]["ranks"] == size])
+        for n in {len(mans[c["case"]]["culprits"]) for c in mine}:
+            groups[f"c:{n}"] = (("by_culprits", str(n)), [c for c in mine if len(mans[c["case"]]["culprits"]) == n])
+        assert set(figures["by_culprits"]) == {k[2:] for k in groups if k.startswith("c:")}
         assert set(figures["by_mechanism"]) == {k[2:] for k in groups if k.startswith("m:")}
         assert set(figures["by_size"]) == {k[2:] for k in groups if k.startswith("s:")}
         for where, group in groups.values():
