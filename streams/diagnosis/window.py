@@ -110,10 +110,10 @@ def diagnose_window(
         ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups, localise(results, dp))
         pairs = _persistent_pairs(ctx)
         findings += _worker_findings(ctx, pairs, history)
-        # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it,
-        # and in the function it stands out in most, whatever other function a cause rule named it in
-        # where no cause rule weighed that function of it (the step stage did not flag it persistently: among few
-        # peers a second straggler lifts the baseline it is flagged against)
+        # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it;
+        # and in the function it stands out in most, beside a cause rule's finding on another function, where no
+        # rule weighed that one (the step stage did not flag it persistently: among few peers a second straggler
+        # lifts the baseline it is flagged against)
         named = {w for f in findings if f.scope == "worker" for w in f.workers}
         weighed = _weighed(pairs)
         findings += [
