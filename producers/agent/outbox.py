@@ -14,9 +14,10 @@ while Kafka stays unreachable; what librdkafka still holds unsent then goes ther
 once, in the order it was put, so the spool keeps the records in order and its bound
 drops the oldest.  Every ``retry_s`` the thread asks the cluster for
 metadata; once it answers, spooled segments are sent again, oldest first, and a
-segment is deleted when each of its records was delivered or spooled anew
-(at-least-once: a record whose delivery timed out may arrive twice, which every
-consumer of agent records tolerates).
+segment is deleted when each of its records was delivered; if Kafka goes away
+again meanwhile the segment stays where it is and is sent again whole later
+(at-least-once: a record whose delivery timed out, or that was delivered from a
+segment sent again, may arrive twice, which every consumer of agent records tolerates).
 
 With ``lazy`` (an agent that hands its heartbeats to a host relay) the Kafka producer is
 created only when a record has to go to Kafka, and closed again after ``idle_close_s``
@@ -281,33 +282,44 @@ class Outbox:
             log.warning("record for %s rejected by Kafka: %s", msg.topic(), err.str())
 
     def _replay_segment(self) -> None:
+        """Send the oldest segment again.  It is deleted once each of its records was delivered (or rejected for
+        good); if Kafka goes away again meanwhile it stays where it is, oldest, and is replayed whole later (what was
+        delivered of it may arrive twice: at-least-once).  Spooling its records anew would put them after the
+        records spooled meanwhile, and the spool's bound would then drop newer records before them."""
         producer = self._client()
         segment = self.spool.segments()[0]
         records = list(self.spool.read(segment))
         self._replaying[segment] = len(records)
+        kept = [False]  # Kafka went away during the replay: the segment stays
 
-        def finished() -> None:
-            self._replaying[segment] -= 1
+        def finished(n: int = 1) -> None:
+            self._replaying[segment] -= n
             if self._replaying[segment] <= 0:
                 del self._replaying[segment]
-                self.spool.remove(segment)
+                if not kept[0]:
+                    self.spool.remove(segment)
 
         def done(err: KafkaError | None, msg) -> None:
-            self._delivered(err, msg)
+            if err is not None and (err.code() in TRANSIENT or err.retriable()):
+                self._mark_down(err.str())
+                kept[0] = True
+            else:
+                self._delivered(err, msg)
             finished()
 
         if not records:
             self._replaying[segment] = 1
             finished()
-        for topic, key, value in records:
+        for i, (topic, key, value) in enumerate(records):
             if not self._down:
                 try:
                     producer.produce(topic, value=value, key=key, on_delivery=done)
                     continue
                 except BufferError:
                     self._mark_down("librdkafka's queue is full")
-            self._to_spool(topic, key, value)  # Kafka went away again: into a new segment
-            finished()
+            kept[0] = True  # Kafka went away again: the rest stays in the segment, and the segment with it
+            finished(len(records) - i)
+            break
         producer.poll(0)
 
     # ------------------------------------------------------------------ shutdown
