@@ -216,7 +216,7 @@ def real_report(summary: dict) -> str:
             ("overall", p["overall"]),
             *((f"mechanism {k}", v) for k, v in p["by_mechanism"].items()),
             *((f"{k} ranks", v) for k, v in p["by_size"].items()),
-            *((f"{k} culprit{'s' if k != '1' else ''}", v) for k, v in p.get("by_culprits", {}).items() if k != "0"),
+            *((f"{k} culprit{'s' if k != '1' else ''}", v) for k, v in p["by_culprits"].items() if k != "0"),
         ]
         for name, f in groups:
             rows.append(

@@ -290,19 +290,20 @@ class Outbox:
         segment = self.spool.segments()[0]
         records = list(self.spool.read(segment))
         self._replaying[segment] = len(records)
-        kept = [False]  # Kafka went away during the replay: the segment stays
+        kept = False  # Kafka went away during the replay: the segment stays
 
         def finished(n: int = 1) -> None:
             self._replaying[segment] -= n
             if self._replaying[segment] <= 0:
                 del self._replaying[segment]
-                if not kept[0]:
+                if not kept:
                     self.spool.remove(segment)
 
         def done(err: KafkaError | None, msg) -> None:
+            nonlocal kept
             if err is not None and (err.code() in TRANSIENT or err.retriable()):
                 self._mark_down(err.str())
-                kept[0] = True
+                kept = True
             else:
                 self._delivered(err, msg)
             finished()
@@ -317,7 +318,7 @@ class Outbox:
                     continue
                 except BufferError:
                     self._mark_down("librdkafka's queue is full")
-            kept[0] = True  # Kafka went away again: the rest stays in the segment, and the segment with it
+            kept = True  # Kafka went away again: the rest stays in the segment, and the segment with it
             finished(len(records) - i)
             break
         producer.poll(0)

@@ -578,10 +578,9 @@ def corpus_cases() -> list[Case]:
             world = SIZES[(i + 2 * j) % len(SIZES)]
             culprit = (3 * i + j + 1) % world
             cases.append(Case(f"{name}-{sev}-w{world}", name, sev, world, (culprit,)))
-    for name, sev, world, culprits in TWO_CULPRITS:
-        cases.append(Case(f"{name}-{sev}-w{world}-two", name, sev, world, culprits))
-    for name, sev, world, culprits in MORE_TWO_CULPRITS:
-        cases.append(Case(f"{name}-{sev}-w{world}-two", name, sev, world, culprits, cohort="two-culprits"))
+    for table, cohort in ((TWO_CULPRITS, ""), (MORE_TWO_CULPRITS, "two-culprits")):
+        for name, sev, world, culprits in table:
+            cases.append(Case(f"{name}-{sev}-w{world}-two", name, sev, world, culprits, cohort=cohort))
     for world in SIZES:
         cases.append(Case(f"healthy-w{world}", "healthy", "none", world, ()))
         cases.append(Case(f"healthy-neighbour-w{world}", "healthy", "none", world, (), neighbour=True))
