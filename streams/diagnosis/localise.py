@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -75,7 +75,8 @@ class Localised:
     work_us: float  # in the function
     peer_work_us: float
     excess_share: float  # median over steps of (own - peers') / step time
-    basis: str = "own"  # what stood out: "own" (its own work) or "function" (its work in ``function`` alone)
+    basis: str = "own"  # what stood out: "own" (its own work), "occurrence" (its own work in the steps a periodic
+    # function ran in) or "function" (its work in ``function`` alone)
     bar: float = math.nan  # the standard errors it needed (NaN: the Standing's own-work bar)
 
 
@@ -129,11 +130,72 @@ def threshold(dp: DiagnosisPolicy, workers: int) -> float:
     return max(dp.localise_z, NormalDist().inv_cdf(1.0 - dp.localise_alpha / max(workers, 1)))
 
 
-def _concat(results: list[StepResult]) -> pa.Table | None:
+@dataclass(frozen=True)
+class Periods:
+    """Per (group, function) of a window (``keys``: ``group \\x1f function``, sorted): the steps it occurs in."""
+
+    keys: np.ndarray
+    count: np.ndarray  # the distinct steps it ran in (of its period's, where it has one)
+    periodic: np.ndarray  # they form a period: steps first, first + every, ... (count of them)
+    first: np.ndarray
+    every: np.ndarray
+
+
+def periods(g: pa.Table, w0: int, w1: int) -> Periods:
+    """Which functions of a window's group table (its results' ``groups`` with a ``step`` column; steps ``w0..w1``)
+    occur periodically, and in which steps.
+
+    A function occurs periodically where the steps that run it are evenly spaced, at least two apart, from the
+    window's start to its end, at least three of them (a period): the steps most of the group ran it in, else those
+    anyone did (code of one rank, an evaluation every k-th step).  What a size budget cuts at random is not a period: a
+    function table leaves out what is below its budget, so a function every worker runs every step, small enough to be
+    cut, seems to occur only in the steps where it was slow (for most of the group in a step where the whole job
+    stalled, for one worker where it was descheduled); it occurs in every step (issue 21, seventh pass: before, the
+    steps most ran it in counted whether or not they formed a period, and a `zero_grad` slow on one worker in 2 of 10
+    steps was persistent "in 2 of its 1 occurrences")."""
+    key = np.char.add(np.char.add(_np(g, "group").astype(str), "\x1f"), _np(g, "function").astype(str))
+    step = _np(g, "step").astype(np.int64)
+    keys, inv = np.unique(key, return_inverse=True)
+    most = 2 * _np(g, "present") > _np(g, "workers")
+    by_most, by_any = _period(inv[most], step[most], keys.size, w0, w1), _period(inv, step, keys.size, w0, w1)
+    use = by_most[1]
+    count, periodic, first, every = (np.where(use, m, a) for m, a in zip(by_most, by_any, strict=True))
+    return Periods(keys, count, periodic.astype(bool), first, every)
+
+
+def _period(
+    inv: np.ndarray, step: np.ndarray, n_keys: int, w0: int, w1: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per key: the distinct steps it has rows in, and whether they form a period of the window ``w0..w1``: at least
+    three (two steps a budget let through at random are as often evenly spaced as not), evenly spaced, at least two
+    apart, the first within a period of the start, the last within one of the end; its first step and the gap."""
+    count = np.zeros(n_keys, dtype=np.int64)
+    periodic = np.zeros(n_keys, dtype=bool)
+    first_of, every = np.zeros(n_keys, dtype=np.int64), np.zeros(n_keys, dtype=np.int64)
+    if inv.size == 0:
+        return count, periodic, first_of, every
+    pairs = np.unique(np.stack([inv, step], axis=1), axis=0)  # one row per (key, step), by key then step
+    k, st = pairs[:, 0], pairs[:, 1]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    c = np.diff(np.r_[starts, k.size])
+    gap = np.diff(st, prepend=st[0])
+    gap[starts] = -1  # no gap before a key's first step
+    big = np.where(gap < 0, np.iinfo(np.int64).max, gap)
+    lo, hi = np.minimum.reduceat(big, starts), np.maximum.reduceat(gap, starts)
+    first, last = st[starts], st[np.r_[starts[1:], k.size] - 1]
+    count[k[starts]] = c
+    periodic[k[starts]] = (c >= 3) & (lo == hi) & (lo >= 2) & (first - w0 < lo) & (w1 - last < lo)
+    first_of[k[starts]], every[k[starts]] = first, np.where(c > 1, hi, 0)
+    return count, periodic, first_of, every
+
+
+def _concat(results: list[StepResult], table: str = "workers") -> pa.Table | None:
+    """The results' ``workers`` (or ``groups``) tables, each row with its ``step``."""
+    tables = [(getattr(r, table), r.step) for r in results]
     parts = [
-        r.workers.append_column("step", pa.array(np.full(r.workers.num_rows, r.step, dtype=np.int64)))
-        for r in results
-        if r.workers is not None and r.workers.num_rows
+        t.append_column("step", pa.array(np.full(t.num_rows, step, dtype=np.int64)))
+        for t, step in tables
+        if t is not None and t.num_rows
     ]
     return pa.concat_tables(parts) if parts else None
 
@@ -189,18 +251,30 @@ class _OwnTest:
     bar: float
     steps_above: np.ndarray  # per (worker, step) row: above its peers' baseline
     out: np.ndarray  # stands out
+    basis: str = "own"  # "own": over the window's steps; "occurrence": over those a periodic function ran in
+    at: np.ndarray | None = None  # "occurrence": per row of the worker table, whether its step is one of those
 
 
 def _own_test(
-    rows: _Rows, own: np.ndarray, peer: np.ndarray, peer_wait: np.ndarray, dp: DiagnosisPolicy, n_results: int
+    rows: _Rows,
+    own: np.ndarray,
+    peer: np.ndarray,
+    peer_wait: np.ndarray,
+    dp: DiagnosisPolicy,
+    n_results: int,
+    noise: float | None = None,
+    tested: int = 1,
 ) -> _OwnTest:
+    """The test of every worker's own work against ``peer`` (per (worker, step) row; NaN: that step not tested).
+    ``noise``: the job's (by default from these rows); ``tested``: how many such tests chance has (the bar's)."""
     wi, n = rows.wi, rows.ws.size
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.where(peer > 0, own / peer - 1.0, np.nan)
         e = (own - peer) / rows.col("step_time_us")
     shift = group_median(r, wi, n)
     spread = 1.4826 * group_median(np.abs(r - shift[wi]), wi, n)
-    noise = float(max(np.nanmedian(spread) if np.isfinite(spread).any() else 0.0, dp.rel_floor))
+    if noise is None:
+        noise = float(max(np.nanmedian(spread) if np.isfinite(spread).any() else 0.0, dp.rel_floor))
     counted = np.bincount(wi, weights=np.isfinite(r), minlength=n)
     # the shift is a median over the worker's steps: its standard error is ~1.2533 noise / sqrt(steps)
     se = 1.2533 * noise / np.sqrt(np.maximum(counted, 1))
@@ -209,7 +283,7 @@ def _own_test(
     above = np.bincount(wi, weights=np.nan_to_num(r) > 0, minlength=n) / np.maximum(counted, 1)
     excess = group_median(e, wi, n)
     wait_med, peer_wait_med = group_median(rows.col("wait_us"), wi, n), group_median(peer_wait, wi, n)
-    bar = threshold(dp, int(np.count_nonzero(np.isfinite(z))))
+    bar = threshold(dp, int(np.count_nonzero(np.isfinite(z))) * tested)
     with np.errstate(invalid="ignore"):
         out = (
             (z >= bar)
@@ -254,6 +328,30 @@ def _peeled(
     return named, tests
 
 
+def _by_occurrence(
+    results: list[StepResult], rows: _Rows, own: np.ndarray, first: _OwnTest, dp: DiagnosisPolicy
+) -> list[_OwnTest]:
+    """Persistence by occurrence: per function that runs periodically in some of the window's steps (:func:`periods`:
+    a checkpoint every third step), the own-work test over the steps it ran in alone, the job's noise its noise (a
+    worker slow at each of a checkpoint's occurrences is within the noise over the window's steps: its median over
+    them is of steps without one).  The straggler waits least over the window's steps, not those: the others wait
+    for it at the next collective, often in the next step."""
+    g = _concat(results, "groups")
+    if g is None:
+        return []
+    p = periods(g, results[0].step, results[-1].step)
+    some = np.flatnonzero(p.periodic & (p.count < len(results)))
+    grp = _np(rows.t, "group").astype(str)
+    out = []
+    for k in some.tolist():  # the window's few periodic functions
+        group = str(p.keys[k]).split("\x1f", 1)[0]
+        at = (grp == group) & np.isin(rows.step, p.first[k] + p.every[k] * np.arange(p.count[k]))
+        peer = np.where(at[rows.first], rows.col("peer_own_us"), np.nan)
+        test = _own_test(rows, own, peer, rows.col("peer_wait_us"), dp, len(results), first.noise, some.size)
+        out.append(replace(test, basis="occurrence", at=at))
+    return out
+
+
 def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     """The workers that stand out from their peers over the window's steps (:class:`Standing`)."""
     t = _concat(results)
@@ -285,11 +383,20 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
         if not first.out[i] and wait_med[i] < peer_wait_med[i]  # the straggler waits least
     }
     named, tests = _peeled(rows, own, gk, first, np.isin(np.arange(n), list(by_function)), dp, len(results))
+    occurring = _by_occurrence(results, rows, own, first, dp)
+    if occurring:  # each worker by the periodic function it stands out most at
+        z_at = np.stack([np.where(o.out, o.z, -np.inf) for o in occurring])
+        new = np.isfinite(z_at.max(axis=0)) & (named == -1)
+        named[new] = len(tests) + np.argmax(z_at, axis=0)[new]
+        tests += occurring
     idx = np.flatnonzero(named >= 0)
     k = int(np.argmax(np.where(np.isfinite(z), z, -np.inf)))
     top_z = float(z[k]) if np.isfinite(z[k]) else math.nan
     se_us, waits_more = first.se * group_median(peer, wi, n), wait_med > peer_wait_med
-    best = _stands_out_in(rows, idx)
+    best = _stands_out_in(rows, idx[[tests[named[i]].at is None for i in idx.tolist()]])
+    for i in idx.tolist():
+        if (at := tests[named[i]].at) is not None:
+            best |= _stands_out_in(rows, np.array([i]), at)
     host, device = rows.col("host").astype(str), rows.col("device").astype(str)
     localised = []
     for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
@@ -308,15 +415,16 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
                 above=float(ot.above[i]),
                 holds=float(holds[i]),
                 steps=sorted(int(s) for s in step[mine & ot.steps_above]),
-                n_steps=int(counted[i]),
+                n_steps=int(ot.counted[i]),
                 peers=int(np.unique(wi[grp == grp[mine][0]]).size),
-                own_us=float(np.median(own[mine])),
+                own_us=float(np.median(own[mine & np.isfinite(ot.peer)])),
                 peer_own_us=float(np.nanmedian(ot.peer[mine])),
                 wait_us=float(ot.wait_med[i]),
                 peer_wait_us=float(ot.peer_wait_med[i]),
                 work_us=best[i][2],
                 peer_work_us=best[i][3],
                 excess_share=float(ot.excess[i]),
+                basis=ot.basis,
             )
         )
     own_idx = set(idx.tolist())
@@ -352,17 +460,19 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     return Standing(localised, int(rows.ws[k]), float(first.shift[k]), top_z, noise, rows.ws, z, bar, se_us, waits_more)
 
 
-def _stands_out_in(rows: _Rows, idx: np.ndarray) -> dict[int, tuple[str, str, float, float]]:
+def _stands_out_in(
+    rows: _Rows, idx: np.ndarray, at: np.ndarray | None = None
+) -> dict[int, tuple[str, str, float, float]]:
     """Per worker index in ``idx``: the function it stands out in, the one whose work is most above its group's
-    median summed over the window (its name, kind, and the medians over steps of its work and its peers'; "" and
-    NaN where it has none)."""
+    median summed over the window (or the rows ``at`` marks) (its name, kind, and the medians over steps of its work
+    and its peers'; "" and NaN where it has none)."""
     t, wi_all, n = rows.t, rows.wi_all, rows.ws.size
     if idx.size == 0:
         return {}
     fnames, fci = np.unique(_np(t, "function").astype(str), return_inverse=True)
     nf = fnames.size
     work, peer_work = _np(t, "work_us"), _np(t, "peer_work_us")
-    has = (fnames[fci] != "") & np.isin(wi_all, idx)
+    has = (fnames[fci] != "") & np.isin(wi_all, idx) & (True if at is None else at)
     combo = wi_all[has] * nf + fci[has]
     over = np.bincount(combo, weights=(work - peer_work)[has], minlength=n * nf)
     over = np.where(np.bincount(combo, minlength=n * nf) > 0, over, -np.inf).reshape(n, nf)
@@ -374,7 +484,7 @@ def _stands_out_in(rows: _Rows, idx: np.ndarray) -> dict[int, tuple[str, str, fl
         if not np.isfinite(over[i, b]):
             out[i] = ("", "", math.nan, math.nan)
             continue
-        fr = np.flatnonzero((wi_all == i) & (fci == b))
+        fr = np.flatnonzero(has & (wi_all == i) & (fci == b))
         out[i] = (str(fnames[b]), str(kind[fr[0]]), float(np.median(work[fr])), float(np.median(peer_work[fr])))
     return out
 

@@ -44,7 +44,7 @@ from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .links import LossyLink, SlowLink, lossy_links, slow_links
-from .localise import NOBODY, Localised, Standing, localise
+from .localise import NOBODY, Localised, Standing, localise, periods
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
@@ -371,55 +371,18 @@ def _persistent_pairs(ctx: _Ctx) -> _Pairs | None:
 
 
 def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
-    """Per (group, function): the steps of the window in which the function occurs (a checkpoint that runs every third
-    step occurs in a third of them); the window's steps where it does not occur periodically.
-
-    A function occurs periodically where the steps that run it are evenly spaced, at least two apart, from the
-    window's start to its end, at least three of them (a period): the steps most of the group ran it in, else those
-    anyone did (code of one rank, an evaluation every k-th step).  What a size budget cuts at random is not a period: a function table leaves
-    out what is below its budget, so a function every worker runs every step, small enough to be cut, seems to
-    occur only in the steps where it was slow (for most of the group in a step where the whole job stalled, for one
-    worker where it was descheduled); it occurs in every step (issue 21, seventh pass: before, the steps most ran it
-    in counted whether or not they formed a period, and a `zero_grad` slow on one worker in 2 of 10 steps was
-    persistent "in 2 of its 1 occurrences")."""
+    """Per (group, function): the steps of the window in which the function occurs (:func:`.localise.periods`: a
+    checkpoint that runs every third step occurs in a third of them); the window's steps where it does not occur
+    periodically."""
     n = len(ctx.results)
-    g = ctx.groups
-    if g is None or g.num_rows == 0:
+    if ctx.groups is None or ctx.groups.num_rows == 0:
         return np.full(group.size, n, dtype=np.int64)
-    key = np.char.add(np.char.add(_np(g, "group").astype(str), "\x1f"), _np(g, "function").astype(str))
-    step = _np(g, "step").astype(np.int64)
-    keys, inv = np.unique(key, return_inverse=True)
-    w0, w1 = ctx.results[0].step, ctx.results[-1].step
-    most = 2 * _np(g, "present") > _np(g, "workers")
-    count_most, period_most = _period(inv[most], step[most], keys.size, w0, w1)
-    count_any, period_any = _period(inv, step, keys.size, w0, w1)
-    per = np.where(period_most, count_most, np.where(period_any, count_any, n))
+    p = periods(ctx.groups, ctx.results[0].step, ctx.results[-1].step)
+    per = np.where(p.periodic, p.count, n)
     want = np.char.add(np.char.add(group.astype(str), "\x1f"), fn.astype(str))
-    pos = np.clip(np.searchsorted(keys, want), 0, keys.size - 1)
-    out: np.ndarray = np.minimum(np.where(keys[pos] == want, per[pos], n), n).astype(np.int64)
+    pos = np.clip(np.searchsorted(p.keys, want), 0, p.keys.size - 1)
+    out: np.ndarray = np.minimum(np.where(p.keys[pos] == want, per[pos], n), n).astype(np.int64)
     return out
-
-
-def _period(inv: np.ndarray, step: np.ndarray, n_keys: int, w0: int, w1: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per key: the distinct steps it has rows in, and whether they form a period of the window ``w0..w1``: at least
-    three (two steps a budget let through at random are as often evenly spaced as not), evenly spaced, at least two
-    apart, the first within a period of the start, the last within one of the end."""
-    count = np.zeros(n_keys, dtype=np.int64)
-    periodic = np.zeros(n_keys, dtype=bool)
-    if inv.size == 0:
-        return count, periodic
-    pairs = np.unique(np.stack([inv, step], axis=1), axis=0)  # one row per (key, step), by key then step
-    k, st = pairs[:, 0], pairs[:, 1]
-    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
-    c = np.diff(np.r_[starts, k.size])
-    gap = np.diff(st, prepend=st[0])
-    gap[starts] = -1  # no gap before a key's first step
-    big = np.where(gap < 0, np.iinfo(np.int64).max, gap)
-    lo, hi = np.minimum.reduceat(big, starts), np.maximum.reduceat(gap, starts)
-    first, last = st[starts], st[np.r_[starts[1:], k.size] - 1]
-    count[k[starts]] = c
-    periodic[k[starts]] = (c >= 3) & (lo == hi) & (lo >= 2) & (first - w0 < lo) & (w1 - last < lo)
-    return count, periodic
 
 
 def _need(ctx: _Ctx, occurrences: np.ndarray) -> np.ndarray:
@@ -864,6 +827,10 @@ def _function_peer_words(loc: Localised) -> str:
     return "its only peer's" if loc.peers == 2 else "its group's median"
 
 
+def _occurrence_words(loc: Localised) -> str:
+    return " of those a function that runs every few steps ran in" if loc.basis == "occurrence" else ""
+
+
 def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
     """A worker that stands out from its peers (:mod:`.localise`) that no cause rule named: the worker and the
     function it stands out in, cause ``undetermined``."""
@@ -905,10 +872,10 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
         tenant=ctx.info.tenant,
         summary=(
             f"worker {loc.worker}: its own work (the step minus its waits) {loc.shift:.0%} above its peers' in "
-            f"{len(loc.steps)}/{loc.n_steps} steps ({loc.z:.1f} standard errors of the job's step-to-step noise "
-            f"{loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers {loc.peer_wait_us:,.0f}: "
-            "they wait for it; cause undetermined (no cause rule's evidence)"
-            if loc.basis == "own"
+            f"{len(loc.steps)}/{loc.n_steps} steps{_occurrence_words(loc)} ({loc.z:.1f} standard errors of the job's "
+            f"step-to-step noise {loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers "
+            f"{loc.peer_wait_us:,.0f}: they wait for it; cause undetermined (no cause rule's evidence)"
+            if loc.basis != "function"
             else f"worker {loc.worker}: its work in {function} above {_function_peer_words(loc)} in {len(loc.steps)}/"
             f"{loc.n_steps} steps, by {loc.excess_share:.1%} of the step ({loc.shift:.0%} of its peers' own work; "
             f"{loc.z:.1f} standard errors of {_function_noise_words(loc)}, {loc.noise:.2%} of the step), "

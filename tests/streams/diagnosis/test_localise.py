@@ -287,3 +287,20 @@ def test_a_culprit_a_cause_rule_named_in_another_function_is_named_in_the_one_it
     assert ("forward", "undetermined") in mine, mine
     assert any(fn == "backward" for fn, _ in mine), mine  # the cause rule's finding stays
     assert any(f.workers == [2] and f.function == "forward" for f in d.findings)
+
+
+def test_a_periodic_function_slow_on_two_of_four_workers_stands_out_at_its_occurrences():
+    # a checkpoint every third step (3 of the window's 10), three times as long on workers 2 and 3: among four the
+    # step stage compares each with the slowest of the others (the other culprit) and the median lies between them,
+    # and over the window's steps their own work's median is of steps without one
+    own = noisy(4, 3, 10_000.0, seed=7)
+    own[:, :, 2] = np.nan
+    every_third = np.arange(1, STEPS, 3)
+    own[every_third, :, 2] = 3_000.0
+    own[np.ix_(every_third, [2, 3], [2])] = 9_000.0
+    results, d = window(own, names=["forward", "backward", "save_checkpoint"])
+    named = sorted((f.workers[0], f.function) for f in d.findings if f.scope == "worker")
+    assert named == [(2, "save_checkpoint"), (3, "save_checkpoint")], [(f.scope, f.summary) for f in d.findings]
+    assert not [f for f in d.findings if f.scope == "job"]
+    (loc,) = {loc.basis for loc in localise(results, Policy().diagnosis).localised}
+    assert loc == "occurrence"
