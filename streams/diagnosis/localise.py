@@ -163,6 +163,16 @@ def periods(g: pa.Table, w0: int, w1: int) -> Periods:
     return Periods(keys, count, periodic.astype(bool), first, every)
 
 
+def periodic_need(occurrences: np.ndarray) -> np.ndarray:
+    """Of a periodic function's occurrences, in how many a deviation must hold: more than half, and at least three
+    (of three, each).  Half of three or four occurrences, one or two, is what chance gives a worker that a noisy
+    function's duration puts above its peers now and then (a checkpoint whose write varies by 20-50% from one worker
+    and step to the next: with half of them, healthy 3- and 4-worker jobs got a worker finding in a sixth to three
+    quarters of their windows; issue 21's tenth pass, ``tests/streams/diagnosis/test_localise.py``)."""
+    out: np.ndarray = np.maximum(3, np.asarray(occurrences) // 2 + 1)
+    return out
+
+
 def _period(
     inv: np.ndarray, step: np.ndarray, n_keys: int, w0: int, w1: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -264,9 +274,11 @@ def _own_test(
     n_results: int,
     noise: float | None = None,
     tested: int = 1,
+    need: int = 0,
 ) -> _OwnTest:
     """The test of every worker's own work against ``peer`` (per (worker, step) row; NaN: that step not tested).
-    ``noise``: the job's (by default from these rows); ``tested``: how many such tests chance has (the bar's)."""
+    ``noise``: the job's (by default from these rows); ``tested``: how many such tests chance has (the bar's);
+    ``need``: the steps it must be above its peers in (by default ``persistence`` of those it has a baseline in)."""
     wi, n = rows.wi, rows.ws.size
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.where(peer > 0, own / peer - 1.0, np.nan)
@@ -280,7 +292,8 @@ def _own_test(
     se = 1.2533 * noise / np.sqrt(np.maximum(counted, 1))
     with np.errstate(invalid="ignore", divide="ignore"):
         z = shift / se
-    above = np.bincount(wi, weights=np.nan_to_num(r) > 0, minlength=n) / np.maximum(counted, 1)
+    n_above = np.bincount(wi, weights=np.nan_to_num(r) > 0, minlength=n)
+    above = n_above / np.maximum(counted, 1)
     excess = group_median(e, wi, n)
     wait_med, peer_wait_med = group_median(rows.col("wait_us"), wi, n), group_median(peer_wait, wi, n)
     bar = threshold(dp, int(np.count_nonzero(np.isfinite(z))) * tested)
@@ -290,6 +303,7 @@ def _own_test(
             & (shift >= dp.localise_min_shift)
             & (excess >= dp.min_excess_share)
             & (above >= dp.persistence)
+            & (n_above >= need)
             & (wait_med < peer_wait_med)
             & (counted >= min(dp.min_persistent_steps, n_results))
         )
@@ -332,9 +346,11 @@ def _by_occurrence(
     results: list[StepResult], rows: _Rows, own: np.ndarray, first: _OwnTest, dp: DiagnosisPolicy
 ) -> list[_OwnTest]:
     """Persistence by occurrence: per function that runs periodically in some of the window's steps (:func:`periods`:
-    a checkpoint every third step), the own-work test over the steps it ran in alone, the job's noise its noise (a
-    worker slow at each of a checkpoint's occurrences is within the noise over the window's steps: its median over
-    them is of steps without one).  The straggler waits least over the window's steps, not those: the others wait
+    a checkpoint every third step), the own-work test over the steps it ran in alone (a worker slow at each of a
+    checkpoint's occurrences is within the noise over the window's steps: its median over them is of steps without
+    one).  Its noise is the larger of the job's and that of those steps: their ratios' standard deviation around each
+    worker's mean, pooled over the workers (a checkpoint's write varies more than the rest of the step; of three
+    steps a worker's median absolute deviation is one of two gaps and tells little).  The straggler waits least over the window's steps, not those: the others wait
     for it at the next collective, often in the next step."""
     g = _concat(results, "groups")
     if g is None:
@@ -347,9 +363,24 @@ def _by_occurrence(
         group = str(p.keys[k]).split("\x1f", 1)[0]
         at = (grp == group) & np.isin(rows.step, p.first[k] + p.every[k] * np.arange(p.count[k]))
         peer = np.where(at[rows.first], rows.col("peer_own_us"), np.nan)
-        test = _own_test(rows, own, peer, rows.col("peer_wait_us"), dp, len(results), first.noise, some.size)
+        noise = max(first.noise, _pooled_sd(own, peer, rows.wi, rows.ws.size))
+        need = int(periodic_need(p.count[k]))
+        test = _own_test(rows, own, peer, rows.col("peer_wait_us"), dp, len(results), noise, some.size, need)
         out.append(replace(test, basis="occurrence", at=at))
     return out
+
+
+def _pooled_sd(own: np.ndarray, peer: np.ndarray, wi: np.ndarray, n: int) -> float:
+    """The standard deviation of ``own / peer - 1`` around each worker's mean, pooled over the workers (NaN rows
+    left out; 0 where no worker has two)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = own / peer - 1.0
+    ok = np.isfinite(r)
+    count = np.bincount(wi[ok], minlength=n)
+    mean = np.bincount(wi[ok], weights=r[ok], minlength=n) / np.maximum(count, 1)
+    ss = float(np.sum((r[ok] - mean[wi[ok]]) ** 2))
+    df = int(np.sum(np.maximum(count - 1, 0)))
+    return math.sqrt(ss / df) if df else 0.0
 
 
 def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:

@@ -44,7 +44,7 @@ from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .links import LossyLink, SlowLink, lossy_links, slow_links
-from .localise import NOBODY, Localised, Standing, localise, periods
+from .localise import NOBODY, Localised, Standing, localise, periodic_need, periods
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
@@ -386,12 +386,15 @@ def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
 
 
 def _need(ctx: _Ctx, occurrences: np.ndarray) -> np.ndarray:
-    """Steps a deviation must hold in, by the function's occurrences (persistence by occurrence): ``persistence`` of
-    them and at least ``min_persistent_steps`` (one slow run of a function is no deviation either); a function
-    that ran in every step needs what the window needs."""
+    """Steps a deviation must hold in, by the function's occurrences (persistence by occurrence): a function that
+    runs periodically, in fewer of the window's steps, more than half of them and at least three
+    (:func:`.localise.periodic_need`); else ``persistence`` of them and at least ``min_persistent_steps`` (one slow
+    run of a function is no deviation either); a function that ran in every step needs what the window needs."""
     dp = ctx.dp
     floor = min(dp.min_persistent_steps, len(ctx.results))
-    by_occurrence = np.maximum(floor, np.ceil(dp.persistence * occurrences - 1e-9)).astype(np.int64)
+    by_share = np.ceil(dp.persistence * occurrences - 1e-9)
+    periodic = occurrences < len(ctx.results)
+    by_occurrence = np.maximum(floor, np.where(periodic, periodic_need(occurrences), by_share)).astype(np.int64)
     return np.minimum(ctx.need, by_occurrence)
 
 

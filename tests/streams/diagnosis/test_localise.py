@@ -304,3 +304,21 @@ def test_a_periodic_function_slow_on_two_of_four_workers_stands_out_at_its_occur
     assert not [f for f in d.findings if f.scope == "job"]
     (loc,) = {loc.basis for loc in localise(results, Policy().diagnosis).localised}
     assert loc == "occurrence"
+
+
+@pytest.mark.parametrize("workers", [3, 4, 8])
+def test_a_healthy_checkpoint_whose_write_varies_names_no_worker_in_most_windows(workers):
+    # a checkpoint every third step on every worker, its write varying by 30% (lognormal) from one worker and step to
+    # the next: of three occurrences, some worker is above its peers at two in most windows, by chance; persistence
+    # by occurrence needs more than half of them and at least three (issue 21, tenth pass: before, a fifth to two
+    # fifths of such windows named a worker)
+    named = 0
+    for seed in range(20):
+        own = noisy(workers, 3, 10_000.0, seed=seed)
+        own[:, :, 2] = np.nan
+        every_third = np.arange(1, STEPS, 3)
+        rng = np.random.default_rng(100 + seed)
+        own[every_third, :, 2] = 6_000.0 * np.exp(0.3 * rng.standard_normal((every_third.size, workers)))
+        _, d = window(own, names=["forward", "backward", "save_checkpoint"])
+        named += any(f.scope == "worker" for f in d.findings)
+    assert named <= 2, f"{named} of 20 healthy windows named a worker"
