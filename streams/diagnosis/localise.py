@@ -168,7 +168,7 @@ def periodic_need(occurrences: np.ndarray) -> np.ndarray:
     (of three, each).  Half of three or four occurrences, one or two, is what chance gives a worker that a noisy
     function's duration puts above its peers now and then (a checkpoint whose write varies by 20-50% from one worker
     and step to the next: with half of them, healthy 3- and 4-worker jobs got a worker finding in a sixth to three
-    quarters of their windows; issue 21's tenth pass, ``tests/streams/diagnosis/test_localise.py``)."""
+    quarters of their windows; issue 21's tenth pass, ``python -m tests.noisy_periodic``)."""
     out: np.ndarray = np.maximum(3, np.asarray(occurrences) // 2 + 1)
     return out
 
@@ -350,7 +350,8 @@ def _by_occurrence(
     checkpoint's occurrences is within the noise over the window's steps: its median over them is of steps without
     one).  Its noise is the larger of the job's and that of those steps: their ratios' standard deviation around each
     worker's mean, pooled over the workers (a checkpoint's write varies more than the rest of the step; of three
-    steps a worker's median absolute deviation is one of two gaps and tells little).  The straggler waits least over the window's steps, not those: the others wait
+    steps a worker's median absolute deviation is one of two gaps and tells little).  It must be above its peers at
+    :func:`periodic_need` of them.  The straggler waits least over the window's steps, not those: the others wait
     for it at the next collective, often in the next step."""
     g = _concat(results, "groups")
     if g is None:

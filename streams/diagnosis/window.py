@@ -830,8 +830,11 @@ def _function_peer_words(loc: Localised) -> str:
     return "its only peer's" if loc.peers == 2 else "its group's median"
 
 
-def _occurrence_words(loc: Localised) -> str:
-    return " of those a function that runs every few steps ran in" if loc.basis == "occurrence" else ""
+def _own_words(loc: Localised) -> tuple[str, str]:
+    """Which steps an own-work localisation was tested over, and its noise."""
+    if loc.basis == "occurrence":
+        return " of those a function that runs every few steps ran in", "their step-to-step noise"
+    return "", "the job's step-to-step noise"
 
 
 def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
@@ -854,6 +857,7 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
         )
     function = loc.function or "own work"
     n = len(ctx.results)
+    which_steps, noise_words = _own_words(loc)
     return Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "worker", [loc.worker], function, "undetermined", None),
         job=ctx.info.job,
@@ -875,8 +879,8 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
         tenant=ctx.info.tenant,
         summary=(
             f"worker {loc.worker}: its own work (the step minus its waits) {loc.shift:.0%} above its peers' in "
-            f"{len(loc.steps)}/{loc.n_steps} steps{_occurrence_words(loc)} ({loc.z:.1f} standard errors of the job's "
-            f"step-to-step noise {loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers "
+            f"{len(loc.steps)}/{loc.n_steps} steps{which_steps} ({loc.z:.1f} standard errors of {noise_words} "
+            f"{loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers "
             f"{loc.peer_wait_us:,.0f}: they wait for it; cause undetermined (no cause rule's evidence)"
             if loc.basis != "function"
             else f"worker {loc.worker}: its work in {function} above {_function_peer_words(loc)} in {len(loc.steps)}/"
