@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..policy import DiagnosisPolicy
 from .stats import group_median, others_median
@@ -218,21 +219,47 @@ def _np(t: pa.Table, name: str) -> np.ndarray:
 @dataclass(frozen=True)
 class _Rows:
     """The window's worker table as the localisation reads it: one row per (worker, step, function) in ``t``, and
-    ``first``, the first row of each (worker, step), for the worker's own values."""
+    ``first``, the first row of each (worker, step), for the worker's own values.  Columns are read from ``t`` once
+    (the table has a row per worker, step and reported function: 240,000 for 10,000 workers over 8 steps)."""
 
     t: pa.Table
     first: np.ndarray
     ws: np.ndarray  # every worker seen, sorted
     wi_all: np.ndarray  # per row of t: its worker's index in ws
     step: np.ndarray  # per row of t
+    read: dict[str, np.ndarray] = field(default_factory=dict)
+    coded: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
     def wi(self) -> np.ndarray:  # per (worker, step)
         out: np.ndarray = self.wi_all[self.first]
         return out
 
+    def all(self, name: str) -> np.ndarray:  # per row of t
+        if name not in self.read:
+            self.read[name] = _np(self.t, name)
+        return self.read[name]
+
     def col(self, name: str) -> np.ndarray:  # per (worker, step)
-        out: np.ndarray = _np(self.t, name)[self.first]
+        out: np.ndarray = self.all(name)[self.first]
+        return out
+
+    def codes(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A text column as (per row of t: its value's index in ``names``, ``names`` sorted), as ``np.unique``
+        gives them, without converting every row to a Python string."""
+        if name not in self.coded:
+            enc = pc.dictionary_encode(self.t.column(name).combine_chunks())
+            names = np.asarray(enc.dictionary.to_pylist(), dtype=str)
+            order = np.argsort(names, kind="stable")
+            rank = np.empty(order.size, dtype=np.int64)
+            rank[order] = np.arange(order.size)
+            self.coded[name] = (rank[enc.indices.to_numpy(zero_copy_only=False)], names[order])
+        return self.coded[name]
+
+    def with_function(self) -> np.ndarray:
+        """Per row of t: it names a function (not the "" of a worker with none above its peers)."""
+        fci, fnames = self.codes("function")
+        out: np.ndarray = fci != 0 if fnames.size and fnames[0] == "" else np.ones(fci.size, dtype=bool)
         return out
 
 
@@ -358,11 +385,13 @@ def _by_occurrence(
         return []
     p = periods(g, results[0].step, results[-1].step)
     some = np.flatnonzero(p.periodic & (p.count < len(results)))
-    grp = _np(rows.t, "group").astype(str)
+    gci, gnames = rows.codes("group")
     out = []
     for k in some.tolist():  # the window's few periodic functions
         group = str(p.keys[k]).split("\x1f", 1)[0]
-        at = (grp == group) & np.isin(rows.step, p.first[k] + p.every[k] * np.arange(p.count[k]))
+        g_at = int(np.searchsorted(gnames, group))
+        in_group = gci == g_at if g_at < gnames.size and gnames[g_at] == group else np.zeros(gci.size, dtype=bool)
+        at = in_group & np.isin(rows.step, p.first[k] + p.every[k] * np.arange(p.count[k]))
         peer = np.where(at[rows.first], rows.col("peer_own_us"), np.nan)
         noise = max(first.noise, _pooled_sd(own, peer, rows.wi, rows.ws.size))
         need = int(periodic_need(p.count[k]))
@@ -399,14 +428,13 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     wait_med, peer_wait_med = first.wait_med, first.peer_wait_med
     # the group's highest own work in the step: above every other (the others' median is not enough for that, so
     # by the step's own maximum over the worker's group)
-    grp, step = rows.col("group").astype(str), rows.step[rows.first]
-    gk = np.unique(np.char.add(np.char.add(grp, "\x1f"), step.astype(str)), return_inverse=True)[1]
+    gcode, step = rows.codes("group")[0][rows.first], rows.step[rows.first]
+    gk = np.unique(gcode * (int(step.max() - step.min()) + 1) + (step - step.min()), return_inverse=True)[1]
     top = np.full(int(gk.max()) + 1, -np.inf)
     np.maximum.at(top, gk, own)
     holds = np.bincount(wi, weights=own >= top[gk], minlength=n) / np.maximum(counted, 1)
     # per worker: the workers of its peer group (its group in its first step)
     wg = np.zeros(n, dtype=np.int64)
-    gcode = np.unique(grp, return_inverse=True)[1]
     wg[wi[::-1]] = gcode[::-1]
     n_peers = np.bincount(wg, minlength=int(wg.max()) + 1)[wg]
     by_function = {
@@ -429,16 +457,20 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     for i in idx.tolist():
         if (at := tests[named[i]].at) is not None:
             best |= _stands_out_in(rows, np.array([i]), at)
-    host, device = rows.col("host").astype(str), rows.col("device").astype(str)
+
+    def label(name: str, i: int) -> str:  # the worker's host, device or group (in its first step)
+        codes, names = rows.codes(name)
+        return str(names[codes[rows.first][np.argmax(wi == i)]])
+
     localised = []
     for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
         ot, mine = tests[named[i]], wi == i
         localised.append(
             Localised(
                 worker=int(rows.ws[i]),
-                host=str(host[mine][0]),
-                device=str(device[mine][0]),
-                group=str(grp[mine][0]),
+                host=label("host", i),
+                device=label("device", i),
+                group=label("group", i),
                 function=best[i][0],
                 kind=best[i][1],
                 shift=float(ot.shift[i]),
@@ -448,7 +480,7 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
                 holds=float(holds[i]),
                 steps=sorted(int(s) for s in step[mine & ot.steps_above]),
                 n_steps=int(ot.counted[i]),
-                peers=int(np.unique(wi[grp == grp[mine][0]]).size),
+                peers=int(np.unique(wi[gcode == gcode[mine][0]]).size),
                 own_us=float(np.median(own[mine & np.isfinite(ot.peer)])),
                 peer_own_us=float(np.nanmedian(ot.peer[mine])),
                 wait_us=float(ot.wait_med[i]),
@@ -463,9 +495,9 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
     localised += [
         Localised(
             worker=int(rows.ws[i]),
-            host=str(host[wi == i][0]),
-            device=str(device[wi == i][0]),
-            group=str(grp[wi == i][0]),
+            host=label("host", i),
+            device=label("device", i),
+            group=label("group", i),
             function=fs.function,
             kind=fs.kind,
             shift=fs.shift,
@@ -498,18 +530,18 @@ def _stands_out_in(
     """Per worker index in ``idx``: the function it stands out in, the one whose work is most above its group's
     median summed over the window (or the rows ``at`` marks) (its name, kind, and the medians over steps of its work
     and its peers'; "" and NaN where it has none)."""
-    t, wi_all, n = rows.t, rows.wi_all, rows.ws.size
+    wi_all, n = rows.wi_all, rows.ws.size
     if idx.size == 0:
         return {}
-    fnames, fci = np.unique(_np(t, "function").astype(str), return_inverse=True)
+    fci, fnames = rows.codes("function")
     nf = fnames.size
-    work, peer_work = _np(t, "work_us"), _np(t, "peer_work_us")
-    has = (fnames[fci] != "") & np.isin(wi_all, idx) & (True if at is None else at)
+    work, peer_work = rows.all("work_us"), rows.all("peer_work_us")
+    has = rows.with_function() & np.isin(wi_all, idx) & (True if at is None else at)
     combo = wi_all[has] * nf + fci[has]
     over = np.bincount(combo, weights=(work - peer_work)[has], minlength=n * nf)
     over = np.where(np.bincount(combo, minlength=n * nf) > 0, over, -np.inf).reshape(n, nf)
     best = np.argmax(over, axis=1)  # per worker: its function most above its peers (-inf: none)
-    kind = _np(t, "kind").astype(str)
+    kci, kinds = rows.codes("kind")
     out: dict[int, tuple[str, str, float, float]] = {}
     for i in idx.tolist():
         b = int(best[i])
@@ -517,7 +549,7 @@ def _stands_out_in(
             out[i] = ("", "", math.nan, math.nan)
             continue
         fr = np.flatnonzero(has & (wi_all == i) & (fci == b))
-        out[i] = (str(fnames[b]), str(kind[fr[0]]), float(np.median(work[fr])), float(np.median(peer_work[fr])))
+        out[i] = (str(fnames[b]), str(kinds[kci[fr[0]]]), float(np.median(work[fr])), float(np.median(peer_work[fr])))
     return out
 
 
@@ -541,35 +573,30 @@ def _by_function(
 ) -> dict[int, _FunctionShift]:
     """Per worker index: its function that stands out most from its group's in the window (:data:`__doc__`), for
     the workers that have one."""
-    t = rows.t
-    fn = _np(t, "function").astype(str)
-    has = (fn != "") & (n_peers[rows.wi_all] >= 2)
+    has = rows.with_function() & (n_peers[rows.wi_all] >= 2)
     if not has.any():
         return {}
     keys, spread, tested = _function_noise(results, dp)
     steps = np.unique(rows.step)
     si = np.searchsorted(steps, rows.step)
-    grp = _np(t, "group").astype(str)
-    combos, ci = np.unique(np.char.add(np.char.add(rows.wi_all[has].astype(str), "\x1f"), fn[has]), return_inverse=True)
-    cw = np.zeros(combos.size, dtype=np.int64)
-    cw[ci] = rows.wi_all[has]
-    cf = np.empty(combos.size, dtype=object)
-    cf[ci] = fn[has]
-    cg = np.empty(combos.size, dtype=object)
-    cg[ci] = grp[has]
-    ckey = np.char.add(np.char.add(cg.astype(str), "\x1f"), cf.astype(str))
+    (fci, fnames), (gci, gnames), (kci, kinds) = rows.codes("function"), rows.codes("group"), rows.codes("kind")
+    # one (worker, function) pair per row: integer keys (a string per row costs a second at 10,000 workers)
+    combos, ci = np.unique(rows.wi_all[has] * fnames.size + fci[has], return_inverse=True)
+    cw, cf = combos // fnames.size, fnames[combos % fnames.size]
+    cgi, cki = np.zeros(combos.size, dtype=np.int64), np.zeros(combos.size, dtype=np.int64)
+    cgi[ci], cki[ci] = gci[has], kci[has]
+    ckey = np.char.add(np.char.add(gnames[cgi], "\x1f"), cf)
     if keys.size:
         at = np.minimum(np.searchsorted(keys, ckey), keys.size - 1)
         noise = np.where(keys[at] == ckey, spread[at], np.nan)
     else:
         noise = np.full(combos.size, np.nan)
-    ck = np.empty(combos.size, dtype=object)
-    ck[ci] = _np(t, "kind").astype(str)[has]
+    ck = kinds[cki]
     # per (worker, step) reported: 0 where the function was not among its rows (not above its group's median)
     reported = np.zeros((rows.ws.size, steps.size), dtype=bool)
     reported[rows.wi, si[rows.first]] = True
-    work, peer_work = _np(t, "work_us")[has], _np(t, "peer_work_us")[has]
-    st, peer_own = _np(t, "step_time_us")[has], _np(t, "peer_own_us")[has]
+    work, peer_work = rows.all("work_us")[has], rows.all("peer_work_us")[has]
+    st, peer_own = rows.all("step_time_us")[has], rows.all("peer_own_us")[has]
     # in a pair the group's median is the mean of the two: the worker's excess over its only peer is twice its
     # excess over that median
     pair_row = n_peers[rows.wi_all[has]] == 2
@@ -586,15 +613,13 @@ def _by_function(
     n = np.maximum(counted[cw], 1)
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # a worker whose peers' own work is 0 in every step
-        excess, shift = np.nanmedian(x_step, axis=1), np.nanmedian(x_own, axis=1)
+        excess, shift = _row_nanmedian(x_step), _row_nanmedian(x_own)
         pair = n_peers[cw] == 2
         if pair.any():
             # a pair has no spread across peers to compare with (that of two is half their difference, the shift
             # itself): the excess's own step-to-step spread instead, as the own-work test's noise
-            s2s = 1.4826 * np.nanmedian(np.abs(x_step[pair] - excess[pair, None]), axis=1)
-            noise[pair] = np.fmax(
-                s2s, dp.rel_floor * np.nanmedian(np.where(x_work[pair] > 0, x_work[pair], np.nan), axis=1)
-            )
+            s2s = 1.4826 * _row_nanmedian(np.abs(x_step[pair] - excess[pair, None]))
+            noise[pair] = np.fmax(s2s, dp.rel_floor * _row_nanmedian(np.where(x_work[pair] > 0, x_work[pair], np.nan)))
         z = excess / (1.2533 * noise / np.sqrt(n))
     above = np.sum(np.nan_to_num(x_step) > 0, axis=1) / n
     # every (worker, function) that could have stood out was tested: chance gives the largest of them more
@@ -622,10 +647,21 @@ def _by_function(
             bar=bar,
             above=float(above[c]),
             steps=sorted(int(s) for s in steps[np.nan_to_num(x_step[c]) > 0]),
-            work_us=float(np.median(_np(t, "work_us")[r])),
-            peer_work_us=float(np.median(_np(t, "peer_work_us")[r])),
+            work_us=float(np.median(rows.all("work_us")[r])),
+            peer_work_us=float(np.median(rows.all("peer_work_us")[r])),
             excess_share=float(excess[c]),
         )
+    return out
+
+
+def _row_nanmedian(x: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(x, axis=1)`` of a 2-D array by one sort (NaN sorts last), without its warnings and its slow
+    path for many short rows; NaN for a row with no value."""
+    s = np.sort(x, axis=1)
+    k = np.sum(~np.isnan(x), axis=1)
+    r = np.arange(x.shape[0])
+    lo, hi = np.maximum((k - 1) // 2, 0), np.maximum(k // 2, 0)
+    out: np.ndarray = np.where(k > 0, (s[r, lo] + s[r, np.minimum(hi, x.shape[1] - 1)]) / 2.0, np.nan)
     return out
 
 

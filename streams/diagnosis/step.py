@@ -583,18 +583,23 @@ def _workers(grid: _Grid, wk: _Work, peers: _WorkComparison, policy: DiagnosisPo
     w = np.repeat(np.arange(n_w), k)
     f = top.ravel()
     some = np.isfinite(over[w, f]) & (over[w, f] > 0)
+    fi = np.where(some, f, n_f)  # n_f: none ("")
+
+    def text(values: np.ndarray, at: np.ndarray) -> pa.Array:  # a string per row, taken from the few there are
+        return pa.array(values.astype(str), pa.string()).take(at)
+
     cols: dict[str, object] = {
         "worker": frame.rank[w],
-        "host": frame.host[w].astype(str),
-        "device": frame.device[w].astype(str),
-        "group": frame.group[w].astype(str),
+        "host": text(frame.host, w),
+        "device": text(frame.device, w),
+        "group": text(frame.group, w),
         "step_time_us": frame.step_time_us[w],
         "own_us": own[w],
         "peer_own_us": _others_median(grid, own)[w],
         "wait_us": wait[w],
         "peer_wait_us": _others_median(grid, wait)[w],
-        "function": np.where(some, grid.fnames[f].astype(str), ""),
-        "kind": np.where(some, grid.kind_f[f].astype(str), ""),
+        "function": text(np.append(grid.fnames.astype(str), ""), fi),
+        "kind": text(np.append(grid.kind_f.astype(str), ""), fi),
         "work_us": np.where(some, wk.work[w, f], 0.0),
         "peer_work_us": np.where(some, peers.med[grid.lay.groups[w], f], 0.0),
     }
