@@ -370,7 +370,7 @@ def _peeled(
 
 
 def _by_occurrence(
-    results: list[StepResult], rows: _Rows, own: np.ndarray, first: _OwnTest, dp: DiagnosisPolicy
+    results: list[StepResult], p: Periods, rows: _Rows, own: np.ndarray, first: _OwnTest, dp: DiagnosisPolicy
 ) -> list[_OwnTest]:
     """Persistence by occurrence: per function that runs periodically in some of the window's steps (:func:`periods`:
     a checkpoint every third step), the own-work test over the steps it ran in alone (a worker slow at each of a
@@ -380,10 +380,6 @@ def _by_occurrence(
     steps a worker's median absolute deviation is one of two gaps and tells little).  It must be above its peers at
     :func:`periodic_need` of them.  The straggler waits least over the window's steps, not those: the others wait
     for it at the next collective, often in the next step."""
-    g = _concat(results, "groups")
-    if g is None:
-        return []
-    p = periods(g, results[0].step, results[-1].step)
     some = np.flatnonzero(p.periodic & (p.count < len(results)))
     gci, gnames = rows.codes("group")
     out = []
@@ -413,8 +409,9 @@ def _pooled_sd(own: np.ndarray, peer: np.ndarray, wi: np.ndarray, n: int) -> flo
     return math.sqrt(ss / df) if df else 0.0
 
 
-def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
-    """The workers that stand out from their peers over the window's steps (:class:`Standing`)."""
+def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Periods | None = None) -> Standing:
+    """The workers that stand out from their peers over the window's steps (:class:`Standing`).  ``window_periods``:
+    :func:`periods` of the results' group tables, where the caller has them (else read from the results)."""
     t = _concat(results)
     if t is None:
         return NOBODY
@@ -443,7 +440,9 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy) -> Standing:
         if not first.out[i] and wait_med[i] < peer_wait_med[i]  # the straggler waits least
     }
     named, tests = _peeled(rows, own, gk, first, np.isin(np.arange(n), list(by_function)), dp, len(results))
-    occurring = _by_occurrence(results, rows, own, first, dp)
+    if window_periods is None and (g := _concat(results, "groups")) is not None:
+        window_periods = periods(g, results[0].step, results[-1].step)
+    occurring = [] if window_periods is None else _by_occurrence(results, window_periods, rows, own, first, dp)
     if occurring:  # each worker by the periodic function it stands out most at
         z_at = np.stack([np.where(o.out, o.z, -np.inf) for o in occurring])
         new = np.isfinite(z_at.max(axis=0)) & (named == -1)

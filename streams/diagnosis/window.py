@@ -44,7 +44,7 @@ from ..policy import DiagnosisPolicy, Policy
 from .causes import Attribution, Suspect, classify
 from .history import MIN_COVERAGE, JobHistory, fold, window_medians
 from .links import LossyLink, SlowLink, lossy_links, slow_links
-from .localise import NOBODY, Localised, Standing, localise, periodic_need, periods
+from .localise import NOBODY, Localised, Periods, Standing, localise, periodic_need, periods
 from .stats import group_median
 from .step import EVIDENCE_COLUMNS, LINK_METRICS, WAITING_KINDS, WORKER_COLUMNS, StepResult
 
@@ -81,6 +81,7 @@ class _Ctx:
     coverage: float
     groups: pa.Table | None = None  # the steps' per-(group, function) tables, with their step: when a function ran
     standing: Standing = NOBODY  # the localisation: who stands out from their peers, whatever the cause
+    periods: Periods | None = None  # which functions ran periodically, in which steps (None: no group table)
 
 
 def diagnose_window(
@@ -107,7 +108,9 @@ def diagnose_window(
     groups = _concat([r.groups for r in results], results)
     if steps_seen:
         need = max(min(dp.min_persistent_steps, steps_seen), math.ceil(dp.persistence * steps_seen))
-        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups, localise(results, dp))
+        p = periods(groups, results[0].step, results[-1].step) if groups.num_rows else None
+        standing = localise(results, dp, p)
+        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups, standing, p)
         pairs = _persistent_pairs(ctx)
         findings += _worker_findings(ctx, pairs, history)
         # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it;
@@ -374,10 +377,9 @@ def _occurrences(ctx: _Ctx, group: np.ndarray, fn: np.ndarray) -> np.ndarray:
     """Per (group, function): the steps of the window in which the function occurs (:func:`.localise.periods`: a
     checkpoint that runs every third step occurs in a third of them); the window's steps where it does not occur
     periodically."""
-    n = len(ctx.results)
-    if ctx.groups is None or ctx.groups.num_rows == 0:
+    n, p = len(ctx.results), ctx.periods
+    if p is None:
         return np.full(group.size, n, dtype=np.int64)
-    p = periods(ctx.groups, ctx.results[0].step, ctx.results[-1].step)
     per = np.where(p.periodic, p.count, n)
     want = np.char.add(np.char.add(group.astype(str), "\x1f"), fn.astype(str))
     pos = np.clip(np.searchsorted(p.keys, want), 0, p.keys.size - 1)
