@@ -13,7 +13,7 @@ from ...schemas.records import RecordError, StepClosed, StepReport
 from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, WORKER_SCHEMA, StepResult
 
 #: evidence columns of the step report's tables added after its first release (a missing one reads as NaN)
-_ADDED = LINK_SHAPE + tuple(f"peer_{c}" for c in LINK_SHAPE)
+_ADDED = LINK_SHAPE + tuple(f"peer_{c}" for c in LINK_SHAPE) + ("work_rest_us", "work_rest_mad_us")
 MAX_VALUE = 1e15  # no measure in a step report is larger (in µs ~31 years); beyond it, corruption that could overflow
 #: the columns of the step report's tables that are times (µs, never NaN), and their lower bound
 TIMES = {

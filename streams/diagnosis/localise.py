@@ -434,14 +434,16 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
     wg = np.zeros(n, dtype=np.int64)
     wg[wi[::-1]] = gcode[::-1]
     n_peers = np.bincount(wg, minlength=int(wg.max()) + 1)[wg]
+    shifts, fn_bar = _by_function(results, rows, dp, counted, n_peers)
     by_function = {
         i: fs
-        for i, fs in _by_function(results, rows, dp, counted, n_peers).items()
+        for i, fs in shifts.items()
         if not first.out[i] and wait_med[i] < peer_wait_med[i]  # the straggler waits least
     }
     named, tests = _peeled(rows, own, gk, first, np.isin(np.arange(n), list(by_function)), dp, len(results))
-    if window_periods is None and (g := _concat(results, "groups")) is not None:
-        window_periods = periods(g, results[0].step, results[-1].step)
+    groups_t = _concat(results, "groups")
+    if window_periods is None and groups_t is not None:
+        window_periods = periods(groups_t, results[0].step, results[-1].step)
     occurring = [] if window_periods is None else _by_occurrence(results, window_periods, rows, own, first, dp)
     if occurring:  # each worker by the periodic function it stands out most at
         z_at = np.stack([np.where(o.out, o.z, -np.inf) for o in occurring])
@@ -460,6 +462,20 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
     def label(name: str, i: int) -> str:  # the worker's host, device or group (in its first step)
         codes, names = rows.codes(name)
         return str(names[codes[rows.first][np.argmax(wi == i)]])
+
+    # a second culprit in the function a first stands out in, against the rest of its group (the highest left out)
+    named_in = {i: best[i][0] for i in idx.tolist()} | {i: fs.function for i, fs in by_function.items()}
+    done = np.isin(np.arange(n), list(named_in))
+    targets = {(label("group", i), f) for i, f in named_in.items() if f}
+    while targets and groups_t is not None:
+        found = {
+            i: fs
+            for i, fs in _beside(rows, dp, counted, groups_t, targets, done, fn_bar).items()
+            if wait_med[i] < peer_wait_med[i]  # the straggler waits least
+        }
+        done[list(found)] = True
+        by_function |= found
+        targets = {(label("group", i), fs.function) for i, fs in found.items()}
 
     localised = []
     for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
@@ -569,13 +585,15 @@ class _FunctionShift:
 
 def _by_function(
     results: list[StepResult], rows: _Rows, dp: DiagnosisPolicy, counted: np.ndarray, n_peers: np.ndarray
-) -> dict[int, _FunctionShift]:
+) -> tuple[dict[int, _FunctionShift], float]:
     """Per worker index: its function that stands out most from its group's in the window (:data:`__doc__`), for
-    the workers that have one."""
+    the workers that have one; and the standard errors they needed."""
+    keys, spread, tested = _function_noise(results, dp)
+    # every (worker, function) that could have stood out was tested: chance gives the largest of them more
+    bar = threshold(dp, int(np.count_nonzero(n_peers >= 2)) * max(tested, 1))
     has = rows.with_function() & (n_peers[rows.wi_all] >= 2)
     if not has.any():
-        return {}
-    keys, spread, tested = _function_noise(results, dp)
+        return {}, bar
     steps = np.unique(rows.step)
     si = np.searchsorted(steps, rows.step)
     (fci, fnames), (gci, gnames), (kci, kinds) = rows.codes("function"), rows.codes("group"), rows.codes("kind")
@@ -621,8 +639,6 @@ def _by_function(
             noise[pair] = np.fmax(s2s, dp.rel_floor * _row_nanmedian(np.where(x_work[pair] > 0, x_work[pair], np.nan)))
         z = excess / (1.2533 * noise / np.sqrt(n))
     above = np.sum(np.nan_to_num(x_step) > 0, axis=1) / n
-    # every (worker, function) that could have stood out was tested: chance gives the largest of them more
-    bar = threshold(dp, int(np.count_nonzero(n_peers >= 2)) * max(tested, 1))
     ok = (
         np.isfinite(z)
         & (z >= bar)
@@ -650,6 +666,84 @@ def _by_function(
             peer_work_us=float(np.median(rows.all("peer_work_us")[r])),
             excess_share=float(excess[c]),
         )
+    return out, bar
+
+
+def _beside(
+    rows: _Rows,
+    dp: DiagnosisPolicy,
+    counted: np.ndarray,
+    g: pa.Table,
+    targets: set[tuple[str, str]],
+    done: np.ndarray,
+    bar: float,
+) -> dict[int, _FunctionShift]:
+    """A second culprit beside a first: per (group, function) in ``targets`` (a worker of the group stands out in
+    it), the group's other workers (not ``done``) tested in it as :func:`_by_function` does, under its ``bar``, but
+    against the rest of the group: the median and spread of its work without its highest worker in each step (the
+    group table's ``work_rest_us``; groups of 3 or more).  Two culprits of four lift the group's median halfway to
+    theirs and its spread with it, and each hides the other; without the highest, the baseline is a healthy worker's
+    whichever of the two is highest in a step.  Per worker index, for those that stand out."""
+    steps = np.unique(rows.step)
+    si = np.searchsorted(steps, rows.step)
+    n, n_s = rows.ws.size, steps.size
+    reported = np.zeros((n, n_s), dtype=bool)
+    reported[rows.wi, si[rows.first]] = True
+    (fci, fnames), (gci, gnames), (kci, kinds) = rows.codes("function"), rows.codes("group"), rows.codes("kind")
+    gg, gf, gs = _np(g, "group").astype(str), _np(g, "function").astype(str), _np(g, "step")
+    rest, rest_mad, g_st = _np(g, "work_rest_us"), _np(g, "work_rest_mad_us"), np.maximum(_np(g, "step_time_us"), 1.0)
+    work, st, peer_own = rows.all("work_us"), rows.all("step_time_us"), rows.all("peer_own_us")
+    out: dict[int, _FunctionShift] = {}
+    for group, function in sorted(targets):  # one per culprit named: a few
+        cell = (gg == group) & (gf == function) & np.isfinite(rest) & np.isin(gs, steps)
+        g_at, f_at = np.searchsorted(gnames, group), np.searchsorted(fnames, function)
+        if not cell.any() or g_at >= gnames.size or gnames[g_at] != group or f_at >= fnames.size:
+            continue
+        base = np.full(n_s, np.nan)
+        base[np.searchsorted(steps, gs[cell])] = rest[cell]
+        noise = max(
+            float(np.median(1.4826 * rest_mad[cell] / g_st[cell])),
+            dp.rel_floor * float(np.median(rest[cell] / g_st[cell])),
+        )
+        mine = (gci == g_at) & (fci == f_at) & ~done[rows.wi_all]
+        wr, sr = rows.wi_all[mine], si[mine]
+        over = work[mine] - base[sr]
+        x_step, x_own = np.zeros((n, n_s)), np.zeros((n, n_s))
+        x_step[wr, sr], x_own[wr, sr] = over / st[mine], np.where(peer_own[mine] > 0, over / peer_own[mine], np.nan)
+        x_step[~reported | np.isnan(base)[None, :]] = np.nan
+        x_own[~reported | np.isnan(base)[None, :]] = np.nan
+        with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            excess, shift = _row_nanmedian(x_step), _row_nanmedian(x_own)
+            m = np.maximum(np.sum(np.isfinite(x_step), axis=1), 1)
+            z = excess / (1.2533 * noise / np.sqrt(m))
+        above = np.sum(np.nan_to_num(x_step) > 0, axis=1) / m
+        ok = (
+            np.isin(np.arange(n), np.unique(wr))
+            & np.isfinite(z)
+            & (z >= bar)
+            & (shift >= dp.localise_min_shift)
+            & (excess >= dp.min_excess_share)
+            & (above >= dp.persistence)
+            & (counted >= min(dp.min_persistent_steps, n_s))
+        )
+        for i in np.flatnonzero(ok).tolist():
+            if i in out and out[i].z >= z[i]:
+                continue
+            r = np.flatnonzero(mine)[wr == i]
+            out[i] = _FunctionShift(
+                function=function,
+                kind=str(kinds[kci[r[0]]]),
+                shift=float(shift[i]),
+                noise=noise,
+                z=float(z[i]),
+                bar=bar,
+                above=float(above[i]),
+                steps=sorted(int(s) for s in steps[np.nan_to_num(x_step[i]) > 0]),
+                work_us=float(np.median(work[r])),
+                peer_work_us=float(np.nanmedian(base[si[r]])),
+                excess_share=float(excess[i]),
+            )
     return out
 
 

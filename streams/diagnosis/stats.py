@@ -153,10 +153,28 @@ class Layout:
             cell = (self.groups[keep, None] * cols + np.arange(cols)[None, :]).ravel()
             return group_median(m[keep].ravel(), cell, self.n_groups * cols).reshape(self.n_groups, cols)
         c = np.sort(self.cube(m, width), axis=1)  # NaN sorts last
+        return self._sorted_median(c, np.sum(~np.isnan(c), axis=1))
+
+    def median_rest(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`median`, and the median and MAD per (group, column) of its values but the highest (NaN where that
+        leaves none): one sort for both medians."""
+        m = np.asarray(m, dtype=np.float64)
+        if m.shape[1] == 0 or self.width == 0 or not self._cube_ok(self.width):
+            top = -self.min(-m)
+            with np.errstate(invalid="ignore"):
+                rest = np.where(m >= top[self.groups], np.nan, m)  # ties with the highest left out too
+            rest_med = self.median(rest)
+            return self.median(m), rest_med, self.mad(rest, rest_med)
+        c = np.sort(self.cube(m, self.width), axis=1)  # NaN sorts last
         k = np.sum(~np.isnan(c), axis=1)  # (groups, columns)
+        med, rest = self._sorted_median(c, k), self._sorted_median(c, k - 1)  # the highest sorts last of them
+        dev = np.where(np.arange(self.width)[None, :, None] < (k - 1)[:, None, :], np.abs(c - rest[:, None, :]), np.nan)
+        return med, rest, self._sorted_median(np.sort(dev, axis=1), k - 1)
+
+    def _sorted_median(self, c: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Per (group, column) the median of the first ``k`` values of a cube sorted along its workers."""
         lo = np.maximum((k - 1) // 2, 0)[:, None, :]
-        hi = np.maximum(k // 2, 0)[:, None, :]
-        hi = np.minimum(hi, width - 1)
+        hi = np.minimum(np.maximum(k // 2, 0), c.shape[1] - 1)[:, None, :]
         med = (np.take_along_axis(c, lo, axis=1) + np.take_along_axis(c, hi, axis=1))[:, 0, :] / 2.0
         return np.where(k > 0, med, np.nan)
 

@@ -119,6 +119,10 @@ GROUP_SCHEMA = pa.schema(
         ("present", pa.int32()),  # ... that ran the function
         ("work_us", pa.float64()),  # median over the group's workers (0 for those that did not run it)
         ("work_mad_us", pa.float64()),
+        # median and MAD over the group's workers but its highest in the function, groups of 3 or more (NaN
+        # elsewhere): a second culprit's baseline once the first is named (two of four lift the median halfway)
+        ("work_rest_us", pa.float64()),
+        ("work_rest_mad_us", pa.float64()),
         ("wait_us", pa.float64()),  # median
         ("share", pa.float64()),  # critical-path share beta: (median work + median wait) / median step time
         ("step_time_us", pa.float64()),  # median step time of the group's workers
@@ -300,6 +304,8 @@ class _WorkComparison:
 
     med: np.ndarray  # (groups, F) the group's median work
     mad: np.ndarray  # (groups, F)
+    rest: np.ndarray  # (groups, F) the median work of the group's workers but its highest
+    rest_mad: np.ndarray  # (groups, F)
     z: np.ndarray  # (W, F) robust z; ratio rows: the rise over the slowest other worker
     excess: np.ndarray  # (W, F) work over the peers' (ratio rows: over the slowest other worker)
     enough: np.ndarray  # (W, 1) the worker's group has enough peers for a z
@@ -313,7 +319,7 @@ def _compare_work(grid: _Grid, w: _Work, policy: DiagnosisPolicy) -> _WorkCompar
     lay, gw, work, valid = grid.lay, grid.lay.groups, w.work, grid.valid
     st, n_g = grid.frame.step_time_us, lay.counts
     n_w, n_f = grid.n_workers, grid.n_functions
-    med = lay.median(np.where(valid, work, np.nan))
+    med, rest, rest_mad = lay.median_rest(np.where(valid, work, np.nan))
     mad = lay.mad(np.where(valid, work, np.nan), med)
     scale = np.maximum(np.maximum(1.4826 * mad, policy.rel_floor * np.abs(med)), 1.0)  # never below a microsecond
     z = (work - med[gw]) / scale[gw]
@@ -338,7 +344,7 @@ def _compare_work(grid: _Grid, w: _Work, policy: DiagnosisPolicy) -> _WorkCompar
             z = np.where(flag_ratio, (work - other) / np.maximum(other, 1.0), z)
         excess = np.where(flag_ratio, work - other, excess)
         flag_work |= flag_ratio
-    return _WorkComparison(med, mad, z, excess, enough, flag_work, flag_ratio, low_ratio, other)
+    return _WorkComparison(med, mad, rest, rest_mad, z, excess, enough, flag_work, flag_ratio, low_ratio, other)
 
 
 @dataclass(frozen=True)
@@ -645,6 +651,9 @@ def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison) -> pa.Table:
         ],
     }
     cols.update(_cell_means(t, cell_row, n_cells, gi * n_f + fi))
+    small = lay.counts[gi] < 3  # a second culprit's baseline: the group without its highest worker
+    cols["work_rest_us"] = np.where(small, np.nan, peers.rest[gi, fi])
+    cols["work_rest_mad_us"] = np.where(small, np.nan, peers.rest_mad[gi, fi])
     return pa.Table.from_pydict(cols, schema=GROUP_SCHEMA)
 
 

@@ -6,6 +6,7 @@ left for windows where nobody stands out, and says so."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from lockstep.schemas import functions as ft
@@ -272,6 +273,40 @@ def test_a_second_culprit_stands_out_once_the_first_is_left_out_of_its_baselines
     assert by_worker[1].basis == "own" and by_worker[1].z >= standing.bar
     assert by_worker[1].noise < standing.noise  # without rank 2 in the baselines the job is less noisy
     assert by_worker[1].wait_us < by_worker[1].peer_wait_us  # its healthy peers wait for it
+
+
+def test_a_second_culprit_in_the_same_function_stands_out_against_the_rest_of_its_group():
+    # backward 20 ms moving 15% from step to step on every worker; in the optimizer step (1 ms) worker 1 takes 6 ms
+    # more and worker 2 3 ms more.  Two of four lift the group's median halfway to worker 2 and its spread with it:
+    # against them worker 2 is within the noise, and its own work as a whole within the job's.  Against the rest of
+    # its group (its highest, worker 1, left out in each step) it stands out.
+    rng = np.random.default_rng(4)
+    own = np.stack(
+        [
+            20_000.0 * (1.0 + 0.15 * rng.standard_normal((STEPS, 4))),
+            1_000.0 * (1.0 + 0.02 * rng.standard_normal((STEPS, 4))),
+        ],
+        axis=2,
+    )
+    own[:, 1, 1] += 6_000.0
+    own[:, 2, 1] += 3_000.0
+    results, d = window(own, names=["backward", "optimizer"])
+    standing = localise(results, Policy().diagnosis)
+    by_worker = {loc.worker: loc for loc in standing.localised}
+    assert sorted(by_worker) == [1, 2], by_worker
+    assert standing.z_of(2) < standing.bar  # its own work as a whole does not stand out
+    second = by_worker[2]
+    assert (second.function, second.basis) == ("optimizer", "function")
+    assert second.z >= second.bar
+    assert second.peer_work_us < 1_100.0  # a healthy worker's, not the median of four halfway to worker 2's
+    assert {tuple(f.workers) for f in d.findings if f.scope == "worker" and f.function == "optimizer"} == {(1,), (2,)}
+    # the step stage's baseline without the group's highest: for worker 2, the healthy workers' median
+    rest = results[0].groups.filter(pc.equal(results[0].groups.column("function"), "optimizer"))
+    assert rest.column("work_rest_us")[0].as_py() < 1_100.0 < rest.column("work_us")[0].as_py()
+    # worker 1 alone: nobody else is named beside it
+    own[:, 2, 1] -= 3_000.0
+    results, d = window(own, names=["backward", "optimizer"])
+    assert [loc.worker for loc in localise(results, Policy().diagnosis).localised] == [1]
 
 
 def test_a_culprit_a_cause_rule_named_in_another_function_is_named_in_the_one_it_stands_out_in_too():

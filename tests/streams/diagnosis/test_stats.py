@@ -35,6 +35,24 @@ def test_layout_median_and_mad_match_numpy():
     assert group_median(np.array([3.0, 1.0, np.nan, 2.0]), np.array([0, 0, 0, 1]), 3).tolist()[:2] == [2.0, 2.0]
 
 
+def test_layout_median_rest_leaves_the_highest_out():
+    rng = np.random.default_rng(5)
+    for sizes in ([5, 5, 5], [1, 7, 3, 12, 2], [100, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]):  # the last: lexsort
+        groups = np.repeat(np.arange(len(sizes)), sizes)
+        rng.shuffle(groups)
+        m = rng.normal(size=(groups.size, 3))
+        m[rng.random(m.shape) < 0.1] = np.nan
+        lay = Layout(groups, len(sizes))
+        med, rest, rest_mad = lay.median_rest(m)
+        assert np.allclose(med, lay.median(m), equal_nan=True)
+        for g in range(len(sizes)):
+            for c in range(3):
+                x = np.sort(m[groups == g, c][~np.isnan(m[groups == g, c])])[:-1]  # all but the highest
+                want = np.median(x) if x.size else np.nan
+                assert rest[g, c] == pytest.approx(want, nan_ok=True)
+                assert rest_mad[g, c] == pytest.approx(np.median(np.abs(x - want)) if x.size else np.nan, nan_ok=True)
+
+
 def test_others_median_leaves_the_row_and_the_excluded_out():
     """Against a plain loop: the median of the other included rows of the same group, NaN values ignored."""
     rng = np.random.default_rng(1)
