@@ -12,8 +12,12 @@ from ...schemas.functions import float_columns, pack, unpack_ipc
 from ...schemas.records import RecordError, StepClosed, StepReport
 from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, WORKER_SCHEMA, StepResult
 
-#: evidence columns of the step report's tables added after its first release (a missing one reads as NaN)
-_ADDED = LINK_SHAPE + tuple(f"peer_{c}" for c in LINK_SHAPE) + ("work_rest_us", "work_rest_mad_us")
+#: columns of the step report's tables added after its first release (a missing one reads as NaN, or -1 for a rank)
+_ADDED = (
+    LINK_SHAPE
+    + tuple(f"peer_{c}" for c in LINK_SHAPE)
+    + ("work_rest_us", "work_rest_mad_us", "low_worker", "work_low_us", "work_next_low_us")
+)
 MAX_VALUE = 1e15  # no measure in a step report is larger (in µs ~31 years); beyond it, corruption that could overflow
 #: the columns of the step report's tables that are times (µs, never NaN), and their lower bound
 TIMES = {
@@ -123,7 +127,8 @@ def _table(data: bytes, schema: pa.Schema, what: str) -> pa.Table:
         # a step stage one release older wrote it (mid-upgrade): evidence columns added since are not measured
         for f in schema:
             if f.name in _ADDED and f.name not in table.column_names:
-                table = table.append_column(f.name, pa.array(np.full(table.num_rows, np.nan), f.type))
+                fill = -1 if pa.types.is_integer(f.type) else np.nan  # not measured: no worker, NaN
+                table = table.append_column(f.name, pa.array(np.full(table.num_rows, fill), f.type))
         try:
             table = table.select(schema.names).cast(schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

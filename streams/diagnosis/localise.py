@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 
 from ..policy import DiagnosisPolicy
 from .stats import group_median, others_median
-from .step import StepResult
+from .step import WAITING_KINDS, StepResult
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,10 @@ class Localised:
     peer_work_us: float
     excess_share: float  # median over steps of (own - peers') / step time
     basis: str = "own"  # what stood out: "own" (its own work), "occurrence" (its own work in the steps a periodic
-    # function ran in) or "function" (its work in ``function`` alone)
+    # function ran in), "function" (its work in ``function`` alone) or "majority" (its work in ``function`` above
+    # its group's one fastest worker's, as every other peer's is: most of the group is slow)
     bar: float = math.nan  # the standard errors it needed (NaN: the Standing's own-work bar)
+    fastest: int = -1  # "majority": the group's fastest worker, its baseline (it waits for the others)
 
 
 @dataclass(frozen=True)
@@ -476,6 +478,17 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
         done[list(found)] = True
         by_function |= found
         targets = {(label("group", i), fs.function) for i, fs in found.items()}
+    # most of a small group slow in one function: its one fastest worker is the others' baseline
+    slow_majority: list[tuple[int, _Majority]] = []
+    gnames = rows.codes("group")[1]
+    for m in (
+        [] if groups_t is None else _majority(groups_t, rows, dp, group_median(own, wi, n), wait_med - peer_wait_med)
+    ):
+        if done[m.fastest]:
+            continue
+        members = np.flatnonzero(wg == np.searchsorted(gnames, m.group))
+        slow_majority += [(i, m) for i in members.tolist() if i != m.fastest and not done[i]]
+        done[members] = True
 
     localised = []
     for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
@@ -535,6 +548,35 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
         )
         for i, fs in by_function.items()
         if i not in own_idx
+    ]
+    localised += [
+        Localised(
+            worker=int(rows.ws[i]),
+            host=label("host", i),
+            device=label("device", i),
+            group=m.group,
+            function=m.function,
+            kind=m.kind,
+            shift=m.shift,
+            noise=math.nan,
+            z=m.z,
+            above=len(m.steps) / max(m.n_steps, 1),
+            holds=float(holds[i]),
+            steps=m.steps,
+            n_steps=m.n_steps,
+            peers=int(n_peers[i]),
+            own_us=float(np.median(own[wi == i])),
+            peer_own_us=float(np.median(own[wi == m.fastest])),
+            wait_us=float(wait_med[i]),
+            peer_wait_us=float(wait_med[m.fastest]),
+            work_us=m.work_us,
+            peer_work_us=m.fastest_work_us,
+            excess_share=m.gap_share,
+            basis="majority",
+            bar=m.bar,
+            fastest=int(rows.ws[m.fastest]),
+        )
+        for i, m in slow_majority
     ]
     return Standing(localised, int(rows.ws[k]), float(first.shift[k]), top_z, noise, rows.ws, z, bar, se_us, waits_more)
 
@@ -747,6 +789,114 @@ def _beside(
     return out
 
 
+@dataclass(frozen=True)
+class _Majority:
+    """A group most of which is slow in one function: its one fastest worker, the baseline of the others."""
+
+    group: str
+    function: str
+    kind: str
+    fastest: int  # its worker index
+    steps: list[int]  # the steps in which it was the group's fastest, every other worker above it
+    n_steps: int  # the steps the group ran the function in
+    z: float  # its count of such steps against chance (the normal quantile of the binomial tail)
+    bar: float
+    gap_share: float  # median over those steps of (the next fastest's work - its own) / the step
+    shift: float  # ... / its own work
+    work_us: float  # medians over those steps: the next fastest's work in the function, and its own
+    fastest_work_us: float
+
+
+def _binomial_tail(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """P(X >= k) for X ~ Binomial(n, p), elementwise (n up to a window's steps)."""
+    top = int(n.max()) if n.size else 0
+    j = np.arange(top + 1)
+    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, top + 1)))])
+    with np.errstate(divide="ignore"):
+        log_pmf = (
+            log_fact[n][:, None]
+            - log_fact[j][None, :]
+            - log_fact[np.clip(n[:, None] - j[None, :], 0, None)]
+            + j[None, :] * np.log(p)[:, None]
+            + (n[:, None] - j[None, :]) * np.log1p(-p)[:, None]
+        )
+    take = (j[None, :] >= k[:, None]) & (j[None, :] <= n[:, None])
+    out: np.ndarray = np.sum(np.where(take, np.exp(log_pmf), 0.0), axis=1)
+    return out
+
+
+def _majority(
+    g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray, wait_over: np.ndarray
+) -> list[_Majority]:
+    """Most of a small group slow in one function (two of three, three of four): each slow worker's group median is
+    another slow worker's work, and none stands out from it.  What shows instead is the group's one fast worker: the
+    fastest in the function, every other worker above it, in more of the steps than chance makes one worker of N
+    the fastest (a binomial tail, 1/N a step; under the bar of every (worker, function) that could have been,
+    Bonferroni as :func:`threshold`), in ``persistence`` of them, by at least ``min_excess_share`` of the step and
+    ``localise_min_shift`` of its own work (the median over those steps of the next fastest's excess over it), and
+    the time it is spared there it spends waiting: its median wait above its peers' by at least half that excess
+    (``wait_over``, per worker index, in µs).  The others keep it waiting, so they hold the step; a worker fast in
+    one function and slower in another waits no more than its peers do.  Groups of 3 to ``ratio_peers_max``
+    workers: in a bigger group one fast worker is one, not a slow majority."""
+    kind, workers, low = _np(g, "kind").astype(str), _np(g, "workers"), _np(g, "low_worker").astype(np.int64)
+    keep = ~np.isin(kind, WAITING_KINDS) & (workers >= 3) & (workers <= dp.ratio_peers_max)
+    if not keep.any():
+        return []
+    key = np.char.add(np.char.add(_np(g, "group").astype(str)[keep], "\x1f"), _np(g, "function").astype(str)[keep])
+    keys, ki = np.unique(key, return_inverse=True)
+    runs = np.bincount(ki, minlength=keys.size)  # a group table has one row per (group, function) and step
+    n_w = np.zeros(keys.size, dtype=np.int64)
+    np.maximum.at(n_w, ki, workers[keep].astype(np.int64))
+    bar = threshold(dp, int(n_w.sum()))  # each worker of each (group, function) could have been its fastest
+    lw, has = low[keep], low[keep] >= 0
+    pairs, pi, count = np.unique(np.stack([ki[has], lw[has]], axis=1), axis=0, return_inverse=True, return_counts=True)
+    if not pairs.size:
+        return []
+    pi = pi.ravel()
+    pk, pw = pairs[:, 0], pairs[:, 1]
+    wi = np.searchsorted(rows.ws, pw)
+    seen = (wi < rows.ws.size) & (rows.ws[np.minimum(wi, rows.ws.size - 1)] == pw)
+    wi = np.minimum(wi, rows.ws.size - 1)
+    tail = _binomial_tail(count, runs[pk], 1.0 / n_w[pk])
+    st = np.maximum(_np(g, "step_time_us")[keep][has], 1.0)
+    gap = _np(g, "work_next_low_us")[keep][has] - _np(g, "work_low_us")[keep][has]
+    gap_share = group_median(gap / st, pi, pairs.shape[0])
+    gap_us = group_median(gap, pi, pairs.shape[0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shift = gap_us / own_med[wi]
+    ok = (
+        seen
+        & (tail <= 1.0 - NormalDist().cdf(bar))
+        & (count >= dp.persistence * runs[pk])
+        & (gap_share >= dp.min_excess_share)
+        & (shift >= dp.localise_min_shift)
+        & (wait_over[wi] >= 0.5 * gap_us)
+    )
+    step, kinds = _np(g, "step")[keep][has], kind[keep][has]
+    work, low_work = _np(g, "work_next_low_us")[keep][has], _np(g, "work_low_us")[keep][has]
+    out = []
+    for p in np.flatnonzero(ok).tolist():  # the few groups most of which is slow
+        mine = pi == p
+        group, function = str(keys[pk[p]]).split("\x1f", 1)
+        out.append(
+            _Majority(
+                group=group,
+                function=function,
+                kind=str(kinds[mine][0]),
+                fastest=int(wi[p]),
+                steps=sorted(int(s) for s in step[mine]),
+                n_steps=int(runs[pk[p]]),
+                z=NormalDist().inv_cdf(1.0 - max(float(tail[p]), 1e-300)),
+                bar=bar,
+                gap_share=float(gap_share[p]),
+                shift=float(shift[p]),
+                work_us=float(np.median(work[mine])),
+                fastest_work_us=float(np.median(low_work[mine])),
+            )
+        )
+    return out
+
+
 def _row_nanmedian(x: np.ndarray) -> np.ndarray:
     """``np.nanmedian(x, axis=1)`` of a 2-D array by one sort (NaN sorts last), without its warnings and its slow
     path for many short rows; NaN for a row with no value."""
@@ -764,8 +914,6 @@ def _function_noise(results: list[StepResult], dp: DiagnosisPolicy) -> tuple[np.
     the median over steps; at least ``rel_floor`` of its median work; NaN for a function the group's median worker
     does not run); and how many functions (not waiting) the window's groups of 2 or more ran, each of which could
     have stood out."""
-    from .step import WAITING_KINDS
-
     parts = [r.groups for r in results if r.groups is not None and r.groups.num_rows]
     if not parts:
         return np.array([], dtype=str), np.array([]), 0

@@ -123,6 +123,11 @@ GROUP_SCHEMA = pa.schema(
         # elsewhere): a second culprit's baseline once the first is named (two of four lift the median halfway)
         ("work_rest_us", pa.float64()),
         ("work_rest_mad_us", pa.float64()),
+        # the group's fastest worker in the function, where it is one (groups of 3 or more that all ran it; -1 and NaN
+        # elsewhere): its rank, its work and the next fastest's (a group most of which is slow has no median baseline)
+        ("low_worker", pa.int64()),
+        ("work_low_us", pa.float64()),
+        ("work_next_low_us", pa.float64()),
         ("wait_us", pa.float64()),  # median
         ("share", pa.float64()),  # critical-path share beta: (median work + median wait) / median step time
         ("step_time_us", pa.float64()),  # median step time of the group's workers
@@ -654,7 +659,29 @@ def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison) -> pa.Table:
     small = lay.counts[gi] < 3  # a second culprit's baseline: the group without its highest worker
     cols["work_rest_us"] = np.where(small, np.nan, peers.rest[gi, fi])
     cols["work_rest_mad_us"] = np.where(small, np.nan, peers.rest_mad[gi, fi])
+    low_worker, low, next_low = _lowest(grid, wk.work)
+    cols["low_worker"], cols["work_low_us"], cols["work_next_low_us"] = (
+        low_worker[gi, fi],
+        low[gi, fi],
+        next_low[gi, fi],
+    )
     return pa.Table.from_pydict(cols, schema=GROUP_SCHEMA)
+
+
+def _lowest(grid: _Grid, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (group, function): the rank of the group's one fastest worker in it, its work and the next fastest's;
+    -1 and NaN where the group has fewer than 3 workers, not all of them ran it, or several share the lowest."""
+    lay = grid.lay
+    x = np.where(grid.present, work, np.nan)
+    low = lay.min(x)
+    with np.errstate(invalid="ignore"):
+        is_low = x == low[lay.groups]  # NaN compares false
+    next_low = lay.min(np.where(is_low, np.nan, x))
+    who = np.full(low.shape, -1, dtype=np.int64)
+    w, f = np.nonzero(is_low)
+    who[lay.groups[w], f] = grid.frame.rank[w]
+    one = (grid.n_present == lay.counts[:, None]) & (lay.sum(is_low) == 1) & (lay.counts >= 3)[:, None]
+    return np.where(one, who, -1), np.where(one, low, np.nan), np.where(one, next_low, np.nan)
 
 
 def _cell_means(t: pa.Table, cell: np.ndarray, n_cells: int, pick: np.ndarray) -> dict[str, np.ndarray]:

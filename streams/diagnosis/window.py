@@ -268,7 +268,13 @@ def _leads(ctx: _Ctx, findings: list[Finding]) -> set[str]:
     function slower in half the steps beside the one that holds the step, keeps its own confidence)."""
     leads: set[str] = set()
     for loc in ctx.standing.localised:
-        mine = [f for f in findings if loc.worker in f.workers and f.function_kind not in WAITING_KINDS]
+        mine = [
+            f
+            for f in findings
+            if loc.worker in f.workers
+            and f.function_kind not in WAITING_KINDS
+            and (loc.basis != "majority" or f.function == loc.function)  # slow in that function, not as a whole
+        ]
         if mine:
             leads.add(max(mine, key=lambda f: (f.impact.step_time_share, f.confidence)).id)
     return leads
@@ -742,6 +748,10 @@ NOT_STANDING_OUT_CAP = 0.45
 NOT_STANDING_OUT_Z = 1.0
 #: a cause rule's finding on a worker that stands out is at least this confident (paging)
 LOCALISED_FLOOR = 0.6
+#: a slow majority's baseline is its group's one fastest worker: the others are slow or it is fast.  It waits for them
+#: (they hold the step), as a worker compared by ratio that holds the step is slow, not its peers faster (x 0.8, as
+#: there, without an earlier healthy window of the job)
+MAJORITY_WEIGHT = 0.8
 SHORT_OF_EXCESS_Z = 2.0
 
 
@@ -810,6 +820,8 @@ def _localised_confidence(ctx: _Ctx, loc: Localised) -> float:
     bar = loc.bar if math.isfinite(loc.bar) else ctx.standing.bar  # a function's bar, or the own work's
     strength = min(1.0, loc.z / (2.0 * bar))
     conf = (0.5 + 0.3 * strength) * _persisted(loc.above) * (0.5 + 0.5 * ctx.coverage)
+    if loc.basis == "majority":
+        conf *= MAJORITY_WEIGHT
     return round(min(0.99, max(0.01, conf)), 3)
 
 
@@ -860,6 +872,31 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
     function = loc.function or "own work"
     n = len(ctx.results)
     which_steps, noise_words = _own_words(loc)
+    if loc.basis == "majority":
+        summary = (
+            f"worker {loc.worker}: its work in {function} above its group's fastest worker's, worker {loc.fastest}, "
+            f"in {len(loc.steps)}/{loc.n_steps} steps, as every other of its {loc.peers - 1} peers' is (the next "
+            f"fastest by {loc.excess_share:.1%} of the step, {loc.shift:.0%} of worker {loc.fastest}'s own work; "
+            f"{loc.z:.1f} standard errors against chance making one of {loc.peers} workers the fastest): most of "
+            f"the group is slow in it, so its median is no baseline; worker {loc.fastest} waits "
+            f"{loc.peer_wait_us:,.0f} us, this one {loc.wait_us:,.0f}: it waits for them; no earlier healthy window "
+            f"of the job to tell slow workers from a faster one; cause undetermined (no cause rule's evidence)"
+        )
+    elif loc.basis == "function":
+        summary = (
+            f"worker {loc.worker}: its work in {function} above {_function_peer_words(loc)} in {len(loc.steps)}/"
+            f"{loc.n_steps} steps, by {loc.excess_share:.1%} of the step ({loc.shift:.0%} of its peers' own work; "
+            f"{loc.z:.1f} standard errors of {_function_noise_words(loc)}, {loc.noise:.2%} of the step), "
+            f"where its own work as a whole is within the job's noise; it waits {loc.wait_us:,.0f} us, its peers "
+            f"{loc.peer_wait_us:,.0f}: they wait for it; cause undetermined (no cause rule's evidence)"
+        )
+    else:
+        summary = (
+            f"worker {loc.worker}: its own work (the step minus its waits) {loc.shift:.0%} above its peers' in "
+            f"{len(loc.steps)}/{loc.n_steps} steps{which_steps} ({loc.z:.1f} standard errors of {noise_words} "
+            f"{loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers "
+            f"{loc.peer_wait_us:,.0f}: they wait for it; cause undetermined (no cause rule's evidence)"
+        )
     return Finding(
         id=finding_id(ctx.info.job, ctx.info.window, "worker", [loc.worker], function, "undetermined", None),
         job=ctx.info.job,
@@ -879,18 +916,7 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
         policy=ctx.policy_ref,
         created_at=ctx.now,
         tenant=ctx.info.tenant,
-        summary=(
-            f"worker {loc.worker}: its own work (the step minus its waits) {loc.shift:.0%} above its peers' in "
-            f"{len(loc.steps)}/{loc.n_steps} steps{which_steps} ({loc.z:.1f} standard errors of {noise_words} "
-            f"{loc.noise:.0%}), most in {function}; it waits {loc.wait_us:,.0f} us, its peers "
-            f"{loc.peer_wait_us:,.0f}: they wait for it; cause undetermined (no cause rule's evidence)"
-            if loc.basis != "function"
-            else f"worker {loc.worker}: its work in {function} above {_function_peer_words(loc)} in {len(loc.steps)}/"
-            f"{loc.n_steps} steps, by {loc.excess_share:.1%} of the step ({loc.shift:.0%} of its peers' own work; "
-            f"{loc.z:.1f} standard errors of {_function_noise_words(loc)}, {loc.noise:.2%} of the step), "
-            f"where its own work as a whole is within the job's noise; it waits {loc.wait_us:,.0f} us, its peers "
-            f"{loc.peer_wait_us:,.0f}: they wait for it; cause undetermined (no cause rule's evidence)"
-        ),
+        summary=summary,
         window_steps=n,
     )
 
