@@ -12,11 +12,9 @@ from ...schemas.functions import float_columns, pack, unpack_ipc
 from ...schemas.records import RecordError, StepClosed, StepReport
 from .step import GROUP_SCHEMA, LINK_SHAPE, OUTLIER_SCHEMA, WORKER_SCHEMA, StepResult
 
-#: columns of the step report's tables added after its first release (a missing one reads as NaN, or -1 for a rank)
+#: columns of the step report's tables added after its first release (a missing one reads as not measured)
 _ADDED = (
-    LINK_SHAPE
-    + tuple(f"peer_{c}" for c in LINK_SHAPE)
-    + ("work_rest_us", "work_rest_mad_us", "low_worker", "work_low_us", "work_next_low_us")
+    LINK_SHAPE + tuple(f"peer_{c}" for c in LINK_SHAPE) + ("work_rest_us", "work_rest_mad_us", "order", "order_work_us")
 )
 MAX_VALUE = 1e15  # no measure in a step report is larger (in µs ~31 years); beyond it, corruption that could overflow
 #: the columns of the step report's tables that are times (µs, never NaN), and their lower bound
@@ -120,6 +118,13 @@ def step_result(report: StepReport) -> StepResult:
     )
 
 
+def _not_measured(t: pa.DataType, n: int) -> pa.Array:
+    """A column a step stage one release older did not write: NaN, or empty lists."""
+    if pa.types.is_list(t):
+        return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], t.value_type))
+    return pa.array(np.full(n, np.nan), t)
+
+
 def _table(data: bytes, schema: pa.Schema, what: str) -> pa.Table:
     """An Arrow payload of a step report, cast to its schema (the window stage reads columns by name)."""
     table = unpack_ipc(data)
@@ -127,8 +132,7 @@ def _table(data: bytes, schema: pa.Schema, what: str) -> pa.Table:
         # a step stage one release older wrote it (mid-upgrade): evidence columns added since are not measured
         for f in schema:
             if f.name in _ADDED and f.name not in table.column_names:
-                fill = -1 if pa.types.is_integer(f.type) else np.nan  # not measured: no worker, NaN
-                table = table.append_column(f.name, pa.array(np.full(table.num_rows, fill), f.type))
+                table = table.append_column(f.name, _not_measured(f.type, table.num_rows))
         try:
             table = table.select(schema.names).cast(schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

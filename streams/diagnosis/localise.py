@@ -77,10 +77,11 @@ class Localised:
     peer_work_us: float
     excess_share: float  # median over steps of (own - peers') / step time
     basis: str = "own"  # what stood out: "own" (its own work), "occurrence" (its own work in the steps a periodic
-    # function ran in), "function" (its work in ``function`` alone) or "majority" (its work in ``function`` above
-    # its group's one fastest worker's, as every other peer's is: most of the group is slow)
+    # function ran in), "function" (its work in ``function`` alone) or "split" (its small group splits the same
+    # way in ``function`` in most steps, this worker on the slow side: several are slow, the median is one of them)
     bar: float = math.nan  # the standard errors it needed (NaN: the Standing's own-work bar)
-    fastest: int = -1  # "majority": the group's fastest worker, its baseline (it waits for the others)
+    slow: list[int] = field(default_factory=list)  # "split": the slow side (this worker among them)
+    fast: list[int] = field(default_factory=list)  # ... and the fast side, their baseline (they wait for the slow)
 
 
 @dataclass(frozen=True)
@@ -478,17 +479,13 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
         done[list(found)] = True
         by_function |= found
         targets = {(label("group", i), fs.function) for i, fs in found.items()}
-    # most of a small group slow in one function: its one fastest worker is the others' baseline
-    slow_majority: list[tuple[int, _Majority]] = []
-    gnames = rows.codes("group")[1]
-    for m in (
-        [] if groups_t is None else _majority(groups_t, rows, dp, group_median(own, wi, n), wait_med - peer_wait_med)
-    ):
-        if done[m.fastest]:
+    # several of a small group slow in one function: its fast workers are their baseline
+    split_named: list[tuple[int, _Split]] = []
+    for sp in [] if groups_t is None else _split(groups_t, rows, dp, group_median(own, wi, n)):
+        if done[sp.fast].any():  # a fast worker stands out itself: the split is not its slow side's doing
             continue
-        members = np.flatnonzero(wg == np.searchsorted(gnames, m.group))
-        slow_majority += [(i, m) for i in members.tolist() if i != m.fastest and not done[i]]
-        done[members] = True
+        split_named += [(i, sp) for i in sp.slow if not done[i]]
+        done[sp.slow] = True
 
     localised = []
     for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
@@ -554,29 +551,30 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
             worker=int(rows.ws[i]),
             host=label("host", i),
             device=label("device", i),
-            group=m.group,
-            function=m.function,
-            kind=m.kind,
-            shift=m.shift,
+            group=sp.group,
+            function=sp.function,
+            kind=sp.kind,
+            shift=sp.shift,
             noise=math.nan,
-            z=m.z,
-            above=len(m.steps) / max(m.n_steps, 1),
+            z=sp.z,
+            above=len(sp.steps) / max(sp.n_steps, 1),
             holds=float(holds[i]),
-            steps=m.steps,
-            n_steps=m.n_steps,
-            peers=int(n_peers[i]),
+            steps=sp.steps,
+            n_steps=sp.n_steps,
+            peers=len(sp.slow) + len(sp.fast),
             own_us=float(np.median(own[wi == i])),
-            peer_own_us=float(np.median(own[wi == m.fastest])),
+            peer_own_us=float(np.median(own[np.isin(wi, sp.fast)])),
             wait_us=float(wait_med[i]),
-            peer_wait_us=float(wait_med[m.fastest]),
-            work_us=m.work_us,
-            peer_work_us=m.fastest_work_us,
-            excess_share=m.gap_share,
-            basis="majority",
-            bar=m.bar,
-            fastest=int(rows.ws[m.fastest]),
+            peer_wait_us=float(np.median(wait_med[sp.fast])),
+            work_us=sp.work_us,
+            peer_work_us=sp.fast_work_us,
+            excess_share=sp.gap_share,
+            basis="split",
+            bar=sp.bar,
+            slow=[int(w) for w in rows.ws[sp.slow]],
+            fast=[int(w) for w in rows.ws[sp.fast]],
         )
-        for i, m in slow_majority
+        for i, sp in split_named
     ]
     return Standing(localised, int(rows.ws[k]), float(first.shift[k]), top_z, noise, rows.ws, z, bar, se_us, waits_more)
 
@@ -790,21 +788,22 @@ def _beside(
 
 
 @dataclass(frozen=True)
-class _Majority:
-    """A group most of which is slow in one function: its one fastest worker, the baseline of the others."""
+class _Split:
+    """A small group that splits the same way in one function in most steps: its slow workers and its fast ones."""
 
     group: str
     function: str
     kind: str
-    fastest: int  # its worker index
-    steps: list[int]  # the steps in which it was the group's fastest, every other worker above it
+    slow: list[int]  # worker indexes
+    fast: list[int]
+    steps: list[int]  # the steps in which it split so
     n_steps: int  # the steps the group ran the function in
     z: float  # its count of such steps against chance (the normal quantile of the binomial tail)
     bar: float
-    gap_share: float  # median over those steps of (the next fastest's work - its own) / the step
-    shift: float  # ... / its own work
-    work_us: float  # medians over those steps: the next fastest's work in the function, and its own
-    fastest_work_us: float
+    gap_share: float  # median over those steps of (the fastest slow worker's work - the slowest fast one's) / step
+    shift: float  # ... in µs / the fast workers' own work
+    work_us: float  # medians over those steps: the fastest slow worker's work in the function, the slowest fast one's
+    fast_work_us: float
 
 
 def _binomial_tail(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -825,76 +824,86 @@ def _binomial_tail(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
     return out
 
 
-def _majority(
-    g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray, wait_over: np.ndarray
-) -> list[_Majority]:
-    """Most of a small group slow in one function (two of three, three of four): each slow worker's group median is
-    another slow worker's work, and none stands out from it.  What shows instead is the group's one fast worker: the
-    fastest in the function, every other worker above it, in more of the steps than chance makes one worker of N
-    the fastest (a binomial tail, 1/N a step; under the bar of every (worker, function) that could have been,
-    Bonferroni as :func:`threshold`), in ``persistence`` of them, by at least ``min_excess_share`` of the step and
-    ``localise_min_shift`` of its own work (the median over those steps of the next fastest's excess over it), and
-    the time it is spared there it spends waiting: its median wait above its peers' by at least half that excess
-    (``wait_over``, per worker index, in µs).  The others keep it waiting, so they hold the step; a worker fast in
-    one function and slower in another waits no more than its peers do.  Groups of 3 to ``ratio_peers_max``
-    workers: in a bigger group one fast worker is one, not a slow majority."""
-    kind, workers, low = _np(g, "kind").astype(str), _np(g, "workers"), _np(g, "low_worker").astype(np.int64)
-    keep = ~np.isin(kind, WAITING_KINDS) & (workers >= 3) & (workers <= dp.ratio_peers_max)
+def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -> list[_Split]:
+    """Several of a small group slow in one function (two of three, two or three of four): each slow worker's group
+    median is another slow worker's work, and none stands out from it.  What shows instead is how the group splits:
+    the same k of its N workers (2 <= k < N) the slowest in the function, in more of the steps than chance makes any
+    k of N the slowest (a binomial tail, 1 / C(N, k) a step; under the bar of every such set of every (group,
+    function), Bonferroni as :func:`threshold`), in ``persistence`` of them, the fastest of them above the slowest
+    of the others by at least ``min_excess_share`` of the step and ``localise_min_shift`` of the others' own work
+    (medians over those steps), and the slow ones' own work (the step minus their waits) above the others' by at
+    least half that gap: what they lose there they do not make up elsewhere, so the others wait for them (fast
+    workers that are slower in another function are no slow majority's victims).  Groups of 3 to
+    ``ratio_peers_max`` workers (the step stage's ``order``); a single slow worker is the median's to find.
+    ``own_med``: per worker index, its own work's median over its steps."""
+    kind = _np(g, "kind").astype(str)
+    order, order_work = g.column("order").combine_chunks(), g.column("order_work_us").combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(order), 0).to_numpy(zero_copy_only=False)
+    starts = order.offsets.to_numpy()[:-1]
+    ranks, works = order.values.to_numpy(zero_copy_only=False), order_work.values.to_numpy(zero_copy_only=False)
+    keep = ~np.isin(kind, WAITING_KINDS) & (lengths >= 3) & (lengths <= dp.ratio_peers_max)
     if not keep.any():
         return []
-    key = np.char.add(np.char.add(_np(g, "group").astype(str)[keep], "\x1f"), _np(g, "function").astype(str)[keep])
-    keys, ki = np.unique(key, return_inverse=True)
-    runs = np.bincount(ki, minlength=keys.size)  # a group table has one row per (group, function) and step
-    n_w = np.zeros(keys.size, dtype=np.int64)
-    np.maximum.at(n_w, ki, workers[keep].astype(np.int64))
-    bar = threshold(dp, int(n_w.sum()))  # each worker of each (group, function) could have been its fastest
-    lw, has = low[keep], low[keep] >= 0
-    pairs, pi, count = np.unique(np.stack([ki[has], lw[has]], axis=1), axis=0, return_inverse=True, return_counts=True)
-    if not pairs.size:
-        return []
-    pi = pi.ravel()
-    pk, pw = pairs[:, 0], pairs[:, 1]
-    wi = np.searchsorted(rows.ws, pw)
-    seen = (wi < rows.ws.size) & (rows.ws[np.minimum(wi, rows.ws.size - 1)] == pw)
-    wi = np.minimum(wi, rows.ws.size - 1)
-    tail = _binomial_tail(count, runs[pk], 1.0 / n_w[pk])
-    st = np.maximum(_np(g, "step_time_us")[keep][has], 1.0)
-    gap = _np(g, "work_next_low_us")[keep][has] - _np(g, "work_low_us")[keep][has]
-    gap_share = group_median(gap / st, pi, pairs.shape[0])
-    gap_us = group_median(gap, pi, pairs.shape[0])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        shift = gap_us / own_med[wi]
-    ok = (
-        seen
-        & (tail <= 1.0 - NormalDist().cdf(bar))
-        & (count >= dp.persistence * runs[pk])
-        & (gap_share >= dp.min_excess_share)
-        & (shift >= dp.localise_min_shift)
-        & (wait_over[wi] >= 0.5 * gap_us)
-    )
-    step, kinds = _np(g, "step")[keep][has], kind[keep][has]
-    work, low_work = _np(g, "work_next_low_us")[keep][has], _np(g, "work_low_us")[keep][has]
-    out = []
-    for p in np.flatnonzero(ok).tolist():  # the few groups most of which is slow
-        mine = pi == p
-        group, function = str(keys[pk[p]]).split("\x1f", 1)
-        out.append(
-            _Majority(
-                group=group,
-                function=function,
-                kind=str(kinds[mine][0]),
-                fastest=int(wi[p]),
-                steps=sorted(int(s) for s in step[mine]),
-                n_steps=int(runs[pk[p]]),
-                z=NormalDist().inv_cdf(1.0 - max(float(tail[p]), 1e-300)),
-                bar=bar,
-                gap_share=float(gap_share[p]),
-                shift=float(shift[p]),
-                work_us=float(np.median(work[mine])),
-                fastest_work_us=float(np.median(low_work[mine])),
+    gcode = np.unique(_np(g, "group").astype(str), return_inverse=True)
+    fcode = np.unique(_np(g, "function").astype(str), return_inverse=True)
+    step, st = _np(g, "step"), np.maximum(_np(g, "step_time_us"), 1.0)
+    cells, cell_of = np.unique(np.stack([gcode[1], fcode[1]], axis=1)[keep], axis=0, return_inverse=True)
+    runs = np.bincount(cell_of.ravel(), minlength=cells.shape[0])  # one row per (group, function) and step
+    n_cell = np.zeros(cells.shape[0], dtype=np.int64)
+    n_cell[cell_of.ravel()] = lengths[keep]
+    tested = int(sum(math.comb(int(n), k) for n in n_cell.tolist() for k in range(2, int(n))))
+    bar = threshold(dp, tested)
+    p_bar = 1.0 - NormalDist().cdf(bar)
+    candidates: list[tuple[float, _Split]] = []
+    for n in np.unique(lengths[keep]).tolist():
+        sub = np.flatnonzero(keep & (lengths == n))
+        at = starts[sub][:, None] + np.arange(n)[None, :]
+        r, v = ranks[at], works[at]  # (rows, n): fastest first
+        sub_cell = cell_of.ravel()[np.isin(np.flatnonzero(keep), sub)]
+        for k in range(2, n):
+            slow = np.sort(r[:, n - k :], axis=1)
+            gap = v[:, n - k] - v[:, n - k - 1]
+            sets, inv, count = np.unique(
+                np.concatenate([sub_cell[:, None], slow], axis=1), axis=0, return_inverse=True, return_counts=True
             )
-        )
-    return out
+            inv = inv.ravel()
+            cell = sets[:, 0]
+            tail = _binomial_tail(count, runs[cell], np.full(cell.size, 1.0 / math.comb(n, k)))
+            share, gap_us = group_median(gap / st[sub], inv, sets.shape[0]), group_median(gap, inv, sets.shape[0])
+            ok = (tail <= p_bar) & (count >= dp.persistence * runs[cell]) & (share >= dp.min_excess_share)
+            for c in np.flatnonzero(ok).tolist():  # the few sets that split their group persistently
+                mine = inv == c
+                slow_i = np.searchsorted(rows.ws, sets[c, 1:])
+                group_i = np.searchsorted(rows.ws, np.unique(r[mine]))
+                if (slow_i >= rows.ws.size).any() or (group_i >= rows.ws.size).any():
+                    continue  # a rank the worker table does not have
+                if not (np.array_equal(rows.ws[slow_i], sets[c, 1:]) and np.isin(rows.ws[group_i], r[mine]).all()):
+                    continue
+                fast_i = np.setdiff1d(group_i, slow_i)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    shift = float(gap_us[c] / np.median(own_med[fast_i]))
+                lost = float(np.median(own_med[slow_i]) - np.median(own_med[fast_i]))
+                if not (shift >= dp.localise_min_shift and lost >= 0.5 * gap_us[c]):
+                    continue
+                gname, fname = str(gcode[0][cells[cell[c], 0]]), str(fcode[0][cells[cell[c], 1]])
+                split = _Split(
+                    group=gname,
+                    function=fname,
+                    kind=str(kind[sub][mine][0]),
+                    slow=slow_i.tolist(),
+                    fast=fast_i.tolist(),
+                    steps=sorted(int(s) for s in step[sub][mine]),
+                    n_steps=int(runs[cell[c]]),
+                    z=NormalDist().inv_cdf(1.0 - max(float(tail[c]), 1e-300)),
+                    bar=bar,
+                    gap_share=float(share[c]),
+                    shift=shift,
+                    work_us=float(np.median(v[mine, n - k])),
+                    fast_work_us=float(np.median(v[mine, n - k - 1])),
+                )
+                candidates.append((float(tail[c]), split))
+    candidates.sort(key=lambda t: t[0])  # the most certain first
+    return [s for _, s in candidates]
 
 
 def _row_nanmedian(x: np.ndarray) -> np.ndarray:

@@ -123,11 +123,11 @@ GROUP_SCHEMA = pa.schema(
         # elsewhere): a second culprit's baseline once the first is named (two of four lift the median halfway)
         ("work_rest_us", pa.float64()),
         ("work_rest_mad_us", pa.float64()),
-        # the group's fastest worker in the function, where it is one (groups of 3 or more that all ran it; -1 and NaN
-        # elsewhere): its rank, its work and the next fastest's (a group most of which is slow has no median baseline)
-        ("low_worker", pa.int64()),
-        ("work_low_us", pa.float64()),
-        ("work_next_low_us", pa.float64()),
+        # groups of 3 to ratio_peers_max workers that all ran the function (empty elsewhere): the workers' ranks from
+        # the fastest in it to the slowest, and their work (where several of a small group are slow, its median is
+        # one of theirs and no baseline; how the group splits is)
+        ("order", pa.list_(pa.int64())),
+        ("order_work_us", pa.list_(pa.float64())),
         ("wait_us", pa.float64()),  # median
         ("share", pa.float64()),  # critical-path share beta: (median work + median wait) / median step time
         ("step_time_us", pa.float64()),  # median step time of the group's workers
@@ -202,7 +202,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         work_max_us=float(work.worker_work.max()),
         healthy_work_max_us=float(work.worker_work[healthy].max()) if healthy.any() else float("nan"),
         outliers=outliers,
-        groups=_groups(grid, work, peers),
+        groups=_groups(grid, work, peers, policy.ratio_peers_max),
         workers=_workers(grid, work, peers, policy),
     )
 
@@ -617,8 +617,9 @@ def _workers(grid: _Grid, wk: _Work, peers: _WorkComparison, policy: DiagnosisPo
     return pa.Table.from_pydict(cols, schema=WORKER_SCHEMA)
 
 
-def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison) -> pa.Table:
-    """Per (group, function) the group ran: its median work, wait, share and hardware (GROUP_SCHEMA)."""
+def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison, most: int) -> pa.Table:
+    """Per (group, function) the group ran: its median work, wait, share and hardware, and in groups of 3 to ``most``
+    workers their order in it (GROUP_SCHEMA)."""
     frame, lay, gnames, fnames, kind_f, res_f = grid.frame, grid.lay, grid.gnames, grid.fnames, grid.kind_f, grid.res_f
     n_present, med, mad, wait, valid, fc, rw = (
         grid.n_present,
@@ -659,29 +660,34 @@ def _groups(grid: _Grid, wk: _Work, peers: _WorkComparison) -> pa.Table:
     small = lay.counts[gi] < 3  # a second culprit's baseline: the group without its highest worker
     cols["work_rest_us"] = np.where(small, np.nan, peers.rest[gi, fi])
     cols["work_rest_mad_us"] = np.where(small, np.nan, peers.rest_mad[gi, fi])
-    low_worker, low, next_low = _lowest(grid, wk.work)
-    cols["low_worker"], cols["work_low_us"], cols["work_next_low_us"] = (
-        low_worker[gi, fi],
-        low[gi, fi],
-        next_low[gi, fi],
-    )
+    cols["order"], cols["order_work_us"] = _order(grid, wk.work, most, gi, fi)
     return pa.Table.from_pydict(cols, schema=GROUP_SCHEMA)
 
 
-def _lowest(grid: _Grid, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per (group, function): the rank of the group's one fastest worker in it, its work and the next fastest's;
-    -1 and NaN where the group has fewer than 3 workers, not all of them ran it, or several share the lowest."""
+def _order(grid: _Grid, work: np.ndarray, most: int, gi: np.ndarray, fi: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """Per (group ``gi``, function ``fi``), groups of 3 to ``most`` workers that all ran it: the workers' ranks from
+    the fastest in it to the slowest, and their work (list arrays; empty lists elsewhere)."""
     lay = grid.lay
-    x = np.where(grid.present, work, np.nan)
-    low = lay.min(x)
-    with np.errstate(invalid="ignore"):
-        is_low = x == low[lay.groups]  # NaN compares false
-    next_low = lay.min(np.where(is_low, np.nan, x))
-    who = np.full(low.shape, -1, dtype=np.int64)
-    w, f = np.nonzero(is_low)
-    who[lay.groups[w], f] = grid.frame.rank[w]
-    one = (grid.n_present == lay.counts[:, None]) & (lay.sum(is_low) == 1) & (lay.counts >= 3)[:, None]
-    return np.where(one, who, -1), np.where(one, low, np.nan), np.where(one, next_low, np.nan)
+    width = min(most, lay.width)
+    ok = (lay.counts[gi] >= 3) & (lay.counts[gi] <= most) & (grid.n_present[gi, fi] == lay.counts[gi])
+    if width < 3 or not ok.any():
+        empty = np.zeros(gi.size + 1, dtype=np.int32)
+        return (
+            pa.ListArray.from_arrays(empty, pa.array([], pa.int64())),
+            pa.ListArray.from_arrays(empty, pa.array([], pa.float64())),
+        )
+    cube = lay.cube(work, width)[gi[ok], :, fi[ok]]  # (rows, width): NaN past the group's size
+    ranks = lay.cube(grid.frame.rank[:, None].astype(np.float64), width)[gi[ok], :, 0]
+    o = np.argsort(cube, axis=1, kind="stable")  # NaN sorts last
+    cube, ranks = np.take_along_axis(cube, o, axis=1), np.take_along_axis(ranks, o, axis=1)
+    lengths = np.zeros(gi.size, dtype=np.int32)
+    lengths[ok] = lay.counts[gi[ok]]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    at = np.arange(width)[None, :] < lay.counts[gi[ok]][:, None]
+    return (
+        pa.ListArray.from_arrays(offsets, pa.array(ranks[at].astype(np.int64))),
+        pa.ListArray.from_arrays(offsets, pa.array(cube[at])),
+    )
 
 
 def _cell_means(t: pa.Table, cell: np.ndarray, n_cells: int, pick: np.ndarray) -> dict[str, np.ndarray]:

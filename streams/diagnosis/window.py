@@ -273,7 +273,7 @@ def _leads(ctx: _Ctx, findings: list[Finding]) -> set[str]:
             for f in findings
             if loc.worker in f.workers
             and f.function_kind not in WAITING_KINDS
-            and (loc.basis != "majority" or f.function == loc.function)  # slow in that function, not as a whole
+            and (loc.basis != "split" or f.function == loc.function)  # slow in that function, not as a whole
         ]
         if mine:
             leads.add(max(mine, key=lambda f: (f.impact.step_time_share, f.confidence)).id)
@@ -748,10 +748,10 @@ NOT_STANDING_OUT_CAP = 0.45
 NOT_STANDING_OUT_Z = 1.0
 #: a cause rule's finding on a worker that stands out is at least this confident (paging)
 LOCALISED_FLOOR = 0.6
-#: a slow majority's baseline is its group's one fastest worker: the others are slow or it is fast.  It waits for them
-#: (they hold the step), as a worker compared by ratio that holds the step is slow, not its peers faster (x 0.8, as
-#: there, without an earlier healthy window of the job)
-MAJORITY_WEIGHT = 0.8
+#: a group that splits in two in a function: its slow side is slow, or its fast side fast.  The fast side waits for
+#: the slow (they hold the step), as a worker compared by ratio that holds the step is slow, not its peers faster
+#: (x 0.8, as there, without an earlier healthy window of the job)
+SPLIT_WEIGHT = 0.8
 SHORT_OF_EXCESS_Z = 2.0
 
 
@@ -820,8 +820,8 @@ def _localised_confidence(ctx: _Ctx, loc: Localised) -> float:
     bar = loc.bar if math.isfinite(loc.bar) else ctx.standing.bar  # a function's bar, or the own work's
     strength = min(1.0, loc.z / (2.0 * bar))
     conf = (0.5 + 0.3 * strength) * _persisted(loc.above) * (0.5 + 0.5 * ctx.coverage)
-    if loc.basis == "majority":
-        conf *= MAJORITY_WEIGHT
+    if loc.basis == "split":
+        conf *= SPLIT_WEIGHT
     return round(min(0.99, max(0.01, conf)), 3)
 
 
@@ -872,15 +872,17 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
     function = loc.function or "own work"
     n = len(ctx.results)
     which_steps, noise_words = _own_words(loc)
-    if loc.basis == "majority":
+    if loc.basis == "split":
+        others = ", ".join(str(w) for w in loc.slow if w != loc.worker)
         summary = (
-            f"worker {loc.worker}: its work in {function} above its group's fastest worker's, worker {loc.fastest}, "
-            f"in {len(loc.steps)}/{loc.n_steps} steps, as every other of its {loc.peers - 1} peers' is (the next "
-            f"fastest by {loc.excess_share:.1%} of the step, {loc.shift:.0%} of worker {loc.fastest}'s own work; "
-            f"{loc.z:.1f} standard errors against chance making one of {loc.peers} workers the fastest): most of "
-            f"the group is slow in it, so its median is no baseline; worker {loc.fastest} waits "
-            f"{loc.peer_wait_us:,.0f} us, this one {loc.wait_us:,.0f}: it waits for them; no earlier healthy window "
-            f"of the job to tell slow workers from a faster one; cause undetermined (no cause rule's evidence)"
+            f"worker {loc.worker}: its work in {function} above every one of its group's {len(loc.fast)} fastest "
+            f"workers' ({', '.join(str(w) for w in loc.fast)}) in {len(loc.steps)}/{loc.n_steps} steps, as worker "
+            f"{others}'s is (the fastest of the {len(loc.slow)} slow ones by {loc.excess_share:.1%} of the step, "
+            f"{loc.shift:.0%} of the fast ones' own work; {loc.z:.1f} standard errors against chance making "
+            f"{len(loc.slow)} of {loc.peers} workers the slowest): {len(loc.slow)} of {loc.peers} are slow in it, so "
+            f"the group's median is no baseline; the fast ones wait {loc.peer_wait_us:,.0f} us, this one "
+            f"{loc.wait_us:,.0f}: they wait for the slow; no earlier healthy window of the job to tell slow workers "
+            f"from faster ones; cause undetermined (no cause rule's evidence)"
         )
     elif loc.basis == "function":
         summary = (
