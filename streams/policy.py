@@ -139,6 +139,9 @@ class DiagnosisPolicy:
         4  # peer groups of 2 to this many workers are also compared by ratio (too few for a robust z) ...
     )
     ratio_rise: float = 0.15  # ... a worker's work this much above the slowest other worker's deviates
+    # peer groups of 3 to this many workers are also read by how they split in each function (several slow ones: their
+    # median is one of theirs; issue 21): the same slowest ones in more steps than chance allows (below 3: never)
+    split_peers_max: int = 8
     disk_read_min_mbps: float = 1.0  # lower disk reads are storage only where the peers read at least this
     cpu_self_drop: float = (
         0.5  # CPU work that got this much less of a core than the peers', others taking as much: contention
@@ -234,6 +237,7 @@ _RANGES = (
     ("diagnosis", "ring_rate_spread", lambda v: v > 0, "> 0"),
     ("diagnosis", "ratio_peers_max", lambda v: v >= 2, ">= 2"),
     ("diagnosis", "ratio_rise", lambda v: v > 0, "> 0"),
+    ("diagnosis", "split_peers_max", lambda v: 0 <= v <= 16, "in 0..16 (below 3: never)"),
     ("diagnosis", "localise_z", lambda v: v > 0, "> 0"),
     ("diagnosis", "localise_alpha", lambda v: 0 < v < 1, "in (0, 1)"),
     ("diagnosis", "localise_min_shift", lambda v: v >= 0, ">= 0"),

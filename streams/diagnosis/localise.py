@@ -834,14 +834,15 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
     (medians over those steps), and the slow ones' own work (the step minus their waits) above the others' by at
     least half that gap: what they lose there they do not make up elsewhere, so the others wait for them (fast
     workers that are slower in another function are no slow majority's victims).  Groups of 3 to
-    ``ratio_peers_max`` workers (the step stage's ``order``); a single slow worker is the median's to find.
+    ``split_peers_max`` workers (the step stage's ``order``), k as :func:`_slow_sides`; a single slow worker is the
+    median's to find.
     ``own_med``: per worker index, its own work's median over its steps."""
     kind = _np(g, "kind").astype(str)
     order, order_work = g.column("order").combine_chunks(), g.column("order_work_us").combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(order), 0).to_numpy(zero_copy_only=False)
     starts = order.offsets.to_numpy()[:-1]
     ranks, works = order.values.to_numpy(zero_copy_only=False), order_work.values.to_numpy(zero_copy_only=False)
-    keep = ~np.isin(kind, WAITING_KINDS) & (lengths >= 3) & (lengths <= dp.ratio_peers_max)
+    keep = ~np.isin(kind, WAITING_KINDS) & (lengths >= 3) & (lengths <= dp.split_peers_max)
     if not keep.any():
         return []
     gcode = np.unique(_np(g, "group").astype(str), return_inverse=True)
@@ -851,7 +852,7 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
     runs = np.bincount(cell_of.ravel(), minlength=cells.shape[0])  # one row per (group, function) and step
     n_cell = np.zeros(cells.shape[0], dtype=np.int64)
     n_cell[cell_of.ravel()] = lengths[keep]
-    tested = int(sum(math.comb(int(n), k) for n in n_cell.tolist() for k in range(2, int(n))))
+    tested = int(sum(math.comb(n, k) for n in n_cell.tolist() for k in _slow_sides(n, dp)))
     bar = threshold(dp, tested)
     p_bar = 1.0 - NormalDist().cdf(bar)
     candidates: list[tuple[float, _Split]] = []
@@ -860,7 +861,7 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
         at = starts[sub][:, None] + np.arange(n)[None, :]
         r, v = ranks[at], works[at]  # (rows, n): fastest first
         sub_cell = cell_of.ravel()[np.isin(np.flatnonzero(keep), sub)]
-        for k in range(2, n):
+        for k in _slow_sides(n, dp):
             slow = np.sort(r[:, n - k :], axis=1)
             gap = v[:, n - k] - v[:, n - k - 1]
             sets, inv, count = np.unique(
@@ -904,6 +905,12 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
                 candidates.append((float(tail[c]), split))
     candidates.sort(key=lambda t: t[0])  # the most certain first
     return [s for _, s in candidates]
+
+
+def _slow_sides(n: int, dp: DiagnosisPolicy) -> range:
+    """How many of a group of ``n`` may be its slow side: 2 to n - 1 in groups of up to ``ratio_peers_max`` (two of
+    three slow), 2 to n / 2 in bigger ones (where most are slow, one or two fast workers are more likely fast)."""
+    return range(2, n if n <= dp.ratio_peers_max else n // 2 + 1)
 
 
 def _row_nanmedian(x: np.ndarray) -> np.ndarray:

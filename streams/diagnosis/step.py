@@ -123,7 +123,7 @@ GROUP_SCHEMA = pa.schema(
         # elsewhere): a second culprit's baseline once the first is named (two of four lift the median halfway)
         ("work_rest_us", pa.float64()),
         ("work_rest_mad_us", pa.float64()),
-        # groups of 3 to ratio_peers_max workers that all ran the function (empty elsewhere): the workers' ranks from
+        # groups of 3 to split_peers_max workers that all ran the function (empty elsewhere): the workers' ranks from
         # the fastest in it to the slowest, and their work (where several of a small group are slow, its median is
         # one of theirs and no baseline; how the group splits is)
         ("order", pa.list_(pa.int64())),
@@ -202,7 +202,7 @@ def analyze_step(frame: StepFrame, policy: DiagnosisPolicy) -> StepResult:
         work_max_us=float(work.worker_work.max()),
         healthy_work_max_us=float(work.worker_work[healthy].max()) if healthy.any() else float("nan"),
         outliers=outliers,
-        groups=_groups(grid, work, peers, policy.ratio_peers_max),
+        groups=_groups(grid, work, peers, policy.split_peers_max),
         workers=_workers(grid, work, peers, policy),
     )
 

@@ -380,8 +380,10 @@ def test_the_group_table_orders_a_small_groups_workers_where_all_ran_the_functio
     by_fn = {f: (o, w) for f, o, w in zip(g["function"], g["order"], g["order_work_us"], strict=True)}
     assert by_fn["fn0"] == ([1, 3, 2, 0], [1_000.0, 2_000.0, 2_500.0, 3_000.0])
     assert by_fn["fn2"] == ([], [])
-    five, _ = window(np.full((1, 5, 1), 2_000.0))  # more than ratio_peers_max workers: no order
-    assert five[0].groups.column("order").to_pylist()[0] == []
+    eight, _ = window(np.full((1, 8, 1), 2_000.0))
+    assert len(eight[0].groups.column("order").to_pylist()[0]) == 8
+    nine, _ = window(np.full((1, 9, 1), 2_000.0))  # more than split_peers_max workers: no order
+    assert nine[0].groups.column("order").to_pylist()[0] == []
     report = step_report(
         results[0],
         window_start=0,
@@ -409,6 +411,15 @@ def test_the_group_table_orders_a_small_groups_workers_where_all_ran_the_functio
         closed="complete",
     )
     assert step_result(old).groups.column("order").to_pylist() == [[]] * results[0].groups.num_rows
+
+
+def test_how_many_of_a_group_may_be_its_slow_side():
+    from lockstep.streams.diagnosis.localise import _slow_sides
+
+    dp = Policy().diagnosis
+    assert list(_slow_sides(3, dp)) == [2]  # two of three
+    assert list(_slow_sides(4, dp)) == [2, 3]
+    assert list(_slow_sides(8, dp)) == [2, 3, 4]  # in a bigger group most slow is one or two fast
 
 
 def test_two_of_four_slow_in_the_optimizer_step_are_named_against_the_two_fast_ones():
