@@ -82,6 +82,7 @@ class _Ctx:
     groups: pa.Table | None = None  # the steps' per-(group, function) tables, with their step: when a function ran
     standing: Standing = NOBODY  # the localisation: who stands out from their peers, whatever the cause
     periods: Periods | None = None  # which functions ran periodically, in which steps (None: no group table)
+    history: JobHistory | None = None  # the job's earlier healthy windows (None: none kept)
 
 
 def diagnose_window(
@@ -110,7 +111,7 @@ def diagnose_window(
         need = max(min(dp.min_persistent_steps, steps_seen), math.ceil(dp.persistence * steps_seen))
         p = periods(groups, results[0].step, results[-1].step) if groups.num_rows else None
         standing = localise(results, dp, p)
-        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups, standing, p)
+        ctx = _Ctx(info, results, dp, need, now, info.policy or policy.ref, coverage, groups, standing, p, history)
         pairs = _persistent_pairs(ctx)
         findings += _worker_findings(ctx, pairs, history)
         # localisation first: a worker that stands out from its peers is named whether or not a cause rule has it;
@@ -748,9 +749,9 @@ NOT_STANDING_OUT_CAP = 0.45
 NOT_STANDING_OUT_Z = 1.0
 #: a cause rule's finding on a worker that stands out is at least this confident (paging)
 LOCALISED_FLOOR = 0.6
-#: a group that splits in two in a function: its slow side is slow, or its fast side fast.  The fast side waits for
-#: the slow (they hold the step), as a worker compared by ratio that holds the step is slow, not its peers faster
-#: (x 0.8, as there, without an earlier healthy window of the job)
+#: a group that splits in two in a function: its slow side is slow, or its fast side fast.  Without an earlier healthy
+#: window of the job, the fast side waiting for the slow (they hold the step) says which, as for a worker compared
+#: by ratio that holds the step (x 0.8, as there); the job's own past weighs as it does there (:func:`_split_weight`)
 SPLIT_WEIGHT = 0.8
 SHORT_OF_EXCESS_Z = 2.0
 
@@ -821,8 +822,22 @@ def _localised_confidence(ctx: _Ctx, loc: Localised) -> float:
     strength = min(1.0, loc.z / (2.0 * bar))
     conf = (0.5 + 0.3 * strength) * _persisted(loc.above) * (0.5 + 0.5 * ctx.coverage)
     if loc.basis == "split":
-        conf *= SPLIT_WEIGHT
+        conf *= _split_weight(ctx, loc)[0]
     return round(min(0.99, max(0.01, conf)), 3)
+
+
+def _split_weight(ctx: _Ctx, loc: Localised) -> tuple[float, str]:
+    """How much a split group's slow side (:mod:`.localise`, basis "split") weighs, and why: against the job's own
+    earlier healthy windows (its group's typical work in the function), as a comparison by ratio is: the slow side
+    ``regression_rise`` above them is slow (x 0.85); not above them, its fast side got faster (x 0.4); no such
+    window: SPLIT_WEIGHT."""
+    h = ctx.history
+    base = h.work_of().get((loc.group, loc.function), math.nan) if h is not None and h.windows else math.nan
+    if not math.isfinite(base) or base <= 0 or h is None:
+        return SPLIT_WEIGHT, "no earlier healthy window of the job to tell slow workers from faster ones"
+    if loc.work_us > (1.0 + ctx.dp.regression_rise) * base:
+        return 0.85, f"{loc.work_us / base - 1:.0%} above the job's {h.windows} earlier healthy window(s)"
+    return 0.4, f"as in the job's {h.windows} earlier healthy window(s): its faster peers got faster"
 
 
 def _own_evidence(loc: Localised) -> Evidence:
@@ -881,8 +896,8 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
             f"{loc.shift:.0%} of the fast ones' own work; {loc.z:.1f} standard errors against chance making "
             f"{len(loc.slow)} of {loc.peers} workers the slowest): {len(loc.slow)} of {loc.peers} are slow in it, so "
             f"the group's median is no baseline; the fast ones wait {loc.peer_wait_us:,.0f} us, this one "
-            f"{loc.wait_us:,.0f}: they wait for the slow; no earlier healthy window of the job to tell slow workers "
-            f"from faster ones; cause undetermined (no cause rule's evidence)"
+            f"{loc.wait_us:,.0f}: they wait for the slow; {_split_weight(ctx, loc)[1]}; cause undetermined (no "
+            f"cause rule's evidence)"
         )
     elif loc.basis == "function":
         summary = (

@@ -341,6 +341,34 @@ def test_two_of_three_slow_in_a_function_are_named_against_the_one_fast_worker()
     assert localise(results, Policy().diagnosis).localised == []
 
 
+def test_the_jobs_earlier_healthy_window_tells_two_slow_workers_from_one_that_got_faster():
+    rng = np.random.default_rng(11)
+    noise = np.stack(
+        [1.0 + 0.03 * rng.standard_normal((STEPS, 3)), 1.0 + 0.2 * rng.standard_normal((STEPS, 3))], axis=2
+    )
+    info, policy = WindowInfo("j", "w1", 0, STEPS, 3), Policy()
+    _, healthy = window(noise * np.array([5_000.0, 15_000.0]), names=["forward", "backward"])
+    assert healthy.history is not None and healthy.history.windows == 1
+
+    def forward_findings(own: np.ndarray) -> list:
+        results, _ = window(own, names=["forward", "backward"])
+        d = diagnose_window(info, results, policy, now=0.0, history=healthy.history)
+        return sorted((f for f in d.findings if f.function == "forward"), key=lambda f: f.workers)
+
+    # workers 0 and 2 slower in forward than the job's healthy window: slow, and paging
+    slow = noise * np.array([5_000.0, 15_000.0])
+    slow[:, [0, 2], 0] += 4_000.0
+    named = forward_findings(slow)
+    assert [f.workers for f in named] == [[0], [2]]
+    assert all(f.confidence >= 0.5 and "above the job's 1 earlier healthy window(s)" in f.summary for f in named)
+    # worker 1 faster in forward than the job's healthy window, the others as they were: its peers are not slow
+    faster = noise * np.array([5_000.0, 15_000.0])
+    faster[:, 1, 0] -= 4_000.0
+    named = forward_findings(faster)
+    assert [f.workers for f in named] == [[0], [2]]
+    assert all(f.confidence < 0.5 and "its faster peers got faster" in f.summary for f in named)
+
+
 def test_one_fast_worker_among_three_names_nobody_where_it_does_not_wait_for_the_others():
     # worker 1's forward 4 ms shorter than its peers', its backward 4.2 ms longer (backward moving 25% from step to
     # step): the fastest in forward in every step, but what it is spared there it spends in backward, not waiting
