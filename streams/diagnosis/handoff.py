@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...schemas.events import read_connections_ipc
 from ...schemas.functions import float_columns, pack, unpack_ipc
@@ -140,4 +141,22 @@ def _table(data: bytes, schema: pa.Schema, what: str) -> pa.Table:
                 "bad_function_table", f"StepReport.{what} is not the {what} table of this version ({exc})"
             ) from None
     _BOUNDS[what].check(table, what)
+    if what == "groups":
+        _check_order(table)
     return table
+
+
+def _check_order(groups: pa.Table) -> None:
+    """A group table's ``order`` and ``order_work_us`` name one work per worker: lists of the same lengths, no
+    nulls, works that are times."""
+    order, work = groups.column("order").combine_chunks(), groups.column("order_work_us").combine_chunks()
+    same = pc.equal(pc.list_value_length(order), pc.list_value_length(work))
+    values = pc.list_flatten(work).to_numpy(zero_copy_only=False)
+    if (
+        order.null_count
+        or work.null_count
+        or pc.all(same).as_py() is False
+        or pc.list_flatten(order).null_count
+        or not ((values >= 0.0) & (values <= MAX_VALUE)).all()
+    ):
+        raise RecordError("invalid", "StepReport.groups.order and .order_work_us are not one time per worker")

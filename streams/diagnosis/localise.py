@@ -481,9 +481,12 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
         targets = {(label("group", i), fs.function) for i, fs in found.items()}
     # several of a small group slow in one function: its fast workers are their baseline
     split_named: list[tuple[int, _Split]] = []
+    split_in: set[tuple[str, str]] = set()
     for sp in [] if groups_t is None else _split(groups_t, rows, dp, group_median(own, wi, n)):
-        if done[sp.fast].any():  # a fast worker stands out itself: the split is not its slow side's doing
+        # one split per (group, function), the most certain; none where a fast worker stands out itself
+        if (sp.group, sp.function) in split_in or done[sp.fast].any():
             continue
+        split_in.add((sp.group, sp.function))
         split_named += [(i, sp) for i in sp.slow if not done[i]]
         done[sp.slow] = True
 
@@ -825,8 +828,8 @@ def _binomial_tail(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 
 def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -> list[_Split]:
-    """Several of a small group slow in one function (two of three, two or three of four): each slow worker's group
-    median is another slow worker's work, and none stands out from it.  What shows instead is how the group splits:
+    """Several of a small group slow in one function (two of three, two or three of four, two to four of eight):
+    each slow worker's group median is another slow worker's work, or halfway to it, and none stands out from it.  What shows instead is how the group splits:
     the same k of its N workers (2 <= k < N) the slowest in the function, in more of the steps than chance makes any
     k of N the slowest (a binomial tail, 1 / C(N, k) a step; under the bar of every such set of every (group,
     function), Bonferroni as :func:`threshold`), in ``persistence`` of them, the fastest of them above the slowest

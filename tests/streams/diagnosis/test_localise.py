@@ -6,11 +6,12 @@ left for windows where nobody stands out, and says so."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from lockstep.schemas import functions as ft
-from lockstep.schemas.records import WorkerMeta
+from lockstep.schemas.records import RecordError, WorkerMeta
 from lockstep.streams.diagnosis import StepFrame, WindowInfo, analyze_step, diagnose_window, step_report, step_result
 from lockstep.streams.diagnosis.localise import localise
 from lockstep.streams.policy import Policy
@@ -429,7 +430,9 @@ def test_the_group_table_orders_a_small_groups_workers_where_all_ran_the_functio
     )
     # a step stage one release older: no order, read as none
     old = step_report(
-        type(results[0])(**{**results[0].__dict__, "groups": results[0].groups.drop_columns(["order"])}),
+        type(results[0])(
+            **{**results[0].__dict__, "groups": results[0].groups.drop_columns(["order", "order_work_us"])}
+        ),
         window_start=0,
         window_steps=1,
         expected_workers=4,
@@ -439,6 +442,23 @@ def test_the_group_table_orders_a_small_groups_workers_where_all_ran_the_functio
         closed="complete",
     )
     assert step_result(old).groups.column("order").to_pylist() == [[]] * results[0].groups.num_rows
+    # an order that does not name one time per worker is refused, with the reason
+    g = results[0].groups
+    bad_work = pa.array([w[:-1] for w in g.column("order_work_us").to_pylist()], pa.list_(pa.float64()))
+    bad = g.set_column(g.schema.get_field_index("order_work_us"), "order_work_us", bad_work)
+    with pytest.raises(RecordError, match="one time per worker"):
+        step_result(
+            step_report(
+                type(results[0])(**{**results[0].__dict__, "groups": bad}),
+                window_start=0,
+                window_steps=1,
+                expected_workers=4,
+                bytes_in=0,
+                policy="p",
+                tenant="",
+                closed="complete",
+            )
+        )
 
 
 def test_how_many_of_a_group_may_be_its_slow_side():
