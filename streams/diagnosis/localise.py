@@ -466,29 +466,35 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
         codes, names = rows.codes(name)
         return str(names[codes[rows.first][np.argmax(wi == i)]])
 
+    # several of a small group slow in one function (:func:`_split`): one split per (group, function), the most
+    # certain, none where a fast worker stands out itself.  A slow one that stands out by its own work is named in
+    # that function where its gap over the fast ones is more than its excess in the one it stands out in most
+    # (against its group's median, which another slow worker lifts there)
+    named_by = np.isin(np.arange(n), [*idx.tolist(), *by_function])
+    splits: dict[tuple[str, str], _Split] = {}
+    for sp in [] if groups_t is None else _split(groups_t, rows, dp, group_median(own, wi, n)):
+        if (sp.group, sp.function) not in splits and not named_by[sp.fast].any():
+            splits[(sp.group, sp.function)] = sp
+            for i in sp.slow:
+                if i in best and not (best[i][0] and best[i][2] - best[i][3] >= sp.work_us - sp.fast_work_us):
+                    best[i] = (sp.function, sp.kind, sp.work_us, sp.fast_work_us)
     # a second culprit in the function a first stands out in, against the rest of its group (the highest left out)
     named_in = {i: best[i][0] for i in idx.tolist()} | {i: fs.function for i, fs in by_function.items()}
-    done = np.isin(np.arange(n), list(named_in))
     targets = {(label("group", i), f) for i, f in named_in.items() if f}
     while targets and groups_t is not None:
         found = {
             i: fs
-            for i, fs in _beside(rows, dp, counted, groups_t, targets, done, fn_bar).items()
+            for i, fs in _beside(rows, dp, counted, groups_t, targets, named_by, fn_bar).items()
             if wait_med[i] < peer_wait_med[i]  # the straggler waits least
         }
-        done[list(found)] = True
+        named_by[list(found)] = True
         by_function |= found
         targets = {(label("group", i), fs.function) for i, fs in found.items()}
-    # several of a small group slow in one function: its fast workers are their baseline
+    # the splits' slow workers that nothing else named
     split_named: list[tuple[int, _Split]] = []
-    split_in: set[tuple[str, str]] = set()
-    for sp in [] if groups_t is None else _split(groups_t, rows, dp, group_median(own, wi, n)):
-        # one split per (group, function), the most certain; none where a fast worker stands out itself
-        if (sp.group, sp.function) in split_in or done[sp.fast].any():
-            continue
-        split_in.add((sp.group, sp.function))
-        split_named += [(i, sp) for i in sp.slow if not done[i]]
-        done[sp.slow] = True
+    for sp in splits.values():
+        split_named += [(i, sp) for i in sp.slow if not named_by[i]]
+        named_by[sp.slow] = True
 
     localised = []
     for i in idx.tolist():  # the few that stand out (one per culprit), not every worker

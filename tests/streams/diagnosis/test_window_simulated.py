@@ -85,6 +85,25 @@ def test_single_worker_fault_is_attributed(fault, cause, kind):
     assert d.report.actionable and d.report.reached_device
 
 
+@pytest.mark.parametrize(
+    "workers,culprits,fault,kind",
+    [
+        (3, (0, 2), "dataloader", "dataloader"),
+        (3, (0, 2), "rank_specific_code", "python"),
+        (4, (1, 3), "dataloader", "dataloader"),
+        (4, (0, 1, 3), "rank_specific_code", "python"),
+    ],
+)
+def test_several_slow_in_a_small_group_are_named_in_the_faults_function(workers, culprits, fault, kind):
+    # most of the group (or half of it) slow: each culprit's group median is another culprit's, or halfway to it;
+    # the group splits the same way in the fault's function, and each culprit is named there
+    d = run_window(scenario(Fault(type=fault, workers=culprits, severity=0.3), workers=workers))
+    named = {w: f for f in d.findings if f.scope == "worker" for w in f.workers}
+    assert sorted(named) == list(culprits), [f.summary for f in d.findings]
+    assert {f.function_kind for f in named.values()} == {kind}
+    assert not [f for f in d.findings if f.scope == "job"]
+
+
 def test_throttled_gpu_names_the_device_and_the_evidence():
     f = run_window(scenario(Fault(type="gpu_throttle_thermal", workers=(13,), severity=0.3))).findings[0]
     assert f.devices == ["node0001/gpu5"]
