@@ -41,6 +41,7 @@ import math
 import warnings
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -258,6 +259,15 @@ class _Rows:
             rank[order] = np.arange(order.size)
             self.coded[name] = (rank[enc.indices.to_numpy(zero_copy_only=False)], names[order])
         return self.coded[name]
+
+    def by_step(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The window's steps (sorted), per row of t its step's index in them, and per (worker index, step index)
+        whether the worker reported that step."""
+        steps = np.unique(self.step)
+        si = np.searchsorted(steps, self.step)
+        reported = np.zeros((self.ws.size, steps.size), dtype=bool)
+        reported[self.wi, si[self.first]] = True
+        return steps, si, reported
 
     def with_function(self) -> np.ndarray:
         """Per row of t: it names a function (not the "" of a worker with none above its peers)."""
@@ -496,22 +506,27 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
         split_named += [(i, sp) for i in sp.slow if not named_by[i]]
         named_by[sp.slow] = True
 
+    def located(i: int, **what: Any) -> Localised:  # the worker's labels, and what stood out
+        return Localised(
+            worker=int(rows.ws[i]),
+            host=label("host", i),
+            device=label("device", i),
+            holds=float(holds[i]),
+            **{"group": label("group", i), **what},
+        )
+
     localised = []
     for i in idx.tolist():  # the few that stand out (one per culprit), not every worker
         ot, mine = tests[named[i]], wi == i
         localised.append(
-            Localised(
-                worker=int(rows.ws[i]),
-                host=label("host", i),
-                device=label("device", i),
-                group=label("group", i),
+            located(
+                i,
                 function=best[i][0],
                 kind=best[i][1],
                 shift=float(ot.shift[i]),
                 noise=ot.noise,
                 z=float(ot.z[i]),
                 above=float(ot.above[i]),
-                holds=float(holds[i]),
                 steps=sorted(int(s) for s in step[mine & ot.steps_above]),
                 n_steps=int(ot.counted[i]),
                 peers=int(np.unique(wi[gcode == gcode[mine][0]]).size),
@@ -527,18 +542,14 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
         )
     own_idx = set(idx.tolist())
     localised += [
-        Localised(
-            worker=int(rows.ws[i]),
-            host=label("host", i),
-            device=label("device", i),
-            group=label("group", i),
+        located(
+            i,
             function=fs.function,
             kind=fs.kind,
             shift=fs.shift,
             noise=fs.noise,
             z=fs.z,
             above=fs.above,
-            holds=float(holds[i]),
             steps=fs.steps,
             n_steps=int(counted[i]),
             peers=int(n_peers[i]),
@@ -556,10 +567,8 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
         if i not in own_idx
     ]
     localised += [
-        Localised(
-            worker=int(rows.ws[i]),
-            host=label("host", i),
-            device=label("device", i),
+        located(
+            i,
             group=sp.group,
             function=sp.function,
             kind=sp.kind,
@@ -567,7 +576,6 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
             noise=math.nan,
             z=sp.z,
             above=len(sp.steps) / max(sp.n_steps, 1),
-            holds=float(holds[i]),
             steps=sp.steps,
             n_steps=sp.n_steps,
             peers=len(sp.slow) + len(sp.fast),
@@ -643,8 +651,8 @@ def _by_function(
     has = rows.with_function() & (n_peers[rows.wi_all] >= 2)
     if not has.any():
         return {}, bar
-    steps = np.unique(rows.step)
-    si = np.searchsorted(steps, rows.step)
+    # reported: per (worker, step), 0 where the function was not among its rows (not above its group's median)
+    steps, si, reported = rows.by_step()
     (fci, fnames), (gci, gnames), (kci, kinds) = rows.codes("function"), rows.codes("group"), rows.codes("kind")
     # one (worker, function) pair per row: integer keys (a string per row costs a second at 10,000 workers)
     combos, ci = np.unique(rows.wi_all[has] * fnames.size + fci[has], return_inverse=True)
@@ -658,9 +666,6 @@ def _by_function(
     else:
         noise = np.full(combos.size, np.nan)
     ck = kinds[cki]
-    # per (worker, step) reported: 0 where the function was not among its rows (not above its group's median)
-    reported = np.zeros((rows.ws.size, steps.size), dtype=bool)
-    reported[rows.wi, si[rows.first]] = True
     work, peer_work = rows.all("work_us")[has], rows.all("peer_work_us")[has]
     st, peer_own = rows.all("step_time_us")[has], rows.all("peer_own_us")[has]
     # in a pair the group's median is the mean of the two: the worker's excess over its only peer is twice its
@@ -733,11 +738,8 @@ def _beside(
     group table's ``work_rest_us``; groups of 3 or more).  Two culprits of four lift the group's median halfway to
     theirs and its spread with it, and each hides the other; without the highest, the baseline is a healthy worker's
     whichever of the two is highest in a step.  Per worker index, for those that stand out."""
-    steps = np.unique(rows.step)
-    si = np.searchsorted(steps, rows.step)
+    steps, si, reported = rows.by_step()
     n, n_s = rows.ws.size, steps.size
-    reported = np.zeros((n, n_s), dtype=bool)
-    reported[rows.wi, si[rows.first]] = True
     (fci, fnames), (gci, gnames), (kci, kinds) = rows.codes("function"), rows.codes("group"), rows.codes("kind")
     gg, gf, gs = _np(g, "group").astype(str), _np(g, "function").astype(str), _np(g, "step")
     rest, rest_mad, g_st = _np(g, "work_rest_us"), _np(g, "work_rest_mad_us"), np.maximum(_np(g, "step_time_us"), 1.0)

@@ -58,6 +58,22 @@ def window(
     return results, diagnose_window(info, results, policy, now=0.0)
 
 
+def through_report(result, **changes):
+    """``result`` (with ``changes`` to its fields) through the step report the step stage sends the window stage."""
+    return step_result(
+        step_report(
+            type(result)(**{**result.__dict__, **changes}),
+            window_start=0,
+            window_steps=1,
+            expected_workers=result.workers_seen,
+            bytes_in=0,
+            policy="p",
+            tenant="",
+            closed="complete",
+        )
+    )
+
+
 def noisy(n_w: int, n_f: int, us: float, seed: int, sd: float = 0.03) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return us * (1.0 + sd * rng.standard_normal((STEPS, n_w, n_f)))
@@ -107,24 +123,10 @@ def test_the_worker_table_survives_the_step_report():
     own = noisy(3, 2, 10_000.0, seed=3)
     results, _ = window(own)
     r = results[0]
-    report = step_report(
-        r, window_start=0, window_steps=1, expected_workers=3, bytes_in=0, policy="p", tenant="", closed="complete"
-    )
-    back = step_result(report)
+    back = through_report(r)
     assert back.workers is not None and back.workers.equals(r.workers)
     # an older step stage's report (no worker table) still reads: nobody is localised from it
-    old = step_result(
-        step_report(
-            type(r)(**{**r.__dict__, "workers": None}),
-            window_start=0,
-            window_steps=1,
-            expected_workers=3,
-            bytes_in=0,
-            policy="p",
-            tenant="",
-            closed="complete",
-        )
-    )
+    old = through_report(r, workers=None)
     assert old.workers is None and localise([old], Policy().diagnosis).localised == []
 
 
@@ -413,52 +415,18 @@ def test_the_group_table_orders_a_small_groups_workers_where_all_ran_the_functio
     assert len(eight[0].groups.column("order").to_pylist()[0]) == 8
     nine, _ = window(np.full((1, 9, 1), 2_000.0))  # more than split_peers_max workers: no order
     assert nine[0].groups.column("order").to_pylist()[0] == []
-    report = step_report(
-        results[0],
-        window_start=0,
-        window_steps=1,
-        expected_workers=4,
-        bytes_in=0,
-        policy="p",
-        tenant="",
-        closed="complete",
-    )
+    r = results[0]
     assert (
-        step_result(report)
-        .groups.select(["order", "order_work_us"])
-        .equals(results[0].groups.select(["order", "order_work_us"]))
+        through_report(r).groups.select(["order", "order_work_us"]).equals(r.groups.select(["order", "order_work_us"]))
     )
     # a step stage one release older: no order, read as none
-    old = step_report(
-        type(results[0])(
-            **{**results[0].__dict__, "groups": results[0].groups.drop_columns(["order", "order_work_us"])}
-        ),
-        window_start=0,
-        window_steps=1,
-        expected_workers=4,
-        bytes_in=0,
-        policy="p",
-        tenant="",
-        closed="complete",
-    )
-    assert step_result(old).groups.column("order").to_pylist() == [[]] * results[0].groups.num_rows
+    old = through_report(r, groups=r.groups.drop_columns(["order", "order_work_us"]))
+    assert old.groups.column("order").to_pylist() == [[]] * r.groups.num_rows
     # an order that does not name one time per worker is refused, with the reason
-    g = results[0].groups
-    bad_work = pa.array([w[:-1] for w in g.column("order_work_us").to_pylist()], pa.list_(pa.float64()))
-    bad = g.set_column(g.schema.get_field_index("order_work_us"), "order_work_us", bad_work)
+    bad_work = pa.array([w[:-1] for w in r.groups.column("order_work_us").to_pylist()], pa.list_(pa.float64()))
+    bad = r.groups.set_column(r.groups.schema.get_field_index("order_work_us"), "order_work_us", bad_work)
     with pytest.raises(RecordError, match="one time per worker"):
-        step_result(
-            step_report(
-                type(results[0])(**{**results[0].__dict__, "groups": bad}),
-                window_start=0,
-                window_steps=1,
-                expected_workers=4,
-                bytes_in=0,
-                policy="p",
-                tenant="",
-                closed="complete",
-            )
-        )
+        through_report(r, groups=bad)
 
 
 def test_how_many_of_a_group_may_be_its_slow_side():
