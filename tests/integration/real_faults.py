@@ -570,6 +570,20 @@ MORE_TWO_CULPRITS = (
 )
 
 
+#: a development cohort (issue 21's twelfth pass, 2026-12-03): two culprits, every mechanism made inside or beside a
+#: rank (not the network's), half of them on 8 ranks; all ``dev`` (ids end ``-two-d``), recorded to develop the
+#: localisation of several culprits on more than the dev part's ten such jobs, with the test part unchanged
+def dev_two_cases() -> list[Case]:
+    cases = []
+    for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
+        world = (8, 4, 8, 3)[i % 4]
+        sev = ("mild", "strong")[(i // 2) % 2]
+        a = (5 * i + 1) % world
+        b = (a + 1 + (7 * i + 2) % (world - 1)) % world
+        cases.append(Case(f"{name}-{sev}-w{world}-two-d", name, sev, world, tuple(sorted((a, b))), cohort="dev-two"))
+    return cases
+
+
 def corpus_cases() -> list[Case]:
     """The corpus: every mechanism at both severities on two job sizes, some with two culprits, and healthy jobs."""
     cases = []
@@ -584,7 +598,7 @@ def corpus_cases() -> list[Case]:
     for world in SIZES:
         cases.append(Case(f"healthy-w{world}", "healthy", "none", world, ()))
         cases.append(Case(f"healthy-neighbour-w{world}", "healthy", "none", world, (), neighbour=True))
-    return cases
+    return cases + dev_two_cases()
 
 
 def holdout_cases() -> list[Case]:
@@ -612,6 +626,8 @@ def split_of(case_id: str, cases: list[Case]) -> str:
     me = next(c for c in cases if c.id == case_id)
     if me.id.endswith("-h"):
         return "holdout"
+    if me.id.endswith("-d"):
+        return "dev"  # the development cohort: all dev
     peers = sorted((c for c in cases if stratum(c) == stratum(me)), key=lambda c: h(c.id))
     start = int(h(me.cohort if me.cohort else f"{me.mechanism}/{me.neighbour}"), 16) % 2
     return ("dev", "test")[(peers.index(me) + start) % 2]
