@@ -488,15 +488,13 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
             for i in sp.slow:
                 if i in best and not (best[i][0] and best[i][2] - best[i][3] >= sp.work_us - sp.fast_work_us):
                     best[i] = (sp.function, sp.kind, sp.work_us, sp.fast_work_us)
-    # a second culprit in the function a first stands out in, against the rest of its group (the highest left out)
+    # a second culprit in the function a first stands out in, against the rest of its group (the highest left out).
+    # Its waits are not weighed: the straggler that waits least is the first, and a second, less slow, waits for it
+    # (issue 21's twelfth pass: rank 0 of mmap_pageout-mild-w8-two-d, 5.7 standard errors above the rest)
     named_in = {i: best[i][0] for i in idx.tolist()} | {i: fs.function for i, fs in by_function.items()}
     targets = {(label("group", i), f) for i, f in named_in.items() if f}
     while targets and groups_t is not None:
-        found = {
-            i: fs
-            for i, fs in _beside(rows, dp, counted, groups_t, targets, named_by, fn_bar).items()
-            if wait_med[i] < peer_wait_med[i]  # the straggler waits least
-        }
+        found = _beside(rows, dp, counted, groups_t, targets, named_by, fn_bar)
         named_by[list(found)] = True
         by_function |= found
         targets = {(label("group", i), fs.function) for i, fs in found.items()}
@@ -811,10 +809,11 @@ class _Split:
     n_steps: int  # the steps the group ran the function in
     z: float  # its count of such steps against chance (the normal quantile of the binomial tail)
     bar: float
-    gap_share: float  # median over those steps of (the fastest slow worker's work - the slowest fast one's) / step
+    gap_share: float  # the least slow worker's excess: the least over the slow workers of their median over those
+    # steps of (work - the fast workers' median) / step
     shift: float  # ... in µs / the fast workers' own work
-    work_us: float  # medians over those steps: the fastest slow worker's work in the function, the slowest fast one's
-    fast_work_us: float
+    work_us: float  # the fast workers' median work (the median over those steps) plus that excess
+    fast_work_us: float  # ... the fast workers' median work
 
 
 def _binomial_tail(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -840,10 +839,12 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
     each slow worker's group median is another slow worker's work, or halfway to it, and none stands out from it.  What shows instead is how the group splits:
     the same k of its N workers (2 <= k < N) the slowest in the function, in more of the steps than chance makes any
     k of N the slowest (a binomial tail, 1 / C(N, k) a step; under the bar of every such set of every (group,
-    function), Bonferroni as :func:`threshold`), in ``persistence`` of them, the fastest of them above the slowest
-    of the others by at least ``min_excess_share`` of the step and ``localise_min_shift`` of the others' own work
-    (medians over those steps), and the slow ones' own work (the step minus their waits) above the others' by at
-    least half that gap: what they lose there they do not make up elsewhere, so the others wait for them (fast
+    function), Bonferroni as :func:`threshold`), in ``persistence`` of them, each of them above the others' median by
+    at least ``min_excess_share`` of the step and ``localise_min_shift`` of the others' own work (its median over
+    those steps, as :func:`_by_function` measures a worker's excess; not the gap between the sides, the fastest slow
+    worker's work - the slowest fast one's, which a fast worker near the slow ones makes small: issue 21's twelfth
+    pass), and the slow ones' own work (the step minus their waits) above the others' by at least half that gap
+    between the sides: what they lose there they do not make up elsewhere, so the others wait for them (fast
     workers that are slower in another function are no slow majority's victims).  Groups of 3 to
     ``split_peers_max`` workers (the step stage's ``order``), k as :func:`_slow_sides`; a single slow worker is the
     median's to find.
@@ -873,15 +874,23 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
         r, v = ranks[at], works[at]  # (rows, n): fastest first
         sub_cell = cell_of.ravel()[np.isin(np.flatnonzero(keep), sub)]
         for k in _slow_sides(n, dp):
-            slow = np.sort(r[:, n - k :], axis=1)
-            gap = v[:, n - k] - v[:, n - k - 1]
+            by_rank = np.argsort(r[:, n - k :], axis=1)
+            slow = np.take_along_axis(r[:, n - k :], by_rank, axis=1)
+            fast_med = np.median(v[:, : n - k], axis=1)
+            # each slow worker's excess over the fast ones' median (columns: the slow workers, by rank)
+            over = np.take_along_axis(v[:, n - k :], by_rank, axis=1) - fast_med[:, None]
             sets, inv, count = np.unique(
                 np.concatenate([sub_cell[:, None], slow], axis=1), axis=0, return_inverse=True, return_counts=True
             )
             inv = inv.ravel()
             cell = sets[:, 0]
             tail = _binomial_tail(count, runs[cell], np.full(cell.size, 1.0 / math.comb(n, k)))
-            share, gap_us = group_median(gap / st[sub], inv, sets.shape[0]), group_median(gap, inv, sets.shape[0])
+            # the least of the slow workers' median excess (as :func:`_by_function` measures a worker's), over the
+            # steps the set split so: of the step, and in µs
+            share = np.min([group_median(over[:, j] / st[sub], inv, sets.shape[0]) for j in range(k)], axis=0)
+            gap_us = np.min([group_median(over[:, j], inv, sets.shape[0]) for j in range(k)], axis=0)
+            # what separates the two sides: the fastest slow worker's work - the slowest fast one's
+            sep_us = group_median(v[:, n - k] - v[:, n - k - 1], inv, sets.shape[0])
             ok = (tail <= p_bar) & (count >= dp.persistence * runs[cell]) & (share >= dp.min_excess_share)
             for c in np.flatnonzero(ok).tolist():  # the few sets that split their group persistently
                 mine = inv == c
@@ -895,7 +904,7 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
                 with np.errstate(invalid="ignore", divide="ignore"):
                     shift = float(gap_us[c] / np.median(own_med[fast_i]))
                 lost = float(np.median(own_med[slow_i]) - np.median(own_med[fast_i]))
-                if not (shift >= dp.localise_min_shift and lost >= 0.5 * gap_us[c]):
+                if not (shift >= dp.localise_min_shift and lost >= 0.5 * sep_us[c]):
                     continue
                 gname, fname = str(gcode[0][cells[cell[c], 0]]), str(fcode[0][cells[cell[c], 1]])
                 split = _Split(
@@ -910,8 +919,8 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
                     bar=bar,
                     gap_share=float(share[c]),
                     shift=shift,
-                    work_us=float(np.median(v[mine, n - k])),
-                    fast_work_us=float(np.median(v[mine, n - k - 1])),
+                    work_us=float(gap_us[c] + np.median(fast_med[mine])),
+                    fast_work_us=float(np.median(fast_med[mine])),
                 )
                 candidates.append((float(tail[c]), split))
     candidates.sort(key=lambda t: t[0])  # the most certain first

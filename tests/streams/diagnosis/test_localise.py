@@ -500,3 +500,64 @@ def test_a_healthy_checkpoint_whose_write_varies_names_no_worker_in_most_windows
 
     named = named_windows(workers, 0.3, 20)
     assert named <= 2, f"{named} of 20 healthy windows named a worker"
+
+
+def test_a_split_is_material_by_each_slow_workers_excess_over_the_fast_ones_not_by_the_gap_between_sides():
+    # in the optimizer step worker 1 takes 0.5 ms, worker 0 2.5 ms, workers 2 and 3 3.0 and 3.1 ms; backward 15 ms
+    # moving 20% from step to step, a 5 ms transfer.  Workers 2 and 3 are the slowest two in every step, each 1.5 ms above the fast
+    # ones' median (6% of the step and of their own work), though only 0.5 ms above worker 0, the slowest fast one:
+    # a split's size is its slow workers' excess, as a worker's is over its group's median, not its sides' gap
+    rng = np.random.default_rng(7)
+    own = np.stack(
+        [
+            15_000.0 * (1.0 + 0.2 * rng.standard_normal((STEPS, 4))),
+            np.array([2_500.0, 500.0, 3_000.0, 3_100.0]) * (1.0 + 0.02 * rng.standard_normal((STEPS, 4))),
+        ],
+        axis=2,
+    )
+    results, _ = window(own, 5_000.0, names=["backward", "optimizer"])
+    split = [loc for loc in localise(results, Policy().diagnosis).localised if loc.basis == "split"]
+    assert {(loc.worker, loc.function, tuple(loc.fast)) for loc in split} == {
+        (2, "optimizer", (0, 1)),
+        (3, "optimizer", (0, 1)),
+    }
+    loc = split[0]
+    assert loc.peer_work_us == pytest.approx(1_500.0, rel=0.1)  # the fast ones' median, not the slowest fast one
+    assert loc.work_us - loc.peer_work_us == pytest.approx(1_500.0, rel=0.1)  # the least slow one's excess
+    # the same gap between the sides, the slow ones only 0.5 ms above both fast ones: below the bar, nobody named
+    own[:, 1, 1] += 2_000.0
+    results, _ = window(own, 5_000.0, names=["backward", "optimizer"])
+    assert not [loc for loc in localise(results, Policy().diagnosis).localised if loc.basis == "split"]
+
+
+def test_two_of_four_slow_in_the_dataloader_by_a_few_percent_of_the_step_are_split_from_the_fast_two():
+    """The real corpus's slow_transform-mild-w4-two-d (dev): ranks 2 and 3 of four transform one sample a batch
+    slowly, ~1.3 ms more per step than ranks 0 and 1 (about 4% of the step).  They are the slowest two in the
+    DataLoader in 8 of 10 steps; the gap between rank 3 and the slowest fast rank is 3.7% of the step, their excess
+    over the fast ones' median more."""
+    from lockstep.app.offline import diagnose
+    from lockstep.app.real_corpus import CORPUS, load_fixture
+
+    results: list = []
+    diagnose(load_fixture(CORPUS / "slow_transform-mild-w4-two-d.parquet"), Policy(), "j", now=0.0, keep=results)
+    split = [loc for loc in localise(results, Policy().diagnosis).localised if loc.basis == "split"]
+    assert [(loc.worker, tuple(loc.slow), tuple(loc.fast)) for loc in split] == [(2, (2, 3), (0, 1))]
+    assert "DataLoader" in split[0].function and len(split[0].steps) == 8
+
+
+def test_a_second_culprit_beside_a_first_is_named_though_it_waits_for_the_first():
+    """The real corpus's mmap_pageout-mild-w8-two-d (dev): ranks 0 and 5 of eight read an embedding back in from a
+    file in forward.  Rank 5 is slower there and is named first; rank 0, against the rest of the group (rank 5 left
+    out), stands out too, but it waits more than its peers' median: for rank 5, and on a host of 2 cores running 8
+    ranks, for the CPU.  The straggler that waits least is the first; a second one waits for it."""
+    from lockstep.app.offline import diagnose
+    from lockstep.app.real_corpus import CORPUS, load_fixture
+
+    results: list = []
+    d = diagnose(load_fixture(CORPUS / "mmap_pageout-mild-w8-two-d.parquet"), Policy(), "j", now=0.0, keep=results)
+    by_worker = {loc.worker: loc for loc in localise(results, Policy().diagnosis).localised}
+    assert by_worker[5].function == by_worker[0].function == "forward"
+    second = by_worker[0]
+    assert second.basis == "function" and second.z >= second.bar and second.wait_us > second.peer_wait_us
+    forward = [f for f in d.findings if f.scope == "worker" and f.function == "forward"]
+    assert sorted(w for f in forward for w in f.workers) == [0, 5]
