@@ -571,16 +571,19 @@ MORE_TWO_CULPRITS = (
 
 
 #: a development cohort (issue 21's twelfth pass, 2026-12-03): two culprits, every mechanism made inside or beside a
-#: rank (not the network's), half of them on 8 ranks; all ``dev`` (ids end ``-two-d``), recorded to develop the
-#: localisation of several culprits on more than the dev part's ten such jobs, with the test part unchanged
+#: rank (not the network's), twice (the second round at the other severity, on other job sizes and ranks), half of
+#: them on 8 ranks; all ``dev`` (ids end ``-two-d``), recorded to develop the localisation of several culprits on
+#: more than the dev part's ten such jobs, with the test part unchanged
 def dev_two_cases() -> list[Case]:
     cases = []
-    for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
-        world = (8, 4, 8, 3)[i % 4]
-        sev = ("mild", "strong")[(i // 2) % 2]
-        a = (5 * i + 1) % world
-        b = (a + 1 + (7 * i + 2) % (world - 1)) % world
-        cases.append(Case(f"{name}-{sev}-w{world}-two-d", name, sev, world, tuple(sorted((a, b))), cohort="dev-two"))
+    for round_ in range(2):
+        for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
+            world = ((8, 4, 8, 3), (4, 8, 3, 8))[round_][i % 4]
+            sev = ("mild", "strong")[(i // 2 + round_) % 2]
+            a = ((5, 3)[round_] * i + 1 + round_) % world
+            b = (a + 1 + ((7, 5)[round_] * i + 2) % (world - 1)) % world
+            case_id = f"{name}-{sev}-w{world}-two-d"
+            cases.append(Case(case_id, name, sev, world, tuple(sorted((a, b))), cohort="dev-two"))
     return cases
 
 
