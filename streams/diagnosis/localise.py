@@ -488,13 +488,15 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
             for i in sp.slow:
                 if i in best and not (best[i][0] and best[i][2] - best[i][3] >= sp.work_us - sp.fast_work_us):
                     best[i] = (sp.function, sp.kind, sp.work_us, sp.fast_work_us)
-    # a second culprit in the function a first stands out in, against the rest of its group (the highest left out).
-    # Its waits are not weighed: the straggler that waits least is the first, and a second, less slow, waits for it
-    # (issue 21's twelfth pass: rank 0 of mmap_pageout-mild-w8-two-d, 5.7 standard errors above the rest)
+    # a second culprit in the function a first stands out in, against the rest of its group (the highest left out)
     named_in = {i: best[i][0] for i in idx.tolist()} | {i: fs.function for i, fs in by_function.items()}
     targets = {(label("group", i), f) for i, f in named_in.items() if f}
     while targets and groups_t is not None:
-        found = _beside(rows, dp, counted, groups_t, targets, named_by, fn_bar)
+        found = {
+            i: fs
+            for i, fs in _beside(rows, dp, counted, groups_t, targets, named_by, fn_bar).items()
+            if wait_med[i] < peer_wait_med[i]  # the straggler waits least
+        }
         named_by[list(found)] = True
         by_function |= found
         targets = {(label("group", i), fs.function) for i, fs in found.items()}

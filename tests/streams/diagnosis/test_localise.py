@@ -545,19 +545,28 @@ def test_two_of_four_slow_in_the_dataloader_by_a_few_percent_of_the_step_are_spl
     assert "DataLoader" in split[0].function and len(split[0].steps) == 8
 
 
-def test_a_second_culprit_beside_a_first_is_named_though_it_waits_for_the_first():
-    """The real corpus's mmap_pageout-mild-w8-two-d (dev): ranks 0 and 5 of eight read an embedding back in from a
-    file in forward.  Rank 5 is slower there and is named first; rank 0, against the rest of the group (rank 5 left
-    out), stands out too, but it waits more than its peers' median: for rank 5, and on a host of 2 cores running 8
-    ranks, for the CPU.  The straggler that waits least is the first; a second one waits for it."""
+def test_a_worker_beside_a_first_culprit_that_waits_more_than_its_peers_is_not_named():
+    """The real corpus's mmap_pageout-mild-w8-two-d (dev): ranks 0 and 5 of eight page an embedding back in in
+    `forward`.  Rank 5 is named; against the rest of its group rank 0 stands out in `forward` too, but it waits more
+    than its peers' median: nobody is shown to wait for it, and it is not named.  (Issue 21's twelfth pass named such
+    a worker for a while, as a second culprit waiting for the first; in a real 4-rank DDP job, CI's
+    test_torch_agent, that named a healthy rank descheduled in the slow rank's `preprocess` beside it.)"""
     from lockstep.app.offline import diagnose
     from lockstep.app.real_corpus import CORPUS, load_fixture
+    from lockstep.streams.diagnosis import localise as loc_mod
 
     results: list = []
-    d = diagnose(load_fixture(CORPUS / "mmap_pageout-mild-w8-two-d.parquet"), Policy(), "j", now=0.0, keep=results)
-    by_worker = {loc.worker: loc for loc in localise(results, Policy().diagnosis).localised}
-    assert by_worker[5].function == by_worker[0].function == "forward"
-    second = by_worker[0]
-    assert second.basis == "function" and second.z >= second.bar and second.wait_us > second.peer_wait_us
-    forward = [f for f in d.findings if f.scope == "worker" and f.function == "forward"]
-    assert sorted(w for f in forward for w in f.workers) == [0, 5]
+    diagnose(load_fixture(CORPUS / "mmap_pageout-mild-w8-two-d.parquet"), Policy(), "j", now=0.0, keep=results)
+    dp = Policy().diagnosis
+    by_worker = {loc.worker: loc for loc in localise(results, dp).localised}
+    assert by_worker[5].function == "forward" and 0 not in by_worker
+    # what the second-culprit test alone says of rank 0: it stands out, against the group without rank 5
+    rows = loc_mod._rows(loc_mod._concat(results))
+    i0, i5 = (int(np.searchsorted(rows.ws, w)) for w in (0, 5))
+    done = np.zeros(rows.ws.size, dtype=bool)
+    done[i5] = True
+    counted = np.bincount(rows.wi, minlength=rows.ws.size).astype(float)
+    beside = loc_mod._beside(
+        rows, dp, counted, loc_mod._concat(results, "groups"), {(by_worker[5].group, "forward")}, done, 3.0
+    )
+    assert i0 in beside and beside[i0].z >= 3.0
