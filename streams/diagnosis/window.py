@@ -892,7 +892,8 @@ def _localised_finding(ctx: _Ctx, loc: Localised) -> Finding:
         summary = (
             f"worker {loc.worker}: its work in {function} above every one of its group's {len(loc.fast)} fastest "
             f"workers' ({', '.join(str(w) for w in loc.fast)}) in {len(loc.steps)}/{loc.n_steps} steps, as worker "
-            f"{others}'s is (the least slow of the {len(loc.slow)} above the fast ones' median by {loc.excess_share:.1%} of the step, "
+            f"{others}'s is (the least slow of the {len(loc.slow)} above the fast ones' median by "
+            f"{loc.excess_share:.1%} of the step, "
             f"{loc.shift:.0%} of the fast ones' own work; {loc.z:.1f} standard errors against chance making "
             f"{len(loc.slow)} of {loc.peers} workers the slowest): {len(loc.slow)} of {loc.peers} are slow in it, so "
             f"the group's median is no baseline; the fast ones wait {loc.peer_wait_us:,.0f} us, this one "
