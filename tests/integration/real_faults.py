@@ -615,6 +615,21 @@ def holdout_cases() -> list[Case]:
         cases.append(Case(f"{name}-{sev}-w{world}-h", name, sev, world, ((5 * i + 3) % world,)))
     cases.append(Case("healthy-neighbour70-w3-h", "healthy", "none", 3, (), neighbour=True, neighbour_duty=0.7))
     cases.append(Case("healthy-neighbour30-w4-h", "healthy", "none", 4, (), neighbour=True, neighbour_duty=0.3))
+    return cases + holdout_two_cases()
+
+
+def holdout_two_cases() -> list[Case]:
+    """Two culprits, held out (issue 21's thirteenth pass, 2026-12-04): every mechanism made inside or beside a rank
+    once, recorded after the twelfth pass's rules and never tuned on (ids end ``-two-h``, cohort ``holdout-two``): a
+    check of the localisation of several culprits on jobs nobody looked at, beside ``test``'s nine.  Sizes cycle 3,
+    8, 4, 8, severities medium, strong, mild; the pairs from a formula neither corpus cohort uses."""
+    cases = []
+    for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
+        world = (3, 8, 4, 8)[i % 4]
+        sev = ("medium", "strong", "mild")[i % 3]
+        a = (7 * i + 2) % world
+        b = (a + 1 + (3 * i + 1) % (world - 1)) % world
+        cases.append(Case(f"{name}-{sev}-w{world}-two-h", name, sev, world, tuple(sorted((a, b))), cohort="holdout-two"))
     return cases
 
 
