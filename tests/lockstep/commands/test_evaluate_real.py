@@ -222,8 +222,10 @@ def test_the_holdout_part_is_its_own_folder_of_new_sizes_and_severities():
 
     held = [m for m, _ in load_corpus(HOLDOUT)]
     assert {m.split for m in held} == {"holdout"}
-    faulty = [m for m in held if m.culprits]
+    faulty = [m for m in held if len(m.culprits) == 1]
     assert len({m.mechanism for m in faulty}) == len(faulty) >= 12  # one case per mechanism
+    two = [m for m in held if len(m.culprits) == 2]  # and a cohort of two-culprit jobs, one per mechanism
+    assert len({m.mechanism for m in two}) == len(two) >= 12 and all(m.case.endswith("-two-h") for m in two)
     corpus = manifests()
     for m in faulty:  # a size the mechanism's one-culprit dev/test cases do not have
         sizes = {c["ranks"] for c in corpus.values() if c["mechanism"] == m.mechanism and len(c["culprits"]) == 1}
