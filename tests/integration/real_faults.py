@@ -584,6 +584,12 @@ def dev_two_cases() -> list[Case]:
             b = (a + 1 + ((7, 5)[round_] * i + 2) % (world - 1)) % world
             case_id = f"{name}-{sev}-w{world}-two-d"
             cases.append(Case(case_id, name, sev, world, tuple(sorted((a, b))), cohort="dev-two"))
+    # round 3 (the thirteenth pass): every one at the medium severity (~10% of the step), on sizes 8, 3, 8, 4
+    for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
+        world = (8, 3, 8, 4)[i % 4]
+        a = (3 * i + 4) % world
+        b = (a + 1 + (5 * i + 3) % (world - 1)) % world
+        cases.append(Case(f"{name}-medium-w{world}-two-d", name, "medium", world, tuple(sorted((a, b))), cohort="dev-two"))
     return cases
 
 
