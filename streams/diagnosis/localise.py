@@ -132,7 +132,7 @@ def threshold(dp: DiagnosisPolicy, workers: int) -> float:
     """The standard errors a worker's shift must reach: ``localise_z``, or more in a bigger job, where the largest of
     many workers' shifts is larger by chance alone: the shift that one of ``workers`` healthy workers passes with
     probability ``localise_alpha`` (Bonferroni: the normal quantile 1 - alpha / workers)."""
-    return max(dp.localise_z, NormalDist().inv_cdf(1.0 - dp.localise_alpha / max(workers, 1)))
+    return max(dp.localise_z, -NormalDist().inv_cdf(min(dp.localise_alpha / max(workers, 1), 0.5)))
 
 
 @dataclass(frozen=True)
@@ -868,7 +868,7 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
     n_cell[cell_of.ravel()] = lengths[keep]
     tested = int(sum(math.comb(n, k) for n in n_cell.tolist() for k in _slow_sides(n, dp)))
     bar = threshold(dp, tested)
-    p_bar = 1.0 - NormalDist().cdf(bar)
+    p_bar = NormalDist().cdf(-bar)
     candidates: list[tuple[float, _Split]] = []
     for n in np.unique(lengths[keep]).tolist():
         sub = np.flatnonzero(keep & (lengths == n))
@@ -917,7 +917,9 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
                     fast=fast_i.tolist(),
                     steps=sorted(int(s) for s in step[sub][mine]),
                     n_steps=int(runs[cell[c]]),
-                    z=NormalDist().inv_cdf(1.0 - max(float(tail[c]), 1e-300)),
+                    # the upper quantile from the tail itself: 1 - tail is 1.0 in floats once a long window's tail
+                    # is below 1e-17 (a 3-worker group split the same way in 30 steps is 5e-15)
+                    z=-NormalDist().inv_cdf(min(max(float(tail[c]), 1e-300), 0.5)),
                     bar=bar,
                     gap_share=float(share[c]),
                     shift=shift,
