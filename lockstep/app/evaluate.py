@@ -423,7 +423,7 @@ def _best(r_findings: list[Finding], culprit: int, culprits: list[int], judge) -
 
 def run_real_case(manifest, fixture: Path, policy: Policy) -> RealCaseResult:
     from .offline import diagnose as diagnose_inputs
-    from .real_corpus import VISIBILITY_COLUMNS, fixture_connections, fixture_inputs, read_fixture, visibility
+    from .real_corpus import fixture_connections, fixture_inputs, read_fixture
 
     t0 = time.perf_counter()
     table = read_fixture(fixture)
@@ -431,11 +431,19 @@ def run_real_case(manifest, fixture: Path, policy: Policy) -> RealCaseResult:
     inputs.connections = fixture_connections(fixture)
     # a fixed clock: the same fixture gives the same findings
     findings = diagnose_inputs(inputs, policy, manifest.case, now=0.0).findings
+    r = judge_real(manifest, findings, table)
+    r.seconds = time.perf_counter() - t0
+    return r
+
+
+def judge_real(manifest, findings: list[Finding], table) -> RealCaseResult:
+    """A case's findings against its manifest; ``table``: the fixture's rows they came from (its visibility)."""
+    from .real_corpus import VISIBILITY_COLUMNS, visibility
+
     r = RealCaseResult(manifest, findings, [], 0.0)
     r.named = [
         _best(findings, c, manifest.culprits, lambda f: (r.right(f), r.function_right(f))) for c in manifest.culprits
     ]
-    r.seconds = time.perf_counter() - t0
     r.visibility = visibility(table.select(list(VISIBILITY_COLUMNS)), manifest.culprits, manifest.function)
     return r
 

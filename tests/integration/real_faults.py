@@ -2,6 +2,8 @@
 
     python tests/integration/real_faults.py tests/data/real [CASE ...]   # rerun the jobs; write tests/data/real/CASE.parquet
     python tests/integration/real_faults.py --corpus [CASE_ID ...]        # record the real-fault corpus (missing cases, or those named)
+    python tests/integration/real_faults.py --long STEPS DEST [CASE_ID ...]  # every case (corpus, holdout) again in runs of
+                                                                            # STEPS steps, into DEST (scripts/window_length.py)
 
 Four ranks run ``fault_rank.py`` (profiled like the agent profiles, sampled by the agent's
 sampler); rank ``CULPRIT`` carries the fault:
@@ -712,8 +714,9 @@ def _cgroup_quota(pids: list[int], quota: float):
                 g.rmdir()
 
 
-def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
-    """Run one corpus case's job; ``out`` receives the traces and samples.  Returns the knobs used."""
+def run_case(case: Case, out: Path, *, timeout_s: float = 300.0, steps: int = 0) -> dict:
+    """Run one corpus case's job; ``out`` receives the traces and samples (``steps`` after the warm-up; 0:
+    :data:`CORPUS_STEPS`).  Returns the knobs used."""
     from lockstep.broker import free_port
 
     out.mkdir(parents=True, exist_ok=True)
@@ -722,7 +725,7 @@ def run_case(case: Case, out: Path, *, timeout_s: float = 300.0) -> dict:
     go = out / "go"
     base = [
         sys.executable, str(RANK), "--world", str(case.world), "--out", str(out), "--case", inside,
-        "--culprit", ",".join(map(str, case.culprits)) or "-1", "--steps", str(CORPUS_STEPS), "--hz", str(CORPUS_HZ),
+        "--culprit", ",".join(map(str, case.culprits)) or "-1", "--steps", str(steps or CORPUS_STEPS), "--hz", str(CORPUS_HZ),
         "--warmup", str(CORPUS_WARMUP), "--severity", str(HOLDOUT_SEVERITIES.get(case.severity, 0.0)), "--go", str(go),
         "--go-after-warmup", "--scratch", str(out / "scratch"),
     ]  # fmt: skip
@@ -807,8 +810,9 @@ def corpus_traces(out: Path, world: int) -> list[Path]:
     return [out / f"rank{r}.json" for r in range(world)]
 
 
-def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
-    """Run the case's job and write ``dest/ID.parquet`` (the fixture) and ``dest/ID.json`` (its manifest)."""
+def record_case(case: Case, cases: list[Case], dest: Path = CORPUS, steps: int = 0) -> dict:
+    """Run the case's job and write ``dest/ID.parquet`` (the fixture) and ``dest/ID.json`` (its manifest); ``steps``:
+    as :func:`run_case`."""
     import datetime
     import tempfile
 
@@ -816,12 +820,14 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
 
     mech = MECHANISMS.get(case.mechanism)
     old = dest / f"{case.id}.json"
-    split = read_manifest(old).split if old.exists() else split_of(case.id, cases)  # a case keeps its part for good
+    # a case keeps its part for good (a longer run of it elsewhere, ``--long``, too)
+    known = next((f for f in (old, CORPUS / old.name, HOLDOUT / old.name) if f.exists()), None)
+    split = read_manifest(known).split if known else split_of(case.id, cases)
     t0 = time.monotonic()
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix=f"corpus-{case.id}-") as tmp:
         out = Path(tmp)
-        knobs = run_case(case, out)
+        knobs = run_case(case, out, steps=steps)
         write_fixture(out, dest / f"{case.id}.parquet", files=corpus_traces(out, case.world), first_step=CORPUS_WARMUP)
         fixture = dest / f"{case.id}.parquet"
         merge_connections(out, case.world, connections_path(fixture))
@@ -851,7 +857,7 @@ def record_case(case: Case, cases: list[Case], dest: Path = CORPUS) -> dict:
     return manifest.measured
 
 
-def record_corpus(dest: Path, only: list[str], cases: list[Case] | None = None) -> int:
+def record_corpus(dest: Path, only: list[str], cases: list[Case] | None = None, steps: int = 0) -> int:
     """``--corpus [CASE ...]``: record the cases (all, or those named) that have no fixture yet, or those named again."""
     cases = corpus_cases() if cases is None else cases
     todo = [c for c in cases if c.id in only] if only else [c for c in cases if not (dest / f"{c.id}.json").exists()]
@@ -862,7 +868,7 @@ def record_corpus(dest: Path, only: list[str], cases: list[Case] | None = None) 
     for c in sorted(todo, key=lambda c: c.world):  # the small jobs first
         t0 = time.monotonic()
         try:
-            measured = record_case(c, cases, dest)
+            measured = record_case(c, cases, dest, steps)
         except (RuntimeError, subprocess.SubprocessError, Unavailable) as exc:
             print(f"{c.id}: FAILED {exc}", flush=True)
             continue
@@ -914,6 +920,11 @@ def main(argv: list[str]) -> int:
         return record_corpus(CORPUS, argv[1:])
     if argv and argv[0] == "--holdout":
         return record_corpus(HOLDOUT, argv[1:], holdout_cases())
+    if argv and argv[0] == "--long":  # --long STEPS DEST [CASE_ID ...]: every case again, in longer runs, elsewhere
+        dest = Path(argv[2])
+        dest.mkdir(parents=True, exist_ok=True)
+        every = corpus_cases() + holdout_cases()
+        return record_corpus(dest, argv[3:], every, steps=int(argv[1]))
     dest = Path(argv[0])
     for case in argv[1:] or CASES:
         with tempfile.TemporaryDirectory() as tmp:
