@@ -44,7 +44,11 @@ class DetectorPolicy:
     )
     hang_factor: float = 10.0  # no progress for this many usual step intervals is a hang ...
     hang_min_s: float = 30.0  # ... and for at least this many seconds
-    window_steps: int = 8  # steps per profiling window
+    window_steps: int = 8  # steps per profiling window (of a job of more than small_job_workers workers)
+    # a job of at most small_job_workers workers gets windows of small_job_window_steps steps: with few peers, two
+    # culprits or a noisy host need more steps than a median of many peers does (METHOD.md, "How long a window is")
+    small_job_workers: int = 8
+    small_job_window_steps: int = 24
     max_window_steps: int = 64  # longest window `lockstep trigger --steps` may ask for
     cooldown_steps: int = 200  # no new window for this many steps after one ended
     refused_retries: int = 2  # a window every worker refused closes at once, and its slowdown may ask again that many times without the cool-down (a "past" refusal doubles the margin each time)
@@ -219,6 +223,8 @@ _RANGES = (
     ("detector", "hang_factor", lambda v: v > 1, "> 1"),
     ("detector", "window_steps", lambda v: 1 <= v <= 10_000, "in 1..10000"),
     ("detector", "max_window_steps", lambda v: 1 <= v <= 10_000, "in 1..10000"),
+    ("detector", "small_job_workers", lambda v: v >= 0, ">= 0 (0: no job is small)"),
+    ("detector", "small_job_window_steps", lambda v: 1 <= v <= 10_000, "in 1..10000"),
     ("detector", "max_windows_per_job", lambda v: v >= 1, ">= 1"),
     ("detector", "max_windows_fleet", lambda v: v >= 1, ">= 1"),
     ("detector", "hardware_hz", lambda v: 0 < v <= 10_000, "in (0, 10000]"),
@@ -276,10 +282,11 @@ def load_policy(path: Path | str | None) -> Policy:
         raise PolicyError(
             f"policy {path}: detector.baseline_steps ({policy.detector.baseline_steps}) exceeds detector.reference_steps ({policy.detector.reference_steps})"
         )
-    if policy.detector.window_steps > policy.detector.max_window_steps:
-        raise PolicyError(
-            f"policy {path}: detector.window_steps ({policy.detector.window_steps}) exceeds detector.max_window_steps ({policy.detector.max_window_steps})"
-        )
+    for key in ("window_steps", "small_job_window_steps"):
+        if getattr(policy.detector, key) > policy.detector.max_window_steps:
+            raise PolicyError(
+                f"policy {path}: detector.{key} ({getattr(policy.detector, key)}) exceeds detector.max_window_steps ({policy.detector.max_window_steps})"
+            )
     return policy
 
 

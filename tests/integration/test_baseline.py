@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 SUITE = Path(__file__).resolve().parents[2] / "suites" / "standard"
 POLICY = """id: baseline-itest
 detector: {baseline_steps: 10, recent_steps: 3, slowdown_threshold: 0.1, baseline_every_steps: 40, cooldown_steps: 5,
-           window_steps: 8, control_latency_s: 0.2}
+           window_steps: 8, small_job_window_steps: 8, control_latency_s: 0.2}
 """
 
 

@@ -49,6 +49,7 @@ detector:
   hang_factor: 10
   hang_min_s: 3
   window_steps: 4
+  small_job_window_steps: 4
   cooldown_steps: 300
   control_latency_s: 0.2
 """

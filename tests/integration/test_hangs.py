@@ -39,6 +39,7 @@ detector:
   slowdown_threshold: 5.0
   baseline_every_steps: 0
   window_steps: 4
+  small_job_window_steps: 4
   control_latency_s: 0.2
 """
 

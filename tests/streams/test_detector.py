@@ -41,7 +41,7 @@ def test_slowdown_triggers_once_within_the_cooldown():
     trig = feed(det, "j", np.concatenate([healthy, slow]))
     assert len(trig) == 1
     t = trig[0]
-    assert t.job == "j" and t.steps == Policy().detector.window_steps and t.kind == "slowdown"
+    assert t.job == "j" and t.steps == Policy().detector.small_job_window_steps and t.kind == "slowdown"  # 8 workers
     assert t.expected_workers == 8
     assert t.start_step > 40  # in the future of what the detector had seen
     assert t.policy == "default" and t.policy_hash == Policy().hash
@@ -170,7 +170,7 @@ def test_job_selectors_include_exclude_and_tenant():
 
 
 def test_manual_request_gets_the_same_checks():
-    det = SlowdownDetector(policy(cooldown_steps=50, window_steps=4, max_window_steps=16))
+    det = SlowdownDetector(policy(cooldown_steps=50, window_steps=4, max_window_steps=16, small_job_workers=0))
     feed(det, "j", np.full(30, 0.2), interval=0.2)
     t = det.request(req("j", request="abc", steps=6, reason="checking", requested_by="ops@h"), now=1006.1)
     assert isinstance(t, ProfileTrigger)
@@ -272,7 +272,14 @@ def test_agents_counters_are_summed_per_job_from_each_workers_latest_report():
 
 def test_a_healthy_job_gets_a_baseline_window_every_so_many_steps_after_its_last_window():
     det = SlowdownDetector(
-        policy(baseline_steps=10, recent_steps=3, baseline_every_steps=100, cooldown_steps=20, window_steps=4)
+        policy(
+            baseline_steps=10,
+            recent_steps=3,
+            baseline_every_steps=100,
+            cooldown_steps=20,
+            window_steps=4,
+            small_job_window_steps=4,
+        )
     )
     step_times = np.full(400, 0.2)
     step_times[150:180] = 0.3  # a slowdown in between: its window resets the count
@@ -413,7 +420,7 @@ def test_a_small_lasting_change_becomes_the_new_normal_and_what_the_detector_saw
 
 
 def test_a_slowdown_that_starts_in_a_cooldown_is_profiled_when_it_ends():
-    det = SlowdownDetector(policy(cooldown_steps=300, baseline_every_steps=0))
+    det = SlowdownDetector(policy(cooldown_steps=300, baseline_every_steps=0, small_job_workers=0))
     times = np.exp(np.random.default_rng(11).normal(0.0, 0.01, 1200))
     one_worker(det, "j", times[:400])
     assert isinstance(det.request(req("j"), now=2e9), ProfileTrigger)  # an operator's window: cool-down until ~step 710
@@ -435,3 +442,18 @@ def test_a_slowdown_that_ended_on_its_own_does_not_hide_the_next_one():
     times[160:] *= 1.2
     fired = one_worker(det, "j", times[160:], start=160, t0=2000.0)
     assert fired and 160 <= fired[0][0] <= 175 and "since step 16" in fired[0][1].reason, fired
+
+
+def test_a_small_job_gets_longer_windows():
+    """Few peers need more steps (``small_job_window_steps``); a job of more than ``small_job_workers`` the usual."""
+    rng = np.random.default_rng(1)
+    times = np.concatenate([0.2 * rng.normal(1, 0.01, 40), 0.26 * rng.normal(1, 0.01, 100)])
+    dp = dict(window_steps=8, small_job_workers=8, small_job_window_steps=24)
+    (small,) = feed(SlowdownDetector(policy(**dp)), "j", times, workers=8)
+    (big,) = feed(SlowdownDetector(policy(**dp)), "j", times, workers=9)
+    assert (small.steps, big.steps) == (24, 8)
+    det = SlowdownDetector(policy(**dp))
+    feed(det, "j", np.full(30, 0.2), workers=4)
+    assert det.request(req("j"), now=1006.1).steps == 24  # an operator's window, its length not given
+    (off,) = feed(SlowdownDetector(policy(**{**dp, "small_job_workers": 0})), "j", times, workers=8)
+    assert off.steps == 8
