@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
             table = read_fixture(fixture)
             start = int(pc.min(table["step"]).as_py())
             found = {}
-            for way, (a, b) in {"first": (start, start + args.first - 1), "rest": (start + args.first, 1 << 40)}.items():
+            for way, (a, b) in {
+                "first": (start, start + args.first - 1),
+                "rest": (start + args.first, 1 << 40),
+            }.items():
                 t = _window(table, a, b)
                 if t.num_rows:
                     inputs = fixture_inputs(t)
@@ -84,11 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'part':8s} {'kind':8s} {'window':10s} {'jobs':>4s} {'worker+function':>16s} {'of visible':>11s} {'false conf':>10s}")
+    print(
+        f"{'part':8s} {'kind':8s} {'window':10s} {'jobs':>4s} {'worker+function':>16s} {'of visible':>11s} {'false conf':>10s}"
+    )
     for r in rows:
         wf = f"{r['worker_function']}/{r['faults']}" if r["faults"] else "-"
         vis = f"{r['worker_function_visible']}/{r['visible']}" if r["faults"] else "-"
-        print(f"{r['part']:8s} {r['kind']:8s} {r['window']:10s} {r['jobs']:4d} {wf:>16s} {vis:>11s} {r['false_confident']:10d}")
+        print(
+            f"{r['part']:8s} {r['kind']:8s} {r['window']:10s} {r['jobs']:4d} {wf:>16s} {vis:>11s} {r['false_confident']:10d}"
+        )
     return 0
 
 

@@ -591,7 +591,9 @@ def dev_two_cases() -> list[Case]:
         world = (8, 3, 8, 4)[i % 4]
         a = (3 * i + 4) % world
         b = (a + 1 + (5 * i + 3) % (world - 1)) % world
-        cases.append(Case(f"{name}-medium-w{world}-two-d", name, "medium", world, tuple(sorted((a, b))), cohort="dev-two"))
+        cases.append(
+            Case(f"{name}-medium-w{world}-two-d", name, "medium", world, tuple(sorted((a, b))), cohort="dev-two")
+        )
     return cases
 
 
@@ -637,7 +639,9 @@ def holdout_two_cases() -> list[Case]:
         sev = ("medium", "strong", "mild")[i % 3]
         a = (7 * i + 2) % world
         b = (a + 1 + (3 * i + 1) % (world - 1)) % world
-        cases.append(Case(f"{name}-{sev}-w{world}-two-h", name, sev, world, tuple(sorted((a, b))), cohort="holdout-two"))
+        cases.append(
+            Case(f"{name}-{sev}-w{world}-two-h", name, sev, world, tuple(sorted((a, b))), cohort="holdout-two")
+        )
     return cases
 
 
