@@ -571,3 +571,20 @@ def test_a_worker_beside_a_first_culprit_that_waits_more_than_its_peers_is_not_n
         rows, dp, counted, loc_mod._concat(results, "groups"), {(by_worker[5].group, "forward")}, done, 3.0
     )
     assert i0 in beside and beside[i0].z >= 3.0
+
+
+def test_a_long_window_whose_small_group_splits_in_every_step_is_diagnosed():
+    # two of three slow in forward in each of 40 steps: the split's binomial tail is (1/3)^40, ~1e-19, below what
+    # 1 - tail can hold in a float; its z-score came from inv_cdf(1 - tail) = inv_cdf(1.0), which raised and lost the
+    # window (a small job's window of 24 steps, or `lockstep trigger --steps 40`)
+    rng = np.random.default_rng(12)
+    own = np.stack(
+        [1_000.0 * (1.0 + 0.03 * rng.standard_normal((40, 3))), 15_000.0 * (1.0 + 0.2 * rng.standard_normal((40, 3)))],
+        axis=2,
+    )
+    own[:, [0, 2], 0] += 4_000.0
+    results, d = window(own, names=["forward", "backward"])
+    standing = localise(results, Policy().diagnosis)  # in 40 steps their own work stands out too
+    assert {loc.worker for loc in standing.localised} == {0, 2}
+    assert all(np.isfinite(loc.z) for loc in standing.localised)
+    assert sorted(w for f in d.findings if f.function == "forward" for w in f.workers) == [0, 2]
