@@ -459,7 +459,7 @@ class TriggerRequest(_Record, tag="TriggerRequest", kw_only=True):
 
     job: Name
     request: Name  # unique id of this request
-    steps: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None  # None: the policy's window_steps
+    steps: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None  # None: the policy's length for the job
     reason: str = ""
     requested_by: str = ""  # user@host
     requested_at: Timestamp = 0.0

@@ -13,7 +13,13 @@ def register(sub) -> None:
     )
     config.add_arguments(p, command="trigger")
     p.add_argument("job", help="the job to profile")
-    p.add_argument("--steps", type=int, default=None, help="steps in the window (default: the policy's window_steps)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps in the window (default: the policy's window_steps, or small_job_window_steps for a job of at most "
+        "small_job_workers workers)",
+    )
     p.add_argument("--reason", default="", help="why, recorded in the trigger")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the detector's answer (default 30)")
     p.add_argument("--json", action="store_true", help="print the ProfileTrigger (or TriggerRefused) record as JSON")
