@@ -34,8 +34,6 @@ from lockstep.app.offline import diagnose
 from lockstep.app.real_corpus import fixture_connections, fixture_inputs, load_corpus, read_fixture
 from lockstep.streams.policy import load_policy
 
-WAYS = ("first", "rest", "whole", "follow-up")
-
 
 def _window(table, first: int, last: int):
     return table.filter(pc.and_(pc.greater_equal(table["step"], first), pc.less_equal(table["step"], last)))

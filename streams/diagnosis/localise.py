@@ -918,7 +918,7 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
                     steps=sorted(int(s) for s in step[sub][mine]),
                     n_steps=int(runs[cell[c]]),
                     # the upper quantile from the tail itself: 1 - tail is 1.0 in floats once a long window's tail
-                    # is below 1e-17 (a 3-worker group split the same way in 30 steps is 5e-15)
+                    # is below ~1e-16 (two of four the slowest in each of a 24-step window's steps: (1/6)^24, 2e-19)
                     z=-NormalDist().inv_cdf(min(max(float(tail[c]), 1e-300), 0.5)),
                     bar=bar,
                     gap_share=float(share[c]),

@@ -576,7 +576,7 @@ def test_a_worker_beside_a_first_culprit_that_waits_more_than_its_peers_is_not_n
 def test_a_long_window_whose_small_group_splits_in_every_step_is_diagnosed():
     # two of three slow in forward in each of 40 steps: the split's binomial tail is (1/3)^40, ~1e-19, below what
     # 1 - tail can hold in a float; its z-score came from inv_cdf(1 - tail) = inv_cdf(1.0), which raised and lost the
-    # window (a small job's window of 24 steps, or `lockstep trigger --steps 40`)
+    # window (as two of four split so in each step of a small job's 24-step window would, (1/6)^24)
     rng = np.random.default_rng(12)
     own = np.stack(
         [1_000.0 * (1.0 + 0.03 * rng.standard_normal((40, 3))), 15_000.0 * (1.0 + 0.2 * rng.standard_normal((40, 3)))],
