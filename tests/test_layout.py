@@ -83,6 +83,7 @@ NOT_MIRRORED = {
     "tests/test_layout.py": "packaging, docker-compose, CI, the layout of the tests and one name per class",
     "tests/test_packaging.py": "the wheel built from the repository",
     "tests/test_readme_examples.py": "the README's example outputs against what the commands print (scripts/readme_examples.py)",
+    "tests/test_window_length.py": "scripts/window_length.py: longer recordings of the real corpus cut into windows and scored",
     "tests/test_layers.py": "the layers of the whole code and its import graph (ARCHITECTURE.md)",
     "tests/schemas/test_bad_input.py": "the bad-input contract (brief section 7) across records, function tables and the store that keeps them",
     "tests/streams/test_bad_input.py": "the bad-input contract (brief section 7) across the processor's stages: detector, step and window",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lockstep.app.real_corpus import CORPUS
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "window_length.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "window_length.py"
 
 
 def test_each_recording_is_scored_as_its_first_steps_the_rest_the_whole_and_a_follow_up(tmp_path, capsys, monkeypatch):
