@@ -896,9 +896,9 @@ class SlowdownDetector:
     def window_steps(self, st: JobState) -> int:
         """How long the job's windows are: ``small_job_window_steps`` for a job of at most ``small_job_workers``
         workers (its membership), else ``window_steps``.  Fresh recordings of the real-fault corpus's jobs (2-8 ranks)
-        name both culprits of a two-culprit job in about half of their 10-step windows and three quarters of their
-        30-step ones, with fewer confident findings on workers not at fault (``scripts/window_length.py``); a median of
-        many peers needs no more steps."""
+        name both culprits of a two-culprit job in about 55% of their 10-step windows and 70% of their 30-step ones,
+        with fewer confident findings on workers not at fault (``scripts/window_length.py``); a median of many peers
+        needs no more steps."""
         dp = self.policy.detector
         members = self.members(st)
         return dp.small_job_window_steps if 0 < members <= dp.small_job_workers else dp.window_steps
