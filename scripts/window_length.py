@@ -49,21 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     tally: dict[tuple[str, str, str], Counter] = defaultdict(Counter)
     for folder in args.folders:
         for manifest, fixture in load_corpus(folder):
-            table = read_fixture(fixture)
+            table, connections = read_fixture(fixture), fixture_connections(fixture)
+
+            def findings(t, case=manifest.case, connections=connections):  # the window's, as evaluate --real's
+                inputs = fixture_inputs(t)
+                inputs.connections = connections
+                return diagnose(inputs, policy, case, now=0.0).findings, t
+
             start = int(pc.min(table["step"]).as_py())
-            found = {}
-            for way, (a, b) in {
-                "first": (start, start + args.first - 1),
-                "rest": (start + args.first, 1 << 40),
-            }.items():
-                t = _window(table, a, b)
-                if t.num_rows:
-                    inputs = fixture_inputs(t)
-                    inputs.connections = fixture_connections(fixture)
-                    found[way] = (diagnose(inputs, policy, manifest.case, now=0.0).findings, t)
-            inputs = fixture_inputs(table)
-            inputs.connections = fixture_connections(fixture)
-            found["whole"] = (diagnose(inputs, policy, manifest.case, now=0.0).findings, table)
+            first_steps = _window(table, start, start + args.first - 1)
+            rest_steps = _window(table, start + args.first, 1 << 40)
+            found = {"first": findings(first_steps), "whole": findings(table)}
+            if rest_steps.num_rows:
+                found["rest"] = findings(rest_steps)
             first, first_t = found["first"]
             explained = any(f.workers and f.confidence >= PAGING for f in first)
             rest = [] if explained or "rest" not in found else found["rest"][0]

@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -577,23 +578,37 @@ MORE_TWO_CULPRITS = (
 #: them on 8 ranks; all ``dev`` (ids end ``-two-d``), recorded to develop the localisation of several culprits on
 #: more than the dev part's ten such jobs, with the test part unchanged
 def dev_two_cases() -> list[Case]:
+    # rounds 1 and 2 (the twelfth pass); round 3 (the thirteenth): every one at the medium severity (~10% of the step)
     cases = []
     for round_ in range(2):
-        for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
-            world = ((8, 4, 8, 3), (4, 8, 3, 8))[round_][i % 4]
-            sev = ("mild", "strong")[(i // 2 + round_) % 2]
-            a = ((5, 3)[round_] * i + 1 + round_) % world
-            b = (a + 1 + ((7, 5)[round_] * i + 2) % (world - 1)) % world
-            case_id = f"{name}-{sev}-w{world}-two-d"
-            cases.append(Case(case_id, name, sev, world, tuple(sorted((a, b))), cohort="dev-two"))
-    # round 3 (the thirteenth pass): every one at the medium severity (~10% of the step), on sizes 8, 3, 8, 4
-    for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
-        world = (8, 3, 8, 4)[i % 4]
-        a = (3 * i + 4) % world
-        b = (a + 1 + (5 * i + 3) % (world - 1)) % world
-        cases.append(
-            Case(f"{name}-medium-w{world}-two-d", name, "medium", world, tuple(sorted((a, b))), cohort="dev-two")
+        cases += _two_culprit_cohort(
+            "-two-d",
+            "dev-two",
+            ((8, 4, 8, 3), (4, 8, 3, 8))[round_],
+            lambda i, r=round_: ("mild", "strong")[(i // 2 + r) % 2],
+            ((5, 3)[round_], 1 + round_),
+            ((7, 5)[round_], 2),
         )
+    return cases + _two_culprit_cohort("-two-d", "dev-two", (8, 3, 8, 4), lambda i: "medium", (3, 4), (5, 3))
+
+
+def _two_culprit_cohort(
+    suffix: str,
+    cohort: str,
+    worlds: tuple[int, ...],
+    severity: Callable[[int], str],
+    first: tuple[int, int],
+    after: tuple[int, int],
+) -> list[Case]:
+    """Every mechanism made inside or beside a rank (not the network's) once, as a job with two culprits: the i-th on
+    ``worlds[i % len(worlds)]`` ranks at ``severity(i)``, its culprits rank a = (first[0] i + first[1]) mod world and
+    the rank 1 + (after[0] i + after[1]) mod (world - 1) after a (mod world); ids ``NAME-SEVERITY-wWORLD`` + ``suffix``."""
+    cases = []
+    for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
+        world, sev = worlds[i % len(worlds)], severity(i)
+        a = (first[0] * i + first[1]) % world
+        b = (a + 1 + (after[0] * i + after[1]) % (world - 1)) % world
+        cases.append(Case(f"{name}-{sev}-w{world}{suffix}", name, sev, world, tuple(sorted((a, b))), cohort=cohort))
     return cases
 
 
@@ -633,16 +648,9 @@ def holdout_two_cases() -> list[Case]:
     once, recorded after the twelfth pass's rules and never tuned on (ids end ``-two-h``, cohort ``holdout-two``): a
     check of the localisation of several culprits on jobs nobody looked at, beside ``test``'s nine.  Sizes cycle 3,
     8, 4, 8, severities medium, strong, mild; the pairs from a formula neither corpus cohort uses."""
-    cases = []
-    for i, name in enumerate(m for m in MECHANISMS if m not in NETWORK):
-        world = (3, 8, 4, 8)[i % 4]
-        sev = ("medium", "strong", "mild")[i % 3]
-        a = (7 * i + 2) % world
-        b = (a + 1 + (3 * i + 1) % (world - 1)) % world
-        cases.append(
-            Case(f"{name}-{sev}-w{world}-two-h", name, sev, world, tuple(sorted((a, b))), cohort="holdout-two")
-        )
-    return cases
+    return _two_culprit_cohort(
+        "-two-h", "holdout-two", (3, 8, 4, 8), lambda i: ("medium", "strong", "mild")[i % 3], (7, 2), (3, 1)
+    )
 
 
 def split_of(case_id: str, cases: list[Case]) -> str:
