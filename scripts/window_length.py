@@ -7,7 +7,7 @@ Each recording (``--long``: the case's job run again, its fixture and manifest a
 after the warm-up into windows of its steps, and each is diagnosed alone as ``lockstep evaluate --real`` diagnoses a
 fixture (:func:`lockstep.app.evaluate.judge_real` scores it):
 
-- ``first``: the first ``--first`` steps (the corpus's windows are 10);
+- ``first``: the first ``--first`` steps (the corpus's windows were 10 until 2026-12-04, 24 since);
 - ``rest``: the steps after them (a second, longer window of the same job);
 - ``whole``: every step, one window;
 - ``follow-up``: the findings of ``first``, and of ``rest`` too where ``first`` named no worker at paging confidence
@@ -42,7 +42,9 @@ def _window(table, first: int, last: int):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", type=Path, help="folders of --long recordings (fixtures and manifests)")
-    ap.add_argument("--first", type=int, default=10, help="steps in the first window (default 10, as the corpus)")
+    ap.add_argument(
+        "--first", type=int, default=10, help="steps in the first window (default 10: the corpus before 2026-12-04)"
+    )
     ap.add_argument("--json", action="store_true", help="the figures as JSON")
     args = ap.parse_args(argv)
     policy = load_policy(None)

@@ -39,8 +39,9 @@ HOLDOUT = CORPUS_HOLDOUT
 META = ("worker", "step", "step_time_us", "host", "device", "hardware")
 PARTS = ("dev", "test", "holdout")
 #: a fault is visible where each culprit's work in the fault's functions is above the other workers' median in at
-#: least this share of the steps that run them (by chance: 1 in 2 a step at any job size, >= 7 of 10 steps 17%; a
-#: fault in the data may lose 3 of 10 steps to the host's noise; docs/real-faults.md, "Which faults the recordings show")
+#: least this share of the steps that run them (by chance: 1 in 2 a step at any job size, >= 7 of 10 steps 17%, >= 17
+#: of 24 3%; a fault in the data may lose 3 of 10 steps, or 7 of 24, to the host's noise; docs/real-faults.md, "Which
+#: faults the recordings show")
 VISIBLE_ABOVE = 0.7
 #: ... and its median excess over the other workers' median is at least this share of the step (the smallest cost
 #: issue 21 asks the diagnosis to find: a kernel costing 1% of the step)

@@ -45,6 +45,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lockstep.streams.policy import DetectorPolicy
+
 HERE = Path(__file__).resolve().parent
 RANK = HERE / "fault_rank.py"
 WORLD = 4
@@ -427,7 +429,9 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "real" / "corpus"
 #: the held-out part (split ``holdout``): recorded after the dev/test split had been tuned on, before any further rule
 #: changed; its own folder so that scoring the corpus while developing never shows it
 HOLDOUT = Path(__file__).resolve().parents[1] / "data" / "real" / "holdout"
-CORPUS_STEPS = 10
+#: steps profiled after the warm-up: one window as the detector opens it for a job of the corpus's sizes (at most
+#: ``small_job_workers`` ranks: ``small_job_window_steps``, 24; the corpus was recorded with 10 before 2026-12-04)
+CORPUS_STEPS = DetectorPolicy().small_job_window_steps
 CORPUS_WARMUP = 4
 CORPUS_HZ = 500.0
 SEVERITIES = {"mild": 0.04, "strong": 0.22}  # intended cost: a share of the healthy step

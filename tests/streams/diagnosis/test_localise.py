@@ -5,6 +5,8 @@ left for windows where nobody stands out, and says so."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,6 +19,9 @@ from lockstep.streams.diagnosis.localise import localise
 from lockstep.streams.policy import Policy
 
 STEPS = 10
+#: 10-step recordings of corpus cases (the corpus as recorded before 2026-12-04, when it was recorded again with
+#: 24-step windows), each showing a shape of several culprits the localisation must handle
+SHAPES = Path(__file__).resolve().parents[2] / "data" / "real" / "shapes"
 
 
 def window(
@@ -260,15 +265,15 @@ def test_in_a_pair_a_function_that_differs_by_chance_from_step_to_step_does_not_
 
 
 def test_a_second_culprit_stands_out_once_the_first_is_left_out_of_its_baselines():
-    """The real corpus's taskset_busy-strong-w4-two (dev): ranks 1 and 2 of four pinned to a CPU beside a busy loop.
-    Against its peers' median, rank 1 does not stand out (rank 2 is one of its three peers, and the healthy ranks'
-    baselines swing with rank 2, which lifts the job's noise); tested again with rank 2 left out of every baseline,
-    it does."""
+    """A 10-step recording of the real corpus's taskset_busy-strong-w4-two (dev; ``SHAPES``): ranks 1 and 2 of four
+    pinned to a CPU beside a busy loop. Against its peers' median, rank 1 does not stand out (rank 2 is one of its three
+    peers, and the healthy ranks' baselines swing with rank 2, which lifts the job's noise); tested again with rank 2
+    left out of every baseline, it does."""
     from lockstep.app.offline import diagnose
-    from lockstep.app.real_corpus import CORPUS, load_fixture
+    from lockstep.app.real_corpus import load_fixture
 
     results: list = []
-    diagnose(load_fixture(CORPUS / "taskset_busy-strong-w4-two.parquet"), Policy(), "j", now=0.0, keep=results)
+    diagnose(load_fixture(SHAPES / "taskset_busy-strong-w4-two.parquet"), Policy(), "j", now=0.0, keep=results)
     standing = localise(results, Policy().diagnosis)
     assert standing.z_of(1) < standing.bar <= standing.z_of(2)  # the first test: rank 2 only
     by_worker = {loc.worker: loc for loc in standing.localised}
@@ -439,14 +444,14 @@ def test_how_many_of_a_group_may_be_its_slow_side():
 
 
 def test_two_of_four_slow_in_the_optimizer_step_are_named_against_the_two_fast_ones():
-    """The real corpus's slow_optimizer-mild-w4-two (dev): ranks 0 and 3 of four take a slower optimizer step.  The
-    group's median is halfway between a slow and a fast worker's, and neither stands out from it; the group splits
-    the same way, ranks 0 and 3 the slowest two, in 9 of 10 steps."""
+    """A 10-step recording of the real corpus's slow_optimizer-mild-w4-two (dev; ``SHAPES``): ranks 0 and 3 of four take
+    a slower optimizer step.  The group's median is halfway between a slow and a fast worker's, and neither stands out
+    from it; the group splits the same way, ranks 0 and 3 the slowest two, in 9 of 10 steps."""
     from lockstep.app.offline import diagnose
-    from lockstep.app.real_corpus import CORPUS, load_fixture
+    from lockstep.app.real_corpus import load_fixture
 
     results: list = []
-    d = diagnose(load_fixture(CORPUS / "slow_optimizer-mild-w4-two.parquet"), Policy(), "j", now=0.0, keep=results)
+    d = diagnose(load_fixture(SHAPES / "slow_optimizer-mild-w4-two.parquet"), Policy(), "j", now=0.0, keep=results)
     split = [loc for loc in localise(results, Policy().diagnosis).localised if loc.basis == "split"]
     assert {(loc.worker, loc.function, tuple(loc.fast)) for loc in split} == {
         (0, "Optimizer.step#SGD.step", (1, 2)),
@@ -459,14 +464,14 @@ def test_two_of_four_slow_in_the_optimizer_step_are_named_against_the_two_fast_o
 
 
 def test_a_culprit_a_cause_rule_named_in_another_function_is_named_in_the_one_it_stands_out_in_too():
-    """The real corpus's alloc_churn-strong-w4-two (dev): ranks 1 and 2 of four allocate fresh pages in forward.
-    Rank 1 stands out most in forward, which no cause rule weighed (flagged against the slowest other of its three
-    peers, rank 2, forward never was persistently); a cause rule names it in backward, 1 ms above its peers.  Its
-    forward gets a finding too."""
+    """A 10-step recording of the real corpus's alloc_churn-strong-w4-two (dev; ``SHAPES``): ranks 1 and 2 of four
+    allocate fresh pages in forward. Rank 1 stands out most in forward, which no cause rule weighed (flagged against the
+    slowest other of its three peers, rank 2, forward never was persistently); a cause rule names it in backward, 1 ms
+    above its peers.  Its forward gets a finding too."""
     from lockstep.app.offline import diagnose
-    from lockstep.app.real_corpus import CORPUS, load_fixture
+    from lockstep.app.real_corpus import load_fixture
 
-    d = diagnose(load_fixture(CORPUS / "alloc_churn-strong-w4-two.parquet"), Policy(), "j", now=0.0)
+    d = diagnose(load_fixture(SHAPES / "alloc_churn-strong-w4-two.parquet"), Policy(), "j", now=0.0)
     mine = {(f.function, f.cause) for f in d.findings if f.workers == [1]}
     assert ("forward", "undetermined") in mine, mine
     assert any(fn == "backward" for fn, _ in mine), mine  # the cause rule's finding stays
@@ -532,32 +537,33 @@ def test_a_split_is_material_by_each_slow_workers_excess_over_the_fast_ones_not_
 
 
 def test_two_of_four_slow_in_the_dataloader_by_a_few_percent_of_the_step_are_split_from_the_fast_two():
-    """The real corpus's slow_transform-mild-w4-two-d (dev): ranks 2 and 3 of four transform one sample a batch
-    slowly, ~1.3 ms more per step than ranks 0 and 1 (about 4% of the step).  They are the slowest two in the
-    DataLoader in 8 of 10 steps; the gap between the sides is 4.5% of the fast ones' own work (under the 5% bar),
-    their excess over the fast ones' median more (5.5%)."""
+    """A 10-step recording of the real corpus's slow_transform-mild-w4-two-d (dev; ``SHAPES``): ranks 2 and 3 of four
+    transform one sample a batch slowly, ~1.3 ms more per step than ranks 0 and 1 (about 4% of the step).  They are the
+    slowest two in the DataLoader in 8 of 10 steps; the gap between the sides is 4.5% of the fast ones' own work (under
+    the 5% bar), their excess over the fast ones' median more (5.5%)."""
     from lockstep.app.offline import diagnose
-    from lockstep.app.real_corpus import CORPUS, load_fixture
+    from lockstep.app.real_corpus import load_fixture
 
     results: list = []
-    diagnose(load_fixture(CORPUS / "slow_transform-mild-w4-two-d.parquet"), Policy(), "j", now=0.0, keep=results)
+    diagnose(load_fixture(SHAPES / "slow_transform-mild-w4-two-d.parquet"), Policy(), "j", now=0.0, keep=results)
     split = [loc for loc in localise(results, Policy().diagnosis).localised if loc.basis == "split"]
     assert [(loc.worker, tuple(loc.slow), tuple(loc.fast)) for loc in split] == [(2, (2, 3), (0, 1))]
     assert "DataLoader" in split[0].function and len(split[0].steps) == 8
 
 
 def test_a_worker_beside_a_first_culprit_that_waits_more_than_its_peers_is_not_named():
-    """The real corpus's mmap_pageout-mild-w8-two-d (dev): ranks 0 and 5 of eight page an embedding back in in
-    `forward`.  Rank 5 is named; against the rest of its group rank 0 stands out in `forward` too, but it waits more
-    than its peers' median: nobody is shown to wait for it, and it is not named.  (Issue 21's twelfth pass named such
-    a worker for a while, as a second culprit waiting for the first; in a real 4-rank DDP job, CI's
-    test_torch_agent, that named a healthy rank descheduled in the slow rank's `preprocess` beside it.)"""
+    """A 10-step recording of the real corpus's mmap_pageout-mild-w8-two-d (dev; ``SHAPES``): ranks 0 and 5 of eight
+    page an embedding back in in `forward`.  Rank 5 is named; against the rest of its group rank 0 stands out in
+    `forward` too, but it waits more than its peers' median: nobody is shown to wait for it, and it is not named.
+    (Issue 21's twelfth pass named such a worker for a while, as a second culprit waiting for the first; in a real
+    4-rank DDP job, CI's test_torch_agent, that named a healthy rank descheduled in the slow rank's `preprocess` beside
+    it.)"""
     from lockstep.app.offline import diagnose
-    from lockstep.app.real_corpus import CORPUS, load_fixture
+    from lockstep.app.real_corpus import load_fixture
     from lockstep.streams.diagnosis import localise as loc_mod
 
     results: list = []
-    diagnose(load_fixture(CORPUS / "mmap_pageout-mild-w8-two-d.parquet"), Policy(), "j", now=0.0, keep=results)
+    diagnose(load_fixture(SHAPES / "mmap_pageout-mild-w8-two-d.parquet"), Policy(), "j", now=0.0, keep=results)
     dp = Policy().diagnosis
     by_worker = {loc.worker: loc for loc in localise(results, dp).localised}
     assert by_worker[5].function == "forward" and 0 not in by_worker
