@@ -482,7 +482,7 @@ def localise(results: list[StepResult], dp: DiagnosisPolicy, window_periods: Per
     # (against its group's median, which another slow worker lifts there)
     named_by = np.isin(np.arange(n), [*idx.tolist(), *by_function])
     splits: dict[tuple[str, str], _Split] = {}
-    for sp in [] if groups_t is None else _split(groups_t, rows, dp, group_median(own, wi, n)):
+    for sp in [] if groups_t is None else _split(groups_t, rows, dp, own, window_periods, len(results)):
         if (sp.group, sp.function) not in splits and not named_by[sp.fast].any():
             splits[(sp.group, sp.function)] = sp
             for i in sp.slow:
@@ -836,7 +836,9 @@ def _binomial_tail(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
     return out
 
 
-def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -> list[_Split]:
+def _split(
+    g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own: np.ndarray, p: Periods | None, n_steps: int
+) -> list[_Split]:
     """Several of a small group slow in one function (two of three, two or three of four, two to four of eight):
     each slow worker's group median is another slow worker's work, or halfway to it, and none stands out from it.  What shows instead is how the group splits:
     the same k of its N workers (2 <= k < N) the slowest in the function, in more of the steps than chance makes any
@@ -849,8 +851,12 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
     between the sides: what they lose there they do not make up elsewhere, so the others wait for them (fast
     workers that are slower in another function are no slow majority's victims).  Groups of 3 to
     ``split_peers_max`` workers (the step stage's ``order``), k as :func:`_slow_sides`; a single slow worker is the
-    median's to find.
-    ``own_med``: per worker index, its own work's median over its steps."""
+    median's to find.  Own work is compared over the steps that run the function where it occurs periodically
+    (:func:`periods`: a checkpoint every third step), over the window's steps otherwise: a checkpoint's cost is in
+    the steps it runs in, and the median over the window is of steps without one (persistence by occurrence, as
+    :func:`_by_occurrence`; issue 21's fourteenth pass).
+    ``own``: per (worker, step) of ``rows``, the worker's own work; ``p``: the window's :func:`periods` (None: none
+    periodic); ``n_steps``: the window's steps."""
     kind = _np(g, "kind").astype(str)
     order, order_work = g.column("order").combine_chunks(), g.column("order_work_us").combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(order), 0).to_numpy(zero_copy_only=False)
@@ -867,6 +873,9 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
     n_cell = np.zeros(cells.shape[0], dtype=np.int64)
     n_cell[cell_of.ravel()] = lengths[keep]
     tested = int(sum(math.comb(n, k) for n in n_cell.tolist() for k in _slow_sides(n, dp)))
+    wi, w_step = rows.wi, rows.step[rows.first]
+    own_med = group_median(own, wi, rows.ws.size)  # per worker index, over the window's steps
+    periodic = set() if p is None else set(p.keys[p.periodic & (p.count < n_steps)].tolist())
     bar = threshold(dp, tested)
     p_bar = NormalDist().cdf(-bar)
     candidates: list[tuple[float, _Split]] = []
@@ -903,12 +912,16 @@ def _split(g: pa.Table, rows: _Rows, dp: DiagnosisPolicy, own_med: np.ndarray) -
                 if not (np.array_equal(rows.ws[slow_i], sets[c, 1:]) and np.isin(rows.ws[group_i], r[mine]).all()):
                     continue
                 fast_i = np.setdiff1d(group_i, slow_i)
+                gname, fname = str(gcode[0][cells[cell[c], 0]]), str(fcode[0][cells[cell[c], 1]])
+                med = own_med
+                if f"{gname}\x1f{fname}" in periodic:  # at the function's occurrences
+                    at = np.isin(w_step, step[sub][sub_cell == cell[c]])
+                    med = group_median(own[at], wi[at], rows.ws.size)
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    shift = float(gap_us[c] / np.median(own_med[fast_i]))
-                lost = float(np.median(own_med[slow_i]) - np.median(own_med[fast_i]))
+                    shift = float(gap_us[c] / np.median(med[fast_i]))
+                lost = float(np.median(med[slow_i]) - np.median(med[fast_i]))
                 if not (shift >= dp.localise_min_shift and lost >= 0.5 * sep_us[c]):
                     continue
-                gname, fname = str(gcode[0][cells[cell[c], 0]]), str(fcode[0][cells[cell[c], 1]])
                 split = _Split(
                     group=gname,
                     function=fname,
