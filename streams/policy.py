@@ -157,6 +157,7 @@ class DiagnosisPolicy:
     # --- slow links, from the same connections: throughput while data was in flight
     link_slow_ratio: float = 0.5  # every connection of a worker at most this share of the others' median: slow ...
     link_min_busy_us: int = 20_000  # ... judged only on connections busy this long (the kernel counts it in ticks)
+    link_bulk_share: float = 0.1  # ... and that sent at least this share of the bytes of the job's busiest one
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,7 @@ _RANGES = (
     ("diagnosis", "link_min_segs", lambda v: v >= 1, ">= 1"),
     ("diagnosis", "link_slow_ratio", lambda v: 0 < v < 1, "in (0, 1)"),
     ("diagnosis", "link_min_busy_us", lambda v: v >= 1, ">= 1"),
+    ("diagnosis", "link_bulk_share", lambda v: 0 <= v <= 1, "in [0, 1]"),
 )
 
 

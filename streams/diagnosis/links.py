@@ -20,8 +20,14 @@ path.  Its connections then take longer to deliver the same bytes.  The kernel c
 had data in flight (``busy_us``) and how much of that the receiver's window or the sender's own buffer held it back;
 the rest is the network's.  A connection's **throughput while busy** is its bytes sent over that rest.
 
-- A connection is judged when it sent at least ``link_min_segs`` data segments and the network's part of its busy
-  time is at least ``link_min_busy_us`` (the kernel counts busy time in ticks of 1-4 ms).
+- A connection is judged when it sent at least ``link_min_segs`` data segments, the network's part of its busy
+  time is at least ``link_min_busy_us`` (the kernel counts busy time in ticks of 1-4 ms), and it sent at least
+  ``link_bulk_share`` of the bytes of the job's busiest judged connection.  Each TCP connection appears once per
+  end, and in a ring one end carries the data while the other sends only small control messages (48 bytes a
+  segment in gloo's rings here): their throughput while busy is their latency, not the link's speed, and counted
+  among the others they pull the median down by three orders of magnitude.  A segment floor does not tell them
+  apart: it is a count, and a longer window passes it (an 8-rank ring's control ends send 560 segments in 10
+  steps, 1,344 in 24).
 - A worker is **named** when it is at one end of judged connections to at least two different peers, and every one
   of them ran at most ``link_slow_ratio`` of the median throughput of the judged connections it is not an end of: in
   a ring, its link slows the connection to the next rank and the one from the previous, while each neighbour still
@@ -177,6 +183,8 @@ def slow_links(conns: pa.Table | None, dp: DiagnosisPolicy) -> list[SlowLink]:
     net_us = busy - held  # NaN where the agent's kernel did not count busy time
     sent = _column(conns, "bytes_sent")
     judged &= (worker >= 0) & (net_us >= dp.link_min_busy_us) & (sent > 0)
+    if judged.any():  # bulk ends only: a control end's throughput is its latency (see the module's text)
+        judged &= sent >= dp.link_bulk_share * np.max(sent[judged])
     if judged.sum() < 3:  # a worker's two connections and at least one other
         return []
     mbps = np.divide(sent, net_us, out=np.full(sent.shape, np.nan), where=judged)  # bytes/us = MB/s

@@ -138,10 +138,17 @@ def test_a_window_takes_each_connection_once_from_its_step_results():
 
 
 def busy_ring(
-    n: int, mbps: dict[tuple[int, int], float], *, healthy: float = 800.0, sent: int = 40_000_000
+    n: int,
+    mbps: dict[tuple[int, int], float],
+    *,
+    healthy: float = 800.0,
+    sent: int = 40_000_000,
+    control: bool = False,
 ) -> pa.Table:
     """A ring sending r -> r-1 whose connections ran at ``healthy`` MB/s while busy, those in ``mbps`` at theirs;
-    the receiving end's row carries no data (segs_out 0), as the kernel counts it."""
+    the receiving end's row carries no data (segs_out 0), as the kernel counts it, or with ``control`` the small
+    messages gloo's receiving end sends back, as recorded in a 24-step window of an 8-rank ring (1,344 segments of
+    48 bytes, busy 0.2 s: past the segment floor)."""
     rows = []
     for r in range(n):
         a, b = r, (r - 1) % n
@@ -151,7 +158,10 @@ def busy_ring(
             dict(worker=a, local=f"{ip(a)}:{pa_}", peer=f"{ip(b)}:{pb}", segs_out=sent // 1448, retrans=0,
                  bytes_sent=sent, busy_us=int(sent / rate), rwnd_limited_us=0, sndbuf_limited_us=0, rtt_us=300.0)
         )  # fmt: skip
-        rows.append(dict(worker=b, local=f"{ip(b)}:{pb}", peer=f"{ip(a)}:{pa_}", segs_out=0, retrans=0))
+        back = dict(worker=b, local=f"{ip(b)}:{pb}", peer=f"{ip(a)}:{pa_}", segs_out=0, retrans=0)
+        if control:
+            back |= dict(segs_out=1_344, bytes_sent=64_512, busy_us=200_000, rwnd_limited_us=0, sndbuf_limited_us=0)
+        rows.append(back)
     return pa.Table.from_pylist(rows, schema=CONNECTION_SCHEMA)
 
 
@@ -167,6 +177,17 @@ def test_a_workers_slow_link_in_a_ring_names_it_not_its_neighbours():
     (link,) = slow_links(busy_ring(4, {(2, 1): 100.0, (3, 2): 200.0}), DP)
     assert link.mbps == pytest.approx(200.0) and link.others_mbps == pytest.approx(800.0)
     assert link.judged == 4 and link.rtt_us == 300.0
+
+
+def test_control_ends_of_the_connections_are_not_compared_with_the_data_ends():
+    # in a longer window the ends that send only control messages pass the segment floor; their throughput while
+    # busy (0.3 MB/s) is their latency: among the others they would pull the median below any slow link's
+    slowed = {(5, 4): 78.0, (6, 5): 105.0}
+    assert slow(busy_ring(8, slowed, healthy=240.0, control=True)) == [(5, (4, 6))]
+    assert slow(busy_ring(8, slowed, healthy=240.0, control=True), dataclasses.replace(DP, link_bulk_share=0.0)) == []
+    assert slow(busy_ring(8, {}, healthy=240.0, control=True)) == []
+    (link,) = slow_links(busy_ring(8, slowed, healthy=240.0, control=True), DP)
+    assert link.judged == 8 and link.others_mbps == pytest.approx(240.0, rel=1e-3)
 
 
 def test_one_slow_connection_names_neither_end():
