@@ -38,7 +38,7 @@ from lockstep.schemas.records import (
 from lockstep.streams.app import changelog_topics
 from lockstep.streams.policy import load_policy
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # real-time rates: run with the machine to itself
 
 STEPS_PER_S = 40.0
 POLICY = """id: itest

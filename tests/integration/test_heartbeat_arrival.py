@@ -25,7 +25,7 @@ from lockstep.producers.agent.meta import Identity
 from lockstep.schemas.records import ProfileTrigger, WorkerMeta
 from lockstep.streams.app import changelog_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # real-time rates: run with the machine to itself
 
 STEP_S = 0.09  # about 11 steps per second, as the real 4-rank job of issue 20
 

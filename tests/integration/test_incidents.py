@@ -18,7 +18,7 @@ from lockstep.producers.simulator.topology import Topology
 from lockstep.sinks.http import query, wait_for
 from lockstep.streams.app import changelog_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # real-time rates: run with the machine to itself
 
 POLICY = """id: incidents-itest
 detector: {recovery_steps: 30, control_latency_s: 0.2, hang_min_s: 3}

@@ -20,7 +20,7 @@ from lockstep.sinks.http import query, wait_for
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_faults as rf
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # real-time rates: run with the machine to itself
 JOB = Path(__file__).with_name("jax_job.py")
 FAULT_AT = 60
 

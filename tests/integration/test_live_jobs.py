@@ -32,7 +32,7 @@ from lockstep.sinks.report.data import gather
 from lockstep.sinks.report.page import render
 from tests.integration.test_browser import CHROMIUM, artifacts, chromium, hottest_cell
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # real-time rates: run with the machine to itself
 
 HERE = Path(__file__).resolve().parent
 FAULT_AT = 120  # the step from which the slow rank is slow

@@ -14,7 +14,7 @@ from lockstep.producers.simulator.live import run_live
 from lockstep.sinks.http import query, wait_for
 from lockstep.streams.app import changelog_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # real-time rates: run with the machine to itself
 
 SUITE = Path(__file__).resolve().parents[2] / "suites" / "standard"
 

@@ -23,7 +23,7 @@ from lockstep.producers.agent import attach
 from lockstep.schemas.records import HeartbeatBatch, StepHeartbeat, decode
 from lockstep.sinks.http import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # real-time rates: run with the machine to itself
 
 SPOOL_MAX = 256 << 10  # about 1,200 heartbeats one per record: the outage below overflows it
 SPOOL_MAX_BATCHES = 64 << 10  # batches are denser (the outage below spools about 160 KiB of them)

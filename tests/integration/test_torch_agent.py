@@ -30,7 +30,7 @@ from lockstep.sinks.http import query
 from lockstep.sinks.store import StoreError
 from lockstep.streams.app import changelog_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # real-time rates: run with the machine to itself
 
 JOB = "ddp-job"
 HERE = Path(__file__).resolve().parent
